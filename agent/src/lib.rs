@@ -1,0 +1,1 @@
+//! mountguard node agent.

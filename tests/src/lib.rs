@@ -1,0 +1,1 @@
+//! mountguard cluster-in-a-box: test doubles that speak the real protocols.
