@@ -5,7 +5,10 @@
 //! [`SCHEMA`]. See `docs/architecture.md` for the exact digest definition.
 
 pub mod digest;
+pub mod layout;
 mod types;
+#[cfg(feature = "writer")]
+pub mod writer;
 
 pub use digest::{FileDigest, file_digest, volume_digest};
 pub use types::*;
