@@ -1,0 +1,288 @@
+//! Command line: every flag can also be set through its environment variable.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::daemon::{Daemon, DaemonConfig};
+use crate::report::LogSink;
+use crate::scan::{DEFAULT_MAX_FILE_SIZE, ScanOptions, Scanner};
+use crate::{Error, output};
+
+/// mountguard node agent: reads and hashes the Secret, ConfigMap and projected
+/// volume content (and subPath targets) the kubelet serves to the pods of
+/// this node.
+#[derive(Debug, Parser)]
+#[command(name = "mountguard-agent", version)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+
+    /// Log format on stderr.
+    #[arg(long, global = true, env = "MOUNTGUARD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter (tracing EnvFilter syntax, e.g. `info` or `mountguard_agent=debug`).
+    #[arg(long, global = true, env = "MOUNTGUARD_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Scan once and print the inventory. Exits 0 when the scan ran (read
+    /// problems are in the output), non-zero when the kubelet root is unusable.
+    Scan(ScanArgs),
+    /// Run the agent: watch, rescan, serve /metrics /healthz /readyz, publish.
+    Run(RunArgs),
+}
+
+/// Flags shared by both commands.
+#[derive(Debug, Args)]
+pub struct CommonArgs {
+    /// The kubelet root directory (holds `pods/<uid>/volumes/...`).
+    #[arg(
+        long,
+        env = "MOUNTGUARD_KUBELET_ROOT",
+        default_value = "/var/lib/kubelet"
+    )]
+    pub kubelet_root: PathBuf,
+
+    /// Node name written into the inventory (in a DaemonSet, set it from
+    /// `spec.nodeName`). Default: this machine's host name.
+    #[arg(long, env = "MOUNTGUARD_NODE_NAME")]
+    pub node: Option<String>,
+
+    /// Files larger than this many bytes are not hashed; they are reported
+    /// as `tooLarge` errors.
+    #[arg(long, env = "MOUNTGUARD_MAX_FILE_SIZE", default_value_t = DEFAULT_MAX_FILE_SIZE)]
+    pub max_file_size: u64,
+}
+
+impl CommonArgs {
+    fn scan_options(&self) -> ScanOptions {
+        let node = self.node.clone().unwrap_or_else(host_name);
+        let mut opts = ScanOptions::new(self.kubelet_root.clone(), node);
+        opts.max_file_size = self.max_file_size;
+        opts
+    }
+}
+
+/// `scan` flags.
+#[derive(Debug, Args)]
+pub struct ScanArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Output format: a table for people (digests cut to 12 hex characters)
+    /// or the full JSON inventory.
+    #[arg(long, env = "MOUNTGUARD_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+/// `run` flags.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "MOUNTGUARD_LISTEN", default_value = "0.0.0.0:9808")]
+    pub listen: SocketAddr,
+
+    /// Period of the full rescan, which also covers inotify queue overflow
+    /// and lost watches (e.g. `60s`, `5m`).
+    #[arg(long, env = "MOUNTGUARD_RESCAN_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub rescan_interval: Duration,
+
+    /// Quiet time after an inotify event before rescanning (e.g. `100ms`).
+    #[arg(long, env = "MOUNTGUARD_DEBOUNCE", default_value = "100ms", value_parser = parse_duration)]
+    pub debounce: Duration,
+
+    /// Do not use inotify; rely on the periodic rescan only.
+    #[arg(long, env = "MOUNTGUARD_NO_WATCH")]
+    pub no_watch: bool,
+}
+
+/// Log formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `scan` output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    /// One row per volume and subPath, errors below.
+    Table,
+    /// The inventory document (`mountguard.io/node-inventory/v1`).
+    Json,
+}
+
+/// Parses `250ms`, `60s`, `5m`, `1h` (a bare number is seconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 250ms, 60s, 5m or 1h"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "" | "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?}; use ms, s, m or h")),
+    };
+    if d.is_zero() {
+        return Err("a duration must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+impl Cli {
+    /// Sets up logging on stderr.
+    pub fn init_tracing(&self) {
+        let filter = tracing_subscriber::EnvFilter::try_new(&self.log)
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr);
+        let _ = match self.log_format {
+            LogFormat::Text => builder.try_init(),
+            LogFormat::Json => builder.json().try_init(),
+        };
+    }
+
+    /// Runs the command.
+    pub fn run(self) -> Result<(), Error> {
+        self.init_tracing();
+        match self.command {
+            Command::Scan(args) => scan(args),
+            Command::Run(args) => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()?;
+                rt.block_on(run(args))
+            }
+        }
+    }
+}
+
+fn scan(args: ScanArgs) -> Result<(), Error> {
+    let mut scanner = Scanner::new(args.common.scan_options());
+    let scan = scanner.scan()?;
+    let text = match args.output {
+        OutputFormat::Table => output::table(&scan.inventory),
+        OutputFormat::Json => {
+            let mut s = serde_json::to_string_pretty(&*scan.inventory)
+                .map_err(|e| Error::Io(std::io::Error::other(e)))?;
+            s.push('\n');
+            s
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+async fn run(args: RunArgs) -> Result<(), Error> {
+    let RunArgs {
+        common,
+        listen,
+        rescan_interval,
+        debounce,
+        no_watch,
+    } = args;
+    let opts = common.scan_options();
+    // Fail fast with a clear message when the root is unusable.
+    if let Err(e @ Error::KubeletRoot { .. }) = Scanner::new(opts.clone()).scan() {
+        return Err(e);
+    }
+    tracing::info!(
+        kubelet_root = %opts.kubelet_root.display(),
+        node = %opts.node,
+        %listen,
+        rescan_interval_s = rescan_interval.as_secs_f64(),
+        "starting"
+    );
+    let mut cfg = DaemonConfig::new(opts);
+    cfg.listen = Some(listen);
+    cfg.rescan_interval = rescan_interval;
+    cfg.debounce = debounce;
+    cfg.watch = !no_watch;
+    let daemon = Daemon::start(cfg, LogSink).await?;
+    wait_for_signal().await?;
+    tracing::info!("shutting down");
+    daemon.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<(), Error> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("60s"), Ok(Duration::from_secs(60)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let mut checked = 0;
+        for sub in cmd.get_subcommands() {
+            for arg in sub.get_arguments() {
+                if arg.get_id() == "help" || arg.get_id() == "version" {
+                    continue;
+                }
+                assert!(
+                    arg.get_env().is_some(),
+                    "--{} of {} has no env",
+                    arg.get_id(),
+                    sub.get_name()
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 8, "only {checked} flags checked");
+        cmd.debug_assert();
+    }
+}

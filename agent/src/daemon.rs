@@ -1,0 +1,284 @@
+//! The long-running agent: scans on inotify hints (debounced) and
+//! periodically, keeps the current inventory, serves HTTP, publishes to an
+//! [`InventorySink`], and shuts down cleanly.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use mountguard_inventory::NodeInventory;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::Error;
+use crate::metrics::Metrics;
+use crate::report::InventorySink;
+use crate::scan::{ScanOptions, Scanner};
+use crate::server::{ServerState, serve};
+use crate::watch::DirWatcher;
+
+/// Default period of the full rescan.
+pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
+/// Default quiet time after an inotify event before rescanning.
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// How the daemon runs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// What to scan.
+    pub scan: ScanOptions,
+    /// Address of the HTTP server; `None` runs without one.
+    pub listen: Option<SocketAddr>,
+    /// Period of the full rescan (also the publish heartbeat).
+    pub rescan_interval: Duration,
+    /// Quiet time after an inotify event before rescanning.
+    pub debounce: Duration,
+    /// Use inotify; without it only the periodic rescan runs.
+    pub watch: bool,
+}
+
+impl DaemonConfig {
+    /// Defaults for `scan`: HTTP off, 60 s rescan, 100 ms debounce, inotify on.
+    pub fn new(scan: ScanOptions) -> Self {
+        Self {
+            scan,
+            listen: None,
+            rescan_interval: DEFAULT_RESCAN_INTERVAL,
+            debounce: DEFAULT_DEBOUNCE,
+            watch: true,
+        }
+    }
+}
+
+/// The shutdown signal every task shares.
+#[derive(Debug, Clone)]
+pub struct Shutdown(watch::Receiver<bool>);
+
+impl Shutdown {
+    /// Resolves once shutdown was requested (or its sender is gone).
+    pub async fn wait(&mut self) {
+        let _ = self.0.wait_for(|stop| *stop).await;
+    }
+}
+
+/// A running daemon.
+#[derive(Debug)]
+pub struct Daemon {
+    inventory: watch::Receiver<Option<Arc<NodeInventory>>>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    http_addr: Option<SocketAddr>,
+    ready: Arc<AtomicBool>,
+    metrics: Metrics,
+}
+
+impl Daemon {
+    /// Starts the scan loop, the watcher, the publisher and (if configured)
+    /// the HTTP server. Fails when the HTTP address cannot be bound or
+    /// inotify cannot be initialised.
+    pub async fn start<S: InventorySink>(cfg: DaemonConfig, sink: S) -> Result<Self, Error> {
+        let metrics = Metrics::new()?;
+        let ready = Arc::new(AtomicBool::new(false));
+        let (stop, stop_rx) = watch::channel(false);
+        let shutdown = Shutdown(stop_rx);
+        let (inv_tx, inventory) = watch::channel(None);
+        let mut tasks = Vec::new();
+
+        let mut http_addr = None;
+        if let Some(addr) = cfg.listen {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| Error::Listen { addr, source })?;
+            http_addr = listener.local_addr().ok();
+            let state = ServerState {
+                metrics: metrics.clone(),
+                ready: ready.clone(),
+            };
+            tasks.push(tokio::spawn(serve(listener, state, shutdown.clone())));
+        }
+
+        let (hint_tx, hint_rx) = mpsc::channel(1);
+        let watcher = if cfg.watch {
+            Some(DirWatcher::new(hint_tx, metrics.clone())?)
+        } else {
+            drop(hint_tx);
+            None
+        };
+        let scanner = Scanner::new(cfg.scan.clone());
+        tasks.push(tokio::spawn(scan_loop(ScanLoop {
+            scanner,
+            watcher,
+            hints: hint_rx,
+            rescan_interval: cfg.rescan_interval,
+            debounce: cfg.debounce,
+            inventory: inv_tx,
+            metrics: metrics.clone(),
+            ready: ready.clone(),
+            shutdown: shutdown.clone(),
+        })));
+        tasks.push(tokio::spawn(publish_loop(
+            sink,
+            inventory.clone(),
+            cfg.rescan_interval,
+            metrics.clone(),
+            shutdown,
+        )));
+        Ok(Self {
+            inventory,
+            stop,
+            tasks,
+            http_addr,
+            ready,
+            metrics,
+        })
+    }
+
+    /// The current inventory (`None` before the first successful scan);
+    /// changes with every new generation.
+    pub fn inventory(&self) -> watch::Receiver<Option<Arc<NodeInventory>>> {
+        self.inventory.clone()
+    }
+
+    /// The bound HTTP address, if the server runs.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// Whether the first full scan completed.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    /// The agent's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Stops every task and waits for them (the HTTP server drains open
+    /// connections for at most a few seconds; a scan in progress finishes).
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            if let Err(e) = t.await {
+                tracing::error!(error = %e, "agent task failed");
+            }
+        }
+    }
+}
+
+struct ScanLoop {
+    scanner: Scanner,
+    watcher: Option<DirWatcher>,
+    hints: mpsc::Receiver<()>,
+    rescan_interval: Duration,
+    debounce: Duration,
+    inventory: watch::Sender<Option<Arc<NodeInventory>>>,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+    shutdown: Shutdown,
+}
+
+async fn scan_loop(mut l: ScanLoop) {
+    let mut scanner = Some(l.scanner);
+    let mut ticker = tokio::time::interval(l.rescan_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut hints_open = l.watcher.is_some();
+    loop {
+        // The first tick fires at once: the initial full scan.
+        let reason = tokio::select! {
+            biased;
+            () = l.shutdown.wait() => break,
+            _ = ticker.tick() => "periodic",
+            hint = l.hints.recv(), if hints_open => {
+                if hint.is_none() {
+                    hints_open = false;
+                    continue;
+                }
+                // Debounce: let the kubelet finish its steps, then drop the
+                // hints that arrived meanwhile; one scan covers them all.
+                tokio::select! {
+                    () = l.shutdown.wait() => break,
+                    () = tokio::time::sleep(l.debounce) => {}
+                }
+                while l.hints.try_recv().is_ok() {}
+                "watch"
+            }
+        };
+        let Some(mut s) = scanner.take() else { break };
+        let joined = tokio::task::spawn_blocking(move || {
+            let r = s.scan();
+            (s, r)
+        })
+        .await;
+        let (s, result) = match joined {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "scan task failed");
+                break;
+            }
+        };
+        scanner = Some(s);
+        match result {
+            Ok(scan) => {
+                l.metrics.observe_scan(&scan);
+                if let Some(w) = l.watcher.as_mut() {
+                    w.sync(&scan.stats.watch_dirs);
+                }
+                tracing::debug!(
+                    reason,
+                    generation = scan.inventory.generation,
+                    changed = scan.changed,
+                    rehashed = scan.stats.rehashed,
+                    reused = scan.stats.reused,
+                    duration_ms = scan.stats.duration.as_secs_f64() * 1000.0,
+                    "scan"
+                );
+                if scan.changed {
+                    l.inventory.send_replace(Some(scan.inventory));
+                }
+                if !l.ready.swap(true, Ordering::AcqRel) {
+                    tracing::info!(
+                        pods = scan.stats.pods,
+                        volumes = scan.stats.volumes,
+                        "first full scan complete; ready"
+                    );
+                }
+            }
+            Err(e) => {
+                l.metrics.scans.with_label_values(&["error"]).inc();
+                tracing::warn!(error = %e, "scan failed");
+            }
+        }
+    }
+}
+
+async fn publish_loop<S: InventorySink>(
+    sink: S,
+    mut inventory: watch::Receiver<Option<Arc<NodeInventory>>>,
+    heartbeat: Duration,
+    metrics: Metrics,
+    mut shutdown: Shutdown,
+) {
+    let mut ticker = tokio::time::interval(heartbeat);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.wait() => break,
+            changed = inventory.changed() => if changed.is_err() { break },
+            _ = ticker.tick() => {}
+        }
+        let current = inventory.borrow_and_update().clone();
+        if let Some(inv) = current {
+            let result = sink.publish(&inv).await;
+            let label = if result.is_ok() { "ok" } else { "error" };
+            metrics.publishes.with_label_values(&[label]).inc();
+            if let Err(e) = result {
+                tracing::warn!(error = %e, generation = inv.generation, "publishing the inventory failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Human-readable rendering of an inventory for `mountguard-agent scan`.
+
+use std::fmt::Write as _;
+
+use mountguard_inventory::{NodeInventory, ReadError, digest::to_hex};
+
+/// Characters of a digest shown in the table.
+pub const DIGEST_PREFIX: usize = 12;
+
+/// One row per volume and subPath target, then every error below the table.
+/// Digests are cut to their first [`DIGEST_PREFIX`] hex characters; the JSON
+/// output carries them in full.
+pub fn table(inv: &NodeInventory) -> String {
+    let header = [
+        "POD UID", "PLUGIN", "VOLUME", "DATA DIR", "FILES", "DIGEST", "ERRORS",
+    ];
+    let mut rows: Vec<[String; 7]> = Vec::new();
+    let mut errors: Vec<(String, &ReadError)> = Vec::new();
+    for pod in &inv.pods {
+        for e in &pod.errors {
+            errors.push((pod.uid.clone(), e));
+        }
+        for v in &pod.volumes {
+            let digest = v
+                .digest
+                .map(|d| to_hex(&d.0)[..DIGEST_PREFIX].to_string())
+                .unwrap_or_else(|| "-".into());
+            rows.push([
+                pod.uid.clone(),
+                v.plugin.as_str().to_string(),
+                v.name.clone(),
+                v.data_dir.clone().unwrap_or_else(|| "-".into()),
+                v.files.len().to_string(),
+                digest,
+                v.errors.len().to_string(),
+            ]);
+            for e in &v.errors {
+                errors.push((format!("{} {}/{}", pod.uid, v.plugin.as_str(), v.name), e));
+            }
+        }
+        for s in &pod.sub_paths {
+            let digest = match (s.files.len(), s.files.get("")) {
+                (1, Some(d)) => to_hex(&d.0)[..DIGEST_PREFIX].to_string(),
+                _ => "-".into(),
+            };
+            let name = format!("{}/{}/{}", s.volume, s.container, s.index);
+            rows.push([
+                pod.uid.clone(),
+                "subPath".into(),
+                name.clone(),
+                "-".into(),
+                s.files.len().to_string(),
+                digest,
+                s.errors.len().to_string(),
+            ]);
+            for e in &s.errors {
+                errors.push((format!("{} subPath/{name}", pod.uid), e));
+            }
+        }
+    }
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &[&str]| {
+        let mut l = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(cell);
+            } else {
+                let _ = write!(l, "{cell:<w$}  ");
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&header);
+    for row in &rows {
+        line(&row.each_ref().map(String::as_str));
+    }
+    let _ = writeln!(
+        out,
+        "\nnode {} generation {} scanned at {}: {} pods, {} volumes and subPaths, {} errors",
+        inv.node,
+        inv.generation,
+        inv.scanned_at,
+        inv.pods.len(),
+        rows.len(),
+        errors.len()
+    );
+    if !errors.is_empty() {
+        out.push_str("\nERRORS\n");
+        for (at, e) in errors {
+            let path = if e.path.is_empty() {
+                "."
+            } else {
+                e.path.as_str()
+            };
+            let _ = writeln!(out, "{at} {path}: {}: {}", e.kind.as_str(), e.message);
+        }
+    }
+    out
+}

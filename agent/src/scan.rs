@@ -1,0 +1,812 @@
+//! The scanner: one pass over a kubelet root directory, producing a
+//! [`NodeInventory`].
+//!
+//! Layout read (see `mountguard_inventory::layout`):
+//! `<root>/pods/<uid>/volumes/kubernetes.io~{secret,configmap,projected}/<name>/`
+//! and `<root>/pods/<uid>/volume-subpaths/<volume>/<container>/<index>`.
+//!
+//! For each volume: read the `..data` symlink (it must name a single
+//! component starting with `..`), hash the timestamped directory it names,
+//! check every visible top-level entry is a link `name -> ..data/name`, then
+//! read `..data` again. If it moved (the kubelet swapped the content while
+//! it was hashed) or an entry vanished, start over, at most
+//! [`ScanOptions::max_attempts`] times. A volume whose `..data` target, the
+//! target's identity and the volume directory are unchanged since the last
+//! scan is not re-hashed: a published timestamped directory is never modified
+//! in place.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{CStr, CString, OsStr};
+use std::fmt;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use mountguard_inventory::layout::{DATA_LINK, PODS_DIR, SUBPATHS_DIR, VOLUMES_DIR};
+use mountguard_inventory::{
+    NodeInventory, Plugin, PodInventory, ReadError, ReadErrorKind, Sha256Hex, SubPathInventory,
+    VolumeInventory, escape_name, volume_digest,
+};
+use nix::dir::Type;
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag, readlinkat};
+use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
+
+use crate::Error;
+use crate::safe_read::{
+    Reader, Tree, entry_type, errno_error, error, list_dir, open_dir_at, type_name,
+};
+
+/// Default per-file size cap: 16 MiB.
+pub const DEFAULT_MAX_FILE_SIZE: u64 = 16 * 1024 * 1024;
+/// Default number of attempts to read a volume whose `..data` keeps moving.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+
+/// What to scan and how.
+#[derive(Debug, Clone)]
+pub struct ScanOptions {
+    /// The kubelet root directory (`/var/lib/kubelet`).
+    pub kubelet_root: PathBuf,
+    /// The node name written into the inventory.
+    pub node: String,
+    /// Files larger than this are not hashed (a `tooLarge` error instead).
+    pub max_file_size: u64,
+    /// Attempts per volume when `..data` moves while it is hashed.
+    pub max_attempts: u32,
+    /// First generation; `None` means the current time in Unix milliseconds,
+    /// so generations keep increasing across agent restarts.
+    pub start_generation: Option<u64>,
+}
+
+impl ScanOptions {
+    /// Options with the defaults for `kubelet_root` and `node`.
+    pub fn new(kubelet_root: impl Into<PathBuf>, node: impl Into<String>) -> Self {
+        Self {
+            kubelet_root: kubelet_root.into(),
+            node: node.into(),
+            max_file_size: DEFAULT_MAX_FILE_SIZE,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            start_generation: None,
+        }
+    }
+}
+
+/// Figures about one scan, for metrics and logs.
+#[derive(Debug, Clone, Default)]
+pub struct ScanStats {
+    /// Pods found.
+    pub pods: u64,
+    /// Volumes found.
+    pub volumes: u64,
+    /// subPath targets found.
+    pub sub_paths: u64,
+    /// Files hashed or reused (volumes and subPaths).
+    pub files: u64,
+    /// Volumes whose content was hashed in this scan.
+    pub rehashed: u64,
+    /// Volumes whose `..data` target was unchanged, so the previous result was reused.
+    pub reused: u64,
+    /// Read errors in the inventory, by kind.
+    pub errors: BTreeMap<ReadErrorKind, u64>,
+    /// Directories worth watching for changes: the pods directory, each
+    /// pod's `volumes` and plugin directories, and every volume directory.
+    pub watch_dirs: Vec<PathBuf>,
+    /// Wall time of the scan.
+    pub duration: Duration,
+}
+
+/// The result of [`Scanner::scan`].
+#[derive(Debug, Clone)]
+pub struct Scan {
+    /// The inventory, with `generation` bumped if the content changed.
+    pub inventory: Arc<NodeInventory>,
+    /// Whether the content (anything but `scannedAt`) differs from the
+    /// previous scan. The first scan counts as a change.
+    pub changed: bool,
+    /// Figures about this scan.
+    pub stats: ScanStats,
+}
+
+/// Where the scanner is when it calls the test hook: after hashing a volume
+/// and before reading `..data` again.
+#[derive(Debug)]
+pub struct HookPoint<'a> {
+    /// Pod UID (escaped).
+    pub pod_uid: &'a str,
+    /// Plugin of the volume.
+    pub plugin: Plugin,
+    /// Volume name (escaped).
+    pub volume: &'a str,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+}
+
+type Hook = Box<dyn FnMut(&HookPoint<'_>) + Send>;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct VolumeKey {
+    pod: Vec<u8>,
+    plugin: Plugin,
+    name: Vec<u8>,
+}
+
+/// Identity of a directory: device, inode and modification time.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Ident {
+    dev: u64,
+    ino: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+}
+
+#[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+fn ident(st: &FileStat) -> Ident {
+    Ident {
+        dev: st.st_dev as u64,
+        ino: st.st_ino as u64,
+        mtime: st.st_mtime as i64,
+        mtime_nsec: st.st_mtime_nsec as i64,
+    }
+}
+
+#[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+fn is_dir(st: &FileStat) -> bool {
+    (st.st_mode as u32 & nix::sys::stat::SFlag::S_IFMT.bits() as u32)
+        == nix::sys::stat::SFlag::S_IFDIR.bits() as u32
+}
+
+struct Cached {
+    data_dir: Vec<u8>,
+    data_ident: Ident,
+    volume_ident: Ident,
+    inventory: VolumeInventory,
+    seen: u64,
+}
+
+/// Scans a kubelet root directory; keeps a cache between scans so unchanged
+/// volumes are not re-hashed.
+pub struct Scanner {
+    opts: ScanOptions,
+    reader: Reader,
+    cache: HashMap<VolumeKey, Cached>,
+    hook: Option<Hook>,
+    scans: u64,
+    generation: u64,
+    last: Option<Arc<NodeInventory>>,
+}
+
+impl fmt::Debug for Scanner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scanner")
+            .field("opts", &self.opts)
+            .field("cached_volumes", &self.cache.len())
+            .field("scans", &self.scans)
+            .field("generation", &self.generation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `..data` names a valid timestamped directory: one component,
+/// starting with `..`, not `..` itself nor the kubelet's link names.
+fn valid_data_target(t: &[u8]) -> bool {
+    std::str::from_utf8(t).is_ok_and(mountguard_inventory::layout::is_data_dir_name)
+}
+
+fn timestamp(id: &Ident) -> Option<Timestamp> {
+    i32::try_from(id.mtime_nsec)
+        .ok()
+        .and_then(|ns| Timestamp::new(id.mtime, ns).ok())
+}
+
+fn cstr(s: &str) -> CString {
+    // Only called with constant names without NUL bytes.
+    CString::new(s).unwrap_or_default()
+}
+
+impl Scanner {
+    /// A scanner with an empty cache.
+    pub fn new(opts: ScanOptions) -> Self {
+        let generation = opts
+            .start_generation
+            .unwrap_or_else(|| u64::try_from(Timestamp::now().as_millisecond()).unwrap_or(0));
+        Self {
+            reader: Reader::new(opts.max_file_size),
+            opts,
+            cache: HashMap::new(),
+            hook: None,
+            scans: 0,
+            generation,
+            last: None,
+        }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &ScanOptions {
+        &self.opts
+    }
+
+    /// The last inventory produced, if any.
+    pub fn last(&self) -> Option<&Arc<NodeInventory>> {
+        self.last.as_ref()
+    }
+
+    /// Installs a hook called after a volume is hashed and before `..data`
+    /// is read again, so a test can swap the content at exactly that point.
+    #[doc(hidden)]
+    pub fn set_after_hash_hook(&mut self, hook: impl FnMut(&HookPoint<'_>) + Send + 'static) {
+        self.hook = Some(Box::new(hook));
+    }
+
+    /// Scans the whole kubelet root once. Fails only when the root or its
+    /// `pods` directory cannot be read at all; every other problem is an
+    /// error entry in the inventory.
+    pub fn scan(&mut self) -> Result<Scan, Error> {
+        let started = Instant::now();
+        self.scans += 1;
+        let root_path = self.opts.kubelet_root.clone();
+        let root_err = |what: &str, errno: Errno| Error::KubeletRoot {
+            path: root_path.clone(),
+            reason: format!("{what}: {}", errno.desc()),
+        };
+        let root = nix::fcntl::open(
+            &root_path,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| root_err("cannot open the kubelet root directory", e))?;
+        let pods_dir = nix::fcntl::openat(
+            &root,
+            PODS_DIR,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| root_err("cannot open its pods directory", e))?;
+        let entries = list_dir(&pods_dir).map_err(|e| root_err("cannot list pods", e))?;
+
+        let pods_path = root_path.join(PODS_DIR);
+        let mut stats = ScanStats {
+            watch_dirs: vec![pods_path.clone()],
+            ..ScanStats::default()
+        };
+        let mut pods = Vec::with_capacity(entries.len());
+        for entry in entries {
+            match entry_type(&pods_dir, &entry) {
+                Ok(Type::Directory) => {}
+                _ => continue,
+            }
+            let pod_path = pods_path.join(OsStr::from_bytes(entry.bytes()));
+            if let Some(pod) = self.scan_pod(&pods_dir, &entry.name, &pod_path, &mut stats) {
+                pods.push(pod);
+            }
+        }
+        pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+
+        let scans = self.scans;
+        self.cache.retain(|_, c| c.seen == scans);
+
+        for pod in &pods {
+            stats.pods += 1;
+            let mut count = |e: &ReadError| *stats.errors.entry(e.kind).or_default() += 1;
+            pod.errors.iter().for_each(&mut count);
+            for v in &pod.volumes {
+                v.errors.iter().for_each(&mut count);
+            }
+            for s in &pod.sub_paths {
+                s.errors.iter().for_each(&mut count);
+            }
+            stats.volumes += pod.volumes.len() as u64;
+            stats.sub_paths += pod.sub_paths.len() as u64;
+            stats.files += pod
+                .volumes
+                .iter()
+                .map(|v| v.files.len() as u64)
+                .chain(pod.sub_paths.iter().map(|s| s.files.len() as u64))
+                .sum::<u64>();
+        }
+
+        let changed = match &self.last {
+            None => true,
+            Some(last) => last.pods != pods,
+        };
+        if changed && self.last.is_some() {
+            self.generation += 1;
+        }
+        let mut inv = NodeInventory::new(
+            self.opts.node.clone(),
+            env!("CARGO_PKG_VERSION"),
+            Timestamp::now(),
+        );
+        inv.generation = self.generation;
+        inv.pods = pods;
+        let inventory = Arc::new(inv);
+        self.last = Some(inventory.clone());
+        stats.duration = started.elapsed();
+        Ok(Scan {
+            inventory,
+            changed,
+            stats,
+        })
+    }
+
+    fn scan_pod(
+        &mut self,
+        pods_dir: &OwnedFd,
+        name: &CStr,
+        pod_path: &Path,
+        stats: &mut ScanStats,
+    ) -> Option<PodInventory> {
+        let uid = escape_name(name.to_bytes());
+        let mut pod = PodInventory {
+            uid,
+            volumes: Vec::new(),
+            sub_paths: Vec::new(),
+            errors: Vec::new(),
+        };
+        let pod_fd = match open_dir_at(pods_dir, name) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return None,
+            Err(errno) => {
+                pod.errors
+                    .push(errno_error("", "opening the pod directory", errno));
+                return Some(pod);
+            }
+        };
+        let pod_ident = fstat(&pod_fd).ok().map(|st| ident(&st));
+
+        match open_dir_at(&pod_fd, &cstr(VOLUMES_DIR)) {
+            Ok(volumes) => {
+                let volumes_path = pod_path.join(VOLUMES_DIR);
+                stats.watch_dirs.push(volumes_path.clone());
+                for plugin in Plugin::ALL {
+                    match open_dir_at(&volumes, &cstr(plugin.dir_name())) {
+                        Ok(pfd) => {
+                            let plugin_path = volumes_path.join(plugin.dir_name());
+                            self.scan_plugin(&mut pod, name, plugin, &pfd, &plugin_path, stats);
+                            stats.watch_dirs.push(plugin_path);
+                        }
+                        Err(Errno::ENOENT) => {}
+                        Err(errno) => pod.errors.push(errno_error(
+                            &format!("{VOLUMES_DIR}/{}", plugin.dir_name()),
+                            "opening the plugin directory",
+                            errno,
+                        )),
+                    }
+                }
+            }
+            Err(Errno::ENOENT) => {}
+            Err(errno) => pod.errors.push(errno_error(
+                VOLUMES_DIR,
+                "opening the volumes directory",
+                errno,
+            )),
+        }
+        match open_dir_at(&pod_fd, &cstr(SUBPATHS_DIR)) {
+            Ok(sfd) => self.scan_subpaths(&mut pod, &sfd),
+            Err(Errno::ENOENT) => {}
+            Err(errno) => pod.errors.push(errno_error(
+                SUBPATHS_DIR,
+                "opening the subPaths directory",
+                errno,
+            )),
+        }
+
+        // A pod directory removed while it was read is gone from the node:
+        // drop it rather than report the half it was read.
+        let now = fstatat(pods_dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|st| ident(&st));
+        match (pod_ident, now) {
+            (Some(a), Some(b)) if a.dev == b.dev && a.ino == b.ino => {}
+            _ => return None,
+        }
+        pod.volumes
+            .sort_by(|a, b| (a.plugin, &a.name).cmp(&(b.plugin, &b.name)));
+        pod.sub_paths.sort_by(|a, b| {
+            (&a.volume, &a.container, a.index).cmp(&(&b.volume, &b.container, b.index))
+        });
+        Some(pod)
+    }
+
+    fn scan_plugin(
+        &mut self,
+        pod: &mut PodInventory,
+        pod_name: &CStr,
+        plugin: Plugin,
+        pfd: &OwnedFd,
+        plugin_path: &Path,
+        stats: &mut ScanStats,
+    ) {
+        let entries = match list_dir(pfd) {
+            Ok(e) => e,
+            Err(errno) => {
+                pod.errors.push(errno_error(
+                    &format!("{VOLUMES_DIR}/{}", plugin.dir_name()),
+                    "listing the plugin directory",
+                    errno,
+                ));
+                return;
+            }
+        };
+        let plugin_dev = fstat(pfd).ok().map(|st| ident(&st).dev);
+        for entry in entries {
+            let name = escape_name(entry.bytes());
+            let mut volume = VolumeInventory {
+                plugin,
+                name,
+                data_dir: None,
+                written_at: None,
+                digest: None,
+                files: BTreeMap::new(),
+                modes: BTreeMap::new(),
+                errors: Vec::new(),
+            };
+            match entry_type(pfd, &entry) {
+                Ok(Type::Directory) => {}
+                Ok(Type::Symlink) => {
+                    volume.errors.push(error(
+                        "",
+                        ReadErrorKind::SymlinkEscape,
+                        "the volume directory is a symlink; not followed",
+                    ));
+                    pod.volumes.push(volume);
+                    continue;
+                }
+                Ok(other) => {
+                    volume.errors.push(error(
+                        "",
+                        ReadErrorKind::NotRegularFile,
+                        format!("the volume entry is {}, not a directory", type_name(other)),
+                    ));
+                    pod.volumes.push(volume);
+                    continue;
+                }
+                Err(Errno::ENOENT) => continue,
+                Err(errno) => {
+                    volume
+                        .errors
+                        .push(errno_error("", "stat of the volume directory", errno));
+                    pod.volumes.push(volume);
+                    continue;
+                }
+            }
+            let vfd = match open_dir_at(pfd, &entry.name) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => continue,
+                Err(errno) => {
+                    volume
+                        .errors
+                        .push(errno_error("", "opening the volume directory", errno));
+                    pod.volumes.push(volume);
+                    continue;
+                }
+            };
+            stats
+                .watch_dirs
+                .push(plugin_path.join(OsStr::from_bytes(entry.bytes())));
+            let key = VolumeKey {
+                pod: pod_name.to_bytes().to_vec(),
+                plugin,
+                name: entry.bytes().to_vec(),
+            };
+            let volume = self.read_volume(&pod.uid, key, volume, &vfd, plugin_dev, stats);
+            pod.volumes.push(volume);
+        }
+    }
+
+    /// Reads one volume directory, with the `..data` re-check and retries.
+    fn read_volume(
+        &mut self,
+        pod_uid: &str,
+        key: VolumeKey,
+        mut volume: VolumeInventory,
+        vfd: &OwnedFd,
+        plugin_dev: Option<u64>,
+        stats: &mut ScanStats,
+    ) -> VolumeInventory {
+        let data_link = cstr(DATA_LINK);
+        let max = self.opts.max_attempts.max(1);
+        for attempt in 1..=max {
+            let volume_ident = match fstat(vfd) {
+                Ok(st) => ident(&st),
+                Err(errno) => {
+                    volume
+                        .errors
+                        .push(errno_error("", "stat of the volume directory", errno));
+                    return volume;
+                }
+            };
+            let target = match readlinkat(vfd, data_link.as_c_str()) {
+                Ok(t) => t,
+                Err(Errno::ENOENT) => return no_data(volume, volume_ident, plugin_dev),
+                Err(Errno::EINVAL) => {
+                    volume.errors.push(error(
+                        DATA_LINK,
+                        ReadErrorKind::SymlinkEscape,
+                        "..data is not a symlink; not read",
+                    ));
+                    return volume;
+                }
+                Err(errno) => {
+                    volume
+                        .errors
+                        .push(errno_error(DATA_LINK, "reading the ..data link", errno));
+                    return volume;
+                }
+            };
+            let target = target.as_bytes().to_vec();
+            if !valid_data_target(&target) {
+                volume.errors.push(error(
+                    DATA_LINK,
+                    ReadErrorKind::SymlinkEscape,
+                    format!(
+                        "..data points to {:?}, not a single component starting with '..'; not followed",
+                        escape_name(&target)
+                    ),
+                ));
+                return volume;
+            }
+            let Ok(target_c) = CString::new(target.clone()) else {
+                return volume;
+            };
+            let data_ident = match fstatat(
+                vfd.as_fd(),
+                target_c.as_c_str(),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            ) {
+                Ok(st) if is_dir(&st) => ident(&st),
+                Ok(_) => {
+                    volume.errors.push(error(
+                        DATA_LINK,
+                        ReadErrorKind::NotRegularFile,
+                        "..data does not point to a directory; not read",
+                    ));
+                    return volume;
+                }
+                Err(Errno::ENOENT) => continue,
+                Err(errno) => {
+                    volume
+                        .errors
+                        .push(errno_error(DATA_LINK, "stat of the data directory", errno));
+                    return volume;
+                }
+            };
+            if let Some(c) = self.cache.get_mut(&key)
+                && c.data_dir == target
+                && c.data_ident == data_ident
+                && c.volume_ident == volume_ident
+            {
+                c.seen = self.scans;
+                stats.reused += 1;
+                return c.inventory.clone();
+            }
+
+            let dfd = match open_dir_at(vfd, &target_c) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => continue,
+                Err(errno) => {
+                    volume
+                        .errors
+                        .push(errno_error(DATA_LINK, "opening the data directory", errno));
+                    return volume;
+                }
+            };
+            match fstat(&dfd) {
+                Ok(st) if ident(&st) == data_ident => {}
+                _ => continue,
+            }
+            let mut tree = Tree::default();
+            self.reader.walk(&dfd, "", 0, &mut tree);
+            let link_errors = check_links(vfd);
+            if let Some(hook) = self.hook.as_mut() {
+                hook(&HookPoint {
+                    pod_uid,
+                    plugin: volume.plugin,
+                    volume: &volume.name,
+                    attempt,
+                });
+            }
+            let again = readlinkat(vfd, data_link.as_c_str()).ok();
+            if again.as_ref().map(|t| t.as_bytes()) != Some(target.as_slice()) || tree.vanished {
+                continue;
+            }
+
+            stats.rehashed += 1;
+            volume.data_dir = Some(escape_name(&target));
+            volume.written_at = timestamp(&data_ident);
+            volume.errors = tree.errors;
+            volume.errors.extend(link_errors);
+            for (path, f) in tree.files {
+                volume.modes.insert(path.clone(), format!("{:04o}", f.mode));
+                volume.files.insert(path, Sha256Hex(f.digest));
+            }
+            if volume.errors.is_empty() {
+                volume.digest = Some(Sha256Hex(volume_digest(
+                    volume.files.iter().map(|(p, d)| (p.as_str(), &d.0)),
+                )));
+            }
+            self.cache.insert(
+                key,
+                Cached {
+                    data_dir: target,
+                    data_ident,
+                    volume_ident,
+                    inventory: volume.clone(),
+                    seen: self.scans,
+                },
+            );
+            return volume;
+        }
+        volume.errors.push(error(
+            "",
+            ReadErrorKind::Vanished,
+            format!("the content changed or disappeared during each of {max} attempts to read it"),
+        ));
+        volume
+    }
+
+    fn scan_subpaths(&mut self, pod: &mut PodInventory, sfd: &OwnedFd) {
+        let dirs = |fd: &OwnedFd, pod: &mut PodInventory, at: &str| -> Vec<(CString, OwnedFd)> {
+            let entries = match list_dir(fd) {
+                Ok(e) => e,
+                Err(errno) => {
+                    pod.errors.push(errno_error(at, "listing", errno));
+                    return Vec::new();
+                }
+            };
+            let mut out = Vec::new();
+            for e in entries {
+                match open_dir_at(fd, &e.name) {
+                    Ok(sub) => out.push((e.name, sub)),
+                    Err(Errno::ENOENT) => {}
+                    Err(errno) => pod.errors.push(errno_error(
+                        &format!("{at}/{}", escape_name(e.bytes())),
+                        "opening",
+                        errno,
+                    )),
+                }
+            }
+            out
+        };
+        for (vname, vfd) in dirs(sfd, pod, SUBPATHS_DIR) {
+            let volume = escape_name(vname.to_bytes());
+            let at = format!("{SUBPATHS_DIR}/{volume}");
+            for (cname, cfd) in dirs(&vfd, pod, &at) {
+                let container = escape_name(cname.to_bytes());
+                let at = format!("{at}/{container}");
+                let entries = match list_dir(&cfd) {
+                    Ok(e) => e,
+                    Err(errno) => {
+                        pod.errors.push(errno_error(&at, "listing", errno));
+                        continue;
+                    }
+                };
+                for entry in entries {
+                    let index = std::str::from_utf8(entry.bytes())
+                        .ok()
+                        .and_then(|s| s.parse::<u32>().ok());
+                    let Some(index) = index else {
+                        pod.errors.push(error(
+                            &format!("{at}/{}", escape_name(entry.bytes())),
+                            ReadErrorKind::InvalidName,
+                            "a subPath entry whose name is not a volumeMount index; not read",
+                        ));
+                        continue;
+                    };
+                    let mut sp = SubPathInventory {
+                        volume: volume.clone(),
+                        container: container.clone(),
+                        index,
+                        files: BTreeMap::new(),
+                        errors: Vec::new(),
+                    };
+                    match entry_type(&cfd, &entry) {
+                        Ok(Type::File) => match self.reader.hash_at(&cfd, &entry.name, "") {
+                            Ok(h) => {
+                                sp.files.insert(String::new(), Sha256Hex(h.digest));
+                            }
+                            Err(e) => sp.errors.push(e),
+                        },
+                        Ok(Type::Directory) => match open_dir_at(&cfd, &entry.name) {
+                            Ok(dfd) => {
+                                let mut tree = Tree::default();
+                                self.reader.walk(&dfd, "", 0, &mut tree);
+                                sp.errors = tree.errors;
+                                sp.files = tree
+                                    .files
+                                    .into_iter()
+                                    .map(|(p, f)| (p, Sha256Hex(f.digest)))
+                                    .collect();
+                            }
+                            Err(errno) => {
+                                sp.errors.push(errno_error("", "opening the target", errno))
+                            }
+                        },
+                        Ok(Type::Symlink) => sp.errors.push(error(
+                            "",
+                            ReadErrorKind::SymlinkEscape,
+                            "the subPath target is a symlink; not followed",
+                        )),
+                        Ok(other) => sp.errors.push(error(
+                            "",
+                            ReadErrorKind::NotRegularFile,
+                            format!("the subPath target is {}; not read", type_name(other)),
+                        )),
+                        Err(Errno::ENOENT) => continue,
+                        Err(errno) => sp.errors.push(errno_error("", "stat of the target", errno)),
+                    }
+                    pod.sub_paths.push(sp);
+                }
+            }
+        }
+    }
+}
+
+/// A volume without `..data`. Secret and projected volumes are tmpfs mounts
+/// of their own: if the directory is not a mount point in the agent's view,
+/// mount propagation from the host is probably missing.
+fn no_data(mut volume: VolumeInventory, vol: Ident, plugin_dev: Option<u64>) -> VolumeInventory {
+    if volume.plugin != Plugin::Configmap && plugin_dev == Some(vol.dev) {
+        volume.errors.push(error(
+            "",
+            ReadErrorKind::MountPropagation,
+            "no ..data and the directory is not a mount point here: the kubelet's tmpfs \
+             mount is not visible to the agent; mount the kubelet directory with \
+             mountPropagation: HostToContainer",
+        ));
+    }
+    volume
+}
+
+/// Checks every visible top-level entry of a volume directory is a link
+/// `name -> ..data/name`. Links are read, never followed.
+fn check_links(vfd: &OwnedFd) -> Vec<ReadError> {
+    let mut errors = Vec::new();
+    let entries = match list_dir(vfd) {
+        Ok(e) => e,
+        Err(errno) => {
+            errors.push(errno_error("", "listing the volume directory", errno));
+            return errors;
+        }
+    };
+    for entry in entries {
+        let bytes = entry.bytes();
+        if bytes.starts_with(b"..") {
+            continue;
+        }
+        let path = escape_name(bytes);
+        match entry_type(vfd, &entry) {
+            Ok(Type::Symlink) => match readlinkat(vfd, entry.name.as_c_str()) {
+                Ok(target) => {
+                    let mut expected = b"..data/".to_vec();
+                    expected.extend_from_slice(bytes);
+                    if target.as_bytes() != expected.as_slice() {
+                        errors.push(error(
+                            &path,
+                            ReadErrorKind::SymlinkEscape,
+                            format!(
+                                "visible link points to {:?}, not ..data/{path}; not followed",
+                                escape_name(target.as_bytes())
+                            ),
+                        ));
+                    }
+                }
+                Err(Errno::ENOENT) => {}
+                Err(errno) => errors.push(errno_error(&path, "reading the link", errno)),
+            },
+            Ok(other) => errors.push(error(
+                &path,
+                ReadErrorKind::NotRegularFile,
+                format!(
+                    "visible entry is {}, not a link into ..data; not read",
+                    type_name(other)
+                ),
+            )),
+            Err(Errno::ENOENT) => {}
+            Err(errno) => errors.push(errno_error(&path, "stat", errno)),
+        }
+    }
+    errors
+}

@@ -1,0 +1,106 @@
+//! The tiny HTTP server: `/metrics`, `/healthz`, `/readyz`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+use crate::daemon::Shutdown;
+use crate::metrics::Metrics;
+
+/// How long open connections may take to finish after shutdown starts.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// What the endpoints report on.
+#[derive(Debug, Clone)]
+pub struct ServerState {
+    /// Metrics to expose.
+    pub metrics: Metrics,
+    /// Set after the first successful full scan.
+    pub ready: Arc<AtomicBool>,
+}
+
+fn respond(
+    status: StatusCode,
+    content_type: &str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+fn route(state: &ServerState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
+        return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
+    }
+    match req.uri().path() {
+        "/metrics" => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4",
+            state.metrics.encode(),
+        ),
+        "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
+        "/readyz" => {
+            if state.ready.load(Ordering::Acquire) {
+                respond(StatusCode::OK, "text/plain", "ready\n")
+            } else {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "not ready: the first full scan has not completed\n",
+                )
+            }
+        }
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+    }
+}
+
+/// Serves until `shutdown` fires, then lets open connections finish (bounded).
+pub async fn serve(listener: TcpListener, state: ServerState, mut shutdown: Shutdown) {
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => break,
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let state = state.clone();
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let resp = route(&state, &req);
+                    async move { Ok::<_, Infallible>(resp) }
+                });
+                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "http connection ended with an error");
+                    }
+                });
+            }
+        }
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(DRAIN) => tracing::warn!("http connections still open after the drain period"),
+    }
+}
