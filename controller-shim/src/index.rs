@@ -1,0 +1,179 @@
+//! The in-memory cluster index the engine evaluates: pods, current source
+//! content and node inventories, with the two reverse indexes incremental
+//! evaluation needs (source -> referencing pods, node -> pods).
+//!
+//! A caller feeds it with `apply_*`/`delete_*` as watch events and agent
+//! reports arrive, then asks which pods a change touches
+//! ([`ClusterIndex::pods_referencing`], [`ClusterIndex::pods_on_node`]) and
+//! re-evaluates only those.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::model::{Interner, ObservedNode, PodModel, SourceContent, SourceRef};
+
+/// Slot of a pod in the index; stable while the pod is in the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodId(u32);
+
+/// Pods, sources and inventories, indexed.
+#[derive(Debug, Default)]
+pub struct ClusterIndex {
+    /// Shared strings of every model in the index.
+    pub interner: Interner,
+    pods: Vec<Option<PodModel>>,
+    free: Vec<u32>,
+    by_uid: HashMap<Arc<str>, PodId>,
+    by_source: HashMap<SourceRef, Vec<PodId>>,
+    by_node: HashMap<Arc<str>, Vec<PodId>>,
+    sources: HashMap<SourceRef, SourceContent>,
+    nodes: HashMap<Arc<str>, ObservedNode>,
+}
+
+impl ClusterIndex {
+    /// An empty index.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Inserts or replaces a pod (by UID).
+    pub fn apply_pod(&mut self, pod: PodModel) -> PodId {
+        if let Some(old) = self.by_uid.get(&pod.uid).copied() {
+            self.unlink(old);
+            self.link(old, &pod);
+            self.pods[old.0 as usize] = Some(pod);
+            return old;
+        }
+        let id = match self.free.pop() {
+            Some(slot) => PodId(slot),
+            None => {
+                self.pods.push(None);
+                PodId((self.pods.len() - 1) as u32)
+            }
+        };
+        self.link(id, &pod);
+        self.by_uid.insert(pod.uid.clone(), id);
+        self.pods[id.0 as usize] = Some(pod);
+        id
+    }
+
+    /// Removes a pod; returns it if it was present.
+    pub fn delete_pod(&mut self, uid: &str) -> Option<PodModel> {
+        let id = self.by_uid.remove(uid)?;
+        self.unlink(id);
+        self.free.push(id.0);
+        self.pods[id.0 as usize].take()
+    }
+
+    fn link(&mut self, id: PodId, pod: &PodModel) {
+        for r in pod.references() {
+            self.by_source.entry(r).or_default().push(id);
+        }
+        if let Some(node) = &pod.node {
+            self.by_node.entry(node.clone()).or_default().push(id);
+        }
+    }
+
+    fn unlink(&mut self, id: PodId) {
+        let Some(pod) = self.pods[id.0 as usize].as_ref() else {
+            return;
+        };
+        for r in pod.references() {
+            if let Some(v) = self.by_source.get_mut(&r) {
+                v.retain(|p| *p != id);
+                if v.is_empty() {
+                    self.by_source.remove(&r);
+                }
+            }
+        }
+        if let Some(node) = &pod.node
+            && let Some(v) = self.by_node.get_mut(node)
+        {
+            v.retain(|p| *p != id);
+            if v.is_empty() {
+                self.by_node.remove(node);
+            }
+        }
+    }
+
+    /// Inserts or replaces a source's content. Returns whether its content
+    /// (key set or any value) changed.
+    pub fn apply_source(&mut self, r: SourceRef, content: SourceContent) -> bool {
+        let changed = self
+            .sources
+            .get(&r)
+            .is_none_or(|old| old.content_digest != content.content_digest);
+        self.sources.insert(r, content);
+        changed
+    }
+
+    /// Removes a source; returns whether it was present.
+    pub fn delete_source(&mut self, r: &SourceRef) -> bool {
+        self.sources.remove(r).is_some()
+    }
+
+    /// Inserts or replaces a node inventory.
+    pub fn apply_inventory(&mut self, node: ObservedNode) {
+        self.nodes.insert(node.node.clone(), node);
+    }
+
+    /// Removes a node inventory.
+    pub fn delete_inventory(&mut self, node: &str) -> bool {
+        self.nodes.remove(node).is_some()
+    }
+
+    /// The pod in slot `id`.
+    pub fn pod(&self, id: PodId) -> Option<&PodModel> {
+        self.pods.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// The slot of the pod with this UID.
+    pub fn pod_id(&self, uid: &str) -> Option<PodId> {
+        self.by_uid.get(uid).copied()
+    }
+
+    /// Every pod slot in use.
+    pub fn pod_ids(&self) -> impl Iterator<Item = PodId> + '_ {
+        self.pods
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.is_some())
+            .map(|(i, _)| PodId(i as u32))
+    }
+
+    /// Number of pods.
+    pub fn pod_count(&self) -> usize {
+        self.by_uid.len()
+    }
+
+    /// Pods referencing `r` through a volume, env, envFrom or
+    /// imagePullSecrets.
+    pub fn pods_referencing(&self, r: &SourceRef) -> &[PodId] {
+        self.by_source.get(r).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Pods scheduled on `node`.
+    pub fn pods_on_node(&self, node: &str) -> &[PodId] {
+        self.by_node.get(node).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Names of nodes with at least one pod.
+    pub fn nodes_with_pods(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.by_node.keys()
+    }
+
+    /// Current content of a source.
+    pub fn source(&self, r: &SourceRef) -> Option<&SourceContent> {
+        self.sources.get(r)
+    }
+
+    /// Every source.
+    pub fn sources(&self) -> impl Iterator<Item = (&SourceRef, &SourceContent)> {
+        self.sources.iter()
+    }
+
+    /// The latest inventory of `node`.
+    pub fn inventory(&self, node: &str) -> Option<&ObservedNode> {
+        self.nodes.get(node)
+    }
+}

@@ -1,0 +1,590 @@
+//! The compact, kube-free model the engine works on.
+//!
+//! Strings that repeat across hundreds of thousands of pods (namespaces,
+//! source names, volume names, file paths) are interned as `Arc<str>`;
+//! digests are raw `[u8; 32]`. Secret and ConfigMap content only ever exists
+//! here as SHA-256 digests: the conversion at the edge hashes every value and
+//! drops the plaintext.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use mountguard_inventory::{NodeInventory, Plugin, ReadErrorKind, file_digest, volume_digest};
+use serde::{Deserialize, Serialize};
+
+/// A raw SHA-256 digest.
+pub type Digest = [u8; 32];
+
+/// Interns strings so equal strings share one allocation.
+#[derive(Debug, Default)]
+pub struct Interner {
+    set: HashSet<Arc<str>>,
+}
+
+impl Interner {
+    /// The shared copy of `s`.
+    pub fn intern(&mut self, s: &str) -> Arc<str> {
+        if let Some(a) = self.set.get(s) {
+            return a.clone();
+        }
+        let a: Arc<str> = Arc::from(s);
+        self.set.insert(a.clone());
+        a
+    }
+
+    /// Number of distinct strings held.
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    /// Whether no string is held.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+}
+
+/// Kind of a source object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum SourceKind {
+    /// A core/v1 Secret.
+    Secret,
+    /// A core/v1 ConfigMap.
+    ConfigMap,
+}
+
+impl SourceKind {
+    /// The API kind name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceKind::Secret => "Secret",
+            SourceKind::ConfigMap => "ConfigMap",
+        }
+    }
+}
+
+/// A namespaced reference to a Secret or ConfigMap.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SourceRef {
+    /// Secret or ConfigMap.
+    pub kind: SourceKind,
+    /// Namespace (always the pod's namespace for references from a pod).
+    pub namespace: Arc<str>,
+    /// Object name.
+    pub name: Arc<str>,
+}
+
+impl SourceRef {
+    /// A new reference.
+    pub fn new(kind: SourceKind, namespace: Arc<str>, name: Arc<str>) -> Self {
+        Self {
+            kind,
+            namespace,
+            name,
+        }
+    }
+}
+
+impl fmt::Debug for SourceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for SourceRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.kind.as_str(), self.namespace, self.name)
+    }
+}
+
+/// One key of a source object, hashed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct KeyDigest {
+    /// SHA-256 of the value's bytes (Secret values decoded from base64).
+    pub digest: Digest,
+    /// The key came from a ConfigMap's `binaryData` (such keys never reach
+    /// environment variables).
+    pub binary: bool,
+}
+
+impl fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "KeyDigest({}..{})",
+            hex::encode(&self.digest[..4]),
+            if self.binary { ", binary" } else { "" }
+        )
+    }
+}
+
+/// The current content of a Secret or ConfigMap, as digests only.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceContent {
+    /// `immutable: true` on the object.
+    pub immutable: bool,
+    /// Every key (ConfigMap `data` and `binaryData`, Secret `data`), hashed.
+    pub keys: BTreeMap<Arc<str>, KeyDigest>,
+    /// Digest over the whole key set ([`volume_digest`] of the keys); changes
+    /// exactly when some key's content, or the set of keys, changes.
+    pub content_digest: Digest,
+    /// The object's UID, when known (a recreated object has a new one).
+    pub uid: Option<Arc<str>>,
+    /// Best guess of when the content last changed when the engine has no
+    /// history: the newest `metadata.managedFields[].time`, else
+    /// `metadata.creationTimestamp`.
+    pub last_write: Option<Timestamp>,
+}
+
+impl SourceContent {
+    /// Builds the content from hashed keys.
+    pub fn new(
+        immutable: bool,
+        keys: BTreeMap<Arc<str>, KeyDigest>,
+        uid: Option<Arc<str>>,
+        last_write: Option<Timestamp>,
+    ) -> Self {
+        let content_digest = volume_digest(keys.iter().map(|(k, v)| (&**k, &v.digest)));
+        Self {
+            immutable,
+            keys,
+            content_digest,
+            uid,
+            last_write,
+        }
+    }
+
+    /// Builds the content by hashing plaintext values; the caller drops the
+    /// plaintext afterwards. `binary` marks ConfigMap `binaryData` keys.
+    pub fn from_plain<'a, I>(
+        interner: &mut Interner,
+        immutable: bool,
+        values: I,
+        uid: Option<&str>,
+        last_write: Option<Timestamp>,
+    ) -> Self
+    where
+        I: IntoIterator<Item = (&'a str, &'a [u8], bool)>,
+    {
+        let keys = values
+            .into_iter()
+            .map(|(k, v, binary)| {
+                (
+                    interner.intern(k),
+                    KeyDigest {
+                        digest: file_digest(v),
+                        binary,
+                    },
+                )
+            })
+            .collect();
+        Self::new(immutable, keys, uid.map(|u| interner.intern(u)), last_write)
+    }
+}
+
+/// A `key` -> `path` mapping (`items` of a Secret/ConfigMap volume or
+/// projection).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyToPath {
+    /// The key in the source object.
+    pub key: Arc<str>,
+    /// Relative path of the file in the volume (may be nested, `a/b/c`).
+    pub path: Arc<str>,
+}
+
+/// A Secret or ConfigMap reference inside a volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceProjection {
+    /// Secret or ConfigMap.
+    pub kind: SourceKind,
+    /// Object name (same namespace as the pod).
+    pub name: Arc<str>,
+    /// `items`, or `None` for "every key, named after the key".
+    pub items: Option<Box<[KeyToPath]>>,
+    /// `optional: true`: a missing object or key is not an error.
+    pub optional: bool,
+}
+
+/// Why a path in a volume is not verifiable from the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SkipReason {
+    /// A downwardAPI item (pod metadata or resources).
+    DownwardApi,
+    /// A service-account token (rotated by the kubelet).
+    ServiceAccountToken,
+    /// A clusterTrustBundle projection.
+    ClusterTrustBundle,
+    /// A podCertificate projection.
+    PodCertificate,
+    /// A projected source this version does not know.
+    UnknownSource,
+    /// A subPathExpr mount (expanded by the kubelet from the environment).
+    SubPathExpr,
+}
+
+impl SkipReason {
+    /// Stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SkipReason::DownwardApi => "downwardAPI",
+            SkipReason::ServiceAccountToken => "serviceAccountToken",
+            SkipReason::ClusterTrustBundle => "clusterTrustBundle",
+            SkipReason::PodCertificate => "podCertificate",
+            SkipReason::UnknownSource => "unknownSource",
+            SkipReason::SubPathExpr => "subPathExpr",
+        }
+    }
+}
+
+/// One source of a projected volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProjectedSource {
+    /// A Secret or ConfigMap projection.
+    Object(SourceProjection),
+    /// Paths whose content does not come from a Secret or ConfigMap.
+    NotFromApi {
+        /// What writes them.
+        reason: SkipReason,
+        /// The paths (files) it writes; empty when unknown.
+        paths: Box<[Arc<str>]>,
+    },
+}
+
+/// The volume types the engine verifies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeSource {
+    /// A `secret` or `configMap` volume.
+    Object(SourceProjection),
+    /// A `projected` volume, sources in order.
+    Projected(Box<[ProjectedSource]>),
+}
+
+impl VolumeSource {
+    /// The inventory plugin directory this volume lives in.
+    pub fn plugin(&self) -> Plugin {
+        match self {
+            VolumeSource::Object(p) if p.kind == SourceKind::Secret => Plugin::Secret,
+            VolumeSource::Object(_) => Plugin::Configmap,
+            VolumeSource::Projected(_) => Plugin::Projected,
+        }
+    }
+}
+
+/// A volume of the pod spec that the engine verifies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeModel {
+    /// Volume name.
+    pub name: Arc<str>,
+    /// What it projects.
+    pub source: VolumeSource,
+    /// Listed in the read-at-start annotation.
+    pub read_at_start: bool,
+}
+
+/// A `volumeMount` of a verified volume that uses `subPath`/`subPathExpr`,
+/// or any mount of a read-at-start volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountModel {
+    /// Position in the container's `volumeMounts` (the kubelet's subPath
+    /// index).
+    pub index: u32,
+    /// Index into [`PodModel::volumes`].
+    pub volume: u16,
+    /// `subPath`, if any.
+    pub sub_path: Option<Arc<str>>,
+    /// `subPathExpr` is set (not verifiable).
+    pub sub_path_expr: bool,
+}
+
+/// An environment reference to a Secret or ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvRef {
+    /// `env[].valueFrom.secretKeyRef` / `configMapKeyRef`.
+    Key {
+        /// The variable name.
+        var: Arc<str>,
+        /// Secret or ConfigMap.
+        kind: SourceKind,
+        /// Object name.
+        name: Arc<str>,
+        /// The key.
+        key: Arc<str>,
+        /// `optional: true`.
+        optional: bool,
+    },
+    /// `envFrom[].secretRef` / `configMapRef`.
+    From {
+        /// Secret or ConfigMap.
+        kind: SourceKind,
+        /// Object name.
+        name: Arc<str>,
+        /// `prefix`, empty if none.
+        prefix: Arc<str>,
+        /// `optional: true`.
+        optional: bool,
+    },
+}
+
+impl EnvRef {
+    /// The referenced object kind and name.
+    pub fn target(&self) -> (SourceKind, &Arc<str>) {
+        match self {
+            EnvRef::Key { kind, name, .. } | EnvRef::From { kind, name, .. } => (*kind, name),
+        }
+    }
+}
+
+/// A container (regular, or init container still running such as a
+/// sidecar) with what the engine needs of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerModel {
+    /// Container name.
+    pub name: Arc<str>,
+    /// Declared under `initContainers`.
+    pub init: bool,
+    /// `status.containerStatuses[].state.running.startedAt`; `None` when the
+    /// container is not running.
+    pub started_at: Option<Timestamp>,
+    /// Relevant volume mounts.
+    pub mounts: Box<[MountModel]>,
+    /// Environment references.
+    pub env: Box<[EnvRef]>,
+}
+
+/// The compact view of a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodModel {
+    /// `metadata.uid`.
+    pub uid: Arc<str>,
+    /// Namespace.
+    pub namespace: Arc<str>,
+    /// Name.
+    pub name: Arc<str>,
+    /// `spec.nodeName`; `None` when not scheduled.
+    pub node: Option<Arc<str>>,
+    /// Phase is Succeeded or Failed: the kubelet has unregistered it.
+    pub terminated: bool,
+    /// Name of the controlling NodeSet, if any.
+    pub nodeset: Option<Arc<str>>,
+    /// Verified volumes (secret, configMap, projected).
+    pub volumes: Box<[VolumeModel]>,
+    /// Containers.
+    pub containers: Box<[ContainerModel]>,
+    /// `spec.imagePullSecrets` names (the kubelet registers these too).
+    pub image_pull_secrets: Box<[Arc<str>]>,
+}
+
+impl PodModel {
+    /// Every Secret/ConfigMap this pod references through volumes, env,
+    /// envFrom and imagePullSecrets: the names the kubelet registers a cache
+    /// reference for. Sorted, without duplicates.
+    pub fn references(&self) -> Vec<SourceRef> {
+        let mut out = Vec::new();
+        let mut push = |kind, name: &Arc<str>| {
+            out.push(SourceRef::new(kind, self.namespace.clone(), name.clone()));
+        };
+        for v in self.volumes.iter() {
+            match &v.source {
+                VolumeSource::Object(p) => push(p.kind, &p.name),
+                VolumeSource::Projected(sources) => {
+                    for s in sources.iter() {
+                        if let ProjectedSource::Object(p) = s {
+                            push(p.kind, &p.name);
+                        }
+                    }
+                }
+            }
+        }
+        for c in self.containers.iter() {
+            for e in c.env.iter() {
+                let (kind, name) = e.target();
+                push(kind, name);
+            }
+        }
+        for s in self.image_pull_secrets.iter() {
+            push(SourceKind::Secret, s);
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Whether the pod references `r` at all (see [`PodModel::references`]).
+    pub fn references_source(&self, r: &SourceRef) -> bool {
+        if *r.namespace != *self.namespace {
+            return false;
+        }
+        let hit = |kind: SourceKind, name: &Arc<str>| kind == r.kind && **name == *r.name;
+        self.volumes.iter().any(|v| match &v.source {
+            VolumeSource::Object(p) => hit(p.kind, &p.name),
+            VolumeSource::Projected(s) => s
+                .iter()
+                .any(|s| matches!(s, ProjectedSource::Object(p) if hit(p.kind, &p.name))),
+        }) || self.containers.iter().any(|c| {
+            c.env.iter().any(|e| {
+                let (k, n) = e.target();
+                hit(k, n)
+            })
+        }) || (r.kind == SourceKind::Secret
+            && self.image_pull_secrets.iter().any(|s| **s == *r.name))
+    }
+}
+
+/// One file the agent could not read, reduced to what the engine needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedError {
+    /// Path relative to the volume; empty for the volume itself.
+    pub path: Arc<str>,
+    /// The kind of problem.
+    pub kind: ReadErrorKind,
+}
+
+/// A volume as the agent saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedVolume {
+    /// Plugin directory.
+    pub plugin: Plugin,
+    /// Volume name.
+    pub name: Arc<str>,
+    /// When the kubelet published the content now served.
+    pub written_at: Option<Timestamp>,
+    /// Path -> digest, sorted by path.
+    pub files: Box<[(Arc<str>, Digest)]>,
+    /// Read problems.
+    pub errors: Box<[ObservedError]>,
+}
+
+impl ObservedVolume {
+    /// Digest of `path`, if the file was seen.
+    pub fn file(&self, path: &str) -> Option<&Digest> {
+        self.files
+            .binary_search_by(|(p, _)| (**p).cmp(path))
+            .ok()
+            .map(|i| &self.files[i].1)
+    }
+}
+
+/// A subPath bind target as the agent saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedSubPath {
+    /// Volume name.
+    pub volume: Arc<str>,
+    /// Container name.
+    pub container: Arc<str>,
+    /// Index of the mount in the container's `volumeMounts`.
+    pub index: u32,
+    /// Relative path ("" for a single file) -> digest, sorted.
+    pub files: Box<[(Arc<str>, Digest)]>,
+    /// Read problems.
+    pub errors: Box<[ObservedError]>,
+}
+
+/// A pod directory as the agent saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedPod {
+    /// Volumes, sorted by (plugin, name).
+    pub volumes: Box<[ObservedVolume]>,
+    /// subPath targets.
+    pub sub_paths: Box<[ObservedSubPath]>,
+    /// Problems with the pod directory itself.
+    pub errors: Box<[ObservedError]>,
+}
+
+impl ObservedPod {
+    /// The volume `name` under `plugin`.
+    pub fn volume(&self, plugin: Plugin, name: &str) -> Option<&ObservedVolume> {
+        self.volumes
+            .iter()
+            .find(|v| v.plugin == plugin && *v.name == *name)
+    }
+
+    /// The subPath target for (volume, container, index).
+    pub fn sub_path(&self, volume: &str, container: &str, index: u32) -> Option<&ObservedSubPath> {
+        self.sub_paths
+            .iter()
+            .find(|s| s.index == index && *s.container == *container && *s.volume == *volume)
+    }
+}
+
+/// A node inventory in compact form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedNode {
+    /// Node name.
+    pub node: Arc<str>,
+    /// When the agent's scan finished.
+    pub scanned_at: Timestamp,
+    /// Pods by UID.
+    pub pods: std::collections::HashMap<Arc<str>, ObservedPod>,
+}
+
+impl ObservedNode {
+    /// Converts a wire inventory, interning names and paths.
+    pub fn from_inventory(inv: &NodeInventory, interner: &mut Interner) -> Self {
+        let errs = |errors: &[mountguard_inventory::ReadError], interner: &mut Interner| {
+            errors
+                .iter()
+                .map(|e| ObservedError {
+                    path: interner.intern(&e.path),
+                    kind: e.kind,
+                })
+                .collect::<Box<[_]>>()
+        };
+        let pods = inv
+            .pods
+            .iter()
+            .map(|p| {
+                let volumes = p
+                    .volumes
+                    .iter()
+                    .map(|v| ObservedVolume {
+                        plugin: v.plugin,
+                        name: interner.intern(&v.name),
+                        written_at: v.written_at,
+                        files: v
+                            .files
+                            .iter()
+                            .map(|(k, d)| (interner.intern(k), d.0))
+                            .collect(),
+                        errors: errs(&v.errors, interner),
+                    })
+                    .collect();
+                let sub_paths = p
+                    .sub_paths
+                    .iter()
+                    .map(|s| ObservedSubPath {
+                        volume: interner.intern(&s.volume),
+                        container: interner.intern(&s.container),
+                        index: s.index,
+                        files: s
+                            .files
+                            .iter()
+                            .map(|(k, d)| (interner.intern(k), d.0))
+                            .collect(),
+                        errors: errs(&s.errors, interner),
+                    })
+                    .collect();
+                (
+                    interner.intern(&p.uid),
+                    ObservedPod {
+                        volumes,
+                        sub_paths,
+                        errors: errs(&p.errors, interner),
+                    },
+                )
+            })
+            .collect();
+        Self {
+            node: interner.intern(&inv.node),
+            scanned_at: inv.scanned_at,
+            pods,
+        }
+    }
+}
+
+/// Parses the read-at-start annotation value: comma separated volume names,
+/// blanks ignored.
+pub fn parse_read_at_start(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|s| !s.is_empty())
+}

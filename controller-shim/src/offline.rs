@@ -1,0 +1,513 @@
+//! `mountguard-controller verify`: the engine run offline on a `kubectl get
+//! pods,secrets,configmaps -A -o json` dump and agent inventories.
+//!
+//! Exit codes: 0 all fine, 1 a verdict matched `--fail-on`, 2 bad input.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use mountguard_inventory::{NodeInventory, SCHEMA};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::Error;
+use crate::convert::{self, RawPodExtras, describe_item};
+use crate::fingerprint::Fingerprinter;
+use crate::index::ClusterIndex;
+use crate::model::ObservedNode;
+use crate::verdict::{Config, Engine, EngineState, Evaluation, State, VerdictView};
+
+/// Command line of `mountguard-controller`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "mountguard-controller",
+    version,
+    about = "mountguard controller"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Evaluate verdicts offline from an object dump and agent inventories.
+    Verify(VerifyArgs),
+}
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// One row per verdict that needs attention, then a summary.
+    Table,
+    /// Every verdict and a summary, as JSON.
+    Json,
+}
+
+/// Which verdicts make the command exit 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FailOn {
+    /// Any Stale verdict.
+    Stale,
+    /// Any Frozen verdict.
+    Frozen,
+    /// Any verdict other than Fresh and Skipped.
+    Any,
+}
+
+impl FailOn {
+    fn matches(self, s: &State) -> bool {
+        match self {
+            FailOn::Stale => matches!(s, State::Stale(_)),
+            FailOn::Frozen => matches!(s, State::Frozen(_)),
+            FailOn::Any => !matches!(s, State::Fresh | State::Skipped(_)),
+        }
+    }
+}
+
+fn parse_duration(s: &str) -> Result<SignedDuration, String> {
+    let d: SignedDuration = s
+        .parse()
+        .map_err(|e| format!("{s:?} is not a duration like 180s or 3m: {e}"))?;
+    if d.is_negative() {
+        return Err(format!("{s:?} is negative"));
+    }
+    Ok(d)
+}
+
+fn parse_time(s: &str) -> Result<Timestamp, String> {
+    s.parse()
+        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-11-30T10:00:00Z: {e}"))
+}
+
+/// Arguments of `verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// JSON of `kubectl get pods,secrets,configmaps -A -o json` (a v1 List,
+    /// a typed list or a single object); several files allowed, `-` reads
+    /// standard input.
+    #[arg(long, env = "MOUNTGUARD_OBJECTS", required = true, num_args = 1.., value_delimiter = ',')]
+    pub objects: Vec<PathBuf>,
+    /// Agent inventories (`mountguard-agent scan --output json`), one node
+    /// each (a JSON array of inventories is accepted too).
+    #[arg(long, env = "MOUNTGUARD_INVENTORY", num_args = 1.., value_delimiter = ',')]
+    pub inventory: Vec<PathBuf>,
+    /// Evaluation time (RFC 3339); defaults to the current time.
+    #[arg(long, env = "MOUNTGUARD_NOW", value_parser = parse_time)]
+    pub now: Option<Timestamp>,
+    /// Grace period for propagation of changed content.
+    #[arg(long, env = "MOUNTGUARD_GRACE", default_value = "180s", value_parser = parse_duration)]
+    pub grace: SignedDuration,
+    /// Inventories scanned longer ago than this are too old to judge by.
+    #[arg(long, env = "MOUNTGUARD_INVENTORY_MAX_AGE", default_value = "5m", value_parser = parse_duration)]
+    pub inventory_max_age: SignedDuration,
+    /// Minimum number of mutable volume mounts on a node for the
+    /// KubeletNotSyncing rule.
+    #[arg(long, env = "MOUNTGUARD_NOT_SYNCING_MIN_MOUNTS", default_value_t = 3)]
+    pub not_syncing_min_mounts: u32,
+    /// File holding the installation's fingerprint key (at least 16 bytes).
+    /// Without it a one-off random key is used and fingerprints are only
+    /// comparable within one run.
+    #[arg(long, env = "MOUNTGUARD_FINGERPRINT_KEY_FILE")]
+    pub fingerprint_key_file: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, env = "MOUNTGUARD_OUTPUT", value_enum, default_value = "table")]
+    pub output: Output,
+    /// Exit 1 when a verdict matches.
+    #[arg(long, env = "MOUNTGUARD_FAIL_ON", value_enum)]
+    pub fail_on: Option<FailOn>,
+}
+
+/// What the command read, before evaluation.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// The index.
+    pub index: ClusterIndex,
+    /// Items of other kinds that were ignored.
+    pub ignored_items: usize,
+}
+
+fn read_input(path: &Path, stdin: &mut dyn Read) -> Result<Vec<u8>, Error> {
+    let name = path.display().to_string();
+    if name == "-" {
+        let mut buf = Vec::new();
+        stdin
+            .read_to_end(&mut buf)
+            .map_err(|source| Error::Io { file: name, source })?;
+        Ok(buf)
+    } else {
+        std::fs::read(path).map_err(|source| Error::Io { file: name, source })
+    }
+}
+
+fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, Error> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Json {
+        file: file.to_string(),
+        line: e.line(),
+        column: e.column(),
+        message: e.to_string(),
+    })
+}
+
+/// Adds the objects of one document (list or single object) to the index.
+pub fn load_objects(file: &str, bytes: &[u8], loaded: &mut Loaded) -> Result<(), Error> {
+    let doc = parse_json(file, bytes)?;
+    let obj_err = |place: String, message: String| Error::Object {
+        file: file.to_string(),
+        place,
+        message,
+    };
+    if !doc.is_object() {
+        return Err(obj_err(
+            "document".into(),
+            "expected a JSON object (a v1 List or a single object)".into(),
+        ));
+    }
+    match doc.get("items") {
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                load_item(item, loaded)
+                    .map_err(|m| obj_err(format!("items[{i}] ({})", describe_item(item)), m))?;
+            }
+        }
+        Some(_) => {
+            return Err(obj_err("items".into(), "is not an array".into()));
+        }
+        None => {
+            load_item(&doc, loaded).map_err(|m| obj_err(describe_item(&doc), m))?;
+        }
+    }
+    Ok(())
+}
+
+fn load_item(item: &Value, loaded: &mut Loaded) -> Result<(), String> {
+    let kind = item
+        .get("kind")
+        .and_then(Value::as_str)
+        .ok_or("no \"kind\" field")?;
+    let need_meta = |m: Option<&str>, what: &str| -> Result<(), String> {
+        match m {
+            Some(s) if !s.is_empty() => Ok(()),
+            _ => Err(format!("metadata.{what} is missing")),
+        }
+    };
+    let meta_str = |k: &str| {
+        item.pointer(&format!("/metadata/{k}"))
+            .and_then(Value::as_str)
+    };
+    let ix = &mut loaded.index;
+    match kind {
+        "Pod" => {
+            let pod: Pod = serde_json::from_value(item.clone()).map_err(|e| e.to_string())?;
+            need_meta(meta_str("namespace"), "namespace")?;
+            need_meta(meta_str("name"), "name")?;
+            need_meta(meta_str("uid"), "uid")?;
+            if pod.spec.is_none() {
+                return Err("spec is missing".into());
+            }
+            let extras = RawPodExtras::from_json(item);
+            let model = convert::pod(&mut ix.interner, &pod, &extras)
+                .ok_or("pod is missing metadata or spec")?;
+            ix.apply_pod(model);
+        }
+        "Secret" => {
+            let s: Secret = serde_json::from_value(item.clone()).map_err(|e| e.to_string())?;
+            need_meta(meta_str("namespace"), "namespace")?;
+            need_meta(meta_str("name"), "name")?;
+            let (r, c) = convert::secret(&mut ix.interner, &s).ok_or("missing metadata")?;
+            // `s` (plaintext) is dropped at the end of this arm.
+            ix.apply_source(r, c);
+        }
+        "ConfigMap" => {
+            let c: ConfigMap = serde_json::from_value(item.clone()).map_err(|e| e.to_string())?;
+            need_meta(meta_str("namespace"), "namespace")?;
+            need_meta(meta_str("name"), "name")?;
+            let (r, c) = convert::config_map(&mut ix.interner, &c).ok_or("missing metadata")?;
+            ix.apply_source(r, c);
+        }
+        _ => loaded.ignored_items += 1,
+    }
+    Ok(())
+}
+
+/// Parses one inventory file (an inventory, or an array of them).
+pub fn parse_inventories(file: &str, bytes: &[u8]) -> Result<Vec<NodeInventory>, Error> {
+    let doc = parse_json(file, bytes)?;
+    let one = |v: Value, place: String| -> Result<NodeInventory, Error> {
+        let inv: NodeInventory = serde_json::from_value(v).map_err(|e| Error::Object {
+            file: file.to_string(),
+            place: place.clone(),
+            message: format!("not a node inventory: {e}"),
+        })?;
+        if inv.schema != SCHEMA {
+            return Err(Error::Inventory {
+                file: file.to_string(),
+                source: mountguard_inventory::Error::Schema { found: inv.schema },
+            });
+        }
+        Ok(inv)
+    };
+    match doc {
+        Value::Array(items) => items
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| one(v, format!("[{i}]")))
+            .collect(),
+        v => Ok(vec![one(v, "document".into())?]),
+    }
+}
+
+/// Summary counts.
+#[derive(Debug, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// Pods evaluated.
+    pub pods: usize,
+    /// Verdicts.
+    pub verdicts: usize,
+    /// Count per `State` or `State/Cause`.
+    pub by_state: BTreeMap<String, usize>,
+    /// Items of other kinds ignored.
+    pub ignored_items: usize,
+    /// Verdicts matching `--fail-on`.
+    pub failing: usize,
+}
+
+#[derive(Serialize)]
+struct JsonOut<'a> {
+    verdicts: Vec<VerdictView<'a>>,
+    summary: &'a Summary,
+}
+
+impl VerifyArgs {
+    /// Runs the command; `now` is used when `--now` is absent and `random_key`
+    /// when no key file is given. Returns the exit code.
+    pub fn run(
+        self,
+        now: Timestamp,
+        random_key: [u8; 32],
+        stdin: &mut dyn Read,
+        out: &mut dyn Write,
+    ) -> Result<u8, Error> {
+        let Self {
+            objects,
+            inventory,
+            now: now_arg,
+            grace,
+            inventory_max_age,
+            not_syncing_min_mounts,
+            fingerprint_key_file,
+            output,
+            fail_on,
+        } = self;
+        let now = now_arg.unwrap_or(now);
+        let key = match &fingerprint_key_file {
+            Some(p) => read_input(p, stdin)?,
+            None => random_key.to_vec(),
+        };
+        let fingerprinter = Fingerprinter::new(&key)?;
+        drop(key);
+
+        let mut loaded = Loaded::default();
+        for path in &objects {
+            let bytes = read_input(path, stdin)?;
+            load_objects(&path.display().to_string(), &bytes, &mut loaded)?;
+        }
+        let mut by_node: BTreeMap<String, NodeInventory> = BTreeMap::new();
+        for path in &inventory {
+            let bytes = read_input(path, stdin)?;
+            for inv in parse_inventories(&path.display().to_string(), &bytes)? {
+                // Several scans of one node: the newest wins.
+                match by_node.get(&inv.node) {
+                    Some(old) if old.scanned_at >= inv.scanned_at => {}
+                    _ => {
+                        by_node.insert(inv.node.clone(), inv);
+                    }
+                }
+            }
+        }
+        for inv in by_node.into_values() {
+            let obs = ObservedNode::from_inventory(&inv, &mut loaded.index.interner);
+            loaded.index.apply_inventory(obs);
+        }
+
+        let engine = Engine::new(
+            Config {
+                grace,
+                inventory_max_age,
+                not_syncing_min_mounts,
+                list_fresh_files: output == Output::Json,
+            },
+            fingerprinter,
+        );
+        let mut state = EngineState::default();
+        let mut eval = engine.evaluate_all(&loaded.index, &mut state, now);
+        eval.pods
+            .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+
+        let mut summary = Summary {
+            pods: eval.pods.len(),
+            verdicts: eval.len(),
+            ignored_items: loaded.ignored_items,
+            ..Default::default()
+        };
+        for (_, v) in eval.iter() {
+            let key = match v.state.cause() {
+                Some(c) => format!("{}/{c}", v.state.name()),
+                None => v.state.name().to_string(),
+            };
+            *summary.by_state.entry(key).or_default() += 1;
+            if fail_on.is_some_and(|f| f.matches(&v.state)) {
+                summary.failing += 1;
+            }
+        }
+        let io = |e: std::io::Error| Error::Io {
+            file: "<stdout>".into(),
+            source: e,
+        };
+        match output {
+            Output::Json => {
+                let doc = JsonOut {
+                    verdicts: eval.iter().map(|(p, v)| v.view(p)).collect(),
+                    summary: &summary,
+                };
+                serde_json::to_writer_pretty(&mut *out, &doc).map_err(|e| io(e.into()))?;
+                writeln!(out).map_err(io)?;
+            }
+            Output::Table => {
+                write_table(&eval, &summary, fingerprint_key_file.is_none(), out).map_err(io)?
+            }
+        }
+        Ok(if summary.failing > 0 { 1 } else { 0 })
+    }
+}
+
+fn write_table(
+    eval: &Evaluation,
+    summary: &Summary,
+    random_key: bool,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let mut rows: Vec<[String; 8]> = vec![[
+        "STATE".into(),
+        "CAUSE".into(),
+        "POD".into(),
+        "NODE".into(),
+        "SUBJECT".into(),
+        "SOURCE".into(),
+        "MOUNTED/CURRENT".into(),
+        "SINCE".into(),
+    ]];
+    let mut notes = Vec::new();
+    for (p, v) in eval.iter() {
+        if matches!(v.state, State::Fresh | State::Skipped(_)) {
+            continue;
+        }
+        let view = v.view(p);
+        let subject = match (
+            view.subject,
+            view.volume,
+            view.container,
+            view.sub_path,
+            view.env,
+        ) {
+            ("subPath", Some(vol), Some(c), Some(sp), _) => format!("subPath {c}:{vol}/{sp}"),
+            ("env", _, Some(c), _, Some(e)) => format!("env {c}:{e}"),
+            (_, Some(vol), _, _, _) => format!("volume {vol}"),
+            _ => view.subject.to_string(),
+        };
+        let fps = format!(
+            "{} vs {}",
+            view.observed.map_or("-".into(), |f| f.to_string()),
+            view.expected.map_or("-".into(), |f| f.to_string())
+        );
+        let mut cause = view.cause.unwrap_or("").to_string();
+        if !view.pinned_by.is_empty() {
+            cause.push_str(&format!(
+                " (pinned by {})",
+                view.pinned_by
+                    .iter()
+                    .map(|s| &**s)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ));
+        }
+        rows.push([
+            view.state.to_string(),
+            cause,
+            format!("{}/{}", view.namespace, view.pod),
+            view.node.unwrap_or("-").to_string(),
+            subject,
+            view.sources
+                .iter()
+                .map(|s| format!("{}/{}", s.kind, s.name))
+                .collect::<Vec<_>>()
+                .join(","),
+            fps,
+            view.since.to_string(),
+        ]);
+        if let Some(m) = view.message {
+            notes.push(format!("{}/{}: {m}", view.namespace, view.pod));
+        }
+        if !view.differing_paths.is_empty() {
+            notes.push(format!(
+                "{}/{}: differing paths: {}",
+                view.namespace,
+                view.pod,
+                view.differing_paths
+                    .iter()
+                    .map(|s| &**s)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if rows.len() > 1 {
+        let mut widths = [0usize; 8];
+        for r in &rows {
+            for (w, c) in widths.iter_mut().zip(r) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        for r in &rows {
+            let line: Vec<String> = r
+                .iter()
+                .zip(widths)
+                .map(|(c, w)| format!("{c:<w$}"))
+                .collect();
+            writeln!(out, "{}", line.join("  ").trim_end())?;
+        }
+        for n in notes {
+            writeln!(out, "  {n}")?;
+        }
+    }
+    let counts: Vec<String> = summary
+        .by_state
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    writeln!(
+        out,
+        "summary: {} pods, {} verdicts: {}",
+        summary.pods,
+        summary.verdicts,
+        if counts.is_empty() {
+            "none".to_string()
+        } else {
+            counts.join(" ")
+        }
+    )?;
+    if random_key {
+        writeln!(
+            out,
+            "note: no --fingerprint-key-file given; fingerprints use a one-off random key"
+        )?;
+    }
+    Ok(())
+}

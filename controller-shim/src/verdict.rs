@@ -1,0 +1,1683 @@
+//! Evaluation: expected versus observed content, verdicts, and the explicit
+//! history ([`EngineState`]) the engine needs between evaluations.
+//!
+//! Pure: no clock reads (`now` is an argument), no I/O. The only mutable
+//! input is the `&mut EngineState` a caller owns, may persist, or may
+//! rebuild from scratch.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use jiff::{SignedDuration, Timestamp};
+use mountguard_inventory::volume_digest;
+use serde::{Deserialize, Serialize};
+
+use crate::fingerprint::{Fingerprint, Fingerprinter};
+use crate::index::{ClusterIndex, PodId};
+use crate::model::{Digest, ObservedError, ObservedNode, PodModel, SkipReason, SourceRef};
+use crate::projection::{
+    ExpectedSubPath, ExpectedVolume, project_env, project_sub_path, project_volume, sub_path_skip,
+};
+
+/// Engine configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// A mismatch whose source changed less than this before the node was
+    /// scanned is `Propagating`, not `Stale`.
+    pub grace: SignedDuration,
+    /// An inventory scanned longer ago than this is too old to judge by.
+    pub inventory_max_age: SignedDuration,
+    /// `KubeletNotSyncing` needs at least this many verifiable mutable
+    /// volume mounts on the node...
+    pub not_syncing_min_mounts: u32,
+    /// ...and more than half of them stale past grace.
+    /// List every file of Fresh volumes in verdicts (otherwise only files of
+    /// non-Fresh volumes are listed).
+    pub list_fresh_files: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            grace: SignedDuration::from_secs(180),
+            inventory_max_age: SignedDuration::from_secs(300),
+            not_syncing_min_mounts: 3,
+            list_fresh_files: false,
+        }
+    }
+}
+
+/// Why content is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StaleCause {
+    /// Immutable source recreated with new content; nothing else on the node
+    /// references it, so replacing this pod gets fresh content.
+    ImmutableCache,
+    /// The same, but other pods on the node keep the kubelet's cache entry
+    /// alive (see [`Verdict::pinned_by`]); replacing this pod alone cannot
+    /// help.
+    ImmutableCachePinned,
+    /// Most mutable mounts on the node are stale past grace: the node's
+    /// kubelet, not the pod, is the problem.
+    KubeletNotSyncing,
+    /// None of the above.
+    Unknown,
+}
+
+/// Why a correct source still leaves the process on old content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FrozenCause {
+    /// A subPath mount (never updated while the container runs).
+    SubPath,
+    /// An environment variable (fixed at container start).
+    Env,
+    /// A volume declared read-at-start was refreshed after the container
+    /// started.
+    ReadAtStart,
+}
+
+/// Why a subject cannot be judged now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UnverifiableReason {
+    /// No inventory for the pod's node.
+    NoInventory,
+    /// The node's inventory is older than the configured limit.
+    InventoryTooOld,
+    /// The agent could not read a relevant path.
+    ReadError,
+    /// The volume or subPath target is not (yet) on the node.
+    NotOnDisk,
+    /// The container is not running (env and subPath need a start time).
+    ContainerNotRunning,
+}
+
+/// The verdict state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Mounted content equals the current source content.
+    Fresh,
+    /// Differs, but the source changed less than the grace period before the
+    /// node was scanned.
+    Propagating,
+    /// Differs past grace.
+    Stale(StaleCause),
+    /// Only a container restart helps.
+    Frozen(FrozenCause),
+    /// A non-optional object or key does not exist; the kubelet keeps what it
+    /// had (and refuses to start new pods).
+    SourceMissing,
+    /// Cannot be judged now.
+    Unverifiable(UnverifiableReason),
+    /// Not verifiable from the API.
+    Skipped(SkipReason),
+}
+
+impl State {
+    /// The state name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Fresh => "Fresh",
+            State::Propagating => "Propagating",
+            State::Stale(_) => "Stale",
+            State::Frozen(_) => "Frozen",
+            State::SourceMissing => "SourceMissing",
+            State::Unverifiable(_) => "Unverifiable",
+            State::Skipped(_) => "Skipped",
+        }
+    }
+
+    /// The cause or reason name, if the state has one.
+    pub fn cause(&self) -> Option<&'static str> {
+        Some(match self {
+            State::Stale(StaleCause::ImmutableCache) => "ImmutableCache",
+            State::Stale(StaleCause::ImmutableCachePinned) => "ImmutableCachePinned",
+            State::Stale(StaleCause::KubeletNotSyncing) => "KubeletNotSyncing",
+            State::Stale(StaleCause::Unknown) => "Unknown",
+            State::Frozen(FrozenCause::SubPath) => "SubPath",
+            State::Frozen(FrozenCause::Env) => "Env",
+            State::Frozen(FrozenCause::ReadAtStart) => "ReadAtStart",
+            State::Unverifiable(UnverifiableReason::NoInventory) => "NoInventory",
+            State::Unverifiable(UnverifiableReason::InventoryTooOld) => "InventoryTooOld",
+            State::Unverifiable(UnverifiableReason::ReadError) => "ReadError",
+            State::Unverifiable(UnverifiableReason::NotOnDisk) => "NotOnDisk",
+            State::Unverifiable(UnverifiableReason::ContainerNotRunning) => "ContainerNotRunning",
+            State::Skipped(r) => r.as_str(),
+            _ => return None,
+        })
+    }
+
+    /// A compact tag identifying state and cause (for history).
+    fn tag(&self) -> String {
+        match self.cause() {
+            Some(c) => format!("{}/{}", self.name(), c),
+            None => self.name().to_string(),
+        }
+    }
+}
+
+/// What a verdict is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// A Secret, ConfigMap or projected volume of the pod.
+    Volume {
+        /// Volume name.
+        volume: Arc<str>,
+    },
+    /// A subPath mount of a container.
+    SubPath {
+        /// Container name.
+        container: Arc<str>,
+        /// Volume name.
+        volume: Arc<str>,
+        /// Position in the container's `volumeMounts`.
+        index: u32,
+        /// The subPath.
+        sub_path: Arc<str>,
+    },
+    /// An environment reference of a container.
+    Env {
+        /// Container name.
+        container: Arc<str>,
+        /// Variable name (`valueFrom`), or `envFrom` plus the prefix if any.
+        var: Arc<str>,
+    },
+}
+
+/// Stable identity of a subject within a pod (pod specs are immutable in
+/// the fields that matter, so indexes are stable for a pod UID).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum SubjectId {
+    /// Volume index.
+    Volume(u16),
+    /// (container index, mount index).
+    SubPath(u16, u16),
+    /// (container index, env reference index).
+    Env(u16, u16),
+}
+
+/// The state of one file of a volume or subPath target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FileState {
+    /// Matches.
+    Fresh,
+    /// Present with other content.
+    Differs,
+    /// Expected but not on disk.
+    Missing,
+    /// On disk but not expected.
+    Unexpected,
+    /// Not verifiable from the API.
+    Skipped,
+    /// The agent could not read it.
+    Unreadable,
+}
+
+/// One file's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileVerdict {
+    /// Relative path.
+    pub path: Arc<str>,
+    /// State of the file.
+    pub state: FileState,
+    /// Fingerprint of the expected content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<Fingerprint>,
+    /// Fingerprint of the observed content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<Fingerprint>,
+}
+
+/// Details most verdicts do not need (kept out of line to keep Fresh
+/// verdicts small).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerdictDetail {
+    /// Paths whose content differs, is missing or is unexpected.
+    pub differing_paths: Vec<Arc<str>>,
+    /// Per-file verdicts.
+    pub files: Vec<FileVerdict>,
+    /// Pods (names, same namespace) keeping an immutable cache entry alive.
+    pub pinned_by: Vec<Arc<str>>,
+    /// Containers concerned (ReadAtStart).
+    pub containers: Vec<Arc<str>>,
+    /// Human-readable explanation (never content).
+    pub message: Option<String>,
+}
+
+/// The verdict on one subject of one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// What is judged.
+    pub subject: Subject,
+    /// Stable identity within the pod.
+    pub id: SubjectId,
+    /// The Secrets/ConfigMaps involved.
+    pub sources: Box<[SourceRef]>,
+    /// The verdict.
+    pub state: State,
+    /// Fingerprint of the expected content.
+    pub expected: Option<Fingerprint>,
+    /// Fingerprint of the observed content.
+    pub observed: Option<Fingerprint>,
+    /// Since when this state (with this cause) holds.
+    pub since: Timestamp,
+    /// Details, present when there is something to say.
+    pub detail: Option<Box<VerdictDetail>>,
+}
+
+impl Verdict {
+    /// Pods pinning an immutable cache entry.
+    pub fn pinned_by(&self) -> &[Arc<str>] {
+        self.detail.as_deref().map_or(&[], |d| &d.pinned_by)
+    }
+
+    /// Differing paths.
+    pub fn differing_paths(&self) -> &[Arc<str>] {
+        self.detail.as_deref().map_or(&[], |d| &d.differing_paths)
+    }
+
+    /// Per-file verdicts (only listed for non-Fresh volumes unless
+    /// configured otherwise).
+    pub fn files(&self) -> &[FileVerdict] {
+        self.detail.as_deref().map_or(&[], |d| &d.files)
+    }
+
+    /// Explanation, if any.
+    pub fn message(&self) -> Option<&str> {
+        self.detail.as_deref().and_then(|d| d.message.as_deref())
+    }
+}
+
+/// Verdicts of one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodVerdicts {
+    /// Pod UID.
+    pub uid: Arc<str>,
+    /// Namespace.
+    pub namespace: Arc<str>,
+    /// Name.
+    pub name: Arc<str>,
+    /// Node.
+    pub node: Option<Arc<str>>,
+    /// Controlling NodeSet.
+    pub nodeset: Option<Arc<str>>,
+    /// One verdict per volume, subPath mount and env reference.
+    pub verdicts: Vec<Verdict>,
+}
+
+/// Result of an evaluation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Evaluation {
+    /// Verdicts per evaluated pod.
+    pub pods: Vec<PodVerdicts>,
+    /// UIDs asked for that are no longer in the index (their history was
+    /// dropped).
+    pub removed: Vec<Arc<str>>,
+}
+
+impl Evaluation {
+    /// Every verdict with its pod.
+    pub fn iter(&self) -> impl Iterator<Item = (&PodVerdicts, &Verdict)> {
+        self.pods
+            .iter()
+            .flat_map(|p| p.verdicts.iter().map(move |v| (p, v)))
+    }
+
+    /// Number of verdicts.
+    pub fn len(&self) -> usize {
+        self.pods.iter().map(|p| p.verdicts.len()).sum()
+    }
+
+    /// Whether there is no verdict.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// History of one source as the engine saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceHistory {
+    /// Keyed fingerprint of the content last seen (`None`: absent). A
+    /// fingerprint, not the digest, so persisted state reveals nothing.
+    pub fingerprint: Option<String>,
+    /// When the content last changed, if known.
+    pub content_changed_at: Option<Timestamp>,
+}
+
+/// History of one subject.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubjectHistory {
+    /// The subject.
+    pub id: SubjectId,
+    /// State and cause, e.g. `Stale/Unknown`.
+    pub state: String,
+    /// Since when.
+    pub since: Timestamp,
+}
+
+/// History of one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodHistory {
+    /// The node the pod ran on when last evaluated.
+    pub node: Option<Arc<str>>,
+    /// Verifiable volume mounts of only mutable sources.
+    pub mutable_mounts: u32,
+    /// Of those, stale past grace (before the node rule).
+    pub stale_mutable_mounts: u32,
+    /// Subjects.
+    pub subjects: Vec<SubjectHistory>,
+}
+
+/// Per-node counters for the KubeletNotSyncing rule.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeHistory {
+    /// Verifiable mutable volume mounts on the node.
+    pub mutable_mounts: u32,
+    /// Of those, stale past grace.
+    pub stale_mutable_mounts: u32,
+    /// The rule fired at the last evaluation.
+    pub not_syncing: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SourceEntry {
+    #[serde(flatten)]
+    source: SourceRef,
+    #[serde(flatten)]
+    history: SourceHistory,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StateWire {
+    sources: Vec<SourceEntry>,
+    pods: HashMap<Arc<str>, PodHistory>,
+    nodes: HashMap<Arc<str>, NodeHistory>,
+}
+
+/// The engine's history, passed in and out of every evaluation so a caller
+/// can persist it or rebuild it (an empty state is always valid: the engine
+/// then falls back to `managedFields` times and its own observations).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StateWire", into = "StateWire")]
+pub struct EngineState {
+    /// Per source: content fingerprint and when it last changed.
+    pub sources: HashMap<SourceRef, SourceHistory>,
+    /// Per pod UID: subjects' states and since when.
+    pub pods: HashMap<Arc<str>, PodHistory>,
+    /// Per node: counters of the KubeletNotSyncing rule.
+    pub nodes: HashMap<Arc<str>, NodeHistory>,
+}
+
+impl From<StateWire> for EngineState {
+    fn from(w: StateWire) -> Self {
+        Self {
+            sources: w
+                .sources
+                .into_iter()
+                .map(|e| (e.source, e.history))
+                .collect(),
+            pods: w.pods,
+            nodes: w.nodes,
+        }
+    }
+}
+
+impl From<EngineState> for StateWire {
+    fn from(s: EngineState) -> Self {
+        let mut sources: Vec<SourceEntry> = s
+            .sources
+            .into_iter()
+            .map(|(source, history)| SourceEntry { source, history })
+            .collect();
+        sources.sort_by(|a, b| a.source.cmp(&b.source));
+        Self {
+            sources,
+            pods: s.pods,
+            nodes: s.nodes,
+        }
+    }
+}
+
+impl EngineState {
+    /// When `r`'s content last changed, from history, else from the
+    /// object's last write.
+    fn changed_at(&self, index: &ClusterIndex, r: &SourceRef) -> Option<Timestamp> {
+        match self.sources.get(r) {
+            Some(h) => h.content_changed_at,
+            None => index.source(r).and_then(|c| c.last_write),
+        }
+    }
+}
+
+/// The verdict engine: configuration and the fingerprint key.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    config: Config,
+    fingerprinter: Fingerprinter,
+}
+
+/// How a node's inventory can be used.
+enum NodeView<'a> {
+    NoInventory,
+    TooOld,
+    Usable(&'a ObservedNode),
+}
+
+/// A verdict before the node rule and history are applied.
+struct Prelim {
+    verdict: Verdict,
+    /// First-sight estimate of `since`.
+    estimate: Timestamp,
+    /// Counts as a verifiable volume mount of only mutable sources.
+    mutable_mount: bool,
+}
+
+struct PodPrelim {
+    id: PodId,
+    verdicts: Vec<Prelim>,
+    mutable: u32,
+    stale: u32,
+}
+
+fn fp_opt(f: &Fingerprinter, d: Option<&Digest>) -> Option<Fingerprint> {
+    d.map(|d| f.fingerprint(d))
+}
+
+impl Engine {
+    /// An engine with `config` and the installation's fingerprinter.
+    pub fn new(config: Config, fingerprinter: Fingerprinter) -> Self {
+        Self {
+            config,
+            fingerprinter,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The fingerprinter.
+    pub fn fingerprinter(&self) -> &Fingerprinter {
+        &self.fingerprinter
+    }
+
+    /// Records the current content of `r` in the history: a changed (or
+    /// vanished, or reappeared) content sets `content_changed_at = now`; a
+    /// source seen for the first time takes its last write time.
+    pub fn observe_source(
+        &self,
+        index: &ClusterIndex,
+        state: &mut EngineState,
+        r: &SourceRef,
+        now: Timestamp,
+    ) {
+        let content = index.source(r);
+        let fp = content.map(|c| {
+            self.fingerprinter
+                .fingerprint(&c.content_digest)
+                .to_string()
+        });
+        match state.sources.get_mut(r) {
+            Some(h) => {
+                if h.fingerprint != fp {
+                    h.fingerprint = fp;
+                    h.content_changed_at = Some(now);
+                }
+            }
+            None => {
+                if let Some(c) = content {
+                    state.sources.insert(
+                        r.clone(),
+                        SourceHistory {
+                            fingerprint: fp,
+                            content_changed_at: c.last_write.map(|t| t.min(now)),
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Evaluates every pod in the index, rebuilding the per-node counters
+    /// and dropping history of pods and sources that are gone.
+    pub fn evaluate_all(
+        &self,
+        index: &ClusterIndex,
+        state: &mut EngineState,
+        now: Timestamp,
+    ) -> Evaluation {
+        // Source history: every present source, and absent ones still
+        // referenced; forget absent, unreferenced ones.
+        let present: Vec<SourceRef> = index.sources().map(|(r, _)| r.clone()).collect();
+        for r in &present {
+            self.observe_source(index, state, r, now);
+        }
+        let known: Vec<SourceRef> = state.sources.keys().cloned().collect();
+        for r in known {
+            if index.source(&r).is_none() {
+                if index.pods_referencing(&r).is_empty() {
+                    state.sources.remove(&r);
+                } else {
+                    self.observe_source(index, state, &r, now);
+                }
+            }
+        }
+
+        let ids: Vec<PodId> = index.pod_ids().collect();
+        let prelims: Vec<PodPrelim> = ids
+            .iter()
+            .filter_map(|id| self.prelim_pod(index, state, *id, now))
+            .collect();
+
+        // Node counters from scratch.
+        let mut nodes: HashMap<Arc<str>, NodeHistory> = HashMap::new();
+        for p in &prelims {
+            if let Some(node) = index.pod(p.id).and_then(|m| m.node.clone()) {
+                let n = nodes.entry(node).or_default();
+                n.mutable_mounts += p.mutable;
+                n.stale_mutable_mounts += p.stale;
+            }
+        }
+        for n in nodes.values_mut() {
+            n.not_syncing = self.not_syncing(n);
+        }
+        state.nodes = nodes;
+
+        let mut old_pods = std::mem::take(&mut state.pods);
+        let mut out = Evaluation::default();
+        for p in prelims {
+            let pod = index.pod(p.id).expect("prelim pods exist in the index");
+            let prev = old_pods.remove(&pod.uid);
+            out.pods.push(self.finalize(pod, p, prev, state, now));
+        }
+        out
+    }
+
+    /// Re-evaluates only the pods with these UIDs (plus, when a node's
+    /// KubeletNotSyncing verdict flips, every pod on that node). UIDs no
+    /// longer in the index have their history dropped and are listed in
+    /// [`Evaluation::removed`]. Sources referenced by the evaluated pods are
+    /// observed first.
+    pub fn evaluate_pods(
+        &self,
+        index: &ClusterIndex,
+        state: &mut EngineState,
+        uids: &[&str],
+        now: Timestamp,
+    ) -> Evaluation {
+        let mut out = Evaluation::default();
+        let mut queue: Vec<PodId> = Vec::new();
+        let mut seen: HashSet<PodId> = HashSet::new();
+        let mut touched_nodes: HashSet<Arc<str>> = HashSet::new();
+        for uid in uids {
+            match index.pod_id(uid) {
+                Some(id) => {
+                    if seen.insert(id) {
+                        queue.push(id);
+                    }
+                }
+                None => {
+                    if let Some((k, h)) = state.pods.remove_entry(*uid) {
+                        if let Some(node) = &h.node {
+                            self.sub_counts(state, node, &h);
+                            touched_nodes.insert(node.clone());
+                        }
+                        out.removed.push(k);
+                    }
+                }
+            }
+        }
+        let mut observed: HashSet<SourceRef> = HashSet::new();
+        for id in &queue {
+            if let Some(pod) = index.pod(*id) {
+                for r in pod.references() {
+                    if !observed.contains(&r) {
+                        self.observe_source(index, state, &r, now);
+                        observed.insert(r);
+                    }
+                }
+            }
+        }
+
+        let mut prelims: Vec<PodPrelim> = Vec::with_capacity(queue.len());
+        let mut i = 0;
+        loop {
+            while i < queue.len() {
+                let id = queue[i];
+                i += 1;
+                let Some(p) = self.prelim_pod(index, state, id, now) else {
+                    continue;
+                };
+                let pod = index.pod(id).expect("queued pods exist");
+                if let Some(h) = state.pods.get(&pod.uid).cloned()
+                    && let Some(node) = &h.node
+                {
+                    self.sub_counts(state, node, &h);
+                    touched_nodes.insert(node.clone());
+                }
+                if let Some(node) = &pod.node {
+                    let n = state.nodes.entry(node.clone()).or_default();
+                    n.mutable_mounts += p.mutable;
+                    n.stale_mutable_mounts += p.stale;
+                    touched_nodes.insert(node.clone());
+                }
+                // Record the counts now so a second pass over the same pod
+                // (node flip) subtracts exactly what was added.
+                let h = state
+                    .pods
+                    .entry(pod.uid.clone())
+                    .or_insert_with(|| PodHistory {
+                        node: None,
+                        mutable_mounts: 0,
+                        stale_mutable_mounts: 0,
+                        subjects: Vec::new(),
+                    });
+                h.node = pod.node.clone();
+                h.mutable_mounts = p.mutable;
+                h.stale_mutable_mounts = p.stale;
+                prelims.push(p);
+            }
+            // Node rule flips pull in the node's other pods.
+            let mut flipped = false;
+            for node in touched_nodes.drain() {
+                let Some(n) = state.nodes.get_mut(&node) else {
+                    continue;
+                };
+                let now_flag = self.not_syncing(n);
+                if now_flag != n.not_syncing {
+                    n.not_syncing = now_flag;
+                    for id in index.pods_on_node(&node) {
+                        if seen.insert(*id) {
+                            queue.push(*id);
+                            flipped = true;
+                        }
+                    }
+                }
+            }
+            if !flipped {
+                break;
+            }
+        }
+
+        for p in prelims {
+            let pod = index.pod(p.id).expect("prelim pods exist");
+            let prev = state.pods.remove(&pod.uid);
+            out.pods.push(self.finalize(pod, p, prev, state, now));
+        }
+        out
+    }
+
+    fn sub_counts(&self, state: &mut EngineState, node: &Arc<str>, h: &PodHistory) {
+        if let Some(n) = state.nodes.get_mut(node) {
+            n.mutable_mounts = n.mutable_mounts.saturating_sub(h.mutable_mounts);
+            n.stale_mutable_mounts = n
+                .stale_mutable_mounts
+                .saturating_sub(h.stale_mutable_mounts);
+        }
+    }
+
+    /// The KubeletNotSyncing rule: at least `not_syncing_min_mounts`
+    /// verifiable mutable volume mounts on the node, and more than half of
+    /// them stale past grace.
+    fn not_syncing(&self, n: &NodeHistory) -> bool {
+        n.mutable_mounts >= self.config.not_syncing_min_mounts
+            && n.stale_mutable_mounts * 2 > n.mutable_mounts
+    }
+
+    fn node_view<'a>(&self, index: &'a ClusterIndex, node: &str, now: Timestamp) -> NodeView<'a> {
+        match index.inventory(node) {
+            None => NodeView::NoInventory,
+            Some(n) if now.duration_since(n.scanned_at) > self.config.inventory_max_age => {
+                NodeView::TooOld
+            }
+            Some(n) => NodeView::Usable(n),
+        }
+    }
+
+    fn finalize(
+        &self,
+        pod: &PodModel,
+        p: PodPrelim,
+        prev: Option<PodHistory>,
+        state: &mut EngineState,
+        now: Timestamp,
+    ) -> PodVerdicts {
+        let not_syncing = pod
+            .node
+            .as_ref()
+            .and_then(|n| state.nodes.get(n))
+            .is_some_and(|n| n.not_syncing);
+        let mut subjects = Vec::with_capacity(p.verdicts.len());
+        let mut verdicts = Vec::with_capacity(p.verdicts.len());
+        for pre in p.verdicts {
+            let mut v = pre.verdict;
+            if not_syncing && pre.mutable_mount && v.state == State::Stale(StaleCause::Unknown) {
+                v.state = State::Stale(StaleCause::KubeletNotSyncing);
+            }
+            let tag = v.state.tag();
+            let since = prev
+                .as_ref()
+                .and_then(|h| h.subjects.iter().find(|s| s.id == v.id))
+                .filter(|s| s.state == tag)
+                .map(|s| s.since)
+                .unwrap_or(pre.estimate.min(now));
+            v.since = since;
+            subjects.push(SubjectHistory {
+                id: v.id,
+                state: tag,
+                since,
+            });
+            verdicts.push(v);
+        }
+        state.pods.insert(
+            pod.uid.clone(),
+            PodHistory {
+                node: pod.node.clone(),
+                mutable_mounts: p.mutable,
+                stale_mutable_mounts: p.stale,
+                subjects,
+            },
+        );
+        PodVerdicts {
+            uid: pod.uid.clone(),
+            namespace: pod.namespace.clone(),
+            name: pod.name.clone(),
+            node: pod.node.clone(),
+            nodeset: pod.nodeset.clone(),
+            verdicts,
+        }
+    }
+
+    /// Verdicts of one pod before the node rule; `None` for pods that are
+    /// not scheduled or have terminated.
+    fn prelim_pod(
+        &self,
+        index: &ClusterIndex,
+        state: &EngineState,
+        id: PodId,
+        now: Timestamp,
+    ) -> Option<PodPrelim> {
+        let pod = index.pod(id)?;
+        let node = pod.node.as_ref()?;
+        if pod.terminated {
+            return None;
+        }
+        let view = self.node_view(index, node, now);
+        let observed_pod = match &view {
+            NodeView::Usable(n) => n.pods.get(&pod.uid),
+            _ => None,
+        };
+        let prev = state.pods.get(&pod.uid);
+        let prev_since = |sid: SubjectId| -> Option<(bool, Timestamp)> {
+            prev.and_then(|h| h.subjects.iter().find(|s| s.id == sid))
+                .map(|s| {
+                    (
+                        s.state == "Propagating" || s.state.starts_with("Stale"),
+                        s.since,
+                    )
+                })
+        };
+        let ctx = Ctx {
+            engine: self,
+            index,
+            state,
+            pod,
+            node,
+            now,
+        };
+
+        let mut out = PodPrelim {
+            id,
+            verdicts: Vec::new(),
+            mutable: 0,
+            stale: 0,
+        };
+        let expected: Vec<ExpectedVolume> = pod
+            .volumes
+            .iter()
+            .map(|v| project_volume(&pod.namespace, &v.source, |r| index.source(r)))
+            .collect();
+
+        for (vi, (vol, ev)) in pod.volumes.iter().zip(&expected).enumerate() {
+            let sid = SubjectId::Volume(vi as u16);
+            let subject = Subject::Volume {
+                volume: vol.name.clone(),
+            };
+            let mut pre =
+                ctx.volume_verdict(sid, subject, vol, ev, &view, observed_pod, prev_since(sid));
+            let all_mutable = !ev.sources.is_empty()
+                && ev
+                    .sources
+                    .iter()
+                    .all(|r| index.source(r).is_some_and(|c| !c.immutable));
+            pre.mutable_mount = all_mutable
+                && matches!(
+                    pre.verdict.state,
+                    State::Fresh
+                        | State::Propagating
+                        | State::Stale(_)
+                        | State::Frozen(FrozenCause::ReadAtStart)
+                );
+            if pre.mutable_mount {
+                out.mutable += 1;
+                if pre.verdict.state == State::Stale(StaleCause::Unknown) {
+                    out.stale += 1;
+                }
+            }
+            out.verdicts.push(pre);
+        }
+
+        for (ci, c) in pod.containers.iter().enumerate() {
+            for (mi, m) in c.mounts.iter().enumerate() {
+                let Some(sp) = &m.sub_path else {
+                    if !m.sub_path_expr {
+                        continue;
+                    }
+                    let vol = &pod.volumes[m.volume as usize];
+                    out.verdicts.push(ctx.simple(
+                        SubjectId::SubPath(ci as u16, mi as u16),
+                        Subject::SubPath {
+                            container: c.name.clone(),
+                            volume: vol.name.clone(),
+                            index: m.index,
+                            sub_path: Arc::from("$(expr)"),
+                        },
+                        expected[m.volume as usize].sources.clone().into(),
+                        State::Skipped(SkipReason::SubPathExpr),
+                        None,
+                    ));
+                    continue;
+                };
+                let sid = SubjectId::SubPath(ci as u16, mi as u16);
+                out.verdicts.push(ctx.sub_path_verdict(
+                    sid,
+                    c,
+                    m,
+                    sp,
+                    &expected[m.volume as usize],
+                    &view,
+                    observed_pod,
+                    prev_since(sid),
+                ));
+            }
+            for (ei, e) in c.env.iter().enumerate() {
+                let sid = SubjectId::Env(ci as u16, ei as u16);
+                out.verdicts.push(ctx.env_verdict(sid, c, e));
+            }
+        }
+        Some(out)
+    }
+}
+
+struct Ctx<'a> {
+    engine: &'a Engine,
+    index: &'a ClusterIndex,
+    state: &'a EngineState,
+    pod: &'a PodModel,
+    node: &'a Arc<str>,
+    now: Timestamp,
+}
+
+/// Result of comparing expected and observed files.
+struct Comparison {
+    differing: Vec<Arc<str>>,
+    files: Vec<FileVerdict>,
+    unreadable: Vec<Arc<str>>,
+    /// Sources (indexes into the volume's sources) involved in differences.
+    involved: Vec<u16>,
+    involved_all: bool,
+    observed_digest: Digest,
+}
+
+impl Ctx<'_> {
+    fn fp(&self, d: &Digest) -> Fingerprint {
+        self.engine.fingerprinter.fingerprint(d)
+    }
+
+    fn simple(
+        &self,
+        id: SubjectId,
+        subject: Subject,
+        sources: Box<[SourceRef]>,
+        state: State,
+        message: Option<String>,
+    ) -> Prelim {
+        Prelim {
+            verdict: Verdict {
+                subject,
+                id,
+                sources,
+                state,
+                expected: None,
+                observed: None,
+                since: self.now,
+                detail: message.map(|m| {
+                    Box::new(VerdictDetail {
+                        message: Some(m),
+                        ..Default::default()
+                    })
+                }),
+            },
+            estimate: self.now,
+            mutable_mount: false,
+        }
+    }
+
+    /// Compares expected files (path, digest, source) with observed ones.
+    /// `skip` says whether an observed path is exempt.
+    fn compare(
+        &self,
+        expected: &[(Arc<str>, Digest, u16)],
+        observed: &[(Arc<str>, Digest)],
+        errors: &[ObservedError],
+        skip: &dyn Fn(&str) -> Option<SkipReason>,
+        ignore_unknown: bool,
+        list_files: bool,
+    ) -> Comparison {
+        let mut c = Comparison {
+            differing: Vec::new(),
+            files: Vec::new(),
+            unreadable: Vec::new(),
+            involved: Vec::new(),
+            involved_all: false,
+            observed_digest: [0; 32],
+        };
+        let err_at = |p: &str| errors.iter().any(|e| *e.path == *p);
+        // A volume-level error (empty path) or an error on a path we do not
+        // skip makes the comparison unreliable.
+        for e in errors {
+            if e.path.is_empty() || skip(&e.path).is_none() {
+                c.unreadable.push(e.path.clone());
+            }
+        }
+        let mut obs_kept: Vec<(&str, &Digest)> = Vec::with_capacity(observed.len());
+        let (mut i, mut j) = (0, 0);
+        while i < expected.len() || j < observed.len() {
+            let e = expected.get(i);
+            let o = observed.get(j);
+            let ord = match (e, o) {
+                (Some(e), Some(o)) => (*e.0).cmp(&*o.0),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, _) => std::cmp::Ordering::Greater,
+            };
+            match ord {
+                std::cmp::Ordering::Equal => {
+                    let (e, o) = (e.unwrap(), o.unwrap());
+                    obs_kept.push((&o.0, &o.1));
+                    let same = e.1 == o.1;
+                    if !same {
+                        c.differing.push(e.0.clone());
+                        c.involved.push(e.2);
+                    }
+                    if list_files || !same {
+                        c.files.push(FileVerdict {
+                            path: e.0.clone(),
+                            state: if same {
+                                FileState::Fresh
+                            } else {
+                                FileState::Differs
+                            },
+                            expected: Some(self.fp(&e.1)),
+                            observed: Some(self.fp(&o.1)),
+                        });
+                    }
+                    i += 1;
+                    j += 1;
+                }
+                std::cmp::Ordering::Less => {
+                    let e = e.unwrap();
+                    let unreadable = err_at(&e.0);
+                    if !unreadable {
+                        c.differing.push(e.0.clone());
+                        c.involved.push(e.2);
+                    }
+                    c.files.push(FileVerdict {
+                        path: e.0.clone(),
+                        state: if unreadable {
+                            FileState::Unreadable
+                        } else {
+                            FileState::Missing
+                        },
+                        expected: Some(self.fp(&e.1)),
+                        observed: None,
+                    });
+                    i += 1;
+                }
+                std::cmp::Ordering::Greater => {
+                    let o = o.unwrap();
+                    if let Some(_reason) = skip(&o.0) {
+                        if list_files {
+                            c.files.push(FileVerdict {
+                                path: o.0.clone(),
+                                state: FileState::Skipped,
+                                expected: None,
+                                observed: None,
+                            });
+                        }
+                    } else if !ignore_unknown {
+                        obs_kept.push((&o.0, &o.1));
+                        c.differing.push(o.0.clone());
+                        c.involved_all = true;
+                        c.files.push(FileVerdict {
+                            path: o.0.clone(),
+                            state: FileState::Unexpected,
+                            expected: None,
+                            observed: Some(self.fp(&o.1)),
+                        });
+                    }
+                    j += 1;
+                }
+            }
+        }
+        c.observed_digest = volume_digest(obs_kept);
+        c
+    }
+
+    /// Classifies a mismatch. `observed_at` is when the node was scanned;
+    /// `prev` is (previous state was a mismatch, since).
+    fn classify_mismatch(
+        &self,
+        involved: &[SourceRef],
+        observed_at: Timestamp,
+        prev: Option<(bool, Timestamp)>,
+    ) -> (State, Timestamp, Vec<Arc<str>>) {
+        let mut changed_at: Option<Timestamp> = None;
+        let mut unknown = involved.is_empty();
+        for r in involved {
+            match self.state.changed_at(self.index, r) {
+                Some(t) => changed_at = Some(changed_at.map_or(t, |c| c.max(t))),
+                None => unknown = true,
+            }
+        }
+        let grace = self.engine.config.grace;
+        let start = if unknown {
+            // No idea when the source changed: the mismatch must persist for
+            // the grace period under our own observation.
+            match prev {
+                Some((true, since)) => since,
+                _ => self.now,
+            }
+        } else {
+            changed_at.expect("known when not unknown")
+        };
+        let reference = if unknown { self.now } else { observed_at };
+        if reference.duration_since(start) < grace {
+            return (State::Propagating, start, Vec::new());
+        }
+        let immutable: Vec<&SourceRef> = involved
+            .iter()
+            .filter(|r| self.index.source(r).is_some_and(|c| c.immutable))
+            .collect();
+        if !immutable.is_empty() {
+            let mut pinned: Vec<Arc<str>> = Vec::new();
+            for id in self.index.pods_on_node(self.node) {
+                let Some(other) = self.index.pod(*id) else {
+                    continue;
+                };
+                if other.uid == self.pod.uid || other.terminated {
+                    continue;
+                }
+                if immutable.iter().any(|r| other.references_source(r)) {
+                    pinned.push(other.name.clone());
+                }
+            }
+            pinned.sort();
+            pinned.dedup();
+            if pinned.is_empty() {
+                return (State::Stale(StaleCause::ImmutableCache), start, pinned);
+            }
+            return (
+                State::Stale(StaleCause::ImmutableCachePinned),
+                start,
+                pinned,
+            );
+        }
+        (State::Stale(StaleCause::Unknown), start, Vec::new())
+    }
+
+    fn unverifiable_for(&self, view: &NodeView<'_>) -> Option<State> {
+        match view {
+            NodeView::NoInventory => Some(State::Unverifiable(UnverifiableReason::NoInventory)),
+            NodeView::TooOld => Some(State::Unverifiable(UnverifiableReason::InventoryTooOld)),
+            NodeView::Usable(_) => None,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn volume_verdict(
+        &self,
+        id: SubjectId,
+        subject: Subject,
+        vol: &crate::model::VolumeModel,
+        ev: &ExpectedVolume,
+        view: &NodeView<'_>,
+        observed_pod: Option<&crate::model::ObservedPod>,
+        prev: Option<(bool, Timestamp)>,
+    ) -> Prelim {
+        let sources: Box<[SourceRef]> = ev.sources.clone().into();
+        if ev.is_unverifiable() {
+            let reason = ev
+                .skipped
+                .first()
+                .map_or(SkipReason::UnknownSource, |(_, r)| *r);
+            return self.simple(id, subject, sources, State::Skipped(reason), None);
+        }
+        if !ev.missing.is_empty() {
+            let msg = ev
+                .missing
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ");
+            return self.simple(
+                id,
+                subject,
+                sources,
+                State::SourceMissing,
+                Some(format!(
+                    "{msg}: the kubelet refuses to set up this volume (a running pod keeps its old content, a new pod does not start)"
+                )),
+            );
+        }
+        let expected_fp = Some(self.fp(&ev.digest()));
+        if let Some(state) = self.unverifiable_for(view) {
+            let mut p = self.simple(id, subject, sources, state, None);
+            p.verdict.expected = expected_fp;
+            return p;
+        }
+        let NodeView::Usable(node) = view else {
+            unreachable!("handled above")
+        };
+        let Some(ov) = observed_pod.and_then(|p| p.volume(vol.source.plugin(), &vol.name)) else {
+            let mut p = self.simple(
+                id,
+                subject,
+                sources,
+                State::Unverifiable(UnverifiableReason::NotOnDisk),
+                None,
+            );
+            p.verdict.expected = expected_fp;
+            return p;
+        };
+        let exp: Vec<(Arc<str>, Digest, u16)> = ev
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), f.digest, f.source))
+            .collect();
+        let pod_errors = observed_pod.map_or(&[][..], |p| &p.errors[..]);
+        let mut cmp = self.compare(
+            &exp,
+            &ov.files,
+            &ov.errors,
+            &|p| ev.skip_reason(p),
+            ev.unknown_paths,
+            self.engine.config.list_fresh_files,
+        );
+        for e in pod_errors {
+            cmp.unreadable.push(e.path.clone());
+        }
+        let mut detail = VerdictDetail {
+            differing_paths: Vec::new(),
+            files: std::mem::take(&mut cmp.files),
+            ..Default::default()
+        };
+        let observed_fp = Some(self.fp(&cmp.observed_digest));
+        let mk = |state: State, estimate: Timestamp, detail: VerdictDetail| {
+            let empty = detail == VerdictDetail::default();
+            Prelim {
+                verdict: Verdict {
+                    subject: subject.clone(),
+                    id,
+                    sources: sources.clone(),
+                    state,
+                    expected: expected_fp,
+                    observed: observed_fp,
+                    since: self.now,
+                    detail: (!empty).then(|| Box::new(detail)),
+                },
+                estimate,
+                mutable_mount: false,
+            }
+        };
+        if !cmp.unreadable.is_empty() {
+            detail.message = Some(format!(
+                "the agent could not read {}",
+                cmp.unreadable
+                    .iter()
+                    .map(|p| if p.is_empty() {
+                        "the volume".to_string()
+                    } else {
+                        format!("{p:?}")
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            return mk(
+                State::Unverifiable(UnverifiableReason::ReadError),
+                self.now,
+                detail,
+            );
+        }
+        let written_at = ov.written_at.unwrap_or(node.scanned_at);
+        if cmp.differing.is_empty() {
+            if vol.read_at_start {
+                let mut late: Vec<Arc<str>> = self
+                    .pod
+                    .containers
+                    .iter()
+                    .filter(|c| {
+                        c.mounts.iter().any(|m| {
+                            pod_volume_index(self.pod, &vol.name) == Some(m.volume)
+                                && m.sub_path.is_none()
+                        })
+                    })
+                    .filter(|c| {
+                        c.started_at.is_some_and(|s| {
+                            // startedAt has second precision: only a write at
+                            // least one second after it is certainly later.
+                            written_at >= s + SignedDuration::from_secs(1)
+                        })
+                    })
+                    .map(|c| c.name.clone())
+                    .collect();
+                if !late.is_empty() {
+                    late.sort();
+                    detail.message = Some(format!(
+                        "the volume was refreshed at {written_at} after container(s) {} started, and the pod declares it is read only at start",
+                        late.iter().map(|s| &**s).collect::<Vec<_>>().join(", ")
+                    ));
+                    detail.containers = late;
+                    return mk(State::Frozen(FrozenCause::ReadAtStart), written_at, detail);
+                }
+            }
+            return mk(State::Fresh, written_at, detail);
+        }
+        let involved: Vec<SourceRef> = if cmp.involved_all {
+            ev.sources.clone()
+        } else {
+            let mut idx = cmp.involved.clone();
+            idx.sort_unstable();
+            idx.dedup();
+            idx.iter()
+                .map(|i| ev.sources[*i as usize].clone())
+                .collect()
+        };
+        let (state, start, pinned) = self.classify_mismatch(&involved, node.scanned_at, prev);
+        detail.differing_paths = cmp.differing;
+        detail.pinned_by = pinned;
+        if state == State::Stale(StaleCause::ImmutableCachePinned) {
+            detail.message = Some(format!(
+                "immutable source recreated with new content; pods {} on this node keep the kubelet's cache entry alive, replacing this pod alone cannot help",
+                detail
+                    .pinned_by
+                    .iter()
+                    .map(|s| &**s)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        mk(state, start, detail)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn sub_path_verdict(
+        &self,
+        id: SubjectId,
+        c: &crate::model::ContainerModel,
+        m: &crate::model::MountModel,
+        sp: &Arc<str>,
+        ev: &ExpectedVolume,
+        view: &NodeView<'_>,
+        observed_pod: Option<&crate::model::ObservedPod>,
+        prev: Option<(bool, Timestamp)>,
+    ) -> Prelim {
+        let vol = &self.pod.volumes[m.volume as usize];
+        let subject = Subject::SubPath {
+            container: c.name.clone(),
+            volume: vol.name.clone(),
+            index: m.index,
+            sub_path: sp.clone(),
+        };
+        let sources: Box<[SourceRef]> = ev.sources.clone().into();
+        if ev.is_unverifiable() {
+            let reason = ev
+                .skipped
+                .first()
+                .map_or(SkipReason::UnknownSource, |(_, r)| *r);
+            return self.simple(id, subject, sources, State::Skipped(reason), None);
+        }
+        if !ev.missing.is_empty() {
+            let msg = ev
+                .missing
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ");
+            return self.simple(id, subject, sources, State::SourceMissing, Some(msg));
+        }
+        let files = match project_sub_path(ev, sp) {
+            ExpectedSubPath::Skipped(r) => {
+                return self.simple(id, subject, sources, State::Skipped(r), None);
+            }
+            ExpectedSubPath::Files(f) => f,
+        };
+        let expected_fp = Some(self.fp(&volume_digest(files.iter().map(|(p, d, _)| (&**p, d)))));
+        let with_fp = |mut p: Prelim| {
+            p.verdict.expected = expected_fp;
+            p
+        };
+        if let Some(state) = self.unverifiable_for(view) {
+            return with_fp(self.simple(id, subject, sources, state, None));
+        }
+        let NodeView::Usable(node) = view else {
+            unreachable!("handled above")
+        };
+        let Some(started_at) = c.started_at else {
+            return with_fp(self.simple(
+                id,
+                subject,
+                sources,
+                State::Unverifiable(UnverifiableReason::ContainerNotRunning),
+                None,
+            ));
+        };
+        let Some(os) = observed_pod.and_then(|p| p.sub_path(&vol.name, &c.name, m.index)) else {
+            return with_fp(self.simple(
+                id,
+                subject,
+                sources,
+                State::Unverifiable(UnverifiableReason::NotOnDisk),
+                None,
+            ));
+        };
+        let cmp = self.compare(
+            &files,
+            &os.files,
+            &os.errors,
+            &|rel| sub_path_skip(ev, sp, rel),
+            ev.unknown_paths,
+            self.engine.config.list_fresh_files,
+        );
+        let observed_fp = Some(self.fp(&cmp.observed_digest));
+        let mut detail = VerdictDetail {
+            files: cmp.files,
+            ..Default::default()
+        };
+        let mk = |state: State, estimate: Timestamp, detail: VerdictDetail| {
+            let empty = detail == VerdictDetail::default();
+            Prelim {
+                verdict: Verdict {
+                    subject: subject.clone(),
+                    id,
+                    sources: sources.clone(),
+                    state,
+                    expected: expected_fp,
+                    observed: observed_fp,
+                    since: self.now,
+                    detail: (!empty).then(|| Box::new(detail)),
+                },
+                estimate,
+                mutable_mount: false,
+            }
+        };
+        if !cmp.unreadable.is_empty() {
+            detail.message = Some("the agent could not read the subPath target".to_string());
+            return mk(
+                State::Unverifiable(UnverifiableReason::ReadError),
+                self.now,
+                detail,
+            );
+        }
+        if cmp.differing.is_empty() {
+            return mk(State::Fresh, started_at, detail);
+        }
+        let involved: Vec<SourceRef> = if cmp.involved_all {
+            ev.sources.clone()
+        } else {
+            let mut idx = cmp.involved.clone();
+            idx.sort_unstable();
+            idx.dedup();
+            idx.iter()
+                .map(|i| ev.sources[*i as usize].clone())
+                .collect()
+        };
+        detail.differing_paths = cmp.differing;
+        let changed_at = involved
+            .iter()
+            .map(|r| self.state.changed_at(self.index, r))
+            .try_fold(None::<Timestamp>, |acc, t| {
+                t.map(|t| Some(acc.map_or(t, |a| a.max(t))))
+            })
+            .flatten();
+        match changed_at {
+            // The content was current before the container started, yet the
+            // bind shows something else: the volume itself was stale at
+            // start; classify like a volume mismatch.
+            Some(t) if t <= started_at => {
+                let (state, start, pinned) =
+                    self.classify_mismatch(&involved, node.scanned_at, prev);
+                detail.pinned_by = pinned;
+                mk(state, start, detail)
+            }
+            _ => {
+                detail.message = Some(format!(
+                    "subPath mounts never update; container {} started at {started_at}, before the current content; restart it",
+                    c.name
+                ));
+                mk(
+                    State::Frozen(FrozenCause::SubPath),
+                    changed_at.unwrap_or(self.now),
+                    detail,
+                )
+            }
+        }
+    }
+
+    fn env_verdict(
+        &self,
+        id: SubjectId,
+        c: &crate::model::ContainerModel,
+        e: &crate::model::EnvRef,
+    ) -> Prelim {
+        let ee = project_env(&self.pod.namespace, e, |r| self.index.source(r));
+        let var: Arc<str> = match e {
+            crate::model::EnvRef::Key { var, .. } => var.clone(),
+            crate::model::EnvRef::From { prefix, .. } if prefix.is_empty() => Arc::from("envFrom"),
+            crate::model::EnvRef::From { prefix, .. } => Arc::from(format!("envFrom:{prefix}")),
+        };
+        let subject = Subject::Env {
+            container: c.name.clone(),
+            var,
+        };
+        let sources: Box<[SourceRef]> = Box::new([ee.source.clone()]);
+        let expected = fp_opt(&self.engine.fingerprinter, ee.digest.as_ref());
+        let mut p = if let Some(m) = &ee.missing {
+            self.simple(
+                id,
+                subject,
+                sources,
+                State::SourceMissing,
+                Some(format!("{m}: the kubelet refuses to start the container")),
+            )
+        } else if let Some(started_at) = c.started_at {
+            match self.state.changed_at(self.index, &ee.source) {
+                Some(t) if t > started_at => {
+                    let mut p = self.simple(
+                        id,
+                        subject,
+                        sources,
+                        State::Frozen(FrozenCause::Env),
+                        Some(format!(
+                            "environment is fixed at start; {} changed at {t}, after container {} started at {started_at}; restart it",
+                            ee.source, c.name
+                        )),
+                    );
+                    p.estimate = t;
+                    p
+                }
+                _ => {
+                    let mut p = self.simple(id, subject, sources, State::Fresh, None);
+                    p.estimate = started_at;
+                    p
+                }
+            }
+        } else {
+            self.simple(
+                id,
+                subject,
+                sources,
+                State::Unverifiable(UnverifiableReason::ContainerNotRunning),
+                None,
+            )
+        };
+        p.verdict.expected = expected;
+        p
+    }
+}
+
+fn pod_volume_index(pod: &PodModel, name: &str) -> Option<u16> {
+    pod.volumes
+        .iter()
+        .position(|v| *v.name == *name)
+        .map(|i| i as u16)
+}
+
+/// A source as shown in output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceView {
+    /// `Secret` or `ConfigMap`.
+    pub kind: &'static str,
+    /// Object name (in the pod's namespace).
+    pub name: Arc<str>,
+}
+
+/// The output form of a verdict (JSON for the offline command and the
+/// status endpoint): fingerprints only, never digests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerdictView<'a> {
+    /// State name.
+    pub state: &'static str,
+    /// Cause or reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<&'static str>,
+    /// Pod namespace.
+    pub namespace: &'a str,
+    /// Pod name.
+    pub pod: &'a str,
+    /// Pod UID.
+    pub uid: &'a str,
+    /// Node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<&'a str>,
+    /// Controlling NodeSet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodeset: Option<&'a str>,
+    /// `volume`, `subPath` or `env`.
+    pub subject: &'static str,
+    /// Volume name (volume and subPath subjects).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume: Option<&'a str>,
+    /// Container (subPath and env subjects).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<&'a str>,
+    /// subPath.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sub_path: Option<&'a str>,
+    /// Environment variable, or `envFrom[:prefix]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env: Option<&'a str>,
+    /// Source kind of the first source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_kind: Option<&'static str>,
+    /// Source name of the first source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_name: Option<&'a str>,
+    /// Every source involved.
+    pub sources: Vec<SourceView>,
+    /// Expected content fingerprint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<Fingerprint>,
+    /// Observed content fingerprint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<Fingerprint>,
+    /// Paths that differ.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub differing_paths: &'a [Arc<str>],
+    /// Per-file verdicts.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub files: &'a [FileVerdict],
+    /// Pods pinning an immutable cache entry.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub pinned_by: &'a [Arc<str>],
+    /// Since when the state holds.
+    pub since: Timestamp,
+    /// Explanation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<&'a str>,
+}
+
+impl Verdict {
+    /// The output view of this verdict of `pod`.
+    pub fn view<'a>(&'a self, pod: &'a PodVerdicts) -> VerdictView<'a> {
+        let (subject, volume, container, sub_path, env) = match &self.subject {
+            Subject::Volume { volume } => ("volume", Some(&**volume), None, None, None),
+            Subject::SubPath {
+                container,
+                volume,
+                sub_path,
+                ..
+            } => (
+                "subPath",
+                Some(&**volume),
+                Some(&**container),
+                Some(&**sub_path),
+                None,
+            ),
+            Subject::Env { container, var } => {
+                ("env", None, Some(&**container), None, Some(&**var))
+            }
+        };
+        let first = self.sources.first();
+        VerdictView {
+            state: self.state.name(),
+            cause: self.state.cause(),
+            namespace: &pod.namespace,
+            pod: &pod.name,
+            uid: &pod.uid,
+            node: pod.node.as_deref(),
+            nodeset: pod.nodeset.as_deref(),
+            subject,
+            volume,
+            container,
+            sub_path,
+            env,
+            source_kind: first.map(|r| r.kind.as_str()),
+            source_name: first.map(|r| &*r.name),
+            sources: self
+                .sources
+                .iter()
+                .map(|r| SourceView {
+                    kind: r.kind.as_str(),
+                    name: r.name.clone(),
+                })
+                .collect(),
+            expected: self.expected,
+            observed: self.observed,
+            differing_paths: self.differing_paths(),
+            files: self.files(),
+            pinned_by: self.pinned_by(),
+            since: self.since,
+            message: self.message(),
+        }
+    }
+}
