@@ -29,7 +29,12 @@ pub mod index;
 pub mod model;
 pub mod offline;
 pub mod projection;
+#[doc(hidden)]
+pub mod testkit;
 pub mod verdict;
+
+#[cfg(test)]
+mod engine_tests;
 
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use index::{ClusterIndex, PodId};

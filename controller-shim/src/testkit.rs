@@ -1,0 +1,329 @@
+//! Builders for tests and the benchmark: pods, sources and inventories from
+//! plain values, without the Kubernetes JSON round trip.
+
+#![allow(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use mountguard_inventory::{
+    NodeInventory, Plugin, PodInventory, ReadError, ReadErrorKind, Sha256Hex, SubPathInventory,
+    VolumeInventory, file_digest, volume_digest,
+};
+
+use crate::index::ClusterIndex;
+use crate::model::{
+    ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel, ProjectedSource,
+    SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef, VolumeModel, VolumeSource,
+};
+
+/// Parses an RFC 3339 time (panics on bad input: tests only).
+pub fn ts(s: &str) -> Timestamp {
+    s.parse().expect("valid test timestamp")
+}
+
+pub fn a(s: &str) -> Arc<str> {
+    Arc::from(s)
+}
+
+/// Adds a Secret or ConfigMap with plaintext values (hashed on the way in).
+pub fn put_source(
+    ix: &mut ClusterIndex,
+    kind: SourceKind,
+    ns: &str,
+    name: &str,
+    values: &[(&str, &[u8])],
+    immutable: bool,
+    last_write: Option<Timestamp>,
+) -> SourceRef {
+    let r = SourceRef::new(kind, ix.interner.intern(ns), ix.interner.intern(name));
+    let c = SourceContent::from_plain(
+        &mut ix.interner,
+        immutable,
+        values.iter().map(|(k, v)| (*k, *v, false)),
+        None,
+        last_write,
+    );
+    ix.apply_source(r.clone(), c);
+    r
+}
+
+/// Adds a ConfigMap with `data` and `binaryData`.
+pub fn put_config_map(
+    ix: &mut ClusterIndex,
+    ns: &str,
+    name: &str,
+    data: &[(&str, &[u8])],
+    binary: &[(&str, &[u8])],
+    last_write: Option<Timestamp>,
+) -> SourceRef {
+    let r = SourceRef::new(
+        SourceKind::ConfigMap,
+        ix.interner.intern(ns),
+        ix.interner.intern(name),
+    );
+    let c = SourceContent::from_plain(
+        &mut ix.interner,
+        false,
+        data.iter()
+            .map(|(k, v)| (*k, *v, false))
+            .chain(binary.iter().map(|(k, v)| (*k, *v, true))),
+        None,
+        last_write,
+    );
+    ix.apply_source(r.clone(), c);
+    r
+}
+
+pub fn obj(
+    kind: SourceKind,
+    name: &str,
+    items: &[(&str, &str)],
+    optional: bool,
+) -> SourceProjection {
+    SourceProjection {
+        kind,
+        name: a(name),
+        items: (!items.is_empty()).then(|| {
+            items
+                .iter()
+                .map(|(k, p)| KeyToPath {
+                    key: a(k),
+                    path: a(p),
+                })
+                .collect()
+        }),
+        optional,
+    }
+}
+
+pub fn not_from_api(reason: SkipReason, paths: &[&str]) -> ProjectedSource {
+    ProjectedSource::NotFromApi {
+        reason,
+        paths: paths.iter().map(|p| a(p)).collect(),
+    }
+}
+
+/// The projected volume the API server injects as `kube-api-access-*`.
+pub fn kube_api_access() -> VolumeSource {
+    VolumeSource::Projected(Box::new([
+        not_from_api(SkipReason::ServiceAccountToken, &["token"]),
+        ProjectedSource::Object(obj(
+            SourceKind::ConfigMap,
+            "kube-root-ca.crt",
+            &[("ca.crt", "ca.crt")],
+            false,
+        )),
+        not_from_api(SkipReason::DownwardApi, &["namespace"]),
+    ]))
+}
+
+/// A pod under construction.
+#[derive(Debug, Clone)]
+pub struct PodB {
+    pub pod: PodModel,
+}
+
+impl PodB {
+    pub fn new(ns: &str, name: &str, uid: &str, node: &str) -> Self {
+        Self {
+            pod: PodModel {
+                uid: a(uid),
+                namespace: a(ns),
+                name: a(name),
+                node: Some(a(node)),
+                terminated: false,
+                nodeset: None,
+                volumes: Box::new([]),
+                containers: Box::new([]),
+                image_pull_secrets: Box::new([]),
+            },
+        }
+    }
+
+    pub fn volume(mut self, name: &str, source: VolumeSource) -> Self {
+        let mut v = self.pod.volumes.into_vec();
+        v.push(VolumeModel {
+            name: a(name),
+            source,
+            read_at_start: false,
+        });
+        self.pod.volumes = v.into();
+        self
+    }
+
+    pub fn read_at_start(mut self, volume: &str) -> Self {
+        for v in self.pod.volumes.iter_mut() {
+            if &*v.name == volume {
+                v.read_at_start = true;
+            }
+        }
+        self
+    }
+
+    /// Adds a container; `mounts` are (volume name, subPath or "").
+    pub fn container(
+        mut self,
+        name: &str,
+        started_at: Option<Timestamp>,
+        mounts: &[(&str, &str)],
+        env: Vec<EnvRef>,
+    ) -> Self {
+        let mounts = mounts
+            .iter()
+            .enumerate()
+            .map(|(i, (vol, sp))| MountModel {
+                index: i as u32,
+                volume: self
+                    .pod
+                    .volumes
+                    .iter()
+                    .position(|v| &*v.name == *vol)
+                    .expect("mount of a declared volume") as u16,
+                sub_path: (!sp.is_empty()).then(|| a(sp)),
+                sub_path_expr: false,
+            })
+            .collect();
+        let mut c = self.pod.containers.into_vec();
+        c.push(ContainerModel {
+            name: a(name),
+            init: false,
+            started_at,
+            mounts,
+            env: env.into(),
+        });
+        self.pod.containers = c.into();
+        self
+    }
+
+    pub fn terminated(mut self) -> Self {
+        self.pod.terminated = true;
+        self
+    }
+
+    pub fn build(self) -> PodModel {
+        self.pod
+    }
+}
+
+pub fn env_key(var: &str, kind: SourceKind, name: &str, key: &str, optional: bool) -> EnvRef {
+    EnvRef::Key {
+        var: a(var),
+        kind,
+        name: a(name),
+        key: a(key),
+        optional,
+    }
+}
+
+pub fn env_from(kind: SourceKind, name: &str, prefix: &str, optional: bool) -> EnvRef {
+    EnvRef::From {
+        kind,
+        name: a(name),
+        prefix: a(prefix),
+        optional,
+    }
+}
+
+/// An inventory under construction.
+#[derive(Debug, Clone)]
+pub struct NodeB {
+    pub inv: NodeInventory,
+}
+
+fn files(content: &[(&str, &[u8])]) -> BTreeMap<String, Sha256Hex> {
+    content
+        .iter()
+        .map(|(p, b)| (p.to_string(), Sha256Hex(file_digest(b))))
+        .collect()
+}
+
+impl NodeB {
+    pub fn new(node: &str, scanned_at: Timestamp) -> Self {
+        Self {
+            inv: NodeInventory::new(node, "test", scanned_at),
+        }
+    }
+
+    fn pod_mut(&mut self, uid: &str) -> &mut PodInventory {
+        if self.inv.pod(uid).is_none() {
+            self.inv.pods.push(PodInventory {
+                uid: uid.to_string(),
+                volumes: vec![],
+                sub_paths: vec![],
+                errors: vec![],
+            });
+        }
+        self.inv
+            .pods
+            .iter_mut()
+            .find(|p| p.uid == uid)
+            .expect("just added")
+    }
+
+    /// A volume with these files (plaintext, hashed here).
+    pub fn volume(
+        mut self,
+        uid: &str,
+        plugin: Plugin,
+        name: &str,
+        content: &[(&str, &[u8])],
+        written_at: Timestamp,
+    ) -> Self {
+        let files = files(content);
+        let digest = volume_digest(files.iter().map(|(k, v)| (k.as_str(), &v.0)));
+        self.pod_mut(uid).volumes.push(VolumeInventory {
+            plugin,
+            name: name.to_string(),
+            data_dir: Some("..2026_11_30_10_00_00.1".into()),
+            written_at: Some(written_at),
+            digest: Some(Sha256Hex(digest)),
+            files,
+            modes: BTreeMap::new(),
+            errors: vec![],
+        });
+        self
+    }
+
+    /// Adds a read error to the last volume of `uid`.
+    pub fn volume_error(mut self, uid: &str, path: &str, kind: ReadErrorKind) -> Self {
+        let v = self
+            .pod_mut(uid)
+            .volumes
+            .last_mut()
+            .expect("volume_error after volume");
+        v.digest = None;
+        v.files.remove(path);
+        v.errors.push(ReadError {
+            path: path.to_string(),
+            kind,
+            message: "test".into(),
+        });
+        self
+    }
+
+    pub fn sub_path(
+        mut self,
+        uid: &str,
+        volume: &str,
+        container: &str,
+        index: u32,
+        content: &[(&str, &[u8])],
+    ) -> Self {
+        self.pod_mut(uid).sub_paths.push(SubPathInventory {
+            volume: volume.to_string(),
+            container: container.to_string(),
+            index,
+            files: files(content),
+            errors: vec![],
+        });
+        self
+    }
+
+    /// Applies the inventory to the index.
+    pub fn apply(self, ix: &mut ClusterIndex) {
+        let obs = ObservedNode::from_inventory(&self.inv, &mut ix.interner);
+        ix.apply_inventory(obs);
+    }
+}
