@@ -235,15 +235,17 @@ async fn scan_loop(mut l: ScanLoop) {
                     duration_ms = scan.stats.duration.as_secs_f64() * 1000.0,
                     "scan"
                 );
-                if scan.changed {
-                    l.inventory.send_replace(Some(scan.inventory));
-                }
+                // Ready before the first inventory is visible, so whoever
+                // sees an inventory also sees the agent ready.
                 if !l.ready.swap(true, Ordering::AcqRel) {
                     tracing::info!(
                         pods = scan.stats.pods,
                         volumes = scan.stats.volumes,
                         "first full scan complete; ready"
                     );
+                }
+                if scan.changed {
+                    l.inventory.send_replace(Some(scan.inventory));
                 }
             }
             Err(e) => {

@@ -1,0 +1,453 @@
+//! Integration tests of the agent: the binary, a large kubelet root, and the
+//! daemon reacting to an AtomicWriter swap through inotify.
+//!
+//! The kubelet is replaced by `AtomicWriterDouble`, a test double that
+//! writes volume directories the way the kubelet's AtomicWriter does.
+//!
+//! Under `qemu-aarch64` (the arm64 CI run), binaries are started through the
+//! emulator, and the inotify test is skipped with a message only if inotify
+//! is shown not to work there.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mountguard_agent::{Daemon, DaemonConfig, InventorySink, ScanOptions, Scanner};
+use mountguard_inventory::layout::{PODS_DIR, volume_dir};
+use mountguard_inventory::writer::{AtomicWriterDouble, Payload, PayloadFile};
+use mountguard_inventory::{
+    NodeInventory, Plugin, ReadErrorKind, Sha256Hex, file_digest, volume_digest,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mountguard-agent");
+
+fn payload(items: &[(&str, &[u8])]) -> Payload {
+    items
+        .iter()
+        .map(|(p, d)| (p.to_string(), PayloadFile::new(d.to_vec())))
+        .collect()
+}
+
+fn root() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join(PODS_DIR)).unwrap();
+    dir
+}
+
+/// Whether this test binary runs under user-mode emulation (the arm64 run
+/// under qemu-aarch64 on an x86_64 host): host programs we spawn report
+/// another architecture than ours.
+fn emulated() -> bool {
+    let host = Command::new("uname").arg("-m").output();
+    match host {
+        Ok(out) => String::from_utf8_lossy(&out.stdout).trim() != std::env::consts::ARCH,
+        Err(_) => false,
+    }
+}
+
+/// The agent binary as a command, through qemu when emulated.
+fn agent_cmd(prefix: &[&str]) -> Command {
+    let mut argv: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+    if emulated() {
+        argv.extend(["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"].map(String::from));
+    }
+    argv.push(BIN.to_string());
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]);
+    // Keep the environment from configuring the agent behind the test's back.
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MOUNTGUARD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd
+}
+
+#[test]
+fn scan_command_prints_the_inventory_and_fails_clearly_on_a_bad_root() {
+    let r = root();
+    AtomicWriterDouble::new(volume_dir(r.path(), "u1", Plugin::Secret, "auth"))
+        .write(&payload(&[("slurm.key", b"k1")]))
+        .unwrap();
+    let out = agent_cmd(&[])
+        .args(["scan", "--node", "n1", "--output", "json", "--kubelet-root"])
+        .arg(r.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let inv = NodeInventory::from_json(&out.stdout).unwrap();
+    assert_eq!(inv.node, "n1");
+    let v = inv.pod("u1").unwrap().volume("auth").unwrap();
+    assert_eq!(v.files["slurm.key"], Sha256Hex(file_digest(b"k1")));
+
+    // Flags are also read from the environment.
+    let out = agent_cmd(&[])
+        .arg("scan")
+        .env("MOUNTGUARD_KUBELET_ROOT", r.path())
+        .env("MOUNTGUARD_OUTPUT", "table")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.starts_with("POD UID"), "{table}");
+    assert!(table.contains("auth"), "{table}");
+
+    let out = agent_cmd(&[])
+        .args(["scan", "--kubelet-root"])
+        .arg(r.path().join("does-not-exist"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot open the kubelet root directory"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn unreadable_file_is_a_permission_error() {
+    let r = root();
+    let w = AtomicWriterDouble::new(volume_dir(r.path(), "u1", Plugin::Secret, "s"));
+    let mut p = payload(&[("readable", b"r")]);
+    p.insert(
+        "locked".into(),
+        PayloadFile::with_mode(b"l".to_vec(), 0o600),
+    );
+    w.write(&p).unwrap();
+    std::fs::set_permissions(r.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let is_root = nix::unistd::geteuid().is_root();
+    let inv = if is_root {
+        // Root reads everything: run the scan as an unprivileged user with
+        // no capabilities. The file stays owned by root with mode 0600.
+        if Command::new("setpriv").arg("--version").output().is_err() {
+            eprintln!("SKIPPED: running as root and setpriv is not installed");
+            return;
+        }
+        let out = agent_cmd(&[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+        ])
+        .args(["scan", "--output", "json", "--kubelet-root"])
+        .arg(r.path())
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        NodeInventory::from_json(&out.stdout).unwrap()
+    } else {
+        let f = w
+            .target()
+            .join(w.current_data_dir().unwrap())
+            .join("locked");
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o000)).unwrap();
+        let inv = Scanner::new(ScanOptions::new(r.path(), "n"))
+            .scan()
+            .unwrap();
+        (*inv.inventory).clone()
+    };
+    let v = inv.pod("u1").unwrap().volume("s").unwrap();
+    // The readable file proves the unprivileged scan could reach the volume.
+    assert_eq!(v.files.keys().collect::<Vec<_>>(), vec!["readable"]);
+    assert_eq!(v.errors.len(), 1, "{:?}", v.errors);
+    assert_eq!(v.errors[0].kind, ReadErrorKind::Permission);
+    assert_eq!(v.errors[0].path, "locked");
+    assert!(v.digest.is_none());
+}
+
+#[test]
+fn ten_thousand_volumes() {
+    let r = root();
+    let plugins = [Plugin::Secret, Plugin::Configmap, Plugin::Projected];
+    let mut want = BTreeMap::new();
+    for pod in 0..2500 {
+        let uid = format!("pod-{pod:05}");
+        for vol in 0..4 {
+            let plugin = plugins[vol % 3];
+            let name = format!("vol-{vol}");
+            let content = format!("{uid}/{name}");
+            AtomicWriterDouble::new(volume_dir(r.path(), &uid, plugin, &name))
+                .write(&payload(&[("key", content.as_bytes())]))
+                .unwrap();
+            want.insert((uid.clone(), name), file_digest(content.as_bytes()));
+        }
+    }
+    let mut s = Scanner::new(ScanOptions::new(r.path(), "n"));
+    let first = s.scan().unwrap();
+    assert_eq!(first.stats.volumes, 10_000);
+    assert_eq!(first.stats.rehashed, 10_000);
+    assert_eq!(first.inventory.pods.len(), 2500);
+    let mut seen = 0;
+    for pod in &first.inventory.pods {
+        for v in &pod.volumes {
+            assert!(
+                v.errors.is_empty(),
+                "{}/{}: {:?}",
+                pod.uid,
+                v.name,
+                v.errors
+            );
+            let d = want[&(pod.uid.clone(), v.name.clone())];
+            assert_eq!(v.files["key"], Sha256Hex(d));
+            assert_eq!(v.digest, Some(Sha256Hex(volume_digest([("key", &d)]))));
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, 10_000);
+
+    let steady = s.scan().unwrap();
+    assert!(!steady.changed);
+    assert_eq!((steady.stats.rehashed, steady.stats.reused), (0, 10_000));
+    assert_eq!(steady.inventory.generation, first.inventory.generation);
+
+    AtomicWriterDouble::new(volume_dir(
+        r.path(),
+        "pod-01234",
+        Plugin::Projected,
+        "vol-2",
+    ))
+    .write(&payload(&[("key", b"changed")]))
+    .unwrap();
+    let one = s.scan().unwrap();
+    assert!(one.changed);
+    assert_eq!(one.stats.rehashed, 1);
+    assert_eq!(one.inventory.generation, first.inventory.generation + 1);
+    let v = one
+        .inventory
+        .pod("pod-01234")
+        .unwrap()
+        .volume("vol-2")
+        .unwrap();
+    assert_eq!(v.files["key"], Sha256Hex(file_digest(b"changed")));
+}
+
+/// Whether inotify delivers an event for a file created in a watched
+/// directory within a few seconds (qemu-user may not emulate it).
+fn inotify_works() -> bool {
+    use notify::Watcher;
+    let dir = tempfile::tempdir().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let Ok(mut w) = notify::recommended_watcher(move |e: notify::Result<notify::Event>| {
+        if let Ok(e) = e
+            && e.kind.is_create()
+        {
+            let _ = tx.send(());
+        }
+    }) else {
+        return false;
+    };
+    if w.watch(dir.path(), notify::RecursiveMode::NonRecursive)
+        .is_err()
+    {
+        return false;
+    }
+    std::fs::write(dir.path().join("probe"), b"x").unwrap();
+    rx.recv_timeout(Duration::from_secs(5)).is_ok()
+}
+
+/// Counts what the daemon hands to its sink.
+#[derive(Debug, Default, Clone)]
+struct CountingSink(Arc<std::sync::Mutex<Vec<u64>>>);
+
+impl InventorySink for CountingSink {
+    async fn publish(&self, inv: &NodeInventory) -> Result<(), mountguard_agent::Error> {
+        self.0.lock().unwrap().push(inv.generation);
+        Ok(())
+    }
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+async fn wait_for<F: Fn(&NodeInventory) -> bool>(
+    rx: &mut tokio::sync::watch::Receiver<Option<Arc<NodeInventory>>>,
+    deadline: Duration,
+    what: &str,
+    f: F,
+) -> Arc<NodeInventory> {
+    let res = tokio::time::timeout(deadline, rx.wait_for(|i| i.as_deref().is_some_and(&f))).await;
+    match res {
+        Ok(Ok(inv)) => inv.clone().unwrap(),
+        _ => panic!("timed out after {deadline:?} waiting for {what}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_reacts_to_a_swap_without_waiting_for_the_rescan() {
+    if !inotify_works() {
+        assert!(
+            emulated(),
+            "inotify delivered no event on a native run: that is a failure, not a skip"
+        );
+        eprintln!("SKIPPED: inotify events are not delivered under this emulator (qemu-user)");
+        return;
+    }
+    let r = root();
+    let w = AtomicWriterDouble::new(volume_dir(r.path(), "u1", Plugin::Projected, "slurm-etc"));
+    w.write(&payload(&[("slurm.key", b"v1")])).unwrap();
+
+    let mut cfg = DaemonConfig::new(ScanOptions::new(r.path(), "n"));
+    cfg.listen = Some("127.0.0.1:0".parse().unwrap());
+    cfg.rescan_interval = Duration::from_secs(3600);
+    cfg.debounce = Duration::from_millis(20);
+    let sink = CountingSink::default();
+    let daemon = Daemon::start(cfg, sink.clone()).await.unwrap();
+    let addr = daemon.http_addr().unwrap();
+    let mut rx = daemon.inventory();
+
+    let first = wait_for(&mut rx, Duration::from_secs(20), "the first scan", |_| true).await;
+    let v = first.pod("u1").unwrap().volume("slurm-etc").unwrap();
+    assert_eq!(v.files["slurm.key"], Sha256Hex(file_digest(b"v1")));
+    assert!(daemon.is_ready());
+    assert_eq!(http_get(addr, "/readyz").await.0, 200);
+    assert_eq!(http_get(addr, "/healthz").await.0, 200);
+    assert_eq!(http_get(addr, "/nope").await.0, 404);
+
+    // The swap: only inotify can make the daemon rescan within the hour.
+    let started = Instant::now();
+    w.write(&payload(&[("slurm.key", b"v2")])).unwrap();
+    let second = wait_for(
+        &mut rx,
+        Duration::from_secs(20),
+        "the swap to be seen",
+        |i| i.generation > first.generation,
+    )
+    .await;
+    let v = second.pod("u1").unwrap().volume("slurm-etc").unwrap();
+    assert_eq!(v.files["slurm.key"], Sha256Hex(file_digest(b"v2")));
+    assert_eq!(v.data_dir, w.current_data_dir());
+    eprintln!("swap seen after {:?}", started.elapsed());
+
+    // A new pod with a new volume appears through the pods directory watch
+    // and the per-pod watches added after the rescan.
+    let w2 = AtomicWriterDouble::new(volume_dir(r.path(), "u2", Plugin::Secret, "s"));
+    w2.write(&payload(&[("k", b"x")])).unwrap();
+    wait_for(
+        &mut rx,
+        Duration::from_secs(20),
+        "the new pod's volume",
+        |i| {
+            i.pod("u2")
+                .is_some_and(|p| p.volume("s").is_some_and(|v| !v.files.is_empty()))
+        },
+    )
+    .await;
+
+    let (status, metrics) = http_get(addr, "/metrics").await;
+    assert_eq!(status, 200);
+    for name in [
+        "mountguard_agent_scans_total{result=\"ok\"}",
+        "mountguard_agent_inventory_generation",
+        "mountguard_agent_volume_reads_total{result=\"rehashed\"}",
+        "mountguard_agent_watch_events_total{kind=\"change\"}",
+        "mountguard_agent_last_successful_scan_timestamp_seconds",
+        "mountguard_agent_read_errors{kind=\"permission\"} 0",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from:\n{metrics}");
+    }
+    let published = sink.0.lock().unwrap().clone();
+    assert!(published.contains(&first.generation), "{published:?}");
+
+    tokio::time::timeout(Duration::from_secs(10), daemon.shutdown())
+        .await
+        .expect("shutdown within 10 s");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the HTTP server still accepts after shutdown"
+    );
+}
+
+#[test]
+fn run_command_becomes_ready_and_stops_cleanly_on_sigterm() {
+    let r = root();
+    AtomicWriterDouble::new(volume_dir(r.path(), "u1", Plugin::Secret, "s"))
+        .write(&payload(&[("k", b"v")]))
+        .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = agent_cmd(&[])
+        .args([
+            "run",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--kubelet-root",
+        ])
+        .arg(r.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = rt.block_on(async {
+            match tokio::net::TcpStream::connect(addr).await {
+                Ok(_) => http_get(addr, "/readyz").await.0 == 200,
+                Err(_) => false,
+            }
+        });
+        if ready {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("agent exited early: {status}");
+        }
+        assert!(Instant::now() < deadline, "agent not ready within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "agent did not stop within 15 s of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "exit {status}; stderr:\n{stderr}");
+    assert!(stderr.contains("shutting down"), "{stderr}");
+    assert!(stderr.contains("stopped"), "{stderr}");
+    let _ = Path::new(BIN);
+}
