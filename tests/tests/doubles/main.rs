@@ -1,0 +1,35 @@
+//! Tests of the cluster-in-a-box doubles themselves: that they speak the
+//! real protocols well enough for the real clients, and reproduce the
+//! behaviours mountguard depends on.
+
+mod apiserver_double;
+
+use std::future::Future;
+use std::time::Duration;
+
+/// Polls `f` until it returns `Some`, failing the test after `secs` seconds.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Awaits `fut`, failing the test after `secs` seconds.
+pub async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(Duration::from_secs(secs), fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {secs}s: {what}"),
+    }
+}
