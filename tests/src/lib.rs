@@ -19,4 +19,5 @@
 
 pub mod apiserver;
 pub mod http;
+pub mod kubelet;
 pub mod util;

@@ -3,6 +3,7 @@
 //! behaviours mountguard depends on.
 
 mod apiserver_double;
+mod kubelet_double;
 
 use std::future::Future;
 use std::time::Duration;
