@@ -227,7 +227,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         };
         volumes.push(VolumeModel {
             name: interner.intern(&v.name),
-            source,
+            source: interner.intern_volume_source(source),
             read_at_start: read_at_start.contains(&v.name.as_str()),
         });
     }
@@ -350,8 +350,8 @@ fn container(
         name: interner.intern(&c.name),
         init,
         started_at,
-        mounts: mounts.into(),
-        env: env.into(),
+        mounts: interner.intern_mounts(mounts),
+        env: interner.intern_env(env),
     }
 }
 

@@ -345,7 +345,7 @@ const NOW: &str = "2026-11-30T11:00:30Z";
 
 fn verdict<'a>(eval: &'a Evaluation, pod: &str, want: impl Fn(&Subject) -> bool) -> &'a Verdict {
     eval.iter()
-        .find(|(p, v)| &*p.name == pod && want(&v.subject))
+        .find(|(p, v)| &*p.pod.name == pod && want(&p.subject(v)))
         .map(|(_, v)| v)
         .unwrap_or_else(|| panic!("no verdict for {pod}: {eval:#?}"))
 }
@@ -507,7 +507,7 @@ fn immutable_secret_recreated_while_another_pod_on_the_node_references_it_is_pin
     );
     assert!(v.message().unwrap().contains("pinner"));
     assert!(
-        eval.iter().all(|(p, _)| &*p.name != "done"),
+        eval.iter().all(|(p, _)| &*p.pod.name != "done"),
         "terminated pods get no verdicts"
     );
 }
@@ -656,7 +656,7 @@ fn sub_path_of_a_key_that_changed_after_start_is_frozen() {
     let eval = engine().evaluate_all(&ix2, &mut EngineState::default(), ts(NOW));
     let states: Vec<State> = eval
         .iter()
-        .filter(|(_, v)| matches!(v.subject, Subject::SubPath { .. }))
+        .filter(|(p, v)| matches!(p.subject(v), Subject::SubPath { .. }))
         .map(|(_, v)| v.state)
         .collect();
     assert_eq!(
@@ -818,7 +818,7 @@ fn ix_clone(ix: &ClusterIndex) -> ClusterIndex {
         out.apply_source(r.clone(), c.clone());
     }
     for id in ix.pod_ids() {
-        out.apply_pod(ix.pod(id).unwrap().clone());
+        out.apply_pod((**ix.pod(id).unwrap()).clone());
     }
     out
 }
@@ -1108,7 +1108,7 @@ fn incremental_evaluation_matches_full_and_follows_node_flips() {
     let later = t1 + SignedDuration::from_secs(300);
     rescan(&mut ix, later);
     let inc = e.evaluate_pods(&ix, &mut state, &uid_refs, later);
-    let names: std::collections::BTreeSet<&str> = inc.pods.iter().map(|p| &*p.name).collect();
+    let names: std::collections::BTreeSet<&str> = inc.pods.iter().map(|p| &*p.pod.name).collect();
     assert_eq!(
         names.into_iter().collect::<Vec<_>>(),
         ["p0", "p1", "p2", "p3"]
@@ -1132,8 +1132,8 @@ fn incremental_evaluation_matches_full_and_follows_node_flips() {
     let mut state2 = state.clone();
     let full2 = e.evaluate_all(&ix, &mut state2, later);
     for (p, v) in inc.iter() {
-        let f = verdict(&full2, &p.name, |s| *s == v.subject);
-        assert_eq!(f, v, "pod {}", p.name);
+        let f = verdict(&full2, &p.pod.name, |s| *s == p.subject(v));
+        assert_eq!(f, v, "pod {}", p.pod.name);
     }
     assert_eq!(state2.nodes, state.nodes);
 

@@ -21,7 +21,7 @@ pub struct PodId(u32);
 pub struct ClusterIndex {
     /// Shared strings of every model in the index.
     pub interner: Interner,
-    pods: Vec<Option<PodModel>>,
+    pods: Vec<Option<Arc<PodModel>>>,
     free: Vec<u32>,
     by_uid: HashMap<Arc<str>, PodId>,
     by_source: HashMap<SourceRef, Vec<PodId>>,
@@ -41,7 +41,7 @@ impl ClusterIndex {
         if let Some(old) = self.by_uid.get(&pod.uid).copied() {
             self.unlink(old);
             self.link(old, &pod);
-            self.pods[old.0 as usize] = Some(pod);
+            self.pods[old.0 as usize] = Some(Arc::new(pod));
             return old;
         }
         let id = match self.free.pop() {
@@ -53,12 +53,12 @@ impl ClusterIndex {
         };
         self.link(id, &pod);
         self.by_uid.insert(pod.uid.clone(), id);
-        self.pods[id.0 as usize] = Some(pod);
+        self.pods[id.0 as usize] = Some(Arc::new(pod));
         id
     }
 
     /// Removes a pod; returns it if it was present.
-    pub fn delete_pod(&mut self, uid: &str) -> Option<PodModel> {
+    pub fn delete_pod(&mut self, uid: &str) -> Option<Arc<PodModel>> {
         let id = self.by_uid.remove(uid)?;
         self.unlink(id);
         self.free.push(id.0);
@@ -123,7 +123,7 @@ impl ClusterIndex {
     }
 
     /// The pod in slot `id`.
-    pub fn pod(&self, id: PodId) -> Option<&PodModel> {
+    pub fn pod(&self, id: PodId) -> Option<&Arc<PodModel>> {
         self.pods.get(id.0 as usize).and_then(Option::as_ref)
     }
 

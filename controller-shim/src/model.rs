@@ -6,7 +6,7 @@
 //! here as SHA-256 digests: the conversion at the edge hashes every value and
 //! drops the plaintext.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -17,10 +17,18 @@ use serde::{Deserialize, Serialize};
 /// A raw SHA-256 digest.
 pub type Digest = [u8; 32];
 
-/// Interns strings so equal strings share one allocation.
+/// A sorted list of (path, digest) pairs, shared between equal lists.
+pub type FileList = Arc<[(Arc<str>, Digest)]>;
+
+/// Interns strings, volume sources and observed file lists, so equal values
+/// (the same ConfigMap mounted by thousands of pods) share one allocation.
 #[derive(Debug, Default)]
 pub struct Interner {
     set: HashSet<Arc<str>>,
+    volume_sources: HashSet<Arc<VolumeSource>>,
+    mounts: HashSet<Arc<[MountModel]>>,
+    envs: HashSet<Arc<[EnvRef]>>,
+    file_lists: HashMap<Digest, FileList>,
 }
 
 impl Interner {
@@ -31,6 +39,54 @@ impl Interner {
         }
         let a: Arc<str> = Arc::from(s);
         self.set.insert(a.clone());
+        a
+    }
+
+    /// The shared copy of a volume source.
+    pub fn intern_volume_source(&mut self, v: VolumeSource) -> Arc<VolumeSource> {
+        if let Some(a) = self.volume_sources.get(&v) {
+            return a.clone();
+        }
+        let a = Arc::new(v);
+        self.volume_sources.insert(a.clone());
+        a
+    }
+
+    /// The shared copy of a container's relevant mounts.
+    pub fn intern_mounts(&mut self, v: Vec<MountModel>) -> Arc<[MountModel]> {
+        if let Some(a) = self.mounts.get(v.as_slice()) {
+            return a.clone();
+        }
+        let a: Arc<[MountModel]> = v.into();
+        self.mounts.insert(a.clone());
+        a
+    }
+
+    /// The shared copy of a container's environment references.
+    pub fn intern_env(&mut self, v: Vec<EnvRef>) -> Arc<[EnvRef]> {
+        if let Some(a) = self.envs.get(v.as_slice()) {
+            return a.clone();
+        }
+        let a: Arc<[EnvRef]> = v.into();
+        self.envs.insert(a.clone());
+        a
+    }
+
+    /// The shared copy of a file list (sorted by path).
+    pub fn intern_files<'a, I>(&mut self, files: I) -> FileList
+    where
+        I: IntoIterator<Item = (&'a str, &'a Digest)>,
+    {
+        let files: Vec<(&str, &Digest)> = files.into_iter().collect();
+        let key = volume_digest(files.iter().copied());
+        if let Some(a) = self.file_lists.get(&key) {
+            return a.clone();
+        }
+        let mut list: Vec<(Arc<str>, Digest)> =
+            files.iter().map(|(p, d)| (self.intern(p), **d)).collect();
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        let a: FileList = list.into();
+        self.file_lists.insert(key, a.clone());
         a
     }
 
@@ -185,7 +241,7 @@ impl SourceContent {
 
 /// A `key` -> `path` mapping (`items` of a Secret/ConfigMap volume or
 /// projection).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KeyToPath {
     /// The key in the source object.
     pub key: Arc<str>,
@@ -194,7 +250,7 @@ pub struct KeyToPath {
 }
 
 /// A Secret or ConfigMap reference inside a volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SourceProjection {
     /// Secret or ConfigMap.
     pub kind: SourceKind,
@@ -239,7 +295,7 @@ impl SkipReason {
 }
 
 /// One source of a projected volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum ProjectedSource {
     /// A Secret or ConfigMap projection.
     Object(SourceProjection),
@@ -253,7 +309,7 @@ pub enum ProjectedSource {
 }
 
 /// The volume types the engine verifies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum VolumeSource {
     /// A `secret` or `configMap` volume.
     Object(SourceProjection),
@@ -262,6 +318,21 @@ pub enum VolumeSource {
 }
 
 impl VolumeSource {
+    /// The Secrets/ConfigMaps this volume projects, in spec order.
+    pub fn refs(&self, namespace: &Arc<str>) -> Vec<SourceRef> {
+        let r = |p: &SourceProjection| SourceRef::new(p.kind, namespace.clone(), p.name.clone());
+        match self {
+            VolumeSource::Object(p) => vec![r(p)],
+            VolumeSource::Projected(s) => s
+                .iter()
+                .filter_map(|s| match s {
+                    ProjectedSource::Object(p) => Some(r(p)),
+                    ProjectedSource::NotFromApi { .. } => None,
+                })
+                .collect(),
+        }
+    }
+
     /// The inventory plugin directory this volume lives in.
     pub fn plugin(&self) -> Plugin {
         match self {
@@ -277,15 +348,15 @@ impl VolumeSource {
 pub struct VolumeModel {
     /// Volume name.
     pub name: Arc<str>,
-    /// What it projects.
-    pub source: VolumeSource,
+    /// What it projects (shared between pods with the same spec).
+    pub source: Arc<VolumeSource>,
     /// Listed in the read-at-start annotation.
     pub read_at_start: bool,
 }
 
 /// A `volumeMount` of a verified volume that uses `subPath`/`subPathExpr`,
 /// or any mount of a read-at-start volume.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct MountModel {
     /// Position in the container's `volumeMounts` (the kubelet's subPath
     /// index).
@@ -299,7 +370,7 @@ pub struct MountModel {
 }
 
 /// An environment reference to a Secret or ConfigMap.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum EnvRef {
     /// `env[].valueFrom.secretKeyRef` / `configMapKeyRef`.
     Key {
@@ -347,10 +418,10 @@ pub struct ContainerModel {
     /// `status.containerStatuses[].state.running.startedAt`; `None` when the
     /// container is not running.
     pub started_at: Option<Timestamp>,
-    /// Relevant volume mounts.
-    pub mounts: Box<[MountModel]>,
-    /// Environment references.
-    pub env: Box<[EnvRef]>,
+    /// Relevant volume mounts (shared between pods with the same spec).
+    pub mounts: Arc<[MountModel]>,
+    /// Environment references (shared between pods with the same spec).
+    pub env: Arc<[EnvRef]>,
 }
 
 /// The compact view of a pod.
@@ -386,7 +457,7 @@ impl PodModel {
             out.push(SourceRef::new(kind, self.namespace.clone(), name.clone()));
         };
         for v in self.volumes.iter() {
-            match &v.source {
+            match &*v.source {
                 VolumeSource::Object(p) => push(p.kind, &p.name),
                 VolumeSource::Projected(sources) => {
                     for s in sources.iter() {
@@ -417,7 +488,7 @@ impl PodModel {
             return false;
         }
         let hit = |kind: SourceKind, name: &Arc<str>| kind == r.kind && **name == *r.name;
-        self.volumes.iter().any(|v| match &v.source {
+        self.volumes.iter().any(|v| match &*v.source {
             VolumeSource::Object(p) => hit(p.kind, &p.name),
             VolumeSource::Projected(s) => s
                 .iter()
@@ -451,7 +522,7 @@ pub struct ObservedVolume {
     /// When the kubelet published the content now served.
     pub written_at: Option<Timestamp>,
     /// Path -> digest, sorted by path.
-    pub files: Box<[(Arc<str>, Digest)]>,
+    pub files: FileList,
     /// Read problems.
     pub errors: Box<[ObservedError]>,
 }
@@ -476,7 +547,7 @@ pub struct ObservedSubPath {
     /// Index of the mount in the container's `volumeMounts`.
     pub index: u32,
     /// Relative path ("" for a single file) -> digest, sorted.
-    pub files: Box<[(Arc<str>, Digest)]>,
+    pub files: FileList,
     /// Read problems.
     pub errors: Box<[ObservedError]>,
 }
@@ -542,11 +613,8 @@ impl ObservedNode {
                         plugin: v.plugin,
                         name: interner.intern(&v.name),
                         written_at: v.written_at,
-                        files: v
-                            .files
-                            .iter()
-                            .map(|(k, d)| (interner.intern(k), d.0))
-                            .collect(),
+                        files: interner
+                            .intern_files(v.files.iter().map(|(k, d)| (k.as_str(), &d.0))),
                         errors: errs(&v.errors, interner),
                     })
                     .collect();
@@ -557,11 +625,8 @@ impl ObservedNode {
                         volume: interner.intern(&s.volume),
                         container: interner.intern(&s.container),
                         index: s.index,
-                        files: s
-                            .files
-                            .iter()
-                            .map(|(k, d)| (interner.intern(k), d.0))
-                            .collect(),
+                        files: interner
+                            .intern_files(s.files.iter().map(|(k, d)| (k.as_str(), &d.0))),
                         errors: errs(&s.errors, interner),
                     })
                     .collect();

@@ -349,7 +349,7 @@ impl VerifyArgs {
         let mut state = EngineState::default();
         let mut eval = engine.evaluate_all(&loaded.index, &mut state, now);
         eval.pods
-            .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+            .sort_by(|a, b| (&a.pod.namespace, &a.pod.name).cmp(&(&b.pod.namespace, &b.pod.name)));
 
         let mut summary = Summary {
             pods: eval.pods.len(),

@@ -146,7 +146,7 @@ impl PodB {
         let mut v = self.pod.volumes.into_vec();
         v.push(VolumeModel {
             name: a(name),
-            source,
+            source: Arc::new(source),
             read_at_start: false,
         });
         self.pod.volumes = v.into();

@@ -146,12 +146,70 @@ impl State {
         })
     }
 
-    /// A compact tag identifying state and cause (for history).
-    fn tag(&self) -> String {
+    /// `State` or `State/Cause`, e.g. `Stale/ImmutableCachePinned`.
+    pub fn tag(&self) -> String {
         match self.cause() {
-            Some(c) => format!("{}/{}", self.name(), c),
+            Some(c) => format!("{}/{c}", self.name()),
             None => self.name().to_string(),
         }
+    }
+
+    /// Every state, for parsing and documentation.
+    pub fn all() -> Vec<State> {
+        use FrozenCause as F;
+        use StaleCause as S;
+        use UnverifiableReason as U;
+        let mut v = vec![
+            State::Fresh,
+            State::Propagating,
+            State::Stale(S::ImmutableCache),
+            State::Stale(S::ImmutableCachePinned),
+            State::Stale(S::KubeletNotSyncing),
+            State::Stale(S::Unknown),
+            State::Frozen(F::SubPath),
+            State::Frozen(F::Env),
+            State::Frozen(F::ReadAtStart),
+            State::SourceMissing,
+            State::Unverifiable(U::NoInventory),
+            State::Unverifiable(U::InventoryTooOld),
+            State::Unverifiable(U::ReadError),
+            State::Unverifiable(U::NotOnDisk),
+            State::Unverifiable(U::ContainerNotRunning),
+        ];
+        for r in [
+            SkipReason::DownwardApi,
+            SkipReason::ServiceAccountToken,
+            SkipReason::ClusterTrustBundle,
+            SkipReason::PodCertificate,
+            SkipReason::UnknownSource,
+            SkipReason::SubPathExpr,
+        ] {
+            v.push(State::Skipped(r));
+        }
+        v
+    }
+}
+
+impl std::str::FromStr for State {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        State::all()
+            .into_iter()
+            .find(|st| st.tag() == s)
+            .ok_or_else(|| format!("unknown verdict state {s:?}"))
+    }
+}
+
+impl Serialize for State {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.tag())
+    }
+}
+
+impl<'de> Deserialize<'de> for State {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -249,12 +307,8 @@ pub struct VerdictDetail {
 /// The verdict on one subject of one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
-    /// What is judged.
-    pub subject: Subject,
-    /// Stable identity within the pod.
+    /// What is judged (see [`PodVerdicts::subject`]).
     pub id: SubjectId,
-    /// The Secrets/ConfigMaps involved.
-    pub sources: Box<[SourceRef]>,
     /// The verdict.
     pub state: State,
     /// Fingerprint of the expected content.
@@ -293,18 +347,101 @@ impl Verdict {
 /// Verdicts of one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodVerdicts {
-    /// Pod UID.
-    pub uid: Arc<str>,
-    /// Namespace.
-    pub namespace: Arc<str>,
-    /// Name.
-    pub name: Arc<str>,
-    /// Node.
-    pub node: Option<Arc<str>>,
-    /// Controlling NodeSet.
-    pub nodeset: Option<Arc<str>>,
+    /// The pod as evaluated (shared with the index, not copied).
+    pub pod: Arc<PodModel>,
     /// One verdict per volume, subPath mount and env reference.
     pub verdicts: Vec<Verdict>,
+}
+
+impl PodVerdicts {
+    /// What verdict `v` of this pod is about.
+    pub fn subject(&self, v: &Verdict) -> Subject {
+        subject_of(&self.pod, v.id)
+    }
+
+    /// The Secrets and ConfigMaps verdict `v` depends on.
+    pub fn sources(&self, v: &Verdict) -> Vec<SourceRef> {
+        let pod = &self.pod;
+        let volume_sources = |vi: usize| -> Vec<SourceRef> {
+            pod.volumes
+                .get(vi)
+                .map(|vol| vol.source.refs(&pod.namespace))
+                .unwrap_or_default()
+        };
+        match v.id {
+            SubjectId::Volume(vi) => volume_sources(vi as usize),
+            SubjectId::SubPath(ci, mi) => pod
+                .containers
+                .get(ci as usize)
+                .and_then(|c| c.mounts.get(mi as usize))
+                .map(|m| volume_sources(m.volume as usize))
+                .unwrap_or_default(),
+            SubjectId::Env(ci, ei) => pod
+                .containers
+                .get(ci as usize)
+                .and_then(|c| c.env.get(ei as usize))
+                .map(|e| {
+                    let (kind, name) = e.target();
+                    vec![SourceRef::new(kind, pod.namespace.clone(), name.clone())]
+                })
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// The subject a [`SubjectId`] names in `pod`.
+pub fn subject_of(pod: &PodModel, id: SubjectId) -> Subject {
+    let unknown = || Subject::Volume {
+        volume: Arc::from("?"),
+    };
+    match id {
+        SubjectId::Volume(vi) => {
+            pod.volumes
+                .get(vi as usize)
+                .map_or_else(unknown, |v| Subject::Volume {
+                    volume: v.name.clone(),
+                })
+        }
+        SubjectId::SubPath(ci, mi) => {
+            let Some(c) = pod.containers.get(ci as usize) else {
+                return unknown();
+            };
+            let Some(m) = c.mounts.get(mi as usize) else {
+                return unknown();
+            };
+            Subject::SubPath {
+                container: c.name.clone(),
+                volume: pod
+                    .volumes
+                    .get(m.volume as usize)
+                    .map_or_else(|| Arc::from("?"), |v| v.name.clone()),
+                index: m.index,
+                sub_path: m
+                    .sub_path
+                    .clone()
+                    .unwrap_or_else(|| Arc::from("$(subPathExpr)")),
+            }
+        }
+        SubjectId::Env(ci, ei) => {
+            let Some(c) = pod.containers.get(ci as usize) else {
+                return unknown();
+            };
+            let var: Arc<str> = match c.env.get(ei as usize) {
+                Some(crate::model::EnvRef::Key { var, .. }) => var.clone(),
+                Some(crate::model::EnvRef::From { prefix, .. }) if prefix.is_empty() => {
+                    Arc::from("envFrom")
+                }
+                Some(crate::model::EnvRef::From { prefix, .. }) => {
+                    Arc::from(format!("envFrom:{prefix}"))
+                }
+                None => Arc::from("?"),
+            };
+            Subject::Env {
+                container: c.name.clone(),
+                var,
+            }
+        }
+    }
 }
 
 /// Result of an evaluation.
@@ -353,8 +490,8 @@ pub struct SourceHistory {
 pub struct SubjectHistory {
     /// The subject.
     pub id: SubjectId,
-    /// State and cause, e.g. `Stale/Unknown`.
-    pub state: String,
+    /// State and cause, serialized as e.g. `Stale/Unknown`.
+    pub state: State,
     /// Since when.
     pub since: Timestamp,
 }
@@ -554,6 +691,30 @@ impl Engine {
         state: &mut EngineState,
         now: Timestamp,
     ) -> Evaluation {
+        self.observe_all_sources(index, state, now);
+        let mut out = Evaluation::default();
+        self.evaluate_nodes(index, state, now, |p| out.pods.push(p));
+        out
+    }
+
+    /// Like [`Engine::evaluate_all`], but hands each pod's verdicts to
+    /// `sink` as soon as its node is done instead of collecting them, so a
+    /// caller that keeps only what it needs (counts, non-Fresh verdicts)
+    /// never holds every verdict at once.
+    pub fn evaluate_all_each<F>(
+        &self,
+        index: &ClusterIndex,
+        state: &mut EngineState,
+        now: Timestamp,
+        sink: F,
+    ) where
+        F: FnMut(PodVerdicts),
+    {
+        self.observe_all_sources(index, state, now);
+        self.evaluate_nodes(index, state, now, sink);
+    }
+
+    fn observe_all_sources(&self, index: &ClusterIndex, state: &mut EngineState, now: Timestamp) {
         // Source history: every present source, and absent ones still
         // referenced; forget absent, unreferenced ones.
         let present: Vec<SourceRef> = index.sources().map(|(r, _)| r.clone()).collect();
@@ -570,35 +731,45 @@ impl Engine {
                 }
             }
         }
+    }
 
-        let ids: Vec<PodId> = index.pod_ids().collect();
-        let prelims: Vec<PodPrelim> = ids
-            .iter()
-            .filter_map(|id| self.prelim_pod(index, state, *id, now))
-            .collect();
-
-        // Node counters from scratch.
-        let mut nodes: HashMap<Arc<str>, NodeHistory> = HashMap::new();
-        for p in &prelims {
-            if let Some(node) = index.pod(p.id).and_then(|m| m.node.clone()) {
-                let n = nodes.entry(node).or_default();
+    /// Evaluates node by node (the node rule needs only the node's pods),
+    /// rebuilding pod history and node counters from scratch.
+    fn evaluate_nodes<F>(
+        &self,
+        index: &ClusterIndex,
+        state: &mut EngineState,
+        now: Timestamp,
+        mut sink: F,
+    ) where
+        F: FnMut(PodVerdicts),
+    {
+        let mut old_pods = std::mem::take(&mut state.pods);
+        state.nodes.clear();
+        let mut nodes: Vec<&Arc<str>> = index.nodes_with_pods().collect();
+        nodes.sort();
+        for node in nodes {
+            let prelims: Vec<PodPrelim> = index
+                .pods_on_node(node)
+                .iter()
+                .filter_map(|id| {
+                    let prev = index.pod(*id).and_then(|p| old_pods.get(&p.uid));
+                    self.prelim_pod(index, state, *id, now, prev)
+                })
+                .collect();
+            let mut n = NodeHistory::default();
+            for p in &prelims {
                 n.mutable_mounts += p.mutable;
                 n.stale_mutable_mounts += p.stale;
             }
+            n.not_syncing = self.not_syncing(&n);
+            state.nodes.insert(node.clone(), n);
+            for p in prelims {
+                let pod = index.pod(p.id).expect("prelim pods exist in the index");
+                let prev = old_pods.remove(&pod.uid);
+                sink(self.finalize(pod, p, prev, state, now));
+            }
         }
-        for n in nodes.values_mut() {
-            n.not_syncing = self.not_syncing(n);
-        }
-        state.nodes = nodes;
-
-        let mut old_pods = std::mem::take(&mut state.pods);
-        let mut out = Evaluation::default();
-        for p in prelims {
-            let pod = index.pod(p.id).expect("prelim pods exist in the index");
-            let prev = old_pods.remove(&pod.uid);
-            out.pods.push(self.finalize(pod, p, prev, state, now));
-        }
-        out
     }
 
     /// Re-evaluates only the pods with these UIDs (plus, when a node's
@@ -653,7 +824,8 @@ impl Engine {
             while i < queue.len() {
                 let id = queue[i];
                 i += 1;
-                let Some(p) = self.prelim_pod(index, state, id, now) else {
+                let prev = index.pod(id).and_then(|p| state.pods.get(&p.uid));
+                let Some(p) = self.prelim_pod(index, state, id, now, prev) else {
                     continue;
                 };
                 let pod = index.pod(id).expect("queued pods exist");
@@ -744,7 +916,7 @@ impl Engine {
 
     fn finalize(
         &self,
-        pod: &PodModel,
+        pod: &Arc<PodModel>,
         p: PodPrelim,
         prev: Option<PodHistory>,
         state: &mut EngineState,
@@ -762,7 +934,7 @@ impl Engine {
             if not_syncing && pre.mutable_mount && v.state == State::Stale(StaleCause::Unknown) {
                 v.state = State::Stale(StaleCause::KubeletNotSyncing);
             }
-            let tag = v.state.tag();
+            let tag = v.state;
             let since = prev
                 .as_ref()
                 .and_then(|h| h.subjects.iter().find(|s| s.id == v.id))
@@ -787,11 +959,7 @@ impl Engine {
             },
         );
         PodVerdicts {
-            uid: pod.uid.clone(),
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            node: pod.node.clone(),
-            nodeset: pod.nodeset.clone(),
+            pod: pod.clone(),
             verdicts,
         }
     }
@@ -804,6 +972,7 @@ impl Engine {
         state: &EngineState,
         id: PodId,
         now: Timestamp,
+        prev: Option<&PodHistory>,
     ) -> Option<PodPrelim> {
         let pod = index.pod(id)?;
         let node = pod.node.as_ref()?;
@@ -815,12 +984,11 @@ impl Engine {
             NodeView::Usable(n) => n.pods.get(&pod.uid),
             _ => None,
         };
-        let prev = state.pods.get(&pod.uid);
         let prev_since = |sid: SubjectId| -> Option<(bool, Timestamp)> {
             prev.and_then(|h| h.subjects.iter().find(|s| s.id == sid))
                 .map(|s| {
                     (
-                        s.state == "Propagating" || s.state.starts_with("Stale"),
+                        matches!(s.state, State::Propagating | State::Stale(_)),
                         s.since,
                     )
                 })
@@ -848,11 +1016,7 @@ impl Engine {
 
         for (vi, (vol, ev)) in pod.volumes.iter().zip(&expected).enumerate() {
             let sid = SubjectId::Volume(vi as u16);
-            let subject = Subject::Volume {
-                volume: vol.name.clone(),
-            };
-            let mut pre =
-                ctx.volume_verdict(sid, subject, vol, ev, &view, observed_pod, prev_since(sid));
+            let mut pre = ctx.volume_verdict(sid, vol, ev, &view, observed_pod, prev_since(sid));
             let all_mutable = !ev.sources.is_empty()
                 && ev
                     .sources
@@ -881,16 +1045,8 @@ impl Engine {
                     if !m.sub_path_expr {
                         continue;
                     }
-                    let vol = &pod.volumes[m.volume as usize];
                     out.verdicts.push(ctx.simple(
                         SubjectId::SubPath(ci as u16, mi as u16),
-                        Subject::SubPath {
-                            container: c.name.clone(),
-                            volume: vol.name.clone(),
-                            index: m.index,
-                            sub_path: Arc::from("$(expr)"),
-                        },
-                        expected[m.volume as usize].sources.clone().into(),
                         State::Skipped(SkipReason::SubPathExpr),
                         None,
                     ));
@@ -942,19 +1098,10 @@ impl Ctx<'_> {
         self.engine.fingerprinter.fingerprint(d)
     }
 
-    fn simple(
-        &self,
-        id: SubjectId,
-        subject: Subject,
-        sources: Box<[SourceRef]>,
-        state: State,
-        message: Option<String>,
-    ) -> Prelim {
+    fn simple(&self, id: SubjectId, state: State, message: Option<String>) -> Prelim {
         Prelim {
             verdict: Verdict {
-                subject,
                 id,
-                sources,
                 state,
                 expected: None,
                 observed: None,
@@ -1155,20 +1302,18 @@ impl Ctx<'_> {
     fn volume_verdict(
         &self,
         id: SubjectId,
-        subject: Subject,
         vol: &crate::model::VolumeModel,
         ev: &ExpectedVolume,
         view: &NodeView<'_>,
         observed_pod: Option<&crate::model::ObservedPod>,
         prev: Option<(bool, Timestamp)>,
     ) -> Prelim {
-        let sources: Box<[SourceRef]> = ev.sources.clone().into();
         if ev.is_unverifiable() {
             let reason = ev
                 .skipped
                 .first()
                 .map_or(SkipReason::UnknownSource, |(_, r)| *r);
-            return self.simple(id, subject, sources, State::Skipped(reason), None);
+            return self.simple(id, State::Skipped(reason), None);
         }
         if !ev.missing.is_empty() {
             let msg = ev
@@ -1177,11 +1322,7 @@ impl Ctx<'_> {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("; ");
-            return self.simple(
-                id,
-                subject,
-                sources,
-                State::SourceMissing,
+            return self.simple(id, State::SourceMissing,
                 Some(format!(
                     "{msg}: the kubelet refuses to set up this volume (a running pod keeps its old content, a new pod does not start)"
                 )),
@@ -1189,7 +1330,7 @@ impl Ctx<'_> {
         }
         let expected_fp = Some(self.fp(&ev.digest()));
         if let Some(state) = self.unverifiable_for(view) {
-            let mut p = self.simple(id, subject, sources, state, None);
+            let mut p = self.simple(id, state, None);
             p.verdict.expected = expected_fp;
             return p;
         }
@@ -1197,13 +1338,7 @@ impl Ctx<'_> {
             unreachable!("handled above")
         };
         let Some(ov) = observed_pod.and_then(|p| p.volume(vol.source.plugin(), &vol.name)) else {
-            let mut p = self.simple(
-                id,
-                subject,
-                sources,
-                State::Unverifiable(UnverifiableReason::NotOnDisk),
-                None,
-            );
+            let mut p = self.simple(id, State::Unverifiable(UnverifiableReason::NotOnDisk), None);
             p.verdict.expected = expected_fp;
             return p;
         };
@@ -1234,9 +1369,7 @@ impl Ctx<'_> {
             let empty = detail == VerdictDetail::default();
             Prelim {
                 verdict: Verdict {
-                    subject: subject.clone(),
                     id,
-                    sources: sources.clone(),
                     state,
                     expected: expected_fp,
                     observed: observed_fp,
@@ -1340,19 +1473,12 @@ impl Ctx<'_> {
         prev: Option<(bool, Timestamp)>,
     ) -> Prelim {
         let vol = &self.pod.volumes[m.volume as usize];
-        let subject = Subject::SubPath {
-            container: c.name.clone(),
-            volume: vol.name.clone(),
-            index: m.index,
-            sub_path: sp.clone(),
-        };
-        let sources: Box<[SourceRef]> = ev.sources.clone().into();
         if ev.is_unverifiable() {
             let reason = ev
                 .skipped
                 .first()
                 .map_or(SkipReason::UnknownSource, |(_, r)| *r);
-            return self.simple(id, subject, sources, State::Skipped(reason), None);
+            return self.simple(id, State::Skipped(reason), None);
         }
         if !ev.missing.is_empty() {
             let msg = ev
@@ -1361,11 +1487,11 @@ impl Ctx<'_> {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("; ");
-            return self.simple(id, subject, sources, State::SourceMissing, Some(msg));
+            return self.simple(id, State::SourceMissing, Some(msg));
         }
         let files = match project_sub_path(ev, sp) {
             ExpectedSubPath::Skipped(r) => {
-                return self.simple(id, subject, sources, State::Skipped(r), None);
+                return self.simple(id, State::Skipped(r), None);
             }
             ExpectedSubPath::Files(f) => f,
         };
@@ -1375,7 +1501,7 @@ impl Ctx<'_> {
             p
         };
         if let Some(state) = self.unverifiable_for(view) {
-            return with_fp(self.simple(id, subject, sources, state, None));
+            return with_fp(self.simple(id, state, None));
         }
         let NodeView::Usable(node) = view else {
             unreachable!("handled above")
@@ -1383,8 +1509,6 @@ impl Ctx<'_> {
         let Some(started_at) = c.started_at else {
             return with_fp(self.simple(
                 id,
-                subject,
-                sources,
                 State::Unverifiable(UnverifiableReason::ContainerNotRunning),
                 None,
             ));
@@ -1392,8 +1516,6 @@ impl Ctx<'_> {
         let Some(os) = observed_pod.and_then(|p| p.sub_path(&vol.name, &c.name, m.index)) else {
             return with_fp(self.simple(
                 id,
-                subject,
-                sources,
                 State::Unverifiable(UnverifiableReason::NotOnDisk),
                 None,
             ));
@@ -1415,9 +1537,7 @@ impl Ctx<'_> {
             let empty = detail == VerdictDetail::default();
             Prelim {
                 verdict: Verdict {
-                    subject: subject.clone(),
                     id,
-                    sources: sources.clone(),
                     state,
                     expected: expected_fp,
                     observed: observed_fp,
@@ -1488,33 +1608,17 @@ impl Ctx<'_> {
         e: &crate::model::EnvRef,
     ) -> Prelim {
         let ee = project_env(&self.pod.namespace, e, |r| self.index.source(r));
-        let var: Arc<str> = match e {
-            crate::model::EnvRef::Key { var, .. } => var.clone(),
-            crate::model::EnvRef::From { prefix, .. } if prefix.is_empty() => Arc::from("envFrom"),
-            crate::model::EnvRef::From { prefix, .. } => Arc::from(format!("envFrom:{prefix}")),
-        };
-        let subject = Subject::Env {
-            container: c.name.clone(),
-            var,
-        };
-        let sources: Box<[SourceRef]> = Box::new([ee.source.clone()]);
         let expected = fp_opt(&self.engine.fingerprinter, ee.digest.as_ref());
         let mut p = if let Some(m) = &ee.missing {
             self.simple(
                 id,
-                subject,
-                sources,
                 State::SourceMissing,
                 Some(format!("{m}: the kubelet refuses to start the container")),
             )
         } else if let Some(started_at) = c.started_at {
             match self.state.changed_at(self.index, &ee.source) {
                 Some(t) if t > started_at => {
-                    let mut p = self.simple(
-                        id,
-                        subject,
-                        sources,
-                        State::Frozen(FrozenCause::Env),
+                    let mut p = self.simple(id, State::Frozen(FrozenCause::Env),
                         Some(format!(
                             "environment is fixed at start; {} changed at {t}, after container {} started at {started_at}; restart it",
                             ee.source, c.name
@@ -1524,7 +1628,7 @@ impl Ctx<'_> {
                     p
                 }
                 _ => {
-                    let mut p = self.simple(id, subject, sources, State::Fresh, None);
+                    let mut p = self.simple(id, State::Fresh, None);
                     p.estimate = started_at;
                     p
                 }
@@ -1532,8 +1636,6 @@ impl Ctx<'_> {
         } else {
             self.simple(
                 id,
-                subject,
-                sources,
                 State::Unverifiable(UnverifiableReason::ContainerNotRunning),
                 None,
             )
@@ -1586,22 +1688,22 @@ pub struct VerdictView<'a> {
     pub subject: &'static str,
     /// Volume name (volume and subPath subjects).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub volume: Option<&'a str>,
+    pub volume: Option<Arc<str>>,
     /// Container (subPath and env subjects).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub container: Option<&'a str>,
+    pub container: Option<Arc<str>>,
     /// subPath.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub sub_path: Option<&'a str>,
+    pub sub_path: Option<Arc<str>>,
     /// Environment variable, or `envFrom[:prefix]`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub env: Option<&'a str>,
+    pub env: Option<Arc<str>>,
     /// Source kind of the first source.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_kind: Option<&'static str>,
     /// Source name of the first source.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub source_name: Option<&'a str>,
+    pub source_name: Option<Arc<str>>,
     /// Every source involved.
     pub sources: Vec<SourceView>,
     /// Expected content fingerprint.
@@ -1629,8 +1731,8 @@ pub struct VerdictView<'a> {
 impl Verdict {
     /// The output view of this verdict of `pod`.
     pub fn view<'a>(&'a self, pod: &'a PodVerdicts) -> VerdictView<'a> {
-        let (subject, volume, container, sub_path, env) = match &self.subject {
-            Subject::Volume { volume } => ("volume", Some(&**volume), None, None, None),
+        let (subject, volume, container, sub_path, env) = match pod.subject(self) {
+            Subject::Volume { volume } => ("volume", Some(volume), None, None, None),
             Subject::SubPath {
                 container,
                 volume,
@@ -1638,33 +1740,32 @@ impl Verdict {
                 ..
             } => (
                 "subPath",
-                Some(&**volume),
-                Some(&**container),
-                Some(&**sub_path),
+                Some(volume),
+                Some(container),
+                Some(sub_path),
                 None,
             ),
-            Subject::Env { container, var } => {
-                ("env", None, Some(&**container), None, Some(&**var))
-            }
+            Subject::Env { container, var } => ("env", None, Some(container), None, Some(var)),
         };
-        let first = self.sources.first();
+        let sources = pod.sources(self);
+        let first = sources.first();
+        let p = &pod.pod;
         VerdictView {
             state: self.state.name(),
             cause: self.state.cause(),
-            namespace: &pod.namespace,
-            pod: &pod.name,
-            uid: &pod.uid,
-            node: pod.node.as_deref(),
-            nodeset: pod.nodeset.as_deref(),
+            namespace: &p.namespace,
+            pod: &p.name,
+            uid: &p.uid,
+            node: p.node.as_deref(),
+            nodeset: p.nodeset.as_deref(),
             subject,
             volume,
             container,
             sub_path,
             env,
             source_kind: first.map(|r| r.kind.as_str()),
-            source_name: first.map(|r| &*r.name),
-            sources: self
-                .sources
+            source_name: first.map(|r| r.name.clone()),
+            sources: sources
                 .iter()
                 .map(|r| SourceView {
                     kind: r.kind.as_str(),
