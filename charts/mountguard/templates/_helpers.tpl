@@ -1,0 +1,106 @@
+{{/* Chart name. */}}
+{{- define "mountguard.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Prefix of every object name. */}}
+{{- define "mountguard.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "mountguard.agent.fullname" -}}{{ include "mountguard.fullname" . }}-agent{{- end -}}
+{{- define "mountguard.controller.fullname" -}}{{ include "mountguard.fullname" . }}-controller{{- end -}}
+{{- define "mountguard.controller.metricsService" -}}{{ include "mountguard.fullname" . }}-controller-metrics{{- end -}}
+{{- define "mountguard.agent.metricsService" -}}{{ include "mountguard.fullname" . }}-agent-metrics{{- end -}}
+{{- define "mountguard.tlsSecret" -}}
+{{- if .Values.tls.certManager.enabled -}}
+{{ include "mountguard.fullname" . }}-controller-tls
+{{- else -}}
+{{ .Values.tls.existingSecret }}
+{{- end -}}
+{{- end -}}
+{{- define "mountguard.fingerprintSecret" -}}
+{{- default (printf "%s-fingerprint-key" (include "mountguard.fullname" .)) .Values.controller.fingerprintKey.existingSecret -}}
+{{- end -}}
+
+{{/* Common labels. */}}
+{{- define "mountguard.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "mountguard.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: mountguard
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component ("agent" or "controller"). */}}
+{{- define "mountguard.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mountguard.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "mountguard.image" -}}
+{{- $tag := .image.tag | default .ctx.Values.image.tag | default .ctx.Chart.AppVersion -}}
+{{- printf "%s:%s" .image.repository $tag -}}
+{{- end -}}
+
+{{/* Leader election is on with more than one controller replica. */}}
+{{- define "mountguard.leaderElection" -}}
+{{- if gt (int .Values.controller.replicas) 1 -}}true{{- else -}}false{{- end -}}
+{{- end -}}
+
+{{/* The remediation mode; an unquoted YAML `off` arrives as false. */}}
+{{- define "mountguard.remediationMode" -}}
+{{- $m := toString .Values.remediation.mode -}}
+{{- if eq $m "false" -}}off{{- else -}}{{ $m }}{{- end -}}
+{{- end -}}
+
+{{- define "mountguard.remediationEnabled" -}}
+{{- if ne (include "mountguard.remediationMode" .) "off" -}}true{{- else -}}false{{- end -}}
+{{- end -}}
+
+{{- define "mountguard.tlsEnabled" -}}
+{{- if .Values.tls.insecurePlaintextReports -}}false{{- else -}}true{{- end -}}
+{{- end -}}
+
+{{- define "mountguard.monitoringAPI" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" -}}true{{- else -}}false{{- end -}}
+{{- end -}}
+
+{{/* The report API's URL as the agents use it. */}}
+{{- define "mountguard.controllerURL" -}}
+{{- $scheme := ternary "http" "https" .Values.tls.insecurePlaintextReports -}}
+{{- printf "%s://%s.%s.svc:%d" $scheme (include "mountguard.controller.fullname" .) .Release.Namespace (int .Values.controller.reportPort) -}}
+{{- end -}}
+
+{{/* A duration of the form <n>s, <n>m or <n>h, in seconds. */}}
+{{- define "mountguard.seconds" -}}
+{{- $d := toString . -}}
+{{- if hasSuffix "h" $d -}}{{ mul (atoi (trimSuffix "h" $d)) 3600 }}
+{{- else if hasSuffix "m" $d -}}{{ mul (atoi (trimSuffix "m" $d)) 60 }}
+{{- else -}}{{ atoi (trimSuffix "s" $d) }}
+{{- end -}}
+{{- end -}}
+
+{{/* Fails the render on inconsistent TLS settings. */}}
+{{- define "mountguard.validateTLS" -}}
+{{- if and (not .Values.tls.insecurePlaintextReports) (not .Values.tls.certManager.enabled) (not .Values.tls.existingSecret) -}}
+{{- fail "tls: enable tls.certManager, set tls.existingSecret, or (test clusters only) set tls.insecurePlaintextReports" -}}
+{{- end -}}
+{{- if and (not .Values.tls.insecurePlaintextReports) .Values.tls.certManager.enabled .Values.tls.existingSecret -}}
+{{- fail "tls: set either tls.certManager.enabled or tls.existingSecret, not both" -}}
+{{- end -}}
+{{- end -}}

@@ -1,0 +1,169 @@
+"""Renders charts/mountguard with the real Helm engine (PyPI helm-python-sdk).
+
+Used by test_chart.py and, through the command line, by the Rust test
+tests/tests/chart.rs, which parses the rendered objects into k8s-openapi
+types:
+
+    python3 charts/tests/render.py --out DIR
+
+writes DIR/<scenario>/<NN>-<Kind>-<name>.json, one object per file, for
+every scenario below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import helm_python
+import yaml
+from helm_python import _native
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "mountguard"
+RELEASE = "mg"
+NAMESPACE = "mountguard-system"
+KUBE_VERSION = "v1.33.0"
+MONITORING_API = "monitoring.coreos.com/v1"
+
+
+@dataclass
+class Scenario:
+    """One combination of values and cluster capabilities."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    api_versions: list[str] = field(default_factory=list)
+
+
+SLURMRESTD = {
+    "url": "http://slurm-restapi.slurm.svc.cluster.local:6820",
+    "tokenSecret": {"namespace": "slurm", "name": "slurm-token-mountguard", "key": "SLURM_JWT"},
+    "caSecret": {"name": "slurmrestd-ca", "key": "ca.crt"},
+}
+ALL_MONITORING = {
+    "serviceMonitor": {"enabled": True},
+    "podMonitor": {"enabled": True},
+    "prometheusRule": {"enabled": True},
+}
+
+SCENARIOS: dict[str, Scenario] = {
+    "default": Scenario(),
+    "remediation-on": Scenario({"remediation": {"mode": "on", "slurmrestd": SLURMRESTD}}),
+    "remediation-dry-run": Scenario(
+        {"remediation": {"mode": "dry-run", "slurmrestd": {"url": SLURMRESTD["url"]}}}
+    ),
+    "tls-user-secret": Scenario(
+        {"tls": {"certManager": {"enabled": False}, "existingSecret": "mountguard-report-tls"}}
+    ),
+    "tls-cluster-issuer": Scenario(
+        {"tls": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}
+    ),
+    "plaintext": Scenario({"tls": {"insecurePlaintextReports": True}}),
+    "monitoring-with-api": Scenario({"metrics": ALL_MONITORING}, [MONITORING_API]),
+    "monitoring-without-api": Scenario({"metrics": ALL_MONITORING}),
+    "replicas-2": Scenario(
+        {
+            "controller": {"replicas": 2, "watchNamespaces": ["slurm", "hpc"]},
+            "remediation": {"mode": "on", "slurmrestd": {"url": SLURMRESTD["url"]}},
+            "metrics": {"prometheusRule": {"enabled": True}},
+        },
+        [MONITORING_API],
+    ),
+}
+
+
+def chart() -> helm_python.Chart:
+    return helm_python.Chart.load(CHART)
+
+
+def render_raw(
+    values: dict[str, Any] | None = None,
+    api_versions: list[str] | None = None,
+    *,
+    name: str = RELEASE,
+    namespace: str = NAMESPACE,
+) -> dict[str, str]:
+    """Template path -> rendered text, like `helm template --api-versions`."""
+    opts = {
+        "name": name,
+        "namespace": namespace,
+        "kube_version": KUBE_VERSION,
+        "api_versions": list(api_versions or []),
+    }
+    c = chart()
+    out = _native.call_string(
+        "helm_render", c._raw(), json.dumps(values or {}), json.dumps(opts)
+    )
+    return json.loads(out)
+
+
+@dataclass
+class Rendered:
+    objects: list[dict[str, Any]]
+    notes: str
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, name: str | None = None) -> dict[str, Any]:
+        found = [
+            o for o in self.of_kind(kind) if name is None or o["metadata"]["name"] == name
+        ]
+        assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+        return found[0]
+
+
+def render(
+    values: dict[str, Any] | None = None, api_versions: list[str] | None = None, **kw: Any
+) -> Rendered:
+    raw = render_raw(values, api_versions, **kw)
+    objects: list[dict[str, Any]] = []
+    notes = ""
+    for path in sorted(raw):
+        if path.endswith("NOTES.txt"):
+            notes = raw[path]
+            continue
+        for doc in yaml.safe_load_all(raw[path]):
+            if doc is None:
+                continue
+            assert isinstance(doc, dict), f"{path}: not an object: {doc!r}"
+            doc.setdefault("metadata", {})
+            doc["metadata"].setdefault("annotations", None)
+            if doc["metadata"]["annotations"] is None:
+                del doc["metadata"]["annotations"]
+            objects.append(doc)
+    return Rendered(objects, notes)
+
+
+def render_scenario(name: str) -> Rendered:
+    s = SCENARIOS[name]
+    return render(s.values, s.api_versions)
+
+
+def dump(out: pathlib.Path) -> int:
+    count = 0
+    for name in SCENARIOS:
+        d = out / name
+        d.mkdir(parents=True, exist_ok=True)
+        for i, obj in enumerate(render_scenario(name).objects):
+            fname = f"{i:02d}-{obj['kind']}-{obj['metadata']['name']}.json"
+            (d / fname).write_text(json.dumps(obj, indent=1, sort_keys=True))
+            count += 1
+    return count
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", type=pathlib.Path, required=True)
+    args = p.parse_args()
+    n = dump(args.out)
+    print(f"wrote {n} objects for {len(SCENARIOS)} scenarios to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,665 @@
+"""Tests of charts/mountguard, rendered and linted with the real Helm engine.
+
+No helm binary and no cluster: helm-python-sdk carries Helm's Go engine.
+`lookup` returns nothing when rendering offline, as in `helm template`.
+The Rust test tests/tests/chart.rs parses the same renders into
+k8s-openapi types (unknown fields fail) and checks the alerts' metric names
+against the running binaries.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import re
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from render import (
+    CHART,
+    MONITORING_API,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+    SCENARIOS,
+    chart,
+    render,
+    render_scenario,
+)
+
+RUNBOOKS = REPO / "docs" / "runbooks"
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+CONTROLLER_SA = f"{RELEASE}-mountguard-controller"
+AGENT_SA = f"{RELEASE}-mountguard-agent"
+
+# The controller's permissions: exactly the list documented in
+# docs/security.md ("What the controller may do"). (scope, apiGroup,
+# resource, verb); scope is "cluster" or the namespace of a Role.
+BASE_RULES = {
+    ("cluster", "", r, v)
+    for r in ("pods", "secrets", "configmaps", "nodes")
+    for v in ("get", "list", "watch")
+} | {
+    ("cluster", "slinky.slurm.net", "nodesets", v) for v in ("get", "list", "watch")
+} | {
+    ("cluster", g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")
+} | {("cluster", "authentication.k8s.io", "tokenreviews", "create")}
+REMEDIATION_RULES = {
+    ("cluster", "", "pods/eviction", "create"),
+    ("cluster", "slinky.slurm.net", "nodesets", "patch"),
+}
+LEADER_RULES = {
+    (NAMESPACE, "coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
+} | {(NAMESPACE, "", "pods", "patch")}
+
+
+def scenario_ids() -> list[str]:
+    return list(SCENARIOS)
+
+
+@pytest.fixture(scope="module", params=scenario_ids())
+def scenario(request: pytest.FixtureRequest) -> tuple[str, Any]:
+    return request.param, render_scenario(request.param)
+
+
+def deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+# ---------------------------------------------------------------- lint, schema
+
+
+def test_lint_is_clean_with_strict_checks() -> None:
+    report = helm_python.lint(CHART, strict=True, namespace=NAMESPACE, kube_version="v1.33.0")
+    assert report["errors"] == [], report
+    worse_than_info = [m for m in report["messages"] if m["severity"] >= 2]
+    assert worse_than_info == [], report
+
+
+def test_lint_reports_a_broken_value() -> None:
+    # The lint call is not a no-op: the same call reports a schema violation.
+    report = helm_python.lint(CHART, {"remediation": {"mode": "maybe"}}, strict=True)
+    text = json.dumps(report)
+    assert report["errors"] or any(m["severity"] == 3 for m in report["messages"]), report
+    assert "remediation" in text, report
+
+
+def leaf_paths(values: Any, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    if isinstance(values, dict) and values:
+        out: set[tuple[str, ...]] = set()
+        for k, v in values.items():
+            out |= leaf_paths(v, prefix + (k,))
+        return out
+    return {prefix}
+
+
+def schema_at(schema: dict[str, Any], root: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node = schema
+    for key in path:
+        while "$ref" in node:
+            node = root["$defs"][node["$ref"].split("/")[-1]]
+        props = node.get("properties", {})
+        if key in props:
+            node = props[key]
+        elif isinstance(node.get("additionalProperties"), dict):
+            node = node["additionalProperties"]
+        elif node.get("type") == "object" and "additionalProperties" not in node:
+            return node  # free-form object (e.g. affinity passed through)
+        else:
+            return None
+    return node
+
+
+def test_schema_describes_every_value_and_nothing_else() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    missing = [p for p in leaf_paths(values) if schema_at(schema, schema, p) is None]
+    assert missing == [], f"values without a schema entry: {missing}"
+
+    # And every object in the schema is closed, so a misspelt key fails.
+    def walk(node: Any, where: str) -> list[str]:
+        bad = []
+        if isinstance(node, dict):
+            if node.get("type") == "object" and "properties" in node:
+                if node.get("additionalProperties") is not False:
+                    bad.append(where)
+            for k, v in node.items():
+                bad += walk(v, f"{where}/{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                bad += walk(v, f"{where}/{i}")
+        return bad
+
+    assert walk(schema, "") == []
+    # Every top-level schema property except Helm's `global` is a real value.
+    assert set(schema["properties"]) - {"global"} == set(values)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"remediation": {"mode": "maybe"}},
+        {"remediation": {"mode": True}},
+        {"remediation": {"onFailure": "retry"}},
+        {"remediation": {"budgetCluster": 0}},
+        {"remediation": {"delay": "5 minutes"}},
+        {"remediation": {"slurmrestd": {"url": "slurm-restapi:6820"}}},
+        {"controller": {"replicas": 0}},
+        {"controller": {"grace": "0s"}},
+        {"controller": {"watchNamespaces": ["Not_A_Namespace"]}},
+        {"agent": {"kubeletRootDir": "var/lib/kubelet"}},
+        {"agent": {"architectures": ["s390x"]}},
+        {"agent": {"updateStrategy": {"maxUnavailable": 0}}},
+        {"agent": {"kubeletRoot": "/var/lib/kubelet"}},
+        {"agent": {"affinity": {"nodeAffinity": {}}}},
+        {"metrics": {"serviceMonitor": {"enable": True}}},
+        {"metrics": {"prometheusRule": {"for": {"staleMount": "soon"}}}},
+        {"tls": {"certManager": {"issuerRef": {"name": "x", "kind": "Vault"}}}},
+        {"surprise": 1},
+    ],
+    ids=lambda v: json.dumps(v, separators=(",", ":")),
+)
+def test_schema_rejects(bad: dict[str, Any]) -> None:
+    with pytest.raises(helm_python.HelmValuesError):
+        chart().validate_schema(bad)
+    with pytest.raises(helm_python.HelmError):
+        render(bad)
+
+
+def test_schema_accepts_every_scenario() -> None:
+    for name, s in SCENARIOS.items():
+        chart().validate_schema(s.values)
+
+
+def test_unquoted_off_in_a_values_file_means_off() -> None:
+    # YAML 1.1 reads an unquoted `off` as false; the chart treats it as "off".
+    values = helm_python.values_from_yaml("remediation:\n  mode: off\n")
+    assert values["remediation"]["mode"] is False
+    r = render(values)
+    env = env_of(r.one("Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert env["MOUNTGUARD_REMEDIATION"] == "off"
+    assert not any(o["metadata"]["name"].endswith("-remediation") for o in r.objects)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"remediation": {"mode": "on"}}, "slurmrestd.url"),
+        ({"tls": {"certManager": {"enabled": False}}}, "tls"),
+        ({"tls": {"existingSecret": "both"}}, "not both"),
+    ],
+)
+def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm_python.HelmError, match=re.escape(message)):
+        render(values)
+
+
+# ---------------------------------------------------------------- agent
+
+
+def agent_pod(r: Any) -> dict[str, Any]:
+    return r.one("DaemonSet")["spec"]["template"]["spec"]
+
+
+def test_agent_security_properties(scenario: tuple[str, Any]) -> None:
+    name, r = scenario
+    ds = r.one("DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    for host in ("hostNetwork", "hostPID", "hostIPC"):
+        assert pod.get(host, False) is False, host
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    arch = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    exprs = arch["nodeSelectorTerms"][0]["matchExpressions"]
+    assert {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64", "arm64"]} in exprs
+    assert pod["tolerations"] == [{"operator": "Exists"}]
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": "10%"},
+    }
+
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_READ_SEARCH"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc.get("privileged", False) is False
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for k in c["resources"]["requests"]:
+        assert k in ("cpu", "memory")
+    assert "memory" in c["resources"]["limits"]
+
+    # The kubelet root: hostPath, read-only, HostToContainer, same path.
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    host_paths = [v for v in pod["volumes"] if "hostPath" in v]
+    assert [v["name"] for v in host_paths] == ["kubelet-root"], "only the kubelet root"
+    assert vols["kubelet-root"]["hostPath"] == {"path": "/var/lib/kubelet", "type": "Directory"}
+    m = mounts["kubelet-root"]
+    assert m["readOnly"] is True
+    assert m["mountPropagation"] == "HostToContainer"
+    assert m["mountPath"] == "/var/lib/kubelet"
+    for mount in c["volumeMounts"]:
+        assert mount.get("readOnly") is True, mount
+
+    # Only a projected token with audience mountguard (and the report CA).
+    sources = vols["report-credentials"]["projected"]["sources"]
+    tokens = [s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s]
+    assert tokens == [{"audience": "mountguard", "expirationSeconds": 3600, "path": "token"}]
+    secrets = [s["secret"] for s in sources if "secret" in s]
+    if name == "plaintext":
+        assert secrets == []
+    else:
+        (ca,) = secrets
+        assert ca["items"] == [{"key": "ca.crt", "path": "ca.crt"}], "never the TLS key"
+
+    env = env_of(c)
+    assert env["MOUNTGUARD_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["MOUNTGUARD_KUBELET_ROOT"] == "/var/lib/kubelet"
+    assert env["MOUNTGUARD_TOKEN_FILE"] == "/var/run/secrets/mountguard/token"
+    assert mounts["report-credentials"]["mountPath"] == "/var/run/secrets/mountguard"
+    scheme = "http" if name == "plaintext" else "https"
+    assert env["MOUNTGUARD_CONTROLLER_URL"] == (
+        f"{scheme}://{RELEASE}-mountguard-controller.{NAMESPACE}.svc:8443"
+    )
+    assert ("MOUNTGUARD_CA_FILE" in env) == (name != "plaintext")
+
+    # The agent's service account exists, mounts nothing and is bound to nothing.
+    sa = r.one("ServiceAccount", AGENT_SA)
+    assert sa["automountServiceAccountToken"] is False
+    assert pod["serviceAccountName"] == AGENT_SA
+    for b in r.of_kind("ClusterRoleBinding") + r.of_kind("RoleBinding"):
+        assert all(s["name"] != AGENT_SA for s in b["subjects"]), b
+
+
+def test_kubelet_root_value_moves_hostpath_mount_and_flag() -> None:
+    root = "/var/lib/k0s/kubelet"
+    r = render({"agent": {"kubeletRootDir": root}})
+    pod = agent_pod(r)
+    (c,) = pod["containers"]
+    assert {"path": root, "type": "Directory"} in [v.get("hostPath") for v in pod["volumes"]]
+    assert [m["mountPath"] for m in c["volumeMounts"] if m["name"] == "kubelet-root"] == [root]
+    assert env_of(c)["MOUNTGUARD_KUBELET_ROOT"] == root
+
+
+def test_agent_environment_names_flags_the_agent_has() -> None:
+    # Every MOUNTGUARD_* variable the chart sets on the agent is declared in
+    # the agent's CLI, or is one of the report flags of the runtime contract
+    # (being added with the report client).
+    cli = (REPO / "agent" / "src" / "cli.rs").read_text()
+    declared = set(re.findall(r'env = "(MOUNTGUARD_[A-Z_]+)"', cli))
+    report_flags = {
+        "MOUNTGUARD_CONTROLLER_URL",
+        "MOUNTGUARD_TOKEN_FILE",
+        "MOUNTGUARD_CA_FILE",
+        "MOUNTGUARD_HEARTBEAT_INTERVAL",
+    }
+    (c,) = agent_pod(render())["containers"]
+    unknown = set(env_of(c)) - declared - report_flags
+    assert unknown == set(), f"agent env vars the agent does not read: {unknown}"
+
+
+# ---------------------------------------------------------------- controller
+
+
+def controller_env(r: Any) -> dict[str, Any]:
+    (c,) = r.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    return env_of(c)
+
+
+def test_controller_deployment(scenario: tuple[str, Any]) -> None:
+    name, r = scenario
+    dep = r.one("Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["serviceAccountName"] == CONTROLLER_SA
+    env = controller_env(r)
+    assert env["MOUNTGUARD_AGENT_SERVICE_ACCOUNT"] == f"{NAMESPACE}:{AGENT_SA}"
+    assert env["MOUNTGUARD_AGENT_DAEMONSET"] == r.one("DaemonSet")["metadata"]["name"]
+    assert env["MOUNTGUARD_TOKEN_AUDIENCE"] == "mountguard"
+    assert env["MOUNTGUARD_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    replicas = dep["spec"]["replicas"]
+    assert env["MOUNTGUARD_LEADER_ELECTION"] == ("true" if replicas > 1 else "false")
+    mode = SCENARIOS[name].values.get("remediation", {}).get("mode", "off")
+    assert env["MOUNTGUARD_REMEDIATION"] == mode
+    assert ("MOUNTGUARD_SLURMRESTD_URL" in env) == (mode != "off")
+
+    # The fingerprint key Secret the controller reads exists (or is the user's).
+    key_vol = [v for v in pod["volumes"] if v["name"] == "fingerprint-key"][0]
+    secret = r.one("Secret", key_vol["secret"]["secretName"])
+    assert len(secret["data"]["key"]) >= 64
+
+    # Services: reports go to the acting replica only when there are several.
+    svc = r.one("Service", f"{RELEASE}-mountguard-controller")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    sel = svc["spec"]["selector"]
+    if replicas > 1:
+        assert sel.pop("mountguard.io/leader") == "true"
+        assert r.one("PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    else:
+        assert r.of_kind("PodDisruptionBudget") == []
+    assert sel.items() <= pod_labels.items()
+    metrics = r.one("Service", f"{RELEASE}-mountguard-controller-metrics")
+    assert metrics["spec"]["selector"].items() <= pod_labels.items()
+    assert "mountguard.io/leader" not in metrics["spec"]["selector"]
+    port_names = {p["name"] for p in c["ports"]}
+    for s in (svc, metrics):
+        for p in s["spec"]["ports"]:
+            assert p["targetPort"] in port_names
+
+
+def test_remediation_settings_reach_the_controller() -> None:
+    r = render_scenario("remediation-on")
+    env = controller_env(r)
+    assert env["MOUNTGUARD_SLURM_TOKEN_SECRET"] == "slurm/slurm-token-mountguard"
+    assert env["MOUNTGUARD_SLURM_TOKEN_KEY"] == "SLURM_JWT"
+    assert env["MOUNTGUARD_SLURMRESTD_CA_FILE"] == "/var/run/mountguard/slurmrestd-ca/ca.crt"
+    assert env["MOUNTGUARD_REMEDIATION_BUDGET_PER_NODESET"] == "1"
+    assert env["MOUNTGUARD_REMEDIATION_BUDGET_CLUSTER"] == "3"
+    assert env["MOUNTGUARD_ON_FAILURE"] == "keep-drained"
+    assert env["MOUNTGUARD_DRAIN_TIMEOUT"] == "24h"
+
+
+def test_watch_namespaces_are_joined() -> None:
+    env = controller_env(render_scenario("replicas-2"))
+    assert env["MOUNTGUARD_WATCH_NAMESPACES"] == "slurm,hpc"
+    assert controller_env(render())["MOUNTGUARD_WATCH_NAMESPACES"] == ""
+
+
+# ---------------------------------------------------------------- RBAC
+
+
+def granted(r: Any) -> set[tuple[str, str, str, str]]:
+    roles = {("cluster", o["metadata"]["name"]): o for o in r.of_kind("ClusterRole")}
+    roles |= {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in r.of_kind("Role")}
+    out = set()
+    for b in r.of_kind("ClusterRoleBinding") + r.of_kind("RoleBinding"):
+        assert b["subjects"] == [
+            {"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": NAMESPACE}
+        ], b
+        ref = b["roleRef"]
+        scope = "cluster" if b["kind"] == "ClusterRoleBinding" else b["metadata"]["namespace"]
+        assert ref["kind"] == ("ClusterRole" if scope == "cluster" else "Role"), b
+        role = roles.pop(("cluster" if ref["kind"] == "ClusterRole" else scope, ref["name"]))
+        for rule in role["rules"]:
+            assert set(rule) <= {"apiGroups", "resources", "verbs"}, rule
+            for g in rule["apiGroups"]:
+                for res in rule["resources"]:
+                    for v in rule["verbs"]:
+                        assert "*" not in (g, res, v), rule
+                        out.add((scope, g, res, v))
+    assert roles == {}, f"roles bound to nobody: {list(roles)}"
+    return out
+
+
+def test_rbac_is_exactly_the_documented_list(scenario: tuple[str, Any]) -> None:
+    name, r = scenario
+    dep = r.one("Deployment")
+    expected = set(BASE_RULES)
+    if controller_env(r)["MOUNTGUARD_REMEDIATION"] != "off":
+        expected |= REMEDIATION_RULES
+    if dep["spec"]["replicas"] > 1:
+        expected |= LEADER_RULES
+    assert granted(r) == expected
+
+
+def test_documented_rbac_list_matches_the_tests() -> None:
+    # docs/security.md lists the permissions in a table; keep both in step.
+    doc = (REPO / "docs" / "security.md").read_text()
+    rows = set()
+    for line in doc.splitlines():
+        m = re.match(r"\|\s*`([^`]*)`\s*\|\s*`([^`]+)`\s*\|\s*([a-z, ]+)\|\s*(\w+)", line)
+        if m:
+            group, res, verbs, when = m.groups()
+            group = "" if group == "core" else group
+            for v in verbs.split(","):
+                rows.add((group, res, v.strip(), when))
+    everything = (
+        {(g, res, v, "always") for _, g, res, v in BASE_RULES}
+        | {(g, res, v, "remediation") for _, g, res, v in REMEDIATION_RULES}
+        | {(g, res, v, "leader") for _, g, res, v in LEADER_RULES}
+    )
+    assert rows == everything
+
+
+# ---------------------------------------------------------------- TLS
+
+
+def test_cert_manager_certificate_covers_the_service_name() -> None:
+    r = render()
+    certs = {c["metadata"]["name"]: c for c in r.of_kind("Certificate")}
+    serving = certs[f"{RELEASE}-mountguard-controller"]
+    host = f"{RELEASE}-mountguard-controller.{NAMESPACE}.svc"
+    assert host in serving["spec"]["dnsNames"]
+    assert serving["spec"]["usages"] == ["server auth"]
+    assert serving["spec"]["issuerRef"]["name"] == f"{RELEASE}-mountguard-ca"
+    ca = certs[f"{RELEASE}-mountguard-ca"]
+    assert ca["spec"]["isCA"] is True
+    issuers = {i["metadata"]["name"]: i["spec"] for i in r.of_kind("Issuer")}
+    assert issuers[f"{RELEASE}-mountguard-ca"] == {"ca": {"secretName": ca["spec"]["secretName"]}}
+    assert "selfSigned" in issuers[f"{RELEASE}-mountguard-selfsigned"]
+    for o in certs.values():
+        assert o["apiVersion"] == "cert-manager.io/v1"
+        assert set(o["spec"]) <= {
+            "secretName", "duration", "renewBefore", "privateKey", "usages",
+            "dnsNames", "issuerRef", "isCA", "commonName",
+        }
+    # The agents trust what the controller serves: same Secret.
+    dep_vols = r.one("Deployment")["spec"]["template"]["spec"]["volumes"]
+    tls_secret = [v["secret"]["secretName"] for v in dep_vols if v["name"] == "tls"]
+    assert tls_secret == [serving["spec"]["secretName"]]
+    agent_ca = [
+        s["secret"]["name"]
+        for v in agent_pod(r)["volumes"] if "projected" in v
+        for s in v["projected"]["sources"] if "secret" in s
+    ]
+    assert agent_ca == tls_secret
+
+
+def test_user_secret_replaces_cert_manager() -> None:
+    r = render_scenario("tls-user-secret")
+    assert [o for o in r.objects if o["apiVersion"].startswith("cert-manager.io")] == []
+    dep_vols = r.one("Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert [v["secret"]["secretName"] for v in dep_vols if v["name"] == "tls"] == [
+        "mountguard-report-tls"
+    ]
+
+
+def test_cluster_issuer_is_used_without_a_private_ca() -> None:
+    r = render_scenario("tls-cluster-issuer")
+    (cert,) = r.of_kind("Certificate")
+    assert cert["spec"]["issuerRef"] == {
+        "name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"
+    }
+    assert r.of_kind("Issuer") == []
+
+
+# ---------------------------------------------------------------- monitoring
+
+
+def test_monitoring_objects_only_when_enabled_and_api_present(
+    scenario: tuple[str, Any],
+) -> None:
+    name, r = scenario
+    s = SCENARIOS[name]
+    api = MONITORING_API in s.api_versions
+    metrics = s.values.get("metrics", {})
+    for kind, key in (
+        ("ServiceMonitor", "serviceMonitor"),
+        ("PodMonitor", "podMonitor"),
+        ("PrometheusRule", "prometheusRule"),
+    ):
+        on = metrics.get(key, {}).get("enabled", False)
+        count = len(r.of_kind(kind))
+        assert count == ((1 if kind == "PrometheusRule" else 2) if (on and api) else 0), kind
+    if any(m.get("enabled") for m in metrics.values()) and not api:
+        assert "API is not served" in r.notes
+
+
+def test_monitors_select_the_metrics_ports() -> None:
+    r = render_scenario("monitoring-with-api")
+    services = r.of_kind("Service")
+    workloads = {
+        "agent": r.one("DaemonSet")["spec"]["template"],
+        "controller": r.one("Deployment")["spec"]["template"],
+    }
+    for sm in r.of_kind("ServiceMonitor"):
+        assert sm["apiVersion"] == MONITORING_API
+        sel = sm["spec"]["selector"]["matchLabels"]
+        (svc,) = [s for s in services if sel.items() <= s["metadata"]["labels"].items()]
+        (ep,) = sm["spec"]["endpoints"]
+        assert ep["port"] in {p["name"] for p in svc["spec"]["ports"]}
+        assert sm["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    for pm in r.of_kind("PodMonitor"):
+        sel = pm["spec"]["selector"]["matchLabels"]
+        (tpl,) = [t for t in workloads.values() if sel.items() <= t["metadata"]["labels"].items()]
+        (ep,) = pm["spec"]["podMetricsEndpoints"]
+        ports = {p["name"] for c in tpl["spec"]["containers"] for p in c["ports"]}
+        assert ep["port"] in ports
+    # The controller's metrics carry the checked pods' namespace/pod labels.
+    for mon in r.of_kind("ServiceMonitor") + r.of_kind("PodMonitor"):
+        eps = mon["spec"].get("endpoints") or mon["spec"]["podMetricsEndpoints"]
+        is_controller = mon["metadata"]["labels"]["app.kubernetes.io/component"] == "controller"
+        assert eps[0].get("honorLabels", False) is is_controller
+
+
+def alert_rules(r: Any) -> list[dict[str, Any]]:
+    (rule,) = r.of_kind("PrometheusRule")
+    assert rule["apiVersion"] == MONITORING_API
+    return [x for g in rule["spec"]["groups"] for x in g["rules"]]
+
+
+EXPECTED_ALERTS = {
+    "MountguardStaleMount",
+    "MountguardKubeletCachePinned",
+    "MountguardFrozenMount",
+    "MountguardAgentNotReporting",
+    "MountguardAgentCannotRead",
+    "MountguardControllerDown",
+    "MountguardRemediationFailed",
+    "MountguardRemediationStuck",
+    "MountguardReportRejections",
+}
+
+
+def test_alerts_have_annotations_and_runbooks_that_exist() -> None:
+    rules = alert_rules(render_scenario("monitoring-with-api"))
+    names = [x["alert"] for x in rules]
+    assert sorted(names) == sorted(EXPECTED_ALERTS)
+    base = "https://github.com/mountguard/mountguard/blob/main/docs/runbooks/"
+    linked = set()
+    for x in rules:
+        a = x["annotations"]
+        assert set(a) == {"summary", "description", "runbook_url"}, x["alert"]
+        assert a["summary"].strip() and a["description"].strip()
+        assert a["runbook_url"].startswith(base), a["runbook_url"]
+        page = RUNBOOKS / a["runbook_url"][len(base):]
+        assert page.is_file(), f"{x['alert']}: {page} does not exist"
+        assert x["alert"] in page.read_text(), f"{page} does not name {x['alert']}"
+        linked.add(page.name)
+        assert x["labels"]["severity"] in {"info", "warning", "critical"}
+        assert re.fullmatch(r"\d+[smh]", x["for"]), x
+        assert re.search(r"\bmountguard_[a-z_]+", x["expr"]), x
+    on_disk = {p.name for p in RUNBOOKS.glob("*.md")} - {"README.md"}
+    assert on_disk == linked, "every runbook page belongs to an alert"
+
+
+def test_alert_severities_and_frozen_is_info() -> None:
+    rules = {x["alert"]: x for x in alert_rules(render_scenario("monitoring-with-api"))}
+    assert rules["MountguardFrozenMount"]["labels"]["severity"] == "info"
+    assert rules["MountguardControllerDown"]["labels"]["severity"] == "critical"
+    assert 'namespace="mountguard-system"' in rules["MountguardControllerDown"]["expr"]
+    # Pinned caches have their own alert; the stale alert leaves them out.
+    assert 'cause!="ImmutableCachePinned"' in rules["MountguardStaleMount"]["expr"]
+    assert 'cause="ImmutableCachePinned"' in rules["MountguardKubeletCachePinned"]["expr"]
+
+
+def test_remediation_stuck_threshold_follows_the_timeouts() -> None:
+    def threshold(values: dict[str, Any]) -> int:
+        v = deep_merge({"metrics": {"prometheusRule": {"enabled": True}}}, values)
+        rules = {x["alert"]: x for x in alert_rules(render(v, [MONITORING_API]))}
+        return int(rules["MountguardRemediationStuck"]["expr"].rsplit(">", 1)[1])
+
+    # 24h + 15m + 5m + 30m
+    assert threshold({}) == 86400 + 900 + 300 + 1800
+    assert threshold({"remediation": {"drainTimeout": "2h", "replacementTimeout": "600s"}}) == (
+        7200 + 600 + 300 + 1800
+    )
+
+
+def test_alert_labels_and_runbook_base_are_configurable() -> None:
+    v = {
+        "metrics": {
+            "prometheusRule": {
+                "enabled": True,
+                "runbookBaseURL": "https://wiki.example/mg/",
+                "alertLabels": {"team": "hpc"},
+                "additionalLabels": {"release": "kube-prometheus-stack"},
+            }
+        }
+    }
+    r = render(v, [MONITORING_API])
+    (rule,) = r.of_kind("PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    for x in alert_rules(r):
+        assert x["labels"]["team"] == "hpc"
+        assert x["annotations"]["runbook_url"].startswith("https://wiki.example/mg/mountguard-")
+
+
+# ---------------------------------------------------------------- everything
+
+
+def test_every_object_is_namespaced_to_the_release_or_cluster_scoped(
+    scenario: tuple[str, Any],
+) -> None:
+    _, r = scenario
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    for o in r.objects:
+        md = o["metadata"]
+        if o["kind"] in cluster_scoped:
+            assert "namespace" not in md, o["kind"]
+        else:
+            assert md["namespace"] == NAMESPACE, (o["kind"], md["name"])
+        assert md["labels"]["app.kubernetes.io/instance"] == RELEASE
+        assert len(md["name"]) <= 63
+
+
+def test_images_default_to_app_version() -> None:
+    r = render()
+    app = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    (a,) = agent_pod(r)["containers"]
+    (c,) = r.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert a["image"] == f"ghcr.io/mountguard/mountguard-agent:{app}"
+    assert c["image"] == f"ghcr.io/mountguard/mountguard-controller:{app}"
+    r = render({"image": {"tag": "1.2.3"}, "agent": {"image": {"tag": "dev"}}})
+    (a,) = agent_pod(r)["containers"]
+    (c,) = r.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    assert a["image"].endswith(":dev") and c["image"].endswith(":1.2.3")
+
+
+def test_notes_tell_what_to_check() -> None:
+    notes = render().notes
+    assert f"kubectl -n {NAMESPACE} get daemonset {RELEASE}-mountguard-agent" in notes
+    assert "report_requests_total" in notes
+    assert "Remediation: off" in notes
+    assert "WARNING" in render_scenario("plaintext").notes
