@@ -372,3 +372,192 @@ pub fn describe_item(item: &Value) -> String {
         format!("{kind} {ns}/{name}")
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Interner, VolumeSource};
+    use mountguard_inventory::file_digest;
+    use serde_json::json;
+
+    fn kaa_pod() -> Value {
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "namespace": "slurm", "name": "worker-0", "uid": "u-0",
+                "annotations": {"mountguard.io/read-at-start": " slurm-etc , hooks,"},
+                "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                    "name": "gpu", "uid": "ns-uid", "controller": true}]
+            },
+            "spec": {
+                "nodeName": "node-a",
+                "imagePullSecrets": [{"name": "regcred"}],
+                "volumes": [
+                    {"name": "slurm-etc", "projected": {"defaultMode": 384, "sources": [
+                        {"secret": {"name": "auth", "items": [{"key": "slurm.key", "path": "slurm.key"}]}},
+                        {"podCertificate": {"signerName": "x/y", "keyType": "ED25519",
+                            "credentialBundlePath": "cred.pem"}}
+                    ]}},
+                    {"name": "hooks", "configMap": {"name": "enroot-hooks", "optional": true}},
+                    {"name": "scratch", "emptyDir": {}},
+                    {"name": "kube-api-access-abcde", "projected": {"sources": [
+                        {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
+                    ]}}
+                ],
+                "initContainers": [
+                    {"name": "done-init", "image": "x"},
+                    {"name": "sidecar", "image": "x", "restartPolicy": "Always",
+                     "envFrom": [{"secretRef": {"name": "side"}, "prefix": "S_"}]}
+                ],
+                "containers": [{
+                    "name": "slurmd", "image": "x",
+                    "volumeMounts": [
+                        {"name": "scratch", "mountPath": "/tmp"},
+                        {"name": "slurm-etc", "mountPath": "/etc/slurm"},
+                        {"name": "hooks", "mountPath": "/etc/enroot/hooks.d/10.sh", "subPath": "10.sh"},
+                        {"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+                    ],
+                    "env": [
+                        {"name": "PLAIN", "value": "x"},
+                        {"name": "JWT", "valueFrom": {"secretKeyRef": {"name": "jwt", "key": "jwt.key", "optional": true}}},
+                        {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+                    ],
+                    "envFrom": [{"configMapRef": {"name": "env-cm"}}]
+                }]
+            },
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [{"name": "slurmd", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                    "state": {"running": {"startedAt": "2026-11-30T10:00:00Z"}}}],
+                "initContainerStatuses": [
+                    {"name": "done-init", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+                     "state": {"terminated": {"exitCode": 0, "startedAt": "2026-11-30T09:59:00Z", "finishedAt": "2026-11-30T09:59:30Z"}}},
+                    {"name": "sidecar", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                     "state": {"running": {"startedAt": "2026-11-30T09:59:40Z"}}}
+                ]
+            }
+        })
+    }
+
+    #[test]
+    fn pod_conversion_keeps_what_the_engine_needs() {
+        let raw = kaa_pod();
+        let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+        let mut it = Interner::default();
+        let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+        assert_eq!(
+            (&*m.namespace, &*m.name, &*m.uid),
+            ("slurm", "worker-0", "u-0")
+        );
+        assert_eq!(m.node.as_deref(), Some("node-a"));
+        assert_eq!(m.nodeset.as_deref(), Some("gpu"));
+        assert!(!m.terminated);
+        let names: Vec<&str> = m.volumes.iter().map(|v| &*v.name).collect();
+        assert_eq!(
+            names,
+            ["slurm-etc", "hooks", "kube-api-access-abcde"],
+            "emptyDir left out"
+        );
+        assert!(m.volumes[0].read_at_start && m.volumes[1].read_at_start);
+        assert!(!m.volumes[2].read_at_start);
+        match &*m.volumes[0].source {
+            VolumeSource::Projected(s) => {
+                assert_eq!(
+                    s[1],
+                    ProjectedSource::NotFromApi {
+                        reason: SkipReason::PodCertificate,
+                        paths: Box::new([it.intern("cred.pem")]),
+                    },
+                    "podCertificate paths come from the raw JSON"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // Containers: slurmd and the running sidecar; the finished init
+        // container is dropped.
+        let cs: Vec<(&str, bool)> = m.containers.iter().map(|c| (&*c.name, c.init)).collect();
+        assert_eq!(cs, [("slurmd", false), ("sidecar", true)]);
+        let slurmd = &m.containers[0];
+        assert_eq!(
+            slurmd.started_at,
+            Some("2026-11-30T10:00:00Z".parse().unwrap())
+        );
+        // Mount indexes are positions in volumeMounts: slurm-etc (read at
+        // start) is 1, the hooks subPath is 2.
+        let mounts: Vec<(u32, u16, Option<&str>)> = slurmd
+            .mounts
+            .iter()
+            .map(|mm| (mm.index, mm.volume, mm.sub_path.as_deref()))
+            .collect();
+        assert_eq!(mounts, [(1, 0, None), (2, 1, Some("10.sh"))]);
+        assert_eq!(
+            slurmd.env.len(),
+            2,
+            "fieldRef and plain values are not references"
+        );
+        assert!(
+            matches!(&slurmd.env[0], EnvRef::Key { key, optional: true, .. } if &**key == "jwt.key")
+        );
+        assert!(matches!(
+            &slurmd.env[1],
+            EnvRef::From {
+                kind: SourceKind::ConfigMap,
+                ..
+            }
+        ));
+        let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            refs,
+            [
+                "Secret/slurm/auth",
+                "Secret/slurm/jwt",
+                "Secret/slurm/regcred",
+                "Secret/slurm/side",
+                "ConfigMap/slurm/enroot-hooks",
+                "ConfigMap/slurm/env-cm",
+                "ConfigMap/slurm/kube-root-ca.crt",
+            ]
+        );
+    }
+
+    #[test]
+    fn secrets_are_decoded_and_hashed_config_maps_keep_binary_keys() {
+        let s: Secret = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"namespace": "n", "name": "s", "uid": "1",
+                "creationTimestamp": "2026-11-30T08:00:00Z",
+                "managedFields": [
+                    {"manager": "a", "operation": "Update", "time": "2026-11-30T09:00:00Z"},
+                    {"manager": "b", "operation": "Update", "time": "2026-11-30T09:30:00Z"}
+                ]},
+            "immutable": true,
+            "data": {"slurm.key": "c2VjcmV0"}
+        }))
+        .unwrap();
+        let mut it = Interner::default();
+        let (r, c) = secret(&mut it, &s).unwrap();
+        assert_eq!(r.to_string(), "Secret/n/s");
+        assert!(c.immutable);
+        assert_eq!(
+            c.keys[&it.intern("slurm.key")].digest,
+            file_digest(b"secret")
+        );
+        assert_eq!(c.last_write, Some("2026-11-30T09:30:00Z".parse().unwrap()));
+
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"namespace": "n", "name": "c", "creationTimestamp": "2026-11-30T08:00:00Z"},
+            "data": {"t": "text"},
+            "binaryData": {"b": "AAE="}
+        }))
+        .unwrap();
+        let (_, c) = config_map(&mut it, &cm).unwrap();
+        assert_eq!(c.keys.len(), 2);
+        assert!(!c.keys[&it.intern("t")].binary);
+        assert!(c.keys[&it.intern("b")].binary);
+        assert_eq!(c.keys[&it.intern("b")].digest, file_digest(&[0, 1]));
+        assert_eq!(c.last_write, Some("2026-11-30T08:00:00Z".parse().unwrap()));
+    }
+}

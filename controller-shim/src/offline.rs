@@ -511,3 +511,288 @@ fn write_table(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{NodeB, ts};
+    use mountguard_inventory::Plugin;
+    use serde_json::json;
+
+    fn objects() -> Value {
+        json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"namespace": "n", "name": "cfg", "managedFields": [
+                 {"manager": "kubectl", "operation": "Update", "time": "2026-11-30T10:30:00Z"}]},
+             "data": {"a.conf": "new"}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "n", "name": "ignored"}},
+            {"apiVersion": "v1", "kind": "Pod",
+             "metadata": {"namespace": "n", "name": "p", "uid": "uid-p"},
+             "spec": {"nodeName": "node-a",
+                "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}],
+                "containers": [{"name": "c", "image": "x"}]},
+             "status": {"phase": "Running"}}
+        ]})
+    }
+
+    fn inventory(content: &[u8]) -> String {
+        let b = NodeB::new("node-a", ts("2026-11-30T11:00:00Z")).volume(
+            "uid-p",
+            Plugin::Configmap,
+            "cfg",
+            &[("a.conf", content)],
+            ts("2026-11-30T10:00:00Z"),
+        );
+        serde_json::to_string(&b.inv).unwrap()
+    }
+
+    fn run(args: &[&str], stdin: &str) -> (Result<u8, Error>, String) {
+        let mut argv = vec!["mountguard-controller", "verify"];
+        argv.extend_from_slice(args);
+        let Command::Verify(v) = Cli::try_parse_from(argv).unwrap().command;
+        let mut out = Vec::new();
+        let r = v.run(
+            ts("2026-11-30T11:00:10Z"),
+            [9u8; 32],
+            &mut stdin.as_bytes(),
+            &mut out,
+        );
+        (r, String::from_utf8(out).unwrap())
+    }
+
+    fn write(dir: &Path, name: &str, content: &str) -> String {
+        let p = dir.join(name);
+        std::fs::write(&p, content).unwrap();
+        p.display().to_string()
+    }
+
+    #[test]
+    fn verify_reports_stale_content_and_exit_codes_follow_fail_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let inv_old = write(dir.path(), "old.json", &inventory(b"old"));
+        let inv_new = write(dir.path(), "new.json", &inventory(b"new"));
+        let objs = objects().to_string();
+
+        let (code, out) = run(
+            &[
+                "--objects",
+                "-",
+                "--inventory",
+                &inv_old,
+                "--fail-on",
+                "stale",
+            ],
+            &objs,
+        );
+        assert_eq!(code.unwrap(), 1, "{out}");
+        assert!(
+            out.contains("Stale") && out.contains("n/p") && out.contains("volume cfg"),
+            "{out}"
+        );
+        assert!(out.contains("differing paths: a.conf"), "{out}");
+        assert!(out.contains("Stale/Unknown=1"), "{out}");
+
+        let (code, out) = run(
+            &[
+                "--objects",
+                "-",
+                "--inventory",
+                &inv_old,
+                "--fail-on",
+                "frozen",
+            ],
+            &objs,
+        );
+        assert_eq!(code.unwrap(), 0, "{out}");
+
+        let (code, out) = run(
+            &[
+                "--objects",
+                "-",
+                "--inventory",
+                &inv_new,
+                "--fail-on",
+                "any",
+                "--output",
+                "json",
+            ],
+            &objs,
+        );
+        assert_eq!(code.unwrap(), 0, "{out}");
+        let doc: Value = serde_json::from_str(&out).unwrap();
+        let v = &doc["verdicts"][0];
+        assert_eq!(v["state"], "Fresh");
+        assert_eq!(v["namespace"], "n");
+        assert_eq!(v["volume"], "cfg");
+        assert_eq!(v["sourceKind"], "ConfigMap");
+        assert_eq!(v["expected"], v["observed"]);
+        assert_eq!(v["expected"].as_str().unwrap().len(), 12);
+        assert_eq!(v["files"][0]["path"], "a.conf");
+        assert_eq!(doc["summary"]["ignoredItems"], 1);
+
+        // A grace period longer than the change's age turns it into
+        // Propagating.
+        let (code, out) = run(
+            &[
+                "--objects",
+                "-",
+                "--inventory",
+                &inv_old,
+                "--grace",
+                "1h",
+                "--fail-on",
+                "stale",
+            ],
+            &objs,
+        );
+        assert_eq!(code.unwrap(), 0, "{out}");
+        assert!(out.contains("Propagating"), "{out}");
+    }
+
+    #[test]
+    fn bad_input_names_the_file_and_the_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let inv = write(dir.path(), "inv.json", &inventory(b"x"));
+        let full = objects().to_string();
+
+        // Truncated JSON: line and column.
+        let truncated = write(dir.path(), "trunc.json", &full[..full.len() / 2]);
+        let (r, _) = run(&["--objects", &truncated, "--inventory", &inv], "");
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::Json { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&truncated) && msg.contains("line 1, column"),
+            "{msg}"
+        );
+
+        // A bad item: index, kind, namespace/name.
+        let mut doc = objects();
+        doc["items"][2]["spec"]["volumes"] = json!("not a list");
+        let bad = write(dir.path(), "bad.json", &doc.to_string());
+        let msg = run(&["--objects", &bad, "--inventory", &inv], "")
+            .0
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("bad.json: items[2] (Pod n/p)"), "{msg}");
+
+        let mut doc = objects();
+        doc["items"][0]["metadata"]["name"] = json!(null);
+        let bad = write(dir.path(), "noname.json", &doc.to_string());
+        let msg = run(&["--objects", &bad, "--inventory", &inv], "")
+            .0
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("items[0]") && msg.contains("metadata.name is missing"),
+            "{msg}"
+        );
+
+        let no_kind = write(dir.path(), "nokind.json", r#"{"items":[{"metadata":{}}]}"#);
+        let msg = run(&["--objects", &no_kind, "--inventory", &inv], "")
+            .0
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("items[0]") && msg.contains("no \"kind\""),
+            "{msg}"
+        );
+
+        let not_obj = write(dir.path(), "arr.json", "[1,2]");
+        let msg = run(&["--objects", &not_obj, "--inventory", &inv], "")
+            .0
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("expected a JSON object"), "{msg}");
+
+        // Inventories: wrong schema, wrong shape, missing file.
+        let objs = write(dir.path(), "objs.json", &full);
+        let wrong = write(
+            dir.path(),
+            "schema.json",
+            &inventory(b"x").replace("node-inventory/v1", "node-inventory/v9"),
+        );
+        let msg = run(&["--objects", &objs, "--inventory", &wrong], "")
+            .0
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("schema.json") && msg.contains("v9"), "{msg}");
+        let shape = write(
+            dir.path(),
+            "shape.json",
+            r#"{"schema": "mountguard.io/node-inventory/v1"}"#,
+        );
+        let msg = run(&["--objects", &objs, "--inventory", &shape], "")
+            .0
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("shape.json: document: not a node inventory"),
+            "{msg}"
+        );
+        let missing = dir.path().join("nope.json").display().to_string();
+        let e = run(&["--objects", &objs, "--inventory", &missing], "")
+            .0
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Io { .. }) && e.to_string().contains("nope.json"),
+            "{e}"
+        );
+
+        // A key file that is too short.
+        let key = write(dir.path(), "key", "short");
+        let msg = run(&["--objects", &objs, "--fingerprint-key-file", &key], "")
+            .0
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("at least 16"), "{msg}");
+    }
+
+    #[test]
+    fn several_inventories_of_one_node_keep_the_newest_and_arrays_are_accepted() {
+        let dir = tempfile::tempdir().unwrap();
+        let older = NodeB::new("node-a", ts("2026-11-30T10:59:00Z")).volume(
+            "uid-p",
+            Plugin::Configmap,
+            "cfg",
+            &[("a.conf", b"old")],
+            ts("2026-11-30T10:00:00Z"),
+        );
+        let newer = inventory(b"new");
+        let arr = format!("[{}]", serde_json::to_string(&older.inv).unwrap());
+        let a = write(dir.path(), "arr.json", &arr);
+        let b = write(dir.path(), "new.json", &newer);
+        let objs = write(dir.path(), "objs.json", &objects().to_string());
+        for order in [[&a, &b], [&b, &a]] {
+            let (code, out) = run(
+                &[
+                    "--objects",
+                    &objs,
+                    "--inventory",
+                    order[0],
+                    order[1],
+                    "--fail-on",
+                    "any",
+                ],
+                "",
+            );
+            assert_eq!(code.unwrap(), 0, "{out}");
+        }
+    }
+
+    #[test]
+    fn duration_and_time_flags_are_validated() {
+        assert_eq!(
+            parse_duration("180s").unwrap(),
+            SignedDuration::from_secs(180)
+        );
+        assert_eq!(
+            parse_duration("3m").unwrap(),
+            SignedDuration::from_secs(180)
+        );
+        assert!(parse_duration("-5s").is_err());
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_time("2026-11-30T10:00:00Z").is_ok());
+        assert!(parse_time("yesterday").unwrap_err().contains("RFC 3339"));
+    }
+}
