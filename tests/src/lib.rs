@@ -17,7 +17,10 @@
 //! They are doubles: they reproduce what mountguard depends on and simplify
 //! the rest (see `docs/testing.md`).
 
+#![recursion_limit = "256"]
+
 pub mod apiserver;
 pub mod http;
 pub mod kubelet;
+pub mod slurmrestd;
 pub mod util;

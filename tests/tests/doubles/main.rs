@@ -4,6 +4,7 @@
 
 mod apiserver_double;
 mod kubelet_double;
+mod slurmrestd_double;
 
 use std::future::Future;
 use std::time::Duration;

@@ -1,0 +1,666 @@
+//! The slurmrestd double: the `v0.0.44` node endpoints the Slinky operator
+//! and mountguard use, with Slurm's node-state semantics.
+//!
+//! - `GET /slurm/v0.0.44/nodes/`, `GET /slurm/v0.0.44/node/{name}`,
+//!   `POST /slurm/v0.0.44/node/{name}` (`state`: DRAIN, UNDRAIN, RESUME,
+//!   DOWN; `reason`), response envelopes with `meta`, `errors`, `warnings`
+//!   as in the OpenAPI description (`v0.0.44_openapi_nodes_resp`,
+//!   `v0.0.44_openapi_resp`).
+//! - Base state IDLE / MIXED / ALLOCATED from running jobs, COMPLETING while
+//!   an ended job's epilog runs, DOWN (admin or not responding); flags
+//!   DRAIN and NOT_RESPONDING; `reason`, `reason_set_by_user`,
+//!   `reason_changed_at`.
+//! - A node whose slurmd loaded an auth key other than slurmctld's (or whose
+//!   slurmd is not running) is `["DOWN","NOT_RESPONDING"]`.
+//! - `X-SLURM-USER-TOKEN` is required: a configured static token, or an HS256
+//!   JWT (claims `sun`, `exp`) signed with the configured jwt key; otherwise
+//!   401 with an error envelope.
+//! - Every write is recorded, accepted or not.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use base64::Engine;
+use hmac::{Hmac, KeyInit, Mac};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+use crate::http::{self, Body, Server};
+
+/// The API version served.
+pub const VERSION: &str = "v0.0.44";
+
+/// Slurm release reported in `meta`.
+pub const SLURM_RELEASE: (&str, &str, &str) = ("25", "11", "7");
+
+/// One recorded write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WriteRecord {
+    /// Node name from the path.
+    pub node: String,
+    /// Request body.
+    pub body: Value,
+    /// Authenticated user (None: rejected before authentication).
+    pub user: Option<String>,
+    /// HTTP status returned.
+    pub status: u16,
+}
+
+#[derive(Debug, Clone)]
+struct Job {
+    node: String,
+    cpus: u32,
+    ended_at: Option<Instant>,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    cpus: u32,
+    admin_down: bool,
+    drain: bool,
+    reason: Option<String>,
+    reason_set_by: Option<String>,
+    reason_changed_at: i64,
+    slurmd_key_digest: Option<String>,
+    slurmd_start_time: i64,
+}
+
+#[derive(Debug)]
+struct State {
+    nodes: BTreeMap<String, Node>,
+    jobs: BTreeMap<u32, Job>,
+    next_job: u32,
+    controller_key_digest: Option<String>,
+    tokens: HashMap<String, String>,
+    jwt_key: Option<Vec<u8>>,
+    epilog: Duration,
+    writes: Vec<WriteRecord>,
+    last_update: i64,
+    cluster: String,
+}
+
+/// A snapshot of one node's Slurm state, for tests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeView {
+    /// `state` array, e.g. `["MIXED","DRAIN"]`.
+    pub state: Vec<String>,
+    /// `reason`.
+    pub reason: String,
+    /// `reason_set_by_user`.
+    pub reason_set_by_user: String,
+}
+
+impl NodeView {
+    /// Drained in the operator's sense: DRAIN and none of ALLOCATED,
+    /// MIXED, COMPLETING.
+    pub fn is_drained(&self) -> bool {
+        self.state.iter().any(|s| s == "DRAIN")
+            && !self
+                .state
+                .iter()
+                .any(|s| matches!(s.as_str(), "ALLOCATED" | "MIXED" | "COMPLETING"))
+    }
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// SHA-256 hex of an auth key, as the double compares keys.
+pub fn key_digest(key: &[u8]) -> String {
+    hex::encode(Sha256::digest(key))
+}
+
+/// Mints an HS256 JWT like `scontrol token` (claims `sun`, `iat`, `exp`).
+pub fn mint_token(jwt_key: &[u8], user: &str, ttl: Duration) -> String {
+    let enc = |v: &Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .encode(serde_json::to_vec(v).unwrap_or_default())
+    };
+    let now = crate::util::unix_now();
+    let head = enc(&json!({"alg": "HS256", "typ": "JWT"}));
+    let body = enc(&json!({"sun": user, "iat": now, "exp": now + ttl.as_secs() as i64}));
+    let signing = format!("{head}.{body}");
+    let mut mac =
+        <Hmac<Sha256> as KeyInit>::new_from_slice(jwt_key).expect("HMAC accepts any key length");
+    mac.update(signing.as_bytes());
+    let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes());
+    format!("{signing}.{sig}")
+}
+
+fn verify_jwt(jwt_key: &[u8], token: &str) -> Option<String> {
+    let (signing, sig) = token.rsplit_once('.')?;
+    let (head, body) = signing.split_once('.')?;
+    let dec = |s: &str| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(s)
+            .ok()
+    };
+    let header: Value = serde_json::from_slice(&dec(head)?).ok()?;
+    if header["alg"] != "HS256" {
+        return None;
+    }
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(jwt_key).ok()?;
+    mac.update(signing.as_bytes());
+    mac.verify_slice(&dec(sig)?).ok()?;
+    let claims: Value = serde_json::from_slice(&dec(body)?).ok()?;
+    if claims["exp"].as_i64()? <= crate::util::unix_now() {
+        return None;
+    }
+    claims["sun"].as_str().map(String::from)
+}
+
+impl State {
+    fn settle(&mut self) {
+        let now = Instant::now();
+        let epilog = self.epilog;
+        let before = self.jobs.len();
+        self.jobs
+            .retain(|_, j| j.ended_at.is_none_or(|t| now < t + epilog));
+        if self.jobs.len() != before {
+            self.last_update = crate::util::unix_now();
+        }
+    }
+
+    fn responding(&self, n: &Node) -> bool {
+        match (&n.slurmd_key_digest, &self.controller_key_digest) {
+            (Some(k), Some(c)) => k == c,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+
+    fn view(&self, name: &str) -> Option<(NodeView, Value)> {
+        let n = self.nodes.get(name)?;
+        let jobs: Vec<&Job> = self.jobs.values().filter(|j| j.node == name).collect();
+        let alloc: u32 = jobs.iter().map(|j| j.cpus).sum::<u32>().min(n.cpus);
+        let completing = jobs.iter().any(|j| j.ended_at.is_some());
+        let responding = self.responding(n);
+        let mut state = Vec::new();
+        if n.admin_down || !responding {
+            state.push("DOWN");
+        } else if alloc == 0 {
+            state.push("IDLE");
+        } else if alloc >= n.cpus {
+            state.push("ALLOCATED");
+        } else {
+            state.push("MIXED");
+        }
+        if n.drain {
+            state.push("DRAIN");
+        }
+        if completing && responding {
+            state.push("COMPLETING");
+        }
+        if !responding {
+            state.push("NOT_RESPONDING");
+        }
+        let (reason, by, at) = match (&n.reason, responding) {
+            (Some(r), _) => (
+                r.clone(),
+                n.reason_set_by.clone().unwrap_or_default(),
+                n.reason_changed_at,
+            ),
+            (None, false) => (
+                "Not responding".to_string(),
+                "slurm".to_string(),
+                n.slurmd_start_time,
+            ),
+            (None, true) => (String::new(), String::new(), 0),
+        };
+        let no_val =
+            |set: bool, number: i64| json!({"set": set, "infinite": false, "number": number});
+        let now = crate::util::unix_now();
+        let body = json!({
+            "architecture": std::env::consts::ARCH,
+            "burstbuffer_network_address": "",
+            "boards": 1,
+            "boot_time": no_val(true, n.slurmd_start_time),
+            "cert_flags": [],
+            "cluster_name": self.cluster,
+            "cores": n.cpus,
+            "specialized_cores": 0,
+            "cpu_binding": 0,
+            "cpu_load": 0,
+            "free_mem": no_val(true, 4096),
+            "cpus": n.cpus,
+            "effective_cpus": n.cpus,
+            "specialized_cpus": "",
+            "external_sensors": {},
+            "extra": "",
+            "power": {},
+            "features": [],
+            "active_features": [],
+            "gpu_spec": "",
+            "gres": "",
+            "gres_drained": "N/A",
+            "gres_used": "",
+            "instance_id": "",
+            "instance_type": "",
+            "last_busy": no_val(true, now),
+            "mcs_label": "",
+            "specialized_memory": 0,
+            "name": name,
+            "next_state_after_reboot": ["INVALID"],
+            "address": name,
+            "hostname": name,
+            "state": state,
+            "operating_system": "Linux",
+            "owner": "",
+            "partitions": ["slinky"],
+            "port": 6818,
+            "real_memory": 8192,
+            "res_cores_per_gpu": 0,
+            "comment": "",
+            "reason": reason,
+            "reason_changed_at": no_val(at != 0, at),
+            "reason_set_by_user": by,
+            "resume_after": no_val(false, 0),
+            "reservation": "",
+            "alloc_memory": 0,
+            "alloc_cpus": alloc,
+            "alloc_idle_cpus": n.cpus - alloc,
+            "tres_used": if alloc > 0 { format!("cpu={alloc}") } else { String::new() },
+            "tres_weighted": 0.0,
+            "slurmd_start_time": no_val(n.slurmd_key_digest.is_some(), n.slurmd_start_time),
+            "sockets": 1,
+            "threads": 1,
+            "temporary_disk": 0,
+            "weight": 1,
+            "topology": "",
+            "tres": format!("cpu={},mem=8G,billing={}", n.cpus, n.cpus),
+            "version": format!("{}.{}.{}", SLURM_RELEASE.0, SLURM_RELEASE.1, SLURM_RELEASE.2),
+        });
+        let view = NodeView {
+            state: state.iter().map(|s| s.to_string()).collect(),
+            reason,
+            reason_set_by_user: by,
+        };
+        Some((view, body))
+    }
+
+    fn meta(&self, user: &str) -> Value {
+        json!({
+            "plugin": {"type": "openapi/slurmctld", "name": "Slurm OpenAPI slurmctld", "data_parser": format!("data_parser/{VERSION}"), "accounting_storage": ""},
+            "client": {"source": "[127.0.0.1]", "user": user, "group": user},
+            "command": [],
+            "slurm": {"version": {"major": SLURM_RELEASE.0, "micro": SLURM_RELEASE.2, "minor": SLURM_RELEASE.1},
+                      "release": format!("{}.{}.{}", SLURM_RELEASE.0, SLURM_RELEASE.1, SLURM_RELEASE.2), "cluster": self.cluster},
+        })
+    }
+}
+
+/// Handle on the slurmrestd double's state (cloneable).
+#[derive(Debug, Clone)]
+pub struct SlurmHandle {
+    state: Arc<Mutex<State>>,
+}
+
+impl SlurmHandle {
+    /// Adds a node (slurmd not started yet: DOWN, NOT_RESPONDING).
+    pub fn add_node(&self, name: &str, cpus: u32) {
+        let mut s = lock(&self.state);
+        s.nodes.entry(name.to_string()).or_insert(Node {
+            cpus: cpus.max(1),
+            admin_down: false,
+            drain: false,
+            reason: None,
+            reason_set_by: None,
+            reason_changed_at: 0,
+            slurmd_key_digest: None,
+            slurmd_start_time: 0,
+        });
+        s.last_update = crate::util::unix_now();
+    }
+
+    /// Sets the auth key slurmctld uses.
+    pub fn set_controller_key(&self, key: &[u8]) {
+        let mut s = lock(&self.state);
+        s.controller_key_digest = Some(key_digest(key));
+        s.last_update = crate::util::unix_now();
+    }
+
+    /// Reports that a node's slurmd started with `key` loaded.
+    pub fn slurmd_started(&self, node: &str, key: &[u8]) {
+        let mut s = lock(&self.state);
+        if let Some(n) = s.nodes.get_mut(node) {
+            n.slurmd_key_digest = Some(key_digest(key));
+            n.slurmd_start_time = crate::util::unix_now();
+        }
+        s.last_update = crate::util::unix_now();
+    }
+
+    /// Reports that a node's slurmd stopped.
+    pub fn slurmd_stopped(&self, node: &str) {
+        let mut s = lock(&self.state);
+        if let Some(n) = s.nodes.get_mut(node) {
+            n.slurmd_key_digest = None;
+        }
+        s.last_update = crate::util::unix_now();
+    }
+
+    /// Starts a job using `cpus` on `node`; returns its id.
+    pub fn start_job(&self, node: &str, cpus: u32) -> u32 {
+        let mut s = lock(&self.state);
+        s.next_job += 1;
+        let id = s.next_job;
+        s.jobs.insert(
+            id,
+            Job {
+                node: node.to_string(),
+                cpus,
+                ended_at: None,
+            },
+        );
+        s.last_update = crate::util::unix_now();
+        id
+    }
+
+    /// Ends a job: COMPLETING for the epilog duration, then gone.
+    pub fn end_job(&self, id: u32) {
+        let mut s = lock(&self.state);
+        if let Some(j) = s.jobs.get_mut(&id) {
+            j.ended_at = Some(Instant::now());
+        }
+        s.settle();
+    }
+
+    /// Sets how long an ended job stays COMPLETING.
+    pub fn set_epilog(&self, d: Duration) {
+        lock(&self.state).epilog = d;
+    }
+
+    /// Accepts a static token for `user`.
+    pub fn add_token(&self, token: &str, user: &str) {
+        lock(&self.state)
+            .tokens
+            .insert(token.to_string(), user.to_string());
+    }
+
+    /// Accepts HS256 JWTs signed with `key`.
+    pub fn set_jwt_key(&self, key: &[u8]) {
+        lock(&self.state).jwt_key = Some(key.to_vec());
+    }
+
+    /// A node's state, for tests.
+    pub fn node(&self, name: &str) -> Option<NodeView> {
+        let mut s = lock(&self.state);
+        s.settle();
+        s.view(name).map(|(v, _)| v)
+    }
+
+    /// Sets a drain directly, as an admin with scontrol would.
+    pub fn admin_drain(&self, node: &str, reason: &str, user: &str) {
+        let mut s = lock(&self.state);
+        if let Some(n) = s.nodes.get_mut(node) {
+            n.drain = true;
+            n.reason = Some(reason.to_string());
+            n.reason_set_by = Some(user.to_string());
+            n.reason_changed_at = crate::util::unix_now();
+        }
+    }
+
+    /// Every write received.
+    pub fn writes(&self) -> Vec<WriteRecord> {
+        lock(&self.state).writes.clone()
+    }
+}
+
+/// A running slurmrestd double.
+#[derive(Debug)]
+pub struct SlurmrestdDouble {
+    handle: SlurmHandle,
+    server: Server,
+}
+
+impl SlurmrestdDouble {
+    /// Starts on `127.0.0.1:0` for cluster `cluster`.
+    pub async fn start(cluster: &str) -> std::io::Result<Self> {
+        let handle = SlurmHandle {
+            state: Arc::new(Mutex::new(State {
+                nodes: BTreeMap::new(),
+                jobs: BTreeMap::new(),
+                next_job: 0,
+                controller_key_digest: None,
+                tokens: HashMap::new(),
+                jwt_key: None,
+                epilog: Duration::ZERO,
+                writes: Vec::new(),
+                last_update: crate::util::unix_now(),
+                cluster: cluster.to_string(),
+            })),
+        };
+        let h = handle.clone();
+        let server = Server::start(move |req| {
+            let h = h.clone();
+            async move { serve(h, req).await }
+        })
+        .await?;
+        Ok(Self { handle, server })
+    }
+
+    /// `http://127.0.0.1:<port>`
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    /// The handle.
+    pub fn handle(&self) -> SlurmHandle {
+        self.handle.clone()
+    }
+
+    /// Stops the server.
+    pub async fn shutdown(&mut self) {
+        self.server.shutdown().await;
+    }
+}
+
+fn envelope(s: &State, user: &str, errors: Vec<Value>) -> Value {
+    json!({"meta": s.meta(user), "errors": errors, "warnings": []})
+}
+
+fn error(description: &str, number: i64, source: &str) -> Value {
+    json!({"description": description, "error_number": number, "error": description, "source": source})
+}
+
+async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let token = req
+        .headers()
+        .get("x-slurm-user-token")
+        .and_then(|v| v.to_str().ok())
+        .map(String::from);
+    let body = match http::read_body(req).await {
+        Ok((_, b)) => b,
+        Err(e) => {
+            return http::json(
+                StatusCode::BAD_REQUEST,
+                &json!({"errors": [error(&e, 9000, "http")]}),
+            );
+        }
+    };
+    let prefix = format!("/slurm/{VERSION}/");
+    let rest = path.strip_prefix(&prefix);
+    let node_name = rest
+        .and_then(|r| r.strip_prefix("node/"))
+        .map(|n| n.trim_end_matches('/').to_string());
+    let is_write = method == Method::POST && node_name.is_some();
+    let mut s = lock(&h.state);
+    s.settle();
+    let user = token.as_deref().and_then(|t| {
+        s.tokens
+            .get(t)
+            .cloned()
+            .or_else(|| s.jwt_key.as_ref().and_then(|k| verify_jwt(k, t)))
+    });
+    let Some(user) = user else {
+        if is_write {
+            let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            s.writes.push(WriteRecord {
+                node: node_name.clone().unwrap_or_default(),
+                body,
+                user: None,
+                status: 401,
+            });
+        }
+        let env = envelope(
+            &s,
+            "",
+            vec![error(
+                "Authentication failure",
+                1007,
+                "rest_authenticate_http_request",
+            )],
+        );
+        return http::json(StatusCode::UNAUTHORIZED, &env);
+    };
+    match (method, rest) {
+        (Method::GET, Some("nodes/" | "nodes")) => {
+            let names: Vec<String> = s.nodes.keys().cloned().collect();
+            let nodes: Vec<Value> = names
+                .iter()
+                .filter_map(|n| s.view(n).map(|(_, b)| b))
+                .collect();
+            let mut env = envelope(&s, &user, vec![]);
+            env["nodes"] = Value::Array(nodes);
+            env["last_update"] = json!({"set": true, "infinite": false, "number": s.last_update});
+            http::json(StatusCode::OK, &env)
+        }
+        (Method::GET, Some(_)) if node_name.is_some() => {
+            let name = node_name.unwrap_or_default();
+            match s.view(&name) {
+                Some((_, b)) => {
+                    let mut env = envelope(&s, &user, vec![]);
+                    env["nodes"] = json!([b]);
+                    env["last_update"] =
+                        json!({"set": true, "infinite": false, "number": s.last_update});
+                    http::json(StatusCode::OK, &env)
+                }
+                None => {
+                    let mut env = envelope(
+                        &s,
+                        &user,
+                        vec![error("Invalid node name specified", 2018, "_dump_nodes")],
+                    );
+                    env["nodes"] = json!([]);
+                    env["last_update"] =
+                        json!({"set": true, "infinite": false, "number": s.last_update});
+                    http::json(StatusCode::INTERNAL_SERVER_ERROR, &env)
+                }
+            }
+        }
+        (Method::POST, Some(_)) if node_name.is_some() => {
+            let name = node_name.unwrap_or_default();
+            let parsed: Result<Value, _> = serde_json::from_slice(&body);
+            let (status, errors) = match &parsed {
+                Err(e) => (
+                    StatusCode::BAD_REQUEST,
+                    vec![error(
+                        &format!("Unable to parse request body: {e}"),
+                        9001,
+                        "parse",
+                    )],
+                ),
+                Ok(msg) => update_node(&mut s, &name, msg, &user),
+            };
+            let env = envelope(&s, &user, errors);
+            s.writes.push(WriteRecord {
+                node: name,
+                body: parsed.unwrap_or(Value::Null),
+                user: Some(user),
+                status: status.as_u16(),
+            });
+            http::json(status, &env)
+        }
+        _ => {
+            let env = envelope(
+                &s,
+                &user,
+                vec![error("Unable to find path", 9002, "openapi")],
+            );
+            http::json(StatusCode::NOT_FOUND, &env)
+        }
+    }
+}
+
+fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCode, Vec<Value>) {
+    let bad = |d: &str| (StatusCode::BAD_REQUEST, vec![error(d, 2018, "update_node")]);
+    if !s.nodes.contains_key(name) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            vec![error("Invalid node name specified", 2018, "update_node")],
+        );
+    }
+    let states: BTreeSet<String> = match &msg["state"] {
+        Value::Null => BTreeSet::new(),
+        Value::Array(a) => match a
+            .iter()
+            .map(|v| v.as_str().map(String::from))
+            .collect::<Option<_>>()
+        {
+            Some(s) => s,
+            None => return bad("state must be an array of strings"),
+        },
+        _ => return bad("state must be an array of strings"),
+    };
+    let reason = msg["reason"]
+        .as_str()
+        .filter(|r| !r.is_empty())
+        .map(String::from);
+    let now = crate::util::unix_now();
+    let n = s.nodes.get_mut(name).expect("checked above");
+    for st in &states {
+        match st.as_str() {
+            "DRAIN" | "DOWN" => {
+                let Some(r) = &reason else {
+                    return (
+                        StatusCode::BAD_REQUEST,
+                        vec![error(
+                            "You must specify a reason when DOWNING or DRAINING a node. Request denied",
+                            2020,
+                            "update_node",
+                        )],
+                    );
+                };
+                if st == "DRAIN" {
+                    n.drain = true;
+                } else {
+                    n.admin_down = true;
+                }
+                n.reason = Some(r.clone());
+                n.reason_set_by = Some(user.to_string());
+                n.reason_changed_at = now;
+            }
+            "UNDRAIN" => {
+                n.drain = false;
+                if !n.admin_down {
+                    n.reason = None;
+                    n.reason_set_by = None;
+                }
+            }
+            "RESUME" => {
+                n.drain = false;
+                n.admin_down = false;
+                n.reason = None;
+                n.reason_set_by = None;
+            }
+            other => {
+                return bad(&format!("Invalid node state specified: {other}"));
+            }
+        }
+    }
+    if states.is_empty()
+        && let Some(r) = reason
+    {
+        n.reason = Some(r);
+        n.reason_set_by = Some(user.to_string());
+        n.reason_changed_at = now;
+    }
+    s.last_update = now;
+    (StatusCode::OK, vec![])
+}

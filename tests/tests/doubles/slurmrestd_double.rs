@@ -1,0 +1,435 @@
+//! The slurmrestd double: token checking, Slurm node-state semantics, and
+//! response shapes checked against the real v0.0.44 OpenAPI description.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use mountguard_tests::slurmrestd::{SlurmrestdDouble, mint_token};
+use serde_json::{Value, json};
+
+use crate::eventually;
+
+const TOKEN: &str = "static-token";
+
+async fn call(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{url}{path}"));
+    if let Some(t) = token {
+        req = req.header("X-SLURM-USER-TOKEN", t);
+    }
+    let body = body
+        .map(|b| serde_json::to_vec(b).unwrap())
+        .unwrap_or_default();
+    let req = req
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+fn openapi() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../shared/slurm/slurmrestd-openapi-v0.0.44.json"
+    );
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("the slurmrestd OpenAPI description at {path}: {e}"));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A focused OpenAPI 3 schema check: `$ref`, `type`, `enum`, `required`,
+/// `properties`, `items`; and, stricter than the schema, no property the
+/// schema does not name (the double must not invent fields).
+fn validate(doc: &Value, schema: &Value, v: &Value, at: &str, errs: &mut Vec<String>) {
+    if let Some(r) = schema["$ref"].as_str() {
+        let name = r.trim_start_matches("#/components/schemas/");
+        let target = &doc["components"]["schemas"][name];
+        assert!(!target.is_null(), "unresolved $ref {r}");
+        return validate(doc, target, v, at, errs);
+    }
+    let ok = match schema["type"].as_str() {
+        Some("object") => v.is_object(),
+        Some("array") => v.is_array(),
+        Some("string") => v.is_string(),
+        Some("integer") => v.is_i64() || v.is_u64(),
+        Some("number") => v.is_number(),
+        Some("boolean") => v.is_boolean(),
+        _ => true,
+    };
+    if !ok {
+        errs.push(format!("{at}: expected {}, got {v}", schema["type"]));
+        return;
+    }
+    if let Some(allowed) = schema["enum"].as_array()
+        && !allowed.contains(v)
+    {
+        errs.push(format!("{at}: {v} not in enum"));
+    }
+    for req in schema["required"].as_array().into_iter().flatten() {
+        let k = req.as_str().unwrap();
+        if v.get(k).is_none() {
+            errs.push(format!("{at}: missing required {k}"));
+        }
+    }
+    if let (Some(obj), Some(props)) = (v.as_object(), schema["properties"].as_object()) {
+        for (k, val) in obj {
+            match props.get(k) {
+                Some(p) => validate(doc, p, val, &format!("{at}.{k}"), errs),
+                None => errs.push(format!("{at}: unknown property {k}")),
+            }
+        }
+    }
+    if let (Some(items), Some(schema_items)) = (v.as_array(), schema.get("items")) {
+        for (i, it) in items.iter().enumerate() {
+            validate(doc, schema_items, it, &format!("{at}[{i}]"), errs);
+        }
+    }
+}
+
+fn check(doc: &Value, schema_name: &str, v: &Value) {
+    let mut errs = Vec::new();
+    validate(
+        doc,
+        &json!({"$ref": format!("#/components/schemas/{schema_name}")}),
+        v,
+        schema_name,
+        &mut errs,
+    );
+    assert!(errs.is_empty(), "{schema_name}: {errs:#?}");
+}
+
+/// The schema a path's operation declares for a 200 response.
+fn response_schema(doc: &Value, path: &str, method: &str) -> String {
+    doc["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("#/components/schemas/")
+        .to_string()
+}
+
+#[test]
+fn the_schema_check_itself_rejects_wrong_shapes() {
+    let doc = openapi();
+    let mut errs = Vec::new();
+    let bad = json!({"nodes": [{"name": 1, "state": "IDLE"}]});
+    validate(
+        &doc,
+        &json!({"$ref": "#/components/schemas/v0.0.44_openapi_nodes_resp"}),
+        &bad,
+        "r",
+        &mut errs,
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("missing required last_update")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("r.nodes[0].name: expected \"string\"")),
+        "{errs:?}"
+    );
+    assert!(
+        errs.iter()
+            .any(|e| e.contains("r.nodes[0].state: expected \"array\"")),
+        "{errs:?}"
+    );
+    let mut errs = Vec::new();
+    let bad = json!({"state": ["DRAINED"], "reason": "x"});
+    validate(
+        &doc,
+        &json!({"$ref": "#/components/schemas/v0.0.44_update_node_msg"}),
+        &bad,
+        "m",
+        &mut errs,
+    );
+    assert_eq!(errs.len(), 1, "{errs:?}");
+}
+
+#[tokio::test]
+async fn slurmrestd_double_requires_a_valid_token() {
+    let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
+    let h = d.handle();
+    h.add_token(TOKEN, "slurm");
+    h.set_jwt_key(b"jwt-key-bytes");
+    let url = d.url();
+    let (st, body) = call(&url, "GET", "/slurm/v0.0.44/nodes/", None, None).await;
+    assert_eq!(st, 401);
+    assert_eq!(body["errors"][0]["description"], "Authentication failure");
+    assert_eq!(
+        call(&url, "GET", "/slurm/v0.0.44/nodes/", Some("wrong"), None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(TOKEN), None)
+            .await
+            .0,
+        200
+    );
+    let jwt = mint_token(b"jwt-key-bytes", "slurm", Duration::from_secs(60));
+    let (st, body) = call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(&jwt), None).await;
+    assert_eq!(st, 200);
+    assert_eq!(body["meta"]["client"]["user"], "slurm");
+    let forged = mint_token(b"another-key", "slurm", Duration::from_secs(60));
+    assert_eq!(
+        call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(&forged), None)
+            .await
+            .0,
+        401
+    );
+    let expired = mint_token(b"jwt-key-bytes", "slurm", Duration::ZERO);
+    assert_eq!(
+        call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(&expired), None)
+            .await
+            .0,
+        401
+    );
+    // A rejected write is still recorded.
+    let (st, _) = call(
+        &url,
+        "POST",
+        "/slurm/v0.0.44/node/n1",
+        None,
+        Some(&json!({"state": ["DRAIN"], "reason": "x"})),
+    )
+    .await;
+    assert_eq!(st, 401);
+    assert_eq!(h.writes().len(), 1);
+    assert_eq!(h.writes()[0].user, None);
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth_keys() {
+    let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
+    let h = d.handle();
+    h.add_token(TOKEN, "mountguard");
+    h.set_controller_key(b"key-1");
+    h.add_node("slinky-0", 4);
+    h.add_node("slinky-1", 4);
+    let url = d.url();
+    let state = |n: &str| h.node(n).unwrap().state;
+    assert_eq!(
+        state("slinky-0"),
+        ["DOWN", "NOT_RESPONDING"],
+        "slurmd not started yet"
+    );
+    h.slurmd_started("slinky-0", b"key-1");
+    h.slurmd_started("slinky-1", b"stale-key");
+    assert_eq!(state("slinky-0"), ["IDLE"]);
+    // An auth-key mismatch makes the node unreachable for slurmctld.
+    assert_eq!(state("slinky-1"), ["DOWN", "NOT_RESPONDING"]);
+    assert_eq!(h.node("slinky-1").unwrap().reason, "Not responding");
+    h.slurmd_started("slinky-1", b"key-1");
+    assert_eq!(state("slinky-1"), ["IDLE"]);
+
+    let j1 = h.start_job("slinky-0", 2);
+    assert_eq!(state("slinky-0"), ["MIXED"]);
+    let j2 = h.start_job("slinky-0", 2);
+    assert_eq!(state("slinky-0"), ["ALLOCATED"]);
+
+    // Drain without a reason is refused.
+    let (st, body) = call(
+        &url,
+        "POST",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        Some(&json!({"state": ["DRAIN"]})),
+    )
+    .await;
+    assert_eq!(st, 400);
+    assert!(
+        body["errors"][0]["description"]
+            .as_str()
+            .unwrap()
+            .contains("reason")
+    );
+    let drain = json!({"state": ["DRAIN"], "reason": "mountguard: stale slurm.key"});
+    let (st, body) = call(
+        &url,
+        "POST",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        Some(&drain),
+    )
+    .await;
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(body["errors"], json!([]));
+    let v = h.node("slinky-0").unwrap();
+    assert_eq!(v.state, ["ALLOCATED", "DRAIN"]);
+    assert!(!v.is_drained(), "draining while jobs run");
+    assert_eq!(
+        (v.reason.as_str(), v.reason_set_by_user.as_str()),
+        ("mountguard: stale slurm.key", "mountguard")
+    );
+
+    h.set_epilog(Duration::from_millis(300));
+    h.end_job(j1);
+    assert_eq!(state("slinky-0"), ["ALLOCATED", "DRAIN", "COMPLETING"]);
+    h.end_job(j2);
+    eventually(5, "epilog done", || {
+        let s = state("slinky-0");
+        async move { (s == ["IDLE", "DRAIN"]).then_some(()) }
+    })
+    .await;
+    assert!(h.node("slinky-0").unwrap().is_drained());
+
+    // GET /node/{name} shows the same through the API.
+    let (st, body) = call(
+        &url,
+        "GET",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert_eq!(body["nodes"][0]["state"], json!(["IDLE", "DRAIN"]));
+    assert_eq!(body["nodes"][0]["reason_set_by_user"], "mountguard");
+
+    let (st, _) = call(
+        &url,
+        "POST",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        Some(&json!({"state": ["UNDRAIN"]})),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let v = h.node("slinky-0").unwrap();
+    assert_eq!(
+        (v.state.clone(), v.reason.as_str()),
+        (vec!["IDLE".to_string()], "")
+    );
+
+    // DOWN then RESUME.
+    let (st, _) = call(
+        &url,
+        "POST",
+        "/slurm/v0.0.44/node/slinky-1",
+        Some(TOKEN),
+        Some(&json!({"state": ["DOWN"], "reason": "maint"})),
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert_eq!(state("slinky-1"), ["DOWN"]);
+    call(
+        &url,
+        "POST",
+        "/slurm/v0.0.44/node/slinky-1",
+        Some(TOKEN),
+        Some(&json!({"state": ["RESUME"]})),
+    )
+    .await;
+    assert_eq!(state("slinky-1"), ["IDLE"]);
+
+    // Unknown node.
+    let (st, body) = call(&url, "GET", "/slurm/v0.0.44/node/nope", Some(TOKEN), None).await;
+    assert_eq!(st, 500);
+    assert_eq!(
+        body["errors"][0]["description"],
+        "Invalid node name specified"
+    );
+    // Writes are recorded in order, GETs are not.
+    let writes = h.writes();
+    let statuses: Vec<u16> = writes.iter().map(|w| w.status).collect();
+    assert_eq!(statuses, [400, 200, 200, 200, 200]);
+    assert_eq!(writes[1].body, drain);
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn slurmrestd_double_responses_and_requests_match_the_v0_0_44_openapi_schema() {
+    let doc = openapi();
+    let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
+    let h = d.handle();
+    h.add_token(TOKEN, "slurm");
+    h.set_controller_key(b"k");
+    for n in ["slinky-0", "slinky-1", "slinky-2"] {
+        h.add_node(n, 8);
+    }
+    h.slurmd_started("slinky-0", b"k");
+    h.slurmd_started("slinky-1", b"other");
+    h.start_job("slinky-0", 3);
+    h.admin_drain("slinky-0", "admin says so", "root");
+    let url = d.url();
+
+    let (st, nodes) = call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(TOKEN), None).await;
+    assert_eq!(st, 200);
+    check(
+        &doc,
+        &response_schema(&doc, "/slurm/v0.0.44/nodes/", "get"),
+        &nodes,
+    );
+    assert_eq!(nodes["nodes"].as_array().unwrap().len(), 3);
+    assert_eq!(nodes["nodes"][0]["state"], json!(["MIXED", "DRAIN"]));
+    let (_, one) = call(
+        &url,
+        "GET",
+        "/slurm/v0.0.44/node/slinky-1",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    check(
+        &doc,
+        &response_schema(&doc, "/slurm/v0.0.44/node/{node_name}", "get"),
+        &one,
+    );
+    // Every node state value is one of the schema's enum values.
+    let node_state_enum =
+        &doc["components"]["schemas"]["v0.0.44_node"]["properties"]["state"]["items"]["enum"];
+    for n in nodes["nodes"].as_array().unwrap() {
+        for s in n["state"].as_array().unwrap() {
+            assert!(node_state_enum.as_array().unwrap().contains(s), "{s}");
+        }
+    }
+    for body in [
+        json!({"state": ["DRAIN"], "reason": "slurm-operator: cordon"}),
+        json!({"state": ["UNDRAIN"]}),
+        json!({"state": ["RESUME"]}),
+    ] {
+        // The requests a client sends are valid update_node_msg documents.
+        let req_schema = doc["paths"]["/slurm/v0.0.44/node/{node_name}"]["post"]["requestBody"]["content"]["application/json"]["schema"].clone();
+        let mut errs = Vec::new();
+        validate(&doc, &req_schema, &body, "request", &mut errs);
+        assert!(errs.is_empty(), "{errs:?}");
+        let (st, resp) = call(
+            &url,
+            "POST",
+            "/slurm/v0.0.44/node/slinky-2",
+            Some(TOKEN),
+            Some(&body),
+        )
+        .await;
+        assert_eq!(st, 200);
+        check(
+            &doc,
+            &response_schema(&doc, "/slurm/v0.0.44/node/{node_name}", "post"),
+            &resp,
+        );
+    }
+    // Error envelopes follow the schema too.
+    let (_, unauth) = call(&url, "GET", "/slurm/v0.0.44/nodes/", None, None).await;
+    check(&doc, "v0.0.44_openapi_resp", &unauth);
+    d.shutdown().await;
+}
