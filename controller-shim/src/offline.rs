@@ -422,6 +422,7 @@ fn write_table(
             (_, Some(vol), _, _, _) => format!("volume {vol}"),
             _ => view.subject.to_string(),
         };
+        let who = format!("{}/{} {subject}", view.namespace, view.pod);
         let fps = format!(
             "{} vs {}",
             view.observed.map_or("-".into(), |f| f.to_string()),
@@ -453,16 +454,14 @@ fn write_table(
             view.since.to_string(),
         ]);
         if let Some(m) = view.message {
-            notes.push(format!("{}/{}: {m}", view.namespace, view.pod));
+            notes.push(format!("{who}: {m}"));
         }
         if !view.differing_paths.is_empty() {
             notes.push(format!(
-                "{}/{}: differing paths: {}",
-                view.namespace,
-                view.pod,
+                "{who}: differing paths: {}",
                 view.differing_paths
                     .iter()
-                    .map(|s| &**s)
+                    .map(|s| if s.is_empty() { "(the file)" } else { &**s })
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
