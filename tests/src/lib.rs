@@ -20,7 +20,9 @@
 #![recursion_limit = "256"]
 
 pub mod apiserver;
+pub mod cluster;
 pub mod http;
 pub mod kubelet;
+pub mod nodeset;
 pub mod slurmrestd;
 pub mod util;

@@ -3,6 +3,7 @@
 //! behaviours mountguard depends on.
 
 mod apiserver_double;
+mod cluster_double;
 mod kubelet_double;
 mod slurmrestd_double;
 
