@@ -179,3 +179,86 @@ impl Manager {
         self.items.get(&(ns.to_string(), name.to_string())).cloned()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::{ApiServerDouble, DeleteOptions, resources};
+    use serde_json::json;
+
+    fn key(n: &str) -> ObjKey {
+        ("default".to_string(), n.to_string())
+    }
+
+    #[tokio::test]
+    async fn watch_cache_refcounts_and_immutable_stop() {
+        let api = ApiServerDouble::start().await.unwrap();
+        let h = api.handle();
+        h.create(
+            &resources::SECRETS,
+            "default",
+            json!({"metadata": {"name": "m"}, "data": {"k": "MQ=="}}),
+        )
+        .unwrap();
+        h.create(
+            &resources::SECRETS,
+            "default",
+            json!({"metadata": {"name": "i"}, "immutable": true, "data": {"k": "MQ=="}}),
+        )
+        .unwrap();
+        let mut sub = h.subscribe(h.resource_version());
+        let mut m = Manager::new(Strategy::Watch, resources::SECRETS);
+        m.register_pod(&h, "p1", [key("m"), key("i")].into());
+        m.register_pod(&h, "p2", [key("i")].into());
+        // Re-registering the same names keeps the counts.
+        m.register_pod(&h, "p1", [key("m"), key("i")].into());
+        assert_eq!(m.item("default", "i").unwrap().refs.len(), 2);
+        assert_eq!(m.item("default", "m").unwrap().refs["p1"], 1);
+        assert!(
+            m.get(&h, "default", "nope")
+                .unwrap_err()
+                .contains("not registered")
+        );
+
+        // Mutable: follows updates and deletes.
+        h.merge_patch(
+            &resources::SECRETS,
+            "default",
+            "m",
+            &json!({"data": {"k": "Mg=="}}),
+            None,
+        )
+        .unwrap();
+        // Immutable, after a Get: frozen.
+        assert!(m.get(&h, "default", "i").is_ok());
+        h.delete(
+            &resources::SECRETS,
+            "default",
+            "i",
+            &DeleteOptions::default(),
+        )
+        .unwrap();
+        for ev in sub.next().await.unwrap() {
+            m.observe(&ev);
+        }
+        assert_eq!(m.get(&h, "default", "m").unwrap()["data"]["k"], "Mg==");
+        assert_eq!(
+            m.get(&h, "default", "i").unwrap()["data"]["k"],
+            "MQ==",
+            "pinned after deletion"
+        );
+        m.relist(&h);
+        assert!(
+            m.get(&h, "default", "i").is_ok(),
+            "a stopped reflector is not restarted"
+        );
+
+        m.unregister_pod("p1");
+        assert!(m.item("default", "m").is_none());
+        assert!(m.item("default", "i").is_some(), "p2 still references it");
+        m.unregister_pod("p2");
+        assert!(m.item("default", "i").is_none());
+        m.register_pod(&h, "p3", [key("i")].into());
+        assert!(m.get(&h, "default", "i").unwrap_err().contains("not found"));
+    }
+}

@@ -444,3 +444,177 @@ pub fn referenced_names(pod: &Value) -> (BTreeSet<ObjKey>, BTreeSet<ObjKey>) {
     }
     (secrets, cms)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::apiserver::{ApiServerDouble, resources};
+    use crate::kubelet::manager::Strategy;
+    use serde_json::json;
+
+    fn enc(s: &str) -> String {
+        base64::engine::general_purpose::STANDARD.encode(s)
+    }
+
+    async fn setup() -> (ApiServerDouble, Manager, Manager) {
+        let api = ApiServerDouble::start().await.unwrap();
+        let h = api.handle();
+        h.create(
+            &resources::SECRETS,
+            "default",
+            json!({"metadata": {"name": "s"}, "data": {"a": enc("A"), "b": enc("B")}}),
+        )
+        .unwrap();
+        h.create(
+            &resources::CONFIGMAPS,
+            "default",
+            json!({"metadata": {"name": "c"}, "data": {"a": "cm-a", "x": "X"}, "binaryData": {"bin": enc("\u{1}\u{2}")}}),
+        )
+        .unwrap();
+        (
+            api,
+            Manager::new(Strategy::Get, resources::SECRETS),
+            Manager::new(Strategy::Get, resources::CONFIGMAPS),
+        )
+    }
+
+    fn pod(volumes: Value, fs_group: bool) -> Value {
+        let mut p = json!({"metadata": {"name": "p", "namespace": "default", "uid": "u1", "labels": {"b": "2", "a": "1"}},
+                           "spec": {"nodeName": "n1", "volumes": volumes}});
+        if fs_group {
+            p["spec"]["securityContext"] = json!({"fsGroup": 1000});
+        }
+        p
+    }
+
+    fn files(p: &Payload) -> Vec<(String, Vec<u8>, u32)> {
+        p.iter()
+            .map(|(k, f)| (k.clone(), f.data.clone(), f.mode))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn kubelet_projection_rules() {
+        let (api, mut s, mut c) = setup().await;
+        let h = api.handle();
+        let mut src = Sources {
+            api: &h,
+            secrets: &mut s,
+            configmaps: &mut c,
+            node: "n1",
+        };
+        let vols = json!([
+            {"name": "all", "secret": {"secretName": "s"}},
+            {"name": "items", "secret": {"secretName": "s", "defaultMode": 0o400, "items": [{"key": "b", "path": "dir/b.txt", "mode": 0o600}, {"key": "a", "path": "a"}]}},
+            {"name": "cm", "configMap": {"name": "c"}},
+            {"name": "missing-opt", "configMap": {"name": "nope", "optional": true}},
+            {"name": "missing", "configMap": {"name": "nope"}},
+            {"name": "badkey", "secret": {"secretName": "s", "items": [{"key": "zz", "path": "zz"}]}},
+            {"name": "badkey-opt", "secret": {"secretName": "s", "optional": true, "items": [{"key": "zz", "path": "zz"}, {"key": "a", "path": "a"}]}},
+            {"name": "proj", "projected": {"defaultMode": 0o440, "sources": [
+                {"secret": {"name": "s", "items": [{"key": "a", "path": "same"}]}},
+                {"configMap": {"name": "c", "items": [{"key": "a", "path": "same"}]}},
+                {"configMap": {"name": "nope", "optional": true}},
+                {"downwardAPI": {"items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}},
+            ]}},
+        ]);
+        let p = pod(vols.clone(), false);
+        let get = |src: &mut Sources, i: usize| src.volume_payload(&p, &vols[i]).unwrap();
+        assert_eq!(
+            files(&get(&mut src, 0).unwrap()),
+            vec![
+                ("a".into(), b"A".to_vec(), 0o644),
+                ("b".into(), b"B".to_vec(), 0o644)
+            ]
+        );
+        assert_eq!(
+            files(&get(&mut src, 1).unwrap()),
+            vec![
+                ("a".into(), b"A".to_vec(), 0o400),
+                ("dir/b.txt".into(), b"B".to_vec(), 0o600)
+            ]
+        );
+        let cm = get(&mut src, 2).unwrap();
+        assert_eq!(cm["bin"].data, vec![1, 2], "binaryData decoded");
+        assert_eq!(cm["a"].data, b"cm-a");
+        assert!(get(&mut src, 3).unwrap().is_empty());
+        assert!(get(&mut src, 4).unwrap_err().contains("not found"));
+        assert!(
+            get(&mut src, 5)
+                .unwrap_err()
+                .contains("non-existent key: zz")
+        );
+        assert_eq!(get(&mut src, 6).unwrap().keys().collect::<Vec<_>>(), ["a"]);
+        let proj = get(&mut src, 7).unwrap();
+        assert_eq!(proj["same"].data, b"cm-a", "later projected source wins");
+        assert_eq!(proj["same"].mode, 0o440);
+        assert_eq!(proj["labels"].data, b"a=\"1\"\nb=\"2\"\n");
+        // fsGroup adds group read.
+        let pg = pod(vols.clone(), true);
+        let s0 = src
+            .volume_payload(
+                &pg,
+                &json!({"name": "x", "secret": {"secretName": "s", "defaultMode": 0o600}}),
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(s0["a"].mode, 0o640);
+        // Not a kubelet-written volume.
+        assert!(
+            src.volume_payload(&p, &json!({"name": "e", "emptyDir": {}}))
+                .is_none()
+        );
+    }
+
+    #[tokio::test]
+    async fn kubelet_env_rules() {
+        let (api, mut s, mut c) = setup().await;
+        let h = api.handle();
+        let mut src = Sources {
+            api: &h,
+            secrets: &mut s,
+            configmaps: &mut c,
+            node: "n1",
+        };
+        let p = pod(json!([]), false);
+        let container = json!({"name": "c",
+        "envFrom": [{"configMapRef": {"name": "c"}, "prefix": "CM_"}, {"secretRef": {"name": "s"}}],
+        "env": [
+            {"name": "a", "value": "literal wins"},
+            {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {"name": "s", "key": "b"}}},
+            {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "OPT", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "nope", "optional": true}}},
+        ]});
+        let env = src.container_env(&p, &container).unwrap();
+        assert_eq!(env["CM_a"], "cm-a");
+        assert!(
+            !env.contains_key("CM_bin"),
+            "envFrom a ConfigMap uses data only"
+        );
+        assert_eq!(env["a"], "literal wins");
+        assert_eq!(env["b"], "B");
+        assert_eq!(env["FROM_SECRET"], "B");
+        assert_eq!(env["NODE"], "n1");
+        assert!(!env.contains_key("OPT"));
+        let bad = json!({"name": "c", "env": [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "bin"}}}]});
+        assert!(
+            src.container_env(&p, &bad)
+                .unwrap_err()
+                .contains("couldn't find key bin")
+        );
+    }
+
+    #[test]
+    fn referenced_names_cover_volumes_env_and_pull_secrets() {
+        let p = json!({"metadata": {"namespace": "ns"}, "spec": {
+            "imagePullSecrets": [{"name": "pull"}],
+            "volumes": [{"secret": {"secretName": "s1"}}, {"projected": {"sources": [{"configMap": {"name": "c1"}}, {"secret": {"name": "s2"}}]}}],
+            "initContainers": [{"envFrom": [{"configMapRef": {"name": "c2"}}]}],
+            "containers": [{"env": [{"valueFrom": {"secretKeyRef": {"name": "s3"}}}]}],
+        }});
+        let (s, c) = referenced_names(&p);
+        let names = |set: BTreeSet<ObjKey>| set.into_iter().map(|(_, n)| n).collect::<Vec<_>>();
+        assert_eq!(names(s), ["pull", "s1", "s2", "s3"]);
+        assert_eq!(names(c), ["c1", "c2"]);
+    }
+}

@@ -627,3 +627,64 @@ async fn faults_on_demand_errors_delays_and_dropped_watches() {
     task.abort();
     api.shutdown().await;
 }
+
+#[tokio::test]
+async fn kube_runtime_streaming_list_watcher_and_event_recorder_work_against_the_double() {
+    let mut api = ApiServerDouble::start().await.unwrap();
+    let client = client(&api).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    cms.create(&PostParams::default(), &cm("s1", "1"))
+        .await
+        .unwrap();
+    cms.create(&PostParams::default(), &cm("s2", "1"))
+        .await
+        .unwrap();
+    let stream =
+        watcher(cms.clone(), watcher::Config::default().streaming_lists()).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut seen = Vec::new();
+    loop {
+        match within(10, "streaming list", stream.next()).await {
+            Some(Ok(watcher::Event::InitDone)) => break,
+            Some(Ok(watcher::Event::InitApply(c))) => seen.push(c.metadata.name.unwrap()),
+            Some(Ok(_)) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    seen.sort();
+    assert_eq!(seen, ["s1", "s2"]);
+    let sent = api.handle().requests();
+    assert!(
+        sent.iter()
+            .any(|r| r.uri.contains("sendInitialEvents=true")),
+        "{sent:?}"
+    );
+
+    // kube-runtime's Recorder creates an events.k8s.io/v1 Event, then
+    // merge-patches its series on repetition.
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "mountguard".into(),
+            instance: None,
+        },
+    );
+    let cmobj = cms.get("s1").await.unwrap();
+    let reference = kube::Resource::object_ref(&cmobj, &());
+    let ev = Event {
+        type_: EventType::Warning,
+        reason: "Stale".into(),
+        note: Some("content differs".into()),
+        action: "Verify".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &reference).await.unwrap();
+    recorder.publish(&ev, &reference).await.unwrap();
+    let events = api.handle().list_all(&resources::EVENTS, Some("default"));
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["reason"], "Stale");
+    assert_eq!(events[0]["regarding"]["name"], "s1");
+    assert_eq!(events[0]["series"]["count"], 2);
+    api.shutdown().await;
+}
