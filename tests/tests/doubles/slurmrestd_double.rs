@@ -282,11 +282,11 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
         ("mountguard: stale slurm.key", "mountguard")
     );
 
-    h.set_epilog(Duration::from_millis(300));
+    h.set_epilog(Duration::from_secs(2));
     h.end_job(j1);
     assert_eq!(state("slinky-0"), ["ALLOCATED", "DRAIN", "COMPLETING"]);
     h.end_job(j2);
-    eventually(5, "epilog done", || {
+    eventually(10, "epilog done", || {
         let s = state("slinky-0");
         async move { (s == ["IDLE", "DRAIN"]).then_some(()) }
     })
