@@ -243,7 +243,12 @@ fn main() {
                 modes: BTreeMap::new(),
                 errors: vec![],
             };
-            let app = f("ConfigMap", &config, "app.yaml");
+            // One pod in 100 shows an old app.yaml in its volume and subPath.
+            let app = if i % 100 == 1 {
+                Sha256Hex(file_digest(b"an older app.yaml"))
+            } else {
+                f("ConfigMap", &config, "app.yaml")
+            };
             inv.pods.push(PodInventory {
                 uid,
                 volumes: vec![
@@ -339,6 +344,19 @@ fn main() {
     );
     assert_eq!(pods, ix.pod_count());
     assert_eq!(verdicts, pods * 5);
+    let stale: usize = kept
+        .iter()
+        .flat_map(|p| p.verdicts.iter())
+        .filter(|v| matches!(v.state, State::Stale(_)))
+        .count();
+    println!(
+        "  kept {} pods with non-Fresh verdicts ({} Stale)",
+        kept.len(),
+        stale
+    );
+    let stale_pods = (0..pods).filter(|i| i % 100 == 1).count();
+    assert_eq!(kept.len(), stale_pods);
+    assert_eq!(stale, 2 * stale_pods, "config volume and its subPath");
 
     // One Secret referenced by 10,000 pods changes.
     let mut g = Gen { ix };

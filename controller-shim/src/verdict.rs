@@ -745,6 +745,7 @@ impl Engine {
         F: FnMut(PodVerdicts),
     {
         let mut old_pods = std::mem::take(&mut state.pods);
+        state.pods.reserve(index.pod_count());
         state.nodes.clear();
         let mut nodes: Vec<&Arc<str>> = index.nodes_with_pods().collect();
         nodes.sort();
