@@ -251,6 +251,15 @@ impl Cluster {
     }
 }
 
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some((stop, task)) = self.bridge.take() {
+            let _ = stop.send(true);
+            task.abort();
+        }
+    }
+}
+
 fn kubeconfig(url: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {url}\ncontexts:\n- name: double\n  context:\n    cluster: double\n    user: double\n    namespace: default\ncurrent-context: double\nusers:\n- name: double\n  user: {{}}\n"

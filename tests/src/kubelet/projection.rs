@@ -169,36 +169,47 @@ fn downward_items(pod: &Value, items: &Value, default_mode: u32) -> Payload {
     out
 }
 
-/// A plausible (unsigned) projected service-account token.
-pub fn service_account_token(pod: &Value, node: &str, audience: &str) -> String {
+/// A plausible (unsigned) projected service-account token. Deterministic
+/// for a pod, audience and expiry, so resyncs do not rewrite the volume (the
+/// real kubelet rotates at 80% of the lifetime; the double never does).
+pub fn service_account_token(
+    pod: &Value,
+    node: &str,
+    audience: &str,
+    expiration_seconds: i64,
+) -> String {
+    use sha2::Digest;
     let enc = |v: &Value| {
         base64::engine::general_purpose::URL_SAFE_NO_PAD
             .encode(serde_json::to_vec(v).unwrap_or_default())
     };
-    let now = crate::util::unix_now();
+    let iat = pod["metadata"]["creationTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .map(|t| t.as_second())
+        .unwrap_or(0);
     let ns = pod["metadata"]["namespace"].as_str().unwrap_or("");
     let sa = pod["spec"]["serviceAccountName"]
         .as_str()
         .unwrap_or("default");
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
+    let digest = hex::encode(sha2::Sha256::digest(format!(
+        "{uid}|{audience}|{expiration_seconds}"
+    )));
     let header = serde_json::json!({"alg": "RS256", "kid": "mountguard-double"});
     let claims = serde_json::json!({
-        "aud": [audience], "exp": now + 3600, "iat": now, "nbf": now,
+        "aud": [audience], "exp": iat + expiration_seconds, "iat": iat, "nbf": iat,
         "iss": "https://kubernetes.default.svc",
         "sub": format!("system:serviceaccount:{ns}:{sa}"),
-        "jti": crate::util::new_uid(),
+        "jti": &digest[..32],
         "kubernetes.io": {
             "namespace": ns,
             "node": {"name": node},
-            "pod": {"name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]},
+            "pod": {"name": pod["metadata"]["name"], "uid": uid},
             "serviceaccount": {"name": sa},
         },
     });
-    format!(
-        "{}.{}.{}",
-        enc(&header),
-        enc(&claims),
-        crate::util::new_uid().replace('-', "")
-    )
+    format!("{}.{}.{}", enc(&header), enc(&claims), &digest[32..])
 }
 
 /// Managers and context needed to build payloads.
@@ -270,7 +281,8 @@ impl Sources<'_> {
                         .as_str()
                         .unwrap_or("https://kubernetes.default.svc");
                     let path = t["path"].as_str().unwrap_or("token");
-                    let token = service_account_token(pod, self.node, aud);
+                    let exp = t["expirationSeconds"].as_i64().unwrap_or(3600);
+                    let token = service_account_token(pod, self.node, aud, exp);
                     Ok(Payload::from([(
                         path.to_string(),
                         PayloadFile::with_mode(token, mode),

@@ -409,3 +409,66 @@ async fn kubelet_double_get_strategy_serves_fresh_bytes_despite_other_references
     assert_eq!(slurm_key(&k, &uid1), "new-key");
     rig.stop().await;
 }
+
+#[tokio::test]
+async fn kubelet_double_projects_service_account_tokens_that_token_review_accepts() {
+    let rig = Rig::start(Strategy::Watch).await;
+    let api = rig.api();
+    let k = rig.kubelet();
+    let pod = json!({
+        "metadata": {"name": "agent-x"},
+        "spec": {
+            "nodeName": "node-1", "serviceAccountName": "mountguard-agent",
+            "containers": [{"name": "agent", "image": "agent"}],
+            "volumes": [{"name": "token", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "audience": "mountguard", "expirationSeconds": 3600}},
+            ]}}],
+        },
+    });
+    api.create(&resources::PODS, "slurm", pod).unwrap();
+    let uid = running_uid(&api, "agent-x", None).await;
+    let dir = vol(&k, &uid, "kubernetes.io~projected", "token");
+    let token = read(&dir.join("token"));
+    let data_dir = std::fs::read_link(dir.join("..data")).unwrap();
+    let syncs = k.sync_count();
+    eventually(10, "resyncs", || {
+        let n = k.sync_count();
+        async move { (n >= syncs + 2).then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_link(dir.join("..data")).unwrap(),
+        data_dir,
+        "token volume not rewritten by resync"
+    );
+
+    let client = kube::Client::try_from(kube::Config::new(rig.api.url().parse().unwrap())).unwrap();
+    let reviews: kube::Api<k8s_openapi::api::authentication::v1::TokenReview> =
+        kube::Api::all(client);
+    let review = k8s_openapi::api::authentication::v1::TokenReview {
+        spec: k8s_openapi::api::authentication::v1::TokenReviewSpec {
+            token: Some(token),
+            audiences: Some(vec!["mountguard".into()]),
+        },
+        ..Default::default()
+    };
+    let st = reviews
+        .create(&Default::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .unwrap();
+    assert_eq!(st.authenticated, Some(true));
+    let user = st.user.unwrap();
+    assert_eq!(
+        user.username.as_deref(),
+        Some("system:serviceaccount:slurm:mountguard-agent")
+    );
+    let extra = user.extra.unwrap();
+    assert_eq!(extra["authentication.kubernetes.io/pod-uid"], vec![uid]);
+    assert_eq!(
+        extra["authentication.kubernetes.io/node-name"],
+        vec!["node-1".to_string()]
+    );
+    rig.stop().await;
+}
