@@ -43,6 +43,10 @@ pub struct TokenUser {
     pub audiences: Vec<String>,
 }
 
+/// How many requests [`ApiHandle::requests`] keeps (the oldest half is
+/// dropped when full).
+pub const MAX_RECORDED_REQUESTS: usize = 100_000;
+
 /// One recorded request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestRecord {
@@ -471,10 +475,16 @@ async fn serve(
     stop: watch::Receiver<bool>,
 ) -> Response<Body> {
     let uri = req.uri().clone();
-    lock(&h.inner.requests).push(RequestRecord {
-        method: req.method().to_string(),
-        uri: uri.to_string(),
-    });
+    {
+        let mut log = lock(&h.inner.requests);
+        if log.len() >= MAX_RECORDED_REQUESTS {
+            log.drain(..MAX_RECORDED_REQUESTS / 2);
+        }
+        log.push(RequestRecord {
+            method: req.method().to_string(),
+            uri: uri.to_string(),
+        });
+    }
     let (delay, fail) = {
         let mut f = lock(&h.inner.faults);
         let path = uri.path().to_string();
@@ -665,12 +675,10 @@ fn patch_in(
 ) -> Result<Value, ApiError> {
     let nsk = if rt.namespaced { ns } else { "" };
     let old = s.get(rt, nsk, name)?;
-    let mut new = patch::apply_patch(&old, kind, body)?;
-    // A resourceVersion in the patch is a precondition; otherwise the patch
-    // applies to the current version.
-    if new["metadata"]["resourceVersion"] == old["metadata"]["resourceVersion"] {
-        new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
-    }
+    // A resourceVersion in the patch is a precondition (it replaces the
+    // current one and `update` checks it); otherwise the patch applies to the
+    // current version.
+    let new = patch::apply_patch(&old, kind, body)?;
     s.update(rt, nsk, name, new, sub)
 }
 

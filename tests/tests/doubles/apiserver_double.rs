@@ -150,7 +150,14 @@ async fn kube_runtime_watcher_and_reflector_see_changes_in_order_and_survive_410
         .collect();
     names.sort();
     assert_eq!(names, ["b", "before", "c"]);
-    // A watch restart against an expired version really received 410.
+    // The watcher listed twice (start and after the 410) and watched again.
+    let lists = api
+        .handle()
+        .requests()
+        .iter()
+        .filter(|r| r.method == "GET" && !r.uri.contains("watch="))
+        .count();
+    assert!(lists >= 2, "re-listed after the 410");
     assert!(
         api.handle()
             .requests()
