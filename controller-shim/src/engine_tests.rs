@@ -1167,3 +1167,66 @@ fn verdict_output_never_contains_raw_digests() {
     assert!(json.contains("\"cause\":\"ImmutableCache\""));
     assert!(json.contains("\"sourceKind\":\"Secret\""));
 }
+
+#[test]
+fn pod_level_read_errors_only_affect_the_subjects_below_them() {
+    use mountguard_inventory::ReadError;
+    let mut ix = ClusterIndex::new();
+    put_source(
+        &mut ix,
+        SECRET,
+        "ns",
+        "s",
+        &[("k", b"v")],
+        false,
+        Some(ts("2026-11-30T09:00:00Z")),
+    );
+    put_source(
+        &mut ix,
+        CM,
+        "ns",
+        "c",
+        &[("f", b"x")],
+        false,
+        Some(ts("2026-11-30T09:00:00Z")),
+    );
+    ix.apply_pod(
+        PodB::new("ns", "p", "uid-p", "node-a")
+            .volume("sec", VolumeSource::Object(obj(SECRET, "s", &[], false)))
+            .volume("cm", VolumeSource::Object(obj(CM, "c", &[], false)))
+            .container("c", Some(ts(START)), &[("cm", "f")], vec![])
+            .build(),
+    );
+    let mut node = NodeB::new("node-a", ts(SCAN)).volume(
+        "uid-p",
+        Plugin::Configmap,
+        "cm",
+        &[("f", b"x")],
+        ts(START),
+    );
+    node.inv.pods[0].errors.push(ReadError {
+        path: "volumes/kubernetes.io~secret".into(),
+        kind: ReadErrorKind::Permission,
+        message: "denied".into(),
+    });
+    node.inv.pods[0].errors.push(ReadError {
+        path: "volume-subpaths/cm".into(),
+        kind: ReadErrorKind::Permission,
+        message: "denied".into(),
+    });
+    node.apply(&mut ix);
+    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    let sec = verdict(&eval, "p", vol("sec"));
+    assert_eq!(
+        sec.state,
+        State::Unverifiable(UnverifiableReason::ReadError)
+    );
+    assert!(
+        sec.message()
+            .unwrap()
+            .contains("volumes/kubernetes.io~secret")
+    );
+    assert_eq!(verdict(&eval, "p", vol("cm")).state, State::Fresh);
+    let sp = verdict(&eval, "p", |s| matches!(s, Subject::SubPath { .. }));
+    assert_eq!(sp.state, State::Unverifiable(UnverifiableReason::ReadError));
+}

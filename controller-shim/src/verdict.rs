@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
+use mountguard_inventory::layout::{SUBPATHS_DIR, VOLUMES_DIR};
 use mountguard_inventory::volume_digest;
 use serde::{Deserialize, Serialize};
 
@@ -1338,8 +1339,22 @@ impl Ctx<'_> {
         let NodeView::Usable(node) = view else {
             unreachable!("handled above")
         };
-        let Some(ov) = observed_pod.and_then(|p| p.volume(vol.source.plugin(), &vol.name)) else {
-            let mut p = self.simple(id, State::Unverifiable(UnverifiableReason::NotOnDisk), None);
+        let plugin = vol.source.plugin();
+        let pod_errors =
+            relevant_pod_errors(observed_pod, &[VOLUMES_DIR, plugin.dir_name(), &vol.name]);
+        let Some(ov) = observed_pod.and_then(|p| p.volume(plugin, &vol.name)) else {
+            let (state, msg) = if pod_errors.is_empty() {
+                (State::Unverifiable(UnverifiableReason::NotOnDisk), None)
+            } else {
+                (
+                    State::Unverifiable(UnverifiableReason::ReadError),
+                    Some(format!(
+                        "the agent could not read {}",
+                        pod_errors.join(", ")
+                    )),
+                )
+            };
+            let mut p = self.simple(id, state, msg);
             p.verdict.expected = expected_fp;
             return p;
         };
@@ -1348,7 +1363,6 @@ impl Ctx<'_> {
             .iter()
             .map(|f| (f.path.clone(), f.digest, f.source))
             .collect();
-        let pod_errors = observed_pod.map_or(&[][..], |p| &p.errors[..]);
         let mut cmp = self.compare(
             &exp,
             &ov.files,
@@ -1358,7 +1372,7 @@ impl Ctx<'_> {
             self.engine.config.list_fresh_files,
         );
         for e in pod_errors {
-            cmp.unreadable.push(e.path.clone());
+            cmp.unreadable.push(Arc::from(e));
         }
         let mut detail = VerdictDetail {
             differing_paths: Vec::new(),
@@ -1514,14 +1528,24 @@ impl Ctx<'_> {
                 None,
             ));
         };
+        let index = m.index.to_string();
+        let pod_errors =
+            relevant_pod_errors(observed_pod, &[SUBPATHS_DIR, &vol.name, &c.name, &index]);
         let Some(os) = observed_pod.and_then(|p| p.sub_path(&vol.name, &c.name, m.index)) else {
-            return with_fp(self.simple(
-                id,
-                State::Unverifiable(UnverifiableReason::NotOnDisk),
-                None,
-            ));
+            let (state, msg) = if pod_errors.is_empty() {
+                (State::Unverifiable(UnverifiableReason::NotOnDisk), None)
+            } else {
+                (
+                    State::Unverifiable(UnverifiableReason::ReadError),
+                    Some(format!(
+                        "the agent could not read {}",
+                        pod_errors.join(", ")
+                    )),
+                )
+            };
+            return with_fp(self.simple(id, state, msg));
         };
-        let cmp = self.compare(
+        let mut cmp = self.compare(
             &files,
             &os.files,
             &os.errors,
@@ -1529,6 +1553,9 @@ impl Ctx<'_> {
             ev.unknown_paths,
             self.engine.config.list_fresh_files,
         );
+        for e in pod_errors {
+            cmp.unreadable.push(Arc::from(e));
+        }
         let observed_fp = Some(self.fp(&cmp.observed_digest));
         let mut detail = VerdictDetail {
             files: cmp.files,
@@ -1644,6 +1671,32 @@ impl Ctx<'_> {
         p.verdict.expected = expected;
         p
     }
+}
+
+/// Pod-level read errors that concern the subject at `path` (components
+/// under the pod directory): errors on the pod directory itself, on one of
+/// the subject's parent directories, or below it.
+fn relevant_pod_errors(pod: Option<&crate::model::ObservedPod>, path: &[&str]) -> Vec<String> {
+    let Some(pod) = pod else {
+        return Vec::new();
+    };
+    pod.errors
+        .iter()
+        .filter(|e| {
+            e.path
+                .split('/')
+                .filter(|c| !c.is_empty())
+                .zip(path.iter())
+                .all(|(a, b)| a == *b)
+        })
+        .map(|e| {
+            if e.path.is_empty() {
+                "the pod directory".to_string()
+            } else {
+                e.path.to_string()
+            }
+        })
+        .collect()
 }
 
 fn pod_volume_index(pod: &PodModel, name: &str) -> Option<u16> {
