@@ -1230,3 +1230,34 @@ fn pod_level_read_errors_only_affect_the_subjects_below_them() {
     let sp = verdict(&eval, "p", |s| matches!(s, Subject::SubPath { .. }));
     assert_eq!(sp.state, State::Unverifiable(UnverifiableReason::ReadError));
 }
+
+#[test]
+fn deleting_the_pinning_pod_turns_pinned_into_plain_immutable_cache() {
+    let (mut ix, now) = single("2026-11-30T10:30:00Z", true, b"new", b"old");
+    ix.apply_pod(
+        PodB::new("ns", "pinner", "uid-q", "node-a")
+            .volume("v", VolumeSource::Object(obj(SECRET, "s", &[], false)))
+            .build(),
+    );
+    let e = engine();
+    let mut state = EngineState::default();
+    let eval = e.evaluate_all(&ix, &mut state, now);
+    assert_eq!(
+        verdict(&eval, "p", vol("v")).state,
+        State::Stale(StaleCause::ImmutableCachePinned)
+    );
+    let gone = ix.delete_pod("uid-q").unwrap();
+    let affected: Vec<String> = ix
+        .affected_by_pod(&gone)
+        .iter()
+        .map(|id| ix.pod(*id).unwrap().uid.to_string())
+        .collect();
+    assert_eq!(affected, ["uid-p"]);
+    let mut uids: Vec<&str> = affected.iter().map(String::as_str).collect();
+    uids.push("uid-q");
+    let inc = e.evaluate_pods(&ix, &mut state, &uids, now);
+    let v = verdict(&inc, "p", vol("v"));
+    assert_eq!(v.state, State::Stale(StaleCause::ImmutableCache));
+    assert!(v.pinned_by().is_empty());
+    assert_eq!(inc.removed, vec![a("uid-q")]);
+}

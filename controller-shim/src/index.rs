@@ -157,6 +157,29 @@ impl ClusterIndex {
         self.by_node.get(node).map(Vec::as_slice).unwrap_or(&[])
     }
 
+    /// Pods whose verdicts a change of `pod` (added, changed or deleted) can
+    /// affect besides its own: pods on the same node referencing one of the
+    /// same sources, whose immutable-cache pin it may create or release.
+    /// Call it with the old model on delete.
+    pub fn affected_by_pod(&self, pod: &PodModel) -> Vec<PodId> {
+        let Some(node) = &pod.node else {
+            return Vec::new();
+        };
+        let refs = pod.references();
+        let mut out: Vec<PodId> = self
+            .pods_on_node(node)
+            .iter()
+            .copied()
+            .filter(|id| {
+                self.pod(*id).is_some_and(|other| {
+                    other.uid != pod.uid && refs.iter().any(|r| other.references_source(r))
+                })
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Names of nodes with at least one pod.
     pub fn nodes_with_pods(&self) -> impl Iterator<Item = &Arc<str>> {
         self.by_node.keys()
