@@ -331,7 +331,7 @@ fn slinky_objects(api: &ApiHandle, replicas: usize) -> Result<(), crate::apiserv
     api.create(
         &resources::PDBS,
         ns,
-        json!({"metadata": {"name": PDB}, "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"nodeset.slinky.slurm.net/pod-protect": "true"}}}}),
+        json!({"metadata": {"name": PDB}, "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {LABEL_POD_PROTECT: "true"}}}}),
     )?;
     api.create(
         &resources::NODESETS,
@@ -354,6 +354,43 @@ fn decode_key(secret: &Value, key: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD
         .decode(secret["data"][key].as_str()?)
         .ok()
+}
+
+/// The pod label the Slinky operator sets on busy workers (the PDB selects it).
+pub const LABEL_POD_PROTECT: &str = "nodeset.slinky.slurm.net/pod-protect";
+
+/// Labels running slurmd pods whose Slurm node is busy (ALLOCATED, MIXED or
+/// COMPLETING) with `pod-protect=true` and removes the label otherwise, so
+/// the PDB blocks evicting a busy worker.
+fn protect_busy_pods(
+    api: &ApiHandle,
+    slurm: &SlurmHandle,
+    started: &std::collections::BTreeMap<String, String>,
+) {
+    for (host, uid) in started {
+        let busy = slurm.node(host).is_some_and(|n| {
+            n.state
+                .iter()
+                .any(|s| matches!(s.as_str(), "ALLOCATED" | "MIXED" | "COMPLETING"))
+        });
+        let Ok(pod) = api.get(&resources::PODS, SLURM_NAMESPACE, host) else {
+            continue;
+        };
+        if pod["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+            continue;
+        }
+        let labelled = pod["metadata"]["labels"][LABEL_POD_PROTECT] == "true";
+        if busy != labelled {
+            let value = if busy { json!("true") } else { Value::Null };
+            let _ = api.merge_patch(
+                &resources::PODS,
+                SLURM_NAMESPACE,
+                host,
+                &json!({"metadata": {"labels": {LABEL_POD_PROTECT: value}}}),
+                None,
+            );
+        }
+    }
 }
 
 /// Plays slurmctld and slurmd for the slurmrestd double: slurmctld uses the
@@ -389,9 +426,14 @@ async fn bridge(
     let mut sub = api.subscribe(api.resource_version());
     sync_controller_key(&slurm);
     let mut started: std::collections::BTreeMap<String, String> = Default::default();
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         let evs = tokio::select! {
             _ = stop.changed() => return,
+            _ = tick.tick() => {
+                protect_busy_pods(&api, &slurm, &started);
+                continue;
+            }
             evs = sub.next() => match evs {
                 Ok(evs) => evs,
                 Err(e) if e.code == 410 => {

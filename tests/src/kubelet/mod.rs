@@ -234,8 +234,45 @@ impl KubeletHandle {
 
     /// Fault: stop (true) or resume (false) syncing, as if partitioned from
     /// the API server. Resuming catches up with the watch (or re-lists).
+    ///
+    /// The Node's `Ready` condition turns `Unknown` at once (the real node
+    /// lifecycle controller does it after its grace period, 40 s by
+    /// default) and `True` again when the partition heals.
     pub fn partition(&self, on: bool) {
         self.inner.partitioned.send_replace(on);
+        let cond = if on {
+            json!({"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "message": "Kubelet stopped posting node status."})
+        } else {
+            json!({"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet double is posting ready status"})
+        };
+        let _ = self.inner.api.merge_patch(
+            &resources::NODES,
+            "",
+            &self.inner.config.node,
+            &json!({"status": {"conditions": [cond]}}),
+            Some("status"),
+        );
+        self.inner.kick.notify_one();
+    }
+
+    /// Restarts the kubelet process: the Secret/ConfigMap caches start
+    /// empty (every running pod is registered again with fresh reads, which
+    /// releases an immutable pin), running containers keep running, and
+    /// every pod is resynced now. Upstream's workaround for the pin.
+    pub fn restart(&self) {
+        let mut guard = lock(&self.inner.state);
+        let s = &mut *guard;
+        let api = self.inner.api.clone();
+        s.secrets = Manager::new(self.inner.config.strategy, resources::SECRETS);
+        s.configmaps = Manager::new(self.inner.config.strategy, resources::CONFIGMAPS);
+        let now = Instant::now();
+        for (uid, p) in s.pods.iter_mut() {
+            let (secrets, cms) = projection::referenced_names(&p.pod);
+            s.secrets.register_pod(&api, uid, secrets);
+            s.configmaps.register_pod(&api, uid, cms);
+            p.next_sync = now;
+        }
+        drop(guard);
         self.inner.kick.notify_one();
     }
 

@@ -248,3 +248,63 @@ async fn cluster_reproduces_a_rotated_immutable_key_pinned_on_one_node_end_to_en
     assert_eq!(s0.state, ["DOWN", "NOT_RESPONDING"]);
     c.shutdown().await;
 }
+
+#[tokio::test]
+async fn cluster_supports_the_drain_wait_evict_path_with_the_pdb_protecting_busy_workers() {
+    let mut c = Cluster::builder().nodes(1).slinky().start().await.unwrap();
+    let api = c.api();
+    let slurm = c.slurm();
+    let w0 = running(&api, "slurm-worker-slinky-0", None).await;
+    eventually(10, "slurm node idle", || {
+        let s = slurm.node("slurm-worker-slinky-0").map(|n| n.state);
+        async move { (s == Some(vec!["IDLE".into()])).then_some(()) }
+    })
+    .await;
+    let job = slurm.start_job("slurm-worker-slinky-0", 1);
+    let protected = |api: &ApiHandle| {
+        api.get(&resources::PODS, NS, "slurm-worker-slinky-0")
+            .unwrap()["metadata"]["labels"][cluster::LABEL_POD_PROTECT]
+            == "true"
+    };
+    eventually(10, "busy worker protected", || {
+        let p = protected(&api);
+        async move { p.then_some(()) }
+    })
+    .await;
+    let e = api.evict(NS, "slurm-worker-slinky-0").unwrap_err();
+    assert_eq!(e.code, 429);
+
+    // Drain through slurmrestd, the job ends, the label goes, eviction works.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<hyper::body::Bytes>>();
+    let body =
+        serde_json::to_vec(&json!({"state": ["DRAIN"], "reason": "mountguard: stale content"}))
+            .unwrap();
+    let req = hyper::Request::post(format!(
+        "{}/slurm/v0.0.44/node/slurm-worker-slinky-0",
+        c.slurmrestd_url()
+    ))
+    .header("X-SLURM-USER-TOKEN", cluster::SLURM_TOKEN)
+    .header("content-type", "application/json")
+    .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
+    .unwrap();
+    assert_eq!(client.request(req).await.unwrap().status(), 200);
+    assert!(!slurm.node("slurm-worker-slinky-0").unwrap().is_drained());
+    slurm.end_job(job);
+    assert!(slurm.node("slurm-worker-slinky-0").unwrap().is_drained());
+    eventually(10, "idle worker unprotected", || {
+        let p = protected(&api);
+        async move { (!p).then_some(()) }
+    })
+    .await;
+    api.evict(NS, "slurm-worker-slinky-0").unwrap();
+    let replacement = running(&api, "slurm-worker-slinky-0", Some(&uid(&w0))).await;
+    assert_eq!(key_on_node(&c, 0, &replacement), api_key(&api));
+    // The drain survives the pod's replacement; the new slurmd responds.
+    eventually(10, "new slurmd registered, still drained", || {
+        let s = slurm.node("slurm-worker-slinky-0").map(|n| n.state);
+        async move { (s == Some(vec!["IDLE".into(), "DRAIN".into()])).then_some(()) }
+    })
+    .await;
+    c.shutdown().await;
+}

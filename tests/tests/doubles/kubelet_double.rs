@@ -273,7 +273,13 @@ async fn kubelet_double_resyncs_mutable_volumes_but_never_subpath_or_env() {
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(k.sync_count(), syncs, "a partitioned kubelet does not sync");
     assert_eq!(read(&hooks.join("prolog.sh")), "echo v2\n");
+    let ready = |api: &ApiHandle| {
+        api.get(&resources::NODES, "", "node-1").unwrap()["status"]["conditions"][0]["status"]
+            .clone()
+    };
+    assert_eq!(ready(&api), "Unknown");
     k.partition(false);
+    assert_eq!(ready(&api), "True");
     eventually(10, "sync after the partition heals", || {
         let v = std::fs::read_to_string(hooks.join("prolog.sh")).unwrap_or_default();
         async move { (v == "echo v3\n").then_some(()) }
@@ -364,6 +370,21 @@ async fn kubelet_double_reproduces_the_immutable_pin_when_another_pod_keeps_the_
     .await;
     assert_eq!(slurm_key(&k, &uid1), "old-key");
     assert_eq!(slurm_key(&k, &other), "old-key");
+    // Restarting the kubelet releases the pin: fresh caches, volumes
+    // rewritten on the next sync.
+    k.restart();
+    eventually(10, "fresh key after a kubelet restart", || {
+        let a = std::fs::read_to_string(
+            vol(&k, &uid1, "kubernetes.io~projected", "slurm-etc").join("slurm.key"),
+        )
+        .unwrap_or_default();
+        let b = std::fs::read_to_string(
+            vol(&k, &other, "kubernetes.io~projected", "slurm-etc").join("slurm.key"),
+        )
+        .unwrap_or_default();
+        async move { (a == "new-key" && b == "new-key").then_some(()) }
+    })
+    .await;
     rig.stop().await;
 }
 
