@@ -6,6 +6,7 @@
 
 pub mod digest;
 pub mod layout;
+pub mod report;
 mod types;
 #[cfg(feature = "writer")]
 pub mod writer;
