@@ -398,6 +398,18 @@ fn main() {
     );
     println!("peak RSS (VmHWM): {}", vm("VmHWM:"));
     drop(inc);
+    drop(kept);
+
+    // Steady state: a full evaluation again, now with history.
+    let t = Instant::now();
+    let mut n = 0usize;
+    engine.evaluate_all_each(&ix, &mut state, later, |p| n += p.verdicts.len());
+    println!(
+        "full evaluation with history: {} verdicts in {:.2} s; RSS {}",
+        n,
+        t.elapsed().as_secs_f64(),
+        vm("VmRSS:")
+    );
 
     // For comparison: the same evaluation collecting every verdict.
     let t = Instant::now();
