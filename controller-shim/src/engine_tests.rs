@@ -1261,3 +1261,4 @@ fn deleting_the_pinning_pod_turns_pinned_into_plain_immutable_cache() {
     assert!(v.pinned_by().is_empty());
     assert_eq!(inc.removed, vec![a("uid-q")]);
 }
+

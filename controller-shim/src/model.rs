@@ -6,7 +6,7 @@
 //! here as SHA-256 digests: the conversion at the edge hashes every value and
 //! drops the plaintext.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -28,7 +28,7 @@ pub struct Interner {
     volume_sources: HashSet<Arc<VolumeSource>>,
     mounts: HashSet<Arc<[MountModel]>>,
     envs: HashSet<Arc<[EnvRef]>>,
-    file_lists: HashMap<Digest, FileList>,
+    file_lists: HashSet<FileList>,
 }
 
 impl Interner {
@@ -77,16 +77,14 @@ impl Interner {
     where
         I: IntoIterator<Item = (&'a str, &'a Digest)>,
     {
-        let files: Vec<(&str, &Digest)> = files.into_iter().collect();
-        let key = volume_digest(files.iter().copied());
-        if let Some(a) = self.file_lists.get(&key) {
+        let mut list: Vec<(Arc<str>, Digest)> =
+            files.into_iter().map(|(p, d)| (self.intern(p), *d)).collect();
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some(a) = self.file_lists.get(list.as_slice()) {
             return a.clone();
         }
-        let mut list: Vec<(Arc<str>, Digest)> =
-            files.iter().map(|(p, d)| (self.intern(p), **d)).collect();
-        list.sort_by(|a, b| a.0.cmp(&b.0));
         let a: FileList = list.into();
-        self.file_lists.insert(key, a.clone());
+        self.file_lists.insert(a.clone());
         a
     }
 
