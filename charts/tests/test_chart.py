@@ -383,7 +383,38 @@ def test_remediation_settings_reach_the_controller() -> None:
 def test_watch_namespaces_are_joined() -> None:
     env = controller_env(render_scenario("replicas-2"))
     assert env["MOUNTGUARD_WATCH_NAMESPACES"] == "slurm,hpc"
-    assert controller_env(render())["MOUNTGUARD_WATCH_NAMESPACES"] == ""
+    # Empty means all: the variable is not set at all.
+    assert "MOUNTGUARD_WATCH_NAMESPACES" not in controller_env(render())
+    assert "MOUNTGUARD_POD_SELECTOR" not in controller_env(render())
+    sel = controller_env(render({"controller": {"podSelector": "app in (slurmd)"}}))
+    assert sel["MOUNTGUARD_POD_SELECTOR"] == "app in (slurmd)"
+
+
+# The controller's flags as agreed for `mountguard-controller run` (every flag
+# also read from MOUNTGUARD_<FLAG>), plus the global log flags.
+CONTROLLER_CONTRACT = {
+    "MOUNTGUARD_" + f.upper().replace("-", "_")
+    for f in """watch-namespaces pod-selector report-listen tls-cert-file tls-key-file
+    insecure-plaintext-reports metrics-listen token-audience agent-service-account
+    agent-daemonset grace inventory-max-age fingerprint-key-file max-report-bytes
+    leader-election lease-name pod-name pod-namespace remediation slurmrestd-url
+    slurmrestd-ca-file slurm-token-secret slurm-token-key remediation-budget-per-nodeset
+    remediation-budget-cluster remediation-delay drain-timeout replacement-timeout
+    on-failure log log-format""".split()
+}
+
+
+def test_controller_environment_names_are_controller_flags() -> None:
+    used: set[str] = set()
+    for name in SCENARIOS:
+        used |= set(controller_env(render_scenario(name)))
+    assert used - CONTROLLER_CONTRACT == set(), "not a controller flag"
+    declared = set()
+    for src in (REPO / "controller-shim" / "src").rglob("*.rs"):
+        declared |= set(re.findall(r'env = "(MOUNTGUARD_[A-Z_]+)"', src.read_text()))
+    if "MOUNTGUARD_REPORT_LISTEN" in declared:
+        # The live controller's flags exist: the chart may set only those.
+        assert used - declared == set(), "the controller does not read these"
 
 
 # ---------------------------------------------------------------- RBAC
