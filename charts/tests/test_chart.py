@@ -90,6 +90,15 @@ def test_lint_is_clean_with_strict_checks() -> None:
     assert worse_than_info == [], report
 
 
+@pytest.mark.parametrize("name", scenario_ids())
+def test_lint_is_clean_for_every_scenario(name: str) -> None:
+    report = helm_python.lint(
+        CHART, SCENARIOS[name].values, strict=True, namespace=NAMESPACE, kube_version="v1.33.0"
+    )
+    assert report["errors"] == [], report
+    assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
 def test_lint_reports_a_broken_value() -> None:
     # The lint call is not a no-op: the same call reports a schema violation.
     report = helm_python.lint(CHART, {"remediation": {"mode": "maybe"}}, strict=True)
