@@ -95,6 +95,7 @@ impl Tree {
 }
 
 /// A directory entry: its name and, when the filesystem reports it, its type.
+#[derive(Clone)]
 pub(crate) struct Entry {
     pub name: CString,
     pub kind: Option<Type>,
@@ -145,7 +146,7 @@ pub(crate) fn entry_type(dir: &impl AsFd, entry: &Entry) -> Result<Type, Errno> 
 }
 
 #[allow(clippy::useless_conversion)]
-fn type_of_mode(mode: u32) -> Type {
+pub(crate) fn type_of_mode(mode: u32) -> Type {
     let fmt = SFlag::from_bits_truncate((mode & SFlag::S_IFMT.bits()).into());
     if fmt == SFlag::S_IFREG {
         Type::File

@@ -37,7 +37,8 @@ use nix::sys::stat::{FileStat, Mode, fstat, fstatat};
 
 use crate::Error;
 use crate::safe_read::{
-    Reader, Tree, entry_type, errno_error, error, list_dir, open_dir_at, type_name,
+    Entry, Reader, Tree, entry_type, errno_error, error, list_dir, open_dir_at, type_name,
+    type_of_mode,
 };
 
 /// Default per-file size cap: 16 MiB.
@@ -89,6 +90,8 @@ pub struct ScanStats {
     pub rehashed: u64,
     /// Volumes whose `..data` target was unchanged, so the previous result was reused.
     pub reused: u64,
+    /// Plugin directory listings reused because the directory was unchanged.
+    pub listings_reused: u64,
     /// Read errors in the inventory, by kind.
     pub errors: BTreeMap<ReadErrorKind, u64>,
     /// Directories worth watching for changes: the pods directory, each
@@ -158,10 +161,25 @@ fn is_dir(st: &FileStat) -> bool {
         == nix::sys::stat::SFlag::S_IFDIR.bits() as u32
 }
 
+/// A plugin directory listing is reused only if it was taken this long
+/// after the directory's last modification (timestamps can be coarse).
+const LISTING_SETTLE_SECS: i64 = 2;
+
+struct Listing {
+    ident: Ident,
+    settled: bool,
+    entries: Arc<Vec<Entry>>,
+    seen: u64,
+}
+
 struct Cached {
+    key: VolumeKey,
     data_dir: Vec<u8>,
     data_ident: Ident,
     volume_ident: Ident,
+    /// The volume directory's mtime was settled when `..data` was last
+    /// read: an unchanged mtime now proves `..data` did not move.
+    volume_settled: bool,
     inventory: VolumeInventory,
     seen: u64,
 }
@@ -171,7 +189,12 @@ struct Cached {
 pub struct Scanner {
     opts: ScanOptions,
     reader: Reader,
-    cache: HashMap<VolumeKey, Cached>,
+    /// Keyed by the volume directory's (device, inode).
+    cache: HashMap<(u64, u64), Cached>,
+    pods_listing: Option<Listing>,
+    /// Something in this scan may differ from the last inventory.
+    dirty: bool,
+    listings: HashMap<(Vec<u8>, Plugin), Listing>,
     hook: Option<Hook>,
     scans: u64,
     generation: u64,
@@ -201,6 +224,14 @@ fn timestamp(id: &Ident) -> Option<Timestamp> {
         .and_then(|ns| Timestamp::new(id.mtime, ns).ok())
 }
 
+/// Whether a directory with identity `id`, looked at `now`, was last
+/// modified long enough ago that any later change must move its mtime.
+fn settled(id: &Ident, now: Timestamp) -> bool {
+    timestamp(id).is_some_and(|m| {
+        now.duration_since(m) > jiff::SignedDuration::from_secs(LISTING_SETTLE_SECS)
+    })
+}
+
 fn cstr(s: &str) -> CString {
     // Only called with constant names without NUL bytes.
     CString::new(s).unwrap_or_default()
@@ -216,6 +247,9 @@ impl Scanner {
             reader: Reader::new(opts.max_file_size),
             opts,
             cache: HashMap::new(),
+            listings: HashMap::new(),
+            pods_listing: None,
+            dirty: true,
             hook: None,
             scans: 0,
             generation,
@@ -264,7 +298,29 @@ impl Scanner {
             Mode::empty(),
         )
         .map_err(|e| root_err("cannot open its pods directory", e))?;
-        let entries = list_dir(&pods_dir).map_err(|e| root_err("cannot list pods", e))?;
+        self.dirty = false;
+        let pods_ident = fstat(&pods_dir)
+            .map(|st| ident(&st))
+            .map_err(|e| root_err("cannot stat its pods directory", e))?;
+        let entries = match &mut self.pods_listing {
+            Some(l) if l.ident == pods_ident && l.settled => {
+                l.seen = self.scans;
+                l.entries.clone()
+            }
+            _ => {
+                self.dirty = true;
+                let now = Timestamp::now();
+                let entries =
+                    Arc::new(list_dir(&pods_dir).map_err(|e| root_err("cannot list pods", e))?);
+                self.pods_listing = Some(Listing {
+                    ident: pods_ident,
+                    settled: settled(&pods_ident, now),
+                    entries: entries.clone(),
+                    seen: self.scans,
+                });
+                entries
+            }
+        };
 
         let pods_path = root_path.join(PODS_DIR);
         let mut stats = ScanStats {
@@ -272,8 +328,8 @@ impl Scanner {
             ..ScanStats::default()
         };
         let mut pods = Vec::with_capacity(entries.len());
-        for entry in entries {
-            match entry_type(&pods_dir, &entry) {
+        for entry in entries.iter() {
+            match entry_type(&pods_dir, entry) {
                 Ok(Type::Directory) => {}
                 _ => continue,
             }
@@ -286,6 +342,7 @@ impl Scanner {
 
         let scans = self.scans;
         self.cache.retain(|_, c| c.seen == scans);
+        self.listings.retain(|_, c| c.seen == scans);
 
         for pod in &pods {
             stats.pods += 1;
@@ -307,9 +364,10 @@ impl Scanner {
                 .sum::<u64>();
         }
 
+        // Content can only differ when something was read again this scan.
         let changed = match &self.last {
             None => true,
-            Some(last) => last.pods != pods,
+            Some(last) => self.dirty && last.pods != pods,
         };
         if changed && self.last.is_some() {
             self.generation += 1;
@@ -356,41 +414,56 @@ impl Scanner {
         };
         let pod_ident = fstat(&pod_fd).ok().map(|st| ident(&st));
 
-        match open_dir_at(&pod_fd, &cstr(VOLUMES_DIR)) {
-            Ok(volumes) => {
-                let volumes_path = pod_path.join(VOLUMES_DIR);
-                stats.watch_dirs.push(volumes_path.clone());
-                for plugin in Plugin::ALL {
-                    match open_dir_at(&volumes, &cstr(plugin.dir_name())) {
-                        Ok(pfd) => {
-                            let plugin_path = volumes_path.join(plugin.dir_name());
-                            self.scan_plugin(&mut pod, name, plugin, &pfd, &plugin_path, stats);
-                            stats.watch_dirs.push(plugin_path);
-                        }
-                        Err(Errno::ENOENT) => {}
-                        Err(errno) => pod.errors.push(errno_error(
-                            &format!("{VOLUMES_DIR}/{}", plugin.dir_name()),
-                            "opening the plugin directory",
-                            errno,
-                        )),
-                    }
+        // Plugin directories are looked at by metadata first; they are only
+        // opened (one component at a time, without following symlinks) when
+        // a listing or a volume must actually be read.
+        let volumes_path = pod_path.join(VOLUMES_DIR);
+        let mut any_plugin = false;
+        for plugin in Plugin::ALL {
+            let rel = format!("{VOLUMES_DIR}/{}", plugin.dir_name());
+            let st = match fstatat(pod_fd.as_fd(), rel.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::ENOENT) => continue,
+                Err(errno) => {
+                    pod.errors
+                        .push(errno_error(&rel, "stat of the plugin directory", errno));
+                    continue;
                 }
+            };
+            if !is_dir(&st) {
+                pod.errors.push(error(
+                    &rel,
+                    ReadErrorKind::NotRegularFile,
+                    "the plugin directory is not a directory; not read",
+                ));
+                continue;
             }
-            Err(Errno::ENOENT) => {}
-            Err(errno) => pod.errors.push(errno_error(
-                VOLUMES_DIR,
-                "opening the volumes directory",
-                errno,
-            )),
+            any_plugin = true;
+            let plugin_path = volumes_path.join(plugin.dir_name());
+            self.scan_plugin(
+                &mut pod,
+                &pod_fd,
+                name,
+                plugin,
+                ident(&st),
+                &plugin_path,
+                stats,
+            );
+            stats.watch_dirs.push(plugin_path);
         }
-        match open_dir_at(&pod_fd, &cstr(SUBPATHS_DIR)) {
-            Ok(sfd) => self.scan_subpaths(&mut pod, &sfd),
-            Err(Errno::ENOENT) => {}
-            Err(errno) => pod.errors.push(errno_error(
-                SUBPATHS_DIR,
-                "opening the subPaths directory",
-                errno,
-            )),
+        if any_plugin {
+            stats.watch_dirs.push(volumes_path);
+        }
+        if fstatat(pod_fd.as_fd(), SUBPATHS_DIR, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+            match open_dir_at(&pod_fd, &cstr(SUBPATHS_DIR)) {
+                Ok(sfd) => self.scan_subpaths(&mut pod, &sfd),
+                Err(Errno::ENOENT) => {}
+                Err(errno) => pod.errors.push(errno_error(
+                    SUBPATHS_DIR,
+                    "opening the subPaths directory",
+                    errno,
+                )),
+            }
         }
 
         // A pod directory removed while it was read is gone from the node:
@@ -400,7 +473,13 @@ impl Scanner {
             .map(|st| ident(&st));
         match (pod_ident, now) {
             (Some(a), Some(b)) if a.dev == b.dev && a.ino == b.ino => {}
-            _ => return None,
+            _ => {
+                self.dirty = true;
+                return None;
+            }
+        }
+        if !pod.errors.is_empty() || !pod.sub_paths.is_empty() {
+            self.dirty = true;
         }
         pod.volumes
             .sort_by(|a, b| (a.plugin, &a.name).cmp(&(b.plugin, &b.name)));
@@ -410,28 +489,50 @@ impl Scanner {
         Some(pod)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn scan_plugin(
         &mut self,
         pod: &mut PodInventory,
+        pod_fd: &OwnedFd,
         pod_name: &CStr,
         plugin: Plugin,
-        pfd: &OwnedFd,
+        plugin_ident: Ident,
         plugin_path: &Path,
         stats: &mut ScanStats,
     ) {
-        let entries = match list_dir(pfd) {
-            Ok(e) => e,
+        let rel = format!("{VOLUMES_DIR}/{}", plugin.dir_name());
+        let mut opened: Option<OwnedFd> = None;
+        let open = |opened: &mut Option<OwnedFd>| -> Result<OwnedFd, Errno> {
+            if let Some(fd) = opened.as_ref() {
+                return fd
+                    .try_clone()
+                    .map_err(|e| e.raw_os_error().map_or(Errno::EIO, Errno::from_raw));
+            }
+            let volumes = open_dir_at(pod_fd, &cstr(VOLUMES_DIR))?;
+            let fd = open_dir_at(&volumes, &cstr(plugin.dir_name()))?;
+            *opened = Some(
+                fd.try_clone()
+                    .map_err(|e| e.raw_os_error().map_or(Errno::EIO, Errno::from_raw))?,
+            );
+            Ok(fd)
+        };
+        let plugin_dev = Some(plugin_ident.dev);
+        let list_key = (pod_name.to_bytes().to_vec(), plugin);
+        let entries = match self.listing(list_key, plugin_ident, || open(&mut opened)) {
+            Ok((e, reused)) => {
+                stats.listings_reused += u64::from(reused);
+                e
+            }
+            Err(Errno::ENOENT) => return,
             Err(errno) => {
-                pod.errors.push(errno_error(
-                    &format!("{VOLUMES_DIR}/{}", plugin.dir_name()),
-                    "listing the plugin directory",
-                    errno,
-                ));
+                pod.errors
+                    .push(errno_error(&rel, "listing the plugin directory", errno));
                 return;
             }
         };
-        let plugin_dev = fstat(pfd).ok().map(|st| ident(&st).dev);
-        for entry in entries {
+        let before = pod.volumes.len();
+        let mut from_cache = 0;
+        for entry in entries.iter() {
             let name = escape_name(entry.bytes());
             let mut volume = VolumeInventory {
                 plugin,
@@ -443,7 +544,19 @@ impl Scanner {
                 modes: BTreeMap::new(),
                 errors: Vec::new(),
             };
-            match entry_type(pfd, &entry) {
+            let mut rel_vol = rel.as_bytes().to_vec();
+            rel_vol.push(b'/');
+            rel_vol.extend_from_slice(entry.bytes());
+            let kind = match entry.kind {
+                Some(k) => Ok(k),
+                None => CString::new(rel_vol.clone())
+                    .map_err(|_| Errno::EINVAL)
+                    .and_then(|c| {
+                        fstatat(pod_fd.as_fd(), c.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    })
+                    .map(|st| type_of_mode(st.st_mode)),
+            };
+            match kind {
                 Ok(Type::Directory) => {}
                 Ok(Type::Symlink) => {
                     volume.errors.push(error(
@@ -472,6 +585,29 @@ impl Scanner {
                     continue;
                 }
             }
+            let key = VolumeKey {
+                pod: pod_name.to_bytes().to_vec(),
+                plugin,
+                name: entry.bytes().to_vec(),
+            };
+            let vol_path = plugin_path.join(OsStr::from_bytes(entry.bytes()));
+            if let Some(v) = self.unchanged(&key, pod_fd, rel_vol) {
+                stats.reused += 1;
+                from_cache += 1;
+                stats.watch_dirs.push(vol_path);
+                pod.volumes.push(v);
+                continue;
+            }
+            let pfd = match open(&mut opened) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => return,
+                Err(errno) => {
+                    pod.errors
+                        .push(errno_error(&rel, "opening the plugin directory", errno));
+                    return;
+                }
+            };
+            let pfd = &pfd;
             let vfd = match open_dir_at(pfd, &entry.name) {
                 Ok(fd) => fd,
                 Err(Errno::ENOENT) => continue,
@@ -483,17 +619,87 @@ impl Scanner {
                     continue;
                 }
             };
-            stats
-                .watch_dirs
-                .push(plugin_path.join(OsStr::from_bytes(entry.bytes())));
-            let key = VolumeKey {
-                pod: pod_name.to_bytes().to_vec(),
-                plugin,
-                name: entry.bytes().to_vec(),
-            };
+            stats.watch_dirs.push(vol_path);
             let volume = self.read_volume(&pod.uid, key, volume, &vfd, plugin_dev, stats);
             pod.volumes.push(volume);
         }
+        // Anything not confirmed unchanged from the cache may differ.
+        if pod.volumes.len() - before != from_cache {
+            self.dirty = true;
+        }
+    }
+
+    /// The entries of a plugin directory. A listing is reused while the
+    /// directory's identity and modification time are unchanged, and only
+    /// when it was taken well after that modification time, so a change in
+    /// the same timestamp tick as the listing is never missed.
+    fn listing(
+        &mut self,
+        key: (Vec<u8>, Plugin),
+        id: Ident,
+        open: impl FnOnce() -> Result<OwnedFd, Errno>,
+    ) -> Result<(Arc<Vec<Entry>>, bool), Errno> {
+        if let Some(c) = self.listings.get_mut(&key)
+            && c.ident == id
+            && c.settled
+        {
+            c.seen = self.scans;
+            return Ok((c.entries.clone(), true));
+        }
+        self.dirty = true;
+        let now = Timestamp::now();
+        let entries = Arc::new(list_dir(&open()?)?);
+        self.listings.insert(
+            key,
+            Listing {
+                ident: id,
+                settled: settled(&id, now),
+                entries: entries.clone(),
+                seen: self.scans,
+            },
+        );
+        Ok((entries, false))
+    }
+
+    /// The cached inventory of a volume if its directory, its `..data`
+    /// target name and the target's identity are all unchanged. Metadata
+    /// only (three path-relative calls that never open anything); any doubt
+    /// falls back to the full read.
+    fn unchanged(
+        &mut self,
+        key: &VolumeKey,
+        base: &OwnedFd,
+        mut rel: Vec<u8>,
+    ) -> Option<VolumeInventory> {
+        let vol = CString::new(rel.clone()).ok()?;
+        let st = fstatat(base.as_fd(), vol.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        let id = ident(&st);
+        let c = self.cache.get_mut(&(id.dev, id.ino))?;
+        if !is_dir(&st) || id != c.volume_ident || c.key != *key {
+            return None;
+        }
+        if !c.volume_settled {
+            // Until the volume directory's mtime is settled, a rename of
+            // `..data` in the same timestamp tick could leave it unchanged:
+            // read the link and check the data directory too.
+            rel.push(b'/');
+            let mut link = rel.clone();
+            link.extend_from_slice(DATA_LINK.as_bytes());
+            let now = Timestamp::now();
+            let target = readlinkat(base, CString::new(link).ok()?.as_c_str()).ok()?;
+            if target.as_bytes() != c.data_dir.as_slice() {
+                return None;
+            }
+            rel.extend_from_slice(&c.data_dir);
+            let data = CString::new(rel).ok()?;
+            let st = fstatat(base.as_fd(), data.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+            if !is_dir(&st) || ident(&st) != c.data_ident {
+                return None;
+            }
+            c.volume_settled = settled(&c.volume_ident, now);
+        }
+        c.seen = self.scans;
+        Some(c.inventory.clone())
     }
 
     /// Reads one volume directory, with the `..data` re-check and retries.
@@ -573,7 +779,8 @@ impl Scanner {
                     return volume;
                 }
             };
-            if let Some(c) = self.cache.get_mut(&key)
+            if let Some(c) = self.cache.get_mut(&(volume_ident.dev, volume_ident.ino))
+                && c.key == key
                 && c.data_dir == target
                 && c.data_ident == data_ident
                 && c.volume_ident == volume_ident
@@ -627,12 +834,15 @@ impl Scanner {
                     volume.files.iter().map(|(p, d)| (p.as_str(), &d.0)),
                 )));
             }
+            self.dirty = true;
             self.cache.insert(
-                key,
+                (volume_ident.dev, volume_ident.ino),
                 Cached {
+                    key,
                     data_dir: target,
                     data_ident,
                     volume_ident,
+                    volume_settled: false,
                     inventory: volume.clone(),
                     seen: self.scans,
                 },
@@ -928,6 +1138,48 @@ mod tests {
         assert_eq!(v.files, expected(&[("a", b"2")]));
         assert_ne!(v.data_dir, old_dir);
         assert_eq!(v.data_dir, w.current_data_dir());
+    }
+
+    #[test]
+    fn settled_plugin_listing_is_reused_until_the_directory_changes() {
+        let r = root();
+        writer(r.path(), "u1", Plugin::Secret, "a")
+            .write(&payload(&[("k", b"1")]))
+            .unwrap();
+        let plugin_dir = pod_dir(r.path(), "u1")
+            .join("volumes")
+            .join(Plugin::Secret.dir_name());
+        let age = |p: &Path| {
+            let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+            std::fs::File::open(p).unwrap().set_modified(old).unwrap();
+        };
+        age(&plugin_dir);
+        let mut s = scanner(r.path());
+        assert_eq!(s.scan().unwrap().stats.listings_reused, 0);
+        let again = s.scan().unwrap();
+        assert_eq!(again.stats.listings_reused, 1);
+        assert_eq!(again.stats.reused, 1);
+
+        // A new volume changes the directory: it is listed again at once.
+        writer(r.path(), "u1", Plugin::Secret, "b")
+            .write(&payload(&[("k", b"2")]))
+            .unwrap();
+        let added = s.scan().unwrap();
+        assert_eq!(added.stats.listings_reused, 0);
+        let pod = added.inventory.pod("u1").unwrap();
+        assert_eq!(
+            pod.volumes
+                .iter()
+                .map(|v| v.name.as_str())
+                .collect::<Vec<_>>(),
+            vec!["a", "b"]
+        );
+
+        // A listing taken right after a change is not trusted: a change in
+        // the same (possibly coarse) timestamp tick would not move mtime.
+        let unsettled = s.scan().unwrap();
+        assert_eq!(unsettled.stats.listings_reused, 0);
+        assert_eq!(unsettled.stats.reused, 2);
     }
 
     #[test]
