@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::daemon::{Daemon, DaemonConfig};
-use crate::report::LogSink;
+use crate::report::{Backoff, DEFAULT_TOKEN_FILE, HttpSink, HttpSinkConfig, LogSink};
 use crate::scan::{DEFAULT_MAX_FILE_SIZE, ScanOptions, Scanner};
 use crate::{Error, output};
 
@@ -38,7 +38,7 @@ pub enum Command {
     /// problems are in the output), non-zero when the kubelet root is unusable.
     Scan(ScanArgs),
     /// Run the agent: watch, rescan, serve /metrics /healthz /readyz, publish.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
 }
 
 /// Flags shared by both commands.
@@ -54,7 +54,7 @@ pub struct CommonArgs {
 
     /// Node name written into the inventory (in a DaemonSet, set it from
     /// `spec.nodeName`). Default: this machine's host name.
-    #[arg(long, env = "MOUNTGUARD_NODE_NAME")]
+    #[arg(long, visible_alias = "node-name", env = "MOUNTGUARD_NODE_NAME")]
     pub node: Option<String>,
 
     /// Files larger than this many bytes are not hashed; they are reported
@@ -106,6 +106,27 @@ pub struct RunArgs {
     /// Do not use inotify; rely on the periodic rescan only.
     #[arg(long, env = "MOUNTGUARD_NO_WATCH")]
     pub no_watch: bool,
+
+    /// The controller's report URL, e.g.
+    /// `https://mountguard-controller.mountguard.svc:8443`. Absent: the
+    /// inventory is only logged (summary, no content).
+    #[arg(long, env = "MOUNTGUARD_CONTROLLER_URL")]
+    pub controller_url: Option<http::Uri>,
+
+    /// The bearer token (the projected service-account token with audience
+    /// `mountguard`); re-read on every request, so rotation needs no restart.
+    #[arg(long, env = "MOUNTGUARD_TOKEN_FILE", default_value = DEFAULT_TOKEN_FILE)]
+    pub token_file: PathBuf,
+
+    /// PEM file with the CA certificate to trust for an https controller URL
+    /// (no system roots are used).
+    #[arg(long, env = "MOUNTGUARD_CA_FILE")]
+    pub ca_file: Option<PathBuf>,
+
+    /// Period of the heartbeat to the controller (which answers `resend`
+    /// when it lacks this node's inventory, e.g. after a restart).
+    #[arg(long, env = "MOUNTGUARD_HEARTBEAT_INTERVAL", default_value = "30s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
 }
 
 /// Log formats.
@@ -179,7 +200,7 @@ impl Cli {
                     .worker_threads(2)
                     .enable_all()
                     .build()?;
-                rt.block_on(run(args))
+                rt.block_on(run(*args))
             }
         }
     }
@@ -210,6 +231,10 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         rescan_interval,
         debounce,
         no_watch,
+        controller_url,
+        token_file,
+        ca_file,
+        heartbeat_interval,
     } = args;
     let opts = common.scan_options();
     // Fail fast with a clear message when the root is unusable.
@@ -221,6 +246,8 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         node = %opts.node,
         %listen,
         rescan_interval_s = rescan_interval.as_secs_f64(),
+        heartbeat_interval_s = heartbeat_interval.as_secs_f64(),
+        controller_url = controller_url.as_ref().map(|u| u.to_string()).unwrap_or_default(),
         "starting"
     );
     let mut cfg = DaemonConfig::new(opts);
@@ -228,7 +255,24 @@ async fn run(args: RunArgs) -> Result<(), Error> {
     cfg.rescan_interval = rescan_interval;
     cfg.debounce = debounce;
     cfg.watch = !no_watch;
-    let daemon = Daemon::start(cfg, LogSink).await?;
+    cfg.heartbeat_interval = heartbeat_interval;
+    let daemon = match controller_url {
+        Some(url) => {
+            let mut sink_cfg = HttpSinkConfig::new(url, cfg.scan.node.clone());
+            sink_cfg.token_file = token_file;
+            sink_cfg.ca_file = ca_file;
+            // Retries of one body end by the next heartbeat, which resumes.
+            sink_cfg.backoff = Backoff {
+                window: heartbeat_interval,
+                ..Backoff::default()
+            };
+            Daemon::start(cfg, HttpSink::new(sink_cfg)?).await?
+        }
+        None => {
+            tracing::warn!("no --controller-url: the inventory is only logged");
+            Daemon::start(cfg, LogSink).await?
+        }
+    };
     wait_for_signal().await?;
     tracing::info!("shutting down");
     daemon.shutdown().await;
@@ -264,6 +308,35 @@ mod tests {
     }
 
     #[test]
+    fn report_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "mountguard-agent",
+            "run",
+            "--node-name",
+            "node-a",
+            "--controller-url",
+            "https://controller.example:8443",
+            "--ca-file",
+            "/etc/mountguard/ca.crt",
+            "--heartbeat-interval",
+            "5s",
+        ])
+        .unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        let args = *args;
+        assert_eq!(args.common.node.as_deref(), Some("node-a"));
+        assert_eq!(
+            args.controller_url.unwrap().to_string(),
+            "https://controller.example:8443/"
+        );
+        assert_eq!(args.token_file, PathBuf::from(DEFAULT_TOKEN_FILE));
+        assert_eq!(args.ca_file, Some(PathBuf::from("/etc/mountguard/ca.crt")));
+        assert_eq!(args.heartbeat_interval, Duration::from_secs(5));
+    }
+
+    #[test]
     fn every_flag_has_an_environment_variable() {
         use clap::CommandFactory;
         let cmd = Cli::command();
@@ -282,7 +355,7 @@ mod tests {
                 checked += 1;
             }
         }
-        assert!(checked >= 8, "only {checked} flags checked");
+        assert!(checked >= 12, "only {checked} flags checked");
         cmd.debug_assert();
     }
 }

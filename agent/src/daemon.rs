@@ -31,8 +31,10 @@ pub struct DaemonConfig {
     pub scan: ScanOptions,
     /// Address of the HTTP server; `None` runs without one.
     pub listen: Option<SocketAddr>,
-    /// Period of the full rescan (also the publish heartbeat).
+    /// Period of the full rescan.
     pub rescan_interval: Duration,
+    /// Period of the sink's heartbeat ([`InventorySink::heartbeat`]).
+    pub heartbeat_interval: Duration,
     /// Quiet time after an inotify event before rescanning.
     pub debounce: Duration,
     /// Use inotify; without it only the periodic rescan runs.
@@ -40,12 +42,14 @@ pub struct DaemonConfig {
 }
 
 impl DaemonConfig {
-    /// Defaults for `scan`: HTTP off, 60 s rescan, 100 ms debounce, inotify on.
+    /// Defaults for `scan`: HTTP off, 60 s rescan, 30 s heartbeat, 100 ms
+    /// debounce, inotify on.
     pub fn new(scan: ScanOptions) -> Self {
         Self {
             scan,
             listen: None,
             rescan_interval: DEFAULT_RESCAN_INTERVAL,
+            heartbeat_interval: crate::report::DEFAULT_HEARTBEAT_INTERVAL,
             debounce: DEFAULT_DEBOUNCE,
             watch: true,
         }
@@ -80,6 +84,7 @@ impl Daemon {
     /// inotify cannot be initialised.
     pub async fn start<S: InventorySink>(cfg: DaemonConfig, sink: S) -> Result<Self, Error> {
         let metrics = Metrics::new()?;
+        sink.register(metrics.registry())?;
         let ready = Arc::new(AtomicBool::new(false));
         let (stop, stop_rx) = watch::channel(false);
         let shutdown = Shutdown(stop_rx);
@@ -121,7 +126,7 @@ impl Daemon {
         tasks.push(tokio::spawn(publish_loop(
             sink,
             inventory.clone(),
-            cfg.rescan_interval,
+            cfg.heartbeat_interval,
             metrics.clone(),
             shutdown,
         )));
@@ -266,21 +271,70 @@ async fn publish_loop<S: InventorySink>(
     let mut ticker = tokio::time::interval(heartbeat);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
+    let mut inventory_open = true;
+    // A generation that arrived while the previous publish ran.
+    let mut pending = false;
     loop {
-        tokio::select! {
-            biased;
-            () = shutdown.wait() => break,
-            changed = inventory.changed() => if changed.is_err() { break },
-            _ = ticker.tick() => {}
-        }
-        let current = inventory.borrow_and_update().clone();
-        if let Some(inv) = current {
-            let result = sink.publish(&inv).await;
-            let label = if result.is_ok() { "ok" } else { "error" };
-            metrics.publishes.with_label_values(&[label]).inc();
-            if let Err(e) = result {
-                tracing::warn!(error = %e, generation = inv.generation, "publishing the inventory failed");
+        let is_heartbeat = if pending {
+            pending = false;
+            false
+        } else {
+            tokio::select! {
+                biased;
+                () = shutdown.wait() => break,
+                changed = inventory.changed(), if inventory_open => {
+                    if changed.is_err() {
+                        inventory_open = false;
+                        continue;
+                    }
+                    false
+                }
+                _ = ticker.tick() => true,
             }
+        };
+        let current = inventory.borrow_and_update().clone();
+        let Some(inv) = current else { continue };
+        let result = {
+            let fut = async {
+                if is_heartbeat {
+                    let scanned_at = last_scan(&metrics).unwrap_or(inv.scanned_at);
+                    sink.heartbeat(&inv, scanned_at).await
+                } else {
+                    sink.publish(&inv).await
+                }
+            };
+            tokio::pin!(fut);
+            loop {
+                tokio::select! {
+                    biased;
+                    () = shutdown.wait() => return,
+                    r = &mut fut => break r,
+                    changed = inventory.changed(), if inventory_open && !pending => {
+                        if changed.is_err() {
+                            inventory_open = false;
+                            continue;
+                        }
+                        pending = true;
+                        if let Some(g) = inventory.borrow().as_ref().map(|i| i.generation) {
+                            sink.superseded(g);
+                        }
+                    }
+                }
+            }
+        };
+        let label = if result.is_ok() { "ok" } else { "error" };
+        metrics.publishes.with_label_values(&[label]).inc();
+        if let Err(e) = result {
+            tracing::warn!(error = %e, generation = inv.generation, heartbeat = is_heartbeat, "publishing the inventory failed");
         }
     }
+}
+
+/// The time of the last successful scan, from the metric the scan loop sets.
+fn last_scan(metrics: &Metrics) -> Option<jiff::Timestamp> {
+    let secs = metrics.last_scan.get();
+    if secs <= 0.0 {
+        return None;
+    }
+    jiff::Timestamp::from_millisecond((secs * 1000.0).round() as i64).ok()
 }

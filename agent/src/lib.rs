@@ -6,7 +6,8 @@
 //!   unchanged volumes are not re-hashed.
 //! * [`daemon::Daemon`] - the long-running agent: inotify hints, debounced
 //!   and periodic rescans, HTTP endpoints, metrics, clean shutdown.
-//! * [`report::InventorySink`] - where each new inventory goes.
+//! * [`report::InventorySink`] - where each new inventory goes;
+//!   [`report::HttpSink`] reports it to the controller.
 
 pub mod cli;
 pub mod daemon;
@@ -23,7 +24,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 pub use daemon::{Daemon, DaemonConfig};
-pub use report::{InventorySink, LogSink};
+pub use report::{Backoff, HttpSink, HttpSinkConfig, InventorySink, LogSink};
 
 pub use scan::{Scan, ScanOptions, ScanStats, Scanner};
 
@@ -58,4 +59,7 @@ pub enum Error {
     /// Publishing the inventory failed.
     #[error("publishing the inventory: {0}")]
     Publish(String),
+    /// The report client is misconfigured (URL, CA file).
+    #[error("report client: {0}")]
+    ReportConfig(String),
 }

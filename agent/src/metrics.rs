@@ -197,6 +197,11 @@ impl Metrics {
             .set(scan.inventory.scanned_at.as_millisecond() as f64 / 1000.0);
     }
 
+    /// The registry (a sink registers its own metrics here).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// The text exposition of every metric.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::new();
