@@ -1262,3 +1262,47 @@ fn deleting_the_pinning_pod_turns_pinned_into_plain_immutable_cache() {
     assert_eq!(inc.removed, vec![a("uid-q")]);
 }
 
+#[test]
+fn pods_sharing_a_volume_spec_in_different_namespaces_get_their_own_projection() {
+    let mut ix = ClusterIndex::new();
+    put_source(
+        &mut ix,
+        SECRET,
+        "ns",
+        "s",
+        &[("k", b"in-ns")],
+        false,
+        Some(ts("2026-11-30T09:00:00Z")),
+    );
+    put_source(
+        &mut ix,
+        SECRET,
+        "other",
+        "s",
+        &[("k", b"in-other")],
+        false,
+        Some(ts("2026-11-30T09:00:00Z")),
+    );
+    let p1 = PodB::new("ns", "p1", "uid-1", "node-a")
+        .volume("v", VolumeSource::Object(obj(SECRET, "s", &[], false)))
+        .build();
+    // Same `Arc<VolumeSource>` (as interning gives pods of one template),
+    // other namespace.
+    let mut p2 = p1.clone();
+    p2.namespace = a("other");
+    p2.name = a("p2");
+    p2.uid = a("uid-2");
+    assert!(Arc::ptr_eq(&p1.volumes[0].source, &p2.volumes[0].source));
+    ix.apply_pod(p1);
+    ix.apply_pod(p2);
+    NodeB::new("node-a", ts(SCAN))
+        .volume("uid-1", Plugin::Secret, "v", &[("k", b"in-ns")], ts(START))
+        .volume("uid-2", Plugin::Secret, "v", &[("k", b"in-ns")], ts(START))
+        .apply(&mut ix);
+    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    assert_eq!(verdict(&eval, "p1", vol("v")).state, State::Fresh);
+    let v2 = verdict(&eval, "p2", vol("v"));
+    assert_eq!(v2.state, State::Stale(StaleCause::Unknown));
+    assert_ne!(v2.expected, verdict(&eval, "p1", vol("v")).expected);
+    assert_eq!(v2.observed, verdict(&eval, "p1", vol("v")).observed);
+}

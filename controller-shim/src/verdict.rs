@@ -5,7 +5,9 @@
 //! input is the `&mut EngineState` a caller owns, may persist, or may
 //! rebuild from scratch.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use jiff::{SignedDuration, Timestamp};
@@ -90,6 +92,10 @@ pub enum UnverifiableReason {
     NotOnDisk,
     /// The container is not running (env and subPath need a start time).
     ContainerNotRunning,
+    /// The controller's view of the sources is not current (watch not
+    /// synced or failing): the expected content is unknown. Set by the live
+    /// controller, never by the engine itself.
+    ApiUnavailable,
 }
 
 /// The verdict state.
@@ -142,6 +148,7 @@ impl State {
             State::Unverifiable(UnverifiableReason::ReadError) => "ReadError",
             State::Unverifiable(UnverifiableReason::NotOnDisk) => "NotOnDisk",
             State::Unverifiable(UnverifiableReason::ContainerNotRunning) => "ContainerNotRunning",
+            State::Unverifiable(UnverifiableReason::ApiUnavailable) => "ApiUnavailable",
             State::Skipped(r) => r.as_str(),
             _ => return None,
         })
@@ -176,6 +183,7 @@ impl State {
             State::Unverifiable(U::ReadError),
             State::Unverifiable(U::NotOnDisk),
             State::Unverifiable(U::ContainerNotRunning),
+            State::Unverifiable(U::ApiUnavailable),
         ];
         for r in [
             SkipReason::DownwardApi,
@@ -624,6 +632,110 @@ struct PodPrelim {
     stale: u32,
 }
 
+/// An `Arc` compared and hashed by address: the index's interned parts are
+/// shared, so equal pointers mean equal values (while the index is
+/// borrowed, nothing is freed, so addresses are not reused).
+struct ByPtr<T: ?Sized>(Arc<T>);
+
+impl<T: ?Sized> PartialEq for ByPtr<T> {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl<T: ?Sized> Eq for ByPtr<T> {}
+
+impl<T: ?Sized> std::hash::Hash for ByPtr<T> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (Arc::as_ptr(&self.0) as *const () as usize).hash(h);
+    }
+}
+
+/// A volume's expected content, computed once per evaluation for every pod
+/// sharing the same volume spec in the same namespace.
+struct CachedVolume {
+    ev: ExpectedVolume,
+    triples: Vec<(Arc<str>, Digest, u16)>,
+    fp: Fingerprint,
+}
+
+struct CachedSubPath {
+    files: ExpectedSubPath,
+    fp: Option<Fingerprint>,
+}
+
+type VolumeKey = (ByPtr<crate::model::VolumeSource>, ByPtr<str>);
+type SubPathKey = (VolumeKey, ByPtr<str>);
+
+/// Memoization for one evaluation call (the sources cannot change during
+/// it): projections, subPath projections and fingerprints.
+#[derive(Default)]
+struct EvalCache {
+    volumes: RefCell<HashMap<VolumeKey, Rc<CachedVolume>>>,
+    sub_paths: RefCell<HashMap<SubPathKey, Rc<CachedSubPath>>>,
+    fps: RefCell<HashMap<Digest, Fingerprint>>,
+}
+
+impl EvalCache {
+    fn fp(&self, f: &Fingerprinter, d: &Digest) -> Fingerprint {
+        *self
+            .fps
+            .borrow_mut()
+            .entry(*d)
+            .or_insert_with(|| f.fingerprint(d))
+    }
+
+    fn volume(
+        &self,
+        f: &Fingerprinter,
+        index: &ClusterIndex,
+        namespace: &Arc<str>,
+        source: &Arc<crate::model::VolumeSource>,
+    ) -> Rc<CachedVolume> {
+        let key = (ByPtr(source.clone()), ByPtr(namespace.clone()));
+        if let Some(c) = self.volumes.borrow().get(&key) {
+            return c.clone();
+        }
+        let ev = project_volume(namespace, source, |r| index.source(r));
+        let triples = ev
+            .files
+            .iter()
+            .map(|f| (f.path.clone(), f.digest, f.source))
+            .collect();
+        let fp = self.fp(f, &ev.digest());
+        let c = Rc::new(CachedVolume { ev, triples, fp });
+        self.volumes.borrow_mut().insert(key, c.clone());
+        c
+    }
+
+    fn sub_path(
+        &self,
+        f: &Fingerprinter,
+        namespace: &Arc<str>,
+        source: &Arc<crate::model::VolumeSource>,
+        cv: &CachedVolume,
+        sub_path: &Arc<str>,
+    ) -> Rc<CachedSubPath> {
+        let key = (
+            (ByPtr(source.clone()), ByPtr(namespace.clone())),
+            ByPtr(sub_path.clone()),
+        );
+        if let Some(c) = self.sub_paths.borrow().get(&key) {
+            return c.clone();
+        }
+        let files = project_sub_path(&cv.ev, sub_path);
+        let fp = match &files {
+            ExpectedSubPath::Files(files) => {
+                Some(self.fp(f, &volume_digest(files.iter().map(|(p, d, _)| (&**p, d)))))
+            }
+            ExpectedSubPath::Skipped(_) => None,
+        };
+        let c = Rc::new(CachedSubPath { files, fp });
+        self.sub_paths.borrow_mut().insert(key, c.clone());
+        c
+    }
+}
+
 fn fp_opt(f: &Fingerprinter, d: Option<&Digest>) -> Option<Fingerprint> {
     d.map(|d| f.fingerprint(d))
 }
@@ -745,6 +857,7 @@ impl Engine {
     ) where
         F: FnMut(PodVerdicts),
     {
+        let cache = EvalCache::default();
         let mut old_pods = std::mem::take(&mut state.pods);
         state.pods.reserve(index.pod_count());
         state.nodes.clear();
@@ -756,7 +869,7 @@ impl Engine {
                 .iter()
                 .filter_map(|id| {
                     let prev = index.pod(*id).and_then(|p| old_pods.get(&p.uid));
-                    self.prelim_pod(index, state, *id, now, prev)
+                    self.prelim_pod(index, state, *id, now, prev, &cache)
                 })
                 .collect();
             let mut n = NodeHistory::default();
@@ -820,6 +933,7 @@ impl Engine {
             }
         }
 
+        let cache = EvalCache::default();
         let mut prelims: Vec<PodPrelim> = Vec::with_capacity(queue.len());
         let mut i = 0;
         loop {
@@ -827,7 +941,7 @@ impl Engine {
                 let id = queue[i];
                 i += 1;
                 let prev = index.pod(id).and_then(|p| state.pods.get(&p.uid));
-                let Some(p) = self.prelim_pod(index, state, id, now, prev) else {
+                let Some(p) = self.prelim_pod(index, state, id, now, prev, &cache) else {
                     continue;
                 };
                 let pod = index.pod(id).expect("queued pods exist");
@@ -975,6 +1089,7 @@ impl Engine {
         id: PodId,
         now: Timestamp,
         prev: Option<&PodHistory>,
+        cache: &EvalCache,
     ) -> Option<PodPrelim> {
         let pod = index.pod(id)?;
         let node = pod.node.as_ref()?;
@@ -1002,6 +1117,7 @@ impl Engine {
             pod,
             node,
             now,
+            cache,
         };
 
         let mut out = PodPrelim {
@@ -1010,15 +1126,16 @@ impl Engine {
             mutable: 0,
             stale: 0,
         };
-        let expected: Vec<ExpectedVolume> = pod
+        let expected: Vec<Rc<CachedVolume>> = pod
             .volumes
             .iter()
-            .map(|v| project_volume(&pod.namespace, &v.source, |r| index.source(r)))
+            .map(|v| cache.volume(&self.fingerprinter, index, &pod.namespace, &v.source))
             .collect();
 
-        for (vi, (vol, ev)) in pod.volumes.iter().zip(&expected).enumerate() {
+        for (vi, (vol, cv)) in pod.volumes.iter().zip(&expected).enumerate() {
+            let ev = &cv.ev;
             let sid = SubjectId::Volume(vi as u16);
-            let mut pre = ctx.volume_verdict(sid, vol, ev, &view, observed_pod, prev_since(sid));
+            let mut pre = ctx.volume_verdict(sid, vol, cv, &view, observed_pod, prev_since(sid));
             let all_mutable = !ev.sources.is_empty()
                 && ev
                     .sources
@@ -1082,6 +1199,7 @@ struct Ctx<'a> {
     pod: &'a PodModel,
     node: &'a Arc<str>,
     now: Timestamp,
+    cache: &'a EvalCache,
 }
 
 /// Result of comparing expected and observed files.
@@ -1092,12 +1210,14 @@ struct Comparison {
     /// Sources (indexes into the volume's sources) involved in differences.
     involved: Vec<u16>,
     involved_all: bool,
-    observed_digest: Digest,
+    /// Digest of the compared observed files; `None` when they equal the
+    /// expected ones.
+    observed_digest: Option<Digest>,
 }
 
 impl Ctx<'_> {
     fn fp(&self, d: &Digest) -> Fingerprint {
-        self.engine.fingerprinter.fingerprint(d)
+        self.cache.fp(&self.engine.fingerprinter, d)
     }
 
     fn simple(&self, id: SubjectId, state: State, message: Option<String>) -> Prelim {
@@ -1137,7 +1257,7 @@ impl Ctx<'_> {
             unreadable: Vec::new(),
             involved: Vec::new(),
             involved_all: false,
-            observed_digest: [0; 32],
+            observed_digest: None,
         };
         let err_at = |p: &str| errors.iter().any(|e| *e.path == *p);
         // A volume-level error (empty path) or an error on a path we do not
@@ -1226,7 +1346,11 @@ impl Ctx<'_> {
                 }
             }
         }
-        c.observed_digest = volume_digest(obs_kept);
+        // Without differences the compared observed files are exactly the
+        // expected ones: no need to hash them again.
+        if !c.differing.is_empty() || !c.unreadable.is_empty() {
+            c.observed_digest = Some(volume_digest(obs_kept));
+        }
         c
     }
 
@@ -1305,11 +1429,12 @@ impl Ctx<'_> {
         &self,
         id: SubjectId,
         vol: &crate::model::VolumeModel,
-        ev: &ExpectedVolume,
+        cv: &CachedVolume,
         view: &NodeView<'_>,
         observed_pod: Option<&crate::model::ObservedPod>,
         prev: Option<(bool, Timestamp)>,
     ) -> Prelim {
+        let ev = &cv.ev;
         if ev.is_unverifiable() {
             let reason = ev
                 .skipped
@@ -1330,7 +1455,7 @@ impl Ctx<'_> {
                 )),
             );
         }
-        let expected_fp = Some(self.fp(&ev.digest()));
+        let expected_fp = Some(cv.fp);
         if let Some(state) = self.unverifiable_for(view) {
             let mut p = self.simple(id, state, None);
             p.verdict.expected = expected_fp;
@@ -1358,13 +1483,8 @@ impl Ctx<'_> {
             p.verdict.expected = expected_fp;
             return p;
         };
-        let exp: Vec<(Arc<str>, Digest, u16)> = ev
-            .files
-            .iter()
-            .map(|f| (f.path.clone(), f.digest, f.source))
-            .collect();
         let mut cmp = self.compare(
-            &exp,
+            &cv.triples,
             &ov.files,
             &ov.errors,
             &|p| ev.skip_reason(p),
@@ -1379,7 +1499,10 @@ impl Ctx<'_> {
             files: std::mem::take(&mut cmp.files),
             ..Default::default()
         };
-        let observed_fp = Some(self.fp(&cmp.observed_digest));
+        let observed_fp = match &cmp.observed_digest {
+            Some(d) => Some(self.fp(d)),
+            None => expected_fp,
+        };
         let mk = |state: State, estimate: Timestamp, detail: VerdictDetail| {
             let empty = detail == VerdictDetail::default();
             Prelim {
@@ -1482,12 +1605,13 @@ impl Ctx<'_> {
         c: &crate::model::ContainerModel,
         m: &crate::model::MountModel,
         sp: &Arc<str>,
-        ev: &ExpectedVolume,
+        cv: &CachedVolume,
         view: &NodeView<'_>,
         observed_pod: Option<&crate::model::ObservedPod>,
         prev: Option<(bool, Timestamp)>,
     ) -> Prelim {
         let vol = &self.pod.volumes[m.volume as usize];
+        let ev = &cv.ev;
         if ev.is_unverifiable() {
             let reason = ev
                 .skipped
@@ -1504,13 +1628,20 @@ impl Ctx<'_> {
                 .join("; ");
             return self.simple(id, State::SourceMissing, Some(msg));
         }
-        let files = match project_sub_path(ev, sp) {
+        let csp = self.cache.sub_path(
+            &self.engine.fingerprinter,
+            &self.pod.namespace,
+            &vol.source,
+            cv,
+            sp,
+        );
+        let files = match &csp.files {
             ExpectedSubPath::Skipped(r) => {
-                return self.simple(id, State::Skipped(r), None);
+                return self.simple(id, State::Skipped(*r), None);
             }
             ExpectedSubPath::Files(f) => f,
         };
-        let expected_fp = Some(self.fp(&volume_digest(files.iter().map(|(p, d, _)| (&**p, d)))));
+        let expected_fp = csp.fp;
         let with_fp = |mut p: Prelim| {
             p.verdict.expected = expected_fp;
             p
@@ -1546,7 +1677,7 @@ impl Ctx<'_> {
             return with_fp(self.simple(id, state, msg));
         };
         let mut cmp = self.compare(
-            &files,
+            files,
             &os.files,
             &os.errors,
             &|rel| sub_path_skip(ev, sp, rel),
@@ -1556,7 +1687,10 @@ impl Ctx<'_> {
         for e in pod_errors {
             cmp.unreadable.push(Arc::from(e));
         }
-        let observed_fp = Some(self.fp(&cmp.observed_digest));
+        let observed_fp = match &cmp.observed_digest {
+            Some(d) => Some(self.fp(d)),
+            None => expected_fp,
+        };
         let mut detail = VerdictDetail {
             files: cmp.files,
             ..Default::default()
