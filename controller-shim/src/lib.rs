@@ -22,13 +22,16 @@
 //! * [`fingerprint`]: keyed fingerprints, the only form in which digests
 //!   leave the engine.
 //! * [`offline`]: the `verify` command.
+//! * [`live`]: the running controller (`run`, `status`).
 
 pub mod convert;
 pub mod fingerprint;
 pub mod index;
+pub mod live;
 pub mod model;
 pub mod offline;
 pub mod projection;
+pub mod remediation;
 #[doc(hidden)]
 pub mod testkit;
 pub mod verdict;
@@ -93,6 +96,12 @@ pub enum Error {
     /// A configuration value is out of range or malformed.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The Kubernetes API or its configuration failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(String),
+    /// A TLS certificate or key is unusable.
+    #[error("TLS: {0}")]
+    Tls(String),
 }
 
 impl Error {
@@ -104,6 +113,8 @@ impl Error {
             Error::Object { .. } => "object",
             Error::Inventory { .. } => "inventory",
             Error::Config(_) => "config",
+            Error::Kube(_) => "kube",
+            Error::Tls(_) => "tls",
         }
     }
 }

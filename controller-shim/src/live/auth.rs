@@ -1,0 +1,699 @@
+//! Authentication (TokenReview, cached) and authorization of agent reports.
+//!
+//! Authorization is a pure function ([`authorize`]): the token's user must
+//! be the agent ServiceAccount; `user.extra` must name the pod (name and
+//! UID) the token was issued for; that pod must exist (in the agent
+//! namespace, with that UID), be owned by the agent DaemonSet and run on
+//! the node in the request path; a `node-name` claim, when present, must
+//! name that node too.
+//!
+//! The controller knows the agent pods from a watch on pods in the agent
+//! namespace (owned by the agent DaemonSet; [`AgentPods`]); on a miss (a
+//! brand-new agent pod not yet seen by the watch) it GETs the pod once
+//! ([`PodFetcher`]), bounded by a timeout.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use sha2::{Digest as _, Sha256};
+
+use super::args::ServiceAccountRef;
+use super::metrics::Metrics;
+
+/// `user.extra` key of the pod name in a projected token.
+pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
+/// `user.extra` key of the pod UID.
+pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
+/// `user.extra` key of the node name.
+pub const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
+
+/// The user a TokenReview authenticated.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReviewedUser {
+    /// `user.username`.
+    pub username: String,
+    /// `user.uid`.
+    pub uid: String,
+    /// `user.extra`.
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl ReviewedUser {
+    fn extra_one(&self, key: &str) -> Option<&str> {
+        self.extra
+            .get(key)
+            .and_then(|v| v.first())
+            .map(String::as_str)
+    }
+}
+
+/// Why a token was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// No, malformed or rejected token.
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
+    /// The TokenReview could not be made (API trouble): try again later.
+    #[error("token review unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// Checks a bearer token (e.g. with a TokenReview).
+pub trait TokenReviewer: Send + Sync + std::fmt::Debug {
+    /// Authenticates `token` for `audience`.
+    fn review<'a>(
+        &'a self,
+        token: &'a str,
+        audience: &'a str,
+    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>>;
+}
+
+/// TokenReview through the API server (`authentication.k8s.io/v1`).
+#[derive(Clone)]
+pub struct KubeTokenReviewer {
+    api: Api<TokenReview>,
+}
+
+impl std::fmt::Debug for KubeTokenReviewer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeTokenReviewer")
+    }
+}
+
+impl KubeTokenReviewer {
+    /// A reviewer using `client`.
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            api: Api::all(client),
+        }
+    }
+}
+
+impl TokenReviewer for KubeTokenReviewer {
+    fn review<'a>(
+        &'a self,
+        token: &'a str,
+        audience: &'a str,
+    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+        Box::pin(async move {
+            let tr = TokenReview {
+                spec: TokenReviewSpec {
+                    token: Some(token.to_string()),
+                    audiences: Some(vec![audience.to_string()]),
+                },
+                ..Default::default()
+            };
+            let out = self
+                .api
+                .create(&PostParams::default(), &tr)
+                .await
+                .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+            let status = out.status.unwrap_or_default();
+            if status.authenticated != Some(true) {
+                return Err(AuthError::Unauthenticated(
+                    status
+                        .error
+                        .filter(|e| !e.is_empty())
+                        .unwrap_or_else(|| "token not authenticated".into()),
+                ));
+            }
+            if let Some(aud) = &status.audiences
+                && !aud.iter().any(|a| a == audience)
+            {
+                return Err(AuthError::Unauthenticated(format!(
+                    "token is not for audience {audience:?}"
+                )));
+            }
+            let user = status.user.unwrap_or_default();
+            Ok(ReviewedUser {
+                username: user.username.unwrap_or_default(),
+                uid: user.uid.unwrap_or_default(),
+                extra: user.extra.unwrap_or_default().into_iter().collect(),
+            })
+        })
+    }
+}
+
+/// Default lifetime of a cached review when the token carries no `exp`.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
+/// Lifetime of a cached rejection.
+pub const NEGATIVE_TTL: Duration = Duration::from_secs(10);
+
+type CacheKey = [u8; 32];
+
+/// Caches another reviewer's answers by SHA-256 of the token (never the
+/// token itself): successes until the token's `exp` (else
+/// [`DEFAULT_TTL`]), rejections for [`NEGATIVE_TTL`]; at most `capacity`
+/// entries.
+pub struct CachedReviewer<R> {
+    inner: R,
+    metrics: Metrics,
+    capacity: usize,
+    cache: Mutex<HashMap<CacheKey, (Result<ReviewedUser, AuthError>, Instant)>>,
+}
+
+impl<R> std::fmt::Debug for CachedReviewer<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CachedReviewer")
+            .field("capacity", &self.capacity)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: TokenReviewer> CachedReviewer<R> {
+    /// Wraps `inner`.
+    pub fn new(inner: R, metrics: Metrics, capacity: usize) -> Self {
+        Self {
+            inner,
+            metrics,
+            capacity: capacity.max(1),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Number of cached entries.
+    pub fn len(&self) -> usize {
+        self.cache.lock().unwrap().len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn cache_key(token: &str, audience: &str) -> CacheKey {
+    let mut h = Sha256::new();
+    h.update(audience.as_bytes());
+    h.update([0]);
+    h.update(token.as_bytes());
+    h.finalize().into()
+}
+
+/// Seconds since the epoch of the token's `exp` claim, if the token is a
+/// JWT with one (no signature check: the TokenReview verified the token).
+pub fn jwt_exp(token: &str) -> Option<i64> {
+    use base64::Engine as _;
+    let payload = token.split('.').nth(1)?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    v.get("exp")?.as_i64()
+}
+
+fn ttl_for(token: &str, now_unix: i64) -> Duration {
+    match jwt_exp(token) {
+        Some(exp) if exp > now_unix => Duration::from_secs((exp - now_unix) as u64),
+        Some(_) => Duration::ZERO,
+        None => DEFAULT_TTL,
+    }
+}
+
+impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
+    fn review<'a>(
+        &'a self,
+        token: &'a str,
+        audience: &'a str,
+    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+        Box::pin(async move {
+            let key = cache_key(token, audience);
+            let now = Instant::now();
+            if let Some((r, until)) = self.cache.lock().unwrap().get(&key)
+                && *until > now
+            {
+                return r.clone();
+            }
+            let timer = self.metrics.tokenreview_duration.start_timer();
+            let r = self.inner.review(token, audience).await;
+            timer.observe_duration();
+            let ttl = match &r {
+                Ok(_) => ttl_for(token, jiff::Timestamp::now().as_second()),
+                Err(AuthError::Unauthenticated(_)) => NEGATIVE_TTL,
+                Err(AuthError::Unavailable(_)) => {
+                    self.metrics.api_error("tokenreview");
+                    return r;
+                }
+            };
+            if !ttl.is_zero() {
+                let mut cache = self.cache.lock().unwrap();
+                if cache.len() >= self.capacity {
+                    cache.retain(|_, (_, until)| *until > now);
+                    if cache.len() >= self.capacity {
+                        // Still full of live entries: drop an arbitrary half.
+                        let drop: Vec<CacheKey> =
+                            cache.keys().take(self.capacity / 2 + 1).copied().collect();
+                        for k in drop {
+                            cache.remove(&k);
+                        }
+                    }
+                }
+                cache.insert(key, (r.clone(), now + ttl));
+            }
+            r
+        })
+    }
+}
+
+/// An agent pod as the authorization needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentPod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// `spec.nodeName`.
+    pub node: Option<String>,
+    /// Names of owning DaemonSets (ownerReferences of kind DaemonSet).
+    pub daemonsets: Vec<String>,
+}
+
+impl AgentPod {
+    /// From a Pod object; `None` without name or UID.
+    pub fn from_pod(p: &Pod) -> Option<Self> {
+        Some(Self {
+            namespace: p.metadata.namespace.clone().unwrap_or_default(),
+            name: p.metadata.name.clone()?,
+            uid: p.metadata.uid.clone()?,
+            node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            daemonsets: p
+                .metadata
+                .owner_references
+                .iter()
+                .flatten()
+                .filter(|o| o.kind == "DaemonSet")
+                .map(|o| o.name.clone())
+                .collect(),
+        })
+    }
+}
+
+/// The agent pods known from the watch, by name.
+#[derive(Debug, Default)]
+pub struct AgentPods {
+    pods: RwLock<HashMap<String, AgentPod>>,
+}
+
+impl AgentPods {
+    /// Inserts or replaces a pod.
+    pub fn apply(&self, p: AgentPod) {
+        self.pods.write().unwrap().insert(p.name.clone(), p);
+    }
+
+    /// Removes a pod.
+    pub fn delete(&self, name: &str) {
+        self.pods.write().unwrap().remove(name);
+    }
+
+    /// The pod named `name`.
+    pub fn get(&self, name: &str) -> Option<AgentPod> {
+        self.pods.read().unwrap().get(name).cloned()
+    }
+
+    /// Number of pods known.
+    pub fn len(&self) -> usize {
+        self.pods.read().unwrap().len()
+    }
+
+    /// Whether no pod is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// GETs an agent pod the watch has not delivered yet.
+pub trait PodFetcher: Send + Sync + std::fmt::Debug {
+    /// The pod `name` in the agent namespace, if it exists.
+    fn fetch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<AgentPod>>;
+}
+
+/// [`PodFetcher`] through the API (bounded by a 5 s timeout).
+pub struct KubePodFetcher {
+    api: Api<Pod>,
+    metrics: Metrics,
+}
+
+impl std::fmt::Debug for KubePodFetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubePodFetcher")
+    }
+}
+
+impl KubePodFetcher {
+    /// A fetcher for pods in `namespace`.
+    pub fn new(client: kube::Client, namespace: String, metrics: Metrics) -> Self {
+        Self {
+            api: Api::namespaced(client, &namespace),
+            metrics,
+        }
+    }
+}
+
+impl PodFetcher for KubePodFetcher {
+    fn fetch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Option<AgentPod>> {
+        Box::pin(async move {
+            match tokio::time::timeout(Duration::from_secs(5), self.api.get_opt(name)).await {
+                Ok(Ok(p)) => p.as_ref().and_then(AgentPod::from_pod),
+                Ok(Err(e)) => {
+                    self.metrics.api_error("get_agent_pod");
+                    tracing::warn!(pod = name, error = %e, "could not get agent pod");
+                    None
+                }
+                Err(_) => {
+                    self.metrics.api_error("get_agent_pod");
+                    None
+                }
+            }
+        })
+    }
+}
+
+/// Why an authenticated token may not report for a node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    /// The token is not the agent ServiceAccount's.
+    #[error("user {0:?} is not the agent service account")]
+    NotAgentServiceAccount(String),
+    /// The token carries no pod name or UID claim.
+    #[error("token has no pod-name/pod-uid claim (use a projected service-account token)")]
+    NoPodClaim,
+    /// The pod named in the token is unknown.
+    #[error("pod {0:?} from the token does not exist in the agent namespace")]
+    UnknownPod(String),
+    /// The pod exists with another UID (the token is for a deleted pod).
+    #[error("pod {0:?} has another UID than the token's")]
+    PodUidMismatch(String),
+    /// The pod is not owned by the agent DaemonSet.
+    #[error("pod {0:?} is not owned by the agent DaemonSet")]
+    NotAgentPod(String),
+    /// The pod runs on another node.
+    #[error("pod {pod:?} runs on {actual:?}, not on node {node:?}")]
+    WrongNode {
+        /// The pod.
+        pod: String,
+        /// The node in the path.
+        node: String,
+        /// Where the pod runs.
+        actual: String,
+    },
+    /// The token's node claim names another node.
+    #[error("token is bound to node {claim:?}, not {node:?}")]
+    NodeClaimMismatch {
+        /// The node in the path.
+        node: String,
+        /// The token's node claim.
+        claim: String,
+    },
+}
+
+impl Denied {
+    /// Whether a fresh GET of the pod could change the answer.
+    pub fn may_be_cache_miss(&self) -> bool {
+        matches!(self, Denied::UnknownPod(_) | Denied::PodUidMismatch(_))
+    }
+
+    /// A short label for logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Denied::NotAgentServiceAccount(_) => "notAgentServiceAccount",
+            Denied::NoPodClaim => "noPodClaim",
+            Denied::UnknownPod(_) => "unknownPod",
+            Denied::PodUidMismatch(_) => "podUidMismatch",
+            Denied::NotAgentPod(_) => "notAgentPod",
+            Denied::WrongNode { .. } => "wrongNode",
+            Denied::NodeClaimMismatch { .. } => "nodeClaimMismatch",
+        }
+    }
+}
+
+/// Whether `user` may report for `node` (pure; `lookup` finds agent pods by
+/// name in the agent namespace). Returns the agent pod on success.
+pub fn authorize(
+    user: &ReviewedUser,
+    node: &str,
+    sa: &ServiceAccountRef,
+    daemonset: &str,
+    lookup: impl Fn(&str) -> Option<AgentPod>,
+) -> Result<AgentPod, Denied> {
+    if user.username != sa.username() {
+        return Err(Denied::NotAgentServiceAccount(user.username.clone()));
+    }
+    let (Some(pod_name), Some(pod_uid)) = (
+        user.extra_one(EXTRA_POD_NAME),
+        user.extra_one(EXTRA_POD_UID),
+    ) else {
+        return Err(Denied::NoPodClaim);
+    };
+    if let Some(claim) = user.extra_one(EXTRA_NODE_NAME)
+        && claim != node
+    {
+        return Err(Denied::NodeClaimMismatch {
+            node: node.to_string(),
+            claim: claim.to_string(),
+        });
+    }
+    let pod = lookup(pod_name).ok_or_else(|| Denied::UnknownPod(pod_name.to_string()))?;
+    if pod.namespace != sa.namespace {
+        return Err(Denied::UnknownPod(pod_name.to_string()));
+    }
+    if pod.uid != pod_uid {
+        return Err(Denied::PodUidMismatch(pod_name.to_string()));
+    }
+    if !pod.daemonsets.iter().any(|d| d == daemonset) {
+        return Err(Denied::NotAgentPod(pod_name.to_string()));
+    }
+    match pod.node.as_deref() {
+        Some(n) if n == node => Ok(pod),
+        other => Err(Denied::WrongNode {
+            pod: pod_name.to_string(),
+            node: node.to_string(),
+            actual: other.unwrap_or("<unscheduled>").to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    pub(crate) fn agent_user(pod: &str, uid: &str, node: Option<&str>) -> ReviewedUser {
+        let mut extra = BTreeMap::new();
+        extra.insert(EXTRA_POD_NAME.to_string(), vec![pod.to_string()]);
+        extra.insert(EXTRA_POD_UID.to_string(), vec![uid.to_string()]);
+        if let Some(n) = node {
+            extra.insert(EXTRA_NODE_NAME.to_string(), vec![n.to_string()]);
+        }
+        ReviewedUser {
+            username: "system:serviceaccount:mg:agent".into(),
+            uid: "sa-uid".into(),
+            extra,
+        }
+    }
+
+    pub(crate) fn agent_pod(name: &str, uid: &str, node: &str) -> AgentPod {
+        AgentPod {
+            namespace: "mg".into(),
+            name: name.into(),
+            uid: uid.into(),
+            node: Some(node.into()),
+            daemonsets: vec!["agent".into()],
+        }
+    }
+
+    fn sa() -> ServiceAccountRef {
+        "mg:agent".parse().unwrap()
+    }
+
+    #[test]
+    fn authorization_rules() {
+        let pods = [
+            agent_pod("agent-a", "ua", "node-a"),
+            agent_pod("agent-b", "ub", "node-b"),
+            AgentPod {
+                daemonsets: vec!["other".into()],
+                ..agent_pod("imposter", "ui", "node-a")
+            },
+            AgentPod {
+                namespace: "elsewhere".into(),
+                ..agent_pod("stray", "us", "node-a")
+            },
+        ];
+        let lookup = |n: &str| pods.iter().find(|p| p.name == n).cloned();
+        let ok = authorize(
+            &agent_user("agent-a", "ua", Some("node-a")),
+            "node-a",
+            &sa(),
+            "agent",
+            lookup,
+        );
+        assert_eq!(ok.unwrap().name, "agent-a");
+        // Node B's agent reporting for node A.
+        assert!(matches!(
+            authorize(
+                &agent_user("agent-b", "ub", None),
+                "node-a",
+                &sa(),
+                "agent",
+                lookup
+            ),
+            Err(Denied::WrongNode { .. })
+        ));
+        assert!(matches!(
+            authorize(
+                &agent_user("agent-a", "ua", Some("node-b")),
+                "node-a",
+                &sa(),
+                "agent",
+                lookup
+            ),
+            Err(Denied::NodeClaimMismatch { .. })
+        ));
+        assert_eq!(
+            authorize(
+                &agent_user("agent-a", "old", None),
+                "node-a",
+                &sa(),
+                "agent",
+                lookup
+            ),
+            Err(Denied::PodUidMismatch("agent-a".into()))
+        );
+        assert_eq!(
+            authorize(
+                &agent_user("gone", "ug", None),
+                "node-a",
+                &sa(),
+                "agent",
+                lookup
+            ),
+            Err(Denied::UnknownPod("gone".into()))
+        );
+        assert_eq!(
+            authorize(
+                &agent_user("imposter", "ui", None),
+                "node-a",
+                &sa(),
+                "agent",
+                lookup
+            ),
+            Err(Denied::NotAgentPod("imposter".into()))
+        );
+        assert_eq!(
+            authorize(
+                &agent_user("stray", "us", None),
+                "node-a",
+                &sa(),
+                "agent",
+                lookup
+            ),
+            Err(Denied::UnknownPod("stray".into()))
+        );
+        let mut other_sa = agent_user("agent-a", "ua", None);
+        other_sa.username = "system:serviceaccount:mg:default".into();
+        assert!(matches!(
+            authorize(&other_sa, "node-a", &sa(), "agent", lookup),
+            Err(Denied::NotAgentServiceAccount(_))
+        ));
+        let mut no_claim = agent_user("agent-a", "ua", None);
+        no_claim.extra.clear();
+        assert_eq!(
+            authorize(&no_claim, "node-a", &sa(), "agent", lookup),
+            Err(Denied::NoPodClaim)
+        );
+    }
+
+    /// A reviewer with a fixed token table that counts calls.
+    #[derive(Debug, Default)]
+    pub(crate) struct FakeReviewer {
+        pub tokens: HashMap<String, ReviewedUser>,
+        pub calls: AtomicUsize,
+        pub unavailable: std::sync::atomic::AtomicBool,
+    }
+
+    impl TokenReviewer for FakeReviewer {
+        fn review<'a>(
+            &'a self,
+            token: &'a str,
+            audience: &'a str,
+        ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+            Box::pin(async move {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                if self.unavailable.load(Ordering::SeqCst) {
+                    return Err(AuthError::Unavailable("503".into()));
+                }
+                if audience != "mountguard" {
+                    return Err(AuthError::Unauthenticated("audience".into()));
+                }
+                self.tokens
+                    .get(token)
+                    .cloned()
+                    .ok_or_else(|| AuthError::Unauthenticated("unknown token".into()))
+            })
+        }
+    }
+
+    fn jwt(exp: i64) -> String {
+        use base64::Engine as _;
+        let e = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        format!(
+            "{}.{}.sig",
+            e.encode(br#"{"alg":"RS256"}"#),
+            e.encode(format!(r#"{{"exp":{exp},"sub":"x"}}"#))
+        )
+    }
+
+    #[tokio::test]
+    async fn cache_answers_until_expiry_and_never_caches_api_trouble() {
+        let now = jiff::Timestamp::now().as_second();
+        let live = jwt(now + 3600);
+        let expired = jwt(now - 10);
+        let mut f = FakeReviewer::default();
+        f.tokens
+            .insert(live.clone(), agent_user("agent-a", "ua", None));
+        f.tokens
+            .insert(expired.clone(), agent_user("agent-a", "ua", None));
+        let c = CachedReviewer::new(f, Metrics::new(), 4);
+        for _ in 0..3 {
+            assert!(c.review(&live, "mountguard").await.is_ok());
+        }
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 1);
+        // An already-expired token is never cached.
+        for _ in 0..2 {
+            let _ = c.review(&expired, "mountguard").await;
+        }
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 3);
+        // Unknown tokens: cached briefly as rejections.
+        for _ in 0..2 {
+            assert!(matches!(
+                c.review("nope", "mountguard").await,
+                Err(AuthError::Unauthenticated(_))
+            ));
+        }
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 4);
+        // API trouble is not cached.
+        c.inner.unavailable.store(true, Ordering::SeqCst);
+        for _ in 0..2 {
+            assert!(matches!(
+                c.review("other", "mountguard").await,
+                Err(AuthError::Unavailable(_))
+            ));
+        }
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 6);
+        // Bounded.
+        for i in 0..10 {
+            let _ = c.review(&format!("t{i}"), "mountguard").await;
+        }
+        assert!(c.len() <= 4);
+        assert_eq!(jwt_exp(&live), Some(now + 3600));
+        assert_eq!(jwt_exp("not-a-jwt"), None);
+        assert_eq!(ttl_for("opaque", now), DEFAULT_TTL);
+    }
+}

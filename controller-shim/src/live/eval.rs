@@ -1,0 +1,595 @@
+//! The evaluation task: owns the index, the engine state and the published
+//! verdicts. Inputs (watch deltas, accepted reports) arrive on one channel
+//! and are coalesced for a short window ([`COALESCE`]); each batch
+//! re-evaluates only the pods it touches (`pods_referencing`,
+//! `pods_on_node`, `affected_by_pod`). Time is read here and passed to the
+//! engine.
+//!
+//! Nothing is evaluated before every watch finished its initial list
+//! (missing sources would read as SourceMissing) or while this replica
+//! does not act. While the Secret or ConfigMap watch is failing, verdicts
+//! other than Fresh and Skipped are published as
+//! `Unverifiable/ApiUnavailable`: API trouble never turns a mount Stale.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use kube::api::DynamicObject;
+use mountguard_inventory::NodeInventory;
+use tokio::sync::{mpsc, watch as tokio_watch};
+use tracing::{debug, info};
+
+use super::events::{EventRequest, RateLimiter, Tracker};
+use super::metrics::{MountLabels, MountSeries};
+use super::status::subject_text;
+use super::{Shared, Shutdown};
+use crate::index::ClusterIndex;
+use crate::model::{ObservedNode, PodModel, SourceContent, SourceRef};
+use crate::verdict::{
+    Engine, EngineState, PodVerdicts, State, Subject, UnverifiableReason, Verdict,
+};
+
+/// How long a batch collects further inputs after its first one.
+pub const COALESCE: Duration = Duration::from_millis(100);
+/// Period of the housekeeping tick (inventory ages, node metrics, watch
+/// health).
+pub const TICK: Duration = Duration::from_secs(2);
+
+/// An input of the evaluation task.
+#[derive(Debug)]
+pub enum Input {
+    /// A pod added or changed.
+    Pod(Box<PodModel>),
+    /// A pod deleted (UID).
+    PodDeleted(Arc<str>),
+    /// A Secret or ConfigMap added or changed (content already hashed).
+    Source(SourceRef, SourceContent),
+    /// A Secret or ConfigMap deleted.
+    SourceDeleted(SourceRef),
+    /// A Node deleted.
+    NodeDeleted(String),
+    /// A NodeSet added or changed (`namespace/name`).
+    NodeSet(String, Arc<DynamicObject>),
+    /// A NodeSet deleted.
+    NodeSetDeleted(String),
+    /// An accepted inventory.
+    Inventory(Box<NodeInventory>),
+    /// A heartbeat (or a resent inventory) for the held generation.
+    Heartbeat {
+        /// Node.
+        node: String,
+        /// Generation.
+        generation: u64,
+        /// Scan time.
+        scanned_at: Timestamp,
+    },
+    /// Forget every report and history (leadership changed).
+    Reset,
+}
+
+/// What remediation sees after each evaluation batch of the acting
+/// replica.
+#[derive(Debug, Clone, Default)]
+pub struct EvaluationSnapshot {
+    /// When the batch was evaluated.
+    pub at: Option<Timestamp>,
+    /// Pods with at least one verdict other than Fresh and Skipped.
+    pub verdicts: Vec<PodVerdicts>,
+    /// Every pod controlled by a NodeSet.
+    pub nodeset_pods: Vec<Arc<PodModel>>,
+    /// Every NodeSet (`slinky.slurm.net/v1beta1`), empty when the CRD is
+    /// absent.
+    pub nodesets: Vec<Arc<DynamicObject>>,
+}
+
+/// State of the evaluation task.
+#[derive(Debug)]
+pub struct EvalTask {
+    engine: Engine,
+    shared: Arc<Shared>,
+    index: ClusterIndex,
+    state: EngineState,
+    series: MountSeries,
+    tracker: Tracker,
+    limiter: RateLimiter,
+    events: mpsc::Sender<EventRequest>,
+    snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
+    applied_gen: HashMap<Arc<str>, u64>,
+    nodesets: HashMap<String, Arc<DynamicObject>>,
+    baselined: HashSet<Arc<str>>,
+    too_old: HashSet<Arc<str>>,
+    reporting: HashMap<Arc<str>, bool>,
+    evaluated: bool,
+    degraded: bool,
+}
+
+impl EvalTask {
+    /// A task with an empty index.
+    pub fn new(
+        engine: Engine,
+        shared: Arc<Shared>,
+        events: mpsc::Sender<EventRequest>,
+        snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
+    ) -> Self {
+        Self {
+            engine,
+            shared,
+            index: ClusterIndex::new(),
+            state: EngineState::default(),
+            series: MountSeries::default(),
+            tracker: Tracker::default(),
+            limiter: RateLimiter::new(Instant::now()),
+            events,
+            snapshots,
+            applied_gen: HashMap::new(),
+            nodesets: HashMap::new(),
+            baselined: HashSet::new(),
+            too_old: HashSet::new(),
+            reporting: HashMap::new(),
+            evaluated: false,
+            degraded: false,
+        }
+    }
+
+    /// The index (tests and benchmarks).
+    pub fn index(&self) -> &ClusterIndex {
+        &self.index
+    }
+
+    /// Applies a batch of inputs and evaluates what they touch at `now`.
+    pub fn apply_batch(&mut self, batch: Vec<Input>, now: Timestamp) {
+        let mut dirty: HashSet<Arc<str>> = HashSet::new();
+        let mut full = false;
+        let mut reported: Vec<Arc<str>> = Vec::new();
+        for input in batch {
+            match input {
+                Input::Pod(p) => {
+                    let p = *p;
+                    if let Some(old) = self
+                        .index
+                        .pod_id(&p.uid)
+                        .and_then(|id| self.index.pod(id))
+                        .cloned()
+                    {
+                        self.mark(&mut dirty, self.index.affected_by_pod(&old));
+                    }
+                    dirty.insert(p.uid.clone());
+                    let id = self.index.apply_pod(p);
+                    if let Some(newp) = self.index.pod(id).cloned() {
+                        self.mark(&mut dirty, self.index.affected_by_pod(&newp));
+                    }
+                }
+                Input::PodDeleted(uid) => {
+                    if let Some(old) = self.index.delete_pod(&uid) {
+                        self.mark(&mut dirty, self.index.affected_by_pod(&old));
+                    }
+                    dirty.insert(uid);
+                }
+                Input::Source(r, c) => {
+                    let differs = self.index.source(&r).is_none_or(|o| {
+                        o.content_digest != c.content_digest
+                            || o.uid != c.uid
+                            || o.immutable != c.immutable
+                    });
+                    self.index.apply_source(r.clone(), c);
+                    if differs {
+                        let ids = self.index.pods_referencing(&r).to_vec();
+                        self.mark(&mut dirty, ids);
+                    }
+                }
+                Input::SourceDeleted(r) => {
+                    if self.index.delete_source(&r) {
+                        let ids = self.index.pods_referencing(&r).to_vec();
+                        self.mark(&mut dirty, ids);
+                    }
+                }
+                Input::NodeDeleted(n) => {
+                    if self.index.delete_inventory(&n) {
+                        let ids = self.index.pods_on_node(&n).to_vec();
+                        self.mark(&mut dirty, ids);
+                    }
+                    self.applied_gen.remove(n.as_str());
+                    let _ = self
+                        .shared
+                        .metrics
+                        .node_inventory_timestamp
+                        .remove_label_values(&[&n]);
+                }
+                Input::NodeSet(k, o) => {
+                    self.nodesets.insert(k, o);
+                }
+                Input::NodeSetDeleted(k) => {
+                    self.nodesets.remove(&k);
+                }
+                Input::Inventory(inv) => {
+                    if self
+                        .applied_gen
+                        .get(inv.node.as_str())
+                        .is_some_and(|g| *g > inv.generation)
+                    {
+                        continue;
+                    }
+                    let obs = ObservedNode::from_inventory(&inv, &mut self.index.interner);
+                    let node = obs.node.clone();
+                    self.applied_gen.insert(node.clone(), inv.generation);
+                    self.set_timestamp(&node, inv.scanned_at);
+                    self.index.apply_inventory(obs);
+                    let ids = self.index.pods_on_node(&node).to_vec();
+                    self.mark(&mut dirty, ids);
+                    reported.push(node);
+                }
+                Input::Heartbeat {
+                    node,
+                    generation,
+                    scanned_at,
+                } => {
+                    if self.applied_gen.get(node.as_str()) != Some(&generation) {
+                        continue;
+                    }
+                    let Some(mut obs) = self.index.inventory(&node).cloned() else {
+                        continue;
+                    };
+                    if scanned_at <= obs.scanned_at {
+                        continue;
+                    }
+                    obs.scanned_at = scanned_at;
+                    self.index.apply_inventory(obs);
+                    self.set_timestamp(&node, scanned_at);
+                    let ids = self.index.pods_on_node(&node).to_vec();
+                    self.mark(&mut dirty, ids);
+                }
+                Input::Reset => {
+                    self.reset();
+                    full = true;
+                }
+            }
+        }
+        if !self.shared.is_ready() || !self.shared.is_acting() {
+            return;
+        }
+        let degraded = self.shared.health.sources_degraded();
+        if degraded != self.degraded {
+            info!(
+                degraded,
+                "Secret/ConfigMap watch health changed; re-evaluating everything"
+            );
+            self.degraded = degraded;
+            full = true;
+        }
+        // Inventories that aged past the limit (or recovered).
+        let max_age = self.engine.config().inventory_max_age;
+        let nodes: Vec<Arc<str>> = self.index.nodes_with_pods().cloned().collect();
+        for n in &nodes {
+            let old = self
+                .index
+                .inventory(n)
+                .is_some_and(|i| now.duration_since(i.scanned_at) > max_age);
+            let was = self.too_old.contains(n);
+            if old != was {
+                if old {
+                    self.too_old.insert(n.clone());
+                } else {
+                    self.too_old.remove(n);
+                }
+                let ids = self.index.pods_on_node(n).to_vec();
+                self.mark(&mut dirty, ids);
+            }
+        }
+        if !self.evaluated {
+            full = true;
+        }
+        if full || !dirty.is_empty() {
+            self.evaluate(full, dirty, now);
+        }
+        for n in reported {
+            if self.index.inventory(&n).is_some() {
+                self.baselined.insert(n);
+            }
+        }
+        if full {
+            // Every node with an inventory has now been evaluated once.
+            let with_inv: Vec<Arc<str>> = nodes
+                .into_iter()
+                .filter(|n| self.index.inventory(n).is_some())
+                .collect();
+            self.baselined.extend(with_inv);
+        }
+        self.update_node_metrics(now);
+    }
+
+    fn mark(&self, dirty: &mut HashSet<Arc<str>>, ids: Vec<crate::PodId>) {
+        for id in ids {
+            if let Some(p) = self.index.pod(id) {
+                dirty.insert(p.uid.clone());
+            }
+        }
+    }
+
+    fn set_timestamp(&self, node: &str, t: Timestamp) {
+        self.shared
+            .metrics
+            .node_inventory_timestamp
+            .with_label_values(&[node])
+            .set(t.as_millisecond() as f64 / 1000.0);
+    }
+
+    fn reset(&mut self) {
+        let nodes: Vec<Arc<str>> = self.applied_gen.keys().cloned().collect();
+        for n in nodes {
+            self.index.delete_inventory(&n);
+            let _ = self
+                .shared
+                .metrics
+                .node_inventory_timestamp
+                .remove_label_values(&[&n]);
+        }
+        self.applied_gen.clear();
+        self.state = EngineState::default();
+        self.series.clear(&self.shared.metrics);
+        self.tracker.clear();
+        self.baselined.clear();
+        self.too_old.clear();
+        self.evaluated = false;
+        let mut store = self.shared.verdicts.write().unwrap();
+        store.pods.clear();
+        store.evaluated = false;
+    }
+
+    fn evaluate(&mut self, full: bool, dirty: HashSet<Arc<str>>, now: Timestamp) {
+        let timer = Instant::now();
+        let mut pods = Vec::new();
+        let mut removed = Vec::new();
+        if full {
+            self.engine
+                .evaluate_all_each(&self.index, &mut self.state, now, |pv| pods.push(pv));
+            let live: HashSet<Arc<str>> = pods.iter().map(|p| p.pod.uid.clone()).collect();
+            let store = self.shared.verdicts.read().unwrap();
+            removed.extend(store.pods.keys().filter(|u| !live.contains(*u)).cloned());
+        } else {
+            let uids: Vec<&str> = dirty.iter().map(|u| &**u).collect();
+            let ev = self
+                .engine
+                .evaluate_pods(&self.index, &mut self.state, &uids, now);
+            pods = ev.pods;
+            removed = ev.removed;
+            // Unscheduled or terminated pods give no verdicts: drop theirs.
+            let evaluated: HashSet<&Arc<str>> = pods.iter().map(|p| &p.pod.uid).collect();
+            for u in &dirty {
+                if !evaluated.contains(u) && !removed.contains(u) {
+                    removed.push(u.clone());
+                }
+            }
+        }
+        let n = pods.len();
+        let mut requests = Vec::new();
+        for mut pv in pods {
+            if self.degraded {
+                for v in pv.verdicts.iter_mut() {
+                    if !matches!(
+                        v.state,
+                        State::Fresh | State::Skipped(_) | State::Unverifiable(_)
+                    ) {
+                        v.state = State::Unverifiable(UnverifiableReason::ApiUnavailable);
+                    }
+                }
+            }
+            self.publish_pod(&pv, &mut requests);
+            self.shared
+                .verdicts
+                .write()
+                .unwrap()
+                .pods
+                .insert(pv.pod.uid.clone(), pv);
+        }
+        for uid in &removed {
+            self.series.remove(&self.shared.metrics, uid);
+            self.tracker.forget(uid);
+            self.shared.verdicts.write().unwrap().pods.remove(uid);
+        }
+        self.shared.verdicts.write().unwrap().evaluated = true;
+        self.evaluated = true;
+        let mono = Instant::now();
+        for r in requests {
+            let uid: Arc<str> = Arc::from(r.uid.as_str());
+            if !self.limiter.allow(&uid, mono) || self.events.try_send(r).is_err() {
+                self.shared.metrics.events_suppressed.inc();
+            }
+        }
+        let secs = timer.elapsed().as_secs_f64();
+        self.shared.metrics.evaluation_duration.observe(secs);
+        debug!(
+            pods = n,
+            removed = removed.len(),
+            full,
+            seconds = secs,
+            "evaluated"
+        );
+        if self.snapshots.receiver_count() > 1 {
+            let store = self.shared.verdicts.read().unwrap();
+            let snap = EvaluationSnapshot {
+                at: Some(now),
+                verdicts: store
+                    .pods
+                    .values()
+                    .filter(|pv| {
+                        pv.verdicts
+                            .iter()
+                            .any(|v| !matches!(v.state, State::Fresh | State::Skipped(_)))
+                    })
+                    .cloned()
+                    .collect(),
+                nodeset_pods: self
+                    .index
+                    .pod_ids()
+                    .filter_map(|id| self.index.pod(id))
+                    .filter(|p| p.nodeset.is_some())
+                    .cloned()
+                    .collect(),
+                nodesets: self.nodesets.values().cloned().collect(),
+            };
+            drop(store);
+            let _ = self.snapshots.send(Arc::new(snap));
+        }
+    }
+
+    fn publish_pod(&mut self, pv: &PodVerdicts, requests: &mut Vec<EventRequest>) {
+        let pod = &pv.pod;
+        let baselined = pod
+            .node
+            .as_ref()
+            .is_some_and(|n| self.baselined.contains(n));
+        let mut labels: Vec<MountLabels> = Vec::new();
+        let mut counts: Vec<(&'static str, i64)> = Vec::new();
+        for v in &pv.verdicts {
+            let name = v.state.name();
+            match counts.iter_mut().find(|(s, _)| *s == name) {
+                Some(c) => c.1 += 1,
+                None => counts.push((name, 1)),
+            }
+            if !matches!(v.state, State::Fresh | State::Skipped(_)) {
+                labels.push(mount_labels(pv, v));
+            }
+            if let Some(reason) = self.tracker.observe(&pod.uid, v.id, &v.state, baselined) {
+                requests.push(EventRequest {
+                    namespace: pod.namespace.to_string(),
+                    pod: pod.name.to_string(),
+                    uid: pod.uid.to_string(),
+                    reason,
+                    message: event_message(pv, v),
+                });
+            }
+        }
+        self.series
+            .replace(&self.shared.metrics, &pod.uid, labels, counts);
+    }
+
+    fn update_node_metrics(&mut self, now: Timestamp) {
+        let max_age = self.engine.config().inventory_max_age;
+        let m = &self.shared.metrics;
+        let mut seen: HashSet<Arc<str>> = HashSet::new();
+        let (mut yes, mut no) = (0i64, 0i64);
+        for n in self.index.nodes_with_pods() {
+            let ok = self
+                .index
+                .inventory(n)
+                .is_some_and(|i| now.duration_since(i.scanned_at) <= max_age);
+            if ok {
+                yes += 1;
+            } else {
+                no += 1;
+            }
+            seen.insert(n.clone());
+            if self.reporting.get(n) != Some(&ok) {
+                m.node_agent_reporting
+                    .with_label_values(&[n])
+                    .set(i64::from(ok));
+                self.reporting.insert(n.clone(), ok);
+            }
+        }
+        self.reporting.retain(|n, _| {
+            let keep = seen.contains(n);
+            if !keep {
+                let _ = m.node_agent_reporting.remove_label_values(&[n]);
+            }
+            keep
+        });
+        m.nodes.with_label_values(&["true"]).set(yes);
+        m.nodes.with_label_values(&["false"]).set(no);
+    }
+}
+
+/// The `mountguard_mount_state` labels of a verdict.
+pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
+    let pod = &pv.pod;
+    let volume = match pv.subject(v) {
+        Subject::Volume { volume } => volume.to_string(),
+        Subject::SubPath {
+            container, index, ..
+        } => format!("subPath:{container}/{index}"),
+        Subject::Env { container, var } => format!("env:{container}/{var}"),
+    };
+    let sources = pv.sources(v);
+    let (kind, name) = match sources.first() {
+        Some(r) => (r.kind.as_str().to_string(), r.name.to_string()),
+        None => (String::new(), String::new()),
+    };
+    [
+        pod.namespace.to_string(),
+        pod.name.to_string(),
+        pod.node.as_deref().unwrap_or("").to_string(),
+        volume,
+        kind,
+        name,
+        v.state.name().to_string(),
+        v.state.cause().unwrap_or("").to_string(),
+    ]
+}
+
+/// The Event note of a verdict: subject, sources, fingerprints, pinning
+/// pods, the engine's explanation.
+pub fn event_message(pv: &PodVerdicts, v: &Verdict) -> String {
+    let view = v.view(pv);
+    let mut m = format!("{} is {}", subject_text(&pv.subject(v)), v.state.tag());
+    let sources: Vec<String> = view
+        .sources
+        .iter()
+        .map(|s| format!("{} {}", s.kind, s.name))
+        .collect();
+    if !sources.is_empty() {
+        m.push_str(&format!(" (source {})", sources.join(", ")));
+    }
+    if view.expected.is_some() || view.observed.is_some() {
+        m.push_str(&format!(
+            "; mounted {} vs current {}",
+            view.observed.map_or("-".into(), |f| f.to_string()),
+            view.expected.map_or("-".into(), |f| f.to_string())
+        ));
+    }
+    if !view.pinned_by.is_empty() {
+        m.push_str(&format!(
+            "; kubelet cache pinned by pod(s) {}",
+            view.pinned_by
+                .iter()
+                .map(|s| &**s)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if let Some(msg) = view.message {
+        m.push_str("; ");
+        m.push_str(msg);
+    }
+    m
+}
+
+/// Runs the task until shutdown.
+pub async fn run(mut task: EvalTask, mut rx: mpsc::Receiver<Input>, mut shutdown: Shutdown) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let mut batch = Vec::new();
+        tokio::select! {
+            _ = shutdown.wait() => return,
+            _ = tick.tick() => {}
+            m = rx.recv() => match m {
+                Some(m) => {
+                    batch.push(m);
+                    let deadline = tokio::time::Instant::now() + COALESCE;
+                    loop {
+                        match tokio::time::timeout_at(deadline, rx.recv()).await {
+                            Ok(Some(m)) => {
+                                batch.push(m);
+                                if batch.len() >= 50_000 { break; }
+                            }
+                            Ok(None) | Err(_) => break,
+                        }
+                    }
+                }
+                None => return,
+            },
+        }
+        task.apply_batch(batch, Timestamp::now());
+    }
+}

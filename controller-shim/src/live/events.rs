@@ -1,0 +1,424 @@
+//! Events on pods when a mount enters or leaves Stale, Frozen or
+//! SourceMissing.
+//!
+//! Which Event to emit is a pure function of the tracked alarm of a subject
+//! and its new state ([`decide`]):
+//! * `Unknown` (before the node's first inventory after start was
+//!   evaluated, or while the subject was never judged) becomes whatever the
+//!   new state says **without** an Event: a restarted controller or a new
+//!   leader rebuilds its baseline from the next reports without alarms;
+//! * an alarm state (`Stale`, `Frozen`, `SourceMissing`) entered or changed
+//!   emits `StaleMount`, `KubeletCachePinned` (Stale with a pinned cache),
+//!   `FrozenMount` or `SourceMissing`;
+//! * `Fresh` after an alarm emits `MountRecovered`;
+//! * `Propagating`, `Unverifiable` and `Skipped` are neutral: they keep the
+//!   tracked alarm (an API outage or a missing report never raises or
+//!   clears anything, and Stale -> Unverifiable -> Stale is not re-sent).
+//!
+//! Emission is rate limited per pod and globally ([`RateLimiter`]);
+//! suppressed Events count `mountguard_events_suppressed_total`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::Shutdown;
+use super::metrics::Metrics;
+use crate::verdict::{StaleCause, State, SubjectId};
+
+/// The reporting component of Events.
+pub const REPORTING_COMPONENT: &str = "mountguard-controller";
+
+/// Event reasons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// Stale content.
+    StaleMount,
+    /// Stale because another pod pins the kubelet's immutable cache entry.
+    KubeletCachePinned,
+    /// Only a container restart helps.
+    FrozenMount,
+    /// The source object or key is gone.
+    SourceMissing,
+    /// Fresh again after one of the above.
+    MountRecovered,
+}
+
+impl Reason {
+    /// The Event reason string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::StaleMount => "StaleMount",
+            Reason::KubeletCachePinned => "KubeletCachePinned",
+            Reason::FrozenMount => "FrozenMount",
+            Reason::SourceMissing => "SourceMissing",
+            Reason::MountRecovered => "MountRecovered",
+        }
+    }
+
+    /// Warning for alarms, Normal for recovery.
+    pub fn is_warning(self) -> bool {
+        self != Reason::MountRecovered
+    }
+}
+
+/// What is known about a subject's alarm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tracked {
+    /// Never judged since start (or leader change).
+    Unknown,
+    /// Judged, no alarm.
+    Clear,
+    /// Judged, in alarm with this reason.
+    Alarm(Reason),
+}
+
+/// The alarm reason of a state, if it is an alarm.
+pub fn alarm_of(s: &State) -> Option<Reason> {
+    match s {
+        State::Stale(StaleCause::ImmutableCachePinned) => Some(Reason::KubeletCachePinned),
+        State::Stale(_) => Some(Reason::StaleMount),
+        State::Frozen(_) => Some(Reason::FrozenMount),
+        State::SourceMissing => Some(Reason::SourceMissing),
+        _ => None,
+    }
+}
+
+/// The new tracked value and the Event to emit, if any (pure).
+pub fn decide(prev: Tracked, new: &State) -> (Tracked, Option<Reason>) {
+    let neutral = matches!(
+        new,
+        State::Propagating | State::Unverifiable(_) | State::Skipped(_)
+    );
+    if neutral {
+        return (prev, None);
+    }
+    let next = match alarm_of(new) {
+        Some(r) => Tracked::Alarm(r),
+        None => Tracked::Clear,
+    };
+    let event = match (prev, next) {
+        (Tracked::Unknown, _) => None,
+        (Tracked::Clear, Tracked::Alarm(r)) => Some(r),
+        (Tracked::Alarm(a), Tracked::Alarm(b)) if a != b => Some(b),
+        (Tracked::Alarm(_), Tracked::Clear) => Some(Reason::MountRecovered),
+        _ => None,
+    };
+    (next, event)
+}
+
+/// Tracked alarms of every subject.
+#[derive(Debug, Default)]
+pub struct Tracker {
+    subjects: HashMap<Arc<str>, Vec<(SubjectId, Tracked)>>,
+}
+
+impl Tracker {
+    /// Feeds the new state of a subject; `baselined` says whether the pod's
+    /// node had its first inventory evaluated before (a subject first seen
+    /// on such a node starts `Clear`, else `Unknown`).
+    pub fn observe(
+        &mut self,
+        uid: &Arc<str>,
+        id: SubjectId,
+        state: &State,
+        baselined: bool,
+    ) -> Option<Reason> {
+        let subjects = self.subjects.entry(uid.clone()).or_default();
+        let slot = match subjects.iter_mut().find(|(s, _)| *s == id) {
+            Some(s) => s,
+            None => {
+                subjects.push((
+                    id,
+                    if baselined {
+                        Tracked::Clear
+                    } else {
+                        Tracked::Unknown
+                    },
+                ));
+                subjects.last_mut().expect("just pushed")
+            }
+        };
+        let (next, ev) = decide(slot.1, state);
+        slot.1 = next;
+        ev
+    }
+
+    /// Forgets a pod.
+    pub fn forget(&mut self, uid: &str) {
+        self.subjects.remove(uid);
+    }
+
+    /// Forgets everything (new leader).
+    pub fn clear(&mut self) {
+        self.subjects.clear();
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn take(&mut self, now: Instant, per_sec: f64, burst: f64) -> bool {
+        self.tokens =
+            (self.tokens + now.duration_since(self.at).as_secs_f64() * per_sec).min(burst);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Token buckets per pod and for the whole controller (time passed in).
+#[derive(Debug)]
+pub struct RateLimiter {
+    per_pod: HashMap<Arc<str>, Bucket>,
+    global: Bucket,
+    /// Per pod: events per second and burst.
+    pub pod_rate: (f64, f64),
+    /// Global: events per second and burst.
+    pub global_rate: (f64, f64),
+}
+
+impl RateLimiter {
+    /// Per pod 5 Events then one per minute; globally 50 then 10 per second.
+    pub fn new(now: Instant) -> Self {
+        Self::with_rates(now, (1.0 / 60.0, 5.0), (10.0, 50.0))
+    }
+
+    /// With explicit rates `(per second, burst)`.
+    pub fn with_rates(now: Instant, pod_rate: (f64, f64), global_rate: (f64, f64)) -> Self {
+        Self {
+            per_pod: HashMap::new(),
+            global: Bucket {
+                tokens: global_rate.1,
+                at: now,
+            },
+            pod_rate,
+            global_rate,
+        }
+    }
+
+    /// Whether an Event for pod `uid` may go out at `now`.
+    pub fn allow(&mut self, uid: &Arc<str>, now: Instant) -> bool {
+        let (pr, pb) = self.pod_rate;
+        if self.per_pod.len() > 100_000 {
+            // Forget full buckets of quiet pods.
+            self.per_pod
+                .retain(|_, b| now.duration_since(b.at).as_secs_f64() * pr + b.tokens < pb);
+        }
+        let pod = self.per_pod.entry(uid.clone()).or_insert(Bucket {
+            tokens: pb,
+            at: now,
+        });
+        let mut probe = *pod;
+        if !probe.take(now, pr, pb) {
+            *pod = probe;
+            return false;
+        }
+        let (gr, gb) = self.global_rate;
+        if !self.global.take(now, gr, gb) {
+            return false;
+        }
+        *pod = probe;
+        true
+    }
+}
+
+/// An Event to publish.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRequest {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Pod UID.
+    pub uid: String,
+    /// Reason.
+    pub reason: Reason,
+    /// Human-readable note (volume, source, fingerprints, pinning pods).
+    pub message: String,
+}
+
+/// Publishes Events through kube-runtime's [`Recorder`] (events.k8s.io/v1)
+/// until shutdown; failures are logged and counted, never retried forever.
+pub async fn run_emitter(
+    client: kube::Client,
+    instance: Option<String>,
+    metrics: Metrics,
+    mut rx: mpsc::Receiver<EventRequest>,
+    mut shutdown: Shutdown,
+) {
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: REPORTING_COMPONENT.into(),
+            instance,
+        },
+    );
+    loop {
+        let req = tokio::select! {
+            _ = shutdown.wait() => return,
+            r = rx.recv() => match r { Some(r) => r, None => return },
+        };
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(req.namespace.clone()),
+            name: Some(req.pod.clone()),
+            uid: Some(req.uid.clone()),
+            ..Default::default()
+        };
+        let mut note = req.message.clone();
+        if note.len() > 1000 {
+            let mut cut = 997;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        let ev = Event {
+            type_: if req.reason.is_warning() {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: req.reason.as_str().into(),
+            note: Some(note),
+            action: "Verify".into(),
+            secondary: None,
+        };
+        match tokio::time::timeout(Duration::from_secs(10), recorder.publish(&ev, &reference)).await
+        {
+            Ok(Ok(())) => {
+                metrics
+                    .events
+                    .with_label_values(&[req.reason.as_str()])
+                    .inc();
+                debug!(pod = %req.pod, namespace = %req.namespace, reason = req.reason.as_str(), "event published");
+            }
+            Ok(Err(e)) => {
+                metrics.api_error("create_event");
+                warn!(pod = %req.pod, namespace = %req.namespace, reason = req.reason.as_str(), error = %e, "publishing an event failed");
+            }
+            Err(_) => {
+                metrics.api_error("create_event");
+                warn!(pod = %req.pod, reason = req.reason.as_str(), "publishing an event timed out");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verdict::{FrozenCause, UnverifiableReason};
+
+    const FRESH: State = State::Fresh;
+    const STALE: State = State::Stale(StaleCause::ImmutableCache);
+    const PINNED: State = State::Stale(StaleCause::ImmutableCachePinned);
+    const NOINV: State = State::Unverifiable(UnverifiableReason::NoInventory);
+    const API: State = State::Unverifiable(UnverifiableReason::ApiUnavailable);
+
+    #[test]
+    fn decision_table() {
+        use Tracked::*;
+        // Baseline: unknown never emits.
+        assert_eq!(decide(Unknown, &STALE), (Alarm(Reason::StaleMount), None));
+        assert_eq!(decide(Unknown, &FRESH), (Clear, None));
+        assert_eq!(decide(Unknown, &NOINV), (Unknown, None));
+        // Entering alarms.
+        assert_eq!(
+            decide(Clear, &STALE),
+            (Alarm(Reason::StaleMount), Some(Reason::StaleMount))
+        );
+        assert_eq!(
+            decide(Clear, &PINNED),
+            (
+                Alarm(Reason::KubeletCachePinned),
+                Some(Reason::KubeletCachePinned)
+            )
+        );
+        assert_eq!(
+            decide(Clear, &State::Frozen(FrozenCause::SubPath)).1,
+            Some(Reason::FrozenMount)
+        );
+        assert_eq!(
+            decide(Clear, &State::SourceMissing).1,
+            Some(Reason::SourceMissing)
+        );
+        // Same alarm: deduplicated.
+        assert_eq!(decide(Alarm(Reason::StaleMount), &STALE).1, None);
+        // Cause changes to pinned.
+        assert_eq!(
+            decide(Alarm(Reason::StaleMount), &PINNED).1,
+            Some(Reason::KubeletCachePinned)
+        );
+        // Neutral states keep the alarm: no flapping through Unverifiable.
+        assert_eq!(
+            decide(Alarm(Reason::StaleMount), &API),
+            (Alarm(Reason::StaleMount), None)
+        );
+        assert_eq!(
+            decide(Alarm(Reason::StaleMount), &State::Propagating).1,
+            None
+        );
+        assert_eq!(decide(Clear, &API), (Clear, None));
+        // Leaving.
+        assert_eq!(
+            decide(Alarm(Reason::FrozenMount), &FRESH),
+            (Clear, Some(Reason::MountRecovered))
+        );
+        assert_eq!(decide(Clear, &FRESH).1, None);
+    }
+
+    #[test]
+    fn tracker_baselines_per_node_and_dedups() {
+        let mut t = Tracker::default();
+        let uid: Arc<str> = Arc::from("u");
+        let v = SubjectId::Volume(0);
+        // Node not baselined: the first stale verdict is the baseline.
+        assert_eq!(t.observe(&uid, v, &STALE, false), None);
+        assert_eq!(t.observe(&uid, v, &STALE, true), None);
+        assert_eq!(
+            t.observe(&uid, v, &FRESH, true),
+            Some(Reason::MountRecovered)
+        );
+        assert_eq!(t.observe(&uid, v, &STALE, true), Some(Reason::StaleMount));
+        // A new subject on a baselined node starts Clear.
+        let new: Arc<str> = Arc::from("n");
+        assert_eq!(
+            t.observe(&new, v, &PINNED, true),
+            Some(Reason::KubeletCachePinned)
+        );
+        t.clear();
+        assert_eq!(t.observe(&uid, v, &STALE, false), None);
+    }
+
+    #[test]
+    fn rate_limit_per_pod_and_global() {
+        let t0 = Instant::now();
+        let mut r = RateLimiter::with_rates(t0, (1.0, 2.0), (100.0, 3.0));
+        let a: Arc<str> = Arc::from("a");
+        let b: Arc<str> = Arc::from("b");
+        assert!(r.allow(&a, t0));
+        assert!(r.allow(&a, t0));
+        assert!(!r.allow(&a, t0), "pod burst of 2");
+        assert!(r.allow(&b, t0));
+        assert!(!r.allow(&b, t0), "global burst of 3");
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(r.allow(&a, t1), "refilled");
+    }
+}

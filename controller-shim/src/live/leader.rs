@@ -1,0 +1,175 @@
+//! Leader election (`kube-lease-manager`, Lease `--lease-name` in
+//! `--pod-namespace`) and the leader label on the acting replica's pod.
+//!
+//! Without `--leader-election` the replica acts at once. On every change of
+//! leadership the report book and the evaluation state are reset: a new
+//! leader starts empty, answers heartbeats `resend`, and rebuilds its
+//! verdicts from the next inventories without Events for the baseline.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use kube_lease_manager::LeaseManagerBuilder;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use super::args::RunArgs;
+use super::eval::Input;
+use super::report::ReportHandler;
+use super::{Shared, Shutdown};
+
+/// Label set on the acting replica's pod (the report Service selects it).
+pub const LEADER_LABEL: &str = "mountguard.io/leader";
+
+/// Leader election settings.
+#[derive(Debug, Clone)]
+pub struct LeaderConfig {
+    /// Use a Lease.
+    pub enabled: bool,
+    /// Lease name.
+    pub lease_name: String,
+    /// Own pod name.
+    pub pod_name: Option<String>,
+    /// Own namespace.
+    pub pod_namespace: Option<String>,
+}
+
+impl LeaderConfig {
+    /// From the command line.
+    pub fn from_args(a: &RunArgs) -> Self {
+        Self {
+            enabled: a.leader_election,
+            lease_name: a.lease_name.clone(),
+            pod_name: a.pod_name.clone(),
+            pod_namespace: a.pod_namespace.clone(),
+        }
+    }
+}
+
+async fn set_label(client: &kube::Client, cfg: &LeaderConfig, shared: &Shared, on: bool) {
+    let (Some(name), Some(ns)) = (&cfg.pod_name, &cfg.pod_namespace) else {
+        return;
+    };
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let value = if on {
+        serde_json::Value::String("true".into())
+    } else {
+        serde_json::Value::Null
+    };
+    let patch = serde_json::json!({"metadata": {"labels": {LEADER_LABEL: value}}});
+    for attempt in 0..3 {
+        match tokio::time::timeout(
+            Duration::from_secs(5),
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {
+                info!(pod = %name, leader = on, "leader label updated");
+                return;
+            }
+            Ok(Err(e)) => {
+                shared.metrics.api_error("patch_leader_label");
+                warn!(pod = %name, attempt, error = %e, "updating the leader label failed");
+            }
+            Err(_) => {
+                shared.metrics.api_error("patch_leader_label");
+                warn!(pod = %name, attempt, "updating the leader label timed out");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500 * (attempt + 1))).await;
+    }
+}
+
+async fn become_acting(
+    client: &kube::Client,
+    cfg: &LeaderConfig,
+    shared: &Shared,
+    handler: &ReportHandler,
+    tx: &mpsc::Sender<Input>,
+    acting: bool,
+) {
+    if shared.acting.load(Ordering::Acquire) == acting {
+        return;
+    }
+    handler.reset();
+    let _ = tx.send(Input::Reset).await;
+    shared.acting.store(acting, Ordering::Release);
+    shared.metrics.leader.set(i64::from(acting));
+    info!(acting, "leadership changed");
+    set_label(client, cfg, shared, acting).await;
+}
+
+/// Runs leader election (or acts at once) until shutdown; on shutdown
+/// removes the leader label and releases the Lease.
+pub async fn run(
+    client: kube::Client,
+    cfg: LeaderConfig,
+    shared: Arc<Shared>,
+    handler: Arc<ReportHandler>,
+    tx: mpsc::Sender<Input>,
+    mut shutdown: Shutdown,
+) {
+    if !cfg.enabled {
+        become_acting(&client, &cfg, &shared, &handler, &tx, true).await;
+        shutdown.wait().await;
+        if shared.is_acting() {
+            shared.acting.store(false, Ordering::Release);
+            set_label(&client, &cfg, &shared, false).await;
+        }
+        return;
+    }
+    let (Some(identity), Some(ns)) = (cfg.pod_name.clone(), cfg.pod_namespace.clone()) else {
+        warn!("leader election needs --pod-name and --pod-namespace");
+        return;
+    };
+    // Building the manager talks to the API: retry until it works.
+    let manager = loop {
+        match LeaseManagerBuilder::new(client.clone(), &cfg.lease_name)
+            .with_namespace(&ns)
+            .with_identity(&identity)
+            .with_duration(15)
+            .with_grace(5)
+            .build()
+            .await
+        {
+            Ok(m) => break m,
+            Err(e) => {
+                shared.metrics.api_error("lease");
+                warn!(error = %e, "creating the lease manager failed; retrying");
+                tokio::select! {
+                    _ = shutdown.wait() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                }
+            }
+        }
+    };
+    let (mut rx, task) = manager.watch().await;
+    loop {
+        let leader = *rx.borrow_and_update();
+        become_acting(&client, &cfg, &shared, &handler, &tx, leader).await;
+        tokio::select! {
+            _ = shutdown.wait() => break,
+            r = rx.changed() => if r.is_err() {
+                warn!("lease manager stopped; stepping down");
+                become_acting(&client, &cfg, &shared, &handler, &tx, false).await;
+                return;
+            },
+        }
+    }
+    if shared.is_acting() {
+        shared.acting.store(false, Ordering::Release);
+        shared.metrics.leader.set(0);
+        set_label(&client, &cfg, &shared, false).await;
+    }
+    // Closing the channel makes the manager release the Lease.
+    drop(rx);
+    match tokio::time::timeout(Duration::from_secs(5), task).await {
+        Ok(Ok(Ok(_))) => info!("lease released"),
+        Ok(Ok(Err(e))) => warn!(error = %e, "releasing the lease failed"),
+        _ => warn!("releasing the lease did not finish in time"),
+    }
+}

@@ -1,0 +1,529 @@
+//! The controller's Prometheus metrics: one registry, prefix `mountguard_`,
+//! the names of the runtime contract (the chart's alerts use them).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use prometheus::{
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+/// Labels of one `mountguard_mount_state` series, in label order
+/// `namespace, pod, node, volume, source_kind, source_name, state, cause`.
+pub type MountLabels = [String; 8];
+
+/// Label names of `mountguard_mount_state`.
+pub const MOUNT_STATE_LABELS: [&str; 8] = [
+    "namespace",
+    "pod",
+    "node",
+    "volume",
+    "source_kind",
+    "source_name",
+    "state",
+    "cause",
+];
+
+/// Every metric of the controller.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    /// `mountguard_mount_state`.
+    pub mount_state: GaugeVec,
+    /// `mountguard_mounts{state}`.
+    pub mounts: IntGaugeVec,
+    /// `mountguard_node_inventory_timestamp_seconds{node}`.
+    pub node_inventory_timestamp: GaugeVec,
+    /// `mountguard_node_agent_reporting{node}`.
+    pub node_agent_reporting: IntGaugeVec,
+    /// `mountguard_nodes{reporting}`.
+    pub nodes: IntGaugeVec,
+    /// `mountguard_report_requests_total{result}`.
+    pub report_requests: IntCounterVec,
+    /// `mountguard_tokenreview_duration_seconds`.
+    pub tokenreview_duration: Histogram,
+    /// `mountguard_evaluation_duration_seconds`.
+    pub evaluation_duration: Histogram,
+    /// `mountguard_watch_restarts_total{resource}`.
+    pub watch_restarts: IntCounterVec,
+    /// `mountguard_api_errors_total{operation}`.
+    pub api_errors: IntCounterVec,
+    /// `mountguard_events_total{reason}`.
+    pub events: IntCounterVec,
+    /// `mountguard_events_suppressed_total`.
+    pub events_suppressed: IntCounter,
+    /// `mountguard_leader`.
+    pub leader: IntGauge,
+    /// `mountguard_build_info{version}`.
+    pub build_info: IntGaugeVec,
+    /// `mountguard_remediation_attempts_total{phase,result}`.
+    pub remediation_attempts: IntCounterVec,
+    /// `mountguard_remediation_open_attempts`.
+    pub remediation_open_attempts: IntGauge,
+    /// `mountguard_remediation_oldest_open_attempt_age_seconds`.
+    pub remediation_oldest_open_attempt_age: Gauge,
+    /// `mountguard_slurm_nodes_drained`.
+    pub slurm_nodes_drained: IntGauge,
+    /// `mountguard_remediation_failed`.
+    pub remediation_failed: IntGauge,
+    /// `mountguard_remediation_blocked{reason}`.
+    pub remediation_blocked: IntGaugeVec,
+    /// Report request latency by kind (`mountguard_report_duration_seconds{kind}`).
+    pub report_duration: HistogramVec,
+}
+
+/// Values of `mountguard_report_requests_total{result}`.
+pub const REPORT_RESULTS: [&str; 11] = [
+    "accepted",
+    "unchanged",
+    "resend",
+    "bad_request",
+    "unauthenticated",
+    "forbidden",
+    "conflict",
+    "too_large",
+    "rate_limited",
+    "error",
+    "not_leader",
+];
+
+fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
+    r.register(Box::new(c.clone()))
+        .expect("metric names are unique");
+    c
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric in a new registry.
+    pub fn new() -> Self {
+        let r = Registry::new();
+        let o = |n: &str, h: &str| Opts::new(format!("mountguard_{n}"), h);
+        let mount_state = reg(
+            &r,
+            GaugeVec::new(
+                o(
+                    "mount_state",
+                    "1 for the current state of each mount that is not Fresh or Skipped",
+                ),
+                &MOUNT_STATE_LABELS,
+            )
+            .unwrap(),
+        );
+        let mounts = reg(
+            &r,
+            IntGaugeVec::new(o("mounts", "Verified subjects by state"), &["state"]).unwrap(),
+        );
+        let node_inventory_timestamp = reg(
+            &r,
+            GaugeVec::new(
+                o(
+                    "node_inventory_timestamp_seconds",
+                    "When the agent of the node last scanned (from its latest report)",
+                ),
+                &["node"],
+            )
+            .unwrap(),
+        );
+        let node_agent_reporting = reg(
+            &r,
+            IntGaugeVec::new(
+                o(
+                    "node_agent_reporting",
+                    "1 when the node's agent reports within the inventory max age, for every node with pods",
+                ),
+                &["node"],
+            )
+            .unwrap(),
+        );
+        let nodes = reg(
+            &r,
+            IntGaugeVec::new(
+                o("nodes", "Nodes with pods, by whether their agent reports"),
+                &["reporting"],
+            )
+            .unwrap(),
+        );
+        let report_requests = reg(
+            &r,
+            IntCounterVec::new(
+                o("report_requests_total", "Agent report requests by result"),
+                &["result"],
+            )
+            .unwrap(),
+        );
+        let tokenreview_duration = reg(
+            &r,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "mountguard_tokenreview_duration_seconds",
+                    "TokenReview call latency (cache misses only)",
+                )
+                .buckets(vec![
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ]),
+            )
+            .unwrap(),
+        );
+        let evaluation_duration = reg(
+            &r,
+            Histogram::with_opts(
+                HistogramOpts::new(
+                    "mountguard_evaluation_duration_seconds",
+                    "Time of one incremental evaluation batch",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                ]),
+            )
+            .unwrap(),
+        );
+        let watch_restarts = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "watch_restarts_total",
+                    "Watch (re-)lists after the first and watch errors, by resource",
+                ),
+                &["resource"],
+            )
+            .unwrap(),
+        );
+        let api_errors = reg(
+            &r,
+            IntCounterVec::new(
+                o("api_errors_total", "Kubernetes API errors by operation"),
+                &["operation"],
+            )
+            .unwrap(),
+        );
+        let events = reg(
+            &r,
+            IntCounterVec::new(o("events_total", "Events emitted by reason"), &["reason"]).unwrap(),
+        );
+        let events_suppressed = reg(
+            &r,
+            IntCounter::with_opts(o(
+                "events_suppressed_total",
+                "Events not emitted because of the rate limit",
+            ))
+            .unwrap(),
+        );
+        let leader = reg(
+            &r,
+            IntGauge::with_opts(o("leader", "1 on the acting replica")).unwrap(),
+        );
+        let build_info = reg(
+            &r,
+            IntGaugeVec::new(o("build_info", "Build information"), &["version"]).unwrap(),
+        );
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        let remediation_attempts = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "remediation_attempts_total",
+                    "Remediation attempt transitions by phase and result",
+                ),
+                &["phase", "result"],
+            )
+            .unwrap(),
+        );
+        let remediation_open_attempts = reg(
+            &r,
+            IntGauge::with_opts(o("remediation_open_attempts", "Open remediation attempts"))
+                .unwrap(),
+        );
+        let remediation_oldest_open_attempt_age = reg(
+            &r,
+            Gauge::with_opts(o(
+                "remediation_oldest_open_attempt_age_seconds",
+                "Age of the oldest open remediation attempt",
+            ))
+            .unwrap(),
+        );
+        let slurm_nodes_drained = reg(
+            &r,
+            IntGauge::with_opts(o(
+                "slurm_nodes_drained",
+                "Slurm nodes currently drained by mountguard",
+            ))
+            .unwrap(),
+        );
+        let remediation_failed = reg(
+            &r,
+            IntGauge::with_opts(o(
+                "remediation_failed",
+                "Open failed remediation attempts with the node kept drained",
+            ))
+            .unwrap(),
+        );
+        let remediation_blocked = reg(
+            &r,
+            IntGaugeVec::new(
+                o("remediation_blocked", "Remediations blocked, by reason"),
+                &["reason"],
+            )
+            .unwrap(),
+        );
+        remediation_blocked.with_label_values(&["pinned"]).set(0);
+        let report_duration = reg(
+            &r,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "mountguard_report_duration_seconds",
+                    "Report request handling time by kind",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                ]),
+                &["kind"],
+            )
+            .unwrap(),
+        );
+        for r in REPORT_RESULTS {
+            report_requests.with_label_values(&[r]);
+        }
+        for s in ["true", "false"] {
+            nodes.with_label_values(&[s]).set(0);
+        }
+        Self {
+            registry: r,
+            mount_state,
+            mounts,
+            node_inventory_timestamp,
+            node_agent_reporting,
+            nodes,
+            report_requests,
+            tokenreview_duration,
+            evaluation_duration,
+            watch_restarts,
+            api_errors,
+            events,
+            events_suppressed,
+            leader,
+            build_info,
+            remediation_attempts,
+            remediation_open_attempts,
+            remediation_oldest_open_attempt_age,
+            slurm_nodes_drained,
+            remediation_failed,
+            remediation_blocked,
+            report_duration,
+        }
+    }
+
+    /// The registry (to register more collectors).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        buf
+    }
+
+    /// Counts a report request result.
+    pub fn report(&self, result: &str) {
+        self.report_requests.with_label_values(&[result]).inc();
+    }
+
+    /// Counts an API error.
+    pub fn api_error(&self, operation: &str) {
+        self.api_errors.with_label_values(&[operation]).inc();
+    }
+}
+
+/// The `mountguard_mount_state` series and `mountguard_mounts` counts of
+/// every pod, replaced pod by pod on each evaluation.
+#[derive(Debug, Default)]
+pub struct MountSeries {
+    by_pod: HashMap<Arc<str>, PodSeries>,
+    counts: HashMap<&'static str, i64>,
+}
+
+#[derive(Debug, Default)]
+struct PodSeries {
+    labels: Vec<MountLabels>,
+    counts: Vec<(&'static str, i64)>,
+}
+
+impl MountSeries {
+    /// Replaces the series of pod `uid` with `labels` (non-Fresh,
+    /// non-Skipped subjects) and its per-state counts with `counts`.
+    pub fn replace(
+        &mut self,
+        m: &Metrics,
+        uid: &Arc<str>,
+        labels: Vec<MountLabels>,
+        counts: Vec<(&'static str, i64)>,
+    ) {
+        let old = self.by_pod.remove(uid).unwrap_or_default();
+        for l in &old.labels {
+            if !labels.contains(l) {
+                let refs: Vec<&str> = l.iter().map(String::as_str).collect();
+                let _ = m.mount_state.remove_label_values(&refs);
+            }
+        }
+        for (s, n) in &old.counts {
+            *self.counts.entry(s).or_default() -= n;
+        }
+        for l in &labels {
+            let refs: Vec<&str> = l.iter().map(String::as_str).collect();
+            m.mount_state.with_label_values(&refs).set(1.0);
+        }
+        for (s, n) in &counts {
+            *self.counts.entry(s).or_default() += n;
+        }
+        let touched: Vec<&'static str> = old
+            .counts
+            .iter()
+            .chain(counts.iter())
+            .map(|(s, _)| *s)
+            .collect();
+        for s in touched {
+            m.mounts
+                .with_label_values(&[s])
+                .set(self.counts.get(s).copied().unwrap_or(0));
+        }
+        if !labels.is_empty() || !counts.is_empty() {
+            self.by_pod
+                .insert(uid.clone(), PodSeries { labels, counts });
+        }
+    }
+
+    /// Removes pod `uid`'s series.
+    pub fn remove(&mut self, m: &Metrics, uid: &Arc<str>) {
+        self.replace(m, uid, Vec::new(), Vec::new());
+    }
+
+    /// Removes every series (new leader, step-down).
+    pub fn clear(&mut self, m: &Metrics) {
+        let uids: Vec<Arc<str>> = self.by_pod.keys().cloned().collect();
+        for u in uids {
+            self.remove(m, &u);
+        }
+    }
+
+    /// Number of pods with series.
+    pub fn pods(&self) -> usize {
+        self.by_pod.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pod: &str, state: &str, cause: &str) -> MountLabels {
+        [
+            "ns".into(),
+            pod.into(),
+            "n1".into(),
+            "vol".into(),
+            "Secret".into(),
+            "s".into(),
+            state.into(),
+            cause.into(),
+        ]
+    }
+
+    fn text(m: &Metrics) -> String {
+        String::from_utf8(m.encode()).unwrap()
+    }
+
+    #[test]
+    fn series_are_replaced_and_removed() {
+        let m = Metrics::new();
+        let mut s = MountSeries::default();
+        let uid: Arc<str> = Arc::from("u1");
+        s.replace(
+            &m,
+            &uid,
+            vec![labels("p", "Propagating", "")],
+            vec![("Propagating", 1), ("Fresh", 2)],
+        );
+        let t = text(&m);
+        assert!(t.contains(r#"state="Propagating""#), "{t}");
+        assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 2"#), "{t}");
+        s.replace(
+            &m,
+            &uid,
+            vec![labels("p", "Stale", "ImmutableCache")],
+            vec![("Stale", 1), ("Fresh", 2)],
+        );
+        let t = text(&m);
+        assert!(!t.contains(r#"state="Propagating""#), "{t}");
+        assert!(t.contains(r#"cause="ImmutableCache""#), "{t}");
+        assert!(
+            t.contains(r#"mountguard_mounts{state="Propagating"} 0"#),
+            "{t}"
+        );
+        assert!(t.contains(r#"mountguard_mounts{state="Stale"} 1"#), "{t}");
+        // Became fresh: the series goes away.
+        s.replace(&m, &uid, vec![], vec![("Fresh", 3)]);
+        let t = text(&m);
+        assert!(!t.contains("mountguard_mount_state{"), "{t}");
+        assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 3"#), "{t}");
+        s.remove(&m, &uid);
+        let t = text(&m);
+        assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 0"#), "{t}");
+        assert_eq!(s.pods(), 0);
+    }
+
+    #[test]
+    fn every_contract_name_is_exported() {
+        let m = Metrics::new();
+        m.tokenreview_duration.observe(0.01);
+        m.evaluation_duration.observe(0.01);
+        m.watch_restarts.with_label_values(&["pods"]).inc();
+        m.api_errors.with_label_values(&["list"]).inc();
+        m.events.with_label_values(&["StaleMount"]).inc();
+        m.remediation_attempts
+            .with_label_values(&["drain", "ok"])
+            .inc();
+        m.mount_state
+            .with_label_values(&["a", "b", "c", "d", "e", "f", "g", "h"])
+            .set(1.0);
+        m.mounts.with_label_values(&["Fresh"]).set(1);
+        m.node_inventory_timestamp
+            .with_label_values(&["n"])
+            .set(1.0);
+        m.node_agent_reporting.with_label_values(&["n"]).set(1);
+        let t = text(&m);
+        for name in [
+            "mountguard_mount_state",
+            "mountguard_mounts",
+            "mountguard_node_inventory_timestamp_seconds",
+            "mountguard_node_agent_reporting",
+            "mountguard_nodes",
+            "mountguard_report_requests_total",
+            "mountguard_tokenreview_duration_seconds_bucket",
+            "mountguard_evaluation_duration_seconds_bucket",
+            "mountguard_watch_restarts_total",
+            "mountguard_api_errors_total",
+            "mountguard_events_total",
+            "mountguard_events_suppressed_total",
+            "mountguard_leader",
+            "mountguard_build_info",
+            "mountguard_remediation_attempts_total",
+            "mountguard_remediation_open_attempts",
+            "mountguard_remediation_oldest_open_attempt_age_seconds",
+            "mountguard_slurm_nodes_drained",
+            "mountguard_remediation_failed",
+            "mountguard_remediation_blocked",
+        ] {
+            assert!(t.contains(&format!("\n{name}")), "{name} missing");
+        }
+    }
+}

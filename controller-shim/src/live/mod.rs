@@ -1,0 +1,400 @@
+//! The live controller (`mountguard-controller run`): watches, the report
+//! API, evaluation, metrics, Events and leader election, around the pure
+//! verdict engine.
+//!
+//! Tasks (all stop on one shutdown signal):
+//! * watches ([`watch`]): Pods, Secrets, ConfigMaps, Nodes, NodeSets and the
+//!   agent's pods; each event is converted at the edge (Secret and ConfigMap
+//!   content hashed, plaintext dropped) and sent to the evaluation task;
+//! * the report API ([`report`]): authenticates and authorizes agents,
+//!   checks and parses reports, answers at once and hands accepted
+//!   inventories to the evaluation task;
+//! * the evaluation task ([`eval`]): owns the index, the engine state and
+//!   the published verdicts; re-evaluates only the pods a change touches;
+//! * Events ([`events`]), the metrics/status server ([`http`]) and leader
+//!   election ([`leader`]).
+
+pub mod args;
+pub mod auth;
+pub mod eval;
+pub mod events;
+mod http;
+mod leader;
+pub mod metrics;
+pub mod report;
+pub mod status;
+pub mod tls;
+pub mod watch;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch as tokio_watch};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+pub use args::RunArgs;
+pub use auth::{AuthError, ReviewedUser, TokenReviewer};
+pub use eval::EvaluationSnapshot;
+pub use metrics::Metrics;
+
+use crate::Error;
+
+/// How long [`Controller::shutdown`] waits for tasks to finish.
+pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
+
+/// One shutdown signal shared by every task.
+#[derive(Debug, Clone)]
+pub struct Shutdown(tokio_watch::Receiver<bool>);
+
+impl Shutdown {
+    /// A signal and its trigger.
+    pub fn new() -> (tokio_watch::Sender<bool>, Self) {
+        let (tx, rx) = tokio_watch::channel(false);
+        (tx, Self(rx))
+    }
+
+    /// Resolves when shutdown was requested (or the trigger dropped).
+    pub async fn wait(&mut self) {
+        let _ = self.0.wait_for(|v| *v).await;
+    }
+
+    /// Whether shutdown was requested.
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// State shared between the tasks.
+#[derive(Debug)]
+pub struct Shared {
+    /// Metrics.
+    pub metrics: Metrics,
+    /// This replica acts (leader, or no election).
+    pub acting: AtomicBool,
+    /// Every watch finished its initial list.
+    pub ready: AtomicBool,
+    /// Published verdicts (for `/v1/verdicts`).
+    pub verdicts: std::sync::RwLock<status::VerdictStore>,
+    /// Sync state and errors of the watches.
+    pub health: watch::Health,
+}
+
+impl Shared {
+    /// New shared state with `metrics`.
+    pub fn new(metrics: Metrics) -> Self {
+        Self {
+            metrics,
+            acting: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+            verdicts: std::sync::RwLock::new(status::VerdictStore::default()),
+            health: watch::Health::default(),
+        }
+    }
+
+    /// Whether this replica acts.
+    pub fn is_acting(&self) -> bool {
+        self.acting.load(Ordering::Acquire)
+    }
+
+    /// Whether the initial lists are done.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// A running controller.
+#[derive(Debug)]
+pub struct Controller {
+    report_addr: SocketAddr,
+    metrics_addr: SocketAddr,
+    shared: Arc<Shared>,
+    trigger: tokio_watch::Sender<bool>,
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+    snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
+}
+
+impl Controller {
+    /// Starts every task: binds both listeners (so `127.0.0.1:0` works),
+    /// connects to the API server, starts the watches, leader election,
+    /// evaluation and Events. Returns once the listeners are bound; the
+    /// watches sync in the background ([`Controller::is_ready`]).
+    pub async fn start(args: RunArgs) -> Result<Controller, Error> {
+        let key = load_fingerprint_key(args.fingerprint_key_file.as_deref())?;
+        let fingerprinter = crate::Fingerprinter::new(&key)?;
+        drop(key);
+        let client = kube_client(args.kubeconfig.as_deref()).await?;
+        let tls = if args.insecure_plaintext_reports {
+            if args.tls_cert_file.is_some() {
+                warn!("--insecure-plaintext-reports given: ignoring the TLS certificate");
+            }
+            None
+        } else {
+            match (&args.tls_cert_file, &args.tls_key_file) {
+                (Some(c), Some(k)) => Some(tls::ReloadingCert::load(c.clone(), k.clone())?),
+                _ => {
+                    return Err(Error::Config(
+                        "the report API needs --tls-cert-file and --tls-key-file \
+                         (or --insecure-plaintext-reports for tests)"
+                            .into(),
+                    ));
+                }
+            }
+        };
+        if args.leader_election && (args.pod_name.is_none() || args.pod_namespace.is_none()) {
+            return Err(Error::Config(
+                "--leader-election needs --pod-name and --pod-namespace \
+                 (MOUNTGUARD_POD_NAME / MOUNTGUARD_POD_NAMESPACE from the downward API)"
+                    .into(),
+            ));
+        }
+        if args.remediation != args::RemediationMode::Off {
+            warn!(
+                mode = ?args.remediation,
+                "remediation is not executed by this controller build; verdicts, metrics and Events only"
+            );
+        }
+
+        let metrics = Metrics::new();
+        let shared = Arc::new(Shared::new(metrics));
+        let (trigger, shutdown) = Shutdown::new();
+        let (input_tx, input_rx) = mpsc::channel::<eval::Input>(4096);
+        let (event_tx, event_rx) = mpsc::channel::<events::EventRequest>(1024);
+        let (snap_tx, snapshots) = tokio_watch::channel(Arc::new(EvaluationSnapshot::default()));
+
+        let report_listener = tokio::net::TcpListener::bind(args.report_listen)
+            .await
+            .map_err(|e| Error::Io {
+                file: format!("report listener {}", args.report_listen),
+                source: e,
+            })?;
+        let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+            .await
+            .map_err(|e| Error::Io {
+                file: format!("metrics listener {}", args.metrics_listen),
+                source: e,
+            })?;
+        let report_addr = report_listener.local_addr().map_err(|e| Error::Io {
+            file: "report listener".into(),
+            source: e,
+        })?;
+        let metrics_addr = metrics_listener.local_addr().map_err(|e| Error::Io {
+            file: "metrics listener".into(),
+            source: e,
+        })?;
+
+        let agents = Arc::new(auth::AgentPods::default());
+        let reviewer: Arc<dyn TokenReviewer> = Arc::new(auth::CachedReviewer::new(
+            auth::KubeTokenReviewer::new(client.clone()),
+            shared.metrics.clone(),
+            10_000,
+        ));
+        let fetcher = auth::KubePodFetcher::new(
+            client.clone(),
+            args.agent_service_account.namespace.clone(),
+            shared.metrics.clone(),
+        );
+        let handler = Arc::new(report::ReportHandler::new(
+            report::ReportConfig::from_args(&args),
+            shared.clone(),
+            reviewer,
+            agents.clone(),
+            Some(Arc::new(fetcher)),
+            input_tx.clone(),
+        ));
+
+        let mut tasks: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
+        tasks.push((
+            "report-server",
+            tokio::spawn(report::serve(
+                report_listener,
+                tls,
+                handler.clone(),
+                shutdown.clone(),
+            )),
+        ));
+        tasks.push((
+            "metrics-server",
+            tokio::spawn(http::serve(
+                metrics_listener,
+                shared.clone(),
+                shutdown.clone(),
+            )),
+        ));
+        let engine = crate::Engine::new(
+            crate::Config {
+                grace: args.grace_signed(),
+                inventory_max_age: jiff::SignedDuration::try_from(args.inventory_max_age)
+                    .unwrap_or(jiff::SignedDuration::MAX),
+                ..Default::default()
+            },
+            fingerprinter,
+        );
+        tasks.push((
+            "evaluation",
+            tokio::spawn(eval::run(
+                eval::EvalTask::new(engine, shared.clone(), event_tx, snap_tx),
+                input_rx,
+                shutdown.clone(),
+            )),
+        ));
+        tasks.push((
+            "events",
+            tokio::spawn(events::run_emitter(
+                client.clone(),
+                args.pod_name.clone(),
+                shared.metrics.clone(),
+                event_rx,
+                shutdown.clone(),
+            )),
+        ));
+        for (name, t) in watch::spawn_all(
+            &client,
+            &args,
+            shared.clone(),
+            agents,
+            input_tx.clone(),
+            shutdown.clone(),
+        ) {
+            tasks.push((name, t));
+        }
+        tasks.push((
+            "leader",
+            tokio::spawn(leader::run(
+                client,
+                leader::LeaderConfig::from_args(&args),
+                shared.clone(),
+                handler,
+                input_tx,
+                shutdown,
+            )),
+        ));
+        info!(%report_addr, %metrics_addr, "controller started");
+        Ok(Controller {
+            report_addr,
+            metrics_addr,
+            shared,
+            trigger,
+            tasks,
+            snapshots,
+        })
+    }
+
+    /// Bound address of the report API.
+    pub fn report_addr(&self) -> SocketAddr {
+        self.report_addr
+    }
+
+    /// Bound address of the metrics and status server.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
+    }
+
+    /// Whether every watch finished its initial list.
+    pub fn is_ready(&self) -> bool {
+        self.shared.is_ready()
+    }
+
+    /// Whether this replica acts (leader, or no election).
+    pub fn is_acting(&self) -> bool {
+        self.shared.is_acting()
+    }
+
+    /// The metrics (remediation registers and drives its own series here).
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    /// The seam for remediation: a new snapshot (non-fresh verdicts,
+    /// NodeSet pods, NodeSets) after every evaluation batch of the acting
+    /// replica.
+    pub fn evaluations(&self) -> tokio_watch::Receiver<Arc<EvaluationSnapshot>> {
+        self.snapshots.clone()
+    }
+
+    /// Stops every task (leader label removed and Lease released when
+    /// leading), waiting at most [`SHUTDOWN_BOUND`].
+    pub async fn shutdown(self) {
+        let _ = self.trigger.send(true);
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_BOUND;
+        for (name, mut t) in self.tasks {
+            match tokio::time::timeout_at(deadline, &mut t).await {
+                Ok(_) => {}
+                Err(_) => {
+                    warn!(task = name, "task did not stop in time; aborting it");
+                    t.abort();
+                }
+            }
+        }
+        info!("controller stopped");
+    }
+}
+
+/// Reads the fingerprint key, or makes a random one (with a warning).
+pub fn load_fingerprint_key(path: Option<&std::path::Path>) -> Result<Vec<u8>, Error> {
+    match path {
+        Some(p) => std::fs::read(p).map_err(|e| Error::Io {
+            file: p.display().to_string(),
+            source: e,
+        }),
+        None => {
+            warn!(
+                "no --fingerprint-key-file: using a random key; fingerprints change when the controller restarts"
+            );
+            let mut key = vec![0u8; 32];
+            use std::io::Read;
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut key))
+                .map_err(|e| Error::Io {
+                    file: "/dev/urandom".into(),
+                    source: e,
+                })?;
+            Ok(key)
+        }
+    }
+}
+
+/// A kube client from `--kubeconfig`, else the inferred configuration.
+pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, Error> {
+    let config = match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .map_err(|e| Error::Kube(format!("reading kubeconfig {}: {e}", p.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(|e| Error::Kube(format!("kubeconfig {}: {e}", p.display())))?
+        }
+        None => kube::Config::infer().await.map_err(|e| {
+            Error::Kube(format!(
+                "no Kubernetes configuration (in-cluster or KUBECONFIG): {e}"
+            ))
+        })?,
+    };
+    kube::Client::try_from(config).map_err(|e| Error::Kube(format!("creating the client: {e}")))
+}
+
+/// Command line of `mountguard-controller` (all subcommands).
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "mountguard-controller",
+    version,
+    about = "mountguard controller"
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Run the controller: watches, report API, verdicts, metrics, Events.
+    Run(Box<RunArgs>),
+    /// Print the verdicts of a running controller.
+    Status(status::StatusArgs),
+    /// Evaluate verdicts offline from an object dump and agent inventories.
+    Verify(crate::offline::VerifyArgs),
+}

@@ -1,0 +1,567 @@
+//! `GET /v1/verdicts` (on the metrics port) and the
+//! `mountguard-controller status` command that prints it.
+//!
+//! The endpoint lists verdicts that need attention (not Fresh, not
+//! Skipped) by default, every verdict with `?all=1`, filtered by
+//! `namespace`, `node` and `state` (a state name like `Stale` or a tag like
+//! `Stale/ImmutableCachePinned`). Fingerprints only, never digests or data.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+use crate::Error;
+use crate::verdict::{PodVerdicts, State, Subject, Verdict};
+
+/// The published verdicts of every evaluated pod.
+#[derive(Debug, Default)]
+pub struct VerdictStore {
+    /// Per pod UID.
+    pub pods: HashMap<Arc<str>, PodVerdicts>,
+    /// Whether the controller evaluated at least once (acting and synced).
+    pub evaluated: bool,
+}
+
+/// One verdict as the status endpoint returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusItem {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Controlling NodeSet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodeset: Option<String>,
+    /// `volume <name>`, `subPath <container>:<volume>/<subPath>` or
+    /// `env <container>:<var>`.
+    pub subject: String,
+    /// State name.
+    pub state: String,
+    /// Cause or reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// `Kind/name` of each source.
+    #[serde(default)]
+    pub sources: Vec<String>,
+    /// Fingerprint of the expected content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<String>,
+    /// Fingerprint of the mounted content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<String>,
+    /// Pods pinning an immutable cache entry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned_by: Vec<String>,
+    /// Paths that differ.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub differing_paths: Vec<String>,
+    /// Since when in this state.
+    pub since: String,
+    /// Explanation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The endpoint's document.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusDoc {
+    /// Whether this replica acts (only the acting replica has verdicts).
+    pub acting: bool,
+    /// Whether the watches finished their initial lists.
+    pub ready: bool,
+    /// Count of every verdict per `State` or `State/Cause`.
+    pub by_state: BTreeMap<String, usize>,
+    /// The selected verdicts.
+    pub verdicts: Vec<StatusItem>,
+}
+
+/// Filters of the endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Query {
+    /// Include Fresh and Skipped.
+    pub all: bool,
+    /// Namespace.
+    pub namespace: Option<String>,
+    /// Node.
+    pub node: Option<String>,
+    /// State name or tag.
+    pub state: Option<String>,
+}
+
+impl Query {
+    /// Parses a query string (`all=1&namespace=..&node=..&state=..`).
+    pub fn parse(q: Option<&str>) -> Self {
+        let mut out = Self::default();
+        for pair in q.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            let v = percent_decode(v);
+            match k {
+                "all" => out.all = matches!(v.as_str(), "" | "1" | "true" | "yes"),
+                "namespace" if !v.is_empty() => out.namespace = Some(v),
+                "node" if !v.is_empty() => out.node = Some(v),
+                "state" if !v.is_empty() => out.state = Some(v),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn matches(&self, pv: &PodVerdicts, v: &Verdict) -> bool {
+        if !self.all && self.state.is_none() && matches!(v.state, State::Fresh | State::Skipped(_))
+        {
+            return false;
+        }
+        if let Some(ns) = &self.namespace
+            && *pv.pod.namespace != **ns
+        {
+            return false;
+        }
+        if let Some(n) = &self.node
+            && pv.pod.node.as_deref() != Some(n.as_str())
+        {
+            return false;
+        }
+        if let Some(s) = &self.state
+            && v.state.name() != s
+            && v.state.tag() != *s
+        {
+            return false;
+        }
+        true
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() + 0 && i + 2 <= b.len() - 1 => {
+                match u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                    Ok(x) => {
+                        out.push(x);
+                        i += 3;
+                        continue;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The subject as shown to operators (also the `volume` metric label's
+/// base).
+pub fn subject_text(s: &Subject) -> String {
+    match s {
+        Subject::Volume { volume } => format!("volume {volume}"),
+        Subject::SubPath {
+            container,
+            volume,
+            sub_path,
+            ..
+        } => format!("subPath {container}:{volume}/{sub_path}"),
+        Subject::Env { container, var } => format!("env {container}:{var}"),
+    }
+}
+
+/// One verdict as a status item.
+pub fn item(pv: &PodVerdicts, v: &Verdict) -> StatusItem {
+    let view = v.view(pv);
+    StatusItem {
+        namespace: view.namespace.to_string(),
+        pod: view.pod.to_string(),
+        node: view.node.map(str::to_string),
+        nodeset: view.nodeset.map(str::to_string),
+        subject: subject_text(&pv.subject(v)),
+        state: view.state.to_string(),
+        cause: view.cause.map(str::to_string),
+        sources: view
+            .sources
+            .iter()
+            .map(|s| format!("{}/{}", s.kind, s.name))
+            .collect(),
+        expected: view.expected.map(|f| f.to_string()),
+        observed: view.observed.map(|f| f.to_string()),
+        pinned_by: view.pinned_by.iter().map(|s| s.to_string()).collect(),
+        differing_paths: view.differing_paths.iter().map(|s| s.to_string()).collect(),
+        since: view.since.to_string(),
+        message: view.message.map(str::to_string),
+    }
+}
+
+impl VerdictStore {
+    /// The document for `q`.
+    pub fn document(&self, q: &Query, acting: bool, ready: bool) -> StatusDoc {
+        let mut by_state = BTreeMap::new();
+        let mut verdicts = Vec::new();
+        for pv in self.pods.values() {
+            for v in &pv.verdicts {
+                *by_state.entry(v.state.tag()).or_insert(0) += 1;
+                if q.matches(pv, v) {
+                    verdicts.push(item(pv, v));
+                }
+            }
+        }
+        verdicts.sort_by(|a, b| {
+            (&a.namespace, &a.pod, &a.subject).cmp(&(&b.namespace, &b.pod, &b.subject))
+        });
+        StatusDoc {
+            acting,
+            ready,
+            by_state,
+            verdicts,
+        }
+    }
+}
+
+/// Output formats of `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    /// A table.
+    Table,
+    /// The endpoint's JSON.
+    Json,
+}
+
+/// Arguments of `mountguard-controller status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Base URL of the controller's metrics port, e.g. http://mountguard-controller-metrics:8080.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_STATUS_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub url: String,
+    /// Only this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only this node.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Only this state (`Stale`) or tag (`Stale/ImmutableCachePinned`).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Include Fresh and Skipped verdicts.
+    #[arg(long)]
+    pub all: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: StatusOutput,
+}
+
+impl StatusArgs {
+    /// The request path and query.
+    pub fn path(&self) -> String {
+        let mut q = Vec::new();
+        if self.all {
+            q.push("all=1".to_string());
+        }
+        for (k, v) in [
+            ("namespace", &self.namespace),
+            ("node", &self.node),
+            ("state", &self.state),
+        ] {
+            if let Some(v) = v {
+                q.push(format!("{k}={}", encode(v)));
+            }
+        }
+        if q.is_empty() {
+            "/v1/verdicts".into()
+        } else {
+            format!("/v1/verdicts?{}", q.join("&"))
+        }
+    }
+
+    /// Fetches the document and prints it; returns the exit code (0 when
+    /// no verdict needs attention, 1 otherwise).
+    pub async fn run(self, out: &mut dyn Write) -> Result<u8, Error> {
+        let url = format!("{}{}", self.url.trim_end_matches('/'), self.path());
+        let body = http_get(&url).await?;
+        let doc: StatusDoc = serde_json::from_slice(&body).map_err(|e| Error::Json {
+            file: url.clone(),
+            line: e.line(),
+            column: e.column(),
+            message: e.to_string(),
+        })?;
+        let io = |e: std::io::Error| Error::Io {
+            file: "<stdout>".into(),
+            source: e,
+        };
+        match self.output {
+            StatusOutput::Json => {
+                serde_json::to_writer_pretty(&mut *out, &doc).map_err(|e| io(e.into()))?;
+                writeln!(out).map_err(io)?;
+            }
+            StatusOutput::Table => write_table(&doc, out).map_err(io)?,
+        }
+        let attention = doc
+            .verdicts
+            .iter()
+            .any(|v| !matches!(v.state.as_str(), "Fresh" | "Skipped"));
+        Ok(u8::from(attention))
+    }
+}
+
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+async fn http_get(url: &str) -> Result<Vec<u8>, Error> {
+    use http_body_util::BodyExt;
+    let err = |m: String| Error::Config(format!("GET {url}: {m}"));
+    let uri: http::Uri = url.parse().map_err(|e| err(format!("{e}")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(err(
+            "only http:// URLs are supported (the metrics port)".into()
+        ));
+    }
+    let host = uri.host().ok_or_else(|| err("no host".into()))?.to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| err(e.to_string()))?;
+    tokio::spawn(conn);
+    let req = http::Request::get(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+        .header(http::header::HOST, host)
+        .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+        .map_err(|e| err(e.to_string()))?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| err(e.to_string()))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(err(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(500)])
+        )));
+    }
+    Ok(body.to_vec())
+}
+
+/// Prints the document as a table: one row per verdict, notes, a summary.
+pub fn write_table(doc: &StatusDoc, out: &mut dyn Write) -> std::io::Result<()> {
+    if !doc.acting {
+        writeln!(
+            out,
+            "note: this replica is not the acting controller; ask the leader (label mountguard.io/leader=true)"
+        )?;
+    } else if !doc.ready {
+        writeln!(
+            out,
+            "note: the controller is still loading the cluster state"
+        )?;
+    }
+    let mut rows: Vec<[String; 7]> = vec![[
+        "STATE".into(),
+        "CAUSE".into(),
+        "POD".into(),
+        "NODE".into(),
+        "SUBJECT".into(),
+        "SOURCE".into(),
+        "MOUNTED/CURRENT".into(),
+    ]];
+    let mut notes = Vec::new();
+    for v in &doc.verdicts {
+        let mut cause = v.cause.clone().unwrap_or_default();
+        if !v.pinned_by.is_empty() {
+            cause.push_str(&format!(" (pinned by {})", v.pinned_by.join(",")));
+        }
+        rows.push([
+            v.state.clone(),
+            cause,
+            format!("{}/{}", v.namespace, v.pod),
+            v.node.clone().unwrap_or_else(|| "-".into()),
+            v.subject.clone(),
+            v.sources.join(","),
+            format!(
+                "{} vs {}",
+                v.observed.as_deref().unwrap_or("-"),
+                v.expected.as_deref().unwrap_or("-")
+            ),
+        ]);
+        if let Some(m) = &v.message {
+            notes.push(format!(
+                "{}/{} {}: {m} (since {})",
+                v.namespace, v.pod, v.subject, v.since
+            ));
+        }
+    }
+    if rows.len() == 1 {
+        writeln!(out, "no verdict needs attention")?;
+    } else {
+        let mut widths = [0usize; 7];
+        for r in &rows {
+            for (i, c) in r.iter().enumerate() {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+        for r in &rows {
+            let mut line = String::new();
+            for (i, c) in r.iter().enumerate() {
+                if i + 1 == r.len() {
+                    line.push_str(c);
+                } else {
+                    line.push_str(&format!("{c:<w$}  ", w = widths[i]));
+                }
+            }
+            writeln!(out, "{}", line.trim_end())?;
+        }
+    }
+    for n in notes {
+        writeln!(out, "  {n}")?;
+    }
+    let summary: Vec<String> = doc
+        .by_state
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    writeln!(
+        out,
+        "verdicts: {}",
+        if summary.is_empty() {
+            "none".into()
+        } else {
+            summary.join(" ")
+        }
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::*;
+    use crate::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
+
+    #[test]
+    fn query_filters_and_table() {
+        let mut ix = ClusterIndex::new();
+        put_config_map(
+            &mut ix,
+            "ns",
+            "cm",
+            &[("a", b"new")],
+            &[],
+            Some(ts("2026-11-30T09:00:00Z")),
+        );
+        let pod = PodB::new("ns", "p1", "u1", "n1")
+            .volume(
+                "cfg",
+                crate::model::VolumeSource::Object(obj(SourceKind::ConfigMap, "cm", &[], false)),
+            )
+            .build();
+        ix.apply_pod(pod);
+        let pod2 = PodB::new("other", "p2", "u2", "n2").build();
+        ix.apply_pod(pod2);
+        NodeB::new("n1", ts("2026-11-30T10:00:00Z"))
+            .volume(
+                "u1",
+                inventory_plugin(),
+                "cfg",
+                &[("a", b"old")],
+                ts("2026-11-30T09:59:00Z"),
+            )
+            .apply(&mut ix);
+        let engine = Engine::new(Config::default(), Fingerprinter::new(&[7u8; 32]).unwrap());
+        let mut st = EngineState::default();
+        let ev = engine.evaluate_all(&ix, &mut st, ts("2026-11-30T10:00:01Z"));
+        let mut store = VerdictStore::default();
+        for pv in ev.pods {
+            store.pods.insert(pv.pod.uid.clone(), pv);
+        }
+        let doc = store.document(&Query::parse(Some("")), true, true);
+        assert_eq!(doc.verdicts.len(), 1, "{doc:?}");
+        assert_eq!(doc.verdicts[0].state, "Stale");
+        assert_eq!(doc.verdicts[0].subject, "volume cfg");
+        assert_eq!(doc.verdicts[0].sources, vec!["ConfigMap/cm".to_string()]);
+        let fp = doc.verdicts[0].expected.clone().unwrap();
+        assert_eq!(fp.len(), 12, "fingerprints only");
+        assert!(
+            store
+                .document(&Query::parse(Some("namespace=other")), true, true)
+                .verdicts
+                .is_empty()
+        );
+        assert!(
+            store
+                .document(&Query::parse(Some("node=n2")), true, true)
+                .verdicts
+                .is_empty()
+        );
+        assert_eq!(
+            store
+                .document(&Query::parse(Some("state=Stale%2FUnknown")), true, true)
+                .verdicts
+                .len(),
+            1
+        );
+        assert!(
+            store
+                .document(&Query::parse(Some("state=Frozen")), true, true)
+                .verdicts
+                .is_empty()
+        );
+        let mut out = Vec::new();
+        write_table(&doc, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("Stale  Unknown"), "{text}");
+        assert!(text.contains("ns/p1"), "{text}");
+        assert!(text.contains("verdicts: Stale/Unknown=1"), "{text}");
+        // JSON round trip for the status command.
+        let back: StatusDoc = serde_json::from_slice(&serde_json::to_vec(&doc).unwrap()).unwrap();
+        assert_eq!(back, doc);
+        let args = StatusArgs {
+            url: "http://x".into(),
+            namespace: Some("a b".into()),
+            node: None,
+            state: Some("Stale/ImmutableCache".into()),
+            all: true,
+            output: StatusOutput::Json,
+        };
+        assert_eq!(
+            args.path(),
+            "/v1/verdicts?all=1&namespace=a%20b&state=Stale%2FImmutableCache"
+        );
+        assert_eq!(
+            Query::parse(Some("namespace=a%20b")).namespace.as_deref(),
+            Some("a b")
+        );
+    }
+
+    fn inventory_plugin() -> mountguard_inventory::Plugin {
+        mountguard_inventory::Plugin::Configmap
+    }
+}

@@ -1,0 +1,617 @@
+//! Watches (kube-runtime `watcher` with the default backoff), converted at
+//! the edge into evaluation inputs.
+//!
+//! * Pods (per watched namespace, `--pod-selector`), Secrets and ConfigMaps
+//!   (per watched namespace; content hashed here, the object and its
+//!   plaintext dropped at once), Nodes, NodeSets (`slinky.slurm.net/v1beta1`,
+//!   optional) and the agent's pods (agent namespace, owned by the agent
+//!   DaemonSet; for authorization).
+//! * Re-list semantics like a reflector store: after `InitDone`, objects
+//!   not seen in the re-list are deleted.
+//! * Every error is logged and counted (`mountguard_api_errors_total`,
+//!   `mountguard_watch_restarts_total`) and retried by the watcher's
+//!   backoff. [`Health`] records when each resource last failed so the
+//!   evaluation can mark subjects `Unverifiable/ApiUnavailable` while the
+//!   Secret/ConfigMap view is not current.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::args::RunArgs;
+use super::auth::{AgentPod, AgentPods};
+use super::eval::Input;
+use super::{Shared, Shutdown};
+use crate::convert;
+use crate::model::Interner;
+
+/// How long after its last error a resource's view counts as not current.
+pub const DEGRADED_FOR: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Default, Clone)]
+struct ResourceHealth {
+    required: bool,
+    synced: bool,
+    last_error: Option<Instant>,
+}
+
+/// Sync state and errors of every watch.
+#[derive(Debug, Default)]
+pub struct Health {
+    inner: Mutex<HashMap<String, ResourceHealth>>,
+}
+
+impl Health {
+    /// Registers a watch; `required` ones gate readiness.
+    pub fn register(&self, name: &str, required: bool) {
+        self.inner
+            .lock()
+            .unwrap()
+            .entry(name.to_string())
+            .or_default()
+            .required |= required;
+    }
+
+    fn synced(&self, name: &str) {
+        let mut g = self.inner.lock().unwrap();
+        let h = g.entry(name.to_string()).or_default();
+        h.synced = true;
+        h.last_error = None;
+    }
+
+    fn error(&self, name: &str) {
+        self.inner
+            .lock()
+            .unwrap()
+            .entry(name.to_string())
+            .or_default()
+            .last_error = Some(Instant::now());
+    }
+
+    fn ok(&self, name: &str) {
+        if let Some(h) = self.inner.lock().unwrap().get_mut(name) {
+            h.last_error = None;
+        }
+    }
+
+    /// Whether every required watch finished its initial list.
+    pub fn all_synced(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap()
+            .values()
+            .all(|h| !h.required || h.synced)
+    }
+
+    /// Whether the Secret or ConfigMap view is not current: a watch not
+    /// synced, or failed within [`DEGRADED_FOR`].
+    pub fn sources_degraded(&self) -> bool {
+        self.inner.lock().unwrap().iter().any(|(k, h)| {
+            (k.starts_with("secrets") || k.starts_with("configmaps"))
+                && (!h.synced || h.last_error.is_some_and(|t| t.elapsed() < DEGRADED_FOR))
+        })
+    }
+}
+
+/// Converts watch events of one resource into inputs.
+trait Edge<K>: Send + 'static {
+    type Key: Hash + Eq + Clone + Send;
+    fn key(&self, obj: &K) -> Option<Self::Key>;
+    /// Converts and drops the object.
+    fn apply(&mut self, obj: K) -> Option<Input>;
+    fn delete(&mut self, key: Self::Key) -> Option<Input>;
+}
+
+struct PodEdge {
+    interner: Interner,
+}
+
+impl Edge<Pod> for PodEdge {
+    type Key = Arc<str>;
+    fn key(&self, p: &Pod) -> Option<Arc<str>> {
+        p.metadata.uid.as_deref().map(Arc::from)
+    }
+    fn apply(&mut self, p: Pod) -> Option<Input> {
+        let m = convert::pod(&mut self.interner, &p, &convert::RawPodExtras::default())?;
+        Some(Input::Pod(Box::new(m)))
+    }
+    fn delete(&mut self, uid: Arc<str>) -> Option<Input> {
+        Some(Input::PodDeleted(uid))
+    }
+}
+
+struct SecretEdge {
+    interner: Interner,
+}
+
+impl Edge<Secret> for SecretEdge {
+    type Key = crate::SourceRef;
+    fn key(&self, s: &Secret) -> Option<crate::SourceRef> {
+        Some(crate::SourceRef::new(
+            crate::SourceKind::Secret,
+            Arc::from(s.metadata.namespace.as_deref()?),
+            Arc::from(s.metadata.name.as_deref()?),
+        ))
+    }
+    fn apply(&mut self, s: Secret) -> Option<Input> {
+        let (r, c) = convert::secret(&mut self.interner, &s)?;
+        drop(s);
+        Some(Input::Source(r, c))
+    }
+    fn delete(&mut self, r: crate::SourceRef) -> Option<Input> {
+        Some(Input::SourceDeleted(r))
+    }
+}
+
+struct ConfigMapEdge {
+    interner: Interner,
+}
+
+impl Edge<ConfigMap> for ConfigMapEdge {
+    type Key = crate::SourceRef;
+    fn key(&self, s: &ConfigMap) -> Option<crate::SourceRef> {
+        Some(crate::SourceRef::new(
+            crate::SourceKind::ConfigMap,
+            Arc::from(s.metadata.namespace.as_deref()?),
+            Arc::from(s.metadata.name.as_deref()?),
+        ))
+    }
+    fn apply(&mut self, c: ConfigMap) -> Option<Input> {
+        let (r, content) = convert::config_map(&mut self.interner, &c)?;
+        drop(c);
+        Some(Input::Source(r, content))
+    }
+    fn delete(&mut self, r: crate::SourceRef) -> Option<Input> {
+        Some(Input::SourceDeleted(r))
+    }
+}
+
+struct NodeEdge;
+
+impl Edge<Node> for NodeEdge {
+    type Key = String;
+    fn key(&self, n: &Node) -> Option<String> {
+        n.metadata.name.clone()
+    }
+    fn apply(&mut self, _n: Node) -> Option<Input> {
+        None
+    }
+    fn delete(&mut self, n: String) -> Option<Input> {
+        Some(Input::NodeDeleted(n))
+    }
+}
+
+struct NodeSetEdge;
+
+impl Edge<DynamicObject> for NodeSetEdge {
+    type Key = String;
+    fn key(&self, o: &DynamicObject) -> Option<String> {
+        Some(format!(
+            "{}/{}",
+            o.metadata.namespace.as_deref()?,
+            o.metadata.name.as_deref()?
+        ))
+    }
+    fn apply(&mut self, o: DynamicObject) -> Option<Input> {
+        let k = self.key(&o)?;
+        Some(Input::NodeSet(k, Arc::new(o)))
+    }
+    fn delete(&mut self, k: String) -> Option<Input> {
+        Some(Input::NodeSetDeleted(k))
+    }
+}
+
+struct AgentEdge {
+    agents: Arc<AgentPods>,
+    daemonset: String,
+}
+
+impl Edge<Pod> for AgentEdge {
+    type Key = String;
+    fn key(&self, p: &Pod) -> Option<String> {
+        p.metadata.name.clone()
+    }
+    fn apply(&mut self, p: Pod) -> Option<Input> {
+        match AgentPod::from_pod(&p) {
+            Some(a) if a.daemonsets.iter().any(|d| *d == self.daemonset) => self.agents.apply(a),
+            Some(a) => self.agents.delete(&a.name),
+            None => {}
+        }
+        None
+    }
+    fn delete(&mut self, name: String) -> Option<Input> {
+        self.agents.delete(&name);
+        None
+    }
+}
+
+/// Runs one watch until shutdown.
+async fn run_watch<K, E>(
+    api: Api<K>,
+    config: watcher::Config,
+    name: String,
+    resource: &'static str,
+    mut edge: E,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Input>,
+    mut shutdown: Shutdown,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
+    K::DynamicType: Default,
+    E: Edge<K>,
+{
+    let mut stream = watcher(api, config).default_backoff().boxed();
+    let mut known: HashSet<E::Key> = HashSet::new();
+    let mut relist: Option<HashSet<E::Key>> = None;
+    let mut lists = 0u64;
+    let mut failing = false;
+    loop {
+        let ev = tokio::select! {
+            _ = shutdown.wait() => return,
+            ev = stream.try_next() => ev,
+        };
+        let mut out: Vec<Input> = Vec::new();
+        match ev {
+            Ok(None) => return,
+            Err(e) => {
+                shared.metrics.api_error(&format!("watch_{resource}"));
+                shared
+                    .metrics
+                    .watch_restarts
+                    .with_label_values(&[resource])
+                    .inc();
+                shared.health.error(&name);
+                if !failing {
+                    warn!(watch = %name, error = %e, "watch failed; retrying with backoff");
+                } else {
+                    debug!(watch = %name, error = %e, "watch still failing");
+                }
+                failing = true;
+                continue;
+            }
+            Ok(Some(ev)) => {
+                if failing {
+                    info!(watch = %name, "watch recovered");
+                    failing = false;
+                }
+                match ev {
+                    watcher::Event::Init => {
+                        if lists > 0 {
+                            shared
+                                .metrics
+                                .watch_restarts
+                                .with_label_values(&[resource])
+                                .inc();
+                        }
+                        lists += 1;
+                        relist = Some(HashSet::new());
+                    }
+                    watcher::Event::InitApply(o) => {
+                        if let Some(k) = edge.key(&o) {
+                            if let Some(s) = relist.as_mut() {
+                                s.insert(k.clone());
+                            }
+                            known.insert(k);
+                        }
+                        out.extend(edge.apply(o));
+                    }
+                    watcher::Event::InitDone => {
+                        let seen = relist.take().unwrap_or_default();
+                        let gone: Vec<E::Key> = known
+                            .iter()
+                            .filter(|k| !seen.contains(*k))
+                            .cloned()
+                            .collect();
+                        for k in gone {
+                            out.extend(edge.delete(k));
+                        }
+                        known = seen;
+                        shared.health.synced(&name);
+                        debug!(watch = %name, objects = known.len(), "initial list done");
+                    }
+                    watcher::Event::Apply(o) => {
+                        shared.health.ok(&name);
+                        if let Some(k) = edge.key(&o) {
+                            known.insert(k);
+                        }
+                        out.extend(edge.apply(o));
+                    }
+                    watcher::Event::Delete(o) => {
+                        shared.health.ok(&name);
+                        if let Some(k) = edge.key(&o) {
+                            known.remove(&k);
+                            out.extend(edge.delete(k));
+                        }
+                    }
+                }
+            }
+        }
+        for i in out {
+            if tx.send(i).await.is_err() {
+                return;
+            }
+        }
+        if !shared.ready.load(Ordering::Acquire) && shared.health.all_synced() {
+            shared.ready.store(true, Ordering::Release);
+            info!("initial lists done; ready");
+        }
+    }
+}
+
+fn namespaced<K>(client: &kube::Client, ns: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// The ApiResource of Slinky NodeSets.
+pub fn nodeset_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("slinky.slurm.net", "v1beta1", "NodeSet"),
+        "nodesets",
+    )
+}
+
+/// Starts every watch.
+pub fn spawn_all(
+    client: &kube::Client,
+    args: &RunArgs,
+    shared: Arc<Shared>,
+    agents: Arc<AgentPods>,
+    tx: mpsc::Sender<Input>,
+    shutdown: Shutdown,
+) -> Vec<(&'static str, JoinHandle<()>)> {
+    let mut out = Vec::new();
+    let namespaces: Vec<Option<String>> = {
+        let v: Vec<String> = args
+            .watch_namespaces
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if v.is_empty() {
+            vec![None]
+        } else {
+            v.into_iter().map(Some).collect()
+        }
+    };
+    let wc = || watcher::Config::default();
+    let suffix = |ns: &Option<String>| ns.as_deref().map(|n| format!("/{n}")).unwrap_or_default();
+    for ns in &namespaces {
+        let mut pc = wc();
+        if let Some(sel) = args
+            .pod_selector
+            .as_deref()
+            .filter(|s| !s.trim().is_empty())
+        {
+            pc = pc.labels(sel);
+        }
+        let name = format!("pods{}", suffix(ns));
+        shared.health.register(&name, true);
+        out.push((
+            "watch-pods",
+            tokio::spawn(run_watch(
+                namespaced::<Pod>(client, ns.as_deref()),
+                pc,
+                name,
+                "pods",
+                PodEdge {
+                    interner: Interner::default(),
+                },
+                shared.clone(),
+                tx.clone(),
+                shutdown.clone(),
+            )),
+        ));
+        let name = format!("secrets{}", suffix(ns));
+        shared.health.register(&name, true);
+        out.push((
+            "watch-secrets",
+            tokio::spawn(run_watch(
+                namespaced::<Secret>(client, ns.as_deref()),
+                wc(),
+                name,
+                "secrets",
+                SecretEdge {
+                    interner: Interner::default(),
+                },
+                shared.clone(),
+                tx.clone(),
+                shutdown.clone(),
+            )),
+        ));
+        let name = format!("configmaps{}", suffix(ns));
+        shared.health.register(&name, true);
+        out.push((
+            "watch-configmaps",
+            tokio::spawn(run_watch(
+                namespaced::<ConfigMap>(client, ns.as_deref()),
+                wc(),
+                name,
+                "configmaps",
+                ConfigMapEdge {
+                    interner: Interner::default(),
+                },
+                shared.clone(),
+                tx.clone(),
+                shutdown.clone(),
+            )),
+        ));
+        out.push((
+            "watch-nodesets",
+            tokio::spawn(run_nodesets(
+                client.clone(),
+                ns.clone(),
+                shared.clone(),
+                tx.clone(),
+                shutdown.clone(),
+            )),
+        ));
+    }
+    shared.health.register("nodes", true);
+    out.push((
+        "watch-nodes",
+        tokio::spawn(run_watch(
+            Api::<Node>::all(client.clone()),
+            wc(),
+            "nodes".into(),
+            "nodes",
+            NodeEdge,
+            shared.clone(),
+            tx.clone(),
+            shutdown.clone(),
+        )),
+    ));
+    shared.health.register("agents", true);
+    out.push((
+        "watch-agents",
+        tokio::spawn(run_watch(
+            Api::<Pod>::namespaced(client.clone(), &args.agent_service_account.namespace),
+            wc(),
+            "agents".into(),
+            "agent_pods",
+            AgentEdge {
+                agents,
+                daemonset: args.agent_daemonset.clone(),
+            },
+            shared,
+            tx,
+            shutdown,
+        )),
+    ));
+    out
+}
+
+/// How often an absent NodeSet CRD is looked for again.
+pub const NODESET_RETRY: Duration = Duration::from_secs(300);
+
+/// Watches NodeSets once the CRD exists (probed with a one-item list; a
+/// 404 means the CRD is absent: NodeSet features off, probed again every
+/// [`NODESET_RETRY`]).
+async fn run_nodesets(
+    client: kube::Client,
+    ns: Option<String>,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Input>,
+    mut shutdown: Shutdown,
+) {
+    let ar = nodeset_resource();
+    let api: Api<DynamicObject> = match &ns {
+        Some(n) => Api::namespaced_with(client.clone(), n, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    let mut logged = false;
+    loop {
+        match api.list(&ListParams::default().limit(1)).await {
+            Ok(_) => break,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                if !logged {
+                    info!(
+                        "NodeSet CRD (slinky.slurm.net/v1beta1) not found: NodeSet features off; looking again every 5 minutes"
+                    );
+                    logged = true;
+                }
+                tokio::select! {
+                    _ = shutdown.wait() => return,
+                    _ = tokio::time::sleep(NODESET_RETRY) => {}
+                }
+            }
+            Err(e) => {
+                shared.metrics.api_error("list_nodesets");
+                debug!(error = %e, "probing NodeSets failed");
+                tokio::select! {
+                    _ = shutdown.wait() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(10)) => {}
+                }
+            }
+        }
+    }
+    info!("watching NodeSets");
+    let name = format!(
+        "nodesets{}",
+        ns.as_deref().map(|n| format!("/{n}")).unwrap_or_default()
+    );
+    let stream_api = api;
+    run_dynamic(stream_api, ar, name, shared, tx, shutdown).await;
+}
+
+async fn run_dynamic(
+    api: Api<DynamicObject>,
+    ar: ApiResource,
+    name: String,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<Input>,
+    mut shutdown: Shutdown,
+) {
+    // DynamicObject needs the ApiResource as its dynamic type.
+    let mut stream = kube::runtime::watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let _ = ar;
+    let mut edge = NodeSetEdge;
+    let mut known: HashSet<String> = HashSet::new();
+    let mut relist: Option<HashSet<String>> = None;
+    loop {
+        let ev = tokio::select! {
+            _ = shutdown.wait() => return,
+            ev = stream.try_next() => ev,
+        };
+        let mut out = Vec::new();
+        match ev {
+            Ok(None) => return,
+            Err(e) => {
+                shared.metrics.api_error("watch_nodesets");
+                shared
+                    .metrics
+                    .watch_restarts
+                    .with_label_values(&["nodesets"])
+                    .inc();
+                debug!(watch = %name, error = %e, "NodeSet watch failed; retrying");
+            }
+            Ok(Some(watcher::Event::Init)) => relist = Some(HashSet::new()),
+            Ok(Some(watcher::Event::InitApply(o))) | Ok(Some(watcher::Event::Apply(o))) => {
+                if let Some(k) = edge.key(&o) {
+                    if let Some(s) = relist.as_mut() {
+                        s.insert(k.clone());
+                    }
+                    known.insert(k);
+                }
+                out.extend(edge.apply(o));
+            }
+            Ok(Some(watcher::Event::InitDone)) => {
+                let seen = relist.take().unwrap_or_default();
+                for k in known.iter().filter(|k| !seen.contains(*k)) {
+                    out.extend(edge.delete(k.clone()));
+                }
+                known = seen;
+            }
+            Ok(Some(watcher::Event::Delete(o))) => {
+                if let Some(k) = edge.key(&o) {
+                    known.remove(&k);
+                    out.extend(edge.delete(k));
+                }
+            }
+        }
+        for i in out {
+            if tx.send(i).await.is_err() {
+                return;
+            }
+        }
+    }
+}
