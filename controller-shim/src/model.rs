@@ -77,8 +77,10 @@ impl Interner {
     where
         I: IntoIterator<Item = (&'a str, &'a Digest)>,
     {
-        let mut list: Vec<(Arc<str>, Digest)> =
-            files.into_iter().map(|(p, d)| (self.intern(p), *d)).collect();
+        let mut list: Vec<(Arc<str>, Digest)> = files
+            .into_iter()
+            .map(|(p, d)| (self.intern(p), *d))
+            .collect();
         list.sort_by(|a, b| a.0.cmp(&b.0));
         if let Some(a) = self.file_lists.get(list.as_slice()) {
             return a.clone();
