@@ -1,0 +1,823 @@
+use jiff::SignedDuration;
+
+use super::*;
+use crate::remediation::machine_tests_support::{attempt, attempt_in, node, t0};
+
+const OLD: &str = "uid-old";
+const NEW: &str = "uid-new";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum W {
+    Drain,
+    Undrain,
+    Evict,
+}
+
+fn writes(actions: &[Action]) -> Vec<W> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::DrainNode { .. } => Some(W::Drain),
+            Action::UndrainNode { .. } => Some(W::Undrain),
+            Action::Evict { .. } => Some(W::Evict),
+            _ => None,
+        })
+        .collect()
+}
+
+fn events(actions: &[Action]) -> Vec<EventReason> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ours(state: &[&str]) -> SlurmObservation {
+    SlurmObservation::Node(node(state, &attempt().drain_reason))
+}
+
+fn plain(state: &[&str]) -> SlurmObservation {
+    SlurmObservation::Node(node(state, ""))
+}
+
+fn foreign(state: &[&str]) -> SlurmObservation {
+    SlurmObservation::Node(node(state, "admin: replace DIMM"))
+}
+
+fn transient() -> SlurmObservation {
+    SlurmObservation::Error {
+        transient: true,
+        message: "connection refused".into(),
+    }
+}
+
+fn obs(slurm: SlurmObservation, pod: Option<&str>) -> Observations {
+    Observations {
+        slurm,
+        pod_uid: pod.map(String::from),
+        ..Default::default()
+    }
+}
+
+struct Case {
+    name: &'static str,
+    from: Phase,
+    obs: Observations,
+    after: SignedDuration,
+    policy: FailurePolicy,
+    to: Phase,
+    writes: Vec<W>,
+    events: Vec<EventReason>,
+    kept_drained: bool,
+}
+
+fn case(name: &'static str, from: Phase, obs: Observations, to: Phase) -> Case {
+    Case {
+        name,
+        from,
+        obs,
+        after: SignedDuration::from_secs(30),
+        policy: FailurePolicy::Auto,
+        to,
+        writes: vec![],
+        events: vec![],
+        kept_drained: false,
+    }
+}
+
+impl Case {
+    fn writes(mut self, w: &[W]) -> Self {
+        self.writes = w.to_vec();
+        self
+    }
+    fn events(mut self, e: &[EventReason]) -> Self {
+        self.events = e.to_vec();
+        self
+    }
+    fn after(mut self, d: SignedDuration) -> Self {
+        self.after = d;
+        self
+    }
+    fn kept(mut self) -> Self {
+        self.kept_drained = true;
+        self
+    }
+    fn policy(mut self, p: FailurePolicy) -> Self {
+        self.policy = p;
+        self
+    }
+}
+
+use EventReason as E;
+use FailReason as F;
+
+fn cases() -> Vec<Case> {
+    let h = SignedDuration::from_hours;
+    let m = SignedDuration::from_mins;
+    let fresh = |slurm| Observations {
+        new_pod: NewPodCheck::Fresh,
+        ..obs(slurm, Some(NEW))
+    };
+    let stale = |slurm| Observations {
+        new_pod: NewPodCheck::StillStale {
+            message: "volume slurm-etc Stale/ImmutableCachePinned".into(),
+        },
+        ..obs(slurm, Some(NEW))
+    };
+    vec![
+        // Pending
+        case(
+            "pending drains an idle node",
+            Phase::Pending,
+            obs(plain(&["IDLE"]), Some(OLD)),
+            Phase::Draining,
+        )
+        .writes(&[W::Drain])
+        .events(&[E::RemediationStarted]),
+        case(
+            "pending drains a busy node too (drain waits for jobs)",
+            Phase::Pending,
+            obs(plain(&["MIXED"]), Some(OLD)),
+            Phase::Draining,
+        )
+        .writes(&[W::Drain])
+        .events(&[E::RemediationStarted]),
+        case(
+            "pending waits on a slurmrestd error",
+            Phase::Pending,
+            obs(transient(), Some(OLD)),
+            Phase::Pending,
+        ),
+        case(
+            "pending waits when slurm was not read",
+            Phase::Pending,
+            obs(SlurmObservation::NotRead, Some(OLD)),
+            Phase::Pending,
+        ),
+        case(
+            "pending leaves a foreign drain alone",
+            Phase::Pending,
+            obs(foreign(&["IDLE", "DRAIN"]), Some(OLD)),
+            Phase::Failed(F::NodeDrainedByOthers),
+        )
+        .events(&[E::RemediationFailed]),
+        case(
+            "pending: unknown slurm node",
+            Phase::Pending,
+            obs(SlurmObservation::NotFound, Some(OLD)),
+            Phase::Failed(F::SlurmNodeNotFound),
+        )
+        .events(&[E::RemediationFailed]),
+        case(
+            "pending: pod replaced meanwhile",
+            Phase::Pending,
+            obs(plain(&["IDLE"]), Some(NEW)),
+            Phase::Failed(F::PodChanged),
+        )
+        .events(&[E::RemediationFailed]),
+        // Draining
+        case(
+            "draining sees our drain",
+            Phase::Draining,
+            obs(ours(&["MIXED", "DRAIN"]), Some(OLD)),
+            Phase::Drained,
+        ),
+        case(
+            "draining re-issues a drain that did not show",
+            Phase::Draining,
+            obs(plain(&["IDLE"]), Some(OLD)),
+            Phase::Draining,
+        )
+        .writes(&[W::Drain]),
+        case(
+            "draining waits on slurmrestd errors",
+            Phase::Draining,
+            obs(transient(), Some(OLD)),
+            Phase::Draining,
+        ),
+        case(
+            "draining: a foreign drain got there first",
+            Phase::Draining,
+            obs(foreign(&["IDLE", "DRAIN"]), Some(OLD)),
+            Phase::Failed(F::NodeDrainedByOthers),
+        )
+        .events(&[E::RemediationFailed]),
+        case(
+            "draining: drain rejected",
+            Phase::Draining,
+            Observations {
+                slurm_write: Some(WriteResult::Err {
+                    transient: false,
+                    message: "401 Unauthorized".into(),
+                }),
+                ..obs(plain(&["IDLE"]), Some(OLD))
+            },
+            Phase::Failed(F::DrainRejected),
+        )
+        .events(&[E::RemediationFailed]),
+        case(
+            "draining: the drain never shows",
+            Phase::Draining,
+            obs(plain(&["IDLE"]), Some(OLD)),
+            Phase::Failed(F::DrainTimeout),
+        )
+        .after(h(25))
+        .events(&[E::RemediationFailed]),
+        // Drained
+        case(
+            "drained waits for jobs",
+            Phase::Drained,
+            obs(ours(&["MIXED", "DRAIN"]), Some(OLD)),
+            Phase::Drained,
+        ),
+        case(
+            "drained waits for completing jobs",
+            Phase::Drained,
+            obs(ours(&["IDLE", "DRAIN", "COMPLETING"]), Some(OLD)),
+            Phase::Drained,
+        ),
+        case(
+            "drained without jobs evicts",
+            Phase::Drained,
+            obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
+            Phase::Evicting,
+        )
+        .writes(&[W::Evict])
+        .events(&[E::SlurmNodeDrained]),
+        case(
+            "a DOWN stale node without jobs is evicted",
+            Phase::Drained,
+            obs(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"]), Some(OLD)),
+            Phase::Evicting,
+        )
+        .writes(&[W::Evict])
+        .events(&[E::SlurmNodeDrained]),
+        case(
+            "drained: slurmrestd errors are no progress",
+            Phase::Drained,
+            obs(transient(), Some(OLD)),
+            Phase::Drained,
+        ),
+        case(
+            "drained: drain timeout releases (pod untouched)",
+            Phase::Drained,
+            obs(ours(&["ALLOCATED", "DRAIN"]), Some(OLD)),
+            Phase::Failed(F::DrainTimeout),
+        )
+        .after(h(24))
+        .writes(&[W::Undrain])
+        .events(&[E::RemediationFailed]),
+        case(
+            "drained: drain timeout with keep-drained keeps it",
+            Phase::Drained,
+            obs(ours(&["ALLOCATED", "DRAIN"]), Some(OLD)),
+            Phase::Failed(F::DrainTimeout),
+        )
+        .after(h(24))
+        .policy(FailurePolicy::KeepDrained)
+        .events(&[E::RemediationFailed])
+        .kept(),
+        case(
+            "drained: someone undrained before eviction",
+            Phase::Drained,
+            obs(plain(&["MIXED"]), Some(OLD)),
+            Phase::Failed(F::DrainRemoved),
+        )
+        .events(&[E::RemediationFailed]),
+        case(
+            "drained: admin re-drain is taken as drained, never undrained",
+            Phase::Drained,
+            obs(foreign(&["IDLE", "DRAIN"]), Some(OLD)),
+            Phase::Evicting,
+        )
+        .writes(&[W::Evict])
+        .events(&[E::SlurmNodeDrained]),
+        // Evicting
+        case(
+            "evicting: evicted",
+            Phase::Evicting,
+            Observations {
+                eviction: Some(EvictionResult::Evicted),
+                ..obs(ours(&["IDLE", "DRAIN"]), Some(OLD))
+            },
+            Phase::AwaitingReplacement,
+        )
+        .events(&[E::PodEvicted]),
+        case(
+            "evicting: pod gone",
+            Phase::Evicting,
+            obs(ours(&["IDLE", "DRAIN"]), None),
+            Phase::AwaitingReplacement,
+        )
+        .events(&[E::PodEvicted]),
+        case(
+            "evicting: PDB 429 waits",
+            Phase::Evicting,
+            Observations {
+                eviction: Some(EvictionResult::Refused {
+                    retry_after: Some(SignedDuration::from_secs(60)),
+                    message: "Cannot evict pod as it would violate the pod's disruption budget."
+                        .into(),
+                }),
+                ..obs(ours(&["IDLE", "DRAIN"]), Some(OLD))
+            },
+            Phase::Evicting,
+        ),
+        case(
+            "evicting: re-issues when due",
+            Phase::Evicting,
+            obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
+            Phase::Evicting,
+        )
+        .writes(&[W::Evict]),
+        case(
+            "evicting: never evicts once the drain is gone",
+            Phase::Evicting,
+            obs(plain(&["IDLE"]), Some(OLD)),
+            Phase::Failed(F::DrainRemoved),
+        )
+        .events(&[E::RemediationFailed]),
+        case(
+            "evicting: no eviction without reading slurm",
+            Phase::Evicting,
+            obs(transient(), Some(OLD)),
+            Phase::Evicting,
+        ),
+        case(
+            "evicting: timeout releases (pod untouched)",
+            Phase::Evicting,
+            obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
+            Phase::Failed(F::EvictionTimeout),
+        )
+        .after(m(31))
+        .writes(&[W::Undrain])
+        .events(&[E::RemediationFailed]),
+        // AwaitingReplacement
+        case(
+            "awaiting: new uid",
+            Phase::AwaitingReplacement,
+            obs(ours(&["DOWN", "DRAIN"]), Some(NEW)),
+            Phase::Verifying,
+        ),
+        case(
+            "awaiting: still absent",
+            Phase::AwaitingReplacement,
+            obs(ours(&["DOWN", "DRAIN"]), None),
+            Phase::AwaitingReplacement,
+        ),
+        case(
+            "awaiting: timeout keeps drained",
+            Phase::AwaitingReplacement,
+            obs(ours(&["DOWN", "DRAIN"]), None),
+            Phase::Failed(F::ReplacementTimeout),
+        )
+        .after(m(16))
+        .events(&[E::RemediationFailed])
+        .kept(),
+        case(
+            "awaiting: timeout with --on-failure undrain releases",
+            Phase::AwaitingReplacement,
+            obs(ours(&["DOWN", "DRAIN"]), None),
+            Phase::Failed(F::ReplacementTimeout),
+        )
+        .after(m(16))
+        .policy(FailurePolicy::Undrain)
+        .writes(&[W::Undrain])
+        .events(&[E::RemediationFailed]),
+        // Verifying
+        case(
+            "verifying: fresh and responding undrains",
+            Phase::Verifying,
+            fresh(ours(&["IDLE", "DRAIN"])),
+            Phase::Undraining,
+        )
+        .writes(&[W::Undrain])
+        .events(&[E::RemediationVerified]),
+        case(
+            "verifying: fresh but slurm not responding waits",
+            Phase::Verifying,
+            fresh(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"])),
+            Phase::Verifying,
+        ),
+        case(
+            "verifying: fresh but slurm unreadable waits",
+            Phase::Verifying,
+            fresh(transient()),
+            Phase::Verifying,
+        ),
+        case(
+            "verifying: no verdict yet waits",
+            Phase::Verifying,
+            obs(ours(&["IDLE", "DRAIN"]), Some(NEW)),
+            Phase::Verifying,
+        ),
+        case(
+            "verifying: still stale fails, kept drained",
+            Phase::Verifying,
+            stale(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"])),
+            Phase::Failed(F::ReplacementStale),
+        )
+        .events(&[E::RemediationFailed])
+        .kept(),
+        case(
+            "verifying: timeout keeps drained",
+            Phase::Verifying,
+            fresh(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"])),
+            Phase::Failed(F::VerificationTimeout),
+        )
+        .after(m(11))
+        .events(&[E::RemediationFailed])
+        .kept(),
+        case(
+            "verifying: admin drain meanwhile -> succeeded without undrain",
+            Phase::Verifying,
+            fresh(foreign(&["IDLE", "DRAIN"])),
+            Phase::Succeeded,
+        )
+        .events(&[E::RemediationVerified, E::RemediationSucceeded]),
+        // Undraining
+        case(
+            "undraining: undrain ours",
+            Phase::Undraining,
+            obs(ours(&["IDLE", "DRAIN"]), Some(NEW)),
+            Phase::Undraining,
+        )
+        .writes(&[W::Undrain]),
+        case(
+            "undraining: done",
+            Phase::Undraining,
+            obs(plain(&["IDLE"]), Some(NEW)),
+            Phase::Succeeded,
+        )
+        .events(&[E::RemediationSucceeded]),
+        case(
+            "undraining: admin drain is left alone",
+            Phase::Undraining,
+            obs(foreign(&["IDLE", "DRAIN"]), Some(NEW)),
+            Phase::Succeeded,
+        )
+        .events(&[E::RemediationSucceeded]),
+        case(
+            "undraining: slurmrestd errors retried",
+            Phase::Undraining,
+            obs(transient(), Some(NEW)),
+            Phase::Undraining,
+        ),
+        case(
+            "undraining: rejected keeps drained",
+            Phase::Undraining,
+            Observations {
+                slurm_write: Some(WriteResult::Err {
+                    transient: false,
+                    message: "403 Forbidden".into(),
+                }),
+                ..obs(ours(&["IDLE", "DRAIN"]), Some(NEW))
+            },
+            Phase::Failed(F::UndrainRejected),
+        )
+        .events(&[E::RemediationFailed])
+        .kept(),
+    ]
+}
+
+#[test]
+fn every_transition_and_failure_path() {
+    let mut failures = Vec::new();
+    for c in cases() {
+        let a = attempt_in(c.from);
+        let cfg = MachineConfig {
+            on_failure: c.policy,
+            ..Default::default()
+        };
+        let (b, actions) = step(&a, &c.obs, t0() + c.after, &cfg);
+        let got = (b.phase, writes(&actions), events(&actions), b.kept_drained);
+        let want = (c.to, c.writes.clone(), c.events.clone(), c.kept_drained);
+        if got != want {
+            failures.push(format!("{}:\n  got  {got:?}\n  want {want:?}", c.name));
+        }
+        // Persist precedes every write, and comes with every transition.
+        let first_write = actions.iter().position(|x| {
+            matches!(
+                x,
+                Action::DrainNode { .. } | Action::UndrainNode { .. } | Action::Evict { .. }
+            )
+        });
+        let first_persist = actions.iter().position(|x| *x == Action::Persist);
+        if b.phase != a.phase && first_persist.is_none() {
+            failures.push(format!("{}: transition without Persist", c.name));
+        }
+        if let Some(w) = first_write
+            && b.phase != a.phase
+            && first_persist.is_none_or(|p| p > w)
+        {
+            failures.push(format!("{}: write before Persist: {actions:?}", c.name));
+        }
+        if b.phase != a.phase && b.history.last().map(|e| e.phase) != Some(b.phase) {
+            failures.push(format!("{}: history not updated", c.name));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn undrain_carries_our_exact_reason_and_drain_carries_the_format() {
+    let a = attempt();
+    let (b, actions) = step(
+        &a,
+        &obs(plain(&["IDLE"]), Some(OLD)),
+        t0(),
+        &MachineConfig::default(),
+    );
+    let reason = actions
+        .iter()
+        .find_map(|x| match x {
+            Action::DrainNode { node, reason } => Some((node.clone(), reason.clone())),
+            _ => None,
+        })
+        .expect("drain");
+    assert_eq!(
+        reason,
+        (
+            "n1".to_string(),
+            "mountguard: slurm/worker-0 volume slurm-etc stale (mounted 591b08c85fb0 vs current 6cc34aeed46b) attempt a1b2c3".to_string()
+        )
+    );
+    assert!(b.drain_requested);
+    let mut u = attempt_in(Phase::Undraining);
+    u.drain_reason = reason.1.clone();
+    let (_, actions) = step(
+        &u,
+        &obs(ours(&["IDLE", "DRAIN"]), Some(NEW)),
+        t0(),
+        &MachineConfig::default(),
+    );
+    assert!(actions.contains(&Action::UndrainNode {
+        node: "n1".into(),
+        owned_reason: reason.1
+    }));
+}
+
+#[test]
+fn ownership_needs_the_prefix_and_our_attempt_id() {
+    let a = attempt();
+    assert!(a.owns(&node(&["IDLE", "DRAIN"], &a.drain_reason)));
+    assert!(!a.owns(&node(&["IDLE"], &a.drain_reason)), "no DRAIN flag");
+    assert!(!a.owns(&node(
+        &["IDLE", "DRAIN"],
+        "mountguard: slurm/worker-0 volume x stale attempt other1"
+    )));
+    assert!(!a.owns(&node(&["IDLE", "DRAIN"], "admin: attempt a1b2c3")));
+    assert_eq!(
+        reason_attempt_id("mountguard: a/b volume v stale (mounted x vs current y) attempt 0f0f"),
+        Some("0f0f")
+    );
+    assert_eq!(reason_attempt_id("slurm-operator: attempt 1"), None);
+}
+
+#[test]
+fn the_whole_happy_path_with_a_running_job() {
+    let cfg = MachineConfig::default();
+    let mut a = attempt();
+    let mut now = t0();
+    let mut phases = vec![];
+    let mut all_writes = vec![];
+    let script: Vec<Observations> = vec![
+        obs(plain(&["MIXED"]), Some(OLD)),
+        obs(ours(&["MIXED", "DRAIN"]), Some(OLD)),
+        obs(ours(&["MIXED", "DRAIN"]), Some(OLD)),
+        obs(ours(&["IDLE", "DRAIN", "COMPLETING"]), Some(OLD)),
+        obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
+        Observations {
+            eviction: Some(EvictionResult::Evicted),
+            ..obs(ours(&["IDLE", "DRAIN"]), Some(OLD))
+        },
+        obs(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"]), None),
+        obs(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"]), Some(NEW)),
+        Observations {
+            new_pod: NewPodCheck::Fresh,
+            ..obs(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"]), Some(NEW))
+        },
+        Observations {
+            new_pod: NewPodCheck::Fresh,
+            ..obs(ours(&["IDLE", "DRAIN"]), Some(NEW))
+        },
+        Observations {
+            slurm_write: Some(WriteResult::Ok),
+            ..obs(plain(&["IDLE"]), Some(NEW))
+        },
+    ];
+    for o in script {
+        now += SignedDuration::from_secs(20);
+        let (b, actions) = step(&a, &o, now, &cfg);
+        all_writes.extend(writes(&actions));
+        a = b;
+        phases.push(a.phase);
+    }
+    assert_eq!(a.phase, Phase::Succeeded);
+    assert_eq!(all_writes, vec![W::Drain, W::Evict, W::Undrain]);
+    assert_eq!(
+        a.phase_names(),
+        vec![
+            "Pending",
+            "Draining",
+            "Drained",
+            "Evicting",
+            "AwaitingReplacement",
+            "Verifying",
+            "Undraining",
+            "Succeeded"
+        ]
+    );
+    assert!(!a.is_open());
+    assert_eq!(a.new_pod_uid.as_deref(), Some(NEW));
+}
+
+#[test]
+fn slurm_errors_back_off_and_are_never_progress() {
+    let cfg = MachineConfig::default();
+    let mut a = attempt_in(Phase::Draining);
+    let mut now = t0();
+    let mut delays = vec![];
+    for _ in 0..8 {
+        now += SignedDuration::from_secs(1);
+        let (b, actions) = step(&a, &obs(transient(), Some(OLD)), now, &cfg);
+        assert_eq!(b.phase, Phase::Draining);
+        assert!(writes(&actions).is_empty());
+        delays.push(b.retry.not_before.expect("backoff").duration_since(now));
+        a = b;
+    }
+    assert_eq!(delays[0], SignedDuration::from_secs(5));
+    assert_eq!(delays[1], SignedDuration::from_secs(10));
+    assert!(delays.windows(2).all(|w| w[0] <= w[1]));
+    assert_eq!(*delays.last().expect("some"), cfg.retry_max);
+    // Not due: the re-issued drain waits for the backoff.
+    let (b, actions) = step(&a, &obs(plain(&["IDLE"]), Some(OLD)), now, &cfg);
+    assert!(writes(&actions).is_empty());
+    let later = b.retry.not_before.expect("set");
+    let (_, actions) = step(&b, &obs(plain(&["IDLE"]), Some(OLD)), later, &cfg);
+    assert_eq!(writes(&actions), vec![W::Drain]);
+}
+
+#[test]
+fn pdb_refusal_waits_for_retry_after_then_evicts_again() {
+    let cfg = MachineConfig::default();
+    let a = attempt_in(Phase::Evicting);
+    let refused = Observations {
+        eviction: Some(EvictionResult::Refused {
+            retry_after: Some(SignedDuration::from_secs(90)),
+            message: "violates PDB".into(),
+        }),
+        ..obs(ours(&["IDLE", "DRAIN"]), Some(OLD))
+    };
+    let now = t0() + SignedDuration::from_secs(10);
+    let (b, actions) = step(&a, &refused, now, &cfg);
+    assert!(writes(&actions).is_empty());
+    assert_eq!(
+        b.retry.not_before,
+        Some(now + SignedDuration::from_secs(90))
+    );
+    let (_, actions) = step(
+        &b,
+        &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
+        now + SignedDuration::from_secs(60),
+        &cfg,
+    );
+    assert!(writes(&actions).is_empty(), "before Retry-After");
+    let (_, actions) = step(
+        &b,
+        &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
+        now + SignedDuration::from_secs(91),
+        &cfg,
+    );
+    assert_eq!(writes(&actions), vec![W::Evict]);
+}
+
+#[test]
+fn admin_drain_in_between_is_never_undrained() {
+    let cfg = MachineConfig::default();
+    // Our drain was replaced by an admin's after the node drained.
+    let mut a = attempt_in(Phase::Drained);
+    let mut now = t0();
+    let script = vec![
+        obs(foreign(&["IDLE", "DRAIN"]), Some(OLD)),
+        Observations {
+            eviction: Some(EvictionResult::Evicted),
+            ..obs(foreign(&["IDLE", "DRAIN"]), Some(OLD))
+        },
+        obs(foreign(&["IDLE", "DRAIN"]), Some(NEW)),
+        Observations {
+            new_pod: NewPodCheck::Fresh,
+            ..obs(foreign(&["IDLE", "DRAIN"]), Some(NEW))
+        },
+    ];
+    let mut ws = vec![];
+    for o in script {
+        now += SignedDuration::from_secs(20);
+        let (b, actions) = step(&a, &o, now, &cfg);
+        ws.extend(writes(&actions));
+        a = b;
+    }
+    assert_eq!(a.phase, Phase::Succeeded);
+    assert_eq!(ws, vec![W::Evict]);
+    assert_eq!(a.foreign_drain.as_deref(), Some("admin: replace DIMM"));
+    // And a failed attempt never releases a foreign drain either.
+    let f = attempt_in(Phase::Failed(FailReason::ReplacementStale));
+    let f = Attempt {
+        release_pending: true,
+        ..f
+    };
+    let (g, actions) = step(&f, &obs(foreign(&["IDLE", "DRAIN"]), Some(NEW)), now, &cfg);
+    assert!(writes(&actions).is_empty());
+    assert!(!g.is_open());
+}
+
+#[test]
+fn a_kept_drain_released_by_an_operator_closes_the_attempt() {
+    let cfg = MachineConfig::default();
+    let a = Attempt {
+        kept_drained: true,
+        ..attempt_in(Phase::Failed(FailReason::ReplacementStale))
+    };
+    assert!(a.is_open());
+    let (b, actions) = step(&a, &obs(ours(&["DOWN", "DRAIN"]), Some(NEW)), t0(), &cfg);
+    assert!(b.kept_drained && writes(&actions).is_empty());
+    let (c, actions) = step(&a, &obs(plain(&["IDLE"]), Some(NEW)), t0(), &cfg);
+    assert!(!c.is_open());
+    assert_eq!(actions, vec![Action::Persist]);
+}
+
+#[test]
+fn a_pending_release_is_retried_until_the_drain_is_gone() {
+    let cfg = MachineConfig::default();
+    let a = Attempt {
+        release_pending: true,
+        ..attempt_in(Phase::Failed(FailReason::DrainTimeout))
+    };
+    let (b, actions) = step(&a, &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)), t0(), &cfg);
+    assert_eq!(writes(&actions), vec![W::Undrain]);
+    let failed = Observations {
+        slurm_write: Some(WriteResult::Err {
+            transient: true,
+            message: "503".into(),
+        }),
+        ..obs(ours(&["IDLE", "DRAIN"]), Some(OLD))
+    };
+    let (c, _) = step(&b, &failed, t0() + SignedDuration::from_secs(11), &cfg);
+    assert!(c.release_pending);
+    let due = c.retry.not_before.expect("backoff");
+    let (_, actions) = step(&c, &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)), due, &cfg);
+    assert_eq!(writes(&actions), vec![W::Undrain]);
+    let (d, _) = step(&c, &obs(plain(&["IDLE"]), Some(OLD)), due, &cfg);
+    assert!(!d.is_open());
+}
+
+#[test]
+fn grouped_attempts_wait_for_every_member_to_drain() {
+    let cfg = MachineConfig::default();
+    let a = Attempt {
+        group: Some("g1".into()),
+        ..attempt_in(Phase::Drained)
+    };
+    let (b, actions) = step(&a, &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)), t0(), &cfg);
+    assert_eq!(b.phase, Phase::Drained);
+    assert!(writes(&actions).is_empty());
+    let o = Observations {
+        group_drained: true,
+        ..obs(ours(&["IDLE", "DRAIN"]), Some(OLD))
+    };
+    let (c, actions) = step(&a, &o, t0(), &cfg);
+    assert_eq!(c.phase, Phase::Evicting);
+    assert_eq!(writes(&actions), vec![W::Evict]);
+}
+
+#[test]
+fn the_record_round_trips_and_keeps_open_attempts() {
+    let mut all = vec![];
+    for i in 0..8 {
+        let mut a = attempt_in(Phase::Succeeded);
+        a.id = format!("done{i}");
+        a.phase_since = t0() + SignedDuration::from_mins(i);
+        all.push(a);
+    }
+    let kept = Attempt {
+        id: "kept".into(),
+        kept_drained: true,
+        ..attempt_in(Phase::Failed(FailReason::ReplacementStale))
+    };
+    all.push(kept.clone());
+    all.push(attempt_in(Phase::Verifying));
+    let r = AttemptsRecord::from_attempts(&all);
+    assert_eq!(r.attempts.len(), 2 + AttemptsRecord::KEEP_CLOSED);
+    assert_eq!(r.attempts[0], kept);
+    assert_eq!(r.attempts[2].id, "done7", "newest closed first");
+    let json = r.to_json();
+    assert_eq!(AttemptsRecord::parse(&json).expect("parses"), r);
+    assert!(json.contains("\"phase\":{\"Failed\":\"ReplacementStale\"}"));
+    let err = AttemptsRecord::parse("{\"version\":2,\"attempts\":[]}").expect_err("version");
+    assert!(err.to_string().contains("unsupported version 2"));
+    let err = AttemptsRecord::parse("not json").expect_err("bad");
+    assert!(err.to_string().contains("remove the annotation"));
+}

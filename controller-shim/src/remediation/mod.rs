@@ -1,0 +1,37 @@
+//! Remediation of stale Slinky NodeSet pods: drain the Slurm node, evict the
+//! pod, wait for the NodeSet to recreate it, verify the replacement on the
+//! node (by the bytes) and in Slurm, undrain.
+//!
+//! * [`machine`]: the pure per-attempt state machine (`step`), the persisted
+//!   attempt record and the drain-reason ownership rules.
+//! * [`plan`]: which pods qualify, budgets, pinned caches, dry-run.
+//! * [`recovery`]: what a (re)started controller does with persisted
+//!   attempts and Slurm nodes drained with a `mountguard:` reason.
+//! * [`slurm`]: the slurmrestd `v0.0.44` client and token sources.
+//!
+//! Everything but [`slurm`] is pure: no I/O, no clock reads.
+
+pub mod machine;
+pub mod plan;
+pub mod recovery;
+pub mod slurm;
+
+#[cfg(test)]
+mod machine_tests_support;
+
+pub use machine::{
+    Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailReason, FailurePolicy,
+    Finding, MachineConfig, NewPodCheck, Observations, Phase, SlurmNodeState, SlurmObservation,
+    WriteResult, step,
+};
+
+/// NodeSet opt-in annotation (`"true"`).
+pub const REMEDIATE_ANNOTATION: &str = "mountguard.io/remediate";
+/// NodeSet annotation: which verdicts qualify, e.g. `Stale,Frozen/ReadAtStart`.
+pub const REMEDIATE_ON_ANNOTATION: &str = "mountguard.io/remediate-on";
+/// NodeSet annotation holding the persisted attempts (JSON, [`AttemptsRecord`]).
+pub const ATTEMPTS_ANNOTATION: &str = "mountguard.io/remediation-attempts";
+/// Pod label naming the Slurm node of a NodeSet pod.
+pub const POD_HOSTNAME_LABEL: &str = "nodeset.slinky.slurm.net/pod-hostname";
+/// Prefix of every Slurm drain reason mountguard sets.
+pub const REASON_PREFIX: &str = "mountguard:";

@@ -1,0 +1,1 @@
+//! slurmrestd client.
