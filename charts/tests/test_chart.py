@@ -47,14 +47,16 @@ BASE_RULES = {
     ("cluster", "slinky.slurm.net", "nodesets", v) for v in ("get", "list", "watch")
 } | {
     ("cluster", g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")
-} | {("cluster", "authentication.k8s.io", "tokenreviews", "create")}
+} | {("cluster", "authentication.k8s.io", "tokenreviews", "create")} | {
+    (NAMESPACE, "", "pods", "patch")
+}
 REMEDIATION_RULES = {
     ("cluster", "", "pods/eviction", "create"),
     ("cluster", "slinky.slurm.net", "nodesets", "patch"),
 }
 LEADER_RULES = {
     (NAMESPACE, "coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
-} | {(NAMESPACE, "", "pods", "patch")}
+}
 
 
 def scenario_ids() -> list[str]:
