@@ -1,0 +1,352 @@
+//! Request shape and response handling against a tiny loopback server.
+
+use std::sync::Mutex;
+
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use super::*;
+
+/// Property names of `v0.0.44_update_node_msg` in the slurmrestd OpenAPI
+/// description.
+const UPDATE_NODE_MSG_FIELDS: &[&str] = &[
+    "comment",
+    "cpu_bind",
+    "extra",
+    "features",
+    "features_act",
+    "gres",
+    "address",
+    "hostname",
+    "name",
+    "state",
+    "reason",
+    "reason_uid",
+    "resume_after",
+    "topology_str",
+    "weight",
+];
+
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    token: Option<String>,
+    content_type: Option<String>,
+    body: Value,
+}
+
+type Reply = (u16, String);
+
+struct Server {
+    url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn server(replies: Vec<Reply>) -> Server {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let replies = Arc::new(Mutex::new(replies.into_iter()));
+    let s2 = seen.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = s2.clone();
+            let replies = replies.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: Request<Incoming>| {
+                    let seen = seen.clone();
+                    let replies = replies.clone();
+                    async move {
+                        let method = req.method().to_string();
+                        let path = req.uri().path().to_string();
+                        let h = |n: &str| {
+                            req.headers()
+                                .get(n)
+                                .and_then(|v| v.to_str().ok())
+                                .map(String::from)
+                        };
+                        let token = h(TOKEN_HEADER);
+                        let content_type = h("content-type");
+                        let bytes = req.into_body().collect().await?.to_bytes();
+                        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                        seen.lock().expect("lock").push(Seen {
+                            method,
+                            path,
+                            token,
+                            content_type,
+                            body,
+                        });
+                        let (status, body) = replies
+                            .lock()
+                            .expect("lock")
+                            .next()
+                            .unwrap_or((500, "{}".into()));
+                        Ok::<_, hyper::Error>(
+                            hyper::Response::builder()
+                                .status(status)
+                                .header("content-type", "application/json")
+                                .body(Full::new(Bytes::from(body)))
+                                .expect("response"),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Server { url, seen, task }
+}
+
+fn ok_envelope() -> String {
+    json!({"meta": {}, "errors": [], "warnings": []}).to_string()
+}
+
+fn node_envelope(name: &str, state: &[&str], reason: &str) -> String {
+    json!({
+        "nodes": [{
+            "name": name,
+            "state": state,
+            "reason": reason,
+            "reason_set_by_user": "slurm",
+            "reason_changed_at": {"set": true, "infinite": false, "number": 1764496800},
+            "cpus": 4,
+        }],
+        "last_update": {"set": true, "infinite": false, "number": 1764496800},
+        "meta": {}, "errors": [], "warnings": []
+    })
+    .to_string()
+}
+
+fn static_token(t: &str) -> Arc<dyn TokenSource> {
+    let value = SharedSecret::default();
+    value.set(Some(t.as_bytes().to_vec()));
+    Arc::new(SecretToken { value })
+}
+
+fn client(url: &str, token: Arc<dyn TokenSource>) -> SlurmClient {
+    SlurmClient::new(url, None, token, Duration::from_secs(5)).expect("client")
+}
+
+#[tokio::test]
+async fn drain_posts_an_update_node_msg_with_the_token() {
+    let s = server(vec![(200, ok_envelope())]).await;
+    let c = client(&s.url, static_token("tok-1\n"));
+    c.drain("slurm-worker-0", "mountguard: x attempt 1")
+        .await
+        .expect("drain");
+    let seen = s.seen.lock().expect("lock")[0].clone();
+    assert_eq!(seen.method, "POST");
+    assert_eq!(seen.path, "/slurm/v0.0.44/node/slurm-worker-0");
+    assert_eq!(seen.token.as_deref(), Some("tok-1"));
+    assert_eq!(seen.content_type.as_deref(), Some("application/json"));
+    assert_eq!(
+        seen.body,
+        json!({"state": ["DRAIN"], "reason": "mountguard: x attempt 1"})
+    );
+    for k in seen.body.as_object().expect("object").keys() {
+        assert!(UPDATE_NODE_MSG_FIELDS.contains(&k.as_str()), "{k}");
+    }
+}
+
+#[tokio::test]
+async fn undrain_re_reads_and_only_clears_our_reason() {
+    let s = server(vec![
+        (
+            200,
+            node_envelope("n1", &["IDLE", "DRAIN"], "mountguard: a attempt 1"),
+        ),
+        (200, ok_envelope()),
+        (200, node_envelope("n1", &["IDLE", "DRAIN"], "admin: dimm")),
+    ])
+    .await;
+    let c = client(&format!("{}/", s.url), static_token("t"));
+    assert!(
+        c.undrain_if_reason("n1", "mountguard: a attempt 1")
+            .await
+            .expect("undrain")
+    );
+    assert!(
+        !c.undrain_if_reason("n1", "mountguard: a attempt 1")
+            .await
+            .expect("read")
+    );
+    let seen = s.seen.lock().expect("lock").clone();
+    let methods: Vec<&str> = seen.iter().map(|s| s.method.as_str()).collect();
+    assert_eq!(
+        methods,
+        vec!["GET", "POST", "GET"],
+        "no write for a foreign drain"
+    );
+    assert_eq!(seen[1].body, json!({"state": ["UNDRAIN"]}));
+    assert_eq!(seen[0].path, "/slurm/v0.0.44/node/n1");
+}
+
+#[tokio::test]
+async fn get_node_parses_state_reason_and_user() {
+    let s = server(vec![(
+        200,
+        node_envelope("n1", &["MIXED", "DRAIN"], "mountguard: a attempt 1"),
+    )])
+    .await;
+    let n = client(&s.url, static_token("t"))
+        .get_node("n1")
+        .await
+        .expect("node");
+    assert_eq!(n.state, vec!["MIXED", "DRAIN"]);
+    assert_eq!(n.reason, "mountguard: a attempt 1");
+    assert_eq!(n.reason_set_by_user, "slurm");
+    assert_eq!(n.reason_changed_at, Some(1764496800));
+    let st = n.to_state();
+    assert!(st.drain() && st.busy() && !st.drained() && st.responding());
+}
+
+#[tokio::test]
+async fn error_classes() {
+    let err = |d: &str, n: i64| {
+        json!({"meta": {}, "errors": [{"description": d, "error_number": n, "error": d, "source": "x"}], "warnings": []})
+            .to_string()
+    };
+    let s = server(vec![
+        (401, err("Authentication failure", 1007)),
+        (500, err("Invalid node name specified", 2018)),
+        (503, "<html>bad gateway</html>".into()),
+        (200, "not json".into()),
+        (400, err("You must specify a reason", 2020)),
+        (
+            200,
+            json!({"nodes": [], "last_update": {}, "errors": []}).to_string(),
+        ),
+        (500, err("Unable to contact slurmctld", 1007)),
+    ])
+    .await;
+    let c = client(&s.url, static_token("t"));
+    let e = c.get_node("n1").await.expect_err("401");
+    assert!(
+        matches!(e, SlurmError::Unauthorized { status: 401, .. }),
+        "{e}"
+    );
+    assert!(!e.is_transient());
+    assert!(e.to_string().contains("Authentication failure"));
+    let e = c.get_node("n1").await.expect_err("404");
+    assert!(matches!(e, SlurmError::NotFound { .. }), "{e}");
+    assert!(!e.is_transient());
+    let e = c.get_node("n1").await.expect_err("503");
+    assert!(matches!(e, SlurmError::Server { status: 503, .. }), "{e}");
+    assert!(e.is_transient());
+    let e = c.get_node("n1").await.expect_err("garbage");
+    assert!(matches!(e, SlurmError::BadResponse { .. }), "{e}");
+    let e = c.drain("n1", "r").await.expect_err("rejected");
+    assert!(matches!(e, SlurmError::Rejected { status: 400, .. }), "{e}");
+    assert!(!e.is_transient());
+    let e = c.get_node("n1").await.expect_err("empty");
+    assert!(matches!(e, SlurmError::NotFound { .. }), "{e}");
+    let e = c.drain("n1", "r").await.expect_err("500");
+    assert!(e.is_transient(), "{e}");
+}
+
+#[tokio::test]
+async fn unreachable_and_tokenless_are_transient_and_send_nothing() {
+    // A port that was just free.
+    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    drop(l);
+    let e = client(&url, static_token("t"))
+        .get_node("n1")
+        .await
+        .expect_err("refused");
+    assert!(matches!(e, SlurmError::Transport(_)), "{e}");
+    assert!(e.is_transient());
+
+    let s = server(vec![]).await;
+    let unset: Arc<dyn TokenSource> = Arc::new(SecretToken::default());
+    let e = client(&s.url, unset)
+        .drain("n1", "r")
+        .await
+        .expect_err("no token");
+    assert!(matches!(e, SlurmError::Token(_)), "{e}");
+    assert!(s.seen.lock().expect("lock").is_empty());
+}
+
+#[tokio::test]
+async fn minted_tokens_are_hs256_with_sun_iat_exp_and_follow_key_changes() {
+    let s = server(vec![(200, ok_envelope()), (200, ok_envelope())]).await;
+    let key = SharedSecret::default();
+    key.set(Some(b"0123456789abcdef0123456789abcdef".to_vec()));
+    let minter = JwtMinter {
+        key: key.clone(),
+        user: "slurm".into(),
+        ttl: Duration::from_secs(300),
+    };
+    let c = client(&s.url, Arc::new(minter));
+    c.undrain("n1").await.expect("ok");
+    key.set(Some(b"another key, rotated".to_vec()));
+    c.undrain("n1").await.expect("ok");
+    let seen = s.seen.lock().expect("lock").clone();
+    let check = |tok: &str, k: &[u8]| {
+        let (signing, sig) = tok.rsplit_once('.').expect("jwt");
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(k).expect("key");
+        mac.update(signing.as_bytes());
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        mac.verify_slice(&b64.decode(sig).expect("b64"))
+            .expect("signed with the key");
+        let (head, body) = signing.split_once('.').expect("parts");
+        let head: Value = serde_json::from_slice(&b64.decode(head).expect("b64")).expect("json");
+        assert_eq!(head["alg"], "HS256");
+        let claims: Value = serde_json::from_slice(&b64.decode(body).expect("b64")).expect("json");
+        assert_eq!(claims["sun"], "slurm");
+        let iat = claims["iat"].as_i64().expect("iat");
+        assert_eq!(claims["exp"].as_i64(), Some(iat + 300));
+        assert!((iat - Timestamp::now().as_second()).abs() < 60);
+    };
+    check(
+        seen[0].token.as_deref().expect("token"),
+        b"0123456789abcdef0123456789abcdef",
+    );
+    check(
+        seen[1].token.as_deref().expect("token"),
+        b"another key, rotated",
+    );
+}
+
+#[test]
+fn configuration_errors_are_clear_and_tokens_never_print() {
+    let t = static_token("very-secret");
+    let e =
+        SlurmClient::new("ftp://x", None, t.clone(), Duration::from_secs(1)).expect_err("scheme");
+    assert!(e.to_string().contains("http or https"), "{e}");
+    let e = SlurmClient::new(
+        "https://slurmrestd:6820",
+        Some(b"not pem"),
+        t.clone(),
+        Duration::from_secs(1),
+    )
+    .expect_err("ca");
+    assert!(e.to_string().contains("--slurmrestd-ca-file"), "{e}");
+    let c = SlurmClient::new(
+        "http://127.0.0.1:6820",
+        None,
+        t.clone(),
+        Duration::from_secs(1),
+    )
+    .expect("ok");
+    assert!(!format!("{c:?}").contains("very-secret"));
+    assert!(!format!("{t:?}").contains("very-secret"));
+    assert!(SlurmClient::node_path("n1/../../x").is_err());
+    assert!(SlurmClient::node_path("slurm-worker-0.cluster").is_ok());
+}
