@@ -11,7 +11,10 @@
 //!   `charts/tests/test_chart.py` checks them structurally.
 //! - Every `mountguard_*` metric name in the chart's alert expressions is
 //!   exported by a running binary: the agent is started on an empty kubelet
-//!   root and scraped; the controller likewise once its `run` command exists.
+//!   root and scraped; the controller is started against the API server
+//!   double (idle, then with one node and one pod so that the per-node and
+//!   per-mount families have samples) and scraped. While the controller has
+//!   no `run` command, that half is skipped with a loud message.
 //!
 //! Needs `python3` with helm-python-sdk and pyyaml (scripts/test.sh installs
 //! them) and the workspace binaries built (`cargo nextest run --workspace`
@@ -28,9 +31,10 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use mountguard_tests::apiserver::resources;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -417,10 +421,64 @@ fn scrape_controller() -> Option<BTreeSet<String>> {
             .spawn()
             .expect("start controller"),
     );
-    let names = exposed_names(&scrape_when_ready(&mut child, metrics, "/readyz"));
+    let idle = scrape_when_ready(&mut child, metrics, "/readyz");
+    // Families with a sample per node or per mount only exist once there is
+    // a node with a pod: add one whose Secret volume no agent has reported
+    // (its verdict is Unverifiable/NoInventory, its node not reporting).
+    let h = api.handle();
+    let now = mountguard_tests::util::now_rfc3339();
+    h.create(
+        &resources::NODES,
+        "",
+        json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "chart-node"}}),
+    )
+    .expect("create node");
+    h.create(
+        &resources::SECRETS,
+        "default",
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": "chart-secret", "namespace": "default"},
+               "data": {"k": "dg=="}}),
+    )
+    .expect("create secret");
+    h.create(
+        &resources::PODS,
+        "default",
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "chart-pod", "namespace": "default"},
+               "spec": {"nodeName": "chart-node",
+                        "containers": [{"name": "c", "image": "busybox",
+                                        "volumeMounts": [{"name": "s", "mountPath": "/s"}]}],
+                        "volumes": [{"name": "s", "secret": {"secretName": "chart-secret"}}]}}),
+    )
+    .expect("create pod");
+    h.merge_patch(
+        &resources::PODS,
+        "default",
+        "chart-pod",
+        &json!({"status": {"phase": "Running", "containerStatuses": [{
+            "name": "c", "image": "busybox", "imageID": "", "ready": true,
+            "restartCount": 0, "state": {"running": {"startedAt": now}}}]}}),
+        Some("status"),
+    )
+    .expect("pod status");
+    let wanted = ["mountguard_mount_state", "mountguard_node_agent_reporting"];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let names = loop {
+        let names = match http_get(metrics, "/metrics") {
+            Some((200, body)) => exposed_names(&body),
+            other => panic!("GET /metrics: {other:?}"),
+        };
+        if wanted.iter().all(|w| names.contains(*w)) || Instant::now() > deadline {
+            break names;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     drop(child);
     drop(api);
-    Some(names)
+    let mut all = exposed_names(&idle);
+    all.extend(names);
+    Some(all)
 }
 
 #[test]
