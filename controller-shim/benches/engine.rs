@@ -217,6 +217,7 @@ fn main() {
                 node: Some(it.intern(&node_name)),
                 terminated: false,
                 nodeset: None,
+                slurm_node: None,
                 volumes,
                 containers: Box::new([ContainerModel {
                     name: it.intern("app"),

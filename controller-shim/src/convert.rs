@@ -270,6 +270,12 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         name,
         node: spec.node_name.as_deref().map(|n| interner.intern(n)),
         terminated,
+        slurm_node: nodeset.as_ref().and_then(|_| {
+            meta.labels
+                .as_ref()
+                .and_then(|l| l.get(crate::remediation::POD_HOSTNAME_LABEL))
+                .map(|h| interner.intern(h))
+        }),
         nodeset,
         volumes: volumes.into(),
         containers: containers.into(),
@@ -386,6 +392,7 @@ mod tests {
             "metadata": {
                 "namespace": "slurm", "name": "worker-0", "uid": "u-0",
                 "annotations": {"mountguard.io/read-at-start": " slurm-etc , hooks,"},
+                "labels": {"nodeset.slinky.slurm.net/pod-hostname": "gpu-0"},
                 "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
                     "name": "gpu", "uid": "ns-uid", "controller": true}]
             },
@@ -453,6 +460,7 @@ mod tests {
         );
         assert_eq!(m.node.as_deref(), Some("node-a"));
         assert_eq!(m.nodeset.as_deref(), Some("gpu"));
+        assert_eq!(m.slurm_node.as_deref(), Some("gpu-0"));
         assert!(!m.terminated);
         let names: Vec<&str> = m.volumes.iter().map(|v| &*v.name).collect();
         assert_eq!(

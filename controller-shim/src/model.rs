@@ -439,6 +439,9 @@ pub struct PodModel {
     pub terminated: bool,
     /// Name of the controlling NodeSet, if any.
     pub nodeset: Option<Arc<str>>,
+    /// Slurm node name of a NodeSet pod (label
+    /// `nodeset.slinky.slurm.net/pod-hostname`).
+    pub slurm_node: Option<Arc<str>>,
     /// Verified volumes (secret, configMap, projected).
     pub volumes: Box<[VolumeModel]>,
     /// Containers.

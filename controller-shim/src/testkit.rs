@@ -135,6 +135,7 @@ impl PodB {
                 node: Some(a(node)),
                 terminated: false,
                 nodeset: None,
+                slurm_node: None,
                 volumes: Box::new([]),
                 containers: Box::new([]),
                 image_pull_secrets: Box::new([]),
