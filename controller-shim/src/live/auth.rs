@@ -145,6 +145,7 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(300);
 pub const NEGATIVE_TTL: Duration = Duration::from_secs(10);
 
 type CacheKey = [u8; 32];
+type CacheEntry = (Result<ReviewedUser, AuthError>, Instant);
 
 /// Caches another reviewer's answers by SHA-256 of the token (never the
 /// token itself): successes until the token's `exp` (else
@@ -154,7 +155,7 @@ pub struct CachedReviewer<R> {
     inner: R,
     metrics: Metrics,
     capacity: usize,
-    cache: Mutex<HashMap<CacheKey, (Result<ReviewedUser, AuthError>, Instant)>>,
+    cache: Mutex<HashMap<CacheKey, CacheEntry>>,
 }
 
 impl<R> std::fmt::Debug for CachedReviewer<R> {

@@ -577,13 +577,10 @@ pub async fn run(mut task: EvalTask, mut rx: mpsc::Receiver<Input>, mut shutdown
                 Some(m) => {
                     batch.push(m);
                     let deadline = tokio::time::Instant::now() + COALESCE;
-                    loop {
-                        match tokio::time::timeout_at(deadline, rx.recv()).await {
-                            Ok(Some(m)) => {
-                                batch.push(m);
-                                if batch.len() >= 50_000 { break; }
-                            }
-                            Ok(None) | Err(_) => break,
+                    while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+                        batch.push(m);
+                        if batch.len() >= 50_000 {
+                            break;
                         }
                     }
                 }
@@ -591,5 +588,210 @@ pub async fn run(mut task: EvalTask, mut rx: mpsc::Receiver<Input>, mut shutdown
             },
         }
         task.apply_batch(batch, Timestamp::now());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::metrics::Metrics;
+    use crate::model::{SourceKind, VolumeSource};
+    use crate::testkit::*;
+    use crate::{Config, Fingerprinter};
+    use mountguard_inventory::Plugin;
+    use std::sync::atomic::Ordering;
+
+    struct Rig {
+        task: EvalTask,
+        events: mpsc::Receiver<EventRequest>,
+        shared: Arc<Shared>,
+    }
+
+    fn rig() -> Rig {
+        let shared = Arc::new(Shared::new(Metrics::new()));
+        shared.acting.store(true, Ordering::SeqCst);
+        shared.ready.store(true, Ordering::SeqCst);
+        let (etx, events) = mpsc::channel(100);
+        let (stx, _srx) = tokio_watch::channel(Arc::new(EvaluationSnapshot::default()));
+        let engine = Engine::new(Config::default(), Fingerprinter::new(&[1u8; 32]).unwrap());
+        Rig {
+            task: EvalTask::new(engine, shared.clone(), etx, stx),
+            events,
+            shared,
+        }
+    }
+
+    fn secret(ix: &mut Interner, value: &[u8], uid: &str) -> Input {
+        let r = SourceRef::new(SourceKind::Secret, ix.intern("slurm"), ix.intern("auth"));
+        let c = SourceContent::from_plain(
+            ix,
+            true,
+            [("slurm.key", value, false)],
+            Some(uid),
+            Some(ts("2026-11-30T09:00:00Z")),
+        );
+        Input::Source(r, c)
+    }
+
+    fn pod(uid: &str, name: &str, node: &str) -> Input {
+        let p = PodB::new("slurm", name, uid, node)
+            .volume(
+                "etc",
+                VolumeSource::Object(obj(SourceKind::Secret, "auth", &[], false)),
+            )
+            .build();
+        Input::Pod(Box::new(p))
+    }
+
+    fn inv(node: &str, generation: u64, at: &str, pods: &[(&str, &[u8])]) -> Input {
+        let mut b = NodeB::new(node, ts(at));
+        for (uid, content) in pods {
+            b = b.volume(
+                uid,
+                Plugin::Secret,
+                "etc",
+                &[("slurm.key", content)],
+                ts("2026-11-30T09:00:00Z"),
+            );
+        }
+        let mut i = b.inv;
+        i.generation = generation;
+        Input::Inventory(Box::new(i))
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<EventRequest>) -> Vec<EventRequest> {
+        let mut v = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            v.push(e);
+        }
+        v
+    }
+
+    fn metrics(r: &Rig) -> String {
+        String::from_utf8(r.shared.metrics.encode()).unwrap()
+    }
+
+    use crate::model::Interner;
+
+    #[test]
+    fn baseline_without_events_then_rotation_alarms_and_recovery() {
+        let mut r = rig();
+        let mut ix = Interner::default();
+        let t0 = ts("2026-11-30T10:00:00Z");
+        // Start: the mount is already stale (old key) when the controller
+        // first hears of the node: that is the baseline, no Event.
+        r.task.apply_batch(
+            vec![secret(&mut ix, b"new", "s1"), pod("u1", "w-0", "n1")],
+            t0,
+        );
+        r.task.apply_batch(
+            vec![inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"old")])],
+            t0,
+        );
+        let m = metrics(&r);
+        assert!(m.contains(r#"state="Stale""#), "{m}");
+        assert!(
+            m.contains(r#"mountguard_node_agent_reporting{node="n1"} 1"#),
+            "{m}"
+        );
+        assert!(drain(&mut r.events).is_empty(), "no Event for the baseline");
+        // The node catches up: recovery Event.
+        r.task.apply_batch(
+            vec![inv("n1", 2, "2026-11-30T10:01:00Z", &[("u1", b"new")])],
+            t0,
+        );
+        let ev = drain(&mut r.events);
+        assert_eq!(ev.len(), 1);
+        assert_eq!(ev[0].reason, super::super::events::Reason::MountRecovered);
+        assert!(!metrics(&r).contains("mountguard_mount_state{"));
+        // Rotation (recreated with new content) while the node keeps the old
+        // bytes: a StaleMount Event naming fingerprints, not digests.
+        r.task
+            .apply_batch(vec![secret(&mut ix, b"newer", "s2")], t0);
+        r.task.apply_batch(
+            vec![inv("n1", 3, "2026-11-30T10:10:00Z", &[("u1", b"new")])],
+            t0,
+        );
+        let ev = drain(&mut r.events);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert_eq!(ev[0].reason.as_str(), "StaleMount");
+        assert!(ev[0].message.contains("volume etc"), "{}", ev[0].message);
+        assert!(ev[0].message.contains("Secret auth"), "{}", ev[0].message);
+        assert!(
+            !ev[0]
+                .message
+                .contains(&mountguard_inventory::digest::to_hex(
+                    &mountguard_inventory::file_digest(b"newer")
+                ))
+        );
+        // Repeated heartbeats: deduplicated.
+        for s in ["2026-11-30T10:10:30Z", "2026-11-30T10:11:00Z"] {
+            r.task.apply_batch(
+                vec![Input::Heartbeat {
+                    node: "n1".into(),
+                    generation: 3,
+                    scanned_at: ts(s),
+                }],
+                t0,
+            );
+        }
+        assert!(drain(&mut r.events).is_empty());
+        // The Secret watch fails: verdicts become Unverifiable/ApiUnavailable,
+        // no Event, no Stale series.
+        r.shared.health.register("secrets", true);
+        r.task.apply_batch(vec![], t0);
+        let m = metrics(&r);
+        assert!(m.contains(r#"cause="ApiUnavailable""#), "{m}");
+        assert!(
+            !m.lines()
+                .any(|l| l.starts_with("mountguard_mount_state{") && l.contains(r#"state="Stale""#)),
+            "{m}"
+        );
+        assert!(drain(&mut r.events).is_empty());
+        // Pod deleted: its series go away.
+        r.task
+            .apply_batch(vec![Input::PodDeleted(Arc::from("u1"))], t0);
+        assert!(!metrics(&r).contains("mountguard_mount_state{"));
+        assert!(r.shared.verdicts.read().unwrap().pods.is_empty());
+    }
+
+    #[test]
+    fn reset_forgets_reports_and_stale_inventory_ages_out() {
+        let mut r = rig();
+        let mut ix = Interner::default();
+        let t0 = ts("2026-11-30T10:00:00Z");
+        r.task.apply_batch(
+            vec![
+                secret(&mut ix, b"k", "s1"),
+                pod("u1", "w-0", "n1"),
+                inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"k")]),
+            ],
+            t0,
+        );
+        assert!(r.shared.verdicts.read().unwrap().pods.contains_key("u1"));
+        // Ten minutes without a report: InventoryTooOld, node not reporting.
+        r.task.apply_batch(vec![], ts("2026-11-30T10:10:00Z"));
+        let m = metrics(&r);
+        assert!(m.contains(r#"cause="InventoryTooOld""#), "{m}");
+        assert!(
+            m.contains(r#"mountguard_nodes{reporting="false"} 1"#),
+            "{m}"
+        );
+        // A heartbeat with an unknown generation changes nothing.
+        r.task.apply_batch(
+            vec![Input::Heartbeat {
+                node: "n1".into(),
+                generation: 9,
+                scanned_at: ts("2026-11-30T10:10:00Z"),
+            }],
+            ts("2026-11-30T10:10:00Z"),
+        );
+        assert!(metrics(&r).contains(r#"cause="InventoryTooOld""#));
+        r.task
+            .apply_batch(vec![Input::Reset], ts("2026-11-30T10:10:00Z"));
+        let m = metrics(&r);
+        assert!(m.contains(r#"cause="NoInventory""#), "{m}");
+        assert!(r.task.index().inventory("n1").is_none());
+        assert!(drain(&mut r.events).is_empty());
     }
 }

@@ -463,8 +463,12 @@ mod tests {
             vec![("Stale", 1), ("Fresh", 2)],
         );
         let t = text(&m);
-        assert!(!t.contains(r#"state="Propagating""#), "{t}");
-        assert!(t.contains(r#"cause="ImmutableCache""#), "{t}");
+        let series: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with("mountguard_mount_state{"))
+            .collect();
+        assert_eq!(series.len(), 1, "{t}");
+        assert!(series[0].contains(r#"cause="ImmutableCache""#), "{t}");
         assert!(
             t.contains(r#"mountguard_mounts{state="Propagating"} 0"#),
             "{t}"

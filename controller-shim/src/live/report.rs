@@ -648,3 +648,312 @@ pub async fn serve(
     drop(listener);
     let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::Shared;
+    use crate::live::auth::tests::{FakeReviewer, agent_pod, agent_user};
+    use crate::live::metrics::Metrics;
+    use std::sync::atomic::Ordering;
+
+    struct Rig {
+        handler: ReportHandler,
+        rx: mpsc::Receiver<Input>,
+        shared: Arc<Shared>,
+    }
+
+    fn rig(max_bytes: u64, rate: RateLimit) -> Rig {
+        let shared = Arc::new(Shared::new(Metrics::new()));
+        shared.acting.store(true, Ordering::SeqCst);
+        shared.ready.store(true, Ordering::SeqCst);
+        let mut f = FakeReviewer::default();
+        f.tokens
+            .insert("tok-a".into(), agent_user("agent-a", "ua", Some("node-a")));
+        f.tokens
+            .insert("tok-b".into(), agent_user("agent-b", "ub", None));
+        let agents = Arc::new(AgentPods::default());
+        agents.apply(agent_pod("agent-a", "ua", "node-a"));
+        agents.apply(agent_pod("agent-b", "ub", "node-b"));
+        let (tx, rx) = mpsc::channel(100);
+        let handler = ReportHandler::new(
+            ReportConfig {
+                audience: "mountguard".into(),
+                agent_sa: "mg:agent".parse().unwrap(),
+                agent_daemonset: "agent".into(),
+                max_bytes,
+                rate,
+                limits: CountLimits {
+                    pods: 3,
+                    ..Default::default()
+                },
+            },
+            shared.clone(),
+            Arc::new(f),
+            agents,
+            None,
+            tx,
+        );
+        Rig {
+            handler,
+            rx,
+            shared,
+        }
+    }
+
+    fn inventory(node: &str, generation: u64) -> Vec<u8> {
+        let mut inv = NodeInventory::new(node, "test", "2026-11-30T10:00:00Z".parse().unwrap());
+        inv.generation = generation;
+        serde_json::to_vec(&inv).unwrap()
+    }
+
+    fn heartbeat(node: &str, generation: u64) -> Vec<u8> {
+        serde_json::to_vec(&Heartbeat::new(
+            node,
+            generation,
+            "2026-11-30T10:00:30Z".parse().unwrap(),
+        ))
+        .unwrap()
+    }
+
+    fn req(path: &str, token: Option<&str>, body: Vec<u8>) -> Request<Full<Bytes>> {
+        let mut b = Request::put(path).header(header::CONTENT_LENGTH, body.len());
+        if let Some(t) = token {
+            b = b.header(header::AUTHORIZATION, format!("Bearer {t}"));
+        }
+        b.body(Full::new(Bytes::from(body))).unwrap()
+    }
+
+    async fn call(
+        r: &Rig,
+        q: Request<Full<Bytes>>,
+    ) -> (StatusCode, serde_json::Value, Option<String>) {
+        let resp = r.handler.handle(q).await;
+        let status = resp.status();
+        let retry = resp
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap().to_string());
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&body).unwrap(), retry)
+    }
+
+    fn counter(r: &Rig, result: &str) -> u64 {
+        r.shared
+            .metrics
+            .report_requests
+            .with_label_values(&[result])
+            .get()
+    }
+
+    fn no_input(r: &mut Rig) {
+        assert!(
+            r.rx.try_recv().is_err(),
+            "a rejected report reached the evaluation"
+        );
+    }
+
+    const INV_A: &str = "/v1/nodes/node-a/inventory";
+    const HB_A: &str = "/v1/nodes/node-a/heartbeat";
+
+    #[tokio::test]
+    async fn accepts_then_unchanged_then_conflict_and_resend() {
+        let mut r = rig(1 << 20, "100/s,100".parse().unwrap());
+        // Nothing held yet: a heartbeat asks for the inventory.
+        let (s, b, _) = call(&r, req(HB_A, Some("tok-a"), heartbeat("node-a", 7))).await;
+        assert_eq!((s, b["status"].as_str()), (StatusCode::OK, Some("resend")));
+        no_input(&mut r);
+        let (s, b, _) = call(&r, req(INV_A, Some("tok-a"), inventory("node-a", 7))).await;
+        assert_eq!(
+            (s, b["status"].as_str(), b["generation"].as_u64()),
+            (StatusCode::OK, Some("accepted"), Some(7))
+        );
+        assert!(matches!(r.rx.try_recv(), Ok(Input::Inventory(i)) if i.generation == 7));
+        let (s, b, _) = call(&r, req(INV_A, Some("tok-a"), inventory("node-a", 7))).await;
+        assert_eq!(
+            (s, b["status"].as_str()),
+            (StatusCode::OK, Some("unchanged"))
+        );
+        assert!(matches!(
+            r.rx.try_recv(),
+            Ok(Input::Heartbeat { generation: 7, .. })
+        ));
+        let (s, b, _) = call(&r, req(HB_A, Some("tok-a"), heartbeat("node-a", 7))).await;
+        assert_eq!(
+            (s, b["status"].as_str()),
+            (StatusCode::OK, Some("unchanged"))
+        );
+        assert!(matches!(r.rx.try_recv(), Ok(Input::Heartbeat { .. })));
+        // Older generation: 409, nothing changes.
+        let (s, b, _) = call(&r, req(INV_A, Some("tok-a"), inventory("node-a", 6))).await;
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::CONFLICT, Some("staleGeneration"))
+        );
+        no_input(&mut r);
+        assert_eq!(r.handler.held_generation("node-a"), Some(7));
+        // A newer generation is accepted; a heartbeat for an unknown newer one asks to resend.
+        let (_, b, _) = call(&r, req(HB_A, Some("tok-a"), heartbeat("node-a", 9))).await;
+        assert_eq!(b["status"], "resend");
+        // After a reset (new leader) the held generation is gone.
+        r.handler.reset();
+        let (_, b, _) = call(&r, req(HB_A, Some("tok-a"), heartbeat("node-a", 7))).await;
+        assert_eq!(b["status"], "resend");
+        assert_eq!(counter(&r, "accepted"), 1);
+        assert_eq!(counter(&r, "conflict"), 1);
+        assert_eq!(counter(&r, "resend"), 3);
+    }
+
+    #[tokio::test]
+    async fn malformed_input_is_rejected_and_changes_nothing() {
+        let mut r = rig(4096, "100/s,100".parse().unwrap());
+        let (s, _, _) = call(&r, req(INV_A, Some("tok-a"), inventory("node-a", 5))).await;
+        assert_eq!(s, StatusCode::OK);
+        let _ = r.rx.try_recv();
+        let good = String::from_utf8(inventory("node-a", 9)).unwrap();
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            ("not json", b"{nope".to_vec()),
+            ("truncated", good.as_bytes()[..good.len() / 2].to_vec()),
+            ("unknown field", good.replacen('{', r#"{"extra":1,"#, 1).into_bytes()),
+            ("wrong schema", good.replace("mountguard.io/node-inventory/v1", "x/v9").into_bytes()),
+            ("wrong node", inventory("node-b", 9)),
+            ("bad digest", good.replacen(r#""pods":[]"#, r#""pods":[{"uid":"u","volumes":[{"plugin":"secret","name":"v","files":{"a":"zz"}}]}]"#, 1).into_bytes()),
+        ];
+        for (what, body) in cases {
+            let (s, b, _) = call(&r, req(INV_A, Some("tok-a"), body)).await;
+            assert_eq!(s, StatusCode::BAD_REQUEST, "{what}: {b}");
+            assert_eq!(b["error"], "badRequest", "{what}");
+            no_input(&mut r);
+        }
+        // Too many pods (the limit here is 3).
+        let mut inv: NodeInventory = serde_json::from_slice(&inventory("node-a", 9)).unwrap();
+        for i in 0..4 {
+            inv.pods.push(mountguard_inventory::PodInventory {
+                uid: format!("u{i}"),
+                volumes: vec![],
+                sub_paths: vec![],
+                errors: vec![],
+            });
+        }
+        let (s, b, _) = call(
+            &r,
+            req(INV_A, Some("tok-a"), serde_json::to_vec(&inv).unwrap()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{b}");
+        assert!(b["message"].as_str().unwrap().contains("pods"), "{b}");
+        // Heartbeat with the wrong node or garbage.
+        let (s, _, _) = call(&r, req(HB_A, Some("tok-a"), heartbeat("node-b", 5))).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        let (s, _, _) = call(&r, req(HB_A, Some("tok-a"), b"[]".to_vec())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        // Oversized: by Content-Length, and by streaming without it.
+        let big = vec![b' '; 5000];
+        let (s, b, _) = call(&r, req(INV_A, Some("tok-a"), big.clone())).await;
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::PAYLOAD_TOO_LARGE, Some("tooLarge"))
+        );
+        let no_len = Request::put(INV_A)
+            .header(header::AUTHORIZATION, "Bearer tok-a")
+            .body(http_body_util::StreamBody::new(futures::stream::iter(
+                (0..10).map(|_| {
+                    Ok::<_, std::io::Error>(hyper::body::Frame::data(Bytes::from(vec![b' '; 1000])))
+                }),
+            )))
+            .unwrap();
+        let resp = r.handler.handle(no_len).await;
+        assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        no_input(&mut r);
+        assert_eq!(r.handler.held_generation("node-a"), Some(5));
+        assert_eq!(counter(&r, "bad_request"), 9);
+        assert_eq!(counter(&r, "too_large"), 2);
+    }
+
+    #[tokio::test]
+    async fn forged_and_unknown_tokens_are_refused() {
+        let mut r = rig(1 << 20, "100/s,100".parse().unwrap());
+        // Node B's agent reporting for node A.
+        let (s, b, _) = call(&r, req(INV_A, Some("tok-b"), inventory("node-a", 1))).await;
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::FORBIDDEN, Some("forbidden"))
+        );
+        // Node A's token with a node-name claim for A, reporting for B.
+        let (s, _, _) = call(
+            &r,
+            req(
+                "/v1/nodes/node-b/inventory",
+                Some("tok-a"),
+                inventory("node-b", 1),
+            ),
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN);
+        let (s, b, _) = call(&r, req(INV_A, Some("forged"), inventory("node-a", 1))).await;
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::UNAUTHORIZED, Some("unauthenticated"))
+        );
+        let (s, _, _) = call(&r, req(INV_A, None, inventory("node-a", 1))).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+        no_input(&mut r);
+        assert_eq!(r.handler.held_generation("node-a"), None);
+        assert_eq!(counter(&r, "forbidden"), 2);
+        assert_eq!(counter(&r, "unauthenticated"), 2);
+        // Bad paths.
+        let resp = r
+            .handler
+            .handle(req("/v1/nodes/Node_A/inventory", Some("tok-a"), vec![]))
+            .await;
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+        // Not the acting replica.
+        r.shared.acting.store(false, Ordering::SeqCst);
+        let (s, b, _) = call(&r, req(INV_A, Some("tok-a"), inventory("node-a", 1))).await;
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("notLeader"))
+        );
+        r.shared.acting.store(true, Ordering::SeqCst);
+        r.shared.ready.store(false, Ordering::SeqCst);
+        let (s, b, _) = call(&r, req(INV_A, Some("tok-a"), inventory("node-a", 1))).await;
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, Some("notReady"))
+        );
+        no_input(&mut r);
+    }
+
+    #[tokio::test]
+    async fn per_node_rate_limit() {
+        let mut r = rig(1 << 20, "0.5/s,3".parse().unwrap());
+        for g in 1..=3 {
+            let (s, _, _) = call(&r, req(INV_A, Some("tok-a"), inventory("node-a", g))).await;
+            assert_eq!(s, StatusCode::OK);
+        }
+        let (s, b, retry) = call(&r, req(INV_A, Some("tok-a"), inventory("node-a", 4))).await;
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::TOO_MANY_REQUESTS, Some("rateLimited"))
+        );
+        assert_eq!(retry.as_deref(), Some("2"));
+        // Another node has its own bucket.
+        let (s, _, _) = call(
+            &r,
+            req(
+                "/v1/nodes/node-b/heartbeat",
+                Some("tok-b"),
+                heartbeat("node-b", 1),
+            ),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(r.handler.held_generation("node-a"), Some(3));
+        let mut n = 0;
+        while r.rx.try_recv().is_ok() {
+            n += 1;
+        }
+        assert_eq!(n, 3);
+        assert_eq!(counter(&r, "rate_limited"), 1);
+    }
+}

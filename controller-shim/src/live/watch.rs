@@ -224,7 +224,7 @@ impl Edge<Pod> for AgentEdge {
     }
     fn apply(&mut self, p: Pod) -> Option<Input> {
         match AgentPod::from_pod(&p) {
-            Some(a) if a.daemonsets.iter().any(|d| *d == self.daemonset) => self.agents.apply(a),
+            Some(a) if a.daemonsets.contains(&self.daemonset) => self.agents.apply(a),
             Some(a) => self.agents.delete(&a.name),
             None => {}
         }
@@ -237,6 +237,7 @@ impl Edge<Pod> for AgentEdge {
 }
 
 /// Runs one watch until shutdown.
+#[allow(clippy::too_many_arguments)]
 async fn run_watch<K, E>(
     api: Api<K>,
     config: watcher::Config,
