@@ -194,7 +194,7 @@ impl Metrics {
             .inc_by(s.reused);
         self.generation.set(clamp(scan.inventory.generation));
         self.last_scan
-            .set(scan.inventory.scanned_at.as_millisecond() as f64 / 1000.0);
+            .set(scan.scanned_at.as_millisecond() as f64 / 1000.0);
     }
 
     /// The registry (a sink registers its own metrics here).

@@ -107,8 +107,11 @@ pub struct Scan {
     /// The inventory, with `generation` bumped if the content changed.
     pub inventory: Arc<NodeInventory>,
     /// Whether the content (anything but `scannedAt`) differs from the
-    /// previous scan. The first scan counts as a change.
+    /// previous scan. The first scan counts as a change. When it did not
+    /// change, `inventory` is the previous one, `scannedAt` included.
     pub changed: bool,
+    /// When this scan finished.
+    pub scanned_at: Timestamp,
     /// Figures about this scan.
     pub stats: ScanStats,
 }
@@ -165,6 +168,11 @@ fn is_dir(st: &FileStat) -> bool {
 /// after the directory's last modification (timestamps can be coarse).
 const LISTING_SETTLE_SECS: i64 = 2;
 
+/// A volume cache key: the volume directory's (device, inode).
+type CacheKey = (u64, u64);
+/// Unchanged volumes of a pod: (index in its volumes, cache key).
+type Deferred = Vec<(usize, CacheKey)>;
+
 struct Listing {
     ident: Ident,
     settled: bool,
@@ -194,6 +202,9 @@ pub struct Scanner {
     pods_listing: Option<Listing>,
     /// Something in this scan may differ from the last inventory.
     dirty: bool,
+    /// (index in the pod's volumes, cache key) of unchanged volumes of the
+    /// pod being scanned.
+    pending: Deferred,
     listings: HashMap<(Vec<u8>, Plugin), Listing>,
     hook: Option<Hook>,
     scans: u64,
@@ -250,6 +261,7 @@ impl Scanner {
             listings: HashMap::new(),
             pods_listing: None,
             dirty: true,
+            pending: Vec::new(),
             hook: None,
             scans: 0,
             generation,
@@ -327,24 +339,63 @@ impl Scanner {
             watch_dirs: vec![pods_path.clone()],
             ..ScanStats::default()
         };
-        let mut pods = Vec::with_capacity(entries.len());
+        // Volumes confirmed unchanged are placeholders until the end: when
+        // nothing at all was read again, the last inventory is reused as is.
+        let mut drafts: Vec<(PodInventory, Deferred)> = Vec::with_capacity(entries.len());
         for entry in entries.iter() {
             match entry_type(&pods_dir, entry) {
                 Ok(Type::Directory) => {}
                 _ => continue,
             }
             let pod_path = pods_path.join(OsStr::from_bytes(entry.bytes()));
+            self.pending.clear();
             if let Some(pod) = self.scan_pod(&pods_dir, &entry.name, &pod_path, &mut stats) {
-                pods.push(pod);
+                drafts.push((pod, std::mem::take(&mut self.pending)));
             }
         }
-        pods.sort_by(|a, b| a.uid.cmp(&b.uid));
 
         let scans = self.scans;
         self.cache.retain(|_, c| c.seen == scans);
         self.listings.retain(|_, c| c.seen == scans);
 
-        for pod in &pods {
+        let scanned_at = Timestamp::now();
+        let (inventory, changed) = match &self.last {
+            Some(last) if !self.dirty => (last.clone(), false),
+            _ => {
+                let mut pods = Vec::with_capacity(drafts.len());
+                for (mut pod, refs) in drafts {
+                    for (i, key) in refs {
+                        match self.cache.get(&key) {
+                            Some(c) => pod.volumes[i] = c.inventory.clone(),
+                            None => pod.volumes[i].errors.push(error(
+                                "",
+                                ReadErrorKind::Io,
+                                "internal: cached volume missing; read again next scan",
+                            )),
+                        }
+                    }
+                    pod.volumes
+                        .sort_by(|a, b| (a.plugin, &a.name).cmp(&(b.plugin, &b.name)));
+                    pods.push(pod);
+                }
+                pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+                let changed = self.last.as_ref().is_none_or(|last| last.pods != pods);
+                if changed && self.last.is_some() {
+                    self.generation += 1;
+                }
+                let mut inv = NodeInventory::new(
+                    self.opts.node.clone(),
+                    env!("CARGO_PKG_VERSION"),
+                    scanned_at,
+                );
+                inv.generation = self.generation;
+                inv.pods = pods;
+                (Arc::new(inv), changed)
+            }
+        };
+        self.last = Some(inventory.clone());
+
+        for pod in &inventory.pods {
             stats.pods += 1;
             let mut count = |e: &ReadError| *stats.errors.entry(e.kind).or_default() += 1;
             pod.errors.iter().for_each(&mut count);
@@ -363,28 +414,11 @@ impl Scanner {
                 .chain(pod.sub_paths.iter().map(|s| s.files.len() as u64))
                 .sum::<u64>();
         }
-
-        // Content can only differ when something was read again this scan.
-        let changed = match &self.last {
-            None => true,
-            Some(last) => self.dirty && last.pods != pods,
-        };
-        if changed && self.last.is_some() {
-            self.generation += 1;
-        }
-        let mut inv = NodeInventory::new(
-            self.opts.node.clone(),
-            env!("CARGO_PKG_VERSION"),
-            Timestamp::now(),
-        );
-        inv.generation = self.generation;
-        inv.pods = pods;
-        let inventory = Arc::new(inv);
-        self.last = Some(inventory.clone());
         stats.duration = started.elapsed();
         Ok(Scan {
             inventory,
             changed,
+            scanned_at,
             stats,
         })
     }
@@ -481,8 +515,6 @@ impl Scanner {
         if !pod.errors.is_empty() || !pod.sub_paths.is_empty() {
             self.dirty = true;
         }
-        pod.volumes
-            .sort_by(|a, b| (a.plugin, &a.name).cmp(&(b.plugin, &b.name)));
         pod.sub_paths.sort_by(|a, b| {
             (&a.volume, &a.container, a.index).cmp(&(&b.volume, &b.container, b.index))
         });
@@ -591,11 +623,23 @@ impl Scanner {
                 name: entry.bytes().to_vec(),
             };
             let vol_path = plugin_path.join(OsStr::from_bytes(entry.bytes()));
-            if let Some(v) = self.unchanged(&key, pod_fd, rel_vol) {
+            if let Some(cache_key) = self.unchanged(&key, pod_fd, rel_vol) {
                 stats.reused += 1;
                 from_cache += 1;
                 stats.watch_dirs.push(vol_path);
-                pod.volumes.push(v);
+                self.pending.push((pod.volumes.len(), cache_key));
+                // A placeholder without allocations, filled in at the end
+                // of the scan only if the inventory is rebuilt.
+                pod.volumes.push(VolumeInventory {
+                    plugin,
+                    name: String::new(),
+                    data_dir: None,
+                    written_at: None,
+                    digest: None,
+                    files: BTreeMap::new(),
+                    modes: BTreeMap::new(),
+                    errors: Vec::new(),
+                });
                 continue;
             }
             let pfd = match open(&mut opened) {
@@ -670,7 +714,7 @@ impl Scanner {
         key: &VolumeKey,
         base: &OwnedFd,
         mut rel: Vec<u8>,
-    ) -> Option<VolumeInventory> {
+    ) -> Option<(u64, u64)> {
         let vol = CString::new(rel.clone()).ok()?;
         let st = fstatat(base.as_fd(), vol.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
         let id = ident(&st);
@@ -699,7 +743,7 @@ impl Scanner {
             c.volume_settled = settled(&c.volume_ident, now);
         }
         c.seen = self.scans;
-        Some(c.inventory.clone())
+        Some((id.dev, id.ino))
     }
 
     /// Reads one volume directory, with the `..data` re-check and retries.
