@@ -21,8 +21,11 @@
 
 pub mod apiserver;
 pub mod cluster;
+pub mod demo;
 pub mod http;
 pub mod kubelet;
+pub mod mountguard;
 pub mod nodeset;
+pub mod scenario;
 pub mod slurmrestd;
 pub mod util;

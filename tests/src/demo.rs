@@ -1,0 +1,568 @@
+//! The demo (`mountguard-demo`): the cluster in a box with 3 nodes, the
+//! real agent (one [`Daemon`] with an [`HttpSink`] per node) and the real
+//! controller ([`Controller::start`]) in this process, and the seed
+//! scenario: the immutable Secret `slurm-auth-slurm` is deleted and
+//! recreated with a new `slurm.key` while a second pod on node A also
+//! references it.
+//!
+//! [`run_seed`] returns a [`Summary`] (printed by `--json`) and narrates
+//! through a [`Narrator`]. The end-to-end tests run it too.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::time::{Duration, Instant};
+
+use mountguard_agent::{Backoff, Daemon, DaemonConfig, HttpSink, HttpSinkConfig, ScanOptions};
+use mountguard_controller::live::{Controller, RunArgs};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::cluster::{AUTH_SECRET, Cluster, SLURM_NAMESPACE};
+use crate::mountguard::{
+    AGENT_DAEMONSET, AgentIdentity, RecordedEvent, agent_service_account_flag,
+    deploy_agent_identities, http_get, parse_metrics, poll, recorded_events,
+};
+use crate::scenario::{
+    KEY_VOLUME, PINNING_POD, add_pinning_pod, api_auth_key, find_verdict, replace_slurmd_pod,
+    rotate_auth_key, served_key, state_tag, verdicts, wait_for_slurmd_pods,
+};
+
+/// What the demo does after detecting the stale key. Remediation (drain,
+/// evict, verify, undrain) plugs in here as another variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Remediation {
+    /// Detect and report only.
+    #[default]
+    Off,
+}
+
+/// Demo settings.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Nodes in the cluster (node A is `node-0`).
+    pub nodes: usize,
+    /// The controller's `--grace`.
+    pub grace: Duration,
+    /// The agents' rescan and heartbeat interval.
+    pub heartbeat: Duration,
+    /// See [`Remediation`].
+    pub remediation: Remediation,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            grace: Duration::from_secs(2),
+            heartbeat: Duration::from_secs(1),
+            remediation: Remediation::Off,
+        }
+    }
+}
+
+/// Timestamped narration (on stdout, or collected when quiet).
+#[derive(Debug)]
+pub struct Narrator {
+    start: Instant,
+    quiet: bool,
+    lines: Vec<String>,
+}
+
+impl Narrator {
+    /// Prints each line when `quiet` is false.
+    pub fn new(quiet: bool) -> Self {
+        Self {
+            start: Instant::now(),
+            quiet,
+            lines: Vec::new(),
+        }
+    }
+
+    /// One line: wall-clock time (UTC), time since start, text.
+    pub fn say(&mut self, text: impl AsRef<str>) {
+        let now = jiff::Timestamp::now();
+        let line = format!(
+            "{} +{:>6.2}s  {}",
+            now.strftime("%H:%M:%S%.3f"),
+            self.start.elapsed().as_secs_f64(),
+            text.as_ref()
+        );
+        if !self.quiet {
+            println!("{line}");
+        }
+        self.lines.push(line);
+    }
+
+    /// Every line so far.
+    pub fn lines(&self) -> &[String] {
+        &self.lines
+    }
+}
+
+/// An Event as the summary shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EventSummary {
+    /// Reason.
+    pub reason: String,
+    /// `Pod namespace/name`.
+    pub object: String,
+    /// Message.
+    pub message: String,
+}
+
+/// A metric sample as the summary shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MetricSample {
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Value.
+    pub value: f64,
+}
+
+/// Which `slurm.key` a slurmd pod is served.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServedKey {
+    /// Node.
+    pub node: String,
+    /// Pod.
+    pub pod: String,
+    /// Whether the pod replaced the one that ran at rotation time.
+    pub replacement: bool,
+    /// `old` or `new` (compared byte for byte with the API's Secret).
+    pub key: &'static str,
+}
+
+/// Seconds from the rotation to each signal.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Timings {
+    /// The controller's grace period.
+    pub grace_seconds: f64,
+    /// Every stale verdict visible in `/v1/verdicts`.
+    pub verdicts_after_rotation_seconds: f64,
+    /// Every `mountguard_mount_state` sample present.
+    pub metric_after_rotation_seconds: f64,
+    /// Every Event recorded.
+    pub events_after_rotation_seconds: f64,
+}
+
+/// The machine-readable result of the demo (`--json`).
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    /// `seed`.
+    pub scenario: &'static str,
+    /// Node names.
+    pub nodes: Vec<String>,
+    /// Node A.
+    pub pinned_node: String,
+    /// The second pod on node A referencing the Secret.
+    pub pinning_pod: String,
+    /// `namespace/name` of the rotated Secret.
+    pub secret: String,
+    /// Remediation mode.
+    pub remediation: Remediation,
+    /// Which key each slurmd pod is served right after the rotation.
+    pub served_after_rotation: Vec<ServedKey>,
+    /// The controller's `/v1/verdicts?namespace=slurm` items once every
+    /// stale verdict, metric and Event was seen.
+    pub verdicts: Vec<Value>,
+    /// Events recorded by the API double.
+    pub events: Vec<EventSummary>,
+    /// Every `mountguard_*` sample of the controller's `/metrics`.
+    pub metrics: Vec<MetricSample>,
+    /// Replacement pods on node A and one other node.
+    pub replacements: Vec<ServedKey>,
+    /// Verdicts of the replacement pods' key volume (`State/Cause`).
+    pub replacement_verdicts: BTreeMap<String, String>,
+    /// Time from rotation to each signal.
+    pub timings: Timings,
+}
+
+/// The cluster in a box with agents and controller running in-process.
+#[derive(Debug)]
+pub struct InProcess {
+    /// The doubles.
+    pub cluster: Cluster,
+    /// Agent identities, by node index.
+    pub identities: Vec<AgentIdentity>,
+    /// The controller.
+    pub controller: Option<Controller>,
+    /// One agent per node.
+    pub agents: Vec<Daemon>,
+}
+
+impl InProcess {
+    /// Starts a Slinky-like cluster with `opts.nodes` nodes, the agent
+    /// identities, the controller and one agent per node; returns once the
+    /// controller's watches are synced.
+    pub async fn start(opts: &DemoOptions) -> io::Result<Self> {
+        let cluster = Cluster::builder()
+            .nodes(opts.nodes)
+            .slinky()
+            .start()
+            .await?;
+        let identities = deploy_agent_identities(&cluster).await?;
+        let mut args = RunArgs::for_test(
+            cluster.kubeconfig_path().to_path_buf(),
+            &agent_service_account_flag(),
+            AGENT_DAEMONSET,
+        );
+        args.grace = opts.grace;
+        let controller = Controller::start(args)
+            .await
+            .map_err(|e| io::Error::other(format!("starting the controller: {e}")))?;
+        poll(
+            "the controller's watches to sync",
+            Duration::from_secs(20),
+            || async { controller.is_ready().then_some(()) },
+        )
+        .await?;
+        let url: http::Uri = format!("http://{}", controller.report_addr())
+            .parse()
+            .map_err(io::Error::other)?;
+        let mut agents = Vec::new();
+        for id in &identities {
+            let mut cfg = DaemonConfig::new(ScanOptions::new(&id.kubelet_root, &id.node));
+            cfg.rescan_interval = opts.heartbeat;
+            cfg.heartbeat_interval = opts.heartbeat;
+            cfg.debounce = Duration::from_millis(50);
+            let mut sink = HttpSinkConfig::new(url.clone(), &id.node);
+            sink.token_file = id.token_file.clone();
+            sink.backoff = Backoff {
+                initial: Duration::from_millis(100),
+                max: Duration::from_secs(1),
+                auth_min: Duration::from_millis(500),
+                window: opts.heartbeat,
+            };
+            let sink = HttpSink::new(sink).map_err(io::Error::other)?;
+            agents.push(Daemon::start(cfg, sink).await.map_err(io::Error::other)?);
+        }
+        Ok(Self {
+            cluster,
+            identities,
+            controller: Some(controller),
+            agents,
+        })
+    }
+
+    /// `http://<metrics address>` of the controller.
+    pub fn metrics_base(&self) -> String {
+        self.controller
+            .as_ref()
+            .map(|c| format!("http://{}", c.metrics_addr()))
+            .unwrap_or_default()
+    }
+
+    /// Stops agents, controller and cluster.
+    pub async fn shutdown(mut self) {
+        for a in self.agents.drain(..) {
+            a.shutdown().await;
+        }
+        if let Some(c) = self.controller.take() {
+            c.shutdown().await;
+        }
+        self.cluster.shutdown().await;
+    }
+}
+
+fn io_err(msg: impl Into<String>) -> io::Error {
+    io::Error::other(msg.into())
+}
+
+/// The `mountguard_*` samples of the controller's `/metrics`.
+pub async fn scrape(metrics_base: &str) -> io::Result<Vec<MetricSample>> {
+    let text = http_get(&format!("{metrics_base}/metrics")).await?;
+    Ok(parse_metrics(&text)
+        .into_iter()
+        .filter(|s| s.name.starts_with("mountguard_"))
+        .map(|s| MetricSample {
+            name: s.name,
+            labels: s.labels.into_iter().collect(),
+            value: s.value,
+        })
+        .collect())
+}
+
+fn event_summary(e: &RecordedEvent) -> EventSummary {
+    EventSummary {
+        reason: e.reason.clone(),
+        object: format!("{} {}/{}", e.kind, e.namespace, e.name),
+        message: e.message.clone(),
+    }
+}
+
+/// The expected stale tag of node `i`'s slurmd key volume.
+fn expected_tag(i: usize) -> &'static str {
+    if i == 0 {
+        "Stale/ImmutableCachePinned"
+    } else {
+        "Stale/ImmutableCache"
+    }
+}
+
+/// Runs the seed scenario on a running system (see the module docs).
+pub async fn seed_scenario(
+    sys: &InProcess,
+    opts: &DemoOptions,
+    say: &mut Narrator,
+) -> io::Result<Summary> {
+    let api = sys.cluster.api();
+    let base = sys.metrics_base();
+    let nodes = sys.cluster.node_names();
+    let node_a = nodes[0].clone();
+    let subject = format!("volume {KEY_VOLUME}");
+
+    let pods = wait_for_slurmd_pods(&sys.cluster).await?;
+    say.say(format!(
+        "cluster in a box up: {} nodes, NodeSet slurm-worker-slinky runs {}",
+        nodes.len(),
+        pods.iter()
+            .map(|p| p.0.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    add_pinning_pod(&api, &node_a).await?;
+    say.say(format!(
+        "pod {SLURM_NAMESPACE}/{PINNING_POD} on {node_a} also mounts Secret {AUTH_SECRET}"
+    ));
+    let fresh_query = "namespace=slurm&all=1";
+    poll(
+        "every slurmd key volume and the pinning pod to be Fresh",
+        Duration::from_secs(30),
+        || async {
+            let doc = verdicts(&base, fresh_query).await.ok()?;
+            let all_fresh = pods.iter().all(|(p, _)| {
+                find_verdict(&doc, p, &subject).is_some_and(|v| v["state"] == "Fresh")
+            }) && find_verdict(&doc, PINNING_POD, "volume auth")
+                .is_some_and(|v| v["state"] == "Fresh");
+            all_fresh.then_some(())
+        },
+    )
+    .await?;
+    say.say(format!(
+        "controller: every slurmd pod's {KEY_VOLUME} (slurm.key) is Fresh; agents report every {:?}",
+        opts.heartbeat
+    ));
+
+    let old_key = api_auth_key(&api)?;
+    let new_key = rotate_auth_key(&api)?;
+    let rotated = Instant::now();
+    say.say(format!(
+        "ROTATION: immutable Secret {SLURM_NAMESPACE}/{AUTH_SECRET} deleted and recreated with a new slurm.key"
+    ));
+
+    // What the kubelets serve: every running pod keeps its cache entry.
+    let mut served_after_rotation = Vec::new();
+    for (i, (pod, uid)) in pods.iter().enumerate() {
+        let bytes = served_key(&sys.cluster, i, uid)?;
+        let key = if bytes == old_key {
+            "old"
+        } else if bytes == new_key {
+            "new"
+        } else {
+            "other"
+        };
+        served_after_rotation.push(ServedKey {
+            node: nodes[i].clone(),
+            pod: pod.clone(),
+            replacement: false,
+            key,
+        });
+    }
+    say.say(format!(
+        "kubelets serve the OLD slurm.key to: {}",
+        served_after_rotation
+            .iter()
+            .filter(|s| s.key == "old")
+            .map(|s| format!("{} ({})", s.pod, s.node))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+
+    let doc = poll(
+        "the stale verdicts",
+        opts.grace + Duration::from_secs(20),
+        || async {
+            let doc = verdicts(&base, "namespace=slurm").await.ok()?;
+            let all = pods.iter().enumerate().all(|(i, (p, _))| {
+                find_verdict(&doc, p, &subject).is_some_and(|v| state_tag(v) == expected_tag(i))
+            });
+            all.then_some(doc)
+        },
+    )
+    .await?;
+    let verdicts_after = rotated.elapsed();
+    for (i, (p, _)) in pods.iter().enumerate() {
+        let v = find_verdict(&doc, p, &subject).cloned().unwrap_or_default();
+        let pinned: Vec<&str> = v["pinnedBy"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect();
+        let why = if pinned.is_empty() {
+            "only its own reference keeps the old cache entry: replacing the pod fixes it"
+                .to_string()
+        } else {
+            format!(
+                "pinned by {}: replacing the pod alone cannot help",
+                pinned.join(", ")
+            )
+        };
+        say.say(format!(
+            "verdict {} on {}: {} ({why})",
+            p,
+            nodes[i],
+            expected_tag(i)
+        ));
+    }
+
+    let metric_ready = |samples: &[MetricSample]| {
+        pods.iter().enumerate().all(|(i, (p, _))| {
+            samples.iter().any(|s| {
+                s.name == "mountguard_mount_state"
+                    && s.value == 1.0
+                    && s.labels.get("pod").map(String::as_str) == Some(p)
+                    && s.labels.get("volume").map(String::as_str) == Some(KEY_VOLUME)
+                    && format!(
+                        "{}/{}",
+                        s.labels.get("state").map(String::as_str).unwrap_or(""),
+                        s.labels.get("cause").map(String::as_str).unwrap_or("")
+                    ) == expected_tag(i)
+            })
+        })
+    };
+    poll(
+        "the mount-state metric",
+        Duration::from_secs(10),
+        || async {
+            scrape(&base)
+                .await
+                .ok()
+                .filter(|s| metric_ready(s))
+                .map(|_| ())
+        },
+    )
+    .await?;
+    let metric_after = rotated.elapsed();
+    say.say(
+        "metric mountguard_mount_state{state=\"Stale\",cause=\"ImmutableCachePinned\"|\"ImmutableCache\"} = 1 for each slurmd pod",
+    );
+
+    let events_ready = |events: &[RecordedEvent]| {
+        pods.iter().enumerate().all(|(i, (p, _))| {
+            let reason = if i == 0 {
+                "KubeletCachePinned"
+            } else {
+                "StaleMount"
+            };
+            events
+                .iter()
+                .any(|e| e.name == *p && e.kind == "Pod" && e.reason == reason)
+        })
+    };
+    let events = poll("the Events", Duration::from_secs(10), || async {
+        let ev = recorded_events(&api);
+        events_ready(&ev).then_some(ev)
+    })
+    .await?;
+    let events_after = rotated.elapsed();
+    for e in events.iter().filter(|e| e.kind == "Pod") {
+        say.say(format!(
+            "Event {} on Pod {}/{}: {}",
+            e.reason, e.namespace, e.name, e.message
+        ));
+    }
+    let final_doc = verdicts(&base, "namespace=slurm").await?;
+    let metrics = scrape(&base).await?;
+
+    // Replacing a pod: fresh key where nothing else pins the entry.
+    let mut replacements = Vec::new();
+    let mut replacement_verdicts = BTreeMap::new();
+    let order: &[usize] = if nodes.len() > 1 { &[1, 0] } else { &[0] };
+    let current_key = api_auth_key(&api)?;
+    for &i in order {
+        let (pod, uid) = replace_slurmd_pod(&sys.cluster, i).await?;
+        let bytes = served_key(&sys.cluster, i, &uid)?;
+        let key = if bytes == current_key { "new" } else { "old" };
+        say.say(format!(
+            "replaced the slurmd pod on {}: the new {} is served the {} slurm.key{}",
+            nodes[i],
+            pod,
+            key.to_uppercase(),
+            if i == 0 {
+                format!(" ({PINNING_POD} still pins the cache entry)")
+            } else {
+                String::new()
+            }
+        ));
+        let want = if i == 0 {
+            "Stale/ImmutableCachePinned"
+        } else {
+            "Fresh"
+        };
+        let tag = poll(
+            "the replacement pod's verdict",
+            opts.grace + Duration::from_secs(20),
+            || async {
+                let doc = verdicts(&base, "namespace=slurm&all=1").await.ok()?;
+                let v = find_verdict(&doc, &pod, &subject)?;
+                let t = state_tag(v);
+                (t == want).then_some(t)
+            },
+        )
+        .await?;
+        say.say(format!("verdict {pod} on {}: {tag}", nodes[i]));
+        replacement_verdicts.insert(format!("{}/{pod}", nodes[i]), tag);
+        replacements.push(ServedKey {
+            node: nodes[i].clone(),
+            pod,
+            replacement: true,
+            key,
+        });
+    }
+
+    match opts.remediation {
+        Remediation::Off => say.say(
+            "remediation is off: mountguard reported the stale key (metric, Event, /v1/verdicts) and changed nothing",
+        ),
+    }
+
+    Ok(Summary {
+        scenario: "seed",
+        nodes,
+        pinned_node: node_a,
+        pinning_pod: format!("{SLURM_NAMESPACE}/{PINNING_POD}"),
+        secret: format!("{SLURM_NAMESPACE}/{AUTH_SECRET}"),
+        remediation: opts.remediation,
+        served_after_rotation,
+        verdicts: final_doc["verdicts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+        events: events.iter().map(event_summary).collect(),
+        metrics,
+        replacements,
+        replacement_verdicts,
+        timings: Timings {
+            grace_seconds: opts.grace.as_secs_f64(),
+            verdicts_after_rotation_seconds: verdicts_after.as_secs_f64(),
+            metric_after_rotation_seconds: metric_after.as_secs_f64(),
+            events_after_rotation_seconds: events_after.as_secs_f64(),
+        },
+    })
+}
+
+/// Starts everything, runs the seed scenario, stops everything.
+pub async fn run_seed(opts: &DemoOptions, say: &mut Narrator) -> io::Result<Summary> {
+    let sys = InProcess::start(opts).await?;
+    say.say("agents (one per node) and controller started in this process");
+    let result = seed_scenario(&sys, opts, say).await;
+    sys.shutdown().await;
+    result.map_err(|e| io_err(format!("seed scenario: {e}")))
+}

@@ -1,0 +1,546 @@
+//! mountguard on the cluster in a box: the agent identity the controller
+//! authorizes (namespace, ServiceAccount, one agent pod per node owned by
+//! the agent DaemonSet, each with a projected token the API double's
+//! TokenReview knows), the real binaries as child processes, and small
+//! clients for the controller's `/metrics` and `/v1/verdicts`.
+//!
+//! ```no_run
+//! # async fn f() -> std::io::Result<()> {
+//! use mountguard_tests::cluster::Cluster;
+//! use mountguard_tests::mountguard::deploy_agent_identities;
+//! let cluster = Cluster::builder().nodes(2).slinky().start().await?;
+//! let agents = deploy_agent_identities(&cluster).await?;
+//! let token_file = &agents[0].token_file; // for --token-file of node-0's agent
+//! # Ok(()) }
+//! ```
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+use crate::apiserver::{ApiHandle, resources};
+use crate::cluster::Cluster;
+
+/// Namespace of mountguard's own objects.
+pub const NAMESPACE: &str = "mountguard";
+/// The agent's ServiceAccount.
+pub const AGENT_SERVICE_ACCOUNT: &str = "mountguard-agent";
+/// The agent DaemonSet (owner of the agent pods).
+pub const AGENT_DAEMONSET: &str = "mountguard-agent";
+/// Audience of the agents' projected tokens.
+pub const TOKEN_AUDIENCE: &str = "mountguard";
+/// Projected volume holding the agent's token.
+pub const TOKEN_VOLUME: &str = "mountguard-token";
+
+/// `--agent-service-account` for the controller.
+pub fn agent_service_account_flag() -> String {
+    format!("{NAMESPACE}:{AGENT_SERVICE_ACCOUNT}")
+}
+
+/// One node's agent identity.
+#[derive(Debug, Clone)]
+pub struct AgentIdentity {
+    /// Node name.
+    pub node: String,
+    /// Agent pod name.
+    pub pod: String,
+    /// Agent pod UID.
+    pub uid: String,
+    /// The kubelet root of the node.
+    pub kubelet_root: PathBuf,
+    /// The projected token file the kubelet wrote (`--token-file`).
+    pub token_file: PathBuf,
+}
+
+impl AgentIdentity {
+    /// The token as the agent would send it.
+    pub fn token(&self) -> io::Result<String> {
+        Ok(std::fs::read_to_string(&self.token_file)?
+            .trim()
+            .to_string())
+    }
+}
+
+/// The agent pod of a DaemonSet `mountguard-agent` on `node`: the
+/// ServiceAccount, a projected service-account token with audience
+/// `mountguard`, and the DaemonSet as controlling owner.
+pub fn agent_pod(node: &str, daemonset_uid: &str) -> Value {
+    json!({
+        "metadata": {
+            "name": format!("{AGENT_DAEMONSET}-{node}"),
+            "labels": {"app.kubernetes.io/name": "mountguard-agent"},
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "DaemonSet", "name": AGENT_DAEMONSET,
+                "uid": daemonset_uid, "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": AGENT_SERVICE_ACCOUNT,
+            "containers": [{
+                "name": "agent",
+                "image": "ghcr.io/mountguard/mountguard-agent:test",
+                "volumeMounts": [{"name": TOKEN_VOLUME, "mountPath": "/var/run/secrets/mountguard", "readOnly": true}],
+            }],
+            "volumes": [{"name": TOKEN_VOLUME, "projected": {"sources": [
+                {"serviceAccountToken": {"audience": TOKEN_AUDIENCE, "expirationSeconds": 3600, "path": "token"}},
+            ]}}],
+        },
+    })
+}
+
+/// Creates namespace `mountguard`, its agent ServiceAccount and one agent
+/// pod per node (owned by DaemonSet `mountguard-agent`; the API double has
+/// no DaemonSet resource, the owner reference is what the controller
+/// checks), then waits until every kubelet double wrote the pod's token and
+/// registered it for TokenReview.
+pub async fn deploy_agent_identities(cluster: &Cluster) -> io::Result<Vec<AgentIdentity>> {
+    let api = cluster.api();
+    let io = |e: crate::apiserver::ApiError| io::Error::other(e.to_string());
+    api.ensure_namespace(NAMESPACE).map_err(io)?;
+    if api
+        .get(
+            &resources::SERVICE_ACCOUNTS,
+            NAMESPACE,
+            AGENT_SERVICE_ACCOUNT,
+        )
+        .is_err()
+    {
+        api.create(
+            &resources::SERVICE_ACCOUNTS,
+            NAMESPACE,
+            json!({"metadata": {"name": AGENT_SERVICE_ACCOUNT}}),
+        )
+        .map_err(io)?;
+    }
+    let daemonset_uid = crate::util::new_uid();
+    let mut out = Vec::new();
+    for (i, node) in cluster.node_names().into_iter().enumerate() {
+        let pod = api
+            .create(
+                &resources::PODS,
+                NAMESPACE,
+                agent_pod(&node, &daemonset_uid),
+            )
+            .map_err(io)?;
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        let root = cluster.kubelet_root(i);
+        let token_file = mountguard_inventory::layout::pod_dir(&root, &uid)
+            .join("volumes/kubernetes.io~projected")
+            .join(TOKEN_VOLUME)
+            .join("token");
+        out.push(AgentIdentity {
+            pod: pod["metadata"]["name"].as_str().unwrap_or("").to_string(),
+            node,
+            uid,
+            kubelet_root: root,
+            token_file,
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for id in &out {
+        loop {
+            let token = id.token().unwrap_or_default();
+            if !token.is_empty()
+                && token_review(&cluster.api_url(), &token)
+                    .await
+                    .is_ok_and(|u| {
+                        u == format!("system:serviceaccount:{NAMESPACE}:{AGENT_SERVICE_ACCOUNT}")
+                    })
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "the kubelet double of {} did not project the agent token {} in 15 s",
+                    id.node,
+                    id.token_file.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    Ok(out)
+}
+
+/// Asks the API double's TokenReview (audience `mountguard`) who `token`
+/// is; `Err` when it is not authenticated.
+pub async fn token_review(api_url: &str, token: &str) -> io::Result<String> {
+    let body = json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+        "spec": {"token": token, "audiences": [TOKEN_AUDIENCE]},
+    });
+    let (code, text) = http_request(
+        "POST",
+        &format!("{api_url}/apis/authentication.k8s.io/v1/tokenreviews"),
+        &[("content-type", "application/json")],
+        serde_json::to_vec(&body).unwrap_or_default(),
+    )
+    .await?;
+    let v: Value = serde_json::from_str(&text).map_err(io::Error::other)?;
+    if code != 201 || v["status"]["authenticated"] != true {
+        return Err(io::Error::other(format!("not authenticated: {text}")));
+    }
+    Ok(v["status"]["user"]["username"]
+        .as_str()
+        .unwrap_or("")
+        .to_string())
+}
+
+/// One HTTP request over plain HTTP (loopback); status and body text.
+pub async fn http_request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> io::Result<(u16, String)> {
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let mut req = http::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req
+        .body(Full::new(Bytes::from(body)))
+        .map_err(io::Error::other)?;
+    let fut = async {
+        let resp = client.request(req).await.map_err(io::Error::other)?;
+        let status = resp.status().as_u16();
+        let bytes = Limited::new(resp.into_body(), 64 << 20)
+            .collect()
+            .await
+            .map_err(io::Error::other)?
+            .to_bytes();
+        Ok::<_, io::Error>((status, String::from_utf8_lossy(&bytes).into_owned()))
+    };
+    tokio::time::timeout(Duration::from_secs(30), fut)
+        .await
+        .map_err(|_| io::Error::other(format!("{method} {url}: no answer in 30 s")))?
+}
+
+/// `GET url`; the body when the status is 200.
+pub async fn http_get(url: &str) -> io::Result<String> {
+    let (code, body) = http_request("GET", url, &[], Vec::new()).await?;
+    if code != 200 {
+        return Err(io::Error::other(format!("GET {url}: {code} {body}")));
+    }
+    Ok(body)
+}
+
+/// One Prometheus sample.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Sample {
+    /// Metric name.
+    pub name: String,
+    /// Labels, in exposition order.
+    pub labels: Vec<(String, String)>,
+    /// Value.
+    pub value: f64,
+}
+
+impl Sample {
+    /// The value of label `k`.
+    pub fn label(&self, k: &str) -> Option<&str> {
+        self.labels
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Parses the Prometheus text exposition (comments skipped; label values
+/// unescaped).
+pub fn parse_metrics(text: &str) -> Vec<Sample> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (name, labels, rest) = match line.find('{') {
+            Some(b) => {
+                let Some(e) = line.rfind('}') else { continue };
+                (&line[..b], parse_labels(&line[b + 1..e]), &line[e + 1..])
+            }
+            None => {
+                let Some((n, r)) = line.split_once(' ') else {
+                    continue;
+                };
+                (n, Vec::new(), r)
+            }
+        };
+        let Some(value) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            continue;
+        };
+        out.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
+    }
+    out
+}
+
+fn parse_labels(s: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut chars = s.chars().peekable();
+    loop {
+        let mut name = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' {
+                break;
+            }
+            if c != ',' && !c.is_whitespace() {
+                name.push(c);
+            }
+            chars.next();
+        }
+        if chars.next().is_none() || chars.next() != Some('"') {
+            return out;
+        }
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(o) => value.push(o),
+                    None => break,
+                },
+                '"' => break,
+                o => value.push(o),
+            }
+        }
+        out.push((name, value));
+    }
+}
+
+/// Polls `check` every 50 ms until it returns `Some` or `timeout` passes;
+/// the error names `what`.
+pub async fn poll<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> io::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("timed out after {timeout:?} waiting for {what}"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Events recorded by the API double (core/v1 and events.k8s.io/v1), as
+/// `(reason, "Kind namespace/name", message)`.
+pub fn recorded_events(api: &ApiHandle) -> Vec<RecordedEvent> {
+    let mut out = Vec::new();
+    for rt in [&resources::EVENTS, &resources::CORE_EVENTS] {
+        for e in api.list_all(rt, None) {
+            let obj = if e["regarding"].is_object() {
+                &e["regarding"]
+            } else {
+                &e["involvedObject"]
+            };
+            let message = e["note"]
+                .as_str()
+                .or_else(|| e["message"].as_str())
+                .unwrap_or("")
+                .to_string();
+            out.push(RecordedEvent {
+                reason: e["reason"].as_str().unwrap_or("").to_string(),
+                kind: obj["kind"].as_str().unwrap_or("").to_string(),
+                namespace: obj["namespace"].as_str().unwrap_or("").to_string(),
+                name: obj["name"].as_str().unwrap_or("").to_string(),
+                message,
+                count: e["series"]["count"]
+                    .as_u64()
+                    .or_else(|| e["count"].as_u64())
+                    .unwrap_or(1),
+            });
+        }
+    }
+    out
+}
+
+/// An Event as recorded by the API double.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RecordedEvent {
+    /// Reason, e.g. `KubeletCachePinned`.
+    pub reason: String,
+    /// Kind of the regarding object.
+    pub kind: String,
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// The note / message.
+    pub message: String,
+    /// Occurrences (series count, 1 for a single Event).
+    pub count: u64,
+}
+
+/// A real mountguard binary next to the running test executable
+/// (`target/<profile>/`), or a message saying how to build it.
+pub fn binary(name: &str) -> io::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    // Test executables live in target/<profile>/deps.
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "{} not found; build the binaries first: cargo build --workspace --bins",
+                path.display()
+            ),
+        ))
+    }
+}
+
+/// A child process killed (and reaped) on drop.
+#[derive(Debug)]
+pub struct ChildGuard {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl ChildGuard {
+    /// Spawns `cmd` with stdout and stderr appended to `log`.
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> io::Result<Self> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)?;
+        let err = out.try_clone()?;
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| io::Error::other(format!("spawning {name}: {e}")))?;
+        Ok(Self {
+            name: name.to_string(),
+            child: Some(child),
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// The process id.
+    pub fn id(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process exited (and how).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    /// The end of its log (for failure messages).
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Kills the process and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free loopback address (bound, then released; the caller binds it
+/// right away).
+pub fn free_addr() -> io::Result<std::net::SocketAddr> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    l.local_addr()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_text_parses_with_escaped_labels() {
+        let text = "# HELP x y\n# TYPE x gauge\nmountguard_mounts{state=\"Stale\"} 2\nmountguard_mount_state{namespace=\"slurm\",pod=\"w-0\",cause=\"\",message=\"a \\\"b\\\"\"} 1\nup 1\n";
+        let s = parse_metrics(text);
+        assert_eq!(s.len(), 3);
+        assert_eq!(s[0].name, "mountguard_mounts");
+        assert_eq!(s[0].label("state"), Some("Stale"));
+        assert_eq!(s[0].value, 2.0);
+        assert_eq!(s[1].label("pod"), Some("w-0"));
+        assert_eq!(s[1].label("cause"), Some(""));
+        assert_eq!(s[1].label("message"), Some("a \"b\""));
+        assert_eq!(s[2].name, "up");
+        assert!(s[2].labels.is_empty());
+    }
+
+    #[tokio::test]
+    async fn agent_identities_authenticate_as_the_agent_on_their_node_double() {
+        let mut cluster = Cluster::builder().nodes(2).start().await.unwrap();
+        let ids = deploy_agent_identities(&cluster).await.unwrap();
+        assert_eq!(ids.len(), 2);
+        for id in &ids {
+            let pod = cluster
+                .api()
+                .get(&resources::PODS, NAMESPACE, &id.pod)
+                .unwrap();
+            assert_eq!(pod["spec"]["nodeName"], id.node.as_str());
+            assert_eq!(pod["metadata"]["ownerReferences"][0]["kind"], "DaemonSet");
+            assert_eq!(
+                pod["metadata"]["ownerReferences"][0]["name"],
+                AGENT_DAEMONSET
+            );
+            let user = token_review(&cluster.api_url(), &id.token().unwrap())
+                .await
+                .unwrap();
+            assert_eq!(user, "system:serviceaccount:mountguard:mountguard-agent");
+        }
+        assert_ne!(ids[0].token().unwrap(), ids[1].token().unwrap());
+        assert!(
+            token_review(&cluster.api_url(), "not-a-token")
+                .await
+                .is_err()
+        );
+        cluster.shutdown().await;
+    }
+}

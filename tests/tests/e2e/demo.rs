@@ -1,0 +1,113 @@
+//! The demo's seed scenario (in-process agents and controller) and its
+//! `--json` summary.
+
+use mountguard_tests::demo::{DemoOptions, Narrator, run_seed};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_seed_scenario_summary() {
+    let opts = DemoOptions::default();
+    let mut say = Narrator::new(true);
+    let summary = run_seed(&opts, &mut say).await.unwrap();
+    let json = serde_json::to_value(&summary).unwrap();
+
+    assert_eq!(json["scenario"], "seed");
+    assert_eq!(json["nodes"].as_array().unwrap().len(), 3);
+    assert_eq!(json["pinnedNode"], "node-0");
+    assert_eq!(json["pinningPod"], "slurm/slurm-auth-check");
+    for s in json["servedAfterRotation"].as_array().unwrap() {
+        assert_eq!(s["key"], "old", "{s}");
+    }
+
+    // Verdicts: ImmutableCachePinned on node A naming the pinning pod,
+    // ImmutableCache elsewhere.
+    let key_verdicts: Vec<&serde_json::Value> = json["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["subject"] == "volume slurm-etc" && v["state"] == "Stale")
+        .collect();
+    assert_eq!(key_verdicts.len(), 3, "{key_verdicts:?}");
+    for v in &key_verdicts {
+        if v["node"] == "node-0" {
+            assert_eq!(v["cause"], "ImmutableCachePinned", "{v}");
+            assert!(
+                v["pinnedBy"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|p| p.as_str().unwrap().ends_with("slurm-auth-check")),
+                "{v}"
+            );
+        } else {
+            assert_eq!(v["cause"], "ImmutableCache", "{v}");
+        }
+    }
+
+    // Events recorded by the API double.
+    let events = json["events"].as_array().unwrap();
+    let has = |reason: &str, object: &str| {
+        events.iter().any(|e| {
+            e["reason"] == reason
+                && e["object"] == object
+                && !e["message"].as_str().unwrap().is_empty()
+        })
+    };
+    assert!(
+        has("KubeletCachePinned", "Pod slurm/slurm-worker-slinky-0"),
+        "{events:?}"
+    );
+    assert!(
+        has("StaleMount", "Pod slurm/slurm-worker-slinky-1"),
+        "{events:?}"
+    );
+    assert!(
+        has("StaleMount", "Pod slurm/slurm-worker-slinky-2"),
+        "{events:?}"
+    );
+
+    // Metric samples scraped from /metrics.
+    let metrics = json["metrics"].as_array().unwrap();
+    let sample = |pod: &str, cause: &str| {
+        metrics.iter().any(|m| {
+            m["name"] == "mountguard_mount_state"
+                && m["value"] == 1.0
+                && m["labels"]["pod"] == pod
+                && m["labels"]["volume"] == "slurm-etc"
+                && m["labels"]["cause"] == cause
+        })
+    };
+    assert!(
+        sample("slurm-worker-slinky-0", "ImmutableCachePinned"),
+        "{metrics:?}"
+    );
+    assert!(sample("slurm-worker-slinky-1", "ImmutableCache"));
+    assert!(sample("slurm-worker-slinky-2", "ImmutableCache"));
+    assert!(
+        metrics
+            .iter()
+            .all(|m| m["name"].as_str().unwrap().starts_with("mountguard_"))
+    );
+
+    // Replacement: new key on node-1, still the old one on node A.
+    let repl = json["replacements"].as_array().unwrap();
+    assert!(
+        repl.iter()
+            .any(|r| r["node"] == "node-1" && r["key"] == "new"),
+        "{repl:?}"
+    );
+    assert!(
+        repl.iter()
+            .any(|r| r["node"] == "node-0" && r["key"] == "old"),
+        "{repl:?}"
+    );
+
+    // Within 5 s of the first report after the grace period.
+    let t = &summary.timings;
+    let bound = t.grace_seconds + opts.heartbeat.as_secs_f64() + 5.0;
+    assert!(t.metric_after_rotation_seconds <= bound, "{t:?}");
+    assert!(t.events_after_rotation_seconds <= bound, "{t:?}");
+    // The narration names the rotation and the pinning pod.
+    let text = say.lines().join("\n");
+    assert!(text.contains("ROTATION"), "{text}");
+    assert!(text.contains("pinned by slurm-auth-check"), "{text}");
+}

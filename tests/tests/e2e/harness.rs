@@ -1,0 +1,277 @@
+//! The real `mountguard-controller` and `mountguard-agent` binaries as
+//! child processes against the cluster in a box.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use mountguard_tests::cluster::Cluster;
+use mountguard_tests::mountguard::{
+    AGENT_DAEMONSET, AgentIdentity, ChildGuard, agent_service_account_flag, binary,
+    deploy_agent_identities, free_addr, http_get, poll,
+};
+use serde_json::Value;
+
+/// Short timings so scenarios finish in seconds.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// How to start the system.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub nodes: usize,
+    pub grace: Duration,
+    /// `(CA file for the agents, cert file, key file)`: https; `None`: http
+    /// with `--insecure-plaintext-reports`.
+    pub tls: Option<(PathBuf, PathBuf, PathBuf)>,
+    pub extra_controller_args: Vec<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            nodes: 3,
+            grace: Duration::from_secs(2),
+            tls: None,
+            extra_controller_args: Vec::new(),
+        }
+    }
+}
+
+/// Cluster, agents and controller.
+pub struct System {
+    pub cluster: Cluster,
+    pub ids: Vec<AgentIdentity>,
+    pub controller: Option<ChildGuard>,
+    pub agents: Vec<ChildGuard>,
+    pub report_addr: std::net::SocketAddr,
+    pub metrics_addr: std::net::SocketAddr,
+    pub opts: Options,
+    key_file: PathBuf,
+    logs: PathBuf,
+}
+
+impl System {
+    pub async fn start(opts: Options) -> System {
+        // Fail first, clearly, when the binaries are not built.
+        for bin in ["mountguard-controller", "mountguard-agent"] {
+            if let Err(e) = binary(bin) {
+                panic!("{e}");
+            }
+        }
+        let cluster = Cluster::builder()
+            .nodes(opts.nodes)
+            .slinky()
+            .start()
+            .await
+            .unwrap();
+        let ids = deploy_agent_identities(&cluster).await.unwrap();
+        let logs = cluster.dir().join("logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        // A fixed fingerprint key: fingerprints stay equal across a restart.
+        let key_file = cluster.dir().join("fingerprint.key");
+        std::fs::write(&key_file, b"mountguard-e2e-fingerprint-key-0123456789").unwrap();
+        let mut sys = System {
+            cluster,
+            ids,
+            controller: None,
+            agents: Vec::new(),
+            report_addr: free_addr().unwrap(),
+            metrics_addr: free_addr().unwrap(),
+            opts,
+            key_file,
+            logs,
+        };
+        sys.start_controller().await;
+        for i in 0..sys.ids.len() {
+            let a = sys.spawn_agent(i);
+            sys.agents.push(a);
+        }
+        sys
+    }
+
+    /// Starts (or restarts) the controller on the same addresses.
+    pub async fn start_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.kill();
+        }
+        let mut cmd = Command::new(binary("mountguard-controller").unwrap());
+        cmd.arg("run")
+            .arg("--kubeconfig")
+            .arg(self.cluster.kubeconfig_path())
+            .args(["--report-listen", &self.report_addr.to_string()])
+            .args(["--metrics-listen", &self.metrics_addr.to_string()])
+            .args(["--agent-service-account", &agent_service_account_flag()])
+            .args(["--agent-daemonset", AGENT_DAEMONSET])
+            .args(["--grace", &format!("{}ms", self.opts.grace.as_millis())])
+            .arg("--fingerprint-key-file")
+            .arg(&self.key_file)
+            .args(["--log", "info"])
+            .args(&self.opts.extra_controller_args)
+            .env_remove("KUBECONFIG");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("MOUNTGUARD_") {
+                cmd.env_remove(k);
+            }
+        }
+        match &self.opts.tls {
+            Some((_, cert, key)) => {
+                cmd.arg("--tls-cert-file")
+                    .arg(cert)
+                    .arg("--tls-key-file")
+                    .arg(key);
+            }
+            None => {
+                cmd.arg("--insecure-plaintext-reports");
+            }
+        }
+        let mut child =
+            ChildGuard::spawn("controller", cmd, &self.logs.join("controller.log")).unwrap();
+        let base = self.metrics_base();
+        let ready = poll(
+            "the controller to be ready",
+            Duration::from_secs(30),
+            || {
+                let base = base.clone();
+                let exited = child.exited();
+                async move {
+                    if exited.is_some() {
+                        return Some(false);
+                    }
+                    http_get(&format!("{base}/readyz")).await.ok().map(|_| true)
+                }
+            },
+        )
+        .await;
+        match ready {
+            Ok(true) => {}
+            other => panic!(
+                "controller did not become ready ({other:?}); log:\n{}",
+                child.log_tail(40)
+            ),
+        }
+        self.controller = Some(child);
+    }
+
+    fn spawn_agent(&self, i: usize) -> ChildGuard {
+        let id = &self.ids[i];
+        let scheme = if self.opts.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let mut cmd = Command::new(binary("mountguard-agent").unwrap());
+        cmd.arg("run")
+            .arg("--kubelet-root")
+            .arg(&id.kubelet_root)
+            .args(["--node-name", &id.node])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--rescan-interval", "1s"])
+            .args([
+                "--heartbeat-interval",
+                &format!("{}ms", HEARTBEAT.as_millis()),
+            ])
+            .args(["--debounce", "50ms"])
+            .args([
+                "--controller-url",
+                &format!("{scheme}://{}", self.report_addr),
+            ])
+            .arg("--token-file")
+            .arg(&id.token_file)
+            .args(["--log", "info"]);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("MOUNTGUARD_") {
+                cmd.env_remove(k);
+            }
+        }
+        if let Some((ca, _, _)) = &self.opts.tls {
+            cmd.arg("--ca-file").arg(ca);
+        }
+        ChildGuard::spawn(
+            &format!("agent-{}", id.node),
+            cmd,
+            &self.logs.join(format!("agent-{}.log", id.node)),
+        )
+        .unwrap()
+    }
+
+    pub fn metrics_base(&self) -> String {
+        format!("http://{}", self.metrics_addr)
+    }
+
+    pub fn report_base(&self) -> String {
+        format!("http://{}", self.report_addr)
+    }
+
+    pub async fn verdicts(&self, query: &str) -> Value {
+        mountguard_tests::scenario::verdicts(&self.metrics_base(), query)
+            .await
+            .unwrap()
+    }
+
+    /// Logs of every process, for failure messages.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for c in self.controller.iter().chain(self.agents.iter()) {
+            out.push_str(&format!("--- {} ---\n{}\n", c.name(), c.log_tail(30)));
+        }
+        out
+    }
+
+    pub async fn shutdown(mut self) {
+        for a in &mut self.agents {
+            a.kill();
+        }
+        if let Some(c) = self.controller.as_mut() {
+            c.kill();
+        }
+        self.cluster.shutdown().await;
+    }
+}
+
+/// Polls, and on timeout panics with the processes' logs.
+pub async fn wait<T, F, Fut>(sys: &System, what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match poll(what, timeout, check).await {
+        Ok(v) => v,
+        Err(e) => panic!("{e}\n{}", sys.logs()),
+    }
+}
+
+/// Waits until every slurmd pod's key volume and every pod's verdicts are
+/// Fresh or Skipped (the agents reported and the controller evaluated).
+pub async fn wait_all_fresh(sys: &System) -> Value {
+    let pods = mountguard_tests::scenario::wait_for_slurmd_pods(&sys.cluster)
+        .await
+        .unwrap();
+    let base = sys.metrics_base();
+    wait(
+        sys,
+        "every verdict Fresh or Skipped",
+        Duration::from_secs(30),
+        || {
+            let base = base.clone();
+            let pods = pods.clone();
+            async move {
+                let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
+                    .await
+                    .ok()?;
+                let items = doc["verdicts"].as_array()?;
+                let slurmd_fresh = pods.iter().all(|(p, _)| {
+                    items.iter().any(|v| {
+                        v["pod"] == p.as_str()
+                            && v["subject"] == "volume slurm-etc"
+                            && v["state"] == "Fresh"
+                    })
+                });
+                let all_ok = items
+                    .iter()
+                    .all(|v| v["state"] == "Fresh" || v["state"] == "Skipped");
+                (slurmd_fresh && all_ok).then_some(doc)
+            }
+        },
+    )
+    .await
+}

@@ -1,0 +1,15 @@
+//! End-to-end tests: the real `mountguard-agent` and `mountguard-controller`
+//! binaries (child processes) against the cluster in a box (API server,
+//! kubelet, NodeSet and slurmrestd doubles). Build the binaries first:
+//! `cargo build --workspace --bins` (`cargo nextest run --workspace` does).
+//! The demo test runs the same components in-process.
+
+mod harness;
+
+mod demo;
+mod forged;
+mod fresh;
+mod kubelet;
+mod restart;
+mod seed;
+mod tls;
