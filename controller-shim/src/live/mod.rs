@@ -150,12 +150,6 @@ impl Controller {
                     .into(),
             ));
         }
-        if args.remediation != args::RemediationMode::Off {
-            warn!(
-                mode = ?args.remediation,
-                "remediation is not executed by this controller build; verdicts, metrics and Events only"
-            );
-        }
 
         let metrics = Metrics::new();
         let shared = Arc::new(Shared::new(metrics));
@@ -250,6 +244,17 @@ impl Controller {
                 shutdown.clone(),
             )),
         ));
+        if args.remediation != args::RemediationMode::Off {
+            let t = crate::remediation::executor::spawn(
+                &args,
+                client.clone(),
+                shared.clone(),
+                snapshots.clone(),
+                shutdown.clone(),
+            )
+            .await?;
+            tasks.push(("remediation", t));
+        }
         for (name, t) in watch::spawn_all(
             &client,
             &args,

@@ -8,9 +8,12 @@
 //! * [`recovery`]: what a (re)started controller does with persisted
 //!   attempts and Slurm nodes drained with a `mountguard:` reason.
 //! * [`slurm`]: the slurmrestd `v0.0.44` client and token sources.
+//! * [`executor`]: the thin I/O loop of the live controller.
 //!
-//! Everything but [`slurm`] is pure: no I/O, no clock reads.
+//! Everything but [`slurm`] and [`executor`] is pure: no I/O, no clock
+//! reads.
 
+pub mod executor;
 pub mod machine;
 pub mod plan;
 pub mod recovery;

@@ -1,0 +1,934 @@
+//! The executor: thin I/O around [`plan`](super::plan::plan) and
+//! [`step`](super::machine::step).
+//!
+//! After every evaluation snapshot (and on a timer) the acting replica:
+//! 1. on first run (and after winning leadership) reconciles the attempts
+//!    persisted in NodeSet annotations with every Slurm node drained with a
+//!    `mountguard:` reason ([`super::recovery`]);
+//! 2. plans new attempts; dry-run and pinned notices become Events;
+//! 3. steps every open attempt with fresh observations (Slurm node, pod
+//!    UID, the replacement's verdicts, results of its last writes) and
+//!    performs the actions in order: a failed Persist stops the step, so no
+//!    external write happens without a record of it;
+//! 4. updates the remediation metrics.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tokio::sync::watch as tokio_watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::machine::{
+    Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailurePolicy, MachineConfig,
+    NewPodCheck, Observations, Phase, SlurmObservation, WriteResult, step,
+};
+use super::plan::{Candidate, CandidateFinding, Mode, NodeSetInfo, PlanConfig, plan, summarize};
+use super::recovery::recover;
+use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource};
+use super::{ATTEMPTS_ANNOTATION, REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION};
+use crate::Error;
+use crate::live::args::{ObjectName, OnFailure, RemediationMode, RunArgs};
+use crate::live::eval::EvaluationSnapshot;
+use crate::live::watch::nodeset_resource;
+use crate::live::{Shared, Shutdown};
+use crate::verdict::{PodVerdicts, State, Subject};
+
+/// How often open attempts are stepped without a new snapshot.
+pub const TICK: Duration = Duration::from_secs(2);
+/// How often the token Secret is re-read (and at once after a 401).
+const TOKEN_REFRESH: SignedDuration = SignedDuration::from_secs(30);
+/// Lifetime of minted tokens.
+const MINTED_TTL: Duration = Duration::from_secs(300);
+/// Closed attempts kept in memory.
+const KEEP_CLOSED: usize = 100;
+
+enum TokenSecret {
+    Token(ObjectName, String),
+    JwtKey(ObjectName),
+}
+
+/// The running executor's state.
+pub struct Executor {
+    client: kube::Client,
+    evict_client: kube::Client,
+    shared: Arc<Shared>,
+    mode: Mode,
+    plan_cfg: PlanConfig,
+    machine_cfg: MachineConfig,
+    slurm: SlurmClient,
+    secret: TokenSecret,
+    secret_value: SharedSecret,
+    secret_read_at: Option<Timestamp>,
+    recorder: Recorder,
+    attempts: BTreeMap<String, Attempt>,
+    last_write: HashMap<String, WriteResult>,
+    last_eviction: HashMap<String, EvictionResult>,
+    fresh_since: HashMap<String, Timestamp>,
+    notified: HashSet<(String, &'static str)>,
+    recovered: bool,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor")
+            .field("mode", &self.mode)
+            .field("attempts", &self.attempts.len())
+            .finish()
+    }
+}
+
+/// Maps the command line to the pure configurations.
+pub fn configs(args: &RunArgs) -> (Mode, PlanConfig, MachineConfig) {
+    let mode = match args.remediation {
+        RemediationMode::Off => Mode::Off,
+        RemediationMode::DryRun => Mode::DryRun,
+        RemediationMode::On => Mode::On,
+    };
+    let sd = |d: Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+    let plan_cfg = PlanConfig {
+        mode,
+        delay: sd(args.remediation_delay),
+        budget_per_nodeset: args.remediation_budget_per_nodeset,
+        budget_cluster: args.remediation_budget_cluster,
+        replace_pinning_pods: args.replace_pinning_pods,
+    };
+    let machine_cfg = MachineConfig {
+        drain_timeout: sd(args.drain_timeout),
+        replacement_timeout: sd(args.replacement_timeout),
+        on_failure: match args.on_failure {
+            OnFailure::KeepDrained => FailurePolicy::Auto,
+            OnFailure::Undrain => FailurePolicy::Undrain,
+        },
+        ..Default::default()
+    };
+    (mode, plan_cfg, machine_cfg)
+}
+
+/// Starts the executor task (remediation `dry-run` or `on`).
+pub async fn spawn(
+    args: &RunArgs,
+    client: kube::Client,
+    shared: Arc<Shared>,
+    snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
+    shutdown: Shutdown,
+) -> Result<JoinHandle<()>, Error> {
+    let (mode, plan_cfg, machine_cfg) = configs(args);
+    let url = args
+        .slurmrestd_url
+        .as_deref()
+        .ok_or_else(|| Error::Config("--remediation needs --slurmrestd-url".into()))?;
+    let secret = match (&args.slurm_token_secret, &args.slurm_jwt_key_secret) {
+        (Some(s), None) => TokenSecret::Token(s.clone(), args.slurm_token_key.clone()),
+        (None, Some(s)) => TokenSecret::JwtKey(s.clone()),
+        _ => {
+            return Err(Error::Config(
+                "--remediation needs exactly one of --slurm-token-secret and --slurm-jwt-key-secret"
+                    .into(),
+            ));
+        }
+    };
+    let secret_value = SharedSecret::default();
+    let token: Arc<dyn TokenSource> = match &secret {
+        TokenSecret::Token(..) => Arc::new(SecretToken {
+            value: secret_value.clone(),
+        }),
+        TokenSecret::JwtKey(_) => Arc::new(JwtMinter {
+            key: secret_value.clone(),
+            user: args.slurm_user.clone(),
+            ttl: MINTED_TTL,
+        }),
+    };
+    let ca = match &args.slurmrestd_ca_file {
+        Some(p) => Some(std::fs::read(p).map_err(|e| Error::Io {
+            file: p.display().to_string(),
+            source: e,
+        })?),
+        None => None,
+    };
+    let slurm = SlurmClient::new(url, ca.as_deref(), token, Duration::from_secs(10))
+        .map_err(|e| Error::Config(e.to_string()))?;
+    let evict_client = client_without_retry(args.kubeconfig.as_deref()).await?;
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: crate::live::events::REPORTING_COMPONENT.into(),
+            instance: args.pod_name.clone(),
+        },
+    );
+    let ex = Executor {
+        client,
+        evict_client,
+        shared,
+        mode,
+        plan_cfg,
+        machine_cfg,
+        slurm,
+        secret,
+        secret_value,
+        secret_read_at: None,
+        recorder,
+        attempts: BTreeMap::new(),
+        last_write: HashMap::new(),
+        last_eviction: HashMap::new(),
+        fresh_since: HashMap::new(),
+        notified: HashSet::new(),
+        recovered: false,
+    };
+    info!(?mode, slurmrestd = url, "remediation executor started");
+    Ok(tokio::spawn(run(ex, snapshots, shutdown)))
+}
+
+/// A client whose requests are never retried by kube itself: an eviction
+/// refused with 429 is retried by the state machine, later.
+async fn client_without_retry(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, Error> {
+    let mut config = match kubeconfig {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .map_err(|e| Error::Kube(format!("reading kubeconfig {}: {e}", p.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .map_err(|e| Error::Kube(format!("kubeconfig {}: {e}", p.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| Error::Kube(format!("no Kubernetes configuration: {e}")))?,
+    };
+    config.default_retry = false;
+    kube::Client::try_from(config).map_err(|e| Error::Kube(format!("creating the client: {e}")))
+}
+
+async fn run(
+    mut ex: Executor,
+    mut snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
+    mut shutdown: Shutdown,
+) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.wait() => return,
+            _ = tick.tick() => {}
+            r = snapshots.changed() => if r.is_err() { return },
+        }
+        let snap = snapshots.borrow_and_update().clone();
+        tokio::select! {
+            _ = shutdown.wait() => return,
+            _ = ex.round(&snap, Timestamp::now()) => {}
+        }
+    }
+}
+
+fn subject_label(s: &Subject) -> String {
+    match s {
+        Subject::Volume { volume } => format!("volume {volume}"),
+        Subject::SubPath {
+            container, index, ..
+        } => format!("subPath {container}/{index}"),
+        Subject::Env { container, var } => format!("env {container}/{var}"),
+    }
+}
+
+fn fp(f: Option<crate::Fingerprint>) -> String {
+    f.map_or_else(|| "-".to_string(), |f| f.to_string())
+}
+
+/// Candidates from a snapshot: NodeSet pods with their non-Fresh verdicts.
+pub fn candidates(snap: &EvaluationSnapshot) -> Vec<Candidate> {
+    snap.verdicts
+        .iter()
+        .filter(|pv| pv.pod.nodeset.is_some())
+        .map(|pv| Candidate {
+            namespace: pv.pod.namespace.to_string(),
+            name: pv.pod.name.to_string(),
+            uid: pv.pod.uid.to_string(),
+            node: pv.pod.node.as_deref().map(String::from),
+            nodeset: pv.pod.nodeset.as_deref().map(String::from),
+            slurm_node: pv.pod.slurm_node.as_deref().map(String::from),
+            terminated: pv.pod.terminated,
+            findings: pv
+                .verdicts
+                .iter()
+                .filter(|v| !matches!(v.state, State::Fresh | State::Skipped(_)))
+                .map(|v| CandidateFinding {
+                    subject: subject_label(&pv.subject(v)),
+                    state: v.state,
+                    since: v.since,
+                    mounted: fp(v.observed),
+                    current: fp(v.expected),
+                    pinned_by: v.pinned_by().iter().map(|p| p.to_string()).collect(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// `maxUnavailable` of a NodeSet: a number as is; a percentage of
+/// `replicas` (default 25%) rounded down, at least 1.
+pub fn max_unavailable(ns: &DynamicObject) -> u32 {
+    let spec = &ns.data["spec"];
+    let replicas = spec["replicas"].as_u64().unwrap_or(1) as u32;
+    let v = &spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"];
+    if let Some(n) = v.as_u64() {
+        // An explicit number is the NodeSet's own limit, even 0.
+        return n as u32;
+    }
+    let n = {
+        let pct = v
+            .as_str()
+            .and_then(|s| s.strip_suffix('%'))
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            .unwrap_or(25);
+        replicas.saturating_mul(pct) / 100
+    };
+    n.max(1)
+}
+
+fn nodeset_infos(snap: &EvaluationSnapshot) -> Vec<NodeSetInfo> {
+    snap.nodesets
+        .iter()
+        .filter_map(|n| {
+            let ann = n.metadata.annotations.as_ref();
+            Some(NodeSetInfo {
+                namespace: n.metadata.namespace.clone()?,
+                name: n.metadata.name.clone()?,
+                opt_in: ann
+                    .and_then(|a| a.get(REMEDIATE_ANNOTATION))
+                    .is_some_and(|v| v.trim() == "true"),
+                remediate_on: ann.and_then(|a| a.get(REMEDIATE_ON_ANNOTATION)).cloned(),
+                max_unavailable: max_unavailable(n),
+                unavailable: 0,
+            })
+        })
+        .collect()
+}
+
+/// The replacement pod's verdicts on the subjects that failed before.
+/// A pod without any non-Fresh verdict is absent from the snapshot: it
+/// counts as Fresh once two successive snapshots showed it so.
+fn new_pod_check(
+    snap: &EvaluationSnapshot,
+    a: &Attempt,
+    fresh_since: &mut HashMap<String, Timestamp>,
+) -> NewPodCheck {
+    let Some(uid) = a.new_pod_uid.as_deref() else {
+        return NewPodCheck::NotYet;
+    };
+    let pod_known = snap
+        .nodeset_pods
+        .iter()
+        .any(|p| &*p.uid == uid && p.node.is_some());
+    let pv: Option<&PodVerdicts> = snap.verdicts.iter().find(|pv| &*pv.pod.uid == uid);
+    let Some(pv) = pv else {
+        let Some(at) = snap.at else {
+            return NewPodCheck::NotYet;
+        };
+        if !pod_known {
+            return NewPodCheck::NotYet;
+        }
+        let first = *fresh_since.entry(a.id.clone()).or_insert(at);
+        return if at > first {
+            NewPodCheck::Fresh
+        } else {
+            NewPodCheck::NotYet
+        };
+    };
+    fresh_since.remove(&a.id);
+    let mut all_fresh = true;
+    for f in &a.findings {
+        let v = pv
+            .verdicts
+            .iter()
+            .find(|v| subject_label(&pv.subject(v)) == f.subject);
+        match v.map(|v| v.state) {
+            Some(State::Fresh) => {}
+            Some(s @ (State::Stale(_) | State::Frozen(_))) => {
+                let v = v.expect("matched");
+                let pinned = if v.pinned_by().is_empty() {
+                    String::new()
+                } else {
+                    let p: Vec<&str> = v.pinned_by().iter().map(|p| &**p).collect();
+                    format!(", pinned by {}", p.join(", "))
+                };
+                return NewPodCheck::StillStale {
+                    message: format!(
+                        "{} {} (mounted {} vs current {}){pinned}",
+                        f.subject,
+                        s.tag(),
+                        fp(v.observed),
+                        fp(v.expected)
+                    ),
+                };
+            }
+            _ => all_fresh = false,
+        }
+    }
+    if all_fresh {
+        NewPodCheck::Fresh
+    } else {
+        NewPodCheck::NotYet
+    }
+}
+
+fn slurm_obs(r: &Result<super::slurm::SlurmNode, SlurmError>) -> SlurmObservation {
+    match r {
+        Ok(n) => SlurmObservation::Node(n.to_state()),
+        Err(SlurmError::NotFound { .. }) => SlurmObservation::NotFound,
+        Err(e) => SlurmObservation::Error {
+            transient: e.is_transient(),
+            message: e.to_string(),
+        },
+    }
+}
+
+impl Executor {
+    async fn refresh_secret(&mut self, now: Timestamp, force: bool) {
+        let due = force
+            || self
+                .secret_read_at
+                .is_none_or(|t| now.duration_since(t) >= TOKEN_REFRESH);
+        if !due {
+            return;
+        }
+        let (obj, key) = match &self.secret {
+            TokenSecret::Token(o, k) => (o, k.as_str()),
+            TokenSecret::JwtKey(o) => (o, "jwt.key"),
+        };
+        let api: Api<Secret> = Api::namespaced(self.client.clone(), &obj.namespace);
+        match api.get_opt(&obj.name).await {
+            Ok(Some(s)) => {
+                let v = s
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .map(|b| b.0.clone());
+                if v.is_none() {
+                    warn!(secret = %format!("{}/{}", obj.namespace, obj.name), key, "the Slurm token Secret has no such key");
+                }
+                self.secret_value.set(v);
+                self.secret_read_at = Some(now);
+            }
+            Ok(None) => {
+                warn!(secret = %format!("{}/{}", obj.namespace, obj.name), "the Slurm token Secret does not exist");
+                self.secret_value.set(None);
+                self.secret_read_at = Some(now);
+            }
+            Err(e) => {
+                self.shared.metrics.api_error("get_secret");
+                warn!(error = %e, "reading the Slurm token Secret failed");
+            }
+        }
+    }
+
+    async fn round(&mut self, snap: &EvaluationSnapshot, now: Timestamp) {
+        if !self.shared.is_acting() {
+            if self.recovered {
+                info!("not acting: remediation paused");
+            }
+            self.recovered = false;
+            self.attempts.clear();
+            return;
+        }
+        if !self.shared.is_ready() || snap.at.is_none() {
+            return;
+        }
+        self.refresh_secret(now, false).await;
+        if !self.recovered && !self.recover(snap).await {
+            return;
+        }
+        // Plan.
+        let attempts: Vec<Attempt> = self.attempts.values().cloned().collect();
+        let p = plan(
+            &candidates(snap),
+            &nodeset_infos(snap),
+            &attempts,
+            now,
+            &self.plan_cfg,
+        );
+        for (pod, why) in &p.waiting {
+            debug!(pod, why, "remediation waits");
+        }
+        self.shared
+            .metrics
+            .remediation_blocked
+            .with_label_values(&["pinned"])
+            .set(p.blocked.len() as i64);
+        for n in p.dry_run.iter().chain(p.blocked.iter()) {
+            if !self.notified.insert((n.uid.clone(), n.reason.as_str())) {
+                continue;
+            }
+            info!(pod = %format!("{}/{}", n.namespace, n.pod), reason = n.reason.as_str(), message = %n.message, "remediation notice");
+            if n.reason == EventReason::RemediationDryRun {
+                self.shared
+                    .metrics
+                    .remediation_attempts
+                    .with_label_values(&["Pending", "dry_run"])
+                    .inc();
+            }
+            self.event(
+                snap,
+                &n.namespace,
+                &n.pod,
+                &n.uid,
+                &n.nodeset,
+                n.reason,
+                &n.message,
+            )
+            .await;
+        }
+        for a in p.start {
+            info!(attempt = %a.id, pod = %format!("{}/{}", a.namespace, a.pod), slurm_node = %a.slurm_node, "remediation attempt selected");
+            self.attempts.insert(a.id.clone(), a);
+        }
+        // Step.
+        let mut nodes: HashMap<String, Result<super::slurm::SlurmNode, SlurmError>> =
+            HashMap::new();
+        let open: Vec<String> = self
+            .attempts
+            .values()
+            .filter(|a| a.is_open())
+            .map(|a| a.id.clone())
+            .collect();
+        for id in open {
+            let Some(a) = self.attempts.get(&id).cloned() else {
+                continue;
+            };
+            let slurm = self.node(&mut nodes, &a.slurm_node).await;
+            if matches!(
+                slurm,
+                SlurmObservation::Error {
+                    transient: false,
+                    ..
+                }
+            ) {
+                self.refresh_secret(now, true).await;
+            }
+            let group_drained = match &a.group {
+                Some(g) => {
+                    let members: Vec<String> = self
+                        .attempts
+                        .values()
+                        .filter(|m| m.group.as_deref() == Some(g) && m.is_open())
+                        .map(|m| m.slurm_node.clone())
+                        .collect();
+                    let mut all = true;
+                    for m in members {
+                        let o = self.node(&mut nodes, &m).await;
+                        all &= matches!(o, SlurmObservation::Node(n) if n.drained());
+                    }
+                    all
+                }
+                None => false,
+            };
+            let pod_uid = snap
+                .nodeset_pods
+                .iter()
+                .find(|p| *p.namespace == *a.namespace && *p.name == *a.pod)
+                .map(|p| p.uid.to_string());
+            let obs = Observations {
+                slurm,
+                pod_uid,
+                new_pod: new_pod_check(snap, &a, &mut self.fresh_since),
+                slurm_write: self.last_write.remove(&id),
+                eviction: self.last_eviction.remove(&id),
+                group_drained,
+            };
+            let (next, actions) = step(&a, &obs, now, &self.machine_cfg);
+            if self.perform(snap, &a, next, actions).await {
+                // Read the node again next time it is needed this round.
+                nodes.remove(&a.slurm_node);
+            }
+        }
+        self.prune();
+        let all: Vec<Attempt> = self.attempts.values().cloned().collect();
+        let s = summarize(&all, now);
+        let m = &self.shared.metrics;
+        m.remediation_open_attempts.set(s.open as i64);
+        m.remediation_oldest_open_attempt_age
+            .set(s.oldest_open_age_seconds);
+        m.slurm_nodes_drained.set(s.nodes_drained as i64);
+        m.remediation_failed.set(s.failed_kept_drained as i64);
+    }
+
+    async fn node(
+        &self,
+        cache: &mut HashMap<String, Result<super::slurm::SlurmNode, SlurmError>>,
+        name: &str,
+    ) -> SlurmObservation {
+        if !cache.contains_key(name) {
+            let r = self.slurm.get_node(name).await;
+            if let Err(e) = &r {
+                debug!(node = name, error = %e, "reading the Slurm node failed");
+            }
+            cache.insert(name.to_string(), r);
+        }
+        slurm_obs(&cache[name])
+    }
+
+    /// Reconciles persisted attempts and `mountguard:` drains. False: try
+    /// again next round (Slurm unreadable).
+    async fn recover(&mut self, snap: &EvaluationSnapshot) -> bool {
+        let nodes = match self.slurm.nodes().await {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(error = %e, "remediation recovery: cannot list Slurm nodes; retrying");
+                return false;
+            }
+        };
+        let mut persisted = Vec::new();
+        for ns in &snap.nodesets {
+            let Some(v) = ns
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ATTEMPTS_ANNOTATION))
+            else {
+                continue;
+            };
+            match AttemptsRecord::parse(v) {
+                Ok(r) => persisted.extend(r.attempts),
+                Err(e) => warn!(
+                    nodeset = %format!("{}/{}", ns.metadata.namespace.clone().unwrap_or_default(), ns.metadata.name.clone().unwrap_or_default()),
+                    error = %e,
+                    "ignoring unreadable remediation attempts"
+                ),
+            }
+        }
+        let states: Vec<(String, super::machine::SlurmNodeState)> = nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.to_state()))
+            .collect();
+        let r = recover(&persisted, &states);
+        for rel in &r.release {
+            if self.mode != Mode::On {
+                info!(node = %rel.node, reason = %rel.reason, "dry-run: would release a mountguard drain without a live attempt");
+                continue;
+            }
+            match self.slurm.undrain_if_reason(&rel.node, &rel.reason).await {
+                Ok(true) => {
+                    info!(node = %rel.node, reason = %rel.reason, "released a mountguard drain without a live attempt")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    warn!(node = %rel.node, error = %e, "releasing an orphan mountguard drain failed; retrying");
+                    return false;
+                }
+            }
+        }
+        self.attempts.clear();
+        for a in persisted {
+            self.attempts.insert(a.id.clone(), a);
+        }
+        info!(
+            resumed = r.resume.len(),
+            released = r.release.len(),
+            "remediation recovery done"
+        );
+        self.recovered = true;
+        true
+    }
+
+    /// Performs `actions`; returns whether a Slurm write happened.
+    async fn perform(
+        &mut self,
+        snap: &EvaluationSnapshot,
+        old: &Attempt,
+        next: Attempt,
+        actions: Vec<Action>,
+    ) -> bool {
+        let mut wrote = false;
+        for act in actions {
+            match act {
+                Action::Persist => {
+                    if let Err(e) = self.persist(&next).await {
+                        self.shared.metrics.api_error("patch_nodeset");
+                        warn!(attempt = %next.id, error = %e, "persisting the remediation attempt failed; not acting before it is recorded");
+                        // Keep the old state (and its retry pacing).
+                        return wrote;
+                    }
+                }
+                Action::DrainNode { node, reason } => {
+                    if self.mode != Mode::On {
+                        continue;
+                    }
+                    wrote = true;
+                    let r = self.slurm.drain(&node, &reason).await;
+                    info!(attempt = %next.id, node, ok = r.is_ok(), "drain requested");
+                    self.last_write.insert(next.id.clone(), write_result(r));
+                }
+                Action::UndrainNode { node, owned_reason } => {
+                    if self.mode != Mode::On {
+                        continue;
+                    }
+                    wrote = true;
+                    let r = self.slurm.undrain_if_reason(&node, &owned_reason).await;
+                    info!(attempt = %next.id, node, result = ?r, "undrain requested");
+                    self.last_write
+                        .insert(next.id.clone(), write_result(r.map(|_| ())));
+                }
+                Action::Evict {
+                    namespace,
+                    pod,
+                    uid,
+                } => {
+                    if self.mode != Mode::On {
+                        continue;
+                    }
+                    let r = self.evict(&namespace, &pod, &uid).await;
+                    info!(attempt = %next.id, pod = %format!("{namespace}/{pod}"), result = ?r, "eviction requested");
+                    self.last_eviction.insert(next.id.clone(), r);
+                }
+                Action::Event { reason, message } => {
+                    let uid = next
+                        .new_pod_uid
+                        .clone()
+                        .unwrap_or_else(|| old.pod_uid.clone());
+                    self.event(
+                        snap,
+                        &next.namespace,
+                        &next.pod,
+                        &uid,
+                        &next.nodeset,
+                        reason,
+                        &message,
+                    )
+                    .await;
+                }
+                Action::Transition { from, to } => {
+                    let result = match to {
+                        Phase::Failed(r) => r.as_str(),
+                        Phase::Succeeded => "succeeded",
+                        _ => "entered",
+                    };
+                    self.shared
+                        .metrics
+                        .remediation_attempts
+                        .with_label_values(&[to.name(), result])
+                        .inc();
+                    info!(attempt = %next.id, pod = %format!("{}/{}", next.namespace, next.pod), from = from.name(), to = to.name(), result, "remediation phase");
+                }
+            }
+        }
+        self.attempts.insert(next.id.clone(), next);
+        wrote
+    }
+
+    async fn persist(&self, next: &Attempt) -> Result<(), kube::Error> {
+        let mine = self
+            .attempts
+            .values()
+            .filter(|a| {
+                a.namespace == next.namespace && a.nodeset == next.nodeset && a.id != next.id
+            })
+            .chain(std::iter::once(next));
+        let record = AttemptsRecord::from_attempts(mine);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &next.namespace, &nodeset_resource());
+        let patch = serde_json::json!({
+            "metadata": {"annotations": {ATTEMPTS_ANNOTATION: record.to_json()}}
+        });
+        api.patch(
+            &next.nodeset,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn evict(&self, namespace: &str, pod: &str, uid: &str) -> EvictionResult {
+        let api: Api<Pod> = Api::namespaced(self.evict_client.clone(), namespace);
+        let ep = EvictParams {
+            delete_options: Some(DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid.to_string()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            }),
+            post_options: Default::default(),
+        };
+        match tokio::time::timeout(Duration::from_secs(20), api.evict(pod, &ep)).await {
+            Ok(Ok(_)) => EvictionResult::Evicted,
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => {
+                // Gone, or the UID precondition failed: that pod is gone.
+                EvictionResult::Gone
+            }
+            Ok(Err(kube::Error::Api(s))) if s.code == 429 => EvictionResult::Refused {
+                retry_after: None,
+                message: s.message.clone(),
+            },
+            Ok(Err(e)) => {
+                self.shared.metrics.api_error("evict_pod");
+                EvictionResult::Error {
+                    message: e.to_string(),
+                }
+            }
+            Err(_) => EvictionResult::Error {
+                message: "the eviction request timed out".into(),
+            },
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn event(
+        &self,
+        snap: &EvaluationSnapshot,
+        namespace: &str,
+        pod: &str,
+        uid: &str,
+        nodeset: &str,
+        reason: EventReason,
+        message: &str,
+    ) {
+        let mut note = message.to_string();
+        if note.len() > 1000 {
+            let mut cut = 997;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        let ev = Event {
+            type_: if reason.warning() {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.as_str().into(),
+            note: Some(note),
+            action: "Remediate".into(),
+            secondary: None,
+        };
+        let mut refs = vec![ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(namespace.into()),
+            name: Some(pod.into()),
+            uid: Some(uid.into()),
+            ..Default::default()
+        }];
+        if let Some(ns) = snap.nodesets.iter().find(|n| {
+            n.metadata.namespace.as_deref() == Some(namespace)
+                && n.metadata.name.as_deref() == Some(nodeset)
+        }) {
+            refs.push(ObjectReference {
+                api_version: Some("slinky.slurm.net/v1beta1".into()),
+                kind: Some("NodeSet".into()),
+                namespace: Some(namespace.into()),
+                name: Some(nodeset.into()),
+                uid: ns.metadata.uid.clone(),
+                ..Default::default()
+            });
+        }
+        for r in refs {
+            match tokio::time::timeout(Duration::from_secs(10), self.recorder.publish(&ev, &r))
+                .await
+            {
+                Ok(Ok(())) => {
+                    self.shared
+                        .metrics
+                        .events
+                        .with_label_values(&[reason.as_str()])
+                        .inc();
+                }
+                _ => {
+                    self.shared.metrics.api_error("create_event");
+                    warn!(reason = reason.as_str(), object = ?r.name, "publishing a remediation event failed");
+                }
+            }
+        }
+    }
+
+    fn prune(&mut self) {
+        let mut closed: Vec<(Timestamp, String)> = self
+            .attempts
+            .values()
+            .filter(|a| !a.is_open())
+            .map(|a| (a.phase_since, a.id.clone()))
+            .collect();
+        if closed.len() <= KEEP_CLOSED {
+            return;
+        }
+        closed.sort();
+        for (_, id) in &closed[..closed.len() - KEEP_CLOSED] {
+            self.attempts.remove(id);
+            self.fresh_since.remove(id);
+        }
+    }
+}
+
+fn write_result(r: Result<(), SlurmError>) -> WriteResult {
+    match r {
+        Ok(()) => WriteResult::Ok,
+        Err(e) => WriteResult::Err {
+            transient: e.is_transient(),
+            message: e.to_string(),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nodeset(spec: serde_json::Value) -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+            "metadata": {"namespace": "slurm", "name": "worker"},
+            "spec": spec,
+        }))
+        .expect("object")
+    }
+
+    #[test]
+    fn max_unavailable_from_the_nodeset() {
+        let t = [
+            (serde_json::json!({"replicas": 8}), 2),
+            (serde_json::json!({"replicas": 3}), 1),
+            (
+                serde_json::json!({"replicas": 10, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 3}}}),
+                3,
+            ),
+            (
+                serde_json::json!({"replicas": 10, "updateStrategy": {"rollingUpdate": {"maxUnavailable": "50%"}}}),
+                5,
+            ),
+            (
+                serde_json::json!({"replicas": 10, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 0}}}),
+                0,
+            ),
+        ];
+        for (spec, want) in t {
+            assert_eq!(max_unavailable(&nodeset(spec.clone())), want, "{spec}");
+        }
+    }
+
+    #[test]
+    fn flags_map_to_the_pure_configurations() {
+        let mut args = RunArgs::for_test("/dev/null".into(), "mg:agent", "agent");
+        let (mode, p, m) = configs(&args);
+        assert_eq!(mode, Mode::Off);
+        assert_eq!(p, PlanConfig::default());
+        assert_eq!(m.on_failure, FailurePolicy::Auto);
+        assert_eq!(m.drain_timeout, SignedDuration::from_hours(24));
+        assert_eq!(m.replacement_timeout, SignedDuration::from_mins(15));
+        args.remediation = RemediationMode::DryRun;
+        args.on_failure = OnFailure::Undrain;
+        args.remediation_budget_cluster = 7;
+        args.replace_pinning_pods = true;
+        let (mode, p, m) = configs(&args);
+        assert_eq!(mode, Mode::DryRun);
+        assert_eq!(
+            (p.mode, p.budget_cluster, p.replace_pinning_pods),
+            (Mode::DryRun, 7, true)
+        );
+        assert_eq!(m.on_failure, FailurePolicy::Undrain);
+    }
+}
