@@ -1306,3 +1306,102 @@ fn pods_sharing_a_volume_spec_in_different_namespaces_get_their_own_projection()
     assert_ne!(v2.expected, verdict(&eval, "p1", vol("v")).expected);
     assert_eq!(v2.observed, verdict(&eval, "p1", vol("v")).observed);
 }
+
+#[test]
+fn container_not_running_subpath_expr_and_env_source_missing() {
+    let mut ix = ClusterIndex::new();
+    put_source(
+        &mut ix,
+        CM,
+        "ns",
+        "c",
+        &[("f", b"x")],
+        false,
+        Some(ts("2026-11-30T09:00:00Z")),
+    );
+    let mut pod = PodB::new("ns", "p", "uid-p", "node-a")
+        .volume("cm", VolumeSource::Object(obj(CM, "c", &[], false)))
+        .container(
+            "waiting",
+            None,
+            &[("cm", "f")],
+            vec![env_key("X", CM, "c", "f", false)],
+        )
+        .container(
+            "running",
+            Some(ts(START)),
+            &[("cm", "")],
+            vec![
+                env_key("MISSING", CM, "c", "nokey", false),
+                env_key("OPTIONAL", CM, "c", "nokey", true),
+                env_from(SECRET, "absent", "", false),
+            ],
+        )
+        .build();
+    // The second container mounts with subPathExpr.
+    let mut containers = pod.containers.to_vec();
+    let mut mounts = containers[1].mounts.to_vec();
+    mounts[0].sub_path_expr = true;
+    containers[1].mounts = mounts.into();
+    pod.containers = containers.into();
+    ix.apply_pod(pod);
+    NodeB::new("node-a", ts(SCAN))
+        .volume("uid-p", Plugin::Configmap, "cm", &[("f", b"x")], ts(START))
+        .apply(&mut ix);
+    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    let got: Vec<(String, State)> = eval
+        .iter()
+        .map(|(p, v)| {
+            let name = match p.subject(v) {
+                Subject::Volume { volume } => format!("volume {volume}"),
+                Subject::SubPath {
+                    container,
+                    sub_path,
+                    ..
+                } => format!("subPath {container} {sub_path}"),
+                Subject::Env { container, var } => format!("env {container} {var}"),
+            };
+            (name, v.state)
+        })
+        .collect();
+    let want = vec![
+        ("volume cm".to_string(), State::Fresh),
+        (
+            "subPath waiting f".into(),
+            State::Unverifiable(UnverifiableReason::ContainerNotRunning),
+        ),
+        (
+            "env waiting X".into(),
+            State::Unverifiable(UnverifiableReason::ContainerNotRunning),
+        ),
+        (
+            "subPath running $(subPathExpr)".into(),
+            State::Skipped(SkipReason::SubPathExpr),
+        ),
+        ("env running MISSING".into(), State::SourceMissing),
+        ("env running OPTIONAL".into(), State::Fresh),
+        ("env running envFrom".into(), State::SourceMissing),
+    ];
+    assert_eq!(got, want);
+    let missing = eval
+        .iter()
+        .find(|(p, v)| matches!(p.subject(v), Subject::Env { var, .. } if &*var == "MISSING"))
+        .unwrap()
+        .1;
+    assert!(missing.message().unwrap().contains(
+        "key \"nokey\" missing in ConfigMap/ns/c: the kubelet refuses to start the container"
+    ));
+}
+
+#[test]
+fn every_state_tag_round_trips() {
+    let all = State::all();
+    let tags: std::collections::BTreeSet<String> = all.iter().map(State::tag).collect();
+    assert_eq!(tags.len(), all.len(), "every state has its own tag");
+    assert!(tags.contains("Stale/ImmutableCachePinned") && tags.contains("Skipped/subPathExpr"));
+    for s in all {
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(serde_json::from_str::<State>(&json).unwrap(), s, "{json}");
+    }
+    assert!(serde_json::from_str::<State>("\"Stale/Bogus\"").is_err());
+}
