@@ -175,6 +175,10 @@ pub struct Summary {
     pub events: Vec<EventSummary>,
     /// Every `mountguard_*` sample of the controller's `/metrics`.
     pub metrics: Vec<MetricSample>,
+    /// Slurm's view (slurmrestd double) of each slurmd host once the
+    /// stale verdicts were seen: slurmctld uses the new key, so a slurmd
+    /// on the old key is `DOWN`/`NOT_RESPONDING`.
+    pub slurm_states: BTreeMap<String, Vec<String>>,
     /// Replacement pods on node A and one other node.
     pub replacements: Vec<ServedKey>,
     /// Verdicts of the replacement pods' key volume (`State/Cause`).
@@ -478,6 +482,22 @@ pub async fn seed_scenario(
             e.reason, e.namespace, e.name, e.message
         ));
     }
+    let slurm = sys.cluster.slurm();
+    let slurm_states: BTreeMap<String, Vec<String>> = pods
+        .iter()
+        .map(|(p, _)| {
+            (
+                p.clone(),
+                slurm.node(p).map(|n| n.state).unwrap_or_default(),
+            )
+        })
+        .collect();
+    for (host, state) in &slurm_states {
+        say.say(format!(
+            "Slurm (slurmrestd) sees {host} as {}",
+            state.join(",")
+        ));
+    }
     let final_doc = verdicts(&base, "namespace=slurm").await?;
     let metrics = scrape(&base).await?;
 
@@ -541,6 +561,7 @@ pub async fn seed_scenario(
         secret: format!("{SLURM_NAMESPACE}/{AUTH_SECRET}"),
         remediation: opts.remediation,
         served_after_rotation,
+        slurm_states,
         verdicts: final_doc["verdicts"]
             .as_array()
             .cloned()

@@ -18,6 +18,20 @@ async fn demo_seed_scenario_summary() {
         assert_eq!(s["key"], "old", "{s}");
     }
 
+    // Slurm sees every slurmd on the old key as not responding.
+    let slurm = json["slurmStates"].as_object().unwrap();
+    assert_eq!(slurm.len(), 3, "{slurm:?}");
+    for (host, state) in slurm {
+        assert!(
+            state
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s == "NOT_RESPONDING"),
+            "{host}: {state}"
+        );
+    }
+
     // Verdicts: ImmutableCachePinned on node A naming the pinning pod,
     // ImmutableCache elsewhere.
     let key_verdicts: Vec<&serde_json::Value> = json["verdicts"]
