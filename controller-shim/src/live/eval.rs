@@ -237,8 +237,24 @@ impl EvalTask {
                     obs.scanned_at = scanned_at;
                     self.index.apply_inventory(obs);
                     self.set_timestamp(&node, scanned_at);
-                    let ids = self.index.pods_on_node(&node).to_vec();
-                    self.mark(&mut dirty, ids);
+                    // A newer scan time changes only verdicts that depend
+                    // on it (Propagating/Stale, and inventory age, which
+                    // the age check below handles): re-evaluate the pods
+                    // of the node that are not all Fresh or Skipped.
+                    let store = self.shared.verdicts.read().unwrap();
+                    for id in self.index.pods_on_node(&node) {
+                        let Some(p) = self.index.pod(*id) else {
+                            continue;
+                        };
+                        let settled = store.pods.get(&p.uid).is_some_and(|pv| {
+                            pv.verdicts
+                                .iter()
+                                .all(|v| matches!(v.state, State::Fresh | State::Skipped(_)))
+                        });
+                        if !settled {
+                            dirty.insert(p.uid.clone());
+                        }
+                    }
                 }
                 Input::Reset => {
                     self.reset();
@@ -448,7 +464,7 @@ impl EvalTask {
                 Some(c) => c.1 += 1,
                 None => counts.push((name, 1)),
             }
-            if !matches!(v.state, State::Fresh | State::Skipped(_)) {
+            if has_series(&v.state) {
                 labels.push(mount_labels(pv, v));
             }
             if let Some(reason) = self.tracker.observe(&pod.uid, v.id, &v.state, baselined) {
@@ -498,6 +514,22 @@ impl EvalTask {
         m.nodes.with_label_values(&["true"]).set(yes);
         m.nodes.with_label_values(&["false"]).set(no);
     }
+}
+
+/// Whether a verdict gets a `mountguard_mount_state` series: every state
+/// but Fresh and Skipped, except the node-level reasons `NoInventory` and
+/// `InventoryTooOld` (every mount of the node would get one, e.g. 1.6
+/// million series while a new leader waits for the first reports);
+/// `mountguard_node_agent_reporting{node} == 0` says it once per node, and
+/// `mountguard_mounts{state="Unverifiable"}` still counts them.
+pub fn has_series(s: &State) -> bool {
+    !matches!(
+        s,
+        State::Fresh
+            | State::Skipped(_)
+            | State::Unverifiable(UnverifiableReason::NoInventory)
+            | State::Unverifiable(UnverifiableReason::InventoryTooOld)
+    )
 }
 
 /// The `mountguard_mount_state` labels of a verdict.
@@ -772,7 +804,18 @@ mod tests {
         // Ten minutes without a report: InventoryTooOld, node not reporting.
         r.task.apply_batch(vec![], ts("2026-11-30T10:10:00Z"));
         let m = metrics(&r);
-        assert!(m.contains(r#"cause="InventoryTooOld""#), "{m}");
+        assert!(
+            !m.contains("mountguard_mount_state{"),
+            "node-level reasons have no series: {m}"
+        );
+        assert!(
+            m.contains(r#"mountguard_mounts{state="Unverifiable"} 1"#),
+            "{m}"
+        );
+        assert!(
+            m.contains(r#"mountguard_node_agent_reporting{node="n1"} 0"#),
+            "{m}"
+        );
         assert!(
             m.contains(r#"mountguard_nodes{reporting="false"} 1"#),
             "{m}"
@@ -786,11 +829,15 @@ mod tests {
             }],
             ts("2026-11-30T10:10:00Z"),
         );
-        assert!(metrics(&r).contains(r#"cause="InventoryTooOld""#));
+        let tag = |r: &Rig| {
+            r.shared.verdicts.read().unwrap().pods["u1"].verdicts[0]
+                .state
+                .tag()
+        };
+        assert_eq!(tag(&r), "Unverifiable/InventoryTooOld");
         r.task
             .apply_batch(vec![Input::Reset], ts("2026-11-30T10:10:00Z"));
-        let m = metrics(&r);
-        assert!(m.contains(r#"cause="NoInventory""#), "{m}");
+        assert_eq!(tag(&r), "Unverifiable/NoInventory");
         assert!(r.task.index().inventory("n1").is_none());
         assert!(drain(&mut r.events).is_empty());
     }
