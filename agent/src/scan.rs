@@ -1162,6 +1162,19 @@ mod tests {
         let r = root();
         let w = writer(r.path(), "u1", Plugin::Configmap, "cfg");
         w.write(&payload(&[("a", b"1")])).unwrap();
+        writer(r.path(), "u1", Plugin::Secret, "steady")
+            .write(&payload(&[("s", b"same")]))
+            .unwrap();
+        // Directories last modified long ago: their listings are reusable.
+        let old = std::time::SystemTime::now() - Duration::from_secs(3600);
+        let volumes = pod_dir(r.path(), "u1").join("volumes");
+        for d in [
+            r.path().join(PODS_DIR),
+            volumes.join(Plugin::Configmap.dir_name()),
+            volumes.join(Plugin::Secret.dir_name()),
+        ] {
+            std::fs::File::open(d).unwrap().set_modified(old).unwrap();
+        }
         let mut s = scanner(r.path());
         let first = s.scan().unwrap();
         let old_dir = volume(&first.inventory, "u1", Plugin::Configmap, "cfg")
@@ -1171,7 +1184,10 @@ mod tests {
         let again = s.scan().unwrap();
         assert!(!again.changed);
         assert_eq!(again.inventory.generation, 100);
-        assert_eq!((again.stats.rehashed, again.stats.reused), (0, 1));
+        assert_eq!((again.stats.rehashed, again.stats.reused), (0, 2));
+        // Nothing was read again: the previous inventory is reused as is.
+        assert!(Arc::ptr_eq(&again.inventory, &first.inventory));
+        assert!(again.scanned_at >= first.scanned_at);
 
         w.write(&payload(&[("a", b"2")])).unwrap();
         let updated = s.scan().unwrap();
@@ -1182,6 +1198,14 @@ mod tests {
         assert_eq!(v.files, expected(&[("a", b"2")]));
         assert_ne!(v.data_dir, old_dir);
         assert_eq!(v.data_dir, w.current_data_dir());
+        // The unchanged volume next to it is carried over in full.
+        let steady = volume(&updated.inventory, "u1", Plugin::Secret, "steady");
+        assert_eq!(steady.files, expected(&[("s", b"same")]));
+        assert_eq!(
+            steady,
+            volume(&first.inventory, "u1", Plugin::Secret, "steady")
+        );
+        assert_eq!((updated.stats.rehashed, updated.stats.reused), (1, 1));
     }
 
     #[test]
