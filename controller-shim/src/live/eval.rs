@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use tracing::{debug, info};
 
 use super::events::{EventRequest, RateLimiter, Tracker};
-use super::metrics::{MountLabels, MountSeries};
+use super::metrics::{MountLabels, MountSeries, StateCounts};
 use super::status::subject_text;
 use super::{Shared, Shutdown};
 use crate::index::ClusterIndex;
@@ -54,8 +54,13 @@ pub enum Input {
     NodeSet(String, Arc<DynamicObject>),
     /// A NodeSet deleted.
     NodeSetDeleted(String),
-    /// An accepted inventory.
-    Inventory(Box<NodeInventory>),
+    /// An accepted inventory, with the report handler's in-flight permit
+    /// (released once the inventory is in the index: parsed inventories
+    /// waiting for the evaluation are bounded).
+    Inventory(
+        Box<NodeInventory>,
+        Option<tokio::sync::OwnedSemaphorePermit>,
+    ),
     /// A heartbeat (or a resent inventory) for the held generation.
     Heartbeat {
         /// Node.
@@ -203,7 +208,7 @@ impl EvalTask {
                 Input::NodeSetDeleted(k) => {
                     self.nodesets.remove(&k);
                 }
-                Input::Inventory(inv) => {
+                Input::Inventory(inv, _permit) => {
                     if self
                         .applied_gen
                         .get(inv.node.as_str())
@@ -391,7 +396,16 @@ impl EvalTask {
                     }
                 }
             }
-            self.publish_pod(&pv, &mut requests);
+            let old = self
+                .shared
+                .verdicts
+                .read()
+                .unwrap()
+                .pods
+                .get(&pv.pod.uid)
+                .map(counts_of)
+                .unwrap_or_default();
+            self.publish_pod(&pv, &old, &mut requests);
             self.shared
                 .verdicts
                 .write()
@@ -400,9 +414,10 @@ impl EvalTask {
                 .insert(pv.pod.uid.clone(), pv);
         }
         for uid in &removed {
-            self.series.remove(&self.shared.metrics, uid);
+            let old = self.shared.verdicts.write().unwrap().pods.remove(uid);
+            let old = old.as_ref().map(counts_of).unwrap_or_default();
+            self.series.remove(&self.shared.metrics, uid, &old);
             self.tracker.forget(uid);
-            self.shared.verdicts.write().unwrap().pods.remove(uid);
         }
         self.shared.verdicts.write().unwrap().evaluated = true;
         self.evaluated = true;
@@ -450,20 +465,19 @@ impl EvalTask {
         }
     }
 
-    fn publish_pod(&mut self, pv: &PodVerdicts, requests: &mut Vec<EventRequest>) {
+    fn publish_pod(
+        &mut self,
+        pv: &PodVerdicts,
+        old_counts: &[(&'static str, i64)],
+        requests: &mut Vec<EventRequest>,
+    ) {
         let pod = &pv.pod;
         let baselined = pod
             .node
             .as_ref()
             .is_some_and(|n| self.baselined.contains(n));
         let mut labels: Vec<MountLabels> = Vec::new();
-        let mut counts: Vec<(&'static str, i64)> = Vec::new();
         for v in &pv.verdicts {
-            let name = v.state.name();
-            match counts.iter_mut().find(|(s, _)| *s == name) {
-                Some(c) => c.1 += 1,
-                None => counts.push((name, 1)),
-            }
             if has_series(&v.state) {
                 labels.push(mount_labels(pv, v));
             }
@@ -477,8 +491,9 @@ impl EvalTask {
                 });
             }
         }
+        let counts = counts_of(pv);
         self.series
-            .replace(&self.shared.metrics, &pod.uid, labels, counts);
+            .replace(&self.shared.metrics, &pod.uid, labels, old_counts, &counts);
     }
 
     fn update_node_metrics(&mut self, now: Timestamp) {
@@ -514,6 +529,19 @@ impl EvalTask {
         m.nodes.with_label_values(&["true"]).set(yes);
         m.nodes.with_label_values(&["false"]).set(no);
     }
+}
+
+/// Subjects per state name of one pod.
+pub fn counts_of(pv: &PodVerdicts) -> StateCounts {
+    let mut counts: StateCounts = Vec::new();
+    for v in &pv.verdicts {
+        let name = v.state.name();
+        match counts.iter_mut().find(|(s, _)| *s == name) {
+            Some(c) => c.1 += 1,
+            None => counts.push((name, 1)),
+        }
+    }
+    counts
 }
 
 /// Whether a verdict gets a `mountguard_mount_state` series: every state
@@ -688,7 +716,7 @@ mod tests {
         }
         let mut i = b.inv;
         i.generation = generation;
-        Input::Inventory(Box::new(i))
+        Input::Inventory(Box::new(i), None)
     }
 
     fn drain(rx: &mut mpsc::Receiver<EventRequest>) -> Vec<EventRequest> {

@@ -129,24 +129,44 @@ impl Tracker {
         state: &State,
         baselined: bool,
     ) -> Option<Reason> {
-        let subjects = self.subjects.entry(uid.clone()).or_default();
-        let slot = match subjects.iter_mut().find(|(s, _)| *s == id) {
-            Some(s) => s,
-            None => {
-                subjects.push((
-                    id,
-                    if baselined {
-                        Tracked::Clear
-                    } else {
-                        Tracked::Unknown
-                    },
-                ));
-                subjects.last_mut().expect("just pushed")
-            }
+        // Only Unknown and Alarm are stored: a missing entry is Clear on a
+        // baselined node and Unknown elsewhere, so fresh pods cost nothing.
+        let default = if baselined {
+            Tracked::Clear
+        } else {
+            Tracked::Unknown
         };
-        let (next, ev) = decide(slot.1, state);
-        slot.1 = next;
+        let prev = self
+            .subjects
+            .get(uid)
+            .and_then(|v| v.iter().find(|(s, _)| *s == id))
+            .map_or(default, |(_, t)| *t);
+        let (next, ev) = decide(prev, state);
+        if next == Tracked::Clear {
+            if let Some(v) = self.subjects.get_mut(uid) {
+                v.retain(|(s, _)| *s != id);
+                if v.is_empty() {
+                    self.subjects.remove(uid);
+                }
+            }
+        } else if next != prev || prev == default {
+            let v = self.subjects.entry(uid.clone()).or_default();
+            match v.iter_mut().find(|(s, _)| *s == id) {
+                Some(slot) => slot.1 = next,
+                None => v.push((id, next)),
+            }
+        }
         ev
+    }
+
+    /// Number of pods with a stored entry.
+    pub fn len(&self) -> usize {
+        self.subjects.len()
+    }
+
+    /// Whether nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.subjects.is_empty()
     }
 
     /// Forgets a pod.
@@ -403,6 +423,16 @@ mod tests {
             t.observe(&new, v, &PINNED, true),
             Some(Reason::KubeletCachePinned)
         );
+        assert_eq!(
+            t.observe(&new, v, &FRESH, true),
+            Some(Reason::MountRecovered)
+        );
+        assert_eq!(
+            t.observe(&uid, v, &FRESH, true),
+            Some(Reason::MountRecovered)
+        );
+        assert!(t.is_empty(), "clear subjects are not stored");
+        assert_eq!(t.observe(&uid, v, &STALE, true), Some(Reason::StaleMount));
         t.clear();
         assert_eq!(t.observe(&uid, v, &STALE, false), None);
     }

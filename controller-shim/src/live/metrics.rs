@@ -344,74 +344,73 @@ impl Metrics {
     }
 }
 
-/// The `mountguard_mount_state` series and `mountguard_mounts` counts of
-/// every pod, replaced pod by pod on each evaluation.
+/// Per-state counts of one pod's subjects.
+pub type StateCounts = Vec<(&'static str, i64)>;
+
+/// The `mountguard_mount_state` series of every pod (kept only for pods
+/// that have some) and the `mountguard_mounts` totals, replaced pod by pod
+/// on each evaluation. The caller passes a pod's previous counts (it keeps
+/// the previous verdicts anyway), so fully Fresh pods cost nothing here.
 #[derive(Debug, Default)]
 pub struct MountSeries {
-    by_pod: HashMap<Arc<str>, PodSeries>,
+    by_pod: HashMap<Arc<str>, Vec<MountLabels>>,
     counts: HashMap<&'static str, i64>,
 }
 
-#[derive(Debug, Default)]
-struct PodSeries {
-    labels: Vec<MountLabels>,
-    counts: Vec<(&'static str, i64)>,
-}
-
 impl MountSeries {
-    /// Replaces the series of pod `uid` with `labels` (non-Fresh,
-    /// non-Skipped subjects) and its per-state counts with `counts`.
+    /// Replaces pod `uid`'s series with `labels` and its contribution to
+    /// the per-state totals from `old_counts` to `new_counts`.
     pub fn replace(
         &mut self,
         m: &Metrics,
         uid: &Arc<str>,
         labels: Vec<MountLabels>,
-        counts: Vec<(&'static str, i64)>,
+        old_counts: &[(&'static str, i64)],
+        new_counts: &[(&'static str, i64)],
     ) {
         let old = self.by_pod.remove(uid).unwrap_or_default();
-        for l in &old.labels {
+        for l in &old {
             if !labels.contains(l) {
                 let refs: Vec<&str> = l.iter().map(String::as_str).collect();
                 let _ = m.mount_state.remove_label_values(&refs);
             }
         }
-        for (s, n) in &old.counts {
-            *self.counts.entry(s).or_default() -= n;
-        }
         for l in &labels {
             let refs: Vec<&str> = l.iter().map(String::as_str).collect();
             m.mount_state.with_label_values(&refs).set(1.0);
         }
-        for (s, n) in &counts {
+        for (s, n) in old_counts {
+            *self.counts.entry(s).or_default() -= n;
+        }
+        for (s, n) in new_counts {
             *self.counts.entry(s).or_default() += n;
         }
-        let touched: Vec<&'static str> = old
-            .counts
-            .iter()
-            .chain(counts.iter())
-            .map(|(s, _)| *s)
-            .collect();
-        for s in touched {
+        for (s, _) in old_counts.iter().chain(new_counts.iter()) {
             m.mounts
                 .with_label_values(&[s])
                 .set(self.counts.get(s).copied().unwrap_or(0));
         }
-        if !labels.is_empty() || !counts.is_empty() {
-            self.by_pod
-                .insert(uid.clone(), PodSeries { labels, counts });
+        if !labels.is_empty() {
+            self.by_pod.insert(uid.clone(), labels);
         }
     }
 
-    /// Removes pod `uid`'s series.
-    pub fn remove(&mut self, m: &Metrics, uid: &Arc<str>) {
-        self.replace(m, uid, Vec::new(), Vec::new());
+    /// Removes pod `uid`'s series and counts.
+    pub fn remove(&mut self, m: &Metrics, uid: &Arc<str>, old_counts: &[(&'static str, i64)]) {
+        self.replace(m, uid, Vec::new(), old_counts, &[]);
     }
 
-    /// Removes every series (new leader, step-down).
+    /// Removes every series and zeroes the totals (new leader, step-down).
     pub fn clear(&mut self, m: &Metrics) {
-        let uids: Vec<Arc<str>> = self.by_pod.keys().cloned().collect();
-        for u in uids {
-            self.remove(m, &u);
+        for (_, labels) in self.by_pod.drain() {
+            for l in labels {
+                let refs: Vec<&str> = l.iter().map(String::as_str).collect();
+                let _ = m.mount_state.remove_label_values(&refs);
+            }
+        }
+        for (s, n) in self.counts.iter_mut() {
+            *n = 0;
+            m.mounts.with_label_values(&[s]).set(0);
         }
     }
 
@@ -447,20 +446,18 @@ mod tests {
         let m = Metrics::new();
         let mut s = MountSeries::default();
         let uid: Arc<str> = Arc::from("u1");
-        s.replace(
-            &m,
-            &uid,
-            vec![labels("p", "Propagating", "")],
-            vec![("Propagating", 1), ("Fresh", 2)],
-        );
+        let c1 = [("Propagating", 1), ("Fresh", 2)];
+        s.replace(&m, &uid, vec![labels("p", "Propagating", "")], &[], &c1);
         let t = text(&m);
         assert!(t.contains(r#"state="Propagating""#), "{t}");
         assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 2"#), "{t}");
+        let c2 = [("Stale", 1), ("Fresh", 2)];
         s.replace(
             &m,
             &uid,
             vec![labels("p", "Stale", "ImmutableCache")],
-            vec![("Stale", 1), ("Fresh", 2)],
+            &c1,
+            &c2,
         );
         let t = text(&m);
         let series: Vec<&str> = t
@@ -475,11 +472,13 @@ mod tests {
         );
         assert!(t.contains(r#"mountguard_mounts{state="Stale"} 1"#), "{t}");
         // Became fresh: the series goes away.
-        s.replace(&m, &uid, vec![], vec![("Fresh", 3)]);
+        let c3 = [("Fresh", 3)];
+        s.replace(&m, &uid, vec![], &c2, &c3);
         let t = text(&m);
         assert!(!t.contains("mountguard_mount_state{"), "{t}");
         assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 3"#), "{t}");
-        s.remove(&m, &uid);
+        assert_eq!(s.pods(), 0, "fully fresh pods hold nothing");
+        s.remove(&m, &uid, &c3);
         let t = text(&m);
         assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 0"#), "{t}");
         assert_eq!(s.pods(), 0);

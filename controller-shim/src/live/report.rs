@@ -105,7 +105,12 @@ pub struct ReportHandler {
     fetcher: Option<Arc<dyn PodFetcher>>,
     inputs: mpsc::Sender<Input>,
     book: Mutex<HashMap<String, NodeBook>>,
+    inflight: Arc<tokio::sync::Semaphore>,
 }
+
+/// Parsed inventories handed to the evaluation and not yet applied, at
+/// most (each may hold megabytes until converted).
+pub const MAX_INFLIGHT_INVENTORIES: usize = 32;
 
 type Resp = Response<Full<Bytes>>;
 
@@ -177,6 +182,7 @@ impl ReportHandler {
             fetcher,
             inputs,
             book: Mutex::new(HashMap::new()),
+            inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_INVENTORIES)),
         }
     }
 
@@ -449,7 +455,8 @@ impl ReportHandler {
                 Ok((ReportStatus::Unchanged, Some(generation)))
             }
             Ok(true) => {
-                self.send(Input::Inventory(Box::new(inv))).await?;
+                let permit = self.inflight.clone().acquire_owned().await.ok();
+                self.send(Input::Inventory(Box::new(inv), permit)).await?;
                 Ok((ReportStatus::Accepted, Some(generation)))
             }
         }
@@ -768,7 +775,7 @@ mod tests {
             (s, b["status"].as_str(), b["generation"].as_u64()),
             (StatusCode::OK, Some("accepted"), Some(7))
         );
-        assert!(matches!(r.rx.try_recv(), Ok(Input::Inventory(i)) if i.generation == 7));
+        assert!(matches!(r.rx.try_recv(), Ok(Input::Inventory(i, _)) if i.generation == 7));
         let (s, b, _) = call(&r, req(INV_A, Some("tok-a"), inventory("node-a", 7))).await;
         assert_eq!(
             (s, b["status"].as_str()),
