@@ -7,7 +7,8 @@ use mountguard_tests::demo::{DemoOptions, Narrator, run_seed};
 async fn demo_seed_scenario_summary() {
     let opts = DemoOptions::default();
     let mut say = Narrator::new(true);
-    let summary = run_seed(&opts, &mut say).await.unwrap();
+    let result = run_seed(&opts, &mut say).await;
+    let summary = result.unwrap_or_else(|e| panic!("{e}\nnarration:\n{}", say.lines().join("\n")));
     let json = serde_json::to_value(&summary).unwrap();
 
     assert_eq!(json["scenario"], "seed");
