@@ -1000,11 +1000,19 @@ mod tests {
         let f = fixture(vec![err(500, "internal")], backoff).await;
         let started = Instant::now();
         let e = f.sink.publish(&inventory(4)).await.unwrap_err();
-        assert!(e.to_string().contains("gave up"), "{e}");
-        assert!(started.elapsed() < Duration::from_millis(300) + Duration::from_secs(1));
         let n = f.server.seen().len();
-        // Delays of at least 10, 20, 40, 50, 50, ... ms fit at most ~8 in 300 ms.
-        assert!((2..=10).contains(&n), "{n} attempts");
+        assert!(
+            e.to_string()
+                .contains(&format!("gave up after {n} attempts")),
+            "{e} ({n} requests seen)"
+        );
+        // It stops: no retry starts once the window would be exceeded. The
+        // bound is loose on purpose (emulated arm64 runs are slow); what
+        // matters is that it ends instead of retrying forever.
+        assert!(started.elapsed() < Duration::from_millis(300) + Duration::from_secs(5));
+        // Delays of at least 10, 20, 40, 50, 50, ... ms fit at most ~8 in
+        // 300 ms, however fast each request is.
+        assert!((1..=10).contains(&n), "{n} attempts");
     }
 
     #[tokio::test]
