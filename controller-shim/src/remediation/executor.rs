@@ -309,8 +309,10 @@ fn nodeset_infos(snap: &EvaluationSnapshot) -> Vec<NodeSetInfo> {
 }
 
 /// The replacement pod's verdicts on the subjects that failed before.
-/// A pod without any non-Fresh verdict is absent from the snapshot: it
-/// counts as Fresh once two successive snapshots showed it so.
+/// The snapshot lists only pods with some non-Fresh verdict, and a pod is
+/// evaluated in the batch that adds it to the index (a pod without an
+/// inventory yet is Unverifiable, hence listed): a known, scheduled pod
+/// absent from the list is Fresh on every subject.
 fn new_pod_check(
     snap: &EvaluationSnapshot,
     a: &Attempt,
@@ -325,18 +327,13 @@ fn new_pod_check(
         .any(|p| &*p.uid == uid && p.node.is_some());
     let pv: Option<&PodVerdicts> = snap.verdicts.iter().find(|pv| &*pv.pod.uid == uid);
     let Some(pv) = pv else {
-        let Some(at) = snap.at else {
-            return NewPodCheck::NotYet;
-        };
-        if !pod_known {
+        if !pod_known || snap.at.is_none() {
             return NewPodCheck::NotYet;
         }
-        let first = *fresh_since.entry(a.id.clone()).or_insert(at);
-        return if at > first {
-            NewPodCheck::Fresh
-        } else {
-            NewPodCheck::NotYet
-        };
+        fresh_since
+            .entry(a.id.clone())
+            .or_insert(snap.at.unwrap_or_default());
+        return NewPodCheck::Fresh;
     };
     fresh_since.remove(&a.id);
     let mut all_fresh = true;
@@ -563,6 +560,7 @@ impl Executor {
         if !cache.contains_key(name) {
             let r = self.slurm.get_node(name).await;
             if let Err(e) = &r {
+                self.shared.metrics.api_error("slurm_get_node");
                 debug!(node = name, error = %e, "reading the Slurm node failed");
             }
             cache.insert(name.to_string(), r);
@@ -576,6 +574,7 @@ impl Executor {
         let nodes = match self.slurm.nodes().await {
             Ok(n) => n,
             Err(e) => {
+                self.shared.metrics.api_error("slurm_list_nodes");
                 warn!(error = %e, "remediation recovery: cannot list Slurm nodes; retrying");
                 return false;
             }
@@ -658,6 +657,9 @@ impl Executor {
                     }
                     wrote = true;
                     let r = self.slurm.drain(&node, &reason).await;
+                    if r.is_err() {
+                        self.shared.metrics.api_error("slurm_drain");
+                    }
                     info!(attempt = %next.id, node, ok = r.is_ok(), "drain requested");
                     self.last_write.insert(next.id.clone(), write_result(r));
                 }
@@ -667,6 +669,9 @@ impl Executor {
                     }
                     wrote = true;
                     let r = self.slurm.undrain_if_reason(&node, &owned_reason).await;
+                    if r.is_err() {
+                        self.shared.metrics.api_error("slurm_undrain");
+                    }
                     info!(attempt = %next.id, node, result = ?r, "undrain requested");
                     self.last_write
                         .insert(next.id.clone(), write_result(r.map(|_| ())));

@@ -10,6 +10,7 @@ mod demo;
 mod forged;
 mod fresh;
 mod kubelet;
+mod remediation;
 mod restart;
 mod seed;
 mod tls;
