@@ -92,3 +92,56 @@ pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut s
     drop(listener);
     let _ = tokio::time::timeout(Duration::from_secs(3), graceful.shutdown()).await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::live::metrics::Metrics;
+    use std::sync::atomic::Ordering;
+
+    fn get(shared: &Shared, path: &str) -> (StatusCode, String) {
+        use http_body_util::BodyExt;
+        let req = Request::get(path).body(()).unwrap();
+        let resp = route(shared, &req);
+        let status = resp.status();
+        let body = futures::executor::block_on(resp.into_body().collect())
+            .unwrap()
+            .to_bytes();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[test]
+    fn readiness_metrics_and_verdicts() {
+        let shared = Shared::new(Metrics::new());
+        assert_eq!(get(&shared, "/healthz").0, StatusCode::OK);
+        assert_eq!(get(&shared, "/readyz").0, StatusCode::SERVICE_UNAVAILABLE);
+        shared.ready.store(true, Ordering::SeqCst);
+        assert_eq!(get(&shared, "/readyz").0, StatusCode::OK);
+        let (s, m) = get(&shared, "/metrics");
+        assert_eq!(s, StatusCode::OK);
+        assert!(m.contains("mountguard_build_info{version="), "{m}");
+        let (s, v) = get(&shared, "/v1/verdicts?all=1");
+        assert_eq!(s, StatusCode::OK);
+        let doc: crate::live::status::StatusDoc = serde_json::from_str(&v).unwrap();
+        assert!(!doc.acting && doc.ready && doc.verdicts.is_empty());
+        assert_eq!(get(&shared, "/nope").0, StatusCode::NOT_FOUND);
+    }
+
+    #[test]
+    fn source_watch_health() {
+        let h = crate::live::watch::Health::default();
+        h.register("pods", true);
+        h.register("secrets/ns", true);
+        h.register("nodesets", false);
+        assert!(!h.all_synced());
+        assert!(h.sources_degraded(), "not synced yet");
+        h.synced_for_test("pods");
+        h.synced_for_test("secrets/ns");
+        assert!(h.all_synced(), "optional watches do not gate readiness");
+        assert!(!h.sources_degraded());
+        h.error_for_test("pods");
+        assert!(!h.sources_degraded(), "only Secret/ConfigMap watches count");
+        h.error_for_test("secrets/ns");
+        assert!(h.sources_degraded());
+    }
+}

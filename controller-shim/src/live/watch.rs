@@ -85,6 +85,16 @@ impl Health {
         }
     }
 
+    #[cfg(test)]
+    pub(crate) fn synced_for_test(&self, name: &str) {
+        self.synced(name);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn error_for_test(&self, name: &str) {
+        self.error(name);
+    }
+
     /// Whether every required watch finished its initial list.
     pub fn all_synced(&self) -> bool {
         self.inner
