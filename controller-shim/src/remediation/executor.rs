@@ -467,16 +467,21 @@ impl Executor {
                     .with_label_values(&["Pending", "dry_run"])
                     .inc();
             }
-            self.event(
-                snap,
-                &n.namespace,
-                &n.pod,
-                &n.uid,
-                &n.nodeset,
-                n.reason,
-                &n.message,
-            )
-            .await;
+            let published = self
+                .event(
+                    snap,
+                    &n.namespace,
+                    &n.pod,
+                    &n.uid,
+                    &n.nodeset,
+                    n.reason,
+                    &n.message,
+                )
+                .await;
+            if !published {
+                // Told nobody: try again next round.
+                self.notified.remove(&(n.uid.clone(), n.reason.as_str()));
+            }
         }
         for a in p.start {
             info!(attempt = %a.id, pod = %format!("{}/{}", a.namespace, a.pod), slurm_node = %a.slurm_node, "remediation attempt selected");
@@ -790,7 +795,7 @@ impl Executor {
         nodeset: &str,
         reason: EventReason,
         message: &str,
-    ) {
+    ) -> bool {
         let mut note = message.to_string();
         if note.len() > 1000 {
             let mut cut = 997;
@@ -832,6 +837,7 @@ impl Executor {
                 ..Default::default()
             });
         }
+        let mut ok = true;
         for r in refs {
             match tokio::time::timeout(Duration::from_secs(10), self.recorder.publish(&ev, &r))
                 .await
@@ -844,11 +850,13 @@ impl Executor {
                         .inc();
                 }
                 _ => {
+                    ok = false;
                     self.shared.metrics.api_error("create_event");
                     warn!(reason = reason.as_str(), object = ?r.name, "publishing a remediation event failed");
                 }
             }
         }
+        ok
     }
 
     fn prune(&mut self) {

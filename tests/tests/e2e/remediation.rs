@@ -372,3 +372,62 @@ async fn a_refused_slurm_token_drains_nothing_and_touches_no_pod() {
     assert_eq!(evictions(&sys), 0);
     sys.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pinned_cache_is_reported_not_looped_while_the_other_workers_are_repaired() {
+    let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
+    let sys = start("on", &["--slurm-jwt-key-secret", &jwt]).await;
+    let api = sys.cluster.api();
+    let slurm = sys.cluster.slurm();
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    mountguard_tests::scenario::add_pinning_pod(&api, "node-0")
+        .await
+        .unwrap();
+    wait_all_fresh(&sys).await;
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    wait(
+        &sys,
+        "nodes 1 and 2 repaired",
+        Duration::from_secs(120),
+        || {
+            let a = attempts(&sys);
+            let done = a
+                .iter()
+                .filter(|a| a.phase == mountguard_controller::remediation::Phase::Succeeded)
+                .count();
+            let pinned_event = recorded_events(&api)
+                .iter()
+                .any(|e| e.kind == "NodeSet" && e.reason == "KubeletCachePinned");
+            async move { (done == 2 && pinned_event).then_some(()) }
+        },
+    )
+    .await;
+    // Node 0: no attempt, no drain, same pod; the Event names the pinning pod.
+    assert!(attempts(&sys).iter().all(|a| a.pod != pods[0].0));
+    assert_eq!(slurmd_pod(&api, 0).map(|p| p.1).as_ref(), Some(&pods[0].1));
+    let n = slurm.node(&pods[0].0).unwrap();
+    assert!(!n.reason.starts_with("mountguard:"), "{n:?}");
+    let ev = recorded_events(&api);
+    let pinned: Vec<_> = ev
+        .iter()
+        .filter(|e| e.kind == "NodeSet" && e.reason == "KubeletCachePinned")
+        .collect();
+    assert_eq!(pinned.len(), 1, "once, no loop: {pinned:?}");
+    assert!(
+        pinned[0]
+            .message
+            .contains(mountguard_tests::scenario::PINNING_POD),
+        "{}",
+        pinned[0].message
+    );
+    let text = mountguard_tests::mountguard::http_get(&format!("{}/metrics", sys.metrics_base()))
+        .await
+        .unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l == "mountguard_remediation_blocked{reason=\"pinned\"} 1"),
+        "{text}"
+    );
+    sys.shutdown().await;
+}
