@@ -13,11 +13,16 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use mountguard_agent::{Backoff, Daemon, DaemonConfig, HttpSink, HttpSinkConfig, ScanOptions};
+use mountguard_controller::live::args::{ObjectName, RemediationMode};
 use mountguard_controller::live::{Controller, RunArgs};
+use mountguard_controller::remediation::{
+    ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION,
+};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::cluster::{AUTH_SECRET, Cluster, SLURM_NAMESPACE};
+use crate::apiserver::resources;
+use crate::cluster::{AUTH_SECRET, Cluster, JWT_SECRET, NODESET, SLURM_NAMESPACE};
 use crate::mountguard::{
     AGENT_DAEMONSET, AgentIdentity, RecordedEvent, agent_service_account_flag,
     deploy_agent_identities, http_get, parse_metrics, poll, recorded_events,
@@ -27,14 +32,18 @@ use crate::scenario::{
     rotate_auth_key, served_key, state_tag, verdicts, wait_for_slurmd_pods,
 };
 
-/// What the demo does after detecting the stale key. Remediation (drain,
-/// evict, verify, undrain) plugs in here as another variant.
+/// What the demo does after detecting the stale key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Remediation {
-    /// Detect and report only.
+    /// Detect and report only; the demo then replaces two slurmd pods by
+    /// hand to show which node a replacement fixes.
     #[default]
     Off,
+    /// The controller runs with `--remediation on` and the NodeSet opts in:
+    /// it drains, evicts, verifies on the node and undrains the workers a
+    /// replacement can fix, and reports the pinned node instead of looping.
+    On,
 }
 
 /// Demo settings.
@@ -183,8 +192,27 @@ pub struct Summary {
     pub replacements: Vec<ServedKey>,
     /// Verdicts of the replacement pods' key volume (`State/Cause`).
     pub replacement_verdicts: BTreeMap<String, String>,
+    /// Remediation attempts (with `remediation: on`), as the controller
+    /// recorded them on the NodeSet.
+    pub attempts: Vec<AttemptSummary>,
     /// Time from rotation to each signal.
     pub timings: Timings,
+}
+
+/// One remediation attempt as the summary shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptSummary {
+    /// `namespace/pod`.
+    pub pod: String,
+    /// Kubernetes node.
+    pub node: String,
+    /// Slurm node.
+    pub slurm_node: String,
+    /// Every phase gone through, in order (`Pending` ... `Succeeded`).
+    pub phases: Vec<String>,
+    /// The final phase.
+    pub result: String,
 }
 
 /// The cluster in a box with agents and controller running in-process.
@@ -217,6 +245,18 @@ impl InProcess {
             AGENT_DAEMONSET,
         );
         args.grace = opts.grace;
+        if opts.remediation == Remediation::On {
+            args.remediation = RemediationMode::On;
+            args.slurmrestd_url = Some(cluster.slurmrestd_url());
+            args.slurm_jwt_key_secret = Some(ObjectName {
+                namespace: SLURM_NAMESPACE.to_string(),
+                name: JWT_SECRET.to_string(),
+            });
+            // Long enough that the demo shows the detection (every stale
+            // verdict, metric and Event) before the first drain.
+            args.remediation_delay = Duration::from_secs(8);
+            args.replacement_timeout = Duration::from_secs(120);
+        }
         let controller = Controller::start(args)
             .await
             .map_err(|e| io::Error::other(format!("starting the controller: {e}")))?;
@@ -352,6 +392,20 @@ pub async fn seed_scenario(
         "controller: every slurmd pod's {KEY_VOLUME} (slurm.key) is Fresh; agents report every {:?}",
         opts.heartbeat
     ));
+
+    if opts.remediation == Remediation::On {
+        api.merge_patch(
+            &resources::NODESETS,
+            SLURM_NAMESPACE,
+            NODESET,
+            &serde_json::json!({"metadata": {"annotations": {REMEDIATE_ANNOTATION: "true"}}}),
+            None,
+        )
+        .map_err(|e| io_err(format!("opting the NodeSet in to remediation: {e:?}")))?;
+        say.say(format!(
+            "NodeSet {SLURM_NAMESPACE}/{NODESET} opts in to remediation ({REMEDIATE_ANNOTATION}: \"true\"); controller runs with --remediation on"
+        ));
+    }
 
     let old_key = api_auth_key(&api)?;
     let new_key = rotate_auth_key(&api)?;
@@ -504,7 +558,12 @@ pub async fn seed_scenario(
     // Replacing a pod: fresh key where nothing else pins the entry.
     let mut replacements = Vec::new();
     let mut replacement_verdicts = BTreeMap::new();
-    let order: &[usize] = if nodes.len() > 1 { &[1, 0] } else { &[0] };
+    let mut attempts = Vec::new();
+    let order: &[usize] = match opts.remediation {
+        Remediation::Off if nodes.len() > 1 => &[1, 0],
+        Remediation::Off => &[0],
+        Remediation::On => &[],
+    };
     let current_key = api_auth_key(&api)?;
     for &i in order {
         let (pod, uid) = replace_slurmd_pod(&sys.cluster, i).await?;
@@ -551,6 +610,22 @@ pub async fn seed_scenario(
         Remediation::Off => say.say(
             "remediation is off: mountguard reported the stale key (metric, Event, /v1/verdicts) and changed nothing",
         ),
+        Remediation::On => {
+            attempts = remediate(sys, opts, say, &pods, &nodes, &subject, &current_key).await?;
+            for a in &attempts {
+                let i = nodes.iter().position(|n| *n == a.node).unwrap_or(0);
+                if let Some((pod, uid)) = crate::scenario::slurmd_pod(&api, i) {
+                    let bytes = served_key(&sys.cluster, i, &uid)?;
+                    let key = if bytes == current_key { "new" } else { "old" };
+                    replacements.push(ServedKey {
+                        node: a.node.clone(),
+                        pod,
+                        replacement: true,
+                        key,
+                    });
+                }
+            }
+        }
     }
 
     Ok(Summary {
@@ -570,6 +645,7 @@ pub async fn seed_scenario(
         metrics,
         replacements,
         replacement_verdicts,
+        attempts,
         timings: Timings {
             grace_seconds: opts.grace.as_secs_f64(),
             verdicts_after_rotation_seconds: verdicts_after.as_secs_f64(),
@@ -586,4 +662,151 @@ pub async fn run_seed(opts: &DemoOptions, say: &mut Narrator) -> io::Result<Summ
     let result = seed_scenario(&sys, opts, say).await;
     sys.shutdown().await;
     result.map_err(|e| io_err(format!("seed scenario: {e}")))
+}
+
+/// The remediation part of the demo: waits until the controller repaired
+/// every worker a replacement can fix (drain, evict, replacement fresh on
+/// the node and responding in Slurm, undrain) and reported the pinned node
+/// instead of replacing its pod.
+async fn remediate(
+    sys: &InProcess,
+    opts: &DemoOptions,
+    say: &mut Narrator,
+    pods: &[(String, String)],
+    nodes: &[String],
+    subject: &str,
+    current_key: &[u8],
+) -> io::Result<Vec<AttemptSummary>> {
+    let api = sys.cluster.api();
+    let base = sys.metrics_base();
+    let slurm = sys.cluster.slurm();
+    let fixable: Vec<usize> = (1..pods.len()).collect();
+    say.say(format!(
+        "remediation: {} worker(s) can be fixed by a replacement; one at a time (budget 1 per NodeSet)",
+        fixable.len()
+    ));
+    let read_attempts = || -> Vec<mountguard_controller::remediation::Attempt> {
+        api.get(&resources::NODESETS, SLURM_NAMESPACE, NODESET)
+            .ok()
+            .and_then(|ns| {
+                ns["metadata"]["annotations"][ATTEMPTS_ANNOTATION]
+                    .as_str()
+                    .and_then(|s| AttemptsRecord::parse(s).ok())
+            })
+            .map(|r| r.attempts)
+            .unwrap_or_default()
+    };
+    let mut seen_phase: BTreeMap<String, String> = BTreeMap::new();
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let done = loop {
+        let all = read_attempts();
+        for a in &all {
+            let phase = a
+                .phase_names()
+                .last()
+                .map(|p| p.to_string())
+                .unwrap_or_default();
+            if seen_phase.get(&a.pod) != Some(&phase) {
+                let slurm_state = slurm
+                    .node(&a.slurm_node)
+                    .map(|n| {
+                        if n.reason.is_empty() {
+                            n.state.join(",")
+                        } else {
+                            format!("{} reason \"{}\"", n.state.join(","), n.reason)
+                        }
+                    })
+                    .unwrap_or_default();
+                say.say(format!(
+                    "attempt for {} on {}: {phase} (Slurm node {}: {slurm_state})",
+                    a.pod, a.node, a.slurm_node
+                ));
+                seen_phase.insert(a.pod.clone(), phase);
+            }
+        }
+        let succeeded: Vec<_> = all
+            .iter()
+            .filter(|a| a.phase_names().last() == Some(&"Succeeded"))
+            .collect();
+        let fixed = fixable
+            .iter()
+            .all(|&i| succeeded.iter().any(|a| a.node == nodes[i]));
+        if fixed {
+            break all;
+        }
+        if Instant::now() > deadline {
+            return Err(io_err(format!(
+                "remediation did not repair {:?} within 150 s; attempts: {:?}",
+                fixable.iter().map(|&i| &nodes[i]).collect::<Vec<_>>(),
+                all.iter()
+                    .map(|a| (a.pod.clone(), a.phase_names()))
+                    .collect::<Vec<_>>()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // Verified on the node, by the bytes: the replacements are Fresh, the
+    // pinned node is still reported, and nothing was attempted there.
+    for &i in &fixable {
+        let (pod, uid) = crate::scenario::slurmd_pod(&api, i)
+            .ok_or_else(|| io_err(format!("no slurmd pod on {}", nodes[i])))?;
+        let bytes = served_key(&sys.cluster, i, &uid)?;
+        let state = slurm
+            .node(&pod)
+            .map(|n| n.state.join(","))
+            .unwrap_or_default();
+        say.say(format!(
+            "{} on {}: replacement is served the {} slurm.key; Slurm node {pod} is {state}",
+            pod,
+            nodes[i],
+            if bytes == current_key { "NEW" } else { "OLD" },
+        ));
+    }
+    let pinned_pod = &pods[0].0;
+    let blocked = poll(
+        "the pinned node's KubeletCachePinned report",
+        opts.grace + Duration::from_secs(20),
+        || async {
+            let samples = scrape(&base).await.ok()?;
+            let blocked = samples.iter().any(|s| {
+                s.name == "mountguard_remediation_blocked"
+                    && s.labels.get("reason").map(String::as_str) == Some("pinned")
+                    && s.value >= 1.0
+            });
+            let event = recorded_events(&api)
+                .into_iter()
+                .find(|e| e.kind == "NodeSet" && e.reason == "KubeletCachePinned");
+            let doc = verdicts(&base, "namespace=slurm").await.ok()?;
+            let still = find_verdict(&doc, pinned_pod, subject)
+                .is_some_and(|v| state_tag(v) == "Stale/ImmutableCachePinned");
+            (blocked && still).then_some(event)
+        },
+    )
+    .await?;
+    if let Some(e) = blocked {
+        say.say(format!(
+            "Event KubeletCachePinned on NodeSet {}/{}: {}",
+            e.namespace, e.name, e.message
+        ));
+    }
+    let on_pinned = done.iter().filter(|a| a.node == nodes[0]).count();
+    say.say(format!(
+        "{pinned_pod} on {}: still Stale/ImmutableCachePinned, {on_pinned} replacement attempt(s) there (no loop); metric mountguard_remediation_blocked{{reason=\"pinned\"}} = 1; fix: recreate the Secret under a new name, replace the pinning pod, or restart that node's kubelet",
+        nodes[0]
+    ));
+    Ok(done
+        .iter()
+        .map(|a| AttemptSummary {
+            pod: format!("{}/{}", a.namespace, a.pod),
+            node: a.node.clone(),
+            slurm_node: a.slurm_node.clone(),
+            phases: a.phase_names().into_iter().map(str::to_string).collect(),
+            result: a
+                .phase_names()
+                .last()
+                .map(|p| p.to_string())
+                .unwrap_or_default(),
+        })
+        .collect())
 }

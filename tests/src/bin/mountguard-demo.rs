@@ -7,25 +7,33 @@ use std::process::ExitCode;
 
 use mountguard_tests::demo::{DemoOptions, Narrator, Remediation, run_seed};
 
-const USAGE: &str = "usage: mountguard-demo [--json]
+const USAGE: &str = "usage: mountguard-demo [--detect-only] [--json]
 
 Starts a 3-node cluster in a box (API server, kubelet, NodeSet and slurmrestd
 doubles), one mountguard agent per node and the mountguard controller, then
 rotates the immutable Secret slurm-auth-slurm while a second pod on node-0
-references it, and shows what mountguard reports.
+references it, and shows what mountguard reports. By default the controller
+runs with --remediation on and the NodeSet opts in: it drains, replaces,
+verifies on the node and undrains the workers a replacement can fix, and
+reports the pinned node instead of looping.
 
-  --json   print a machine-readable summary (verdicts, Events, metrics)
-           instead of the narration
-  --help   this text
+  --detect-only  remediation off: report only, then replace two slurmd pods
+                 by hand to show which node a replacement fixes
+  --remediate    remediation on (the default)
+  --json         print a machine-readable summary (verdicts, Events,
+                 metrics, remediation attempts) instead of the narration
+  --help         this text
 
 Logs: MOUNTGUARD_LOG=info (tracing filter syntax) prints component logs on stderr.";
 
 fn main() -> ExitCode {
     let mut json = false;
-    let remediation = Remediation::Off;
+    let mut remediation = Remediation::On;
     for arg in std::env::args().skip(1) {
         match arg.as_str() {
             "--json" => json = true,
+            "--detect-only" => remediation = Remediation::Off,
+            "--remediate" => remediation = Remediation::On,
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return ExitCode::SUCCESS;

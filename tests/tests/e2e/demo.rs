@@ -1,11 +1,14 @@
 //! The demo's seed scenario (in-process agents and controller) and its
-//! `--json` summary.
+//! `--json` summary, with remediation on as the demo runs by default.
 
-use mountguard_tests::demo::{DemoOptions, Narrator, run_seed};
+use mountguard_tests::demo::{DemoOptions, Narrator, Remediation, run_seed};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_seed_scenario_summary() {
-    let opts = DemoOptions::default();
+    let opts = DemoOptions {
+        remediation: Remediation::On,
+        ..DemoOptions::default()
+    };
     let mut say = Narrator::new(true);
     let result = run_seed(&opts, &mut say).await;
     let summary = result.unwrap_or_else(|e| panic!("{e}\nnarration:\n{}", say.lines().join("\n")));
@@ -103,18 +106,41 @@ async fn demo_seed_scenario_summary() {
             .all(|m| m["name"].as_str().unwrap().starts_with("mountguard_"))
     );
 
-    // Replacement: new key on node-1, still the old one on node A.
+    // Remediation: the two workers a replacement can fix went through every
+    // phase and are served the new key; nothing was attempted on node A.
+    assert_eq!(json["remediation"], "on");
+    let attempts = json["attempts"].as_array().unwrap();
+    let mut repaired: Vec<&str> = attempts
+        .iter()
+        .filter(|a| a["result"] == "Succeeded")
+        .map(|a| a["node"].as_str().unwrap())
+        .collect();
+    repaired.sort();
+    assert_eq!(repaired, vec!["node-1", "node-2"], "{attempts:?}");
+    for a in attempts {
+        assert_eq!(
+            a["phases"],
+            serde_json::json!([
+                "Pending",
+                "Draining",
+                "Drained",
+                "Evicting",
+                "AwaitingReplacement",
+                "Verifying",
+                "Undraining",
+                "Succeeded"
+            ]),
+            "{a}"
+        );
+    }
     let repl = json["replacements"].as_array().unwrap();
-    assert!(
-        repl.iter()
-            .any(|r| r["node"] == "node-1" && r["key"] == "new"),
-        "{repl:?}"
-    );
-    assert!(
-        repl.iter()
-            .any(|r| r["node"] == "node-0" && r["key"] == "old"),
-        "{repl:?}"
-    );
+    for node in ["node-1", "node-2"] {
+        assert!(
+            repl.iter().any(|r| r["node"] == node && r["key"] == "new"),
+            "{repl:?}"
+        );
+    }
+    assert!(!repl.iter().any(|r| r["node"] == "node-0"), "{repl:?}");
 
     // Within 5 s of the first report after the grace period.
     let t = &summary.timings;
@@ -125,4 +151,8 @@ async fn demo_seed_scenario_summary() {
     let text = say.lines().join("\n");
     assert!(text.contains("ROTATION"), "{text}");
     assert!(text.contains("pinned by slurm-auth-check"), "{text}");
+    assert!(
+        text.contains("Event KubeletCachePinned on NodeSet slurm/slurm-worker-slinky"),
+        "{text}"
+    );
 }
