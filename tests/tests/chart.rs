@@ -423,8 +423,10 @@ fn scrape_controller() -> Option<BTreeSet<String>> {
     );
     let idle = scrape_when_ready(&mut child, metrics, "/readyz");
     // Families with a sample per node or per mount only exist once there is
-    // a node with a pod: add one whose Secret volume no agent has reported
-    // (its verdict is Unverifiable/NoInventory, its node not reporting).
+    // a node with a pod: add one on a node no agent reports for, with a
+    // volume of a Secret that does not exist (SourceMissing: a per-mount
+    // series even without an inventory; node-level Unverifiable reasons get
+    // none, see docs/controller.md) and one of a Secret that does.
     let h = api.handle();
     let now = mountguard_tests::util::now_rfc3339();
     h.create(
@@ -448,8 +450,10 @@ fn scrape_controller() -> Option<BTreeSet<String>> {
                "metadata": {"name": "chart-pod", "namespace": "default"},
                "spec": {"nodeName": "chart-node",
                         "containers": [{"name": "c", "image": "busybox",
-                                        "volumeMounts": [{"name": "s", "mountPath": "/s"}]}],
-                        "volumes": [{"name": "s", "secret": {"secretName": "chart-secret"}}]}}),
+                                        "volumeMounts": [{"name": "s", "mountPath": "/s"},
+                                         {"name": "m", "mountPath": "/m"}]}],
+                        "volumes": [{"name": "s", "secret": {"secretName": "chart-secret"}},
+                                    {"name": "m", "secret": {"secretName": "chart-missing"}}]}}),
     )
     .expect("create pod");
     h.merge_patch(
