@@ -56,12 +56,10 @@ pub fn now_rfc3339() -> String {
     rfc3339(jiff::Timestamp::now())
 }
 
-/// A timestamp as the API's `metav1.Time`.
+/// A timestamp as the API's `metav1.Time`: whole seconds, truncated (as Go's
+/// RFC 3339 formatting does), never rounded up into the future.
 pub fn rfc3339(ts: jiff::Timestamp) -> String {
-    ts.round(jiff::Unit::Second)
-        .unwrap_or(ts)
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
+    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
 /// Seconds since the Unix epoch.
@@ -71,6 +69,12 @@ pub fn unix_now() -> i64 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn rfc3339_truncates_to_whole_seconds() {
+        let ts: jiff::Timestamp = "2026-11-30T11:25:39.9Z".parse().unwrap();
+        assert_eq!(super::rfc3339(ts), "2026-11-30T11:25:39Z");
+    }
+
     use super::*;
 
     #[test]
