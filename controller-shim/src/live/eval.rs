@@ -179,6 +179,11 @@ impl EvalTask {
                             || o.immutable != c.immutable
                     });
                     self.index.apply_source(r.clone(), c);
+                    // Record when the content changed as it arrives, not when
+                    // a pod referencing it is next evaluated: a subPath or env
+                    // verdict compares this time with a container's start.
+                    self.engine
+                        .observe_source(&self.index, &mut self.state, &r, now);
                     if differs {
                         let ids = self.index.pods_referencing(&r).to_vec();
                         self.mark(&mut dirty, ids);
@@ -186,6 +191,8 @@ impl EvalTask {
                 }
                 Input::SourceDeleted(r) => {
                     if self.index.delete_source(&r) {
+                        self.engine
+                            .observe_source(&self.index, &mut self.state, &r, now);
                         let ids = self.index.pods_referencing(&r).to_vec();
                         self.mark(&mut dirty, ids);
                     }
