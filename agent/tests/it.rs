@@ -1,5 +1,7 @@
-//! Integration tests of the agent: the binary, a large kubelet root, and the
-//! daemon reacting to an AtomicWriter swap through inotify.
+//! Integration tests of the agent: the binary, a large kubelet root, the
+//! daemon reacting to an AtomicWriter swap through inotify, and the chart's
+//! two deployment claims (HostToContainer mount propagation, root with only
+//! `DAC_READ_SEARCH`) on the real kernel, when run as root.
 //!
 //! The kubelet is replaced by `AtomicWriterDouble`, a test double that
 //! writes volume directories the way the kubelet's AtomicWriter does.
@@ -462,4 +464,244 @@ fn run_command_becomes_ready_and_stops_cleanly_on_sigterm() {
     assert!(stderr.contains("shutting down"), "{stderr}");
     assert!(stderr.contains("stopped"), "{stderr}");
     let _ = Path::new(BIN);
+}
+
+/// Why the kernel-level deployment tests below cannot run here, if they
+/// cannot: they need root, util-linux `unshare` and `setpriv`, and mount
+/// namespaces.
+fn namespace_tests_unavailable() -> Option<String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Some("not running as root".into());
+    }
+    for tool in ["unshare", "setpriv"] {
+        if Command::new(tool).arg("--version").output().is_err() {
+            return Some(format!("{tool} (util-linux) is not installed"));
+        }
+    }
+    match Command::new("unshare").args(["-m", "true"]).status() {
+        Ok(s) if s.success() => None,
+        _ => Some("`unshare -m true` failed: mount namespaces are not permitted here".into()),
+    }
+}
+
+/// The agent command line (`[qemu ...] mountguard-agent scan ...`) as argv,
+/// for a shell script to exec.
+fn agent_scan_argv(root: &Path) -> Vec<String> {
+    let cmd = agent_cmd(&[]);
+    let mut argv = vec![cmd.get_program().to_string_lossy().into_owned()];
+    argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+    argv.extend(["scan", "--node", "n", "--output", "json", "--kubelet-root"].map(String::from));
+    argv.push(root.to_string_lossy().into_owned());
+    argv
+}
+
+/// Runs `$1..$4` = kubelet root, volume dir, staged volume content, work
+/// dir; the rest is the agent argv. Inside a private scratch mount namespace
+/// (nothing leaks to the machine): the kubelet root becomes a shared mount,
+/// two agents enter their own mount namespaces (slave = HostToContainer,
+/// private = no propagation) and wait; only then is the volume's tmpfs
+/// mounted and filled, and the agents scan.
+const PROPAGATION_SCRIPT: &str = r#"
+set -eu
+R=$1; V=$2; STAGE=$3; W=$4; shift 4
+mount --bind "$R" "$R"
+mount --make-rshared "$R"
+for p in slave private; do
+    unshare -m --propagation "$p" sh -c '
+        W=$1; p=$2; shift 2
+        touch "$W/ready-$p"
+        i=0
+        while [ ! -e "$W/go" ]; do
+            i=$((i + 1)); [ "$i" -lt 1200 ] || exit 97
+            sleep 0.05
+        done
+        exec "$@"' sh "$W" "$p" "$@" >"$W/out-$p" 2>"$W/err-$p" &
+    eval "pid_$p=\$!"
+done
+i=0
+while [ ! -e "$W/ready-slave" ] || [ ! -e "$W/ready-private" ]; do
+    i=$((i + 1)); [ "$i" -lt 1200 ] || { touch "$W/go"; exit 98; }
+    sleep 0.05
+done
+mount -t tmpfs -o mode=0755 tmpfs "$V"
+cp -a "$STAGE/." "$V/"
+touch "$W/go"
+rc=0
+wait "$pid_slave" || rc=$?
+echo "$rc" >"$W/rc-slave"
+rc=0
+wait "$pid_private" || rc=$?
+echo "$rc" >"$W/rc-private"
+"#;
+
+/// The chart mounts the kubelet root with `mountPropagation: HostToContainer`
+/// because each Secret volume is a tmpfs the kubelet mounts after the agent
+/// started. On the real kernel: an agent whose mount namespace is a slave of
+/// the host's sees a tmpfs mounted later and hashes its files; an agent with
+/// private propagation sees the empty directory below it and says so with a
+/// `mountPropagation` error instead of reporting an empty volume.
+#[test]
+fn host_to_container_propagation_shows_volumes_mounted_after_the_agent_started() {
+    if let Some(why) = namespace_tests_unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let r = root();
+    let vol = volume_dir(r.path(), "u1", Plugin::Secret, "s");
+    std::fs::create_dir_all(&vol).unwrap();
+    let stage = tempfile::tempdir().unwrap();
+    AtomicWriterDouble::new(stage.path().join("v"))
+        .write(&payload(&[("slurm.key", b"k1"), ("sub/conf", b"c1")]))
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+
+    let out = Command::new("unshare")
+        .args([
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            PROPAGATION_SCRIPT,
+            "sh",
+        ])
+        .arg(r.path())
+        .arg(&vol)
+        .arg(stage.path().join("v"))
+        .arg(work.path())
+        .args(agent_scan_argv(r.path()))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let read = |f: &str| std::fs::read_to_string(work.path().join(f)).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "scenario failed: {:?}\n{}\nslave: {}\nprivate: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        read("err-slave"),
+        read("err-private"),
+    );
+    for p in ["slave", "private"] {
+        assert_eq!(
+            read(&format!("rc-{p}")).trim(),
+            "0",
+            "{p}: {}",
+            read(&format!("err-{p}"))
+        );
+    }
+
+    // Nothing leaked into this test's mount namespace.
+    let mounts = Command::new("findmnt")
+        .args(["-rn", "-o", "TARGET"])
+        .output()
+        .unwrap();
+    let mounts = String::from_utf8_lossy(&mounts.stdout);
+    let r_path = r.path().to_string_lossy();
+    assert!(!mounts.lines().any(|m| m.starts_with(&*r_path)), "{mounts}");
+    assert!(std::fs::read_dir(&vol).unwrap().next().is_none());
+
+    let slave = NodeInventory::from_json(read("out-slave").as_bytes()).unwrap();
+    let v = slave.pod("u1").unwrap().volume("s").unwrap();
+    assert!(v.errors.is_empty(), "{:?}", v.errors);
+    assert_eq!(v.files["slurm.key"], Sha256Hex(file_digest(b"k1")));
+    assert_eq!(v.files["sub/conf"], Sha256Hex(file_digest(b"c1")));
+    assert!(v.digest.is_some());
+
+    let private = NodeInventory::from_json(read("out-private").as_bytes()).unwrap();
+    let v = private.pod("u1").unwrap().volume("s").unwrap();
+    assert!(v.files.is_empty(), "{:?}", v.files);
+    assert_eq!(v.errors.len(), 1, "{:?}", v.errors);
+    assert_eq!(v.errors[0].kind, ReadErrorKind::MountPropagation);
+    assert!(v.digest.is_none());
+}
+
+/// `setpriv` as root (uid 0) with a bounding set of `caps`: after exec, the
+/// process holds exactly the capabilities in the bounding set.
+fn with_caps(caps: &str) -> Vec<String> {
+    [
+        "setpriv",
+        "--reuid=0",
+        "--regid=0",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+    ]
+    .map(String::from)
+    .into_iter()
+    .chain([format!("--bounding-set={caps}")])
+    .collect()
+}
+
+/// The effective capability mask of a process started with `prefix`.
+fn cap_eff(prefix: &[String]) -> u64 {
+    let out = Command::new(&prefix[0])
+        .args(&prefix[1..])
+        .args(["cat", "/proc/self/status"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = String::from_utf8_lossy(&out.stdout);
+    let line = status.lines().find(|l| l.starts_with("CapEff:")).unwrap();
+    u64::from_str_radix(line["CapEff:".len()..].trim(), 16).unwrap()
+}
+
+/// The chart runs the agent as root with no capability but
+/// `DAC_READ_SEARCH`. On the real kernel: that alone reads a 0400 file of
+/// another user in that user's 0700 directory; with no capability at all the
+/// same scan reports a `permission` error and still succeeds.
+#[test]
+fn dac_read_search_alone_reads_other_users_private_files() {
+    if let Some(why) = namespace_tests_unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    const CAP_DAC_READ_SEARCH: u64 = 1 << 2;
+    let r = root();
+    let w = AtomicWriterDouble::new(volume_dir(r.path(), "u1", Plugin::Secret, "s"));
+    w.write(&payload(&[("slurm.key", b"secret-k")])).unwrap();
+    let data = w.target().join(w.current_data_dir().unwrap());
+    let file = data.join("slurm.key");
+    std::os::unix::fs::chown(&file, Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).unwrap();
+    std::os::unix::fs::chown(&data, Some(1000), Some(1000)).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700)).unwrap();
+
+    let scan = |prefix: &[String]| {
+        let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+        let out = agent_cmd(&prefix)
+            .args(["scan", "--node", "n", "--output", "json", "--kubelet-root"])
+            .arg(r.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        NodeInventory::from_json(&out.stdout).unwrap()
+    };
+
+    let only_dac = with_caps("-all,+dac_read_search");
+    assert_eq!(cap_eff(&only_dac), CAP_DAC_READ_SEARCH);
+    let inv = scan(&only_dac);
+    let v = inv.pod("u1").unwrap().volume("s").unwrap();
+    assert!(v.errors.is_empty(), "{:?}", v.errors);
+    assert_eq!(v.files["slurm.key"], Sha256Hex(file_digest(b"secret-k")));
+    assert!(v.digest.is_some());
+
+    let none = with_caps("-all");
+    assert_eq!(cap_eff(&none), 0);
+    let inv = scan(&none);
+    let v = inv.pod("u1").unwrap().volume("s").unwrap();
+    assert!(v.files.is_empty(), "{:?}", v.files);
+    assert_eq!(v.errors.len(), 1, "{:?}", v.errors);
+    assert_eq!(v.errors[0].kind, ReadErrorKind::Permission);
+    // The 0700 data directory already stops a scan without the capability.
+    assert_eq!(v.errors[0].path, "..data");
+    assert!(v.digest.is_none());
 }
