@@ -6,8 +6,8 @@
 //! but never the token, and changes nothing): acting replica (503
 //! `notLeader`), initial lists done (503 `notReady`), method and path (404 /
 //! 405), bearer token (401), authorization for the node (403), per-node rate
-//! limit (429 + `Retry-After`), body size (413, from `Content-Length` before
-//! reading, else while reading), strict parse and limits (400), node in the
+//! limit (429 + `Retry-After`), body size (413; an oversized body is read
+//! and discarded up to a bound so the client sees the answer), strict parse and limits (400), node in the
 //! body equals the path (400), generation (409 when older than held). Only
 //! then is the held generation updated and the inventory handed to the
 //! evaluation task.
@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Body;
 use hyper::body::Bytes;
 use mountguard_inventory::NodeInventory;
@@ -299,26 +299,21 @@ impl ReportHandler {
         self.authenticate(&req, node).await?;
         self.take_token(node)?;
 
-        if let Some(len) = req
+        let declared = req
             .headers()
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            && len > self.config.max_bytes
-        {
-            return Err(too_large(self.config.max_bytes));
+            .and_then(|v| v.parse::<u64>().ok());
+        let max = self.config.max_bytes;
+        if declared.is_some_and(|len| len > drain_cap(max)) {
+            // Far too large to be worth reading: answer at once (the client
+            // may see the connection close while it is still writing).
+            return Err(too_large(max));
         }
-        let body = match Limited::new(req.into_body(), self.config.max_bytes as usize)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
-            Err(e) => {
-                if e.downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
-                    return Err(too_large(self.config.max_bytes));
-                }
+        let body = match read_bounded(req.into_body(), max).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => return Err(too_large(max)),
+            Err(BodyError::Read(e)) => {
                 return Err(Reject::bad(format!("reading the body failed: {e}")));
             }
         };
@@ -507,6 +502,70 @@ impl ReportHandler {
             )
         })
     }
+}
+
+/// How many bytes of an oversized body are read and discarded before the
+/// 413 is sent. Answering without reading makes the kernel reset the
+/// connection while the client is still writing, so an agent whose
+/// inventory outgrew `--max-report-bytes` would log a broken pipe instead
+/// of the reason. Only authenticated, authorized and rate-limited callers
+/// get this far.
+fn drain_cap(max: u64) -> u64 {
+    max.saturating_mul(4).max(8 << 20).min(64 << 20)
+}
+
+/// The longest time spent discarding an oversized body.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
+enum BodyError {
+    TooLarge,
+    Read(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Reads a body of at most `max` bytes. A longer body is read on (and
+/// thrown away) up to [`drain_cap`] bytes or [`DRAIN_TIMEOUT`] so the 413
+/// reaches the client, then reported as too large.
+async fn read_bounded<B>(body: B, max: u64) -> Result<Bytes, BodyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut body = std::pin::pin!(body);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut seen: u64 = 0;
+    loop {
+        let frame = match body.frame().await {
+            None => break,
+            Some(Ok(f)) => f,
+            Some(Err(e)) => return Err(BodyError::Read(e.into())),
+        };
+        if let Ok(data) = frame.into_data() {
+            seen = seen.saturating_add(data.len() as u64);
+            if seen > max {
+                break;
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    if seen <= max {
+        return Ok(Bytes::from(buf));
+    }
+    drop(buf);
+    let cap = drain_cap(max);
+    let drain = async {
+        while seen <= cap {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    if let Ok(d) = f.into_data() {
+                        seen = seen.saturating_add(d.len() as u64);
+                    }
+                }
+                _ => break,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+    Err(BodyError::TooLarge)
 }
 
 fn too_large(max: u64) -> Reject {
@@ -875,6 +934,32 @@ mod tests {
         assert_eq!(r.handler.held_generation("node-a"), Some(5));
         assert_eq!(counter(&r, "bad_request"), 9);
         assert_eq!(counter(&r, "too_large"), 2);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_body_is_drained_up_to_the_cap_then_refused() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let polled = Arc::new(AtomicUsize::new(0));
+        let p = polled.clone();
+        // 100 MiB in 1 MiB frames against a 1 MiB limit.
+        let body =
+            http_body_util::StreamBody::new(futures::stream::iter((0..100).map(move |_| {
+                p.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(hyper::body::Frame::data(Bytes::from(vec![b' '; 1 << 20])))
+            })));
+        assert!(matches!(
+            read_bounded(body, 1 << 20).await,
+            Err(BodyError::TooLarge)
+        ));
+        // Read to the 8 MiB cap so the answer reaches the client, no further.
+        let n = polled.load(Ordering::SeqCst);
+        assert!((8..=10).contains(&n), "{n} frames read");
+        // A body exactly at the limit is kept whole.
+        let body = Full::new(Bytes::from(vec![b'x'; 1 << 20]));
+        match read_bounded(body, 1 << 20).await {
+            Ok(b) => assert_eq!(b.len(), 1 << 20),
+            Err(_) => panic!("a body at the limit was refused"),
+        }
     }
 
     #[tokio::test]
