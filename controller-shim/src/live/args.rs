@@ -286,6 +286,14 @@ pub struct RunArgs {
     /// How long to wait for a replacement pod.
     #[arg(long, env = "MOUNTGUARD_REPLACEMENT_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
     pub replacement_timeout: Duration,
+    /// How long the Eviction API may keep refusing (PodDisruptionBudget,
+    /// errors) before the attempt fails.
+    #[arg(long, env = "MOUNTGUARD_EVICTION_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    pub eviction_timeout: Duration,
+    /// How long the replacement may take to show fresh on the node and
+    /// responding in Slurm.
+    #[arg(long, env = "MOUNTGUARD_VERIFICATION_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub verification_timeout: Duration,
     /// What to do with the Slurm node when remediation fails.
     #[arg(
         long,

@@ -101,6 +101,8 @@ pub fn configs(args: &RunArgs) -> (Mode, PlanConfig, MachineConfig) {
     let machine_cfg = MachineConfig {
         drain_timeout: sd(args.drain_timeout),
         replacement_timeout: sd(args.replacement_timeout),
+        eviction_timeout: sd(args.eviction_timeout),
+        verification_timeout: sd(args.verification_timeout),
         on_failure: match args.on_failure {
             OnFailure::KeepDrained => FailurePolicy::Auto,
             OnFailure::Undrain => FailurePolicy::Undrain,
@@ -932,6 +934,8 @@ mod tests {
         assert_eq!(m.on_failure, FailurePolicy::Auto);
         assert_eq!(m.drain_timeout, SignedDuration::from_hours(24));
         assert_eq!(m.replacement_timeout, SignedDuration::from_mins(15));
+        assert_eq!(m.eviction_timeout, SignedDuration::from_mins(30));
+        assert_eq!(m.verification_timeout, SignedDuration::from_mins(10));
         args.remediation = RemediationMode::DryRun;
         args.on_failure = OnFailure::Undrain;
         args.remediation_budget_cluster = 7;
