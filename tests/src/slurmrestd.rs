@@ -16,6 +16,8 @@
 //!   JWT (claims `sun`, `exp`) signed with the configured jwt key; otherwise
 //!   401 with an error envelope.
 //! - Every write is recorded, accepted or not.
+//! - A slurmd that stops (its pod deleted or evicted) while jobs run on its
+//!   node kills them; the double lists them as killed.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -79,6 +81,7 @@ struct State {
     jwt_key: Option<Vec<u8>>,
     epilog: Duration,
     writes: Vec<WriteRecord>,
+    killed: Vec<u32>,
     last_update: i64,
     cluster: String,
 }
@@ -334,13 +337,30 @@ impl SlurmHandle {
         s.last_update = crate::util::unix_now();
     }
 
-    /// Reports that a node's slurmd stopped.
+    /// Reports that a node's slurmd stopped (its pod went away). Jobs still
+    /// running there are killed, as the slurmd preStop hook's DOWN does:
+    /// they are gone and listed by [`Self::killed_jobs`].
     pub fn slurmd_stopped(&self, node: &str) {
         let mut s = lock(&self.state);
         if let Some(n) = s.nodes.get_mut(node) {
             n.slurmd_key_digest = None;
         }
+        let running: Vec<u32> = s
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.node == node && j.ended_at.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in running {
+            s.jobs.remove(&id);
+            s.killed.push(id);
+        }
         s.last_update = crate::util::unix_now();
+    }
+
+    /// Jobs killed because their node's slurmd stopped under them.
+    pub fn killed_jobs(&self) -> Vec<u32> {
+        lock(&self.state).killed.clone()
     }
 
     /// Starts a job using `cpus` on `node`; returns its id.
@@ -430,6 +450,7 @@ impl SlurmrestdDouble {
                 jwt_key: None,
                 epilog: Duration::ZERO,
                 writes: Vec::new(),
+                killed: Vec::new(),
                 last_update: crate::util::unix_now(),
                 cluster: cluster.to_string(),
             })),

@@ -173,6 +173,9 @@ pub struct SlurmNodeState {
     pub reason: String,
     /// `reason_set_by_user`.
     pub reason_set_by_user: String,
+    /// `alloc_cpus`: CPUs Slurm still accounts to jobs on the node.
+    #[serde(default)]
+    pub alloc_cpus: u32,
 }
 
 impl SlurmNodeState {
@@ -186,9 +189,12 @@ impl SlurmNodeState {
         self.has("DRAIN")
     }
 
-    /// Jobs are still on the node (ALLOCATED, MIXED or COMPLETING).
+    /// Jobs are still on the node: ALLOCATED, MIXED or COMPLETING, or CPUs
+    /// still allocated. The last covers a node that stopped responding: its
+    /// base state reads DOWN while Slurm still holds its jobs (until they
+    /// are requeued or killed), and evicting the pod then would end them.
     pub fn busy(&self) -> bool {
-        self.has("ALLOCATED") || self.has("MIXED") || self.has("COMPLETING")
+        self.has("ALLOCATED") || self.has("MIXED") || self.has("COMPLETING") || self.alloc_cpus > 0
     }
 
     /// Drained in Slurm's sense: DRAIN and no jobs.

@@ -256,6 +256,21 @@ fn cases() -> Vec<Case> {
         .writes(&[W::Evict])
         .events(&[E::SlurmNodeDrained]),
         case(
+            "a DOWN node whose jobs Slurm still holds is not evicted",
+            Phase::Drained,
+            obs(
+                SlurmObservation::Node(SlurmNodeState {
+                    alloc_cpus: 2,
+                    ..node(
+                        &["DOWN", "DRAIN", "NOT_RESPONDING"],
+                        &attempt().drain_reason,
+                    )
+                }),
+                Some(OLD),
+            ),
+            Phase::Drained,
+        ),
+        case(
             "drained: slurmrestd errors are no progress",
             Phase::Drained,
             obs(transient(), Some(OLD)),

@@ -19,6 +19,7 @@ pub fn node(state: &[&str], reason: &str) -> SlurmNodeState {
         } else {
             "slurm".into()
         },
+        alloc_cpus: 0,
     }
 }
 

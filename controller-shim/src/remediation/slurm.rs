@@ -242,6 +242,9 @@ pub struct SlurmNode {
     /// `reason_changed_at` (UNIX seconds), when set.
     #[serde(default, deserialize_with = "no_val")]
     pub reason_changed_at: Option<i64>,
+    /// `alloc_cpus`.
+    #[serde(default)]
+    pub alloc_cpus: u32,
 }
 
 impl SlurmNode {
@@ -251,6 +254,7 @@ impl SlurmNode {
             state: self.state.clone(),
             reason: self.reason.clone(),
             reason_set_by_user: self.reason_set_by_user.clone(),
+            alloc_cpus: self.alloc_cpus,
         }
     }
 }

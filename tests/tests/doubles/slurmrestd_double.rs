@@ -292,6 +292,18 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
     })
     .await;
     assert!(h.node("slinky-0").unwrap().is_drained());
+    assert!(h.killed_jobs().is_empty(), "ended jobs are not killed");
+
+    // slurmd stopping under a running job kills it.
+    let j3 = h.start_job("slinky-0", 1);
+    h.slurmd_stopped("slinky-0");
+    assert_eq!(h.killed_jobs(), vec![j3]);
+    assert_eq!(state("slinky-0")[0], "DOWN");
+    h.slurmd_started("slinky-0", b"key-1");
+    assert!(
+        h.node("slinky-0").unwrap().is_drained(),
+        "the killed job is gone"
+    );
 
     // GET /node/{name} shows the same through the API.
     let (st, body) = call(

@@ -44,9 +44,18 @@ async fn slurm_client_against_the_slurmrestd_double() {
     assert_eq!(n.reason, reason);
     assert_eq!(n.reason_set_by_user, "slurm");
     assert!(n.to_state().drain() && n.to_state().busy(), "{:?}", n.state);
+    assert_eq!(n.alloc_cpus, 2);
+    // slurmd stops answering (stale key): the base state reads DOWN, but
+    // Slurm still holds the job's CPUs, so the node is still busy.
+    h.set_controller_key(b"rotated");
+    let n = c.get_node("w0").await.unwrap();
+    assert!(n.state.iter().any(|s| s == "DOWN"), "{:?}", n.state);
+    assert!(n.to_state().busy(), "{:?} alloc {}", n.state, n.alloc_cpus);
+    h.set_controller_key(b"key");
     h.end_job(job);
     let n = c.get_node("w0").await.unwrap();
     assert!(n.to_state().drained(), "{:?}", n.state);
+    assert_eq!(n.alloc_cpus, 0);
 
     // An admin re-drains: our conditional undrain leaves it.
     h.admin_drain("w0", "admin: replace DIMM", "root");
