@@ -151,6 +151,9 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
     let terminated = status
         .and_then(|s| s.phase.as_deref())
         .is_some_and(|ph| ph == "Succeeded" || ph == "Failed");
+    let ready = status
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
 
     let mut volumes: Vec<VolumeModel> = Vec::new();
     for (vi, v) in spec.volumes.iter().flatten().enumerate() {
@@ -270,6 +273,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         name,
         node: spec.node_name.as_deref().map(|n| interner.intern(n)),
         terminated,
+        ready,
         slurm_node: nodeset.as_ref().and_then(|_| {
             meta.labels
                 .as_ref()
@@ -436,6 +440,7 @@ mod tests {
             },
             "status": {
                 "phase": "Running",
+                "conditions": [{"type": "Ready", "status": "True"}],
                 "containerStatuses": [{"name": "slurmd", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
                     "state": {"running": {"startedAt": "2026-11-30T10:00:00Z"}}}],
                 "initContainerStatuses": [
@@ -462,6 +467,12 @@ mod tests {
         assert_eq!(m.nodeset.as_deref(), Some("gpu"));
         assert_eq!(m.slurm_node.as_deref(), Some("gpu-0"));
         assert!(!m.terminated);
+        assert!(m.ready);
+        let mut not_ready = raw.clone();
+        not_ready["status"]["conditions"][0]["status"] = serde_json::json!("False");
+        let p2: Pod = serde_json::from_value(not_ready.clone()).unwrap();
+        let m2 = super::pod(&mut it, &p2, &RawPodExtras::from_json(&not_ready)).unwrap();
+        assert!(!m2.ready);
         let names: Vec<&str> = m.volumes.iter().map(|v| &*v.name).collect();
         assert_eq!(
             names,

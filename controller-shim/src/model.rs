@@ -437,6 +437,9 @@ pub struct PodModel {
     pub node: Option<Arc<str>>,
     /// Phase is Succeeded or Failed: the kubelet has unregistered it.
     pub terminated: bool,
+    /// The `Ready` condition is `True` (counts towards a NodeSet's
+    /// availability when budgeting remediation).
+    pub ready: bool,
     /// Name of the controlling NodeSet, if any.
     pub nodeset: Option<Arc<str>>,
     /// Slurm node name of a NodeSet pod (label

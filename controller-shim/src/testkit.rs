@@ -134,6 +134,7 @@ impl PodB {
                 name: a(name),
                 node: Some(a(node)),
                 terminated: false,
+                ready: true,
                 nodeset: None,
                 slurm_node: None,
                 volumes: Box::new([]),

@@ -291,7 +291,50 @@ pub fn max_unavailable(ns: &DynamicObject) -> u32 {
     n.max(1)
 }
 
-fn nodeset_infos(snap: &EvaluationSnapshot) -> Vec<NodeSetInfo> {
+/// Pods of a NodeSet unavailable for reasons other than an open attempt:
+/// not Ready, not scheduled, terminated, or missing (fewer pods than
+/// `replicas`, not counting pods of open attempts being recreated).
+pub fn unavailable(
+    ns: &DynamicObject,
+    pods: &[Arc<crate::model::PodModel>],
+    attempts: &BTreeMap<String, Attempt>,
+) -> u32 {
+    let (Some(namespace), Some(name)) = (
+        ns.metadata.namespace.as_deref(),
+        ns.metadata.name.as_deref(),
+    ) else {
+        return 0;
+    };
+    let in_attempt: HashSet<&str> = attempts
+        .values()
+        .filter(|a| a.namespace == namespace && a.nodeset == name && !a.phase.is_terminal())
+        .map(|a| a.pod.as_str())
+        .collect();
+    let members: Vec<&crate::model::PodModel> = pods
+        .iter()
+        .filter(|p| &*p.namespace == namespace && p.nodeset.as_deref() == Some(name))
+        .map(|p| &**p)
+        .collect();
+    let not_ready = members
+        .iter()
+        .filter(|p| !in_attempt.contains(&*p.name))
+        .filter(|p| !p.ready || p.terminated || p.node.is_none())
+        .count() as u32;
+    let replicas = ns.data["spec"]["replicas"].as_u64().unwrap_or(1) as u32;
+    let attempt_pods_absent = in_attempt
+        .iter()
+        .filter(|n| !members.iter().any(|p| &*p.name == **n))
+        .count() as u32;
+    let missing = replicas
+        .saturating_sub(members.len() as u32)
+        .saturating_sub(attempt_pods_absent);
+    not_ready + missing
+}
+
+fn nodeset_infos(
+    snap: &EvaluationSnapshot,
+    attempts: &BTreeMap<String, Attempt>,
+) -> Vec<NodeSetInfo> {
     snap.nodesets
         .iter()
         .filter_map(|n| {
@@ -304,7 +347,7 @@ fn nodeset_infos(snap: &EvaluationSnapshot) -> Vec<NodeSetInfo> {
                     .is_some_and(|v| v.trim() == "true"),
                 remediate_on: ann.and_then(|a| a.get(REMEDIATE_ON_ANNOTATION)).cloned(),
                 max_unavailable: max_unavailable(n),
-                unavailable: 0,
+                unavailable: unavailable(n, &snap.nodeset_pods, attempts),
             })
         })
         .collect()
@@ -444,7 +487,7 @@ impl Executor {
         let attempts: Vec<Attempt> = self.attempts.values().cloned().collect();
         let p = plan(
             &candidates(snap),
-            &nodeset_infos(snap),
+            &nodeset_infos(snap, &self.attempts),
             &attempts,
             now,
             &self.plan_cfg,
@@ -923,6 +966,55 @@ mod tests {
         for (spec, want) in t {
             assert_eq!(max_unavailable(&nodeset(spec.clone())), want, "{spec}");
         }
+    }
+
+    #[test]
+    fn not_ready_and_missing_pods_count_against_the_budget_but_not_twice() {
+        use crate::testkit::PodB;
+        let mut set = nodeset(serde_json::json!({"replicas": 4}));
+        set.metadata.uid = Some("ns-uid".into());
+        let pod = |name: &str, ready: bool| {
+            let mut p = PodB::new("slurm", name, &format!("uid-{name}"), "node-a").build();
+            p.nodeset = Some("worker".into());
+            p.ready = ready;
+            Arc::new(p)
+        };
+        let none = BTreeMap::new();
+        // All four present and ready.
+        let all: Vec<_> = (0..4).map(|i| pod(&format!("worker-{i}"), true)).collect();
+        assert_eq!(unavailable(&set, &all, &none), 0);
+        // One not ready, one missing.
+        let some = vec![
+            pod("worker-0", true),
+            pod("worker-1", false),
+            pod("worker-2", true),
+        ];
+        assert_eq!(unavailable(&set, &some, &none), 2);
+        // Pods of another NodeSet do not count.
+        let mut other = PodB::new("slurm", "x-0", "uid-x", "node-a").build();
+        other.nodeset = Some("other".into());
+        other.ready = false;
+        let mut with_other = some.clone();
+        with_other.push(Arc::new(other));
+        assert_eq!(unavailable(&set, &with_other, &none), 2);
+        // The missing pod and the not-ready one belong to open attempts:
+        // the attempts count them already.
+        let mut attempts = BTreeMap::new();
+        for (id, p) in [("a1", "worker-3"), ("a2", "worker-1")] {
+            let a = Attempt::new(
+                id.into(),
+                "slurm",
+                "worker",
+                p,
+                "uid",
+                "node-a",
+                p,
+                vec![],
+                Timestamp::now(),
+            );
+            attempts.insert(id.to_string(), a);
+        }
+        assert_eq!(unavailable(&set, &some, &attempts), 0);
     }
 
     #[test]
