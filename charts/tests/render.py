@@ -44,6 +44,13 @@ SLURMRESTD = {
     "tokenSecret": {"namespace": "slurm", "name": "slurm-token-mountguard", "key": "SLURM_JWT"},
     "caSecret": {"name": "slurmrestd-ca", "key": "ca.crt"},
 }
+# The alternative to a token Secret: slurmctld's jwt.key (Slinky's
+# slurm-auth-jwt), from which the controller mints its own tokens.
+SLURMRESTD_JWT_KEY = {
+    "url": SLURMRESTD["url"],
+    "jwtKeySecret": {"namespace": "slurm", "name": "slurm-auth-jwt"},
+    "user": "mountguard",
+}
 ALL_MONITORING = {
     "serviceMonitor": {"enabled": True},
     "podMonitor": {"enabled": True},
@@ -54,7 +61,16 @@ SCENARIOS: dict[str, Scenario] = {
     "default": Scenario(),
     "remediation-on": Scenario({"remediation": {"mode": "on", "slurmrestd": SLURMRESTD}}),
     "remediation-dry-run": Scenario(
-        {"remediation": {"mode": "dry-run", "slurmrestd": {"url": SLURMRESTD["url"]}}}
+        {
+            "remediation": {
+                "mode": "dry-run",
+                # Namespace left empty: the release namespace.
+                "slurmrestd": {"url": SLURMRESTD["url"], "tokenSecret": {"name": "slurm-token"}},
+            }
+        }
+    ),
+    "remediation-jwt-key": Scenario(
+        {"remediation": {"mode": "on", "slurmrestd": SLURMRESTD_JWT_KEY}}
     ),
     "tls-user-secret": Scenario(
         {"tls": {"certManager": {"enabled": False}, "existingSecret": "mountguard-report-tls"}}
@@ -68,7 +84,10 @@ SCENARIOS: dict[str, Scenario] = {
     "replicas-2": Scenario(
         {
             "controller": {"replicas": 2, "watchNamespaces": ["slurm", "hpc"]},
-            "remediation": {"mode": "on", "slurmrestd": {"url": SLURMRESTD["url"]}},
+            "remediation": {
+                "mode": "on",
+                "slurmrestd": {"url": SLURMRESTD["url"], "tokenSecret": SLURMRESTD["tokenSecret"]},
+            },
             "metrics": {"prometheusRule": {"enabled": True}},
         },
         [MONITORING_API],

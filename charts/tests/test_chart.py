@@ -169,6 +169,15 @@ def test_schema_describes_every_value_and_nothing_else() -> None:
         {"remediation": {"budgetCluster": 0}},
         {"remediation": {"delay": "5 minutes"}},
         {"remediation": {"slurmrestd": {"url": "slurm-restapi:6820"}}},
+        {"remediation": {"evictionTimeout": "30 minutes"}},
+        {"remediation": {"verificationTimeout": "0s"}},
+        {"remediation": {"replacePinningPods": "yes"}},
+        {"remediation": {"slurmrestd": {"jwtKeySecret": {"name": "x", "key": "jwt.key"}}}},
+        {"remediation": {"slurmrestd": {"user": ""}}},
+        {"controller": {"reportRateLimit": "fast"}},
+        {"controller": {"reportRateLimit": "0/s"}},
+        {"controller": {"reportRateLimit": "2/s,0"}},
+        {"controller": {"reportRateLimit": 2}},
         {"controller": {"replicas": 0}},
         {"controller": {"grace": "0s"}},
         {"controller": {"watchNamespaces": ["Not_A_Namespace"]}},
@@ -212,6 +221,28 @@ def test_unquoted_off_in_a_values_file_means_off() -> None:
         ({"remediation": {"mode": "on"}}, "slurmrestd.url"),
         ({"tls": {"certManager": {"enabled": False}}}, "tls"),
         ({"tls": {"existingSecret": "both"}}, "not both"),
+        (
+            {"remediation": {"mode": "on", "slurmrestd": {"url": "http://slurmrestd:6820"}}},
+            "remediation.slurmrestd.tokenSecret.name (or, if no token Secret can be provided, "
+            "jwtKeySecret.name) is required",
+        ),
+        (
+            {"remediation": {"mode": "dry-run", "slurmrestd": {
+                "url": "http://slurmrestd:6820",
+                "tokenSecret": {"name": "slurm-token"},
+                "jwtKeySecret": {"name": "slurm-auth-jwt"},
+            }}},
+            "set either tokenSecret.name or jwtKeySecret.name, not both",
+        ),
+        # Contradictory even while remediation is off: caught before it is
+        # turned on.
+        (
+            {"remediation": {"slurmrestd": {
+                "tokenSecret": {"name": "slurm-token"},
+                "jwtKeySecret": {"name": "slurm-auth-jwt"},
+            }}},
+            "set either tokenSecret.name or jwtKeySecret.name, not both",
+        ),
     ],
 )
 def test_inconsistent_values_fail_with_a_message(values: dict[str, Any], message: str) -> None:
@@ -395,6 +426,136 @@ def test_remediation_settings_reach_the_controller() -> None:
     assert env["MOUNTGUARD_REMEDIATION_BUDGET_CLUSTER"] == "3"
     assert env["MOUNTGUARD_ON_FAILURE"] == "keep-drained"
     assert env["MOUNTGUARD_DRAIN_TIMEOUT"] == "24h"
+    assert env["MOUNTGUARD_EVICTION_TIMEOUT"] == "30m"
+    assert env["MOUNTGUARD_VERIFICATION_TIMEOUT"] == "10m"
+    assert env["MOUNTGUARD_REPLACE_PINNING_PODS"] == "false"
+    # A token Secret: nothing of the jwt.key alternative.
+    assert "MOUNTGUARD_SLURM_JWT_KEY_SECRET" not in env
+    assert "MOUNTGUARD_SLURM_USER" not in env
+
+
+def test_remediation_values_reach_the_controller() -> None:
+    values = deep_merge(
+        SCENARIOS["remediation-on"].values,
+        {
+            "remediation": {
+                "evictionTimeout": "45m",
+                "verificationTimeout": "2h",
+                "replacePinningPods": True,
+                "drainTimeout": "12h",
+                "replacementTimeout": "20m",
+                "delay": "90s",
+                "budgetPerNodeSet": 2,
+                "budgetCluster": 7,
+                "onFailure": "undrain",
+            }
+        },
+    )
+    env = controller_env(render(values))
+    assert env["MOUNTGUARD_EVICTION_TIMEOUT"] == "45m"
+    assert env["MOUNTGUARD_VERIFICATION_TIMEOUT"] == "2h"
+    assert env["MOUNTGUARD_REPLACE_PINNING_PODS"] == "true"
+    assert env["MOUNTGUARD_DRAIN_TIMEOUT"] == "12h"
+    assert env["MOUNTGUARD_REPLACEMENT_TIMEOUT"] == "20m"
+    assert env["MOUNTGUARD_REMEDIATION_DELAY"] == "90s"
+    assert env["MOUNTGUARD_REMEDIATION_BUDGET_PER_NODESET"] == "2"
+    assert env["MOUNTGUARD_REMEDIATION_BUDGET_CLUSTER"] == "7"
+    assert env["MOUNTGUARD_ON_FAILURE"] == "undrain"
+
+
+def test_remediation_flags_are_absent_when_remediation_is_off() -> None:
+    # The default render leaves every remediation flag at the controller's
+    # own default (off), even with remediation values set.
+    for values in ({}, {"remediation": {"replacePinningPods": True, "evictionTimeout": "1h"}}):
+        env = controller_env(render(values))
+        assert env["MOUNTGUARD_REMEDIATION"] == "off"
+        for name in (
+            "MOUNTGUARD_SLURMRESTD_URL",
+            "MOUNTGUARD_SLURM_TOKEN_SECRET",
+            "MOUNTGUARD_SLURM_TOKEN_KEY",
+            "MOUNTGUARD_SLURM_JWT_KEY_SECRET",
+            "MOUNTGUARD_SLURM_USER",
+            "MOUNTGUARD_EVICTION_TIMEOUT",
+            "MOUNTGUARD_VERIFICATION_TIMEOUT",
+            "MOUNTGUARD_REPLACE_PINNING_PODS",
+        ):
+            assert name not in env, (values, name)
+
+
+def test_token_secret_namespace_defaults_to_the_release_namespace() -> None:
+    env = controller_env(render_scenario("remediation-dry-run"))
+    assert env["MOUNTGUARD_SLURM_TOKEN_SECRET"] == f"{NAMESPACE}/slurm-token"
+    assert env["MOUNTGUARD_SLURM_TOKEN_KEY"] == "SLURM_JWT"
+    assert "MOUNTGUARD_SLURM_JWT_KEY_SECRET" not in env
+
+
+def test_jwt_key_secret_replaces_the_token_secret() -> None:
+    r = render_scenario("remediation-jwt-key")
+    env = controller_env(r)
+    assert env["MOUNTGUARD_SLURM_JWT_KEY_SECRET"] == "slurm/slurm-auth-jwt"
+    assert env["MOUNTGUARD_SLURM_USER"] == "mountguard"
+    # Exactly one of the two: the controller refuses both.
+    assert "MOUNTGUARD_SLURM_TOKEN_SECRET" not in env
+    assert "MOUNTGUARD_SLURM_TOKEN_KEY" not in env
+    # Nothing is mounted: the controller reads the Secret through the API.
+    pod = r.one("Deployment")["spec"]["template"]["spec"]
+    assert not any(
+        v.get("secret", {}).get("secretName") == "slurm-auth-jwt" for v in pod["volumes"]
+    )
+
+    # Defaults: the release namespace and the Slurm user `slurm`.
+    env = controller_env(render({"remediation": {"mode": "on", "slurmrestd": {
+        "url": "http://slurmrestd:6820", "jwtKeySecret": {"name": "slurm-auth-jwt"},
+    }}}))
+    assert env["MOUNTGUARD_SLURM_JWT_KEY_SECRET"] == f"{NAMESPACE}/slurm-auth-jwt"
+    assert env["MOUNTGUARD_SLURM_USER"] == "slurm"
+    assert "MOUNTGUARD_SLURM_TOKEN_SECRET" not in env
+
+
+def test_rbac_lets_the_controller_get_the_jwt_key_secret() -> None:
+    # The controller GETs the Secret in its own namespace (here `slurm`, not
+    # the release namespace): a cluster-wide grant without resourceNames.
+    r = render_scenario("remediation-jwt-key")
+    assert ("cluster", "", "secrets", "get") in granted(r)
+    for role in r.of_kind("ClusterRole"):
+        for rule in role["rules"]:
+            if "secrets" in rule["resources"]:
+                assert "resourceNames" not in rule, rule
+
+
+def test_report_rate_limit_reaches_the_controller() -> None:
+    assert controller_env(render())["MOUNTGUARD_REPORT_RATE_LIMIT"] == "2/s,5"
+    env = controller_env(render({"controller": {"reportRateLimit": "0.5/s,10"}}))
+    assert env["MOUNTGUARD_REPORT_RATE_LIMIT"] == "0.5/s,10"
+    env = controller_env(render({"controller": {"reportRateLimit": "20/s"}}))
+    assert env["MOUNTGUARD_REPORT_RATE_LIMIT"] == "20/s"
+
+
+def run_arg_defaults() -> dict[str, str]:
+    """MOUNTGUARD_* env name -> default of `mountguard-controller run`."""
+    src = (REPO / "controller-shim" / "src" / "live" / "args.rs").read_text()
+    out = {}
+    for attr in re.findall(r"#\[arg\((.*?)\)\]\s*pub ", src, re.S):
+        env = re.search(r'env = "(MOUNTGUARD_[A-Z_]+)"', attr)
+        default = re.search(r'default_value = "([^"]*)"|default_value_t = ([\w.]+)', attr)
+        if env and default:
+            out[env.group(1)] = default.group(1) if default.group(1) is not None else default.group(2)
+    return out
+
+
+def test_chart_defaults_are_the_controller_defaults() -> None:
+    # The new values default to what the controller would use without them.
+    defaults = run_arg_defaults()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    r, c = values["remediation"], values["controller"]
+    assert defaults["MOUNTGUARD_REPORT_RATE_LIMIT"] == c["reportRateLimit"]
+    assert defaults["MOUNTGUARD_EVICTION_TIMEOUT"] == r["evictionTimeout"]
+    assert defaults["MOUNTGUARD_VERIFICATION_TIMEOUT"] == r["verificationTimeout"]
+    assert defaults["MOUNTGUARD_REPLACE_PINNING_PODS"] == str(r["replacePinningPods"]).lower()
+    assert defaults["MOUNTGUARD_SLURM_USER"] == r["slurmrestd"]["user"]
+    assert defaults["MOUNTGUARD_SLURM_TOKEN_KEY"] == r["slurmrestd"]["tokenSecret"]["key"]
+    assert defaults["MOUNTGUARD_DRAIN_TIMEOUT"] == r["drainTimeout"]
+    assert defaults["MOUNTGUARD_REPLACEMENT_TIMEOUT"] == r["replacementTimeout"]
 
 
 def test_watch_namespaces_are_joined() -> None:
@@ -415,9 +576,10 @@ CONTROLLER_CONTRACT = {
     insecure-plaintext-reports metrics-listen token-audience agent-service-account
     agent-daemonset grace inventory-max-age fingerprint-key-file max-report-bytes
     leader-election lease-name pod-name pod-namespace remediation slurmrestd-url
-    slurmrestd-ca-file slurm-token-secret slurm-token-key remediation-budget-per-nodeset
-    remediation-budget-cluster remediation-delay drain-timeout replacement-timeout
-    on-failure log log-format""".split()
+    slurmrestd-ca-file slurm-token-secret slurm-token-key slurm-jwt-key-secret slurm-user
+    remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
+    replacement-timeout eviction-timeout verification-timeout on-failure replace-pinning-pods
+    report-rate-limit log log-format""".split()
 }
 
 
@@ -648,10 +810,14 @@ def test_remediation_stuck_threshold_follows_the_timeouts() -> None:
         rules = {x["alert"]: x for x in alert_rules(render(v, [MONITORING_API]))}
         return int(rules["MountguardRemediationStuck"]["expr"].rsplit(">", 1)[1])
 
-    # 24h + 15m + 5m + 30m
-    assert threshold({}) == 86400 + 900 + 300 + 1800
+    # delay 5m + drain 24h + eviction 30m + replacement 15m + verification
+    # 10m + slack 30m
+    assert threshold({}) == 300 + 86400 + 1800 + 900 + 600 + 1800
     assert threshold({"remediation": {"drainTimeout": "2h", "replacementTimeout": "600s"}}) == (
-        7200 + 600 + 300 + 1800
+        300 + 7200 + 1800 + 600 + 600 + 1800
+    )
+    assert threshold({"remediation": {"evictionTimeout": "1h", "verificationTimeout": "20m"}}) == (
+        300 + 86400 + 3600 + 900 + 1200 + 1800
     )
 
 
