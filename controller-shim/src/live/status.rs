@@ -23,6 +23,69 @@ pub struct VerdictStore {
     pub pods: HashMap<Arc<str>, PodVerdicts>,
     /// Whether the controller evaluated at least once (acting and synced).
     pub evaluated: bool,
+    /// Remediation attempts (open ones, then recent closed ones), as the
+    /// executor last published them.
+    pub attempts: Vec<AttemptItem>,
+}
+
+/// One remediation attempt as the status endpoint returns it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptItem {
+    /// Attempt id (the end of the Slurm drain reason).
+    pub id: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// NodeSet.
+    pub nodeset: String,
+    /// Kubernetes node.
+    pub node: String,
+    /// Slurm node.
+    pub slurm_node: String,
+    /// Current phase (`Failed` without its reason).
+    pub phase: String,
+    /// Phases gone through, in order.
+    pub phases: Vec<String>,
+    /// Still needs work or attention (not finished, or a drain kept or
+    /// still to be released).
+    pub open: bool,
+    /// Failed and the Slurm node is kept drained on purpose.
+    #[serde(default)]
+    pub kept_drained: bool,
+    /// Started at (RFC 3339).
+    pub started_at: String,
+    /// Current phase entered at (RFC 3339).
+    pub since: String,
+    /// Failure reason and detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// Last transient error (retried).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+impl AttemptItem {
+    /// The item for one attempt.
+    pub fn from_attempt(a: &crate::remediation::Attempt) -> Self {
+        Self {
+            id: a.id.clone(),
+            namespace: a.namespace.clone(),
+            pod: a.pod.clone(),
+            nodeset: a.nodeset.clone(),
+            node: a.node.clone(),
+            slurm_node: a.slurm_node.clone(),
+            phase: a.phase.name().to_string(),
+            phases: a.phase_names().iter().map(|s| s.to_string()).collect(),
+            open: a.is_open(),
+            kept_drained: a.kept_drained,
+            started_at: a.started_at.to_string(),
+            since: a.phase_since.to_string(),
+            failure: a.failure.clone(),
+            last_error: a.retry.last_error.clone(),
+        }
+    }
 }
 
 /// One verdict as the status endpoint returns it.
@@ -81,6 +144,10 @@ pub struct StatusDoc {
     pub by_state: BTreeMap<String, usize>,
     /// The selected verdicts.
     pub verdicts: Vec<StatusItem>,
+    /// Remediation attempts (open first), filtered by `namespace` and
+    /// `node`; empty when remediation is off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptItem>,
 }
 
 /// Filters of the endpoint.
@@ -217,11 +284,20 @@ impl VerdictStore {
         verdicts.sort_by(|a, b| {
             (&a.namespace, &a.pod, &a.subject).cmp(&(&b.namespace, &b.pod, &b.subject))
         });
+        let mut attempts: Vec<AttemptItem> = self
+            .attempts
+            .iter()
+            .filter(|a| q.namespace.as_deref().is_none_or(|n| n == a.namespace))
+            .filter(|a| q.node.as_deref().is_none_or(|n| n == a.node))
+            .cloned()
+            .collect();
+        attempts.sort_by(|a, b| (!a.open, &b.started_at).cmp(&(!b.open, &a.started_at)));
         StatusDoc {
             acting,
             ready,
             by_state,
             verdicts,
+            attempts,
         }
     }
 }
@@ -310,7 +386,8 @@ impl StatusArgs {
         let attention = doc
             .verdicts
             .iter()
-            .any(|v| !matches!(v.state.as_str(), "Fresh" | "Skipped"));
+            .any(|v| !matches!(v.state.as_str(), "Fresh" | "Skipped"))
+            || doc.attempts.iter().any(|a| a.open);
         Ok(u8::from(attention))
     }
 }
@@ -420,27 +497,12 @@ pub fn write_table(doc: &StatusDoc, out: &mut dyn Write) -> std::io::Result<()> 
     if rows.len() == 1 {
         writeln!(out, "no verdict needs attention")?;
     } else {
-        let mut widths = [0usize; 7];
-        for r in &rows {
-            for (i, c) in r.iter().enumerate() {
-                widths[i] = widths[i].max(c.chars().count());
-            }
-        }
-        for r in &rows {
-            let mut line = String::new();
-            for (i, c) in r.iter().enumerate() {
-                if i + 1 == r.len() {
-                    line.push_str(c);
-                } else {
-                    line.push_str(&format!("{c:<w$}  ", w = widths[i]));
-                }
-            }
-            writeln!(out, "{}", line.trim_end())?;
-        }
+        write_aligned(&rows, out)?;
     }
     for n in notes {
         writeln!(out, "  {n}")?;
     }
+    write_attempts(&doc.attempts, out)?;
     let summary: Vec<String> = doc
         .by_state
         .iter()
@@ -455,6 +517,67 @@ pub fn write_table(doc: &StatusDoc, out: &mut dyn Write) -> std::io::Result<()> 
             summary.join(" ")
         }
     )?;
+    Ok(())
+}
+
+/// Prints the remediation attempts (nothing when there are none).
+fn write_attempts(attempts: &[AttemptItem], out: &mut dyn Write) -> std::io::Result<()> {
+    if attempts.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(out, "remediation attempts:")?;
+    let mut rows: Vec<[String; 6]> = vec![[
+        "ATTEMPT".into(),
+        "POD".into(),
+        "SLURM NODE".into(),
+        "PHASE".into(),
+        "SINCE".into(),
+        "DETAIL".into(),
+    ]];
+    for a in attempts {
+        let mut phase = a.phase.clone();
+        if a.kept_drained {
+            phase.push_str(" (kept drained)");
+        } else if a.open && a.phase == "Failed" {
+            phase.push_str(" (releasing drain)");
+        }
+        let detail = a
+            .failure
+            .clone()
+            .or_else(|| a.last_error.clone().map(|e| format!("retrying: {e}")))
+            .unwrap_or_else(|| a.phases.join(" > "));
+        rows.push([
+            a.id.clone(),
+            format!("{}/{}", a.namespace, a.pod),
+            a.slurm_node.clone(),
+            phase,
+            a.since.clone(),
+            detail,
+        ]);
+    }
+    write_aligned(&rows, out)
+}
+
+/// Prints rows as left-aligned columns two spaces apart.
+fn write_aligned<const N: usize>(rows: &[[String; N]], out: &mut dyn Write) -> std::io::Result<()> {
+    let mut widths = [0usize; N];
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    for r in rows {
+        let mut line = String::new();
+        for (i, c) in r.iter().enumerate() {
+            if i + 1 == N {
+                line.push_str(c);
+            } else {
+                line.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        writeln!(out, "{}", line.trim_end())?;
+    }
     Ok(())
 }
 
@@ -556,6 +679,91 @@ mod tests {
         assert_eq!(
             Query::parse(Some("namespace=a%20b")).namespace.as_deref(),
             Some("a b")
+        );
+    }
+
+    #[test]
+    fn attempts_are_listed_open_first_filtered_and_printed() {
+        use crate::remediation::{Attempt, Phase};
+        let t0: jiff::Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        let mk = |id: &str, ns: &str, pod: &str, node: &str, phase: Phase, min: i64| {
+            let mut a = Attempt::new(
+                id.into(),
+                ns,
+                "worker",
+                pod,
+                "uid",
+                node,
+                pod,
+                vec![],
+                t0 + jiff::SignedDuration::from_mins(min),
+            );
+            a.phase = phase;
+            a
+        };
+        let done = mk("aaa", "slurm", "worker-0", "node-a", Phase::Succeeded, 0);
+        let mut failed = mk(
+            "bbb",
+            "slurm",
+            "worker-1",
+            "node-b",
+            Phase::Failed(crate::remediation::FailReason::ReplacementStale),
+            1,
+        );
+        failed.kept_drained = true;
+        failed.failure = Some("ReplacementStale: volume slurm-etc still stale".into());
+        let mut running = mk("ccc", "slurm", "worker-2", "node-c", Phase::Evicting, 2);
+        running.retry.last_error = Some("eviction refused: PDB".into());
+        let other_ns = mk("ddd", "hpc", "gpu-0", "node-a", Phase::Drained, 3);
+        let store = VerdictStore {
+            attempts: [&done, &failed, &running, &other_ns]
+                .iter()
+                .map(|a| AttemptItem::from_attempt(a))
+                .collect(),
+            ..Default::default()
+        };
+        let doc = store.document(&Query::parse(Some("namespace=slurm")), true, true);
+        let ids: Vec<&str> = doc.attempts.iter().map(|a| a.id.as_str()).collect();
+        // Open first (newest first), then closed.
+        assert_eq!(ids, ["ccc", "bbb", "aaa"]);
+        assert!(doc.attempts[1].open && doc.attempts[1].kept_drained);
+        assert!(!doc.attempts[2].open);
+        let doc = store.document(&Query::parse(Some("node=node-a")), true, true);
+        let ids: Vec<&str> = doc.attempts.iter().map(|a| a.id.as_str()).collect();
+        assert_eq!(ids, ["ddd", "aaa"]);
+
+        let doc = store.document(&Query::parse(Some("namespace=slurm")), true, true);
+        let mut out = Vec::new();
+        write_table(&doc, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.contains("remediation attempts:"), "{text}");
+        let line = |id: &str| {
+            text.lines()
+                .find(|l| l.starts_with(id))
+                .unwrap_or("")
+                .to_string()
+        };
+        assert!(
+            line("ccc").contains("Evicting")
+                && line("ccc").contains("retrying: eviction refused: PDB"),
+            "{text}"
+        );
+        assert!(
+            line("bbb").contains("Failed (kept drained)")
+                && line("bbb").contains("ReplacementStale"),
+            "{text}"
+        );
+        assert!(line("aaa").contains("Succeeded"), "{text}");
+        // No attempts: no section, and the JSON omits the field.
+        let empty = VerdictStore::default().document(&Query::default(), true, true);
+        let mut out = Vec::new();
+        write_table(&empty, &mut out).unwrap();
+        assert!(!String::from_utf8(out).unwrap().contains("remediation"));
+        assert!(
+            serde_json::to_value(&empty)
+                .unwrap()
+                .get("attempts")
+                .is_none()
         );
     }
 

@@ -474,6 +474,7 @@ impl Executor {
             }
             self.recovered = false;
             self.attempts.clear();
+            self.shared.verdicts.write().unwrap().attempts.clear();
             return;
         }
         if !self.shared.is_ready() || snap.at.is_none() {
@@ -593,6 +594,10 @@ impl Executor {
         }
         self.prune();
         let all: Vec<Attempt> = self.attempts.values().cloned().collect();
+        self.shared.verdicts.write().unwrap().attempts = all
+            .iter()
+            .map(crate::live::status::AttemptItem::from_attempt)
+            .collect();
         let s = summarize(&all, now);
         let m = &self.shared.metrics;
         m.remediation_open_attempts.set(s.open as i64);
