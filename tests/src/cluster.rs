@@ -144,10 +144,14 @@ impl ClusterBuilder {
                 .iter()
                 .map(|k| k.handle().root().to_path_buf())
                 .collect();
+            // Subscribe before the NodeSet double creates the pods, so
+            // the bridge sees every pod event.
+            let sub = handle.subscribe(handle.resource_version());
             let task = tokio::spawn(bridge(
                 handle.clone(),
                 cluster.slurm.handle(),
                 roots,
+                sub,
                 stop_rx,
             ));
             cluster.bridge = Some((stop, task));
@@ -401,6 +405,7 @@ async fn bridge(
     api: ApiHandle,
     slurm: SlurmHandle,
     roots: Vec<PathBuf>,
+    mut sub: crate::apiserver::Subscription,
     mut stop: watch::Receiver<bool>,
 ) {
     let node_root = |node: &str| -> Option<PathBuf> {
@@ -423,9 +428,39 @@ async fn bridge(
             slurm.set_jwt_key(&k);
         }
     };
-    let mut sub = api.subscribe(api.resource_version());
     sync_controller_key(&slurm);
     let mut started: std::collections::BTreeMap<String, String> = Default::default();
+    // One slurmd pod seen (added, changed, or gone).
+    let on_pod =
+        |started: &mut std::collections::BTreeMap<String, String>, pod: &Value, deleted: bool| {
+            if pod["metadata"]["labels"]["app.kubernetes.io/name"] != "slurmd" {
+                return;
+            }
+            let Some(host) = pod["metadata"]["labels"][LABEL_POD_HOSTNAME].as_str() else {
+                return;
+            };
+            let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
+            slurm.add_node(host, 4);
+            if deleted || !pod["metadata"]["deletionTimestamp"].is_null() {
+                if started.get(host) == Some(&uid) {
+                    started.remove(host);
+                    slurm.slurmd_stopped(host);
+                }
+                return;
+            }
+            if pod["status"]["phase"] != "Running" || started.get(host) == Some(&uid) {
+                return;
+            }
+            let Some(root) = pod["spec"]["nodeName"].as_str().and_then(node_root) else {
+                return;
+            };
+            let key_file = mountguard_inventory::layout::pod_dir(&root, &uid)
+                .join("volumes/kubernetes.io~projected/slurm-etc/slurm.key");
+            if let Ok(key) = std::fs::read(&key_file) {
+                slurm.slurmd_started(host, &key);
+                started.insert(host.to_string(), uid);
+            }
+        };
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     loop {
         let evs = tokio::select! {
@@ -437,7 +472,26 @@ async fn bridge(
             evs = sub.next() => match evs {
                 Ok(evs) => evs,
                 Err(e) if e.code == 410 => {
+                    // Fell behind: start over from a list, like a watcher.
                     sub = api.subscribe(api.resource_version());
+                    sync_controller_key(&slurm);
+                    let pods = api.list_all(&resources::PODS, Some(SLURM_NAMESPACE));
+                    let live: std::collections::BTreeSet<String> = pods
+                        .iter()
+                        .filter_map(|p| p["metadata"]["uid"].as_str().map(String::from))
+                        .collect();
+                    let gone: Vec<String> = started
+                        .iter()
+                        .filter(|(_, uid)| !live.contains(*uid))
+                        .map(|(h, _)| h.clone())
+                        .collect();
+                    for host in gone {
+                        started.remove(&host);
+                        slurm.slurmd_stopped(&host);
+                    }
+                    for p in &pods {
+                        on_pod(&mut started, p, false);
+                    }
                     continue;
                 }
                 Err(_) => return,
@@ -450,37 +504,8 @@ async fn bridge(
             {
                 sync_controller_key(&slurm);
             }
-            if ev.rt != resources::PODS
-                || ev.object["metadata"]["labels"]["app.kubernetes.io/name"] != "slurmd"
-            {
-                continue;
-            }
-            let pod = &ev.object;
-            let Some(host) = pod["metadata"]["labels"][LABEL_POD_HOSTNAME].as_str() else {
-                continue;
-            };
-            let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
-            slurm.add_node(host, 4);
-            let gone =
-                ev.kind == EventType::Deleted || !pod["metadata"]["deletionTimestamp"].is_null();
-            if gone {
-                if started.get(host) == Some(&uid) {
-                    started.remove(host);
-                    slurm.slurmd_stopped(host);
-                }
-                continue;
-            }
-            if pod["status"]["phase"] != "Running" || started.get(host) == Some(&uid) {
-                continue;
-            }
-            let Some(root) = pod["spec"]["nodeName"].as_str().and_then(node_root) else {
-                continue;
-            };
-            let key_file = mountguard_inventory::layout::pod_dir(&root, &uid)
-                .join("volumes/kubernetes.io~projected/slurm-etc/slurm.key");
-            if let Ok(key) = std::fs::read(&key_file) {
-                slurm.slurmd_started(host, &key);
-                started.insert(host.to_string(), uid);
+            if ev.rt == resources::PODS {
+                on_pod(&mut started, &ev.object, ev.kind == EventType::Deleted);
             }
         }
     }

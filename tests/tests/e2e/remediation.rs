@@ -117,7 +117,7 @@ async fn slurm_client_against_the_slurmrestd_double() {
     assert!(e.is_transient(), "{e}");
 }
 
-fn remediation_args(sys_url: &str, mode: &str, extra: &[&str]) -> Vec<String> {
+pub(crate) fn remediation_args(sys_url: &str, mode: &str, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
         "--remediation",
         mode,
@@ -135,7 +135,7 @@ fn remediation_args(sys_url: &str, mode: &str, extra: &[&str]) -> Vec<String> {
     v
 }
 
-async fn start(mode: &str, extra: &[&str]) -> System {
+pub(crate) async fn start(mode: &str, extra: &[&str]) -> System {
     // The URL of the cluster's slurmrestd is known only once it runs: start
     // without remediation, then restart the controller with it.
     let mut sys = System::start(Options::default()).await;
@@ -145,7 +145,7 @@ async fn start(mode: &str, extra: &[&str]) -> System {
     sys
 }
 
-fn opt_in(sys: &System) {
+pub(crate) fn opt_in(sys: &System) {
     sys.cluster
         .api()
         .merge_patch(
@@ -158,7 +158,7 @@ fn opt_in(sys: &System) {
         .unwrap();
 }
 
-fn attempts(sys: &System) -> Vec<mountguard_controller::remediation::Attempt> {
+pub(crate) fn attempts(sys: &System) -> Vec<mountguard_controller::remediation::Attempt> {
     let ns = sys
         .cluster
         .api()
@@ -170,7 +170,7 @@ fn attempts(sys: &System) -> Vec<mountguard_controller::remediation::Attempt> {
         .unwrap_or_default()
 }
 
-fn evictions(sys: &System) -> usize {
+pub(crate) fn evictions(sys: &System) -> usize {
     sys.cluster
         .api()
         .requests()

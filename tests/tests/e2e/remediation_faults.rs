@@ -1,0 +1,438 @@
+//! Remediation when things get in the way: a running job, a
+//! PodDisruptionBudget that refuses, an administrator's drain, a replacement
+//! that is still stale, an unreachable slurmrestd. The real controller with
+//! `--remediation on` against the cluster in a box.
+
+use std::time::Duration;
+
+use mountguard_controller::remediation::{Attempt, FailReason, Phase};
+use mountguard_tests::apiserver::{DeleteOptions, resources};
+use mountguard_tests::cluster::{JWT_SECRET, SLURM_NAMESPACE};
+use mountguard_tests::mountguard::{free_addr, http_get, recorded_events};
+use mountguard_tests::scenario::{
+    PINNING_POD, add_pinning_pod, rotate_auth_key, slurmd_pod, wait_for_slurmd_pods,
+};
+use serde_json::json;
+
+use crate::harness::{Options, System, wait, wait_all_fresh};
+use crate::remediation::{attempts, evictions, opt_in, remediation_args, start};
+
+/// A PodDisruptionBudget that refuses every eviction of a slurmd pod.
+const HOLD_PDB: &str = "hold-every-worker";
+
+fn jwt_flag() -> String {
+    format!("{SLURM_NAMESPACE}/{JWT_SECRET}")
+}
+
+fn hold_evictions(sys: &System) {
+    sys.cluster
+        .api()
+        .create(
+            &resources::PDBS,
+            SLURM_NAMESPACE,
+            json!({"metadata": {"name": HOLD_PDB}, "spec": {
+                "maxUnavailable": 0,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "slurmd"}},
+            }}),
+        )
+        .unwrap();
+}
+
+fn release_evictions(sys: &System) {
+    sys.cluster
+        .api()
+        .delete(
+            &resources::PDBS,
+            SLURM_NAMESPACE,
+            HOLD_PDB,
+            &DeleteOptions::default(),
+        )
+        .unwrap();
+}
+
+fn attempt_of(sys: &System, pod: &str) -> Option<Attempt> {
+    attempts(sys).into_iter().find(|a| a.pod == pod)
+}
+
+/// Waits for the first attempt (any pod) to reach `phase`.
+async fn first_in(sys: &System, phase: Phase, timeout: Duration) -> Attempt {
+    wait(sys, &format!("an attempt in {phase:?}"), timeout, || {
+        let a = attempts(sys).into_iter().find(|a| a.phase == phase);
+        async move { a }
+    })
+    .await
+}
+
+/// Waits for `pod`'s attempt to reach `phase`.
+async fn pod_in(sys: &System, pod: &str, phase: Phase, timeout: Duration) -> Attempt {
+    wait(sys, &format!("{pod} in {phase:?}"), timeout, || {
+        let a = attempt_of(sys, pod).filter(|a| a.phase == phase);
+        async move { a }
+    })
+    .await
+}
+
+/// Requests the controller received that delete a pod directly.
+fn pod_deletes(sys: &System) -> Vec<String> {
+    sys.cluster
+        .api()
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "DELETE" && r.uri.contains("/pods/"))
+        .map(|r| r.uri)
+        .collect()
+}
+
+fn eviction_requests_for(sys: &System, pod: &str) -> usize {
+    sys.cluster
+        .api()
+        .requests()
+        .iter()
+        .filter(|r| r.uri.contains(&format!("/pods/{pod}/eviction")))
+        .count()
+}
+
+const FULL_RUN: [&str; 8] = [
+    "Pending",
+    "Draining",
+    "Drained",
+    "Evicting",
+    "AwaitingReplacement",
+    "Verifying",
+    "Undraining",
+    "Succeeded",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_job_holds_the_eviction_until_it_ends_and_is_never_lost() {
+    let sys = start("on", &["--slurm-jwt-key-secret", &jwt_flag()]).await;
+    let api = sys.cluster.api();
+    let slurm = sys.cluster.slurm();
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    wait_all_fresh(&sys).await;
+    // A job on worker 1, then the key rotation: slurmd there stops
+    // answering (DOWN, NOT_RESPONDING) while Slurm still holds the job.
+    let busy = pods[1].0.clone();
+    let job = slurm.start_job(&busy, 2);
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    let a = pod_in(&sys, &busy, Phase::Drained, Duration::from_secs(120)).await;
+    let n = slurm.node(&busy).unwrap();
+    assert!(
+        n.state.iter().any(|s| s == "DRAIN") && n.reason == a.drain_reason,
+        "{n:?}"
+    );
+    // The drain holds while the job runs: no eviction, same pod.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let held = attempt_of(&sys, &busy).unwrap();
+    assert_eq!(held.phase, Phase::Drained, "{held:?}");
+    assert_eq!(eviction_requests_for(&sys, &busy), 0);
+    assert_eq!(slurmd_pod(&api, 1).map(|p| p.1).as_ref(), Some(&pods[1].1));
+    // `status` shows the open attempt.
+    let doc = sys.verdicts("namespace=slurm").await;
+    assert!(
+        doc["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["pod"] == busy.as_str() && x["phase"] == "Drained" && x["open"] == true),
+        "{doc}"
+    );
+    slurm.end_job(job);
+    wait(
+        &sys,
+        "every worker repaired",
+        Duration::from_secs(180),
+        || {
+            let a = attempts(&sys);
+            async move {
+                (a.len() == 3 && a.iter().all(|a| a.phase == Phase::Succeeded)).then_some(())
+            }
+        },
+    )
+    .await;
+    let a = attempt_of(&sys, &busy).unwrap();
+    assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
+    // The eviction came after the job ended, and no job was killed.
+    assert!(slurm.killed_jobs().is_empty(), "{:?}", slurm.killed_jobs());
+    for (host, _) in &pods {
+        let n = slurm.node(host).unwrap();
+        assert!(
+            !n.state
+                .iter()
+                .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "NOT_RESPONDING")),
+            "{host}: {n:?}"
+        );
+    }
+    assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
+    sys.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pdb_refusal_is_retried_never_turned_into_a_delete() {
+    let sys = start("on", &["--slurm-jwt-key-secret", &jwt_flag()]).await;
+    let api = sys.cluster.api();
+    wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    wait_all_fresh(&sys).await;
+    hold_evictions(&sys);
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    let a = first_in(&sys, Phase::Evicting, Duration::from_secs(120)).await;
+    // Refused (429), backed off, asked again; the attempt says why.
+    wait(
+        &sys,
+        "a second eviction request after a 429",
+        Duration::from_secs(60),
+        || {
+            let n = eviction_requests_for(&sys, &a.pod);
+            async move { (n >= 2).then_some(()) }
+        },
+    )
+    .await;
+    assert_eq!(attempt_of(&sys, &a.pod).unwrap().phase, Phase::Evicting);
+    // The error being retried is in memory (not persisted): `status` shows it.
+    let doc = sys.verdicts("namespace=slurm").await;
+    let item = doc["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == a.id.as_str())
+        .cloned()
+        .unwrap();
+    assert!(
+        item["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("eviction refused")),
+        "{item}"
+    );
+    assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
+    // The budget lets the PDB go: the eviction goes through.
+    release_evictions(&sys);
+    pod_in(&sys, &a.pod, Phase::Succeeded, Duration::from_secs(120)).await;
+    assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
+    assert!(evictions(&sys) >= 3);
+    sys.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_refused_until_the_timeout_fails_and_releases_the_untouched_node() {
+    let sys = start(
+        "on",
+        &[
+            "--slurm-jwt-key-secret",
+            &jwt_flag(),
+            "--eviction-timeout",
+            "8s",
+        ],
+    )
+    .await;
+    let api = sys.cluster.api();
+    let slurm = sys.cluster.slurm();
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    wait_all_fresh(&sys).await;
+    hold_evictions(&sys);
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    let a = first_in(&sys, Phase::Evicting, Duration::from_secs(120)).await;
+    let failed = pod_in(
+        &sys,
+        &a.pod,
+        Phase::Failed(FailReason::EvictionTimeout),
+        Duration::from_secs(60),
+    )
+    .await;
+    // The pod was never touched: the drain is released, not kept.
+    let i = pods.iter().position(|p| p.0 == a.pod).unwrap();
+    assert_eq!(slurmd_pod(&api, i).map(|p| p.1).as_ref(), Some(&pods[i].1));
+    assert!(!failed.kept_drained, "{failed:?}");
+    wait(&sys, "our drain released", Duration::from_secs(30), || {
+        let n = slurm.node(&a.slurm_node).unwrap();
+        async move { (!n.state.iter().any(|s| s == "DRAIN")).then_some(()) }
+    })
+    .await;
+    let ev = recorded_events(&api);
+    assert!(
+        ev.iter().any(|e| e.reason == "RemediationFailed"
+            && e.message.contains("EvictionTimeout")
+            && e.message.contains("releasing")),
+        "{ev:?}"
+    );
+    let text = http_get(&format!("{}/metrics", sys.metrics_base()))
+        .await
+        .unwrap();
+    assert!(
+        text.lines().any(|l| l
+            == "mountguard_remediation_attempts_total{phase=\"Failed\",result=\"EvictionTimeout\"} 1"),
+        "{text}"
+    );
+    assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
+    sys.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_drain_arriving_during_the_attempt_is_never_undrained() {
+    let sys = start("on", &["--slurm-jwt-key-secret", &jwt_flag()]).await;
+    let api = sys.cluster.api();
+    let slurm = sys.cluster.slurm();
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    wait_all_fresh(&sys).await;
+    let host = pods[2].0.clone();
+    let job = slurm.start_job(&host, 1);
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    pod_in(&sys, &host, Phase::Drained, Duration::from_secs(120)).await;
+    // The administrator drains the node for their own reason meanwhile.
+    let admin_reason = "admin: replace DIMM B2";
+    slurm.admin_drain(&host, admin_reason, "root");
+    slurm.end_job(job);
+    let done = pod_in(&sys, &host, Phase::Succeeded, Duration::from_secs(120)).await;
+    assert_eq!(
+        done.foreign_drain.as_deref(),
+        Some(admin_reason),
+        "{done:?}"
+    );
+    // The replacement was verified, and the admin's drain is still there.
+    let n = slurm.node(&host).unwrap();
+    assert!(n.state.iter().any(|s| s == "DRAIN"), "{n:?}");
+    assert_eq!(n.reason, admin_reason);
+    let undrains: Vec<_> = slurm
+        .writes()
+        .into_iter()
+        .filter(|w| w.node == host && w.body.to_string().contains("UNDRAIN"))
+        .collect();
+    assert!(undrains.is_empty(), "{undrains:?}");
+    let ev = recorded_events(&api);
+    assert!(
+        ev.iter().any(|e| e.reason == "RemediationSucceeded"
+            && e.message.contains("left drained")
+            && e.message.contains(admin_reason)),
+        "{ev:?}"
+    );
+    assert!(slurm.killed_jobs().is_empty());
+    sys.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_still_stale_fails_and_keeps_the_node_drained_with_a_reason() {
+    let sys = start("on", &["--slurm-jwt-key-secret", &jwt_flag()]).await;
+    let api = sys.cluster.api();
+    let slurm = sys.cluster.slurm();
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    wait_all_fresh(&sys).await;
+    hold_evictions(&sys);
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    let a = first_in(&sys, Phase::Evicting, Duration::from_secs(120)).await;
+    // While the eviction waits, a pod on the same node starts referencing
+    // the Secret: it keeps the kubelet's stale cache entry alive, so the
+    // replacement will be served the old key.
+    add_pinning_pod(&api, &a.node).await.unwrap();
+    release_evictions(&sys);
+    let failed = pod_in(
+        &sys,
+        &a.pod,
+        Phase::Failed(FailReason::ReplacementStale),
+        Duration::from_secs(120),
+    )
+    .await;
+    assert!(failed.kept_drained, "{failed:?}");
+    assert!(
+        failed
+            .failure
+            .as_deref()
+            .is_some_and(|f| f.contains("slurm-etc") && f.contains(PINNING_POD)),
+        "{failed:?}"
+    );
+    // Kept drained, with our reason, and said so.
+    let i = pods.iter().position(|p| p.0 == a.pod).unwrap();
+    assert_ne!(slurmd_pod(&api, i).map(|p| p.1).as_ref(), Some(&pods[i].1));
+    let n = slurm.node(&a.slurm_node).unwrap();
+    assert!(n.state.iter().any(|s| s == "DRAIN"), "{n:?}");
+    assert!(n.reason.starts_with("mountguard:"), "{n:?}");
+    let ev = recorded_events(&api);
+    assert!(
+        ev.iter().any(|e| e.reason == "RemediationFailed"
+            && e.message.contains("ReplacementStale")
+            && e.message.contains("kept drained")),
+        "{ev:?}"
+    );
+    let text = http_get(&format!("{}/metrics", sys.metrics_base()))
+        .await
+        .unwrap();
+    assert!(
+        text.lines().any(|l| l == "mountguard_remediation_failed 1"),
+        "{text}"
+    );
+    // No loop: a few rounds later there is still exactly one attempt on
+    // that pod and the node stays drained.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let on_pod: Vec<_> = attempts(&sys)
+        .into_iter()
+        .filter(|x| x.pod == a.pod)
+        .collect();
+    assert_eq!(on_pod.len(), 1, "{on_pod:?}");
+    assert!(
+        slurm
+            .node(&a.slurm_node)
+            .unwrap()
+            .reason
+            .starts_with("mountguard:")
+    );
+    sys.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_slurmrestd_drains_nothing_and_touches_no_pod() {
+    let mut sys = System::start(Options::default()).await;
+    let api = sys.cluster.api();
+    // Nothing listens there.
+    let url = format!("http://{}", free_addr().unwrap());
+    let jwt = jwt_flag();
+    sys.opts.extra_controller_args =
+        remediation_args(&url, "on", &["--slurm-jwt-key-secret", &jwt]);
+    sys.start_controller().await;
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    wait_all_fresh(&sys).await;
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    let base = sys.metrics_base();
+    wait(
+        &sys,
+        "slurmrestd errors counted",
+        Duration::from_secs(60),
+        || {
+            let base = base.clone();
+            async move {
+                let text = http_get(&format!("{base}/metrics")).await.ok()?;
+                text.lines()
+                    .any(|l| {
+                        l.starts_with("mountguard_api_errors_total{operation=\"slurm_")
+                            && !l.ends_with(" 0")
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    // Well past the remediation delay: still nothing written anywhere.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let doc = sys.verdicts("namespace=slurm").await;
+    let stale = doc["verdicts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["state"] == "Stale")
+        .count();
+    assert!(stale >= 3, "{doc}");
+    assert!(attempts(&sys).is_empty());
+    assert_eq!(evictions(&sys), 0);
+    for (i, (_, uid)) in pods.iter().enumerate() {
+        assert_eq!(slurmd_pod(&api, i).map(|p| p.1).as_ref(), Some(uid));
+    }
+    assert!(
+        sys.logs().contains("cannot list Slurm nodes"),
+        "{}",
+        sys.logs()
+    );
+    sys.shutdown().await;
+}
