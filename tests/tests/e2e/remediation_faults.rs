@@ -436,3 +436,125 @@ async fn an_unreachable_slurmrestd_drains_nothing_and_touches_no_pod() {
     );
     sys.shutdown().await;
 }
+
+/// While the controller is down: every Slurm node carrying a `mountguard:`
+/// drain has an open, persisted attempt owning exactly that reason.
+fn assert_every_drain_has_a_live_attempt(sys: &System, hosts: &[String], when: &str) {
+    let slurm = sys.cluster.slurm();
+    let persisted = attempts(sys);
+    for h in hosts {
+        let n = slurm.node(h).unwrap();
+        if n.state.iter().any(|s| s == "DRAIN") && n.reason.starts_with("mountguard:") {
+            assert!(
+                persisted
+                    .iter()
+                    .any(|a| a.is_open() && a.drain_reason == n.reason),
+                "{when}: {h} drained ({:?}) without a live attempt: {persisted:?}",
+                n.reason
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_killed_at_every_step_leaves_no_orphan_drain_and_loses_no_job() {
+    let mut sys = start("on", &["--slurm-jwt-key-secret", &jwt_flag()]).await;
+    let api = sys.cluster.api();
+    let slurm = sys.cluster.slurm();
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
+    wait_all_fresh(&sys).await;
+    let mut job = Some(slurm.start_job(&hosts[0], 2));
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+
+    let steps = [
+        "Draining",
+        "Drained",
+        "Evicting",
+        "AwaitingReplacement",
+        "Verifying",
+        "Undraining",
+    ];
+    let mut killed_in: Vec<&str> = Vec::new();
+    let mut orphan: Option<String> = None;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let now = attempts(&sys);
+        if now.len() == 3 && now.iter().all(|a| a.phase == Phase::Succeeded) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not done after 300 s; killed in {killed_in:?}; attempts {now:?}\n{}",
+            sys.logs()
+        );
+        let hit = now
+            .iter()
+            .filter(|a| !a.phase.is_terminal())
+            .map(|a| a.phase.name())
+            .find(|p| steps.contains(p) && !killed_in.contains(p));
+        if let Some(phase) = hit {
+            // SIGKILL: no shutdown path runs.
+            if let Some(mut c) = sys.controller.take() {
+                c.kill();
+            }
+            killed_in.push(phase);
+            assert_every_drain_has_a_live_attempt(&sys, &hosts, &format!("killed in {phase}"));
+            if orphan.is_none() {
+                // A drain with our prefix that no persisted attempt owns
+                // (say, its record was lost): the next start releases it.
+                let free = hosts
+                    .iter()
+                    .find(|h| attempts(&sys).iter().all(|a| &a.slurm_node != *h))
+                    .cloned();
+                if let Some(h) = free {
+                    slurm.admin_drain(
+                        &h,
+                        "mountguard: slurm/gone volume slurm-etc stale (mounted 000000000000 vs current 111111111111) attempt 0badc0ffee",
+                        "slurm",
+                    );
+                    orphan = Some(h);
+                }
+            }
+            sys.start_controller().await;
+        }
+        // Worker 0's job ends once a kill hit the Drained phase.
+        if killed_in.contains(&"Drained")
+            && let Some(j) = job
+            && attempt_of(&sys, &hosts[0]).is_some_and(|a| a.phase == Phase::Drained)
+        {
+            slurm.end_job(j);
+            job = None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(killed_in.len(), steps.len(), "killed in {killed_in:?}");
+    for a in attempts(&sys) {
+        assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
+    }
+    assert!(job.is_none(), "worker 0 was repaired while its job ran");
+    assert!(slurm.killed_jobs().is_empty(), "{:?}", slurm.killed_jobs());
+    let orphan = orphan.expect("an orphan drain was planted");
+    let writes: Vec<String> = slurm
+        .writes()
+        .into_iter()
+        .filter(|w| w.node == orphan)
+        .map(|w| w.body.to_string())
+        .collect();
+    assert!(
+        writes.first().is_some_and(|w| w.contains("UNDRAIN")),
+        "the orphan drain is released first: {writes:?}"
+    );
+    for h in &hosts {
+        let n = slurm.node(h).unwrap();
+        assert!(
+            !n.state
+                .iter()
+                .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "NOT_RESPONDING")),
+            "{h}: {n:?}"
+        );
+    }
+    assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
+    sys.shutdown().await;
+}
