@@ -558,3 +558,81 @@ async fn the_controller_killed_at_every_step_leaves_no_orphan_drain_and_loses_no
     assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
     sys.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pinning_nodeset_pods_are_replaced_together_when_enabled() {
+    let sys = start(
+        "on",
+        &[
+            "--slurm-jwt-key-secret",
+            &jwt_flag(),
+            "--replace-pinning-pods",
+            "--remediation-budget-per-nodeset",
+            "2",
+        ],
+    )
+    .await;
+    let api = sys.cluster.api();
+    let slurm = sys.cluster.slurm();
+    // A fourth worker lands on node-0 next to worker 0: the two pin each
+    // other's cache entry of the key Secret.
+    api.merge_patch(
+        &resources::NODESETS,
+        SLURM_NAMESPACE,
+        mountguard_tests::cluster::NODESET,
+        &json!({"spec": {"replicas": 4, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 2}}}}),
+        None,
+    )
+    .unwrap();
+    let fourth = format!("{}-3", mountguard_tests::cluster::NODESET);
+    wait(
+        &sys,
+        "a fourth worker running",
+        Duration::from_secs(30),
+        || {
+            let p = api.get(&resources::PODS, SLURM_NAMESPACE, &fourth).ok();
+            async move { p.filter(|p| p["status"]["phase"] == "Running").map(|_| ()) }
+        },
+    )
+    .await;
+    let first = format!("{}-0", mountguard_tests::cluster::NODESET);
+    wait_all_fresh(&sys).await;
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    wait(
+        &sys,
+        "all four workers repaired",
+        Duration::from_secs(240),
+        || {
+            let a = attempts(&sys);
+            async move {
+                let ok = a.iter().filter(|a| a.phase == Phase::Succeeded).count();
+                (ok == 4).then_some(a)
+            }
+        },
+    )
+    .await;
+    let a = attempts(&sys);
+    let g0 = attempt_of(&sys, &first).unwrap();
+    let g3 = attempt_of(&sys, &fourth).unwrap();
+    assert!(g0.group.is_some() && g0.group == g3.group, "{a:?}");
+    for x in &a {
+        assert_eq!(x.phase_names(), FULL_RUN, "{x:?}");
+    }
+    // Both replacements are fresh on node-0, and nobody looped.
+    wait_all_fresh(&sys).await;
+    assert_eq!(a.len(), 4, "{a:?}");
+    for h in [&first, &fourth] {
+        let n = slurm.node(h).unwrap();
+        assert!(
+            !n.state.iter().any(|s| s == "DRAIN" || s == "DOWN"),
+            "{h}: {n:?}"
+        );
+    }
+    let ev = recorded_events(&api);
+    assert!(
+        !ev.iter().any(|e| e.reason == "RemediationFailed"),
+        "{ev:?}"
+    );
+    sys.shutdown().await;
+}
