@@ -54,6 +54,8 @@ REMEDIATION_RULES = {
     ("cluster", "", "pods/eviction", "create"),
     ("cluster", "slinky.slurm.net", "nodesets", "patch"),
 }
+# Only with remediation.replacePinningPods (cordoning a node for a group).
+PINNING_RULES = {("cluster", "", "nodes", "patch")}
 LEADER_RULES = {
     (NAMESPACE, "coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
 }
@@ -626,8 +628,11 @@ def test_rbac_is_exactly_the_documented_list(scenario: tuple[str, Any]) -> None:
     name, r = scenario
     dep = r.one("Deployment")
     expected = set(BASE_RULES)
-    if controller_env(r)["MOUNTGUARD_REMEDIATION"] != "off":
+    env = controller_env(r)
+    if env["MOUNTGUARD_REMEDIATION"] != "off":
         expected |= REMEDIATION_RULES
+        if env.get("MOUNTGUARD_REPLACE_PINNING_PODS") == "true":
+            expected |= PINNING_RULES
     if dep["spec"]["replicas"] > 1:
         expected |= LEADER_RULES
     assert granted(r) == expected
@@ -648,8 +653,18 @@ def test_documented_rbac_list_matches_the_tests() -> None:
         {(g, res, v, "always") for _, g, res, v in BASE_RULES}
         | {(g, res, v, "remediation") for _, g, res, v in REMEDIATION_RULES}
         | {(g, res, v, "leader") for _, g, res, v in LEADER_RULES}
+        | {(g, res, v, "replacePinningPods") for _, g, res, v in PINNING_RULES}
     )
     assert rows == everything
+
+
+def test_nodes_may_be_patched_only_to_replace_pinning_pods() -> None:
+    on = SCENARIOS["remediation-on"].values
+    assert not PINNING_RULES & granted(render(on))
+    with_pinning = render(deep_merge(on, {"remediation": {"replacePinningPods": True}}))
+    assert PINNING_RULES <= granted(with_pinning)
+    # Never without remediation, whatever replacePinningPods says.
+    assert not PINNING_RULES & granted(render({"remediation": {"replacePinningPods": True}}))
 
 
 # ---------------------------------------------------------------- TLS

@@ -4,9 +4,11 @@
 //! For each `slinky.slurm.net/v1beta1` NodeSet it keeps `spec.replicas` pods
 //! named `<nodeset>-<ordinal>` from `spec.template` (a PodTemplateSpec),
 //! with the labels and controller ownerReference Slinky sets, one per node
-//! in node-name order. A deleted pod is recreated under the same name (with
-//! a new UID) only after the old one is gone from the API. Pods above the
-//! replica count are deleted; pods whose NodeSet is gone are garbage
+//! in node-name order, except that a cordoned node (`spec.unschedulable`)
+//! takes no new pod until it is uncordoned (the scheduler's part). A deleted
+//! pod is recreated under the same name (with a new UID) only after the old
+//! one is gone from the API. Pods above the replica count are deleted; pods
+//! whose NodeSet is gone are garbage
 //! collected. `status.replicas` / `readyReplicas` are kept up to date.
 
 use std::collections::BTreeSet;
@@ -98,10 +100,14 @@ fn ready(pod: &Value) -> bool {
 /// Reconciles every NodeSet once.
 pub fn reconcile_all(api: &ApiHandle) {
     let nodesets = api.list_all(&resources::NODESETS, None);
-    let mut nodes: Vec<String> = api
+    // (name, schedulable), in name order.
+    let mut nodes: Vec<(String, bool)> = api
         .list_all(&resources::NODES, None)
         .iter()
-        .filter_map(|n| n["metadata"]["name"].as_str().map(String::from))
+        .filter_map(|n| {
+            let name = n["metadata"]["name"].as_str()?.to_string();
+            Some((name, n["spec"]["unschedulable"] != true))
+        })
         .collect();
     nodes.sort();
     let live: BTreeSet<&str> = nodesets
@@ -124,7 +130,7 @@ pub fn reconcile_all(api: &ApiHandle) {
     }
 }
 
-fn reconcile(api: &ApiHandle, nodeset: &Value, nodes: &[String]) {
+fn reconcile(api: &ApiHandle, nodeset: &Value, nodes: &[(String, bool)]) {
     let ns = nodeset["metadata"]["namespace"].as_str().unwrap_or("");
     let name = nodeset["metadata"]["name"].as_str().unwrap_or("");
     let uid = nodeset["metadata"]["uid"].as_str().unwrap_or("");
@@ -167,7 +173,14 @@ fn reconcile(api: &ApiHandle, nodeset: &Value, nodes: &[String]) {
         }
         spec["hostname"] = json!(pod_name);
         if spec["nodeName"].as_str().is_none_or(str::is_empty) && !nodes.is_empty() {
-            spec["nodeName"] = json!(nodes[ordinal % nodes.len()]);
+            // Playing the scheduler: a cordoned node takes no new pod; the
+            // pod stays Pending until it is uncordoned.
+            let (node, schedulable) = &nodes[ordinal % nodes.len()];
+            if *schedulable {
+                spec["nodeName"] = json!(node);
+            } else if let Some(m) = spec.as_object_mut() {
+                m.remove("nodeName");
+            }
         }
         let pod = json!({
             "metadata": {
@@ -188,6 +201,27 @@ fn reconcile(api: &ApiHandle, nodeset: &Value, nodes: &[String]) {
             m.remove("annotations");
         }
         let _ = api.create(&resources::PODS, ns, pod);
+    }
+    // Bind Pending pods whose node became schedulable again.
+    for p in &owned {
+        if p["spec"]["nodeName"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty())
+            || !p["metadata"]["deletionTimestamp"].is_null()
+        {
+            continue;
+        }
+        let pname = p["metadata"]["name"].as_str().unwrap_or("");
+        let ordinal = pname
+            .strip_prefix(&format!("{name}-"))
+            .and_then(|o| o.parse::<usize>().ok());
+        if let Some(o) = ordinal
+            && !nodes.is_empty()
+            && nodes[o % nodes.len()].1
+        {
+            let node = &nodes[o % nodes.len()].0;
+            let _ = api.bind(ns, pname, node);
+        }
     }
     // Scale down: pods with an ordinal at or above replicas.
     for p in &owned {

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::watch as tokio_watch;
@@ -26,12 +26,14 @@ use tracing::{debug, info, warn};
 
 use super::machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailurePolicy, MachineConfig,
-    NewPodCheck, Observations, Phase, SlurmObservation, WriteResult, step,
+    NewPodCheck, NodeCordon, Observations, Phase, SlurmObservation, WriteResult, step,
 };
 use super::plan::{Candidate, CandidateFinding, Mode, NodeSetInfo, PlanConfig, plan, summarize};
-use super::recovery::recover;
+use super::recovery::{orphan_cordons, recover};
 use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource};
-use super::{ATTEMPTS_ANNOTATION, REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION};
+use super::{
+    ATTEMPTS_ANNOTATION, CORDON_ANNOTATION, REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION,
+};
 use crate::Error;
 use crate::live::args::{ObjectName, OnFailure, RemediationMode, RunArgs};
 use crate::live::eval::EvaluationSnapshot;
@@ -536,6 +538,7 @@ impl Executor {
         // Step.
         let mut nodes: HashMap<String, Result<super::slurm::SlurmNode, SlurmError>> =
             HashMap::new();
+        let mut cordons: HashMap<String, Option<Node>> = HashMap::new();
         let open: Vec<String> = self
             .attempts
             .values()
@@ -573,6 +576,18 @@ impl Executor {
                 }
                 None => false,
             };
+            let (cordon, group_old_gone) = match &a.group {
+                Some(g) => {
+                    let cordon = self.cordon(&mut cordons, &a.node, g).await;
+                    let gone = self
+                        .attempts
+                        .values()
+                        .filter(|m| m.group.as_deref() == Some(g))
+                        .all(|m| !snap.nodeset_pods.iter().any(|p| *p.uid == *m.pod_uid));
+                    (cordon, gone)
+                }
+                None => (NodeCordon::NotRead, false),
+            };
             let pod_uid = snap
                 .nodeset_pods
                 .iter()
@@ -585,11 +600,14 @@ impl Executor {
                 slurm_write: self.last_write.remove(&id),
                 eviction: self.last_eviction.remove(&id),
                 group_drained,
+                cordon,
+                group_old_gone,
             };
             let (next, actions) = step(&a, &obs, now, &self.machine_cfg);
             if self.perform(snap, &a, next, actions).await {
-                // Read the node again next time it is needed this round.
+                // Read the nodes again next time they are needed this round.
                 nodes.remove(&a.slurm_node);
+                cordons.remove(&a.node);
             }
         }
         self.prune();
@@ -621,6 +639,80 @@ impl Executor {
             cache.insert(name.to_string(), r);
         }
         slurm_obs(&cache[name])
+    }
+
+    /// The cordon of Kubernetes node `name` as seen by group `group` (read
+    /// once per round).
+    async fn cordon(
+        &self,
+        cache: &mut HashMap<String, Option<Node>>,
+        name: &str,
+        group: &str,
+    ) -> NodeCordon {
+        if !cache.contains_key(name) {
+            let api: Api<Node> = Api::all(self.client.clone());
+            let n = match api.get(name).await {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    self.shared.metrics.api_error("get_node");
+                    debug!(node = name, error = %e, "reading the node failed");
+                    None
+                }
+            };
+            cache.insert(name.to_string(), n);
+        }
+        match &cache[name] {
+            None => NodeCordon::NotRead,
+            Some(n) => cordon_of(n, group),
+        }
+    }
+
+    /// Cordons `node` for `owner` if it is schedulable now; uncordons it
+    /// (`cordon == false`) only if the annotation still names `owner`. The
+    /// patch carries the resourceVersion read, so a concurrent change wins.
+    async fn set_cordon(&self, node: &str, owner: &str, cordon: bool) -> Result<(), kube::Error> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let n = api.get(node).await?;
+        let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        let ours = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CORDON_ANNOTATION))
+            .is_some_and(|v| v == owner);
+        let patch = match (cordon, unschedulable, ours) {
+            (true, false, _) => serde_json::json!({
+                "metadata": {
+                    "resourceVersion": n.metadata.resource_version,
+                    "annotations": {CORDON_ANNOTATION: owner},
+                },
+                "spec": {"unschedulable": true},
+            }),
+            (false, _, true) => serde_json::json!({
+                "metadata": {
+                    "resourceVersion": n.metadata.resource_version,
+                    "annotations": {CORDON_ANNOTATION: null},
+                },
+                "spec": {"unschedulable": false},
+            }),
+            _ => return Ok(()),
+        };
+        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map(|_| ())
+    }
+
+    async fn cordon_action(&self, attempt: &str, node: &str, owner: &str, cordon: bool) {
+        if self.mode != Mode::On {
+            return;
+        }
+        match self.set_cordon(node, owner, cordon).await {
+            Ok(()) => info!(attempt, node, cordon, "node cordon set"),
+            Err(e) => {
+                self.shared.metrics.api_error("patch_node");
+                warn!(attempt, node, cordon, error = %e, "changing the node's cordon failed; retrying");
+            }
+        }
     }
 
     /// Reconciles persisted attempts and `mountguard:` drains. False: try
@@ -673,6 +765,43 @@ impl Executor {
                     return false;
                 }
             }
+        }
+        let cordoned: Vec<(String, String)> = match Api::<Node>::all(self.client.clone())
+            .list(&Default::default())
+            .await
+        {
+            Ok(l) => l
+                .items
+                .iter()
+                .filter_map(|n| {
+                    let owner = n.metadata.annotations.as_ref()?.get(CORDON_ANNOTATION)?;
+                    Some((n.metadata.name.clone()?, owner.clone()))
+                })
+                .collect(),
+            Err(e) => {
+                self.shared.metrics.api_error("list_nodes");
+                warn!(error = %e, "remediation recovery: cannot list nodes; retrying");
+                return false;
+            }
+        };
+        for (node, owner) in orphan_cordons(&persisted, &cordoned) {
+            if self.mode != Mode::On {
+                info!(
+                    node,
+                    owner,
+                    "dry-run: would uncordon a node mountguard cordoned without a live attempt"
+                );
+                continue;
+            }
+            if let Err(e) = self.set_cordon(&node, &owner, false).await {
+                self.shared.metrics.api_error("patch_node");
+                warn!(node, error = %e, "releasing an orphan mountguard cordon failed; retrying");
+                return false;
+            }
+            info!(
+                node,
+                owner, "released a mountguard cordon without a live attempt"
+            );
         }
         self.attempts.clear();
         for a in persisted {
@@ -742,6 +871,12 @@ impl Executor {
                     let r = self.evict(&namespace, &pod, &uid).await;
                     info!(attempt = %next.id, pod = %format!("{namespace}/{pod}"), result = ?r, "eviction requested");
                     self.last_eviction.insert(next.id.clone(), r);
+                }
+                Action::CordonNode { node, owner } => {
+                    self.cordon_action(&next.id, &node, &owner, true).await;
+                }
+                Action::UncordonNode { node, owner } => {
+                    self.cordon_action(&next.id, &node, &owner, false).await;
                 }
                 Action::Event { reason, message } => {
                     let uid = next
@@ -924,6 +1059,21 @@ impl Executor {
             self.attempts.remove(id);
             self.fresh_since.remove(id);
         }
+    }
+}
+
+/// How group `group` sees node `n`'s cordon.
+fn cordon_of(n: &Node, group: &str) -> NodeCordon {
+    let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let owner = n
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CORDON_ANNOTATION));
+    match (unschedulable, owner) {
+        (false, _) => NodeCordon::Free,
+        (true, Some(o)) if o == group => NodeCordon::Ours,
+        (true, _) => NodeCordon::Foreign,
     }
 }
 

@@ -298,6 +298,24 @@ pub struct Observations {
     pub eviction: Option<EvictionResult>,
     /// For grouped attempts: every member of the group is drained.
     pub group_drained: bool,
+    /// For grouped attempts: the Kubernetes node's cordon.
+    pub cordon: NodeCordon,
+    /// For grouped attempts: every member's old pod is gone from the API.
+    pub group_old_gone: bool,
+}
+
+/// The cordon of the Kubernetes node of a grouped attempt, as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeCordon {
+    /// Not read this round (or the read failed): wait.
+    #[default]
+    NotRead,
+    /// Schedulable.
+    Free,
+    /// Unschedulable, cordoned by this group (the node annotation names it).
+    Ours,
+    /// Unschedulable for someone else's reason: never touched.
+    Foreign,
 }
 
 /// Event reasons (on the Pod and the NodeSet).
@@ -365,6 +383,24 @@ pub enum Action {
         node: String,
         /// The reason we set.
         owned_reason: String,
+    },
+    /// Cordon the Kubernetes node (`spec.unschedulable`) and record
+    /// `owner` in its annotation, only if it is schedulable now. Grouped
+    /// attempts only: no replacement may start before every old member is
+    /// gone, or it would be served the still-pinned cache entry.
+    CordonNode {
+        /// Kubernetes node.
+        node: String,
+        /// The group id.
+        owner: String,
+    },
+    /// Uncordon the Kubernetes node, only if its annotation still names
+    /// `owner`.
+    UncordonNode {
+        /// Kubernetes node.
+        node: String,
+        /// The group id.
+        owner: String,
     },
     /// Eviction API with a UID precondition; never a bare delete.
     Evict {
@@ -484,6 +520,13 @@ pub struct Attempt {
     /// Failed: our drain is kept on purpose (an alert fires while true).
     #[serde(default)]
     pub kept_drained: bool,
+    /// Grouped attempts: a cordon of the Kubernetes node was requested
+    /// (persisted before the request).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cordon_requested: bool,
+    /// Grouped attempts: our cordon is gone (released, or never took).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cordon_released: bool,
     /// Failure detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
@@ -532,6 +575,8 @@ impl Attempt {
             foreign_drain: None,
             release_pending: false,
             kept_drained: false,
+            cordon_requested: false,
+            cordon_released: false,
             failure: None,
             retry: Retry::default(),
         }
@@ -540,7 +585,15 @@ impl Attempt {
     /// Still needs work or attention: not terminal, or Failed with our drain
     /// kept or still to be released.
     pub fn is_open(&self) -> bool {
-        !self.phase.is_terminal() || self.release_pending || self.kept_drained
+        !self.phase.is_terminal()
+            || self.release_pending
+            || self.kept_drained
+            || self.cordon_pending()
+    }
+
+    /// Our cordon may still be in place and has to be released.
+    pub fn cordon_pending(&self) -> bool {
+        self.cordon_requested && !self.cordon_released
     }
 
     /// Whether `node`'s current drain is ours (this attempt's exact reason).
@@ -719,7 +772,7 @@ impl Stepper<'_> {
     }
 
     /// Enters Failed, deciding what happens to our drain.
-    fn fail(&mut self, reason: FailReason, detail: String, slurm: &SlurmObservation) {
+    fn fail(&mut self, reason: FailReason, detail: String, obs: &Observations) {
         let pod_touched = self.a.evicted_at.is_some();
         let release = self.a.drain_requested
             && match self.cfg.on_failure {
@@ -754,14 +807,15 @@ impl Stepper<'_> {
             reason.as_str()
         );
         self.event(EventReason::RemediationFailed, msg);
-        self.failed(slurm);
+        self.failed(obs);
     }
 
     /// Failed: release our drain if pending, notice when a kept drain is
     /// released by an operator.
-    fn failed(&mut self, slurm: &SlurmObservation) {
-        let SlurmObservation::Node(n) = slurm else {
-            if matches!(slurm, SlurmObservation::NotFound) && self.a.is_open() {
+    fn failed(&mut self, obs: &Observations) {
+        self.release_cordon(obs);
+        let SlurmObservation::Node(n) = &obs.slurm else {
+            if matches!(obs.slurm, SlurmObservation::NotFound) && self.a.is_open() {
                 self.a.release_pending = false;
                 self.a.kept_drained = false;
                 self.actions.push(Action::Persist);
@@ -781,6 +835,29 @@ impl Stepper<'_> {
             self.a.release_pending = false;
             self.a.kept_drained = false;
             self.actions.push(Action::Persist);
+        }
+    }
+
+    /// Releases our cordon (grouped attempts), or notices it is gone.
+    fn release_cordon(&mut self, obs: &Observations) {
+        if !self.a.cordon_pending() {
+            return;
+        }
+        match obs.cordon {
+            NodeCordon::Ours => {
+                if self.due() {
+                    self.wrote();
+                    self.actions.push(Action::UncordonNode {
+                        node: self.a.node.clone(),
+                        owner: self.a.group.clone().unwrap_or_default(),
+                    });
+                }
+            }
+            NodeCordon::Free | NodeCordon::Foreign => {
+                self.a.cordon_released = true;
+                self.actions.push(Action::Persist);
+            }
+            NodeCordon::NotRead => {}
         }
     }
 
@@ -817,7 +894,7 @@ impl Stepper<'_> {
 
     fn undraining(&mut self, obs: &Observations) {
         if let Some(msg) = self.slurm_write_error(obs) {
-            self.fail(FailReason::UndrainRejected, msg, &obs.slurm);
+            self.fail(FailReason::UndrainRejected, msg, obs);
             return;
         }
         match &obs.slurm {
@@ -853,7 +930,7 @@ impl Stepper<'_> {
                 self.fail(
                     FailReason::SlurmNodeNotFound,
                     format!("Slurm node {} vanished", self.a.slurm_node),
-                    &obs.slurm,
+                    obs,
                 );
             }
             _ => self.read_error(obs),
@@ -882,7 +959,7 @@ pub fn step(
                 s.fail(
                     FailReason::PodChanged,
                     "the pod was deleted or replaced before anything was done".into(),
-                    &obs.slurm,
+                    obs,
                 );
             } else {
                 match &obs.slurm {
@@ -891,7 +968,7 @@ pub fn step(
                             "Slurm node {slurm_node} is already drained by {:?} ({:?}); mountguard leaves it alone",
                             n.reason_set_by_user, n.reason
                         );
-                        s.fail(FailReason::NodeDrainedByOthers, msg, &obs.slurm);
+                        s.fail(FailReason::NodeDrainedByOthers, msg, obs);
                     }
                     SlurmObservation::Node(_) => {
                         s.a.drain_requested = true;
@@ -919,7 +996,7 @@ pub fn step(
                             "slurmrestd does not know Slurm node {slurm_node} (label {})",
                             super::POD_HOSTNAME_LABEL
                         );
-                        s.fail(FailReason::SlurmNodeNotFound, msg, &obs.slurm);
+                        s.fail(FailReason::SlurmNodeNotFound, msg, obs);
                     }
                     _ => s.read_error(obs),
                 }
@@ -927,7 +1004,7 @@ pub fn step(
         }
         Phase::Draining => {
             if let Some(msg) = s.slurm_write_error(obs) {
-                s.fail(FailReason::DrainRejected, msg, &obs.slurm);
+                s.fail(FailReason::DrainRejected, msg, obs);
             } else {
                 match &obs.slurm {
                     SlurmObservation::Node(n) if s.a.owns(n) => s.goto(Phase::Drained),
@@ -936,13 +1013,13 @@ pub fn step(
                             "Slurm node {slurm_node} was drained by {:?} ({:?}) before mountguard's drain took effect",
                             n.reason_set_by_user, n.reason
                         );
-                        s.fail(FailReason::NodeDrainedByOthers, msg, &obs.slurm);
+                        s.fail(FailReason::NodeDrainedByOthers, msg, obs);
                     }
                     SlurmObservation::Node(_) => {
                         let since = s.a.drain_requested_at.unwrap_or(s.a.phase_since);
                         if s.elapsed_since(since) >= cfg.drain_timeout {
                             let msg = "the drain never showed on the node".to_string();
-                            s.fail(FailReason::DrainTimeout, msg, &obs.slurm);
+                            s.fail(FailReason::DrainTimeout, msg, obs);
                         } else if s.due() {
                             s.wrote();
                             s.actions.push(Action::DrainNode {
@@ -953,7 +1030,7 @@ pub fn step(
                     }
                     SlurmObservation::NotFound => {
                         let msg = format!("slurmrestd does not know Slurm node {slurm_node}");
-                        s.fail(FailReason::SlurmNodeNotFound, msg, &obs.slurm);
+                        s.fail(FailReason::SlurmNodeNotFound, msg, obs);
                     }
                     _ => s.read_error(obs),
                 }
@@ -964,7 +1041,7 @@ pub fn step(
                 let msg = format!(
                     "the drain of Slurm node {slurm_node} was removed by someone else before the pod was evicted; the pod was not touched"
                 );
-                s.fail(FailReason::DrainRemoved, msg, &obs.slurm);
+                s.fail(FailReason::DrainRemoved, msg, obs);
             }
             SlurmObservation::Node(n) => {
                 if !s.a.owns(n) && s.a.foreign_drain.is_none() {
@@ -978,9 +1055,34 @@ pub fn step(
                             "jobs still run on Slurm node {slurm_node} after the drain timeout ({:?})",
                             n.state
                         );
-                        s.fail(FailReason::DrainTimeout, msg, &obs.slurm);
+                        s.fail(FailReason::DrainTimeout, msg, obs);
                     }
-                } else if s.a.group.is_none() || obs.group_drained {
+                } else if s.a.group.is_some() && obs.group_drained && !s.a.cordon_requested {
+                    // Cordon the node first, so that no replacement of the
+                    // group can start while an old member pins the cache.
+                    match obs.cordon {
+                        NodeCordon::Free if s.due() => {
+                            s.a.cordon_requested = true;
+                            s.actions.push(Action::Persist);
+                            s.wrote();
+                            s.actions.push(Action::CordonNode {
+                                node: s.a.node.clone(),
+                                owner: s.a.group.clone().unwrap_or_default(),
+                            });
+                        }
+                        NodeCordon::Foreign => {
+                            // Someone else's cordon holds replacements back
+                            // just as well; it is never ours to lift.
+                            s.a.cordon_requested = true;
+                            s.a.cordon_released = true;
+                            s.actions.push(Action::Persist);
+                        }
+                        _ => {}
+                    }
+                } else if s.a.group.is_none()
+                    || (obs.group_drained
+                        && (s.a.cordon_released || obs.cordon == NodeCordon::Ours))
+                {
                     s.goto(Phase::Evicting);
                     let msg = format!(
                         "remediation {}: Slurm node {slurm_node} drained, no jobs left; evicting {pod_label}",
@@ -997,7 +1099,7 @@ pub fn step(
             }
             SlurmObservation::NotFound => {
                 let msg = format!("Slurm node {slurm_node} vanished");
-                s.fail(FailReason::SlurmNodeNotFound, msg, &obs.slurm);
+                s.fail(FailReason::SlurmNodeNotFound, msg, obs);
             }
             _ => s.read_error(obs),
         },
@@ -1036,7 +1138,7 @@ pub fn step(
                         "the eviction of {pod_label} was refused until the timeout: {}",
                         s.a.retry.last_error.clone().unwrap_or_default()
                     );
-                    s.fail(FailReason::EvictionTimeout, msg, &obs.slurm);
+                    s.fail(FailReason::EvictionTimeout, msg, obs);
                 } else if s.due() {
                     // Never evict a pod whose node is not drained right now.
                     match &obs.slurm {
@@ -1044,7 +1146,7 @@ pub fn step(
                             let msg = format!(
                                 "the drain of Slurm node {slurm_node} was removed by someone else before the pod was evicted; the pod was not touched"
                             );
-                            s.fail(FailReason::DrainRemoved, msg, &obs.slurm);
+                            s.fail(FailReason::DrainRemoved, msg, obs);
                         }
                         SlurmObservation::Node(n) if !n.busy() => {
                             s.wrote();
@@ -1060,20 +1162,30 @@ pub fn step(
                 }
             }
         }
-        Phase::AwaitingReplacement => match obs.pod_uid.as_deref() {
-            Some(uid) if uid != s.a.pod_uid => {
-                s.a.new_pod_uid = Some(uid.to_string());
-                s.goto(Phase::Verifying);
+        Phase::AwaitingReplacement => {
+            if s.a.cordon_pending() && obs.group_old_gone {
+                // Every old member is gone: the kubelet dropped the pinned
+                // entry; let the replacements start.
+                s.release_cordon(obs);
             }
-            _ => {
-                let since = s.a.evicted_at.unwrap_or(s.a.phase_since);
-                if s.elapsed_since(since) >= cfg.replacement_timeout {
-                    let msg = format!("the NodeSet did not recreate {pod_label} in time");
-                    s.fail(FailReason::ReplacementTimeout, msg, &obs.slurm);
+            match obs.pod_uid.as_deref() {
+                Some(uid) if uid != s.a.pod_uid => {
+                    s.a.new_pod_uid = Some(uid.to_string());
+                    s.goto(Phase::Verifying);
                 }
-            }
-        },
+                _ => {
+                    let since = s.a.evicted_at.unwrap_or(s.a.phase_since);
+                    if s.elapsed_since(since) >= cfg.replacement_timeout {
+                        let msg = format!("the NodeSet did not recreate {pod_label} in time");
+                        s.fail(FailReason::ReplacementTimeout, msg, obs);
+                    }
+                }
+            };
+        }
         Phase::Verifying => {
+            if s.a.cordon_pending() && obs.group_old_gone {
+                s.release_cordon(obs);
+            }
             if let Some(uid) = obs.pod_uid.as_deref()
                 && uid != s.a.pod_uid
                 && s.a.new_pod_uid.as_deref() != Some(uid)
@@ -1085,7 +1197,7 @@ pub fn step(
             match (&obs.new_pod, &obs.slurm) {
                 (NewPodCheck::StillStale { message }, _) if current => {
                     let msg = format!("the replacement pod is still not fresh: {message}");
-                    s.fail(FailReason::ReplacementStale, msg, &obs.slurm);
+                    s.fail(FailReason::ReplacementStale, msg, obs);
                 }
                 (NewPodCheck::Fresh, SlurmObservation::Node(n)) if current && n.responding() => {
                     let msg = format!(
@@ -1113,19 +1225,19 @@ pub fn step(
                             }
                             _ => "no fresh inventory of the replacement pod".to_string(),
                         };
-                        s.fail(FailReason::VerificationTimeout, why, &obs.slurm);
+                        s.fail(FailReason::VerificationTimeout, why, obs);
                     }
                 }
             }
         }
         Phase::Undraining => s.undraining(obs),
-        Phase::Succeeded => {}
+        Phase::Succeeded => s.release_cordon(obs),
         Phase::Failed(_) => {
             if let Some(WriteResult::Err { message, .. }) = &obs.slurm_write {
                 s.error(format!("slurmrestd: {message}"), None);
             }
             s.read_error(obs);
-            s.failed(&obs.slurm);
+            s.failed(obs);
         }
     }
     // A Persist is enough once per step, and must precede every write.
@@ -1134,7 +1246,11 @@ pub fn step(
     let first_write = s.actions.iter().position(|a| {
         matches!(
             a,
-            Action::DrainNode { .. } | Action::UndrainNode { .. } | Action::Evict { .. }
+            Action::DrainNode { .. }
+                | Action::UndrainNode { .. }
+                | Action::Evict { .. }
+                | Action::CordonNode { .. }
+                | Action::UncordonNode { .. }
         )
     });
     let needs_persist = s.actions.iter().any(|a| matches!(a, Action::Persist));

@@ -11,6 +11,8 @@ enum W {
     Drain,
     Undrain,
     Evict,
+    Cordon,
+    Uncordon,
 }
 
 fn writes(actions: &[Action]) -> Vec<W> {
@@ -20,6 +22,8 @@ fn writes(actions: &[Action]) -> Vec<W> {
             Action::DrainNode { .. } => Some(W::Drain),
             Action::UndrainNode { .. } => Some(W::Undrain),
             Action::Evict { .. } => Some(W::Evict),
+            Action::CordonNode { .. } => Some(W::Cordon),
+            Action::UncordonNode { .. } => Some(W::Uncordon),
             _ => None,
         })
         .collect()
@@ -790,7 +794,7 @@ fn a_pending_release_is_retried_until_the_drain_is_gone() {
 }
 
 #[test]
-fn grouped_attempts_wait_for_every_member_to_drain() {
+fn grouped_attempts_wait_for_every_member_to_drain_and_cordon_first() {
     let cfg = MachineConfig::default();
     let a = Attempt {
         group: Some("g1".into()),
@@ -799,13 +803,92 @@ fn grouped_attempts_wait_for_every_member_to_drain() {
     let (b, actions) = step(&a, &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)), t0(), &cfg);
     assert_eq!(b.phase, Phase::Drained);
     assert!(writes(&actions).is_empty());
-    let o = Observations {
+    let drained = |cordon| Observations {
         group_drained: true,
+        cordon,
         ..obs(ours(&["IDLE", "DRAIN"]), Some(OLD))
     };
-    let (c, actions) = step(&a, &o, t0(), &cfg);
-    assert_eq!(c.phase, Phase::Evicting);
+    // Not read: wait.
+    let (c, actions) = step(&a, &drained(NodeCordon::NotRead), t0(), &cfg);
+    assert_eq!((c.phase, writes(&actions)), (Phase::Drained, vec![]));
+    // Schedulable: persist the request, then cordon; no eviction yet.
+    let (c, actions) = step(&a, &drained(NodeCordon::Free), t0(), &cfg);
+    assert_eq!(c.phase, Phase::Drained);
+    assert!(c.cordon_requested && c.is_open());
+    assert_eq!(writes(&actions), vec![W::Cordon]);
+    assert_eq!(
+        actions.first(),
+        Some(&Action::Persist),
+        "persisted before the write"
+    );
+    // Our cordon shows: evict.
+    let (d, actions) = step(&c, &drained(NodeCordon::Ours), t0(), &cfg);
+    assert_eq!(d.phase, Phase::Evicting);
     assert_eq!(writes(&actions), vec![W::Evict]);
+    // Someone else's cordon holds replacements back as well, and is never ours.
+    let (e, actions) = step(&a, &drained(NodeCordon::Foreign), t0(), &cfg);
+    assert!(e.cordon_requested && e.cordon_released && !e.cordon_pending());
+    assert!(writes(&actions).is_empty());
+    let (f, actions) = step(&e, &drained(NodeCordon::Foreign), t0(), &cfg);
+    assert_eq!(f.phase, Phase::Evicting);
+    assert_eq!(writes(&actions), vec![W::Evict]);
+}
+
+#[test]
+fn the_group_cordon_is_lifted_once_every_old_member_is_gone_or_on_failure() {
+    let cfg = MachineConfig::default();
+    let a = Attempt {
+        group: Some("g1".into()),
+        cordon_requested: true,
+        evicted_at: Some(t0()),
+        ..attempt_in(Phase::AwaitingReplacement)
+    };
+    let waiting = |cordon, gone| Observations {
+        cordon,
+        group_old_gone: gone,
+        ..obs(ours(&["DOWN", "DRAIN"]), None)
+    };
+    // An old member is still there: keep the cordon.
+    let (b, actions) = step(&a, &waiting(NodeCordon::Ours, false), t0(), &cfg);
+    assert!(b.cordon_pending() && writes(&actions).is_empty());
+    // All gone: uncordon (ours only), then notice it is gone.
+    let (b, actions) = step(&a, &waiting(NodeCordon::Ours, true), t0(), &cfg);
+    assert_eq!(writes(&actions), vec![W::Uncordon]);
+    let (c, actions) = step(&b, &waiting(NodeCordon::Free, true), t0(), &cfg);
+    assert!(!c.cordon_pending());
+    assert_eq!(actions, vec![Action::Persist]);
+    // Then the replacement is awaited as usual.
+    let (d, _) = step(&c, &waiting(NodeCordon::Free, true), t0(), &cfg);
+    assert_eq!(d.phase, Phase::AwaitingReplacement);
+    let (d, _) = step(
+        &c,
+        &Observations {
+            pod_uid: Some(NEW.into()),
+            ..waiting(NodeCordon::Free, true)
+        },
+        t0(),
+        &cfg,
+    );
+    assert_eq!(d.phase, Phase::Verifying);
+    // A failure while our cordon holds releases it, and the attempt stays
+    // open until it is gone.
+    let (f, actions) = step(
+        &a,
+        &waiting(NodeCordon::Ours, false),
+        t0() + SignedDuration::from_hours(1),
+        &cfg,
+    );
+    assert_eq!(f.phase, Phase::Failed(FailReason::ReplacementTimeout));
+    assert!(writes(&actions).contains(&W::Uncordon), "{actions:?}");
+    assert!(f.is_open());
+    let (g, _) = step(
+        &f,
+        &waiting(NodeCordon::Free, false),
+        t0() + SignedDuration::from_hours(2),
+        &cfg,
+    );
+    assert!(!g.cordon_pending());
+    assert!(g.kept_drained, "the pod was evicted: the drain is kept");
 }
 
 #[test]

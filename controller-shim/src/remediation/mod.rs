@@ -24,8 +24,8 @@ mod machine_tests_support;
 
 pub use machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailReason, FailurePolicy,
-    Finding, MachineConfig, NewPodCheck, Observations, Phase, SlurmNodeState, SlurmObservation,
-    WriteResult, step,
+    Finding, MachineConfig, NewPodCheck, NodeCordon, Observations, Phase, SlurmNodeState,
+    SlurmObservation, WriteResult, step,
 };
 
 /// NodeSet opt-in annotation (`"true"`).
@@ -36,5 +36,8 @@ pub const REMEDIATE_ON_ANNOTATION: &str = "mountguard.io/remediate-on";
 pub const ATTEMPTS_ANNOTATION: &str = "mountguard.io/remediation-attempts";
 /// Pod label naming the Slurm node of a NodeSet pod.
 pub const POD_HOSTNAME_LABEL: &str = "nodeset.slinky.slurm.net/pod-hostname";
+/// Node annotation naming the group whose attempts cordoned the node
+/// (`--replace-pinning-pods` only).
+pub const CORDON_ANNOTATION: &str = "mountguard.io/cordoned-by";
 /// Prefix of every Slurm drain reason mountguard sets.
 pub const REASON_PREFIX: &str = "mountguard:";

@@ -11,7 +11,11 @@
 //!   undrain landed) is released, if the reason is still exactly the one
 //!   read (the executor re-reads right before the undrain).
 //!
-//! Together: no node stays drained by mountguard without a live attempt.
+//! * Every Kubernetes node cordoned for a group of attempts
+//!   (`--replace-pinning-pods`) that no open attempt owns is uncordoned.
+//!
+//! Together: no node stays drained or cordoned by mountguard without a live
+//! attempt.
 
 use std::collections::HashSet;
 
@@ -59,6 +63,25 @@ pub fn recover(persisted: &[Attempt], slurm_nodes: &[(String, SlurmNodeState)]) 
         })
         .collect();
     Recovery { resume, release }
+}
+
+/// Kubernetes nodes cordoned by a group (`(node, group)` from the
+/// [`super::CORDON_ANNOTATION`]) that no open attempt of that group owns:
+/// to uncordon, if the annotation still names that group.
+pub fn orphan_cordons(
+    persisted: &[Attempt],
+    cordoned: &[(String, String)],
+) -> Vec<(String, String)> {
+    let live: HashSet<&str> = persisted
+        .iter()
+        .filter(|a| a.is_open())
+        .filter_map(|a| a.group.as_deref())
+        .collect();
+    cordoned
+        .iter()
+        .filter(|(_, group)| !live.contains(group.as_str()))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]
@@ -245,5 +268,40 @@ mod tests {
         let r = recover(&[], &nodes);
         assert_eq!(r.release.len(), 1);
         assert_eq!(r.release[0].attempt, None);
+    }
+
+    #[test]
+    fn cordons_without_an_open_attempt_of_their_group_are_released() {
+        let live = Attempt {
+            group: Some("g-live".into()),
+            ..attempt_in(Phase::AwaitingReplacement)
+        };
+        let mut closed = Attempt {
+            group: Some("g-done".into()),
+            ..attempt_in(Phase::Succeeded)
+        };
+        closed.id = "other".into();
+        let cordoned = vec![
+            ("node-a".to_string(), "g-live".to_string()),
+            ("node-b".to_string(), "g-done".to_string()),
+            ("node-c".to_string(), "g-unknown".to_string()),
+        ];
+        let out = orphan_cordons(&[live.clone(), closed], &cordoned);
+        assert_eq!(
+            out,
+            vec![
+                ("node-b".to_string(), "g-done".to_string()),
+                ("node-c".to_string(), "g-unknown".to_string())
+            ]
+        );
+        // A failed attempt still holding its cordon keeps it.
+        let failing = Attempt {
+            cordon_requested: true,
+            ..Attempt {
+                group: Some("g-done".into()),
+                ..attempt_in(Phase::Failed(FailReason::ReplacementStale))
+            }
+        };
+        assert_eq!(orphan_cordons(&[failing], &cordoned[1..2]), vec![]);
     }
 }

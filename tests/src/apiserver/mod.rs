@@ -169,6 +169,11 @@ impl ApiHandle {
         self.mutate(|s| s.delete(rt, ns, name, opts))
     }
 
+    /// Binds an unbound pod to `node` (the scheduler's `binding` call).
+    pub fn bind(&self, ns: &str, name: &str, node: &str) -> Result<Value, ApiError> {
+        self.mutate(|s| s.bind(ns, name, node))
+    }
+
     /// Evicts a pod (PDB-aware).
     pub fn evict(&self, ns: &str, name: &str) -> Result<(), ApiError> {
         self.mutate(|s| s.evict(ns, name, &DeleteOptions::default()))

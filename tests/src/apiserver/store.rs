@@ -538,6 +538,11 @@ impl Store {
                 n["status"] = obj["status"].clone();
                 n
             }
+            Some("binding") if *rt == resources::PODS => {
+                let mut n = old.clone();
+                n["spec"]["nodeName"] = obj["spec"]["nodeName"].clone();
+                n
+            }
             Some(other) => {
                 return Err(ApiError::method_not_allowed(&format!(
                     "{}/{other}",
@@ -731,6 +736,20 @@ impl Store {
     }
 
     /// The Eviction subresource, honouring PodDisruptionBudgets.
+    /// The `binding` subresource: assigns an unbound pod to `node`.
+    pub fn bind(&mut self, ns: &str, name: &str, node: &str) -> Result<Value, ApiError> {
+        let mut pod = self.get(&resources::PODS, ns, name)?;
+        if let Some(n) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+            return Err(ApiError::conflict_msg(
+                &resources::PODS,
+                name,
+                &format!("pod {name} is already assigned to node \"{n}\""),
+            ));
+        }
+        pod["spec"]["nodeName"] = json!(node);
+        self.update(&resources::PODS, ns, name, pod, Some("binding"))
+    }
+
     pub fn evict(&mut self, ns: &str, name: &str, opts: &DeleteOptions) -> Result<(), ApiError> {
         let pod = self.get(&resources::PODS, ns, name)?;
         let terminating = !pod["metadata"]["deletionTimestamp"].is_null();

@@ -308,3 +308,51 @@ async fn cluster_supports_the_drain_wait_evict_path_with_the_pdb_protecting_busy
     .await;
     c.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_cordoned_node_takes_no_new_nodeset_pod_until_it_is_uncordoned() {
+    let mut c = Cluster::builder().nodes(2).slinky().start().await.unwrap();
+    let api = c.api();
+    let name = format!("{}-0", cluster::NODESET);
+    let old = running(&api, &name, None).await;
+    api.merge_patch(
+        &resources::NODES,
+        "",
+        "node-0",
+        &json!({"spec": {"unschedulable": true}}),
+        None,
+    )
+    .unwrap();
+    api.delete(&resources::PODS, NS, &name, &DeleteOptions::default())
+        .unwrap();
+    // Recreated (new UID) but left Pending, unbound.
+    let pending = eventually(15, "a pending replacement", || {
+        let p = api.get(&resources::PODS, NS, &name).ok();
+        let old = uid(&old);
+        async move {
+            let p = p?;
+            (p["metadata"]["uid"].as_str() != Some(old.as_str())).then_some(p)
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let p = api.get(&resources::PODS, NS, &name).unwrap();
+    assert!(p["spec"]["nodeName"].is_null(), "{p}");
+    assert_ne!(p["status"]["phase"], "Running", "{p}");
+    // Uncordoned: bound to node-0 and started there.
+    api.merge_patch(
+        &resources::NODES,
+        "",
+        "node-0",
+        &json!({"spec": {"unschedulable": false}}),
+        None,
+    )
+    .unwrap();
+    let p = running(&api, &name, Some(&uid(&old))).await;
+    assert_eq!(uid(&p), uid(&pending));
+    assert_eq!(p["spec"]["nodeName"], "node-0");
+    // Binding is once only.
+    let e = api.bind(NS, &name, "node-1").unwrap_err();
+    assert_eq!(e.code, 409, "{e:?}");
+    c.shutdown().await;
+}

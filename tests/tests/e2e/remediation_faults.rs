@@ -634,5 +634,18 @@ async fn pinning_nodeset_pods_are_replaced_together_when_enabled() {
         !ev.iter().any(|e| e.reason == "RemediationFailed"),
         "{ev:?}"
     );
+    // node-0 was cordoned while the old pair went away, and is not any more.
+    let node_patches = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.uri.starts_with("/api/v1/nodes/node-0"))
+        .count();
+    assert!(node_patches >= 2, "cordon and uncordon: {node_patches}");
+    let n = api.get(&resources::NODES, "", "node-0").unwrap();
+    assert_ne!(n["spec"]["unschedulable"], true, "{n}");
+    assert!(
+        n["metadata"]["annotations"]["mountguard.io/cordoned-by"].is_null(),
+        "{n}"
+    );
     sys.shutdown().await;
 }
