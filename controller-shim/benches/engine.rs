@@ -216,6 +216,7 @@ fn main() {
                 name: it.intern(&format!("app-{i}")),
                 node: Some(it.intern(&node_name)),
                 terminated: false,
+                ready: true,
                 nodeset: None,
                 slurm_node: None,
                 volumes,

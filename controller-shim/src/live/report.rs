@@ -511,7 +511,7 @@ impl ReportHandler {
 /// of the reason. Only authenticated, authorized and rate-limited callers
 /// get this far.
 fn drain_cap(max: u64) -> u64 {
-    max.saturating_mul(4).max(8 << 20).min(64 << 20)
+    max.saturating_mul(4).clamp(8 << 20, 64 << 20)
 }
 
 /// The longest time spent discarding an oversized body.
