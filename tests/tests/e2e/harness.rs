@@ -94,12 +94,27 @@ impl System {
         if let Some(mut c) = self.controller.take() {
             c.kill();
         }
+        let child = self
+            .spawn_controller("controller", self.report_addr, self.metrics_addr, &[])
+            .await;
+        self.controller = Some(child);
+    }
+
+    /// Starts one more controller process with the system's options plus
+    /// `extra`, listening on the given addresses; waits until it is ready.
+    pub async fn spawn_controller(
+        &self,
+        name: &str,
+        report_addr: std::net::SocketAddr,
+        metrics_addr: std::net::SocketAddr,
+        extra: &[String],
+    ) -> ChildGuard {
         let mut cmd = Command::new(binary("mountguard-controller").unwrap());
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(self.cluster.kubeconfig_path())
-            .args(["--report-listen", &self.report_addr.to_string()])
-            .args(["--metrics-listen", &self.metrics_addr.to_string()])
+            .args(["--report-listen", &report_addr.to_string()])
+            .args(["--metrics-listen", &metrics_addr.to_string()])
             .args(["--agent-service-account", &agent_service_account_flag()])
             .args(["--agent-daemonset", AGENT_DAEMONSET])
             .args(["--grace", &format!("{}ms", self.opts.grace.as_millis())])
@@ -107,6 +122,7 @@ impl System {
             .arg(&self.key_file)
             .args(["--log", "info"])
             .args(&self.opts.extra_controller_args)
+            .args(extra)
             .env_remove("KUBECONFIG");
         for (k, _) in std::env::vars() {
             if k.starts_with("MOUNTGUARD_") {
@@ -125,10 +141,10 @@ impl System {
             }
         }
         let mut child =
-            ChildGuard::spawn("controller", cmd, &self.logs.join("controller.log")).unwrap();
-        let base = self.metrics_base();
+            ChildGuard::spawn(name, cmd, &self.logs.join(format!("{name}.log"))).unwrap();
+        let base = format!("http://{metrics_addr}");
         let ready = poll(
-            "the controller to be ready",
+            &format!("{name} to be ready"),
             Duration::from_secs(30),
             || {
                 let base = base.clone();
@@ -143,13 +159,12 @@ impl System {
         )
         .await;
         match ready {
-            Ok(true) => {}
+            Ok(true) => child,
             other => panic!(
-                "controller did not become ready ({other:?}); log:\n{}",
+                "{name} did not become ready ({other:?}); log:\n{}",
                 child.log_tail(40)
             ),
         }
-        self.controller = Some(child);
     }
 
     fn spawn_agent(&self, i: usize) -> ChildGuard {

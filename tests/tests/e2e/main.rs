@@ -10,6 +10,7 @@ mod demo;
 mod forged;
 mod fresh;
 mod kubelet;
+mod leader;
 mod remediation;
 mod remediation_faults;
 mod restart;

@@ -179,6 +179,39 @@ pub(crate) fn evictions(sys: &System) -> usize {
         .count()
 }
 
+/// Whether a Slurm node is back in service: not drained, down or not
+/// responding.
+pub(crate) fn in_service(n: &mountguard_tests::slurmrestd::NodeView) -> bool {
+    !n.state
+        .iter()
+        .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "NOT_RESPONDING"))
+}
+
+/// Waits until the controller counted a failed slurmrestd call.
+pub(crate) async fn wait_slurm_errors_counted(sys: &System) {
+    let base = sys.metrics_base();
+    wait(
+        sys,
+        "slurmrestd errors counted",
+        Duration::from_secs(60),
+        || {
+            let base = base.clone();
+            async move {
+                let text = mountguard_tests::mountguard::http_get(&format!("{base}/metrics"))
+                    .await
+                    .ok()?;
+                text.lines()
+                    .any(|l| {
+                        l.starts_with("mountguard_api_errors_total{operation=\"slurm_")
+                            && !l.ends_with(" 0")
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_workers_are_drained_evicted_verified_and_undrained_one_at_a_time() {
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
@@ -209,11 +242,7 @@ async fn stale_workers_are_drained_evicted_verified_and_undrained_one_at_a_time(
             max_parallel = max_parallel.max(drained_by_us());
             let done = (0..pods.len()).all(|i| {
                 let replaced = slurmd_pod(&api, i).is_some_and(|(_, uid)| uid != pods[i].1);
-                let ok = slurm.node(&pods[i].0).is_some_and(|n| {
-                    !n.state
-                        .iter()
-                        .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "NOT_RESPONDING"))
-                });
+                let ok = slurm.node(&pods[i].0).is_some_and(|n| in_service(&n));
                 replaced && ok
             });
             let a = attempts(&sys);
@@ -317,27 +346,8 @@ async fn a_refused_slurm_token_drains_nothing_and_touches_no_pod() {
     rotate_auth_key(&api).unwrap();
     // slurmrestd refuses the token: the controller says so (API error
     // metric, log) and neither drains nor evicts.
+    wait_slurm_errors_counted(&sys).await;
     let base = sys.metrics_base();
-    wait(
-        &sys,
-        "slurmrestd errors counted",
-        Duration::from_secs(60),
-        || {
-            let base = base.clone();
-            async move {
-                let text = mountguard_tests::mountguard::http_get(&format!("{base}/metrics"))
-                    .await
-                    .ok()?;
-                text.lines()
-                    .any(|l| {
-                        l.starts_with("mountguard_api_errors_total{operation=\"slurm_")
-                            && !l.ends_with(" 0")
-                    })
-                    .then_some(())
-            }
-        },
-    )
-    .await;
     // Long enough for the stale verdicts to pass the remediation delay.
     wait(
         &sys,

@@ -15,7 +15,9 @@ use mountguard_tests::scenario::{
 use serde_json::json;
 
 use crate::harness::{Options, System, wait, wait_all_fresh};
-use crate::remediation::{attempts, evictions, opt_in, remediation_args, start};
+use crate::remediation::{
+    attempts, evictions, in_service, opt_in, remediation_args, start, wait_slurm_errors_counted,
+};
 
 /// A PodDisruptionBudget that refuses every eviction of a slurmd pod.
 const HOLD_PDB: &str = "hold-every-worker";
@@ -157,12 +159,7 @@ async fn a_running_job_holds_the_eviction_until_it_ends_and_is_never_lost() {
     assert!(slurm.killed_jobs().is_empty(), "{:?}", slurm.killed_jobs());
     for (host, _) in &pods {
         let n = slurm.node(host).unwrap();
-        assert!(
-            !n.state
-                .iter()
-                .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "NOT_RESPONDING")),
-            "{host}: {n:?}"
-        );
+        assert!(in_service(&n), "{host}: {n:?}");
     }
     assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
     sys.shutdown().await;
@@ -395,25 +392,7 @@ async fn an_unreachable_slurmrestd_drains_nothing_and_touches_no_pod() {
     wait_all_fresh(&sys).await;
     opt_in(&sys);
     rotate_auth_key(&api).unwrap();
-    let base = sys.metrics_base();
-    wait(
-        &sys,
-        "slurmrestd errors counted",
-        Duration::from_secs(60),
-        || {
-            let base = base.clone();
-            async move {
-                let text = http_get(&format!("{base}/metrics")).await.ok()?;
-                text.lines()
-                    .any(|l| {
-                        l.starts_with("mountguard_api_errors_total{operation=\"slurm_")
-                            && !l.ends_with(" 0")
-                    })
-                    .then_some(())
-            }
-        },
-    )
-    .await;
+    wait_slurm_errors_counted(&sys).await;
     // Well past the remediation delay: still nothing written anywhere.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let doc = sys.verdicts("namespace=slurm").await;
@@ -548,12 +527,7 @@ async fn the_controller_killed_at_every_step_leaves_no_orphan_drain_and_loses_no
     );
     for h in &hosts {
         let n = slurm.node(h).unwrap();
-        assert!(
-            !n.state
-                .iter()
-                .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "NOT_RESPONDING")),
-            "{h}: {n:?}"
-        );
+        assert!(in_service(&n), "{h}: {n:?}");
     }
     assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
     sys.shutdown().await;
