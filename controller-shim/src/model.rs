@@ -22,6 +22,11 @@ pub type FileList = Arc<[(Arc<str>, Digest)]>;
 
 /// Interns strings, volume sources and observed file lists, so equal values
 /// (the same ConfigMap mounted by thousands of pods) share one allocation.
+///
+/// Values nobody else holds any more (deleted pods, rotated objects) are
+/// dropped by [`Interner::prune`], which runs by itself whenever the held
+/// values doubled since the last prune: the interner stays within about
+/// twice what is alive, at an amortized constant cost per insertion.
 #[derive(Debug, Default)]
 pub struct Interner {
     set: HashSet<Arc<str>>,
@@ -29,9 +34,42 @@ pub struct Interner {
     mounts: HashSet<Arc<[MountModel]>>,
     envs: HashSet<Arc<[EnvRef]>>,
     file_lists: HashSet<FileList>,
+    /// Prune once this many values are held (0: [`Self::MIN_PRUNE`]).
+    prune_at: usize,
 }
 
 impl Interner {
+    /// Below this many held values the interner never prunes by itself.
+    pub const MIN_PRUNE: usize = 4096;
+
+    /// Drops every value only the interner still holds; returns how many.
+    pub fn prune(&mut self) -> usize {
+        let before = self.held();
+        // Composite values first: they hold strings and sources.
+        self.file_lists.retain(|a| Arc::strong_count(a) > 1);
+        self.mounts.retain(|a| Arc::strong_count(a) > 1);
+        self.envs.retain(|a| Arc::strong_count(a) > 1);
+        self.volume_sources.retain(|a| Arc::strong_count(a) > 1);
+        self.set.retain(|a| Arc::strong_count(a) > 1);
+        before - self.held()
+    }
+
+    /// Values held, of every kind.
+    pub fn held(&self) -> usize {
+        self.set.len()
+            + self.volume_sources.len()
+            + self.mounts.len()
+            + self.envs.len()
+            + self.file_lists.len()
+    }
+
+    fn inserted(&mut self) {
+        if self.held() >= self.prune_at.max(Self::MIN_PRUNE) {
+            self.prune();
+            self.prune_at = self.held().saturating_mul(2);
+        }
+    }
+
     /// The shared copy of `s`.
     pub fn intern(&mut self, s: &str) -> Arc<str> {
         if let Some(a) = self.set.get(s) {
@@ -39,6 +77,7 @@ impl Interner {
         }
         let a: Arc<str> = Arc::from(s);
         self.set.insert(a.clone());
+        self.inserted();
         a
     }
 
@@ -49,6 +88,7 @@ impl Interner {
         }
         let a = Arc::new(v);
         self.volume_sources.insert(a.clone());
+        self.inserted();
         a
     }
 
@@ -59,6 +99,7 @@ impl Interner {
         }
         let a: Arc<[MountModel]> = v.into();
         self.mounts.insert(a.clone());
+        self.inserted();
         a
     }
 
@@ -69,6 +110,7 @@ impl Interner {
         }
         let a: Arc<[EnvRef]> = v.into();
         self.envs.insert(a.clone());
+        self.inserted();
         a
     }
 
@@ -87,6 +129,7 @@ impl Interner {
         }
         let a: FileList = list.into();
         self.file_lists.insert(a.clone());
+        self.inserted();
         a
     }
 
@@ -658,4 +701,34 @@ impl ObservedNode {
 /// blanks ignored.
 pub fn parse_read_at_start(value: &str) -> impl Iterator<Item = &str> {
     value.split(',').map(str::trim).filter(|s| !s.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interner_forgets_what_nobody_holds_and_stays_bounded() {
+        let mut it = Interner::default();
+        let kept = it.intern("slurm-auth-slurm");
+        let kept_files = it.intern_files([("slurm.key", &[7u8; 32])]);
+        // A long-running controller: objects come and go.
+        let mut peak = 0;
+        for i in 0..50_000 {
+            let name = it.intern(&format!("pod-{i}"));
+            let files = it.intern_files([(format!("f-{i}").as_str(), &[1u8; 32])]);
+            drop((name, files));
+            peak = peak.max(it.held());
+        }
+        assert!(peak <= 4 * Interner::MIN_PRUNE, "peak {peak}");
+        // What is still held elsewhere survives, shared as before.
+        it.prune();
+        assert!(Arc::ptr_eq(&kept, &it.intern("slurm-auth-slurm")));
+        assert!(Arc::ptr_eq(
+            &kept_files,
+            &it.intern_files([("slurm.key", &[7u8; 32])])
+        ));
+        // Only the kept values remain (the list's path string included).
+        assert_eq!(it.held(), 3, "{it:?}");
+    }
 }
