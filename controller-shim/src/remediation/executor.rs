@@ -579,12 +579,8 @@ impl Executor {
             let (cordon, group_old_gone) = match &a.group {
                 Some(g) => {
                     let cordon = self.cordon(&mut cordons, &a.node, g).await;
-                    let gone = self
-                        .attempts
-                        .values()
-                        .filter(|m| m.group.as_deref() == Some(g))
-                        .all(|m| !snap.nodeset_pods.iter().any(|p| *p.uid == *m.pod_uid));
-                    (cordon, gone)
+                    let live: HashSet<&str> = snap.nodeset_pods.iter().map(|p| &*p.uid).collect();
+                    (cordon, group_old_gone(self.attempts.values(), g, &live))
                 }
                 None => (NodeCordon::NotRead, false),
             };
@@ -1062,6 +1058,22 @@ impl Executor {
     }
 }
 
+/// Whether every old pod of group `group` that is being replaced is gone
+/// (`live`: UIDs of the NodeSet pods that exist). A member that failed
+/// before its eviction keeps its pod and is not waited for: the cordon
+/// would otherwise hold the others until their replacement timeout.
+pub fn group_old_gone<'a>(
+    attempts: impl IntoIterator<Item = &'a Attempt>,
+    group: &str,
+    live: &HashSet<&str>,
+) -> bool {
+    attempts
+        .into_iter()
+        .filter(|m| m.group.as_deref() == Some(group))
+        .filter(|m| !(m.phase.is_terminal() && m.evicted_at.is_none()))
+        .all(|m| !live.contains(m.pod_uid.as_str()))
+}
+
 /// How group `group` sees node `n`'s cordon.
 fn cordon_of(n: &Node, group: &str) -> NodeCordon {
     let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
@@ -1170,6 +1182,57 @@ mod tests {
             attempts.insert(id.to_string(), a);
         }
         assert_eq!(unavailable(&set, &some, &attempts), 0);
+    }
+
+    #[test]
+    fn a_group_waits_for_the_old_pods_it_evicts_only() {
+        use crate::remediation::FailReason;
+        let mk = |id: &str, uid: &str, phase: Phase, evicted: bool| {
+            let mut a = Attempt::new(
+                id.into(),
+                "slurm",
+                "worker",
+                id,
+                uid,
+                "node-a",
+                id,
+                vec![],
+                Timestamp::now(),
+            );
+            a.group = Some("g".into());
+            a.phase = phase;
+            a.evicted_at = evicted.then(Timestamp::now);
+            a
+        };
+        let a = mk("a", "uid-a", Phase::AwaitingReplacement, true);
+        let b = mk("b", "uid-b", Phase::AwaitingReplacement, true);
+        let mut other = mk("x", "uid-x", Phase::Evicting, false);
+        other.group = Some("other".into());
+        let live: HashSet<&str> = ["uid-b", "uid-x"].into();
+        assert!(
+            !group_old_gone([&a, &b, &other], "g", &live),
+            "b still there"
+        );
+        let live: HashSet<&str> = ["uid-x"].into();
+        assert!(group_old_gone([&a, &b, &other], "g", &live));
+        // A member that failed before its eviction keeps its pod: not waited for.
+        let c = mk(
+            "c",
+            "uid-c",
+            Phase::Failed(FailReason::NodeDrainedByOthers),
+            false,
+        );
+        let live: HashSet<&str> = ["uid-c"].into();
+        assert!(group_old_gone([&a, &b, &c], "g", &live));
+        // One that failed after it was evicted is waited for like the others.
+        let d = mk(
+            "d",
+            "uid-d",
+            Phase::Failed(FailReason::ReplacementTimeout),
+            true,
+        );
+        let live: HashSet<&str> = ["uid-d"].into();
+        assert!(!group_old_gone([&a, &d], "g", &live));
     }
 
     #[test]
