@@ -1057,13 +1057,19 @@ pub fn step(
                         );
                         s.fail(FailReason::DrainTimeout, msg, obs);
                     }
-                } else if s.a.group.is_some() && obs.group_drained && !s.a.cordon_requested {
+                } else if s.a.group.is_some()
+                    && obs.group_drained
+                    && !(s.a.cordon_released || obs.cordon == NodeCordon::Ours)
+                {
                     // Cordon the node first, so that no replacement of the
-                    // group can start while an old member pins the cache.
+                    // group can start while an old member pins the cache
+                    // (again after write_settle if the cordon did not show).
                     match obs.cordon {
                         NodeCordon::Free if s.due() => {
-                            s.a.cordon_requested = true;
-                            s.actions.push(Action::Persist);
+                            if !s.a.cordon_requested {
+                                s.a.cordon_requested = true;
+                                s.actions.push(Action::Persist);
+                            }
                             s.wrote();
                             s.actions.push(Action::CordonNode {
                                 node: s.a.node.clone(),

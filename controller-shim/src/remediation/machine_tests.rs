@@ -821,6 +821,13 @@ fn grouped_attempts_wait_for_every_member_to_drain_and_cordon_first() {
         Some(&Action::Persist),
         "persisted before the write"
     );
+    // The cordon did not show (the write was lost): asked again once the
+    // write settled, not before.
+    let (c2, actions) = step(&c, &drained(NodeCordon::Free), t0(), &cfg);
+    assert_eq!((c2.phase, writes(&actions)), (Phase::Drained, vec![]));
+    let settled = c.retry.not_before.expect("write settle");
+    let (_, actions) = step(&c, &drained(NodeCordon::Free), settled, &cfg);
+    assert_eq!(writes(&actions), vec![W::Cordon]);
     // Our cordon shows: evict.
     let (d, actions) = step(&c, &drained(NodeCordon::Ours), t0(), &cfg);
     assert_eq!(d.phase, Phase::Evicting);
