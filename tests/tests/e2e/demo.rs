@@ -120,16 +120,7 @@ async fn demo_seed_scenario_summary() {
     for a in attempts {
         assert_eq!(
             a["phases"],
-            serde_json::json!([
-                "Pending",
-                "Draining",
-                "Drained",
-                "Evicting",
-                "AwaitingReplacement",
-                "Verifying",
-                "Undraining",
-                "Succeeded"
-            ]),
+            serde_json::json!(crate::remediation::FULL_RUN),
             "{a}"
         );
     }

@@ -83,18 +83,22 @@ async fn two_replicas_elect_one_leader_that_labels_its_pod_and_fails_over() {
     // B follows: no verdicts, reports refused with notLeader, gauge 0.
     assert_eq!(acting(&b_metrics).await, Some(false));
     let token = sys.ids[0].token().unwrap();
-    let auth = format!("Bearer {token}");
-    let (code, body) = http_request(
-        "PUT",
-        &format!("http://{b_report}{}", inventory_path("node-0")),
-        &[
-            ("authorization", auth.as_str()),
-            ("content-type", "application/json"),
-        ],
-        b"{}".to_vec(),
-    )
-    .await
-    .unwrap();
+    // Node 0's real token; the body does not matter to a follower.
+    let put_to_b = || async {
+        let auth = format!("Bearer {token}");
+        http_request(
+            "PUT",
+            &format!("http://{b_report}{}", inventory_path("node-0")),
+            &[
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+            ],
+            b"{}".to_vec(),
+        )
+        .await
+        .unwrap()
+    };
+    let (code, body) = put_to_b().await;
     assert_eq!(code, 503, "{body}");
     let err: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(err["error"], "notLeader", "{body}");
@@ -144,17 +148,7 @@ async fn two_replicas_elect_one_leader_that_labels_its_pod_and_fails_over() {
     )
     .await;
     // B now accepts reports (it answers with a decision, not notLeader).
-    let (code, body) = http_request(
-        "PUT",
-        &format!("http://{b_report}{}", inventory_path("node-0")),
-        &[
-            ("authorization", auth.as_str()),
-            ("content-type", "application/json"),
-        ],
-        b"{}".to_vec(),
-    )
-    .await
-    .unwrap();
+    let (code, body) = put_to_b().await;
     assert_ne!(code, 503, "{body}");
     b.kill();
     sys.shutdown().await;

@@ -117,6 +117,18 @@ async fn slurm_client_against_the_slurmrestd_double() {
     assert!(e.is_transient(), "{e}");
 }
 
+/// The phases of an attempt that succeeds, in order.
+pub(crate) const FULL_RUN: [&str; 8] = [
+    "Pending",
+    "Draining",
+    "Drained",
+    "Evicting",
+    "AwaitingReplacement",
+    "Verifying",
+    "Undraining",
+    "Succeeded",
+];
+
 pub(crate) fn remediation_args(sys_url: &str, mode: &str, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
         "--remediation",
@@ -257,20 +269,7 @@ async fn stale_workers_are_drained_evicted_verified_and_undrained_one_at_a_time(
     assert_eq!(max_parallel, 1, "one at a time");
     wait_all_fresh(&sys).await;
     for a in attempts(&sys) {
-        assert_eq!(
-            a.phase_names(),
-            vec![
-                "Pending",
-                "Draining",
-                "Drained",
-                "Evicting",
-                "AwaitingReplacement",
-                "Verifying",
-                "Undraining",
-                "Succeeded"
-            ],
-            "{a:?}"
-        );
+        assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
     }
     let reasons: Vec<String> = recorded_events(&api)
         .into_iter()

@@ -16,7 +16,8 @@ use serde_json::json;
 
 use crate::harness::{Options, System, wait, wait_all_fresh};
 use crate::remediation::{
-    attempts, evictions, in_service, opt_in, remediation_args, start, wait_slurm_errors_counted,
+    FULL_RUN, attempts, evictions, in_service, opt_in, remediation_args, start,
+    wait_slurm_errors_counted,
 };
 
 /// A PodDisruptionBudget that refuses every eviction of a slurmd pod.
@@ -93,17 +94,6 @@ fn eviction_requests_for(sys: &System, pod: &str) -> usize {
         .filter(|r| r.uri.contains(&format!("/pods/{pod}/eviction")))
         .count()
 }
-
-const FULL_RUN: [&str; 8] = [
-    "Pending",
-    "Draining",
-    "Drained",
-    "Evicting",
-    "AwaitingReplacement",
-    "Verifying",
-    "Undraining",
-    "Succeeded",
-];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_job_holds_the_eviction_until_it_ends_and_is_never_lost() {
