@@ -141,45 +141,39 @@ impl Edge<Pod> for PodEdge {
     }
 }
 
-struct SecretEdge {
+/// Secrets and ConfigMaps: hashed on arrival into a source input.
+struct SourceEdge<K> {
     interner: Interner,
+    kind: crate::SourceKind,
+    convert: fn(&mut Interner, &K) -> Option<(crate::SourceRef, crate::model::SourceContent)>,
 }
 
-impl Edge<Secret> for SecretEdge {
+impl<K> SourceEdge<K> {
+    fn new(
+        kind: crate::SourceKind,
+        convert: fn(&mut Interner, &K) -> Option<(crate::SourceRef, crate::model::SourceContent)>,
+    ) -> Self {
+        Self {
+            interner: Interner::default(),
+            kind,
+            convert,
+        }
+    }
+}
+
+impl<K: kube::Resource + Send + 'static> Edge<K> for SourceEdge<K> {
     type Key = crate::SourceRef;
-    fn key(&self, s: &Secret) -> Option<crate::SourceRef> {
+    fn key(&self, o: &K) -> Option<crate::SourceRef> {
+        let meta = o.meta();
         Some(crate::SourceRef::new(
-            crate::SourceKind::Secret,
-            Arc::from(s.metadata.namespace.as_deref()?),
-            Arc::from(s.metadata.name.as_deref()?),
+            self.kind,
+            Arc::from(meta.namespace.as_deref()?),
+            Arc::from(meta.name.as_deref()?),
         ))
     }
-    fn apply(&mut self, s: Secret) -> Option<Input> {
-        let (r, c) = convert::secret(&mut self.interner, &s)?;
-        drop(s);
-        Some(Input::Source(r, c))
-    }
-    fn delete(&mut self, r: crate::SourceRef) -> Option<Input> {
-        Some(Input::SourceDeleted(r))
-    }
-}
-
-struct ConfigMapEdge {
-    interner: Interner,
-}
-
-impl Edge<ConfigMap> for ConfigMapEdge {
-    type Key = crate::SourceRef;
-    fn key(&self, s: &ConfigMap) -> Option<crate::SourceRef> {
-        Some(crate::SourceRef::new(
-            crate::SourceKind::ConfigMap,
-            Arc::from(s.metadata.namespace.as_deref()?),
-            Arc::from(s.metadata.name.as_deref()?),
-        ))
-    }
-    fn apply(&mut self, c: ConfigMap) -> Option<Input> {
-        let (r, content) = convert::config_map(&mut self.interner, &c)?;
-        drop(c);
+    fn apply(&mut self, o: K) -> Option<Input> {
+        let (r, content) = (self.convert)(&mut self.interner, &o)?;
+        drop(o);
         Some(Input::Source(r, content))
     }
     fn delete(&mut self, r: crate::SourceRef) -> Option<Input> {
@@ -439,9 +433,7 @@ pub fn spawn_all(
                 wc(),
                 name,
                 "secrets",
-                SecretEdge {
-                    interner: Interner::default(),
-                },
+                SourceEdge::new(crate::SourceKind::Secret, convert::secret),
                 shared.clone(),
                 tx.clone(),
                 shutdown.clone(),
@@ -456,9 +448,7 @@ pub fn spawn_all(
                 wc(),
                 name,
                 "configmaps",
-                ConfigMapEdge {
-                    interner: Interner::default(),
-                },
+                SourceEdge::new(crate::SourceKind::ConfigMap, convert::config_map),
                 shared.clone(),
                 tx.clone(),
                 shutdown.clone(),
