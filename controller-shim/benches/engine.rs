@@ -14,8 +14,9 @@ use jiff::{SignedDuration, Timestamp};
 use mountguard_controller::Fingerprinter;
 use mountguard_controller::index::ClusterIndex;
 use mountguard_controller::model::{
-    ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel, ProjectedSource,
-    SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef, VolumeModel, VolumeSource,
+    ContainerKind, ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel,
+    ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
+    VolumeModel, VolumeSource,
 };
 use mountguard_controller::verdict::{Config, Engine, EngineState, State};
 use mountguard_inventory::{
@@ -216,18 +217,22 @@ fn main() {
                 name: it.intern(&format!("app-{i}")),
                 node: Some(it.intern(&node_name)),
                 terminated: false,
+                terminating: false,
+                synced_at: Some(started),
                 ready: true,
                 nodeset: None,
                 slurm_node: None,
                 volumes,
                 containers: Box::new([ContainerModel {
                     name: it.intern("app"),
-                    init: false,
+                    kind: ContainerKind::Regular,
                     started_at: Some(started),
+                    finished: false,
                     mounts,
                     env,
                 }]),
                 image_pull_secrets: Box::new([]),
+                other_refs: Box::new([]),
             };
             ix.apply_pod(pod);
 

@@ -4,15 +4,18 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, ContainerState, ContainerStatus, EnvFromSource, EnvVar, Pod, Secret,
+    VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::READ_AT_START_ANNOTATION;
 use crate::model::{
-    ContainerModel, EnvRef, Interner, KeyToPath, MountModel, PodModel, ProjectedSource, SkipReason,
-    SourceContent, SourceKind, SourceProjection, SourceRef, VolumeModel, VolumeSource,
-    parse_read_at_start,
+    ContainerKind, ContainerModel, EnvRef, Interner, KeyToPath, MountModel, PodModel,
+    ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
+    VolumeModel, VolumeSource, parse_read_at_start,
 };
 
 /// The newest `managedFields[].time`, else `creationTimestamp`.
@@ -235,37 +238,131 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         });
     }
 
-    let started = |name: &str, init: bool| -> Option<Timestamp> {
-        let statuses = if init {
-            status.and_then(|s| s.init_container_statuses.as_ref())
-        } else {
-            status.and_then(|s| s.container_statuses.as_ref())
-        };
-        statuses?
-            .iter()
-            .find(|s| s.name == name)?
-            .state
-            .as_ref()?
+    // Every container `pkg/api/v1/pod/util.go` `VisitContainers` walks
+    // (regular, init, ephemeral; listed here in that order, which fixes the
+    // subjects' container indexes), each with the start time of the process
+    // that read its env and mounts.
+    let status_of = |list: Option<&Vec<ContainerStatus>>, name: &str| -> Option<ContainerState> {
+        list?.iter().find(|s| s.name == name)?.state.clone()
+    };
+    let running_since = |st: &Option<ContainerState>| {
+        st.as_ref()?
             .running
             .as_ref()?
             .started_at
             .as_ref()
             .map(|t| t.0)
     };
+    let terminated_since = |st: &Option<ContainerState>| {
+        st.as_ref()?
+            .terminated
+            .as_ref()?
+            .started_at
+            .as_ref()
+            .map(|t| t.0)
+    };
     let mut containers = Vec::new();
-    let all = spec
-        .containers
-        .iter()
-        .map(|c| (c, false))
-        .chain(spec.init_containers.iter().flatten().map(|c| (c, true)));
-    for (c, init) in all {
-        let started_at = started(&c.name, init);
-        if init && started_at.is_none() {
-            // A finished init container no longer matters.
-            continue;
-        }
-        containers.push(container(interner, c, init, started_at, &volumes));
+    let mut other_refs = Vec::new();
+    for c in &spec.containers {
+        let st = status_of(status.and_then(|s| s.container_statuses.as_ref()), &c.name);
+        let parts = ContainerParts::of(c);
+        containers.push(container(
+            interner,
+            parts,
+            ContainerKind::Regular,
+            running_since(&st),
+            false,
+            &volumes,
+        ));
     }
+    for c in spec.init_containers.iter().flatten() {
+        let st = status_of(
+            status.and_then(|s| s.init_container_statuses.as_ref()),
+            &c.name,
+        );
+        // A sidecar (`restartPolicy: Always`) restarts like a regular
+        // container; any other init container that terminated ran once
+        // (`pkg/api/v1/pod/util.go` `IsRestartableInitContainer`).
+        let sidecar = c.restart_policy.as_deref() == Some("Always");
+        let (started_at, finished) = match running_since(&st) {
+            Some(t) => (Some(t), false),
+            None if !sidecar => match terminated_since(&st) {
+                Some(t) => (Some(t), true),
+                None => (None, false),
+            },
+            None => (None, false),
+        };
+        let parts = ContainerParts::of(c);
+        containers.push(container(
+            interner,
+            parts,
+            ContainerKind::Init,
+            started_at,
+            finished,
+            &volumes,
+        ));
+    }
+    for c in spec.ephemeral_containers.iter().flatten() {
+        let st = status_of(
+            status.and_then(|s| s.ephemeral_container_statuses.as_ref()),
+            &c.name,
+        );
+        let parts = ContainerParts {
+            name: &c.name,
+            mounts: c.volume_mounts.as_deref().unwrap_or_default(),
+            env: c.env.as_deref().unwrap_or_default(),
+            env_from: c.env_from.as_deref().unwrap_or_default(),
+        };
+        let exited = st.as_ref().is_some_and(|s| s.terminated.is_some());
+        let model = container(
+            interner,
+            parts,
+            ContainerKind::Ephemeral,
+            running_since(&st),
+            false,
+            &volumes,
+        );
+        if exited {
+            // Ephemeral containers never restart: no verdicts, but the
+            // kubelet still counts their references.
+            other_refs.extend(model.env.iter().map(|e| {
+                let (kind, name) = e.target();
+                (kind, name.clone())
+            }));
+        } else {
+            containers.push(model);
+        }
+    }
+    // The secretRefs of other volume types, as `VisitPodSecretNames` visits
+    // them.
+    for v in spec.volumes.iter().flatten() {
+        let name = if let Some(x) = &v.azure_file {
+            Some(x.secret_name.as_str())
+        } else if let Some(x) = &v.cephfs {
+            x.secret_ref.as_ref().map(|r| r.name.as_str())
+        } else if let Some(x) = &v.cinder {
+            x.secret_ref.as_ref().map(|r| r.name.as_str())
+        } else if let Some(x) = &v.flex_volume {
+            x.secret_ref.as_ref().map(|r| r.name.as_str())
+        } else if let Some(x) = &v.rbd {
+            x.secret_ref.as_ref().map(|r| r.name.as_str())
+        } else if let Some(x) = &v.scale_io {
+            Some(x.secret_ref.name.as_str())
+        } else if let Some(x) = &v.iscsi {
+            x.secret_ref.as_ref().map(|r| r.name.as_str())
+        } else if let Some(x) = &v.storageos {
+            x.secret_ref.as_ref().map(|r| r.name.as_str())
+        } else if let Some(x) = &v.csi {
+            x.node_publish_secret_ref.as_ref().map(|r| r.name.as_str())
+        } else {
+            None
+        };
+        if let Some(n) = name.filter(|n| !n.is_empty()) {
+            other_refs.push((SourceKind::Secret, interner.intern(n)));
+        }
+    }
+    other_refs.sort();
+    other_refs.dedup();
 
     Some(PodModel {
         uid,
@@ -273,6 +370,8 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         name,
         node: spec.node_name.as_deref().map(|n| interner.intern(n)),
         terminated,
+        terminating: meta.deletion_timestamp.is_some(),
+        synced_at: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
         ready,
         slurm_node: nodeset.as_ref().and_then(|_| {
             meta.labels
@@ -290,23 +389,48 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             .filter(|s| !s.name.is_empty())
             .map(|s| interner.intern(&s.name))
             .collect(),
+        other_refs: other_refs.into(),
     })
+}
+
+/// The parts of a regular, init or ephemeral container the model needs.
+struct ContainerParts<'a> {
+    name: &'a str,
+    mounts: &'a [VolumeMount],
+    env: &'a [EnvVar],
+    env_from: &'a [EnvFromSource],
+}
+
+impl<'a> ContainerParts<'a> {
+    fn of(c: &'a Container) -> Self {
+        Self {
+            name: &c.name,
+            mounts: c.volume_mounts.as_deref().unwrap_or_default(),
+            env: c.env.as_deref().unwrap_or_default(),
+            env_from: c.env_from.as_deref().unwrap_or_default(),
+        }
+    }
 }
 
 fn container(
     interner: &mut Interner,
-    c: &Container,
-    init: bool,
+    c: ContainerParts<'_>,
+    kind: ContainerKind,
     started_at: Option<Timestamp>,
+    finished: bool,
     volumes: &[VolumeModel],
 ) -> ContainerModel {
     let mut mounts = Vec::new();
-    for (i, m) in c.volume_mounts.iter().flatten().enumerate() {
+    for (i, m) in c.mounts.iter().enumerate() {
         let Some(vi) = volumes.iter().position(|v| *v.name == *m.name) else {
             continue;
         };
         let sub_path = m.sub_path.as_deref().filter(|s| !s.is_empty());
         let expr = m.sub_path_expr.as_deref().is_some_and(|s| !s.is_empty());
+        if finished && (sub_path.is_some() || expr) {
+            // The bind of a finished init container is read by nobody.
+            continue;
+        }
         if sub_path.is_none() && !expr && !volumes[vi].read_at_start {
             continue;
         }
@@ -318,7 +442,7 @@ fn container(
         });
     }
     let mut env = Vec::new();
-    for e in c.env.iter().flatten() {
+    for e in c.env {
         let Some(vf) = &e.value_from else { continue };
         if let Some(s) = &vf.secret_key_ref {
             env.push(EnvRef::Key {
@@ -338,7 +462,7 @@ fn container(
             });
         }
     }
-    for ef in c.env_from.iter().flatten() {
+    for ef in c.env_from {
         let prefix = interner.intern(ef.prefix.as_deref().unwrap_or(""));
         if let Some(s) = &ef.secret_ref {
             env.push(EnvRef::From {
@@ -357,9 +481,10 @@ fn container(
         }
     }
     ContainerModel {
-        name: interner.intern(&c.name),
-        init,
+        name: interner.intern(c.name),
+        kind,
         started_at,
+        finished,
         mounts: interner.intern_mounts(mounts),
         env: interner.intern_env(env),
     }
@@ -494,10 +619,37 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        // Containers: slurmd and the running sidecar; the finished init
-        // container is dropped.
-        let cs: Vec<(&str, bool)> = m.containers.iter().map(|c| (&*c.name, c.init)).collect();
-        assert_eq!(cs, [("slurmd", false), ("sidecar", true)]);
+        // Containers: slurmd, then the init containers: the finished one
+        // keeps its references and its start time, the sidecar runs.
+        let cs: Vec<(&str, ContainerKind, bool, Option<Timestamp>)> = m
+            .containers
+            .iter()
+            .map(|c| (&*c.name, c.kind, c.finished, c.started_at))
+            .collect();
+        let t = |s: &str| Some(s.parse::<Timestamp>().unwrap());
+        assert_eq!(
+            cs,
+            [
+                (
+                    "slurmd",
+                    ContainerKind::Regular,
+                    false,
+                    t("2026-11-30T10:00:00Z")
+                ),
+                (
+                    "done-init",
+                    ContainerKind::Init,
+                    true,
+                    t("2026-11-30T09:59:00Z")
+                ),
+                (
+                    "sidecar",
+                    ContainerKind::Init,
+                    false,
+                    t("2026-11-30T09:59:40Z")
+                ),
+            ]
+        );
         let slurmd = &m.containers[0];
         assert_eq!(
             slurmd.started_at,
@@ -578,5 +730,93 @@ mod tests {
         assert!(c.keys[&it.intern("b")].binary);
         assert_eq!(c.keys[&it.intern("b")].digest, file_digest(&[0, 1]));
         assert_eq!(c.last_write, Some("2026-11-30T08:00:00Z".parse().unwrap()));
+    }
+
+    /// `pkg/api/v1/pod/util.go` `VisitPodSecretNames`: the secretRef of
+    /// every other volume type, env of exited ephemeral containers, and
+    /// empty names skipped.
+    #[test]
+    fn references_cover_every_kind_the_kubelet_visits() {
+        let cases: Vec<(&str, Value)> = vec![
+            (
+                "azureFile",
+                json!({"name": "v", "azureFile": {"secretName": "x", "shareName": "s"}}),
+            ),
+            (
+                "cephfs",
+                json!({"name": "v", "cephfs": {"monitors": ["m"], "secretRef": {"name": "x"}}}),
+            ),
+            (
+                "cinder",
+                json!({"name": "v", "cinder": {"volumeID": "i", "secretRef": {"name": "x"}}}),
+            ),
+            (
+                "flexVolume",
+                json!({"name": "v", "flexVolume": {"driver": "d", "secretRef": {"name": "x"}}}),
+            ),
+            (
+                "iscsi",
+                json!({"name": "v", "iscsi": {"targetPortal": "t", "iqn": "q", "lun": 0, "secretRef": {"name": "x"}}}),
+            ),
+            (
+                "rbd",
+                json!({"name": "v", "rbd": {"monitors": ["m"], "image": "i", "secretRef": {"name": "x"}}}),
+            ),
+            (
+                "scaleIO",
+                json!({"name": "v", "scaleIO": {"gateway": "g", "system": "s", "secretRef": {"name": "x"}}}),
+            ),
+            (
+                "storageos",
+                json!({"name": "v", "storageos": {"secretRef": {"name": "x"}}}),
+            ),
+            (
+                "csi",
+                json!({"name": "v", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "x"}}}),
+            ),
+        ];
+        for (case, volume) in cases {
+            let raw = json!({"metadata": {"namespace": "ns", "name": "p", "uid": "u"},
+                "spec": {"nodeName": "n", "containers": [], "volumes": [volume]}});
+            let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+            let mut it = Interner::default();
+            let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+            let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
+            assert_eq!(refs, ["Secret/ns/x"], "{case}");
+            assert!(m.volumes.is_empty(), "{case}: no verdict of its own");
+        }
+        // Ephemeral containers: a running one is a consumer, an exited one
+        // only references; an empty name is no reference.
+        let raw = json!({"metadata": {"namespace": "ns", "name": "p", "uid": "u"},
+        "spec": {"nodeName": "n", "containers": [],
+            "volumes": [{"name": "e", "csi": {"driver": "d", "nodePublishSecretRef": {"name": ""}}}],
+            "ephemeralContainers": [
+                {"name": "live", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "a", "key": "k"}}}]},
+                {"name": "gone", "envFrom": [{"configMapRef": {"name": "b"}}]}
+            ]},
+        "status": {"startTime": "2026-11-30T10:00:00Z", "ephemeralContainerStatuses": [
+            {"name": "live", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+             "state": {"running": {"startedAt": "2026-11-30T10:05:00Z"}}},
+            {"name": "gone", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+             "state": {"terminated": {"exitCode": 0, "startedAt": "2026-11-30T10:01:00Z"}}}
+        ]}});
+        let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+        let mut it = Interner::default();
+        let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+        let cs: Vec<(&str, ContainerKind)> =
+            m.containers.iter().map(|c| (&*c.name, c.kind)).collect();
+        assert_eq!(cs, [("live", ContainerKind::Ephemeral)]);
+        let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
+        assert_eq!(refs, ["Secret/ns/a", "ConfigMap/ns/b"]);
+        assert_eq!(m.synced_at, Some("2026-11-30T10:00:00Z".parse().unwrap()));
+        assert!(!m.terminating);
+        let mut deleting = raw.clone();
+        deleting["metadata"]["deletionTimestamp"] = json!("2026-11-30T11:00:00Z");
+        let pod: Pod = serde_json::from_value(deleting.clone()).unwrap();
+        let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&deleting)).unwrap();
+        assert!(
+            m.terminating && m.registered(),
+            "terminating pods stay registered"
+        );
     }
 }

@@ -38,6 +38,8 @@ pub mod verdict;
 
 #[cfg(test)]
 mod engine_tests;
+#[cfg(test)]
+mod kubelet_rules_tests;
 
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use index::{ClusterIndex, PodId};
@@ -102,6 +104,10 @@ pub enum Error {
     /// A TLS certificate or key is unusable.
     #[error("TLS: {0}")]
     Tls(String),
+    /// The input holds nothing to judge (no pod, or no pod on the nodes
+    /// scanned): a verdict of "all fresh" would be vacuous.
+    #[error("nothing to judge: {0}")]
+    NothingToJudge(String),
 }
 
 impl Error {
@@ -115,6 +121,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::Kube(_) => "kube",
             Error::Tls(_) => "tls",
+            Error::NothingToJudge(_) => "nothing_to_judge",
         }
     }
 }

@@ -321,6 +321,13 @@ pub enum SkipReason {
     UnknownSource,
     /// A subPathExpr mount (expanded by the kubelet from the environment).
     SubPathExpr,
+    /// The pod is terminating (`deletionTimestamp` set): the kubelet no
+    /// longer syncs it (`pkg/kubelet/pod_workers.go`: a pod whose
+    /// termination was requested gets `SyncTerminatingPod`, never
+    /// `SyncPod` again, and `pkg/kubelet/volumemanager` stops adding its
+    /// volumes), so its mounts stay as they are until it is gone. It still
+    /// pins the kubelet's cache.
+    PodTerminating,
 }
 
 impl SkipReason {
@@ -333,6 +340,7 @@ impl SkipReason {
             SkipReason::PodCertificate => "podCertificate",
             SkipReason::UnknownSource => "unknownSource",
             SkipReason::SubPathExpr => "subPathExpr",
+            SkipReason::PodTerminating => "podTerminating",
         }
     }
 }
@@ -450,21 +458,55 @@ impl EnvRef {
     }
 }
 
-/// A container (regular, or init container still running such as a
-/// sidecar) with what the engine needs of it.
+/// Which list of the pod spec a container comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum ContainerKind {
+    /// `spec.containers`.
+    Regular,
+    /// `spec.initContainers` (sidecars included).
+    Init,
+    /// `spec.ephemeralContainers`.
+    Ephemeral,
+}
+
+/// A container with what the engine needs of it: every regular container,
+/// every init container (finished ones too: their env and what they read
+/// at start shaped the pod), and every ephemeral container that has not
+/// exited.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerModel {
     /// Container name.
     pub name: Arc<str>,
-    /// Declared under `initContainers`.
-    pub init: bool,
-    /// `status.containerStatuses[].state.running.startedAt`; `None` when the
-    /// container is not running.
+    /// Where the container is declared.
+    pub kind: ContainerKind,
+    /// When the container's current process started:
+    /// `state.running.startedAt`, or for a finished init container
+    /// `state.terminated.startedAt`; `None` when it has not started (or, for
+    /// a regular container, is not running now).
     pub started_at: Option<Timestamp>,
+    /// An init container that ran to completion and never runs again in
+    /// this pod (not a sidecar): a restart cannot refresh what it read.
+    pub finished: bool,
     /// Relevant volume mounts (shared between pods with the same spec).
     pub mounts: Arc<[MountModel]>,
     /// Environment references (shared between pods with the same spec).
     pub env: Arc<[EnvRef]>,
+}
+
+impl ContainerModel {
+    /// What to do so this container reads current content again, in the
+    /// words of a verdict's advice.
+    pub fn refresh_advice(&self) -> String {
+        if self.finished {
+            format!(
+                "init container {} ran once and never runs again in this pod: replace the pod",
+                self.name
+            )
+        } else {
+            format!("restart container {}", self.name)
+        }
+    }
 }
 
 /// The compact view of a pod.
@@ -480,6 +522,15 @@ pub struct PodModel {
     pub node: Option<Arc<str>>,
     /// Phase is Succeeded or Failed: the kubelet has unregistered it.
     pub terminated: bool,
+    /// `metadata.deletionTimestamp` is set: the kubelet no longer refreshes
+    /// the pod's volumes, but keeps its cache registrations until the pod is
+    /// gone.
+    pub terminating: bool,
+    /// `status.startTime`: set by the kubelet's status manager in the first
+    /// `SyncPod` of the pod, right before it registers the pod's Secret and
+    /// ConfigMap references (see [`PodModel::registered`]). `None`: the
+    /// kubelet has not synced the pod yet.
+    pub synced_at: Option<Timestamp>,
     /// The `Ready` condition is `True` (counts towards a NodeSet's
     /// availability when budgeting remediation).
     pub ready: bool,
@@ -494,12 +545,22 @@ pub struct PodModel {
     pub containers: Box<[ContainerModel]>,
     /// `spec.imagePullSecrets` names (the kubelet registers these too).
     pub image_pull_secrets: Box<[Arc<str>]>,
+    /// References the kubelet registers that get no verdict of their own:
+    /// the Secrets named by volumes of other types (CSI
+    /// `nodePublishSecretRef`, azureFile, cephfs, cinder, flexVolume, iscsi,
+    /// rbd, scaleIO, storageOS) and the env references of ephemeral
+    /// containers that have exited (they never run again).
+    pub other_refs: Box<[(SourceKind, Arc<str>)]>,
 }
 
 impl PodModel {
-    /// Every Secret/ConfigMap this pod references through volumes, env,
-    /// envFrom and imagePullSecrets: the names the kubelet registers a cache
-    /// reference for. Sorted, without duplicates.
+    /// Every Secret/ConfigMap this pod references: the names the kubelet
+    /// registers a cache reference for, as `pkg/api/v1/pod/util.go`
+    /// `VisitPodSecretNames` / `VisitPodConfigmapNames` visit them:
+    /// imagePullSecrets; env `valueFrom` and `envFrom` of regular, init and
+    /// ephemeral containers whatever their state; secret, configMap and
+    /// projected volume sources; the secretRefs of other volume types. Empty
+    /// names are skipped (`skipEmptyNames`). Sorted, without duplicates.
     pub fn references(&self) -> Vec<SourceRef> {
         let mut out = Vec::new();
         let mut push = |kind, name: &Arc<str>| {
@@ -526,6 +587,9 @@ impl PodModel {
         for s in self.image_pull_secrets.iter() {
             push(SourceKind::Secret, s);
         }
+        for (kind, name) in self.other_refs.iter() {
+            push(*kind, name);
+        }
         out.sort();
         out.dedup();
         out
@@ -549,6 +613,26 @@ impl PodModel {
             })
         }) || (r.kind == SourceKind::Secret
             && self.image_pull_secrets.iter().any(|s| **s == *r.name))
+            || self.other_refs.iter().any(|(k, n)| hit(*k, n))
+    }
+
+    /// Whether the kubelet on the pod's node holds a cache registration for
+    /// the pod now. `pkg/kubelet/kubelet.go` `SyncPod` registers the pod
+    /// with the Secret and ConfigMap managers right after its first
+    /// `statusManager.SetPodStatus` (which stamps `status.startTime`, see
+    /// `pkg/kubelet/status/status_manager.go` `updateStatusInternal`), and
+    /// only `SyncTerminatedPod` unregisters it: a pod that is terminating but
+    /// not gone still holds its registrations, a Succeeded/Failed one does
+    /// not, and one the kubelet has not synced yet holds none.
+    pub fn registered(&self) -> bool {
+        self.node.is_some() && !self.terminated && self.synced_at.is_some()
+    }
+
+    /// Whether this pod keeps the kubelet's cache entry of `r` alive: it is
+    /// [registered](Self::registered) and names `r` in any reference the
+    /// kubelet counts ([`Self::references`]).
+    pub fn pins(&self, r: &SourceRef) -> bool {
+        self.registered() && self.references_source(r)
     }
 }
 

@@ -332,6 +332,26 @@ impl VerifyArgs {
                 }
             }
         }
+        // An empty dump, or scans of nodes the dump has no pod on, would
+        // pass every --fail-on vacuously: refuse them.
+        if loaded.index.pod_count() == 0 {
+            return Err(Error::NothingToJudge(format!(
+                "{} contain(s) no Pod; dump the pods with their Secrets and ConfigMaps, e.g. `kubectl get pods,secrets,configmaps -A -o json`",
+                files(&objects)
+            )));
+        }
+        if !by_node.is_empty()
+            && !by_node
+                .keys()
+                .any(|n| !loaded.index.pods_on_node(n).is_empty())
+        {
+            return Err(Error::NothingToJudge(format!(
+                "no Pod in {} runs on node(s) {}, the node(s) of the inventories in {}; dump the pods of those nodes (e.g. `kubectl get pods -A -o json --field-selector spec.nodeName=NODE` with the Secrets and ConfigMaps) or pass the scans of the nodes the dump covers",
+                files(&objects),
+                by_node.keys().cloned().collect::<Vec<_>>().join(", "),
+                files(&inventory)
+            )));
+        }
         for inv in by_node.into_values() {
             let obs = ObservedNode::from_inventory(&inv, &mut loaded.index.interner);
             loaded.index.apply_inventory(obs);
@@ -386,6 +406,14 @@ impl VerifyArgs {
         }
         Ok(if summary.failing > 0 { 1 } else { 0 })
     }
+}
+
+fn files(paths: &[std::path::PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn write_table(
@@ -563,6 +591,46 @@ mod tests {
         let p = dir.join(name);
         std::fs::write(&p, content).unwrap();
         p.display().to_string()
+    }
+
+    #[test]
+    fn verify_refuses_input_with_nothing_to_judge() {
+        let dir = tempfile::tempdir().unwrap();
+        let inv = write(dir.path(), "inv.json", &inventory(b"new"));
+        // (case, objects, inventory, what the error names)
+        let no_pods = json!({"apiVersion": "v1", "kind": "List", "items": [
+            objects()["items"][0].clone()]});
+        let mut elsewhere = objects();
+        elsewhere["items"][2]["spec"]["nodeName"] = json!("node-b");
+        let cases = [
+            (
+                "an empty list",
+                json!({"apiVersion": "v1", "kind": "List", "items": []}),
+                "contain(s) no Pod",
+            ),
+            ("sources without pods", no_pods, "contain(s) no Pod"),
+            (
+                "no pod on the scanned node",
+                elsewhere,
+                "runs on node(s) node-a",
+            ),
+        ];
+        for (case, objs, want) in cases {
+            let (r, out) = run(
+                &["--objects", "-", "--inventory", &inv, "--fail-on", "stale"],
+                &objs.to_string(),
+            );
+            let e = r.expect_err(case);
+            assert!(matches!(e, Error::NothingToJudge(_)), "{case}: {e}");
+            assert!(e.to_string().contains(want), "{case}: {e}");
+            assert!(out.is_empty(), "{case}: no verdict table: {out}");
+        }
+        // The same dump with a pod on the scanned node is judged.
+        let (r, _) = run(
+            &["--objects", "-", "--inventory", &inv],
+            &objects().to_string(),
+        );
+        assert_eq!(r.unwrap(), 0);
     }
 
     #[test]

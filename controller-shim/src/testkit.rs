@@ -14,8 +14,9 @@ use mountguard_inventory::{
 
 use crate::index::ClusterIndex;
 use crate::model::{
-    ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel, ProjectedSource,
-    SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef, VolumeModel, VolumeSource,
+    ContainerKind, ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel,
+    ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
+    VolumeModel, VolumeSource,
 };
 
 /// Parses an RFC 3339 time (panics on bad input: tests only).
@@ -134,12 +135,15 @@ impl PodB {
                 name: a(name),
                 node: Some(a(node)),
                 terminated: false,
+                terminating: false,
+                synced_at: Some(ts("2026-01-01T00:00:00Z")),
                 ready: true,
                 nodeset: None,
                 slurm_node: None,
                 volumes: Box::new([]),
                 containers: Box::new([]),
                 image_pull_secrets: Box::new([]),
+                other_refs: Box::new([]),
             },
         }
     }
@@ -166,7 +170,42 @@ impl PodB {
 
     /// Adds a container; `mounts` are (volume name, subPath or "").
     pub fn container(
+        self,
+        name: &str,
+        started_at: Option<Timestamp>,
+        mounts: &[(&str, &str)],
+        env: Vec<EnvRef>,
+    ) -> Self {
+        self.container_of(ContainerKind::Regular, false, name, started_at, mounts, env)
+    }
+
+    /// Adds an init container; `finished`: it ran to completion at
+    /// `started_at` (not a sidecar).
+    pub fn init_container(
+        self,
+        name: &str,
+        started_at: Option<Timestamp>,
+        finished: bool,
+        mounts: &[(&str, &str)],
+        env: Vec<EnvRef>,
+    ) -> Self {
+        self.container_of(ContainerKind::Init, finished, name, started_at, mounts, env)
+    }
+
+    /// Adds a (running) ephemeral container.
+    pub fn ephemeral_container(
+        self,
+        name: &str,
+        started_at: Option<Timestamp>,
+        env: Vec<EnvRef>,
+    ) -> Self {
+        self.container_of(ContainerKind::Ephemeral, false, name, started_at, &[], env)
+    }
+
+    fn container_of(
         mut self,
+        kind: ContainerKind,
+        finished: bool,
         name: &str,
         started_at: Option<Timestamp>,
         mounts: &[(&str, &str)],
@@ -190,12 +229,48 @@ impl PodB {
         let mut c = self.pod.containers.into_vec();
         c.push(ContainerModel {
             name: a(name),
-            init: false,
+            kind,
             started_at,
+            finished,
             mounts,
             env: env.into(),
         });
         self.pod.containers = c.into();
+        self
+    }
+
+    /// `imagePullSecrets`.
+    pub fn image_pull_secret(mut self, name: &str) -> Self {
+        let mut v = self.pod.image_pull_secrets.into_vec();
+        v.push(a(name));
+        self.pod.image_pull_secrets = v.into();
+        self
+    }
+
+    /// A reference with no verdict of its own (e.g. a CSI
+    /// `nodePublishSecretRef`).
+    pub fn other_ref(mut self, kind: SourceKind, name: &str) -> Self {
+        let mut v = self.pod.other_refs.into_vec();
+        v.push((kind, a(name)));
+        self.pod.other_refs = v.into();
+        self
+    }
+
+    /// `status.startTime` (`None`: the kubelet has not synced the pod).
+    pub fn synced_at(mut self, t: Option<Timestamp>) -> Self {
+        self.pod.synced_at = t;
+        self
+    }
+
+    /// `metadata.deletionTimestamp` is set.
+    pub fn terminating(mut self) -> Self {
+        self.pod.terminating = true;
+        self
+    }
+
+    /// No node (unscheduled).
+    pub fn unscheduled(mut self) -> Self {
+        self.pod.node = None;
         self
     }
 

@@ -6,7 +6,7 @@
 //! rebuild from scratch.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -192,6 +192,7 @@ impl State {
             SkipReason::PodCertificate,
             SkipReason::UnknownSource,
             SkipReason::SubPathExpr,
+            SkipReason::PodTerminating,
         ] {
             v.push(State::Skipped(r));
         }
@@ -491,6 +492,20 @@ pub struct SourceHistory {
     pub fingerprint: Option<String>,
     /// When the content last changed, if known.
     pub content_changed_at: Option<Timestamp>,
+    /// Per key: keyed fingerprint of the value and when it last changed, so
+    /// an env var fed by one key is not judged by another key's change.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub keys: BTreeMap<Arc<str>, KeyHistory>,
+}
+
+/// History of one key of a source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyHistory {
+    /// Keyed fingerprint of the value (never the digest).
+    pub fingerprint: String,
+    /// When the value last changed, if known.
+    pub changed_at: Option<Timestamp>,
 }
 
 /// History of one subject.
@@ -598,6 +613,16 @@ impl EngineState {
         match self.sources.get(r) {
             Some(h) => h.content_changed_at,
             None => index.source(r).and_then(|c| c.last_write),
+        }
+    }
+
+    /// When key `key` of `r` last changed, from the per-key history; else
+    /// when the object changed (one dump, or a key the history has not
+    /// seen: every key is taken to have changed with the object).
+    fn key_changed_at(&self, index: &ClusterIndex, r: &SourceRef, key: &str) -> Option<Timestamp> {
+        match self.sources.get(r).and_then(|h| h.keys.get(key)) {
+            Some(k) => k.changed_at,
+            None => self.changed_at(index, r),
         }
     }
 }
@@ -775,20 +800,61 @@ impl Engine {
                 .fingerprint(&c.content_digest)
                 .to_string()
         });
+        let key_fps = |c: &crate::model::SourceContent| -> Vec<(Arc<str>, String)> {
+            c.keys
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        self.fingerprinter.fingerprint(&v.digest).to_string(),
+                    )
+                })
+                .collect()
+        };
         match state.sources.get_mut(r) {
             Some(h) => {
                 if h.fingerprint != fp {
                     h.fingerprint = fp;
                     h.content_changed_at = Some(now);
+                    // Only the keys whose value changed (or that appeared)
+                    // take `now`; vanished keys are forgotten.
+                    let mut keys = BTreeMap::new();
+                    for (k, kfp) in content.map(key_fps).unwrap_or_default() {
+                        let changed_at = match h.keys.get(&k) {
+                            Some(old) if old.fingerprint == kfp => old.changed_at,
+                            _ => Some(now),
+                        };
+                        keys.insert(
+                            k,
+                            KeyHistory {
+                                fingerprint: kfp,
+                                changed_at,
+                            },
+                        );
+                    }
+                    h.keys = keys;
                 }
             }
             None => {
                 if let Some(c) = content {
+                    let first = c.last_write.map(|t| t.min(now));
                     state.sources.insert(
                         r.clone(),
                         SourceHistory {
                             fingerprint: fp,
-                            content_changed_at: c.last_write.map(|t| t.min(now)),
+                            content_changed_at: first,
+                            keys: key_fps(c)
+                                .into_iter()
+                                .map(|(k, fingerprint)| {
+                                    (
+                                        k,
+                                        KeyHistory {
+                                            fingerprint,
+                                            changed_at: first,
+                                        },
+                                    )
+                                })
+                                .collect(),
                         },
                     );
                 }
@@ -1096,6 +1162,9 @@ impl Engine {
         if pod.terminated {
             return None;
         }
+        if pod.terminating {
+            return Some(terminating_pod(id, pod, now));
+        }
         let view = self.node_view(index, node, now);
         let observed_pod = match &view {
             NodeView::Usable(n) => n.pods.get(&pod.uid),
@@ -1172,12 +1241,15 @@ impl Engine {
                     continue;
                 };
                 let sid = SubjectId::SubPath(ci as u16, mi as u16);
+                // Volume verdicts come first, in volume order.
+                let volume_state = out.verdicts[m.volume as usize].verdict.state;
                 out.verdicts.push(ctx.sub_path_verdict(
                     sid,
                     c,
                     m,
                     sp,
                     &expected[m.volume as usize],
+                    volume_state,
                     &view,
                     observed_pod,
                     prev_since(sid),
@@ -1390,20 +1462,7 @@ impl Ctx<'_> {
             .filter(|r| self.index.source(r).is_some_and(|c| c.immutable))
             .collect();
         if !immutable.is_empty() {
-            let mut pinned: Vec<Arc<str>> = Vec::new();
-            for id in self.index.pods_on_node(self.node) {
-                let Some(other) = self.index.pod(*id) else {
-                    continue;
-                };
-                if other.uid == self.pod.uid || other.terminated {
-                    continue;
-                }
-                if immutable.iter().any(|r| other.references_source(r)) {
-                    pinned.push(other.name.clone());
-                }
-            }
-            pinned.sort();
-            pinned.dedup();
+            let pinned = self.pinning_pods(&immutable);
             if pinned.is_empty() {
                 return (State::Stale(StaleCause::ImmutableCache), start, pinned);
             }
@@ -1414,6 +1473,42 @@ impl Ctx<'_> {
             );
         }
         (State::Stale(StaleCause::Unknown), start, Vec::new())
+    }
+
+    /// The other pods on this node that keep the kubelet's cache entry of
+    /// one of `sources` alive ([`PodModel::pins`]): while one does, a
+    /// replacement of this pod is served the same cached copy
+    /// (`pkg/kubelet/util/manager/watch_based_manager.go`: one item per
+    /// namespace/name, dropped only when no registered pod references it).
+    /// Names, sorted.
+    fn pinning_pods(&self, sources: &[&SourceRef]) -> Vec<Arc<str>> {
+        let mut pinned: Vec<Arc<str>> = self
+            .index
+            .pods_on_node(self.node)
+            .iter()
+            .filter_map(|id| self.index.pod(*id))
+            .filter(|other| other.uid != self.pod.uid && sources.iter().any(|r| other.pins(r)))
+            .map(|other| other.name.clone())
+            .collect();
+        pinned.sort();
+        pinned.dedup();
+        pinned
+    }
+
+    /// Whether the kubelet's cache entry of immutable `r` on this node holds
+    /// the content from before its change at `changed`: a pod registered
+    /// before the change (this one included) still holds the entry, so it
+    /// was never dropped and, immutable, never refreshed
+    /// (`watch_based_manager.go`: `Get` stops the item's reflector for an
+    /// immutable object and `restartReflectorIfNeeded` never restarts it).
+    /// A kubelet restart empties the cache; the engine cannot see one, so
+    /// this can be conservative after one (a volume shows the truth).
+    fn cache_predates(&self, r: &SourceRef, changed: Timestamp) -> bool {
+        self.index
+            .pods_on_node(self.node)
+            .iter()
+            .filter_map(|id| self.index.pod(*id))
+            .any(|p| p.pins(r) && p.synced_at.is_some_and(|t| t < changed))
     }
 
     fn unverifiable_for(&self, view: &NodeView<'_>) -> Option<State> {
@@ -1561,8 +1656,9 @@ impl Ctx<'_> {
                     .collect();
                 if !late.is_empty() {
                     late.sort();
+                    let advice = self.refresh_advice(&late);
                     detail.message = Some(format!(
-                        "the volume was refreshed at {written_at} after container(s) {} started, and the pod declares it is read only at start",
+                        "the volume was refreshed at {written_at} after container(s) {} started, and the pod declares it is read only at start: {advice}",
                         late.iter().map(|s| &**s).collect::<Vec<_>>().join(", ")
                     ));
                     detail.containers = late;
@@ -1598,6 +1694,28 @@ impl Ctx<'_> {
         mk(state, start, detail)
     }
 
+    /// What refreshes the content these containers read: a restart, unless
+    /// one of them is an init container that never runs again.
+    fn refresh_advice(&self, containers: &[Arc<str>]) -> String {
+        let models = || {
+            self.pod
+                .containers
+                .iter()
+                .filter(|c| containers.contains(&c.name))
+        };
+        match models().find(|c| c.finished) {
+            Some(c) => c.refresh_advice(),
+            None => format!(
+                "restart container(s) {}",
+                containers
+                    .iter()
+                    .map(|s| &**s)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn sub_path_verdict(
         &self,
@@ -1606,6 +1724,7 @@ impl Ctx<'_> {
         m: &crate::model::MountModel,
         sp: &Arc<str>,
         cv: &CachedVolume,
+        volume_state: State,
         view: &NodeView<'_>,
         observed_pod: Option<&crate::model::ObservedPod>,
         prev: Option<(bool, Timestamp)>,
@@ -1739,11 +1858,16 @@ impl Ctx<'_> {
                 t.map(|t| Some(acc.map_or(t, |a| a.max(t))))
             })
             .flatten();
+        // A restart binds the subPath again from the volume: it helps only
+        // when the volume itself is current.
+        let volume_behind = matches!(volume_state, State::Stale(_) | State::Propagating);
         match changed_at {
             // The content was current before the container started, yet the
             // bind shows something else: the volume itself was stale at
-            // start; classify like a volume mismatch.
-            Some(t) if t <= started_at => {
+            // start; classify like a volume mismatch. The same when the
+            // volume is behind now: a restart would bind the same old
+            // content.
+            Some(t) if t <= started_at || volume_behind => {
                 let (state, start, pinned) =
                     self.classify_mismatch(&involved, node.scanned_at, prev);
                 detail.pinned_by = pinned;
@@ -1751,8 +1875,9 @@ impl Ctx<'_> {
             }
             _ => {
                 detail.message = Some(format!(
-                    "subPath mounts never update; container {} started at {started_at}, before the current content; restart it",
-                    c.name
+                    "subPath mounts never update; container {} started at {started_at}, before the current content: {}",
+                    c.name,
+                    c.refresh_advice()
                 ));
                 mk(
                     State::Frozen(FrozenCause::SubPath),
@@ -1763,6 +1888,10 @@ impl Ctx<'_> {
         }
     }
 
+    /// Env is filled from the same kubelet cache entry as volumes
+    /// (`pkg/kubelet/kubelet_pods.go` `makeEnvironmentVariables` reads
+    /// through `secretManager.GetSecret` / `configMapManager.GetConfigMap`)
+    /// and fixed when the container starts.
     fn env_verdict(
         &self,
         id: SubjectId,
@@ -1778,12 +1907,24 @@ impl Ctx<'_> {
                 Some(format!("{m}: the kubelet refuses to start the container")),
             )
         } else if let Some(started_at) = c.started_at {
-            match self.state.changed_at(self.index, &ee.source) {
+            // A `valueFrom` key changes only when that key does; `envFrom`
+            // with the object.
+            let changed_at = match e {
+                crate::model::EnvRef::Key { key, .. } => {
+                    self.state.key_changed_at(self.index, &ee.source, key)
+                }
+                crate::model::EnvRef::From { .. } => self.state.changed_at(self.index, &ee.source),
+            };
+            let immutable = self.index.source(&ee.source).is_some_and(|s| s.immutable);
+            match changed_at {
+                Some(t) if immutable && self.cache_predates(&ee.source, t) => {
+                    self.env_from_old_cache(id, c, &ee.source, t, started_at)
+                }
                 Some(t) if t > started_at => {
                     let mut p = self.simple(id, State::Frozen(FrozenCause::Env),
                         Some(format!(
-                            "environment is fixed at start; {} changed at {t}, after container {} started at {started_at}; restart it",
-                            ee.source, c.name
+                            "environment is fixed at start; {} changed at {t}, after container {} started at {started_at}: {}",
+                            ee.source, c.name, c.refresh_advice()
                         )),
                     );
                     p.estimate = t;
@@ -1804,6 +1945,88 @@ impl Ctx<'_> {
         };
         p.verdict.expected = expected;
         p
+    }
+
+    /// An env reference to an immutable object changed at `changed` while
+    /// the node's cache entry kept the old object: the container got (or,
+    /// restarted, gets again) the old values. Like a volume mismatch:
+    /// Propagating within grace, then Stale, pinned when other pods hold
+    /// the entry.
+    fn env_from_old_cache(
+        &self,
+        id: SubjectId,
+        c: &crate::model::ContainerModel,
+        source: &SourceRef,
+        changed: Timestamp,
+        started_at: Timestamp,
+    ) -> Prelim {
+        let since = changed.max(started_at);
+        if self.now.duration_since(changed) < self.engine.config.grace {
+            let mut p = self.simple(id, State::Propagating, None);
+            p.estimate = changed;
+            return p;
+        }
+        let pinned = self.pinning_pods(&[source]);
+        let (state, message) = if pinned.is_empty() {
+            (
+                State::Stale(StaleCause::ImmutableCache),
+                format!(
+                    "container {} got its environment from the kubelet's cached copy of immutable {source}, older than its recreation at {changed}; a container restart gets the same values: replace the pod",
+                    c.name
+                ),
+            )
+        } else {
+            (
+                State::Stale(StaleCause::ImmutableCachePinned),
+                format!(
+                    "container {} got its environment from the kubelet's cached copy of immutable {source}, older than its recreation at {changed}; pods {} on this node keep that cache entry alive, so neither a restart nor replacing this pod alone can help",
+                    c.name,
+                    pinned.iter().map(|s| &**s).collect::<Vec<_>>().join(", ")
+                ),
+            )
+        };
+        let mut p = self.simple(id, state, Some(message));
+        if let Some(d) = p.verdict.detail.as_deref_mut() {
+            d.pinned_by = pinned;
+        }
+        p.estimate = since;
+        p
+    }
+}
+
+/// Every subject of a terminating pod, Skipped: the kubelet no longer
+/// refreshes it (see [`SkipReason::PodTerminating`]).
+fn terminating_pod(id: PodId, pod: &PodModel, now: Timestamp) -> PodPrelim {
+    let skipped = |sid: SubjectId| Prelim {
+        verdict: Verdict {
+            id: sid,
+            state: State::Skipped(SkipReason::PodTerminating),
+            expected: None,
+            observed: None,
+            since: now,
+            detail: None,
+        },
+        estimate: now,
+        mutable_mount: false,
+    };
+    let mut verdicts: Vec<Prelim> = (0..pod.volumes.len())
+        .map(|vi| skipped(SubjectId::Volume(vi as u16)))
+        .collect();
+    for (ci, c) in pod.containers.iter().enumerate() {
+        for (mi, m) in c.mounts.iter().enumerate() {
+            if m.sub_path.is_some() || m.sub_path_expr {
+                verdicts.push(skipped(SubjectId::SubPath(ci as u16, mi as u16)));
+            }
+        }
+        for ei in 0..c.env.len() {
+            verdicts.push(skipped(SubjectId::Env(ci as u16, ei as u16)));
+        }
+    }
+    PodPrelim {
+        id,
+        verdicts,
+        mutable: 0,
+        stale: 0,
     }
 }
 

@@ -71,7 +71,9 @@ fn pod(
             "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
                 "name": "gpu", "uid": "nodeset-uid", "controller": true}]},
         "spec": spec,
-        "status": {"phase": "Running", "containerStatuses": statuses}})
+        // startTime: the kubelet's status manager stamps it in the pod's
+        // first sync, when the pod registers its references.
+        "status": {"phase": "Running", "startTime": t(started), "containerStatuses": statuses}})
 }
 
 fn kaa(name: &str) -> Value {
@@ -275,12 +277,16 @@ fn verify_judges_layouts_written_like_the_kubelet_and_scanned_by_the_agent() {
         .collect();
     assert_eq!(skipped.len(), 2, "{v:#}");
 
+    // login-0 read the key from the same kubelet cache entry, which it and
+    // worker-0 kept alive across the recreation: a restart would get the
+    // old key again, so this is Stale (pinned), not Frozen.
     let v = find(&doc, "login-0", "env", "SLURM_KEY");
     assert_eq!(
         (v["state"].as_str(), v["cause"].as_str()),
-        (Some("Frozen"), Some("Env")),
+        (Some("Stale"), Some("ImmutableCachePinned")),
         "{v:#}"
     );
+    assert_eq!(v["pinnedBy"], json!(["worker-0"]));
 
     let v = find(&doc, "worker-1", "volume", "slurm-etc");
     assert_eq!(

@@ -1,0 +1,768 @@
+//! Table-driven tests of the rules the engine takes from the kubelet: which
+//! references pin a cache entry, init and ephemeral containers as
+//! consumers, terminating pods, env served from a pinned cache, per-key env
+//! history. Each case names the upstream rule it checks (see the comments on
+//! `PodModel::references`, `PodModel::registered` and `Ctx::env_verdict`).
+
+use mountguard_inventory::Plugin;
+
+use crate::fingerprint::Fingerprinter;
+use crate::index::ClusterIndex;
+use crate::model::{ProjectedSource, SkipReason, SourceKind, VolumeSource};
+use crate::testkit::*;
+use crate::verdict::{
+    Config, Engine, EngineState, Evaluation, FrozenCause, StaleCause, State, Subject, Verdict,
+};
+
+const KEY: &[u8] = b"test-installation-key-0123456789";
+const SECRET: SourceKind = SourceKind::Secret;
+const CM: SourceKind = SourceKind::ConfigMap;
+
+/// The pods registered with the kubelet long before anything changed.
+const SYNCED: &str = "2026-11-30T09:00:00Z";
+const START: &str = "2026-11-30T10:00:00Z";
+/// The immutable Secret is deleted and recreated with new content.
+const RECREATED: &str = "2026-11-30T10:30:00Z";
+const SCAN: &str = "2026-11-30T11:00:00Z";
+const NOW: &str = "2026-11-30T11:00:30Z";
+
+fn engine() -> Engine {
+    Engine::new(Config::default(), Fingerprinter::new(KEY).unwrap())
+}
+
+fn find<'a>(eval: &'a Evaluation, pod: &str, want: impl Fn(&Subject) -> bool) -> &'a Verdict {
+    eval.iter()
+        .find(|(p, v)| &*p.pod.name == pod && want(&p.subject(v)))
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no such verdict for {pod}: {eval:#?}"))
+}
+
+fn vol(name: &'static str) -> impl Fn(&Subject) -> bool {
+    move |s| matches!(s, Subject::Volume { volume } if &**volume == name)
+}
+
+fn env(container: &'static str, var: &'static str) -> impl Fn(&Subject) -> bool {
+    move |s| matches!(s, Subject::Env { container: c, var: v } if &**c == container && &**v == var)
+}
+
+fn names(v: &Verdict) -> Vec<&str> {
+    v.pinned_by().iter().map(|s| &**s).collect()
+}
+
+/// Immutable `slurm/auth` recreated at [`RECREATED`] with `new`; the worker
+/// pod `victim` on node-a still shows `old` in its `slurm-etc` volume.
+fn recreated_auth() -> ClusterIndex {
+    let mut ix = ClusterIndex::new();
+    put_source(
+        &mut ix,
+        SECRET,
+        "slurm",
+        "auth",
+        &[("slurm.key", b"new")],
+        true,
+        Some(ts(RECREATED)),
+    );
+    ix.apply_pod(
+        PodB::new("slurm", "victim", "uid-v", "node-a")
+            .synced_at(Some(ts(SYNCED)))
+            .volume(
+                "slurm-etc",
+                VolumeSource::Projected(Box::new([ProjectedSource::Object(obj(
+                    SECRET,
+                    "auth",
+                    &[],
+                    false,
+                ))])),
+            )
+            .container("slurmd", Some(ts(START)), &[], vec![])
+            .build(),
+    );
+    NodeB::new("node-a", ts(SCAN))
+        .volume(
+            "uid-v",
+            Plugin::Projected,
+            "slurm-etc",
+            &[("slurm.key", b"old")],
+            ts(START),
+        )
+        .apply(&mut ix);
+    ix
+}
+
+fn other(name: &str) -> PodB {
+    PodB::new("slurm", name, &format!("uid-{name}"), "node-a").synced_at(Some(ts(SYNCED)))
+}
+
+// ------------------------------------------------ 1. what pins a cache entry
+
+/// `pkg/api/v1/pod/util.go` `VisitPodSecretNames`: every kind of reference
+/// registers the pod; `PodModel::registered`: only pods the kubelet synced
+/// and has not unregistered (`SyncTerminatedPod`) hold the entry.
+#[test]
+fn every_reference_the_kubelet_counts_pins_and_nothing_else_does() {
+    let key = || vec![env_key("K", SECRET, "auth", "slurm.key", false)];
+    let cases: Vec<(&str, PodB, bool)> = vec![
+        (
+            "imagePullSecrets",
+            other("o").image_pull_secret("auth"),
+            true,
+        ),
+        (
+            "env of a regular container",
+            other("o").container("c", Some(ts(START)), &[], key()),
+            true,
+        ),
+        (
+            "env of a regular container that is not running",
+            other("o").container("c", None, &[], key()),
+            true,
+        ),
+        (
+            "env of a finished init container",
+            other("o").init_container("copy-key", Some(ts(START)), true, &[], key()),
+            true,
+        ),
+        (
+            "env of an init container not started yet",
+            other("o").init_container("wait", None, false, &[], key()),
+            true,
+        ),
+        (
+            "envFrom of an ephemeral container",
+            other("o").ephemeral_container(
+                "debug",
+                Some(ts(START)),
+                vec![env_from(SECRET, "auth", "", false)],
+            ),
+            true,
+        ),
+        (
+            "secret volume",
+            other("o").volume("v", VolumeSource::Object(obj(SECRET, "auth", &[], false))),
+            true,
+        ),
+        (
+            "projected source",
+            other("o").volume(
+                "v",
+                VolumeSource::Projected(Box::new([ProjectedSource::Object(obj(
+                    SECRET,
+                    "auth",
+                    &[],
+                    true,
+                ))])),
+            ),
+            true,
+        ),
+        (
+            "CSI nodePublishSecretRef (no verdict of its own)",
+            other("o").other_ref(SECRET, "auth"),
+            true,
+        ),
+        (
+            "terminating pod: registered until it is gone",
+            other("o").image_pull_secret("auth").terminating(),
+            true,
+        ),
+        (
+            "a ConfigMap of the same name is another cache",
+            other("o").volume("v", VolumeSource::Object(obj(CM, "auth", &[], false))),
+            false,
+        ),
+        (
+            "not synced by the kubelet yet",
+            other("o").image_pull_secret("auth").synced_at(None),
+            false,
+        ),
+        (
+            "terminated (Succeeded/Failed): unregistered",
+            other("o").image_pull_secret("auth").terminated(),
+            false,
+        ),
+        (
+            "unscheduled",
+            other("o").image_pull_secret("auth").unscheduled(),
+            false,
+        ),
+        (
+            "another namespace",
+            PodB::new("elsewhere", "o", "uid-o", "node-a").image_pull_secret("auth"),
+            false,
+        ),
+        (
+            "another node",
+            PodB::new("slurm", "o", "uid-o", "node-b").image_pull_secret("auth"),
+            false,
+        ),
+    ];
+    for (case, pod, pins) in cases {
+        let mut ix = recreated_auth();
+        ix.apply_pod(pod.build());
+        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        let v = find(&eval, "victim", vol("slurm-etc"));
+        if pins {
+            assert_eq!(
+                v.state,
+                State::Stale(StaleCause::ImmutableCachePinned),
+                "{case}"
+            );
+            assert_eq!(names(v), ["o"], "{case}");
+        } else {
+            assert_eq!(v.state, State::Stale(StaleCause::ImmutableCache), "{case}");
+            assert!(v.pinned_by().is_empty(), "{case}");
+        }
+    }
+}
+
+// ------------------------------------------- 2. init and ephemeral consumers
+
+#[test]
+fn init_and_ephemeral_containers_get_env_verdicts_with_the_right_advice() {
+    // A mutable ConfigMap whose key changed at 10:30.
+    // (case, container, its name, expected state, advice fragment)
+    type Build = fn(PodB) -> PodB;
+    let cases: Vec<(&str, Build, &str, State, Option<&str>)> = vec![
+        (
+            "finished init container started before the change",
+            |b| {
+                b.init_container(
+                    "i",
+                    Some(ts(START)),
+                    true,
+                    &[],
+                    vec![env_key("HOOK", CM, "hooks", "k", false)],
+                )
+            },
+            "i",
+            State::Frozen(FrozenCause::Env),
+            Some("replace the pod"),
+        ),
+        (
+            "finished init container started after the change",
+            |b| {
+                b.init_container(
+                    "i",
+                    Some(ts("2026-11-30T10:45:00Z")),
+                    true,
+                    &[],
+                    vec![env_key("HOOK", CM, "hooks", "k", false)],
+                )
+            },
+            "i",
+            State::Fresh,
+            None,
+        ),
+        (
+            "sidecar init container running since before the change",
+            |b| {
+                b.init_container(
+                    "i",
+                    Some(ts(START)),
+                    false,
+                    &[],
+                    vec![env_key("HOOK", CM, "hooks", "k", false)],
+                )
+            },
+            "i",
+            State::Frozen(FrozenCause::Env),
+            Some("restart container i"),
+        ),
+        (
+            "init container not started yet",
+            |b| {
+                b.init_container(
+                    "i",
+                    None,
+                    false,
+                    &[],
+                    vec![env_key("HOOK", CM, "hooks", "k", false)],
+                )
+            },
+            "i",
+            State::Unverifiable(crate::verdict::UnverifiableReason::ContainerNotRunning),
+            None,
+        ),
+        (
+            "running ephemeral container started before the change",
+            |b| {
+                b.ephemeral_container(
+                    "debug",
+                    Some(ts(START)),
+                    vec![env_key("HOOK", CM, "hooks", "k", false)],
+                )
+            },
+            "debug",
+            State::Frozen(FrozenCause::Env),
+            Some("restart container debug"),
+        ),
+    ];
+    for (case, build, container, want, advice) in cases {
+        let mut ix = ClusterIndex::new();
+        put_source(
+            &mut ix,
+            CM,
+            "slurm",
+            "hooks",
+            &[("k", b"v2")],
+            false,
+            Some(ts(RECREATED)),
+        );
+        ix.apply_pod(build(other("p")).build());
+        NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
+        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        let v = find(&eval, "p", env(container, "HOOK"));
+        assert_eq!(v.state, want, "{case}");
+        match advice {
+            Some(a) => assert!(v.message().unwrap().contains(a), "{case}: {v:?}"),
+            None => assert!(v.message().is_none(), "{case}: {v:?}"),
+        }
+    }
+}
+
+/// The common pattern: an init container copies the key from a read-at-start
+/// volume into an emptyDir; content refreshed after it ran is Frozen for
+/// the pod, and only a new pod runs the init container again.
+#[test]
+fn an_init_container_that_read_a_read_at_start_volume_freezes_the_pod() {
+    // (volume written at, expected, advice)
+    let cases = [
+        (
+            "2026-11-30T10:40:00Z",
+            State::Frozen(FrozenCause::ReadAtStart),
+            Some("replace the pod"),
+        ),
+        ("2026-11-30T09:59:00Z", State::Fresh, None),
+    ];
+    for (written, want, advice) in cases {
+        let mut ix = ClusterIndex::new();
+        put_source(
+            &mut ix,
+            CM,
+            "slurm",
+            "hooks",
+            &[("10.sh", b"v2")],
+            false,
+            Some(ts("2026-11-30T10:39:00Z")),
+        );
+        ix.apply_pod(
+            other("w")
+                .volume("hooks", VolumeSource::Object(obj(CM, "hooks", &[], false)))
+                .read_at_start("hooks")
+                .container("slurmd", Some(ts(START)), &[], vec![])
+                .init_container(
+                    "copy-hooks",
+                    Some(ts(START)),
+                    true,
+                    &[("hooks", "")],
+                    vec![],
+                )
+                .build(),
+        );
+        NodeB::new("node-a", ts(SCAN))
+            .volume(
+                "uid-w",
+                Plugin::Configmap,
+                "hooks",
+                &[("10.sh", b"v2")],
+                ts(written),
+            )
+            .apply(&mut ix);
+        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        let v = find(&eval, "w", vol("hooks"));
+        assert_eq!(v.state, want, "written {written}");
+        if let Some(a) = advice {
+            let m = v.message().unwrap();
+            assert!(m.contains("copy-hooks") && m.contains(a), "{m}");
+        }
+    }
+}
+
+// ------------------------------------------------------ 3. terminating pods
+
+#[test]
+fn a_terminating_pod_is_skipped_whole_and_still_pins() {
+    let mut ix = recreated_auth();
+    // The victim itself is terminating: stale bytes, but no Stale verdict.
+    let mut victim = ix
+        .pod(ix.pod_id("uid-v").unwrap())
+        .unwrap()
+        .as_ref()
+        .clone();
+    victim.terminating = true;
+    victim.containers = Box::new([]);
+    let victim = PodB { pod: victim }
+        .container(
+            "slurmd",
+            Some(ts(START)),
+            &[("slurm-etc", "slurm.key")],
+            vec![env_key("K", SECRET, "auth", "slurm.key", false)],
+        )
+        .build();
+    ix.apply_pod(victim);
+    // A fresh pod on the same node is pinned by the terminating one.
+    ix.apply_pod(
+        other("newcomer")
+            .synced_at(Some(ts("2026-11-30T10:50:00Z")))
+            .volume("v", VolumeSource::Object(obj(SECRET, "auth", &[], false)))
+            .build(),
+    );
+    NodeB::new("node-a", ts(SCAN))
+        .volume(
+            "uid-v",
+            Plugin::Projected,
+            "slurm-etc",
+            &[("slurm.key", b"old")],
+            ts(START),
+        )
+        .volume(
+            "uid-newcomer",
+            Plugin::Secret,
+            "v",
+            &[("slurm.key", b"old")],
+            ts("2026-11-30T10:50:00Z"),
+        )
+        .apply(&mut ix);
+    let mut state = EngineState::default();
+    let eval = engine().evaluate_all(&ix, &mut state, ts(NOW));
+    let victim: Vec<State> = eval
+        .iter()
+        .filter(|(p, _)| &*p.pod.name == "victim")
+        .map(|(_, v)| v.state)
+        .collect();
+    assert_eq!(
+        victim,
+        [State::Skipped(SkipReason::PodTerminating); 3],
+        "volume, subPath and env"
+    );
+    let n = state.nodes.get("node-a").unwrap();
+    assert_eq!(n.mutable_mounts, 0, "a terminating pod counts for no rule");
+    let v = find(&eval, "newcomer", vol("v"));
+    assert_eq!(v.state, State::Stale(StaleCause::ImmutableCachePinned));
+    assert_eq!(names(v), ["victim"]);
+}
+
+// ---------------------------------------- 4. env served from a pinned cache
+
+/// A pod `p` with env from immutable `auth` (recreated at [`RECREATED`]),
+/// registered at `synced`, its container started at `started`; `others`
+/// also on node-a.
+fn env_case(synced: &str, started: &str, others: Vec<PodB>) -> Evaluation {
+    let mut ix = ClusterIndex::new();
+    put_source(
+        &mut ix,
+        SECRET,
+        "slurm",
+        "auth",
+        &[("slurm.key", b"new")],
+        true,
+        Some(ts(RECREATED)),
+    );
+    ix.apply_pod(
+        other("p")
+            .synced_at(Some(ts(synced)))
+            .container(
+                "c",
+                Some(ts(started)),
+                &[],
+                vec![env_key("KEY", SECRET, "auth", "slurm.key", false)],
+            )
+            .build(),
+    );
+    for o in others {
+        ix.apply_pod(o.build());
+    }
+    NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
+    engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW))
+}
+
+#[test]
+fn env_from_a_cache_entry_older_than_the_recreation_is_stale_not_fresh_or_frozen() {
+    let early = || other("early").image_pull_secret("auth");
+    let late = || {
+        other("late")
+            .synced_at(Some(ts("2026-11-30T10:40:00Z")))
+            .image_pull_secret("auth")
+    };
+    // (case, pod synced, container started, others, expected, pinned by)
+    type Case<'a> = (&'a str, &'a str, &'a str, Vec<PodB>, State, Vec<&'a str>);
+    let cases: Vec<Case> = vec![
+        (
+            "restarted after the recreation in a pod registered before it",
+            SYNCED,
+            "2026-11-30T10:45:00Z",
+            vec![],
+            State::Stale(StaleCause::ImmutableCache),
+            vec![],
+        ),
+        (
+            "started before the recreation: a restart cannot help either",
+            SYNCED,
+            START,
+            vec![],
+            State::Stale(StaleCause::ImmutableCache),
+            vec![],
+        ),
+        (
+            "a new pod while an older pod holds the entry",
+            "2026-11-30T10:40:00Z",
+            "2026-11-30T10:41:00Z",
+            vec![early()],
+            State::Stale(StaleCause::ImmutableCachePinned),
+            vec!["early"],
+        ),
+        (
+            "a new pod, and the other holder registered after the recreation too",
+            "2026-11-30T10:40:00Z",
+            "2026-11-30T10:41:00Z",
+            vec![late()],
+            State::Fresh,
+            vec![],
+        ),
+        (
+            "a new pod alone on the node",
+            "2026-11-30T10:40:00Z",
+            "2026-11-30T10:41:00Z",
+            vec![],
+            State::Fresh,
+            vec![],
+        ),
+    ];
+    for (case, synced, started, others, want, pinned) in cases {
+        let eval = env_case(synced, started, others);
+        let v = find(&eval, "p", env("c", "KEY"));
+        assert_eq!(v.state, want, "{case}");
+        assert_eq!(names(v), pinned, "{case}");
+        if let State::Stale(_) = want {
+            let m = v.message().unwrap();
+            assert!(!m.contains("restart container"), "{case}: {m}");
+            assert!(
+                m.contains("restart gets the same") || m.contains("neither a restart"),
+                "{case}: {m}"
+            );
+        }
+    }
+    // Within grace of the recreation: Propagating, as a volume would be.
+    let mut ix = ClusterIndex::new();
+    put_source(
+        &mut ix,
+        SECRET,
+        "slurm",
+        "auth",
+        &[("slurm.key", b"new")],
+        true,
+        Some(ts("2026-11-30T11:00:00Z")),
+    );
+    ix.apply_pod(
+        other("p")
+            .container(
+                "c",
+                Some(ts(START)),
+                &[],
+                vec![env_key("KEY", SECRET, "auth", "slurm.key", false)],
+            )
+            .build(),
+    );
+    NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
+    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    assert_eq!(find(&eval, "p", env("c", "KEY")).state, State::Propagating);
+}
+
+/// One pod's verdicts never give contradicting advice: with the volume of an
+/// immutable object stale, neither its subPath nor an env var from it says
+/// "restart".
+#[test]
+fn one_pods_verdicts_never_contradict_each_other() {
+    let mut ix = recreated_auth();
+    let mut victim = ix
+        .pod(ix.pod_id("uid-v").unwrap())
+        .unwrap()
+        .as_ref()
+        .clone();
+    victim.containers = Box::new([]);
+    let victim = PodB { pod: victim }
+        .container(
+            "slurmd",
+            Some(ts(START)),
+            &[("slurm-etc", "slurm.key")],
+            vec![env_key("K", SECRET, "auth", "slurm.key", false)],
+        )
+        .build();
+    ix.apply_pod(victim);
+    NodeB::new("node-a", ts(SCAN))
+        .volume(
+            "uid-v",
+            Plugin::Projected,
+            "slurm-etc",
+            &[("slurm.key", b"old")],
+            ts(START),
+        )
+        .sub_path("uid-v", "slurm-etc", "slurmd", 0, &[("", b"old")])
+        .apply(&mut ix);
+    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    let states: Vec<State> = eval.iter().map(|(_, v)| v.state).collect();
+    assert_eq!(
+        states,
+        [State::Stale(StaleCause::ImmutableCache); 3],
+        "volume, subPath, env: {eval:#?}"
+    );
+    for (_, v) in eval.iter() {
+        if let Some(m) = v.message() {
+            assert!(!m.contains("restart container"), "{m}");
+        }
+    }
+
+    // A mutable volume that is current: its subPath is Frozen and a
+    // restart is the advice.
+    let mut ix = ClusterIndex::new();
+    put_source(
+        &mut ix,
+        CM,
+        "slurm",
+        "hooks",
+        &[("10.sh", b"v2")],
+        false,
+        Some(ts(RECREATED)),
+    );
+    ix.apply_pod(
+        other("w")
+            .volume("hooks", VolumeSource::Object(obj(CM, "hooks", &[], false)))
+            .container("slurmd", Some(ts(START)), &[("hooks", "10.sh")], vec![])
+            .build(),
+    );
+    NodeB::new("node-a", ts(SCAN))
+        .volume(
+            "uid-w",
+            Plugin::Configmap,
+            "hooks",
+            &[("10.sh", b"v2")],
+            ts("2026-11-30T10:31:00Z"),
+        )
+        .sub_path("uid-w", "hooks", "slurmd", 0, &[("", b"v1")])
+        .apply(&mut ix);
+    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    let sp = find(&eval, "w", |s| matches!(s, Subject::SubPath { .. }));
+    assert_eq!(sp.state, State::Frozen(FrozenCause::SubPath));
+    assert!(sp.message().unwrap().contains("restart container slurmd"));
+
+    // The same, with the volume itself still behind (kubelet late): the
+    // subPath follows the volume instead of advising a restart.
+    let ix = ix_with_volume_behind();
+    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    let v = find(&eval, "w", vol("hooks"));
+    let sp = find(&eval, "w", |s| matches!(s, Subject::SubPath { .. }));
+    assert_eq!(v.state, State::Stale(StaleCause::Unknown));
+    assert_eq!(sp.state, v.state);
+}
+
+fn ix_with_volume_behind() -> ClusterIndex {
+    let mut ix = ClusterIndex::new();
+    put_source(
+        &mut ix,
+        CM,
+        "slurm",
+        "hooks",
+        &[("10.sh", b"v2")],
+        false,
+        Some(ts(RECREATED)),
+    );
+    ix.apply_pod(
+        other("w")
+            .volume("hooks", VolumeSource::Object(obj(CM, "hooks", &[], false)))
+            .container("slurmd", Some(ts(START)), &[("hooks", "10.sh")], vec![])
+            .build(),
+    );
+    NodeB::new("node-a", ts(SCAN))
+        .volume(
+            "uid-w",
+            Plugin::Configmap,
+            "hooks",
+            &[("10.sh", b"v1")],
+            ts(START),
+        )
+        .sub_path("uid-w", "hooks", "slurmd", 0, &[("", b"v1")])
+        .apply(&mut ix);
+    ix
+}
+
+// --------------------------------------------------- 5. env history per key
+
+#[test]
+fn env_changes_are_tracked_per_key() {
+    let mut ix = ClusterIndex::new();
+    let creds = |ix: &mut ClusterIndex, password: &[u8], at: &str| {
+        put_source(
+            ix,
+            SECRET,
+            "slurm",
+            "db",
+            &[("user", b"slurm"), ("password", password)],
+            false,
+            Some(ts(at)),
+        );
+    };
+    creds(&mut ix, b"p1", "2026-11-30T09:00:00Z");
+    ix.apply_pod(
+        other("p")
+            .container(
+                "c",
+                Some(ts(START)),
+                &[],
+                vec![
+                    env_key("USER", SECRET, "db", "user", false),
+                    env_key("PASSWORD", SECRET, "db", "password", false),
+                    env_from(SECRET, "db", "DB_", false),
+                ],
+            )
+            .build(),
+    );
+    NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
+    let e = engine();
+    let mut state = EngineState::default();
+    let first = e.evaluate_all(&ix, &mut state, ts(SCAN));
+    assert!(
+        first.iter().all(|(_, v)| v.state == State::Fresh),
+        "{first:#?}"
+    );
+    // The watch delivers a new password at NOW.
+    creds(&mut ix, b"p2", "2026-11-30T11:00:20Z");
+    let eval = e.evaluate_all(&ix, &mut state, ts(NOW));
+    assert_eq!(find(&eval, "p", env("c", "USER")).state, State::Fresh);
+    assert_eq!(
+        find(&eval, "p", env("c", "PASSWORD")).state,
+        State::Frozen(FrozenCause::Env)
+    );
+    assert_eq!(
+        find(&eval, "p", env("c", "envFrom:DB_")).state,
+        State::Frozen(FrozenCause::Env),
+        "envFrom sees every key"
+    );
+    // The history keeps keyed fingerprints per key, never values or digests.
+    let h = &state.sources[&crate::model::SourceRef::new(SECRET, a("slurm"), a("db"))];
+    assert_eq!(
+        h.keys.keys().map(|k| &**k).collect::<Vec<_>>(),
+        ["password", "user"]
+    );
+    assert_eq!(h.keys["user"].changed_at, Some(ts("2026-11-30T09:00:00Z")));
+    assert_eq!(h.keys["password"].changed_at, Some(ts(NOW)));
+    let json = serde_json::to_string(&state).unwrap();
+    let raw = hex::encode(mountguard_inventory::file_digest(b"p2"));
+    assert!(!json.contains("p2") && !json.contains(&raw), "{json}");
+    let back: EngineState = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, state);
+
+    // Without history (one dump), every key is taken to have changed with
+    // the object: both are Frozen.
+    let eval = e.evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    assert_eq!(
+        find(&eval, "p", env("c", "USER")).state,
+        State::Frozen(FrozenCause::Env)
+    );
+}
+
+#[test]
+fn history_written_before_per_key_tracking_still_loads() {
+    let json = r#"{"sources":[{"kind":"Secret","namespace":"ns","name":"s","fingerprint":"ab","contentChangedAt":"2026-11-30T10:00:00Z"}],"pods":{},"nodes":{}}"#;
+    let s: EngineState = serde_json::from_str(json).unwrap();
+    let h = s.sources.values().next().unwrap();
+    assert!(h.keys.is_empty());
+}
