@@ -39,17 +39,42 @@ fn api_err(e: crate::apiserver::ApiError) -> io::Error {
     io::Error::other(e.to_string())
 }
 
+/// A pod whose only reference to `slurm-auth-slurm` is the env of an init
+/// container that ran to completion (it copied the key somewhere): the
+/// kubelet registers it all the same, so it pins as well as a mount.
+pub const INIT_ENV_PINNING_POD: &str = "slurm-key-copier";
+
+/// [`INIT_ENV_PINNING_POD`] on `node`.
+pub fn init_env_pinning_pod(node: &str) -> Value {
+    json!({
+        "metadata": {"name": INIT_ENV_PINNING_POD},
+        "spec": {
+            "nodeName": node,
+            "initContainers": [{
+                "name": "copy-key",
+                "image": "busybox",
+                "env": [{"name": "SLURM_KEY", "valueFrom": {"secretKeyRef": {"name": AUTH_SECRET, "key": "slurm.key"}}}],
+            }],
+            "containers": [{"name": "main", "image": "busybox"}],
+        },
+    })
+}
+
 /// Creates [`PINNING_POD`] on `node` and waits until it runs.
 pub async fn add_pinning_pod(api: &ApiHandle, node: &str) -> io::Result<()> {
-    api.create(&resources::PODS, SLURM_NAMESPACE, pinning_pod(node))
+    add_running_pod(api, pinning_pod(node)).await
+}
+
+/// Creates `pod` in the Slurm namespace and waits until it runs.
+pub async fn add_running_pod(api: &ApiHandle, pod: Value) -> io::Result<()> {
+    let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
+    api.create(&resources::PODS, SLURM_NAMESPACE, pod)
         .map_err(api_err)?;
     poll(
-        "the pinning pod to run",
+        &format!("pod {name} to run"),
         Duration::from_secs(15),
         || async {
-            let p = api
-                .get(&resources::PODS, SLURM_NAMESPACE, PINNING_POD)
-                .ok()?;
+            let p = api.get(&resources::PODS, SLURM_NAMESPACE, &name).ok()?;
             (p["status"]["phase"] == "Running").then_some(())
         },
     )

@@ -71,7 +71,13 @@ pub struct StartedContainer {
 #[derive(Debug)]
 struct PodRuntime {
     pod: Value,
+    /// `status.startTime`: stamped by the status manager in the first
+    /// SyncPod, right before the pod's references are registered
+    /// (`pkg/kubelet/kubelet.go` `SyncPod`).
+    synced_at: String,
     started: BTreeMap<String, StartedContainer>,
+    /// Init containers started (and, unless sidecars, finished at once).
+    init_started: BTreeMap<String, StartedContainer>,
     next_sync: Instant,
     error: Option<String>,
 }
@@ -203,6 +209,15 @@ impl KubeletHandle {
     /// UIDs of the pods this kubelet runs (registered).
     pub fn pod_uids(&self) -> Vec<String> {
         lock(&self.inner.state).pods.keys().cloned().collect()
+    }
+
+    /// Init containers run for a pod, with their frozen env.
+    pub fn started_init(&self, uid: &str) -> BTreeMap<String, StartedContainer> {
+        lock(&self.inner.state)
+            .pods
+            .get(uid)
+            .map(|p| p.init_started.clone())
+            .unwrap_or_default()
     }
 
     /// Containers started for a pod, with their frozen env.
@@ -448,7 +463,9 @@ fn pod_changed(inner: &Inner, pod: Value) {
             uid.clone(),
             PodRuntime {
                 pod,
+                synced_at: crate::util::now_rfc3339(),
                 started: BTreeMap::new(),
+                init_started: BTreeMap::new(),
                 next_sync: Instant::now(),
                 error: None,
             },
@@ -516,6 +533,38 @@ fn sync_pod(inner: &Inner, uid: &str) {
         }
     }
     let mut started = BTreeMap::new();
+    let mut init_started = BTreeMap::new();
+    if error.is_none() && first_start {
+        let now = crate::util::now_rfc3339();
+        // Init containers first, in order, each with its env from the same
+        // managers (`makeEnvironmentVariables`); a sidecar
+        // (`restartPolicy: Always`) keeps running, the others complete at
+        // once. Their subPath binds are not modelled.
+        for c in pod["spec"]["initContainers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let cname = c["name"].as_str().unwrap_or("");
+            match sources.container_env(&pod, c) {
+                Ok(env) => {
+                    init_started.insert(
+                        cname.to_string(),
+                        StartedContainer {
+                            started_at: now.clone(),
+                            env,
+                        },
+                    );
+                }
+                Err(e) => {
+                    error = Some(format!(
+                        "CreateContainerConfigError: init container {cname}: {e}"
+                    ));
+                    break;
+                }
+            }
+        }
+    }
     if error.is_none() && first_start {
         let now = crate::util::now_rfc3339();
         for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
@@ -551,15 +600,17 @@ fn sync_pod(inner: &Inner, uid: &str) {
     let report_start = error.is_none() && first_start;
     if report_start {
         rt.started = started.clone();
+        rt.init_started = init_started.clone();
     }
+    let synced_at = rt.synced_at.clone();
     drop(guard);
     if report_start {
-        report_running(inner, &pod, &started);
+        report_running(inner, &pod, &synced_at, &init_started, &started);
         register_tokens(inner, &pod);
     } else if let Some(e) = error
         && first_start
     {
-        report_waiting(inner, &pod, &e);
+        report_waiting(inner, &pod, &synced_at, &e);
     }
 }
 
@@ -600,7 +651,13 @@ fn write_subpaths(root: &Path, uid: &str, pod: &Value, c: &Value) -> std::io::Re
     Ok(())
 }
 
-fn report_running(inner: &Inner, pod: &Value, started: &BTreeMap<String, StartedContainer>) {
+fn report_running(
+    inner: &Inner,
+    pod: &Value,
+    synced_at: &str,
+    init_started: &BTreeMap<String, StartedContainer>,
+    started: &BTreeMap<String, StartedContainer>,
+) {
     let ns = pod["metadata"]["namespace"].as_str().unwrap_or("");
     let name = pod["metadata"]["name"].as_str().unwrap_or("");
     let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
@@ -620,21 +677,47 @@ fn report_running(inner: &Inner, pod: &Value, started: &BTreeMap<String, Started
             })
         })
         .collect();
+    let init_statuses: Vec<Value> = pod["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let cname = c["name"].as_str().unwrap_or("");
+            let at = init_started
+                .get(cname)
+                .map(|s| s.started_at.clone())
+                .unwrap_or_else(|| now.clone());
+            let sidecar = c["restartPolicy"].as_str() == Some("Always");
+            let state = if sidecar {
+                json!({"running": {"startedAt": at}})
+            } else {
+                json!({"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": at, "finishedAt": at,
+                    "containerID": format!("double://{uid}/{cname}")}})
+            };
+            json!({
+                "name": cname, "ready": sidecar, "started": sidecar, "restartCount": 0,
+                "image": c["image"], "imageID": format!("double://{}", c["image"].as_str().unwrap_or("")),
+                "containerID": format!("double://{uid}/{cname}"),
+                "state": state,
+            })
+        })
+        .collect();
     let cond = |t: &str| json!({"type": t, "status": "True", "lastTransitionTime": now});
     let status = json!({"status": {
         "phase": "Running",
         "conditions": [cond("PodReadyToStartContainers"), cond("Initialized"), cond("Ready"), cond("ContainersReady"), cond("PodScheduled")],
         "containerStatuses": statuses,
+        "initContainerStatuses": init_statuses,
         "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
         "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
-        "startTime": now,
+        "startTime": synced_at,
     }});
     let _ = inner
         .api
         .merge_patch(&resources::PODS, ns, name, &status, Some("status"));
 }
 
-fn report_waiting(inner: &Inner, pod: &Value, message: &str) {
+fn report_waiting(inner: &Inner, pod: &Value, synced_at: &str, message: &str) {
     let ns = pod["metadata"]["namespace"].as_str().unwrap_or("");
     let name = pod["metadata"]["name"].as_str().unwrap_or("");
     let reason = if message.starts_with("CreateContainerConfigError") {
@@ -649,7 +732,7 @@ fn report_waiting(inner: &Inner, pod: &Value, message: &str) {
         .map(|c| json!({"name": c["name"], "ready": false, "started": false, "restartCount": 0, "image": c["image"], "imageID": "",
                         "state": {"waiting": {"reason": reason, "message": message}}}))
         .collect();
-    let status = json!({"status": {"phase": "Pending", "containerStatuses": statuses}});
+    let status = json!({"status": {"phase": "Pending", "startTime": synced_at, "containerStatuses": statuses}});
     let _ = inner
         .api
         .merge_patch(&resources::PODS, ns, name, &status, Some("status"));

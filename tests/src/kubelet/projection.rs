@@ -413,8 +413,14 @@ impl Sources<'_> {
     }
 }
 
-/// The Secret and ConfigMap names a pod references (volumes, projected
-/// sources, env, envFrom, imagePullSecrets), as the kubelet registers them.
+/// The Secret and ConfigMap names a pod references, as the kubelet
+/// registers them with its managers: `pkg/api/v1/pod/util.go`
+/// `VisitPodSecretNames` (imagePullSecrets; env and envFrom of init, regular
+/// and ephemeral containers; secret and projected volumes; the secretRef of
+/// azureFile, cephfs, cinder, flexVolume, iscsi, rbd, scaleIO, storageOS and
+/// CSI `nodePublishSecretRef`) and `VisitPodConfigmapNames` (env, envFrom,
+/// configMap and projected volumes); empty names are skipped
+/// (`skipEmptyNames`).
 pub fn referenced_names(pod: &Value) -> (BTreeSet<ObjKey>, BTreeSet<ObjKey>) {
     let ns = pod["metadata"]["namespace"]
         .as_str()
@@ -434,6 +440,19 @@ pub fn referenced_names(pod: &Value) -> (BTreeSet<ObjKey>, BTreeSet<ObjKey>) {
             add(&mut secrets, &s["secret"]["name"]);
             add(&mut cms, &s["configMap"]["name"]);
         }
+        add(&mut secrets, &v["azureFile"]["secretName"]);
+        for plugin in [
+            "cephfs",
+            "cinder",
+            "flexVolume",
+            "iscsi",
+            "rbd",
+            "scaleIO",
+            "storageos",
+        ] {
+            add(&mut secrets, &v[plugin]["secretRef"]["name"]);
+        }
+        add(&mut secrets, &v["csi"]["nodePublishSecretRef"]["name"]);
     }
     for s in pod["spec"]["imagePullSecrets"]
         .as_array()
@@ -628,5 +647,34 @@ mod tests {
         let names = |set: BTreeSet<ObjKey>| set.into_iter().map(|(_, n)| n).collect::<Vec<_>>();
         assert_eq!(names(s), ["pull", "s1", "s2", "s3"]);
         assert_eq!(names(c), ["c1", "c2"]);
+    }
+
+    #[test]
+    fn referenced_names_cover_other_volume_types_and_ephemeral_containers() {
+        let p = json!({"metadata": {"namespace": "ns"}, "spec": {
+            "volumes": [
+                {"azureFile": {"secretName": "az"}},
+                {"cephfs": {"secretRef": {"name": "ceph"}}},
+                {"cinder": {"secretRef": {"name": "cinder"}}},
+                {"flexVolume": {"secretRef": {"name": "flex"}}},
+                {"iscsi": {"secretRef": {"name": "iscsi"}}},
+                {"rbd": {"secretRef": {"name": "rbd"}}},
+                {"scaleIO": {"secretRef": {"name": "scaleio"}}},
+                {"storageos": {"secretRef": {"name": "sos"}}},
+                {"csi": {"nodePublishSecretRef": {"name": "csi"}}},
+                {"csi": {"nodePublishSecretRef": {"name": ""}}},
+                {"emptyDir": {}}
+            ],
+            "ephemeralContainers": [{"env": [{"valueFrom": {"configMapKeyRef": {"name": "dbg"}}}]}],
+        }});
+        let (s, c) = referenced_names(&p);
+        let names = |set: BTreeSet<ObjKey>| set.into_iter().map(|(_, n)| n).collect::<Vec<_>>();
+        assert_eq!(
+            names(s),
+            [
+                "az", "ceph", "cinder", "csi", "flex", "iscsi", "rbd", "scaleio", "sos"
+            ]
+        );
+        assert_eq!(names(c), ["dbg"]);
     }
 }

@@ -388,6 +388,64 @@ async fn kubelet_double_reproduces_the_immutable_pin_when_another_pod_keeps_the_
     rig.stop().await;
 }
 
+/// A pod whose only reference is the env of an init container that ran to
+/// completion: registered all the same (`VisitPodSecretNames` visits every
+/// container whatever its state), so it pins.
+fn init_env_pod(name: &str) -> Value {
+    json!({
+        "metadata": {"name": name},
+        "spec": {
+            "nodeName": "node-1",
+            "initContainers": [{"name": "fetch-key", "image": "busybox",
+                "env": [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "slurm-auth-slurm", "key": "slurm.key"}}}]}],
+            "containers": [{"name": "main", "image": "busybox"}],
+        },
+    })
+}
+
+#[tokio::test]
+async fn kubelet_double_a_finished_init_containers_env_reference_pins() {
+    let rig = Rig::start(Strategy::Watch).await;
+    let api = rig.api();
+    let k = rig.kubelet();
+    setup_objects(&api, "old-key");
+    api.create(&resources::PODS, "slurm", init_env_pod("holder"))
+        .unwrap();
+    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
+        .unwrap();
+    let holder = running_uid(&api, "holder", None).await;
+    let uid0 = running_uid(&api, "w-0", None).await;
+    // The init container ran (env frozen from the cache) and completed;
+    // the status carries startTime and its terminated state.
+    assert_eq!(k.started_init(&holder)["fetch-key"].env["KEY"], "old-key");
+    let p = api.get(&resources::PODS, "slurm", "holder").unwrap();
+    assert!(p["status"]["startTime"].is_string(), "{p:#}");
+    let init = &p["status"]["initContainerStatuses"][0];
+    assert_eq!(init["name"], "fetch-key");
+    assert_eq!(init["state"]["terminated"]["reason"], "Completed");
+    assert!(init["state"]["terminated"]["startedAt"].is_string());
+    assert!(init["state"]["running"].is_null());
+
+    rotate_immutable_key(&api, "new-key");
+    delete_and_wait_gone(&api, "w-0").await;
+    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
+        .unwrap();
+    let uid1 = running_uid(&api, "w-0", Some(&uid0)).await;
+    assert_eq!(
+        slurm_key(&k, &uid1),
+        "old-key",
+        "the finished init container's reference kept the cache entry"
+    );
+    // Once the holder is gone, a replacement gets the new key.
+    delete_and_wait_gone(&api, "holder").await;
+    delete_and_wait_gone(&api, "w-0").await;
+    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
+        .unwrap();
+    let uid2 = running_uid(&api, "w-0", Some(&uid1)).await;
+    assert_eq!(slurm_key(&k, &uid2), "new-key");
+    rig.stop().await;
+}
+
 #[tokio::test]
 async fn kubelet_double_does_not_pin_when_the_replaced_pod_was_the_only_reference() {
     let rig = Rig::start(Strategy::Watch).await;

@@ -393,12 +393,26 @@ async fn a_refused_slurm_token_drains_nothing_and_touches_no_pod() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pinned_cache_is_reported_not_looped_while_the_other_workers_are_repaired() {
+    let pin = mountguard_tests::scenario::pinning_pod("node-0");
+    pinned_cache_is_reported_not_looped(pin, mountguard_tests::scenario::PINNING_POD).await;
+}
+
+/// The pin held only by the env reference of a finished init container of
+/// another pod: detected as ImmutableCachePinned naming that pod, and the
+/// pinned worker is not replaced alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_held_only_by_a_finished_init_containers_env_is_reported_not_remediated() {
+    use mountguard_tests::scenario::{INIT_ENV_PINNING_POD, init_env_pinning_pod};
+    pinned_cache_is_reported_not_looped(init_env_pinning_pod("node-0"), INIT_ENV_PINNING_POD).await;
+}
+
+async fn pinned_cache_is_reported_not_looped(pin: serde_json::Value, pin_name: &str) {
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
     let sys = start("on", &["--slurm-jwt-key-secret", &jwt]).await;
     let api = sys.cluster.api();
     let slurm = sys.cluster.slurm();
     let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
-    mountguard_tests::scenario::add_pinning_pod(&api, "node-0")
+    mountguard_tests::scenario::add_running_pod(&api, pin)
         .await
         .unwrap();
     wait_all_fresh(&sys).await;
@@ -433,11 +447,31 @@ async fn a_pinned_cache_is_reported_not_looped_while_the_other_workers_are_repai
         .collect();
     assert_eq!(pinned.len(), 1, "once, no loop: {pinned:?}");
     assert!(
-        pinned[0]
-            .message
-            .contains(mountguard_tests::scenario::PINNING_POD),
+        pinned[0].message.contains(pin_name),
         "{}",
         pinned[0].message
+    );
+    // The verdict of the pinned worker's key volume names the pinning pod.
+    let doc = mountguard_tests::scenario::verdicts(&sys.metrics_base(), "namespace=slurm")
+        .await
+        .unwrap();
+    let subject = format!("volume {}", mountguard_tests::scenario::KEY_VOLUME);
+    let v = mountguard_tests::scenario::find_verdict(&doc, &pods[0].0, &subject)
+        .unwrap_or_else(|| panic!("no verdict of {}: {doc:#}", pods[0].0));
+    assert_eq!(
+        mountguard_tests::scenario::state_tag(v),
+        "Stale/ImmutableCachePinned",
+        "{v:#}"
+    );
+    let pinned_by: Vec<&str> = v["pinnedBy"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.as_str())
+        .collect();
+    assert!(
+        pinned_by.len() == 1 && pinned_by[0].ends_with(pin_name),
+        "{v:#}"
     );
     let text = mountguard_tests::mountguard::http_get(&format!("{}/metrics", sys.metrics_base()))
         .await
