@@ -112,7 +112,12 @@ pub fn resolve(h: &ApiHandle, t: &ProxyTarget) -> Result<String, ApiError> {
         t.port.clone()
     };
     let eps = h.get(&ENDPOINTS, &t.namespace, &t.service)?;
-    let none = || unavailable(format!("no endpoints available for service {:?}", t.service));
+    let none = || {
+        unavailable(format!(
+            "no endpoints available for service {:?}",
+            t.service
+        ))
+    };
     let subsets = eps["subsets"].as_array().cloned().unwrap_or_default();
     for ss in &subsets {
         let Some(addr) = ss["addresses"]

@@ -727,11 +727,7 @@ async fn service_proxy_reaches_the_backend_by_port_name_and_number() {
     })
     .await
     .unwrap();
-    let addr: std::net::SocketAddr = backend
-        .url()
-        .trim_start_matches("http://")
-        .parse()
-        .unwrap();
+    let addr: std::net::SocketAddr = backend.url().trim_start_matches("http://").parse().unwrap();
     proxy::expose(&api.handle(), "mg", "ctl-metrics", "metrics", addr).unwrap();
     let client = client_no_retry(&api).await;
     let get = |path: String| {
@@ -790,5 +786,9 @@ async fn service_proxy_reaches_the_backend_by_port_name_and_number() {
         .unwrap_err();
     let s = api_err(e);
     assert_eq!(s.code, 503);
-    assert!(s.message.contains("no endpoints available"), "{}", s.message);
+    assert!(
+        s.message.contains("no endpoints available"),
+        "{}",
+        s.message
+    );
 }

@@ -137,7 +137,9 @@ async fn four_workers_two_pinning_each_other(sys: &System) -> Vec<(String, Strin
     )
     .unwrap();
     crate::harness::wait(sys, "four workers running", Duration::from_secs(30), || {
-        let w = (0..4).map(|i| slurmd_pod(&api, i)).collect::<Option<Vec<_>>>();
+        let w = (0..4)
+            .map(|i| slurmd_pod(&api, i))
+            .collect::<Option<Vec<_>>>();
         async move { w }
     })
     .await
@@ -179,7 +181,14 @@ async fn rotation_gate_passes_through_kubectl_plugin_only_once_every_slurmd_is_s
     let child = command(&kubectl_mountguard)
         .env("KUBECONFIG", sys.cluster.kubeconfig_path())
         .args(["wait", TARGET, "--uid", &uid])
-        .args(["--timeout", "240s", "--interval", "300ms", "--output", "json"])
+        .args([
+            "--timeout",
+            "240s",
+            "--interval",
+            "300ms",
+            "--output",
+            "json",
+        ])
         .spawn()
         .unwrap();
     let gate = tokio::spawn(child.wait_with_output());
@@ -221,7 +230,11 @@ async fn rotation_gate_passes_through_kubectl_plugin_only_once_every_slurmd_is_s
     // The pin between workers 0 and 3 on node-0 was released by replacing
     // them together.
     let a = attempts(&sys);
-    let group_of = |pod: &str| a.iter().find(|x| x.pod == pod).and_then(|x| x.group.clone());
+    let group_of = |pod: &str| {
+        a.iter()
+            .find(|x| x.pod == pod)
+            .and_then(|x| x.group.clone())
+    };
     let g0 = group_of(&pods[0].0);
     assert!(g0.is_some() && g0 == group_of(&pods[3].0), "{a:?}");
     // It waited: progress was reported on stderr before it passed.
@@ -229,7 +242,10 @@ async fn rotation_gate_passes_through_kubectl_plugin_only_once_every_slurmd_is_s
     let result: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(result["complete"], true, "{result}");
     assert_eq!(result["timedOut"], false, "{result}");
-    assert!(result["total"].as_u64().unwrap() >= pods.len() as u64, "{result}");
+    assert!(
+        result["total"].as_u64().unwrap() >= pods.len() as u64,
+        "{result}"
+    );
     assert_eq!(result["verified"], result["total"], "{result}");
     assert_eq!(result["sources"][0]["uid"], uid.as_str(), "{result}");
     let fp = result["sources"][0]["fingerprint"].as_str().unwrap();
@@ -268,7 +284,11 @@ async fn rotation_gate_passes_through_kubectl_plugin_only_once_every_slurmd_is_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotation_gate_times_out_naming_the_node_and_the_pin_nobody_may_release() {
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
-    let sys = start("on", &["--slurm-jwt-key-secret", &jwt, "--replace-pinning-pods"]).await;
+    let sys = start(
+        "on",
+        &["--slurm-jwt-key-secret", &jwt, "--replace-pinning-pods"],
+    )
+    .await;
     let api = sys.cluster.api();
     let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
     // A pod that is not a NodeSet pod pins the old entry on node-0:
