@@ -192,6 +192,8 @@ def test_schema_describes_every_value_and_nothing_else() -> None:
         {"metrics": {"prometheusRule": {"for": {"staleMount": "soon"}}}},
         {"tls": {"certManager": {"issuerRef": {"name": "x", "kind": "Vault"}}}},
         {"surprise": 1},
+        {"rbac": {"readerRole": {"create": "yes"}}},
+        {"rbac": {"readerRole": {"bind": True}}},
     ],
     ids=lambda v: json.dumps(v, separators=(",", ":")),
 )
@@ -601,8 +603,17 @@ def test_controller_environment_names_are_controller_flags() -> None:
 # ---------------------------------------------------------------- RBAC
 
 
+READER_ROLE = f"{RELEASE}-mountguard-reader"
+
+
 def granted(r: Any) -> set[tuple[str, str, str, str]]:
-    roles = {("cluster", o["metadata"]["name"]): o for o in r.of_kind("ClusterRole")}
+    # The reader ClusterRole is for people (bound by the operator), not
+    # the controller: see test_reader_role_grants_only_the_metrics_service_proxy.
+    roles = {
+        ("cluster", o["metadata"]["name"]): o
+        for o in r.of_kind("ClusterRole")
+        if o["metadata"]["name"] != READER_ROLE
+    }
     roles |= {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in r.of_kind("Role")}
     out = set()
     for b in r.of_kind("ClusterRoleBinding") + r.of_kind("RoleBinding"):
@@ -636,6 +647,32 @@ def test_rbac_is_exactly_the_documented_list(scenario: tuple[str, Any]) -> None:
     if dep["spec"]["replicas"] > 1:
         expected |= LEADER_RULES
     assert granted(r) == expected
+
+
+def test_reader_role_grants_only_the_metrics_service_proxy() -> None:
+    assert READER_ROLE not in {o["metadata"]["name"] for o in render().of_kind("ClusterRole")}
+    r = render({"rbac": {"readerRole": {"create": True}}})
+    role = r.one("ClusterRole", READER_ROLE)
+    metrics_svc = next(
+        s["metadata"]["name"]
+        for s in r.of_kind("Service")
+        if s["metadata"]["name"].endswith("-controller-metrics")
+    )
+    # get on services/proxy of that one Service: what `kubectl mountguard`
+    # needs to reach /v1/verdicts and /v1/rollouts through the API server.
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["services/proxy"],
+            "resourceNames": [metrics_svc],
+            "verbs": ["get"],
+        }
+    ]
+    port_names = [p["name"] for p in r.one("Service", metrics_svc)["spec"]["ports"]]
+    assert port_names == ["metrics"], "the plugin's default --controller-port"
+    # No binding: the operator binds it to people.
+    for b in r.of_kind("ClusterRoleBinding") + r.of_kind("RoleBinding"):
+        assert b["roleRef"]["name"] != READER_ROLE, b
 
 
 def test_documented_rbac_list_matches_the_tests() -> None:

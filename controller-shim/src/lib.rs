@@ -22,6 +22,8 @@
 //! * [`fingerprint`]: keyed fingerprints, the only form in which digests
 //!   leave the engine.
 //! * [`offline`]: the `verify` command.
+//! * [`rollout`]: the rollout gate's decision (`wait`): is an object's
+//!   current content verified on every node, and what is missing.
 //! * [`live`]: the running controller (`run`, `status`).
 
 pub mod convert;
@@ -32,6 +34,7 @@ pub mod model;
 pub mod offline;
 pub mod projection;
 pub mod remediation;
+pub mod rollout;
 #[doc(hidden)]
 pub mod testkit;
 pub mod verdict;

@@ -4,23 +4,53 @@ use std::io::Read;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mountguard_controller::live::{Cli, Command, Controller, args::LogFormat};
+use mountguard_controller::live::{
+    Cli, Command, Controller, PluginCli, PluginCommand, args::LogFormat, invoked_as_plugin,
+};
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+    let as_plugin = std::env::args_os()
+        .next()
+        .is_some_and(|a| invoked_as_plugin(&a));
+    let result = if as_plugin {
+        match PluginCli::try_parse() {
+            Ok(c) => run_plugin(c),
+            Err(e) => return usage_error(e),
+        }
+    } else {
+        match Cli::try_parse() {
+            Ok(c) => run(c),
+            Err(e) => return usage_error(e),
         }
     };
-    match run(cli) {
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
     }
+}
+
+fn usage_error(e: clap::Error) -> ExitCode {
+    let _ = e.print();
+    ExitCode::from(if e.use_stderr() { 2 } else { 0 })
+}
+
+/// `kubectl mountguard ...`: through the API server's service proxy.
+fn run_plugin(cli: PluginCli) -> anyhow::Result<u8> {
+    let stdout = std::io::stdout();
+    let stderr = std::io::stderr();
+    runtime()?.block_on(async move {
+        let endpoint = cli.proxy.endpoint().await?;
+        Ok(match cli.command {
+            PluginCommand::Status(q) => q.run(&endpoint, &mut stdout.lock()).await?,
+            PluginCommand::Wait(w) => {
+                w.run(&endpoint, &mut stdout.lock(), &mut stderr.lock())
+                    .await?
+            }
+        })
+    })
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -63,6 +93,12 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Status(args) => {
             let stdout = std::io::stdout();
             let code = runtime()?.block_on(args.run(&mut stdout.lock()))?;
+            Ok(code)
+        }
+        Command::Wait(args) => {
+            let stdout = std::io::stdout();
+            let stderr = std::io::stderr();
+            let code = runtime()?.block_on(args.run(&mut stdout.lock(), &mut stderr.lock()))?;
             Ok(code)
         }
     }

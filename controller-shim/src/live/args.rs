@@ -133,7 +133,8 @@ impl std::str::FromStr for ObjectName {
     }
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+/// Parses a duration like `180s`, `3m` or `1h30m` (jiff's friendly format).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let d: SignedDuration = s
         .parse()
         .map_err(|e| format!("{s:?} is not a duration like 180s or 3m: {e}"))?;

@@ -148,6 +148,7 @@ impl EvalTask {
         let mut dirty: HashSet<Arc<str>> = HashSet::new();
         let mut full = false;
         let mut reported: Vec<Arc<str>> = Vec::new();
+        let mut touched_sources: Vec<SourceRef> = Vec::new();
         for input in batch {
             match input {
                 Input::Pod(p) => {
@@ -179,6 +180,7 @@ impl EvalTask {
                             || o.immutable != c.immutable
                     });
                     self.index.apply_source(r.clone(), c);
+                    touched_sources.push(r.clone());
                     // Record when the content changed as it arrives, not when
                     // a pod referencing it is next evaluated: a subPath or env
                     // verdict compares this time with a container's start.
@@ -190,6 +192,7 @@ impl EvalTask {
                     }
                 }
                 Input::SourceDeleted(r) => {
+                    touched_sources.push(r.clone());
                     if self.index.delete_source(&r) {
                         self.engine
                             .observe_source(&self.index, &mut self.state, &r, now);
@@ -311,6 +314,9 @@ impl EvalTask {
         if full || !dirty.is_empty() {
             self.evaluate(full, dirty, now);
         }
+        if !full {
+            self.publish_sources(touched_sources);
+        }
         for n in reported {
             if self.index.inventory(&n).is_some() {
                 self.baselined.insert(n);
@@ -362,7 +368,77 @@ impl EvalTask {
         self.evaluated = false;
         let mut store = self.shared.verdicts.write().unwrap();
         store.pods.clear();
+        store.checks.clear();
+        store.sources.clear();
+        store.reporting.clear();
         store.evaluated = false;
+    }
+
+    /// What the rollout endpoint says about a source: its current
+    /// fingerprint (from the engine's history), UID and change time.
+    fn source_item(&self, r: &SourceRef) -> Option<crate::rollout::SourceItem> {
+        let content = self.index.source(r)?;
+        let h = self.state.sources.get(r);
+        Some(crate::rollout::SourceItem {
+            kind: r.kind.as_str().to_string(),
+            namespace: r.namespace.to_string(),
+            name: r.name.to_string(),
+            present: true,
+            fingerprint: h.and_then(|h| h.fingerprint.clone()),
+            uid: content.uid.as_deref().map(str::to_string),
+            changed_at: h.and_then(|h| h.content_changed_at).map(|t| t.to_string()),
+        })
+    }
+
+    /// Publishes the current fingerprints of `refs` (all sources when
+    /// `None`) for the rollout endpoint.
+    fn publish_sources(&self, refs: Vec<SourceRef>) {
+        if refs.is_empty() {
+            return;
+        }
+        let items: Vec<(SourceRef, Option<crate::rollout::SourceItem>)> = refs
+            .into_iter()
+            .map(|r| {
+                let item = self.source_item(&r);
+                (r, item)
+            })
+            .collect();
+        let mut store = self.shared.verdicts.write().unwrap();
+        for (r, item) in items {
+            match item {
+                Some(i) => {
+                    store.sources.insert(r, i);
+                }
+                None => {
+                    store.sources.remove(&r);
+                }
+            }
+        }
+    }
+
+    /// What `pv`'s verdicts were computed against.
+    fn pod_check(&self, pv: &PodVerdicts) -> super::status::PodCheck {
+        super::status::PodCheck {
+            scanned_at: pv
+                .pod
+                .node
+                .as_ref()
+                .and_then(|n| self.index.inventory(n))
+                .map(|i| i.scanned_at),
+            sources: pv
+                .pod
+                .references()
+                .into_iter()
+                .map(|r| {
+                    let fp = self
+                        .index
+                        .source(&r)
+                        .and(self.state.sources.get(&r))
+                        .and_then(|h| h.fingerprint.clone());
+                    (r, fp)
+                })
+                .collect(),
+        }
     }
 
     fn evaluate(&mut self, full: bool, dirty: HashSet<Arc<str>>, now: Timestamp) {
@@ -412,16 +488,25 @@ impl EvalTask {
                 .get(&pv.pod.uid)
                 .map(counts_of)
                 .unwrap_or_default();
-            self.publish_pod(&pv, &old, &mut requests);
-            self.shared
-                .verdicts
-                .write()
-                .unwrap()
-                .pods
-                .insert(pv.pod.uid.clone(), pv);
+            let check = self.pod_check(&pv);
+            self.publish_pod(&pv, &check, &old, &mut requests);
+            let mut store = self.shared.verdicts.write().unwrap();
+            store.checks.insert(pv.pod.uid.clone(), check);
+            store.pods.insert(pv.pod.uid.clone(), pv);
+        }
+        if full {
+            let all: Vec<SourceRef> = self.index.sources().map(|(r, _)| r.clone()).collect();
+            let items: HashMap<SourceRef, crate::rollout::SourceItem> = all
+                .iter()
+                .filter_map(|r| self.source_item(r).map(|i| (r.clone(), i)))
+                .collect();
+            self.shared.verdicts.write().unwrap().sources = items;
         }
         for uid in &removed {
-            let old = self.shared.verdicts.write().unwrap().pods.remove(uid);
+            let mut store = self.shared.verdicts.write().unwrap();
+            store.checks.remove(uid);
+            let old = store.pods.remove(uid);
+            drop(store);
             let old = old.as_ref().map(counts_of).unwrap_or_default();
             self.series.remove(&self.shared.metrics, uid, &old);
             self.tracker.forget(uid);
@@ -475,6 +560,7 @@ impl EvalTask {
     fn publish_pod(
         &mut self,
         pv: &PodVerdicts,
+        check: &super::status::PodCheck,
         old_counts: &[(&'static str, i64)],
         requests: &mut Vec<EventRequest>,
     ) {
@@ -494,7 +580,7 @@ impl EvalTask {
                     pod: pod.name.to_string(),
                     uid: pod.uid.to_string(),
                     reason,
-                    message: event_message(pv, v),
+                    message: event_message(pv, v, check),
                 });
             }
         }
@@ -533,6 +619,12 @@ impl EvalTask {
             }
             keep
         });
+        {
+            let mut store = self.shared.verdicts.write().unwrap();
+            if store.reporting != self.reporting {
+                store.reporting = self.reporting.clone();
+            }
+        }
         m.nodes.with_label_values(&["true"]).set(yes);
         m.nodes.with_label_values(&["false"]).set(no);
     }
@@ -594,9 +686,11 @@ pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
     ]
 }
 
-/// The Event note of a verdict: subject, sources, fingerprints, pinning
-/// pods, the engine's explanation.
-pub fn event_message(pv: &PodVerdicts, v: &Verdict) -> String {
+/// The Event note of a verdict: subject, sources, fingerprints (of the
+/// projected content, and of each source's content the verdict was
+/// computed against), the node scan it was verified from, pinning pods,
+/// the engine's explanation.
+pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &super::status::PodCheck) -> String {
     let view = v.view(pv);
     let mut m = format!("{} is {}", subject_text(&pv.subject(v)), v.state.tag());
     let sources: Vec<String> = view
@@ -613,6 +707,25 @@ pub fn event_message(pv: &PodVerdicts, v: &Verdict) -> String {
             view.observed.map_or("-".into(), |f| f.to_string()),
             view.expected.map_or("-".into(), |f| f.to_string())
         ));
+    }
+    let source_fps: Vec<String> = pv
+        .sources(v)
+        .iter()
+        .filter_map(|r| check.sources.iter().find(|(s, _)| s == r))
+        .map(|(r, fp)| {
+            format!(
+                "{} {} {}",
+                r.kind.as_str(),
+                r.name,
+                fp.as_deref().unwrap_or("(absent)")
+            )
+        })
+        .collect();
+    if !source_fps.is_empty() {
+        m.push_str(&format!("; source content {}", source_fps.join(", ")));
+    }
+    if let Some(t) = check.scanned_at {
+        m.push_str(&format!("; node scanned at {t}"));
     }
     if !view.pinned_by.is_empty() {
         m.push_str(&format!(
@@ -739,6 +852,118 @@ mod tests {
     }
 
     use crate::model::Interner;
+
+    /// The rollout document follows the source's current fingerprint and
+    /// what each consumer was verified against, and the gate's decision on
+    /// it follows a rotation (recreate under the same name) to the end.
+    #[test]
+    fn rollout_document_tracks_rotation_per_consumer() {
+        use crate::rollout::{Target, decide};
+        let mut r = rig();
+        let mut ix = Interner::default();
+        let t0 = ts("2026-11-30T10:00:00Z");
+        let target: Target = "secret/slurm/auth".parse().unwrap();
+        let doc = |r: &Rig| {
+            r.shared
+                .verdicts
+                .read()
+                .unwrap()
+                .rollout(&target, true, true)
+        };
+        r.task.apply_batch(
+            vec![
+                secret(&mut ix, b"old", "s1"),
+                pod("u1", "w-0", "n1"),
+                pod("u2", "w-1", "n2"),
+            ],
+            t0,
+        );
+        r.task.apply_batch(
+            vec![
+                inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"old")]),
+                inv("n2", 1, "2026-11-30T10:00:00Z", &[("u2", b"old")]),
+            ],
+            t0,
+        );
+        let d = doc(&r);
+        let old_fp = d.sources[0].fingerprint.clone().unwrap();
+        assert_eq!(old_fp.len(), 12, "a keyed fingerprint");
+        assert_eq!(d.sources[0].uid.as_deref(), Some("s1"));
+        assert_eq!(d.consumers.len(), 2);
+        for c in &d.consumers {
+            assert_eq!(c.state, "Fresh");
+            assert_eq!(c.sources[0].fingerprint.as_deref(), Some(old_fp.as_str()));
+            assert_eq!(c.verified_at.as_deref(), Some("2026-11-30T10:00:00Z"));
+            assert!(c.node_reporting);
+        }
+        assert!(decide(&d, &target, Some("s1")).complete());
+        // Recreated with new content: the consumers are judged against it
+        // and are not fresh until the nodes show the new bytes.
+        let t1 = ts("2026-11-30T10:05:00Z");
+        r.task.apply_batch(vec![secret(&mut ix, b"new", "s2")], t1);
+        let d = doc(&r);
+        let new_fp = d.sources[0].fingerprint.clone().unwrap();
+        assert_ne!(new_fp, old_fp);
+        assert!(
+            d.consumers
+                .iter()
+                .all(
+                    |c| c.sources[0].fingerprint.as_deref() == Some(new_fp.as_str())
+                        && c.state != "Fresh"
+                ),
+            "{d:?}"
+        );
+        let p = decide(&d, &target, Some("s2"));
+        assert_eq!((p.verified, p.total), (0, 2), "{p:?}");
+        r.task.apply_batch(
+            vec![inv("n1", 2, "2026-11-30T10:05:10Z", &[("u1", b"new")])],
+            t1,
+        );
+        let p = decide(&doc(&r), &target, Some("s2"));
+        assert_eq!((p.verified, p.total), (1, 2), "{p:?}");
+        assert_eq!(p.missing[0].pod, "w-1");
+        assert_eq!(p.missing[0].node, "n2");
+        r.task.apply_batch(
+            vec![inv("n2", 2, "2026-11-30T10:05:20Z", &[("u2", b"new")])],
+            t1,
+        );
+        let d = doc(&r);
+        assert!(decide(&d, &target, Some("s2")).complete(), "{d:?}");
+        let w1 = d.consumers.iter().find(|c| c.pod == "w-1").unwrap();
+        assert_eq!(w1.verified_at.as_deref(), Some("2026-11-30T10:05:20Z"));
+        // Event notes carry the source's fingerprint and the scan time.
+        {
+            let store = r.shared.verdicts.read().unwrap();
+            let pv = &store.pods["u2"];
+            let m = event_message(pv, &pv.verdicts[0], &store.checks["u2"]);
+            assert!(
+                m.contains(&format!("source content Secret auth {new_fp}"))
+                    && m.contains("node scanned at 2026-11-30T10:05:20Z"),
+                "{m}"
+            );
+        }
+        // A node whose agent stops reporting: its consumer no longer counts.
+        let late = ts("2026-11-30T10:20:00Z");
+        r.task.apply_batch(
+            vec![inv("n1", 3, "2026-11-30T10:19:50Z", &[("u1", b"new")])],
+            late,
+        );
+        let p = decide(&doc(&r), &target, None);
+        assert_eq!((p.verified, p.total), (1, 2), "{p:?}");
+        assert_eq!(p.missing[0].node, "n2");
+        // Deleted: absent until recreated.
+        r.task.apply_batch(
+            vec![Input::SourceDeleted(SourceRef::new(
+                SourceKind::Secret,
+                ix.intern("slurm"),
+                ix.intern("auth"),
+            ))],
+            late,
+        );
+        let d = doc(&r);
+        assert!(!d.sources[0].present && d.sources[0].fingerprint.is_none());
+        assert!(!decide(&d, &target, None).complete());
+    }
 
     #[test]
     fn baseline_without_events_then_rotation_alarms_and_recovery() {

@@ -1,5 +1,5 @@
 //! The metrics and status server: `/metrics`, `/healthz`, `/readyz`,
-//! `GET /v1/verdicts`.
+//! `GET /v1/verdicts`, `GET /v1/rollouts/{kind}/{namespace}/{name}`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -53,9 +53,26 @@ pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {
                     .document(&q, shared.is_acting(), shared.is_ready());
             json_response(StatusCode::OK, &doc)
         }
+        p if p.starts_with("/v1/rollouts/") => {
+            let rest = &p["/v1/rollouts/".len()..];
+            match rest.parse::<crate::rollout::Target>() {
+                Ok(t) => {
+                    let doc = shared.verdicts.read().unwrap().rollout(
+                        &t,
+                        shared.is_acting(),
+                        shared.is_ready(),
+                    );
+                    json_response(StatusCode::OK, &doc)
+                }
+                Err(_) => text(
+                    StatusCode::BAD_REQUEST,
+                    "use /v1/rollouts/{secret|configmap|nodeset|pod}/{namespace}/{name}\n",
+                ),
+            }
+        }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: /metrics /healthz /readyz /v1/verdicts\n",
+            "not found: /metrics /healthz /readyz /v1/verdicts /v1/rollouts/{kind}/{namespace}/{name}\n",
         ),
     }
 }
@@ -125,6 +142,18 @@ mod tests {
         let doc: crate::live::status::StatusDoc = serde_json::from_str(&v).unwrap();
         assert!(!doc.acting && doc.ready && doc.verdicts.is_empty());
         assert_eq!(get(&shared, "/nope").0, StatusCode::NOT_FOUND);
+        let (s, v) = get(&shared, "/v1/rollouts/secret/slurm/slurm-auth-slurm");
+        assert_eq!(s, StatusCode::OK);
+        let doc: crate::rollout::RolloutDoc = serde_json::from_str(&v).unwrap();
+        assert_eq!(doc.target, "secret/slurm/slurm-auth-slurm");
+        assert!(!doc.acting && !doc.sources[0].present, "{doc:?}");
+        for bad in [
+            "/v1/rollouts/deployment/a/b",
+            "/v1/rollouts/secret/a",
+            "/v1/rollouts/secret/a/b/c",
+        ] {
+            assert_eq!(get(&shared, bad).0, StatusCode::BAD_REQUEST, "{bad}");
+        }
     }
 
     #[test]

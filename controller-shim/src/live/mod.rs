@@ -16,6 +16,7 @@
 
 pub mod args;
 pub mod auth;
+pub mod client;
 pub mod eval;
 pub mod events;
 mod http;
@@ -24,6 +25,7 @@ pub mod metrics;
 pub mod report;
 pub mod status;
 pub mod tls;
+pub mod wait;
 pub mod watch;
 
 use std::net::SocketAddr;
@@ -393,6 +395,45 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Command line of `kubectl mountguard` (the same binary, installed or
+/// linked as `kubectl-mountguard`): reaches the controller through the API
+/// server's service proxy with the user's kubeconfig.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "kubectl-mountguard",
+    bin_name = "kubectl mountguard",
+    version,
+    about = "mountguard verdicts and rollout gate, through the Kubernetes API server"
+)]
+pub struct PluginCli {
+    /// Cluster and controller Service.
+    #[command(flatten)]
+    pub proxy: client::ProxyArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: PluginCommand,
+}
+
+/// Subcommands of the kubectl plugin.
+#[derive(Debug, clap::Subcommand)]
+pub enum PluginCommand {
+    /// Print the controller's verdicts.
+    Status(status::StatusQuery),
+    /// Wait until every consumer of an object is verified fresh on its
+    /// node for the object's current content (exit 0), or time out (1).
+    Wait(wait::WaitOptions),
+}
+
+/// Whether the program was started as the kubectl plugin (`argv[0]`'s
+/// file name is `kubectl-mountguard`, as kubectl runs plugins found on
+/// `PATH`).
+pub fn invoked_as_plugin(argv0: &std::ffi::OsStr) -> bool {
+    std::path::Path::new(argv0)
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n == "kubectl-mountguard" || n == "kubectl-mountguard.exe")
+}
+
 /// Subcommands.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
@@ -400,6 +441,9 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Print the verdicts of a running controller.
     Status(status::StatusArgs),
+    /// Wait until every consumer of an object is verified fresh on its
+    /// node for the object's current content (exit 0), or time out (1).
+    Wait(wait::WaitArgs),
     /// Evaluate verdicts offline from an object dump and agent inventories.
     Verify(crate::offline::VerifyArgs),
 }

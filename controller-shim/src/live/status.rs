@@ -5,6 +5,11 @@
 //! Skipped) by default, every verdict with `?all=1`, filtered by
 //! `namespace`, `node` and `state` (a state name like `Stale` or a tag like
 //! `Stale/ImmutableCachePinned`). Fingerprints only, never digests or data.
+//!
+//! `GET /v1/rollouts/{secret|configmap|nodeset|pod}/{namespace}/{name}`
+//! returns the rollout gate's document ([`crate::rollout::RolloutDoc`]):
+//! the source's current fingerprint and, per consumer, the source
+//! fingerprints it was verified against on the node and the scan time.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
@@ -14,7 +19,19 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
+use crate::model::SourceRef;
+use crate::rollout::{AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource};
 use crate::verdict::{PodVerdicts, State, Subject, Verdict};
+
+/// What one pod's verdicts were computed against: the node inventory's scan
+/// time and the fingerprint of every source the pod references.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodCheck {
+    /// Scan time of the node inventory (none: no inventory).
+    pub scanned_at: Option<jiff::Timestamp>,
+    /// Keyed fingerprint of each referenced source (`None`: absent).
+    pub sources: Vec<(SourceRef, Option<String>)>,
+}
 
 /// The published verdicts of every evaluated pod.
 #[derive(Debug, Default)]
@@ -26,6 +43,12 @@ pub struct VerdictStore {
     /// Remediation attempts (open ones, then recent closed ones), as the
     /// executor last published them.
     pub attempts: Vec<AttemptItem>,
+    /// Per pod UID: what its verdicts were computed against.
+    pub checks: HashMap<Arc<str>, PodCheck>,
+    /// Every source the controller sees, with its current fingerprint.
+    pub sources: HashMap<SourceRef, SourceItem>,
+    /// Per node with pods: whether its agent reports.
+    pub reporting: HashMap<Arc<str>, bool>,
 }
 
 /// One remediation attempt as the status endpoint returns it.
@@ -302,6 +325,128 @@ impl VerdictStore {
     }
 }
 
+impl VerdictStore {
+    /// The rollout document of `target`.
+    pub fn rollout(&self, target: &Target, acting: bool, ready: bool) -> RolloutDoc {
+        let (ns, name) = target.namespaced_name();
+        let wanted: Option<SourceRef> = match target {
+            Target::Source { kind, .. } => {
+                Some(SourceRef::new(*kind, Arc::from(ns), Arc::from(name)))
+            }
+            _ => None,
+        };
+        let mut consumers = Vec::new();
+        let mut referenced: Vec<SourceRef> = wanted.iter().cloned().collect();
+        let mut pods_in_ns: std::collections::HashSet<&str> = Default::default();
+        let mut consumer_pods: std::collections::HashSet<&str> = Default::default();
+        for pv in self.pods.values() {
+            let pod = &pv.pod;
+            if *pod.namespace != *ns {
+                continue;
+            }
+            pods_in_ns.insert(&pod.name);
+            let pod_selected = match target {
+                Target::Source { .. } => true,
+                Target::NodeSet { name, .. } => pod.nodeset.as_deref() == Some(name.as_str()),
+                Target::Pod { name, .. } => *pod.name == **name,
+            };
+            if !pod_selected {
+                continue;
+            }
+            let check = self.checks.get(&pod.uid);
+            for v in &pv.verdicts {
+                let srcs = pv.sources(v);
+                if let Some(w) = &wanted
+                    && !srcs.contains(w)
+                {
+                    continue;
+                }
+                consumer_pods.insert(&pod.name);
+                let sources = srcs
+                    .iter()
+                    .map(|r| {
+                        if !referenced.contains(r) {
+                            referenced.push(r.clone());
+                        }
+                        VerifiedSource {
+                            kind: r.kind.as_str().to_string(),
+                            name: r.name.to_string(),
+                            fingerprint: check
+                                .and_then(|c| c.sources.iter().find(|(s, _)| s == r))
+                                .and_then(|(_, fp)| fp.clone()),
+                        }
+                    })
+                    .collect();
+                consumers.push(ConsumerItem {
+                    namespace: pod.namespace.to_string(),
+                    pod: pod.name.to_string(),
+                    node: pod.node.as_deref().map(str::to_string),
+                    nodeset: pod.nodeset.as_deref().map(str::to_string),
+                    subject: subject_text(&pv.subject(v)),
+                    state: v.state.tag(),
+                    sources,
+                    verified_at: check.and_then(|c| c.scanned_at).map(|t| t.to_string()),
+                    node_reporting: pod
+                        .node
+                        .as_ref()
+                        .is_some_and(|n| self.reporting.get(n).copied().unwrap_or(false)),
+                    pinned_by: v.pinned_by().iter().map(|s| s.to_string()).collect(),
+                    message: v.message().map(str::to_string),
+                });
+            }
+        }
+        consumers.sort_by(|a, b| (&a.pod, &a.subject).cmp(&(&b.pod, &b.subject)));
+        referenced.sort();
+        let sources = referenced
+            .iter()
+            .map(|r| {
+                self.sources.get(r).cloned().unwrap_or_else(|| SourceItem {
+                    kind: r.kind.as_str().to_string(),
+                    namespace: r.namespace.to_string(),
+                    name: r.name.to_string(),
+                    present: false,
+                    fingerprint: None,
+                    uid: None,
+                    changed_at: None,
+                })
+            })
+            .collect();
+        // Attempts of the consumers' pods, and of the target's pods that
+        // have no verdicts (a replacement not running yet).
+        let attempts = self
+            .attempts
+            .iter()
+            .filter(|a| a.namespace == ns)
+            .filter(|a| {
+                consumer_pods.contains(a.pod.as_str())
+                    || (!pods_in_ns.contains(a.pod.as_str())
+                        && match target {
+                            Target::Source { .. } => true,
+                            Target::NodeSet { name, .. } => a.nodeset == *name,
+                            Target::Pod { name, .. } => a.pod == *name,
+                        })
+            })
+            .map(|a| AttemptRef {
+                id: a.id.clone(),
+                namespace: a.namespace.clone(),
+                pod: a.pod.clone(),
+                node: a.node.clone(),
+                phase: a.phase.clone(),
+                open: a.open,
+                failure: a.failure.clone(),
+            })
+            .collect();
+        RolloutDoc {
+            acting,
+            ready: ready && self.evaluated,
+            target: target.to_string(),
+            sources,
+            consumers,
+            attempts,
+        }
+    }
+}
+
 /// Output formats of `status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum StatusOutput {
@@ -321,6 +466,15 @@ pub struct StatusArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     pub url: String,
+    /// What to list and how.
+    #[command(flatten)]
+    pub query: StatusQuery,
+}
+
+/// Filters and output of `status` (shared by `mountguard-controller status`
+/// and `kubectl mountguard status`).
+#[derive(Debug, Clone, Args)]
+pub struct StatusQuery {
     /// Only this namespace.
     #[arg(long)]
     pub namespace: Option<String>,
@@ -339,6 +493,15 @@ pub struct StatusArgs {
 }
 
 impl StatusArgs {
+    /// Fetches the document from `--url` and prints it; see
+    /// [`StatusQuery::run`].
+    pub async fn run(self, out: &mut dyn Write) -> Result<u8, Error> {
+        let endpoint = super::client::Endpoint::Direct(self.url);
+        self.query.run(&endpoint, out).await
+    }
+}
+
+impl StatusQuery {
     /// The request path and query.
     pub fn path(&self) -> String {
         let mut q = Vec::new();
@@ -363,15 +526,12 @@ impl StatusArgs {
 
     /// Fetches the document and prints it; returns the exit code (0 when
     /// no verdict needs attention, 1 otherwise).
-    pub async fn run(self, out: &mut dyn Write) -> Result<u8, Error> {
-        let url = format!("{}{}", self.url.trim_end_matches('/'), self.path());
-        let body = http_get(&url).await?;
-        let doc: StatusDoc = serde_json::from_slice(&body).map_err(|e| Error::Json {
-            file: url.clone(),
-            line: e.line(),
-            column: e.column(),
-            message: e.to_string(),
-        })?;
+    pub async fn run(
+        self,
+        endpoint: &super::client::Endpoint,
+        out: &mut dyn Write,
+    ) -> Result<u8, Error> {
+        let doc: StatusDoc = endpoint.get_json(&self.path()).await?;
         let io = |e: std::io::Error| Error::Io {
             file: "<stdout>".into(),
             source: e,
@@ -401,49 +561,6 @@ fn encode(s: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-async fn http_get(url: &str) -> Result<Vec<u8>, Error> {
-    use http_body_util::BodyExt;
-    let err = |m: String| Error::Config(format!("GET {url}: {m}"));
-    let uri: http::Uri = url.parse().map_err(|e| err(format!("{e}")))?;
-    if uri.scheme_str() != Some("http") {
-        return Err(err(
-            "only http:// URLs are supported (the metrics port)".into()
-        ));
-    }
-    let host = uri.host().ok_or_else(|| err("no host".into()))?.to_string();
-    let port = uri.port_u16().unwrap_or(80);
-    let stream = tokio::net::TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|e| err(e.to_string()))?;
-    let (mut send, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| err(e.to_string()))?;
-    tokio::spawn(conn);
-    let req = http::Request::get(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
-        .header(http::header::HOST, host)
-        .body(http_body_util::Empty::<hyper::body::Bytes>::new())
-        .map_err(|e| err(e.to_string()))?;
-    let resp = send
-        .send_request(req)
-        .await
-        .map_err(|e| err(e.to_string()))?;
-    let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| err(e.to_string()))?
-        .to_bytes();
-    if !status.is_success() {
-        return Err(err(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(500)])
-        )));
-    }
-    Ok(body.to_vec())
 }
 
 /// Prints the document as a table: one row per verdict, notes, a summary.
@@ -560,7 +677,10 @@ fn write_attempts(attempts: &[AttemptItem], out: &mut dyn Write) -> std::io::Res
 }
 
 /// Prints rows as left-aligned columns two spaces apart.
-fn write_aligned<const N: usize>(rows: &[[String; N]], out: &mut dyn Write) -> std::io::Result<()> {
+pub(crate) fn write_aligned<const N: usize>(
+    rows: &[[String; N]],
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
     let mut widths = [0usize; N];
     for r in rows {
         for (i, c) in r.iter().enumerate() {
@@ -664,8 +784,7 @@ mod tests {
         // JSON round trip for the status command.
         let back: StatusDoc = serde_json::from_slice(&serde_json::to_vec(&doc).unwrap()).unwrap();
         assert_eq!(back, doc);
-        let args = StatusArgs {
-            url: "http://x".into(),
+        let args = StatusQuery {
             namespace: Some("a b".into()),
             node: None,
             state: Some("Stale/ImmutableCache".into()),

@@ -1,11 +1,13 @@
 //! The API server double: the Kubernetes REST API over HTTP (JSON only),
 //! with list/watch/resourceVersion semantics, graceful pod deletion,
-//! PDB-aware eviction, TokenReviews and faults on demand.
+//! PDB-aware eviction, TokenReviews, the service proxy (`proxy.rs`) and
+//! faults on demand.
 //!
 //! It serves the paths the real `kube` client uses; see
 //! [`resources::ALL`] for the types. Storage is [`store::Store`].
 
 pub mod patch;
+pub mod proxy;
 pub mod resources;
 pub mod selectors;
 pub mod status;
@@ -542,6 +544,9 @@ async fn route(
         && let Some(doc) = discovery(h, &path)
     {
         return Ok(http::json(StatusCode::OK, &doc));
+    }
+    if let Some(t) = proxy::parse(&path) {
+        return proxy::serve(h, t?, req).await;
     }
     let Some(target) = parse_path(&path) else {
         return Ok(http::not_found());

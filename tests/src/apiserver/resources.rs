@@ -141,6 +141,30 @@ pub const SERVICE_ACCOUNTS: ResourceType = rt!(
     false,
     true
 );
+/// Core v1 services (only stored, and proxied: see `proxy.rs`).
+pub const SERVICES: ResourceType = rt!(
+    "",
+    "v1",
+    "services",
+    "service",
+    "Service",
+    true,
+    &["proxy"],
+    false,
+    true
+);
+/// Core v1 endpoints (only stored; the service proxy reads them).
+pub const ENDPOINTS: ResourceType = rt!(
+    "",
+    "v1",
+    "endpoints",
+    "endpoints",
+    "Endpoints",
+    true,
+    &[],
+    false,
+    true
+);
 /// events.k8s.io/v1 events.
 pub const EVENTS: ResourceType = rt!(
     "events.k8s.io",
@@ -214,6 +238,8 @@ pub const ALL: &[ResourceType] = &[
     NAMESPACES,
     CORE_EVENTS,
     SERVICE_ACCOUNTS,
+    SERVICES,
+    ENDPOINTS,
     EVENTS,
     PDBS,
     LEASES,
@@ -266,6 +292,12 @@ pub fn resource_list(group: &str, version: &str) -> serde_json::Value {
         for sub in r.subresources {
             let (kind, group, version, verbs): (&str, &str, &str, &[&str]) = match *sub {
                 "eviction" => ("Eviction", "policy", "v1", &["create"]),
+                "proxy" => (
+                    "ServiceProxyOptions",
+                    "",
+                    "v1",
+                    &["create", "delete", "get", "patch", "update"],
+                ),
                 _ => (r.kind, r.group, r.version, &["get", "patch", "update"]),
             };
             resources.push(serde_json::json!({

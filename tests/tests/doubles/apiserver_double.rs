@@ -704,3 +704,91 @@ async fn kube_runtime_streaming_list_watcher_and_event_recorder_work_against_the
     assert_eq!(events[0]["series"]["count"], 2);
     api.shutdown().await;
 }
+
+/// The service proxy path form `kubectl` plugins use, through the real
+/// kube client: by port name and number, query passed on, the backend's
+/// status passed back, 503 without endpoints, 404 without the Service.
+#[tokio::test]
+async fn service_proxy_reaches_the_backend_by_port_name_and_number() {
+    use mountguard_tests::apiserver::proxy;
+    let api = ApiServerDouble::start().await.unwrap();
+    let backend = mountguard_tests::http::Server::start(|req| async move {
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default();
+        if req.uri().path() == "/missing" {
+            let mut r = hyper::Response::new(mountguard_tests::http::full("not found\n"));
+            *r.status_mut() = hyper::StatusCode::NOT_FOUND;
+            return r;
+        }
+        mountguard_tests::http::json(hyper::StatusCode::OK, &json!({"saw": pq}))
+    })
+    .await
+    .unwrap();
+    let addr: std::net::SocketAddr = backend.url().trim_start_matches("http://").parse().unwrap();
+    proxy::expose(&api.handle(), "mg", "ctl-metrics", "metrics", addr).unwrap();
+    let client = client_no_retry(&api).await;
+    let get = |path: String| {
+        let client = client.clone();
+        async move {
+            client
+                .request_text(http::Request::get(path).body(Vec::new()).unwrap())
+                .await
+        }
+    };
+    for id in [
+        "http:ctl-metrics:metrics".to_string(),
+        "ctl-metrics:metrics".to_string(),
+        format!("ctl-metrics:{}", addr.port()),
+    ] {
+        let body = get(format!(
+            "/api/v1/namespaces/mg/services/{id}/proxy/v1/verdicts?all=1&state=Stale%2FUnknown"
+        ))
+        .await
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["saw"], "/v1/verdicts?all=1&state=Stale%2FUnknown", "{id}");
+    }
+    let e = get("/api/v1/namespaces/mg/services/http:ctl-metrics:metrics/proxy/missing".into())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, kube::Error::Api(s) if s.code == 404),
+        "the backend's status comes back: {e}"
+    );
+    let e = get("/api/v1/namespaces/mg/services/http:ctl-metrics:9/proxy/x".into())
+        .await
+        .unwrap_err();
+    assert_eq!(api_err(e).code, 503);
+    let e = get("/api/v1/namespaces/mg/services/http:nope:metrics/proxy/x".into())
+        .await
+        .unwrap_err();
+    assert_eq!(api_err(e).code, 404);
+    // Endpoints without a ready address: 503 like the real server.
+    api.handle()
+        .create(
+            &resources::SERVICES,
+            "mg",
+            json!({"metadata": {"name": "empty"}, "spec": {"ports": [{"name": "metrics", "port": 80}]}}),
+        )
+        .unwrap();
+    api.handle()
+        .create(
+            &resources::ENDPOINTS,
+            "mg",
+            json!({"metadata": {"name": "empty"}, "subsets": []}),
+        )
+        .unwrap();
+    let e = get("/api/v1/namespaces/mg/services/http:empty:metrics/proxy/x".into())
+        .await
+        .unwrap_err();
+    let s = api_err(e);
+    assert_eq!(s.code, 503);
+    assert!(
+        s.message.contains("no endpoints available"),
+        "{}",
+        s.message
+    );
+}

@@ -9,6 +9,7 @@ mod harness;
 mod demo;
 mod forged;
 mod fresh;
+mod gate;
 mod kubelet;
 mod leader;
 mod remediation;

@@ -1,0 +1,221 @@
+//! How `status` and `wait` reach a running controller: directly at
+//! `--url` (the metrics port), or, as the kubectl plugin, through the API
+//! server's service proxy with the user's kubeconfig (no port-forward).
+//!
+//! The service proxy path is
+//! `/api/v1/namespaces/{ns}/services/{scheme}:{service}:{port}/proxy/{path}`
+//! (kubernetes `pkg/registry/core/service/proxy.go`, `ProxyREST.Connect`,
+//! which appends the path after `proxy/` to the location
+//! `pkg/registry/core/service/storage/storage.go` `ResourceLocation`
+//! resolves from `scheme:name:port` to one ready endpoint of the Service).
+//! The caller needs `get` on `services/proxy` for that Service.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::de::DeserializeOwned;
+
+use crate::Error;
+
+/// Where the controller's metrics port is.
+#[derive(Clone)]
+pub enum Endpoint {
+    /// `http://host:port` of the metrics port.
+    Direct(String),
+    /// Through the API server's service proxy.
+    Proxy {
+        /// A client from the user's kubeconfig.
+        client: kube::Client,
+        /// `/api/v1/namespaces/{ns}/services/{scheme}:{svc}:{port}/proxy`.
+        prefix: String,
+    },
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Direct(u) => write!(f, "Direct({u})"),
+            Endpoint::Proxy { prefix, .. } => write!(f, "Proxy({prefix})"),
+        }
+    }
+}
+
+/// The service proxy path prefix of a Service port (`scheme` `http`, a
+/// port name or number).
+pub fn proxy_prefix(namespace: &str, service: &str, scheme: &str, port: &str) -> String {
+    format!("/api/v1/namespaces/{namespace}/services/{scheme}:{service}:{port}/proxy")
+}
+
+impl Endpoint {
+    /// Where requests go, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Endpoint::Direct(u) => u.clone(),
+            Endpoint::Proxy { prefix, .. } => format!("the API server's service proxy {prefix}"),
+        }
+    }
+
+    /// `GET path` (path and query, starting with `/`); the body of a 2xx
+    /// answer.
+    pub async fn get(&self, path: &str) -> Result<Vec<u8>, Error> {
+        match self {
+            Endpoint::Direct(base) => {
+                http_get(&format!("{}{path}", base.trim_end_matches('/'))).await
+            }
+            Endpoint::Proxy { client, prefix } => {
+                let uri = format!("{prefix}{path}");
+                let req = http::Request::get(&uri)
+                    .body(Vec::new())
+                    .map_err(|e| Error::Kube(format!("GET {uri}: {e}")))?;
+                client
+                    .request_text(req)
+                    .await
+                    .map(String::into_bytes)
+                    .map_err(|e| Error::Kube(format!("GET {uri} (service proxy): {e}")))
+            }
+        }
+    }
+
+    /// `GET path`, parsed as JSON.
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        let body = self.get(path).await?;
+        serde_json::from_slice(&body).map_err(|e| Error::Json {
+            file: format!("{} {path}", self.describe()),
+            line: e.line(),
+            column: e.column(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Flags of the kubectl plugin: which cluster, and which Service of the
+/// controller to reach through the API server.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// kubeconfig file (default: `KUBECONFIG`, else `~/.kube/config`, else
+    /// in-cluster).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context (default: the current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Namespace of the mountguard release.
+    #[arg(
+        long,
+        global = true,
+        env = "MOUNTGUARD_CONTROLLER_NAMESPACE",
+        default_value = "mountguard-system"
+    )]
+    pub controller_namespace: String,
+    /// The controller's metrics Service (the chart's `<release>-controller-metrics`).
+    #[arg(
+        long,
+        global = true,
+        env = "MOUNTGUARD_CONTROLLER_SERVICE",
+        default_value = "mountguard-controller-metrics"
+    )]
+    pub controller_service: String,
+    /// Port of that Service (name or number).
+    #[arg(long, global = true, default_value = "metrics")]
+    pub controller_port: String,
+}
+
+impl ProxyArgs {
+    /// The endpoint: a client from the kubeconfig and the proxy prefix.
+    pub async fn endpoint(&self) -> Result<Endpoint, Error> {
+        let options = kube::config::KubeConfigOptions {
+            context: self.context.clone(),
+            ..Default::default()
+        };
+        let config = match (&self.kubeconfig, &self.context) {
+            (Some(p), _) => {
+                let kc = kube::config::Kubeconfig::read_from(p)
+                    .map_err(|e| Error::Kube(format!("reading kubeconfig {}: {e}", p.display())))?;
+                kube::Config::from_custom_kubeconfig(kc, &options)
+                    .await
+                    .map_err(|e| Error::Kube(format!("kubeconfig {}: {e}", p.display())))?
+            }
+            (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+                .await
+                .map_err(|e| Error::Kube(format!("kubeconfig: {e}")))?,
+            (None, None) => kube::Config::infer().await.map_err(|e| {
+                Error::Kube(format!(
+                    "no Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster): {e}"
+                ))
+            })?,
+        };
+        let client = kube::Client::try_from(config)
+            .map_err(|e| Error::Kube(format!("creating the client: {e}")))?;
+        Ok(Endpoint::Proxy {
+            client,
+            prefix: proxy_prefix(
+                &self.controller_namespace,
+                &self.controller_service,
+                "http",
+                &self.controller_port,
+            ),
+        })
+    }
+}
+
+/// One plain-HTTP `GET` (the metrics port speaks HTTP).
+async fn http_get(url: &str) -> Result<Vec<u8>, Error> {
+    use http_body_util::BodyExt;
+    let err = |m: String| Error::Config(format!("GET {url}: {m}"));
+    let uri: http::Uri = url.parse().map_err(|e| err(format!("{e}")))?;
+    if uri.scheme_str() != Some("http") {
+        return Err(err(
+            "only http:// URLs are supported (the metrics port)".into()
+        ));
+    }
+    let host = uri.host().ok_or_else(|| err("no host".into()))?.to_string();
+    let port = uri.port_u16().unwrap_or(80);
+    let stream = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| err(e.to_string()))?;
+    tokio::spawn(conn);
+    let req = http::Request::get(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+        .header(http::header::HOST, host)
+        .body(http_body_util::Empty::<hyper::body::Bytes>::new())
+        .map_err(|e| err(e.to_string()))?;
+    let resp = send
+        .send_request(req)
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| err(e.to_string()))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(err(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&body[..body.len().min(500)])
+        )));
+    }
+    Ok(body.to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_prefix_follows_the_api_server_path_form() {
+        assert_eq!(
+            proxy_prefix(
+                "mountguard-system",
+                "mountguard-controller-metrics",
+                "http",
+                "metrics"
+            ),
+            "/api/v1/namespaces/mountguard-system/services/http:mountguard-controller-metrics:metrics/proxy"
+        );
+    }
+}
