@@ -30,7 +30,7 @@ ETCD_VERSION=v3.5.21
 # release it serves. It serves the same slinky.slurm.net/v1beta1 API.
 SLINKY_VERSION=v1.1.0
 # Bump when the recipe below changes in a way that changes the binaries.
-RECIPE=1
+RECIPE=2
 # ------------------------------------------------------------------------------
 
 log() { printf '==> %s\n' "$*" >&2; }
@@ -110,6 +110,9 @@ func main() {
 		os.Exit(2)
 	}
 	rt := fake.NewFakeRemoteRuntime()
+	// Images "pulled" by the fake have this size; the kubelet refuses an
+	// image status without one ("Id or size of image ... is not set").
+	rt.ImageService.SetFakeImageSize(1 << 20)
 	if err := rt.Start(os.Args[1]); err != nil {
 		fmt.Fprintln(os.Stderr, "fakecri: start:", err)
 		os.Exit(1)

@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod kubelet;
 pub mod node;
 
 use std::io;
@@ -109,9 +110,15 @@ pub fn upstream() -> io::Result<Upstream> {
 }
 
 /// The rig's certificate authority (serving and client certificates).
-struct Pki {
+pub(crate) struct Pki {
     ca_pem: String,
     issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for Pki {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pki").finish_non_exhaustive()
+    }
 }
 
 impl Pki {
@@ -304,6 +311,7 @@ impl RealClusterBuilder {
             etcd_peer,
             admin_kubeconfig,
             ca_pem: pki.ca_pem.clone(),
+            pki,
             logs,
             dir,
         };
@@ -324,16 +332,7 @@ impl RealClusterBuilder {
         }
         for i in 0..self.nodes {
             let name = format!("node-{i}");
-            let (c, k) = pki.client(&format!("system:node:{name}"), &["system:nodes"])?;
-            let kc = cluster.path(&format!("{name}.kubeconfig"));
-            std::fs::write(
-                &kc,
-                kubeconfig_yaml(
-                    &cluster.server,
-                    &cluster.ca_pem,
-                    &KubeconfigUser::Cert { cert: &c, key: &k },
-                ),
-            )?;
+            let kc = cluster.node_kubeconfig(&name)?;
             let root = cluster.path(&name).join("kubelet");
             let node = NodeDouble::start(NodeDoubleConfig::new(&name, root, kc)).await?;
             cluster.nodes.push(node);
@@ -357,6 +356,7 @@ pub struct RealCluster {
     etcd_peer: std::net::SocketAddr,
     admin_kubeconfig: PathBuf,
     ca_pem: String,
+    pki: Pki,
     logs: PathBuf,
     dir: tempfile::TempDir,
 }
@@ -425,6 +425,24 @@ impl RealCluster {
     /// An admin client.
     pub async fn client(&self) -> io::Result<kube::Client> {
         client_from_kubeconfig(&self.admin_kubeconfig).await
+    }
+
+    /// Writes a kubeconfig with a client certificate of node `name`
+    /// (`system:node:<name>` in `system:nodes`); returns its path.
+    pub fn node_kubeconfig(&self, name: &str) -> io::Result<PathBuf> {
+        let (c, k) = self
+            .pki
+            .client(&format!("system:node:{name}"), &["system:nodes"])?;
+        let path = self.path(&format!("{name}.kubeconfig"));
+        std::fs::write(
+            &path,
+            kubeconfig_yaml(
+                &self.server,
+                &self.ca_pem,
+                &KubeconfigUser::Cert { cert: &c, key: &k },
+            ),
+        )?;
+        Ok(path)
     }
 
     /// Writes a kubeconfig with `token` as bearer token; returns its path.
@@ -540,6 +558,9 @@ impl RealCluster {
             .arg(p("audit.log"))
             .args(["--audit-log-format", "json"])
             .arg("--enable-priority-and-fairness=false")
+            // The Endpoints of Service "kubernetes" may not hold a loopback
+            // address (validation), so the reconciler would fail every 10 s.
+            .args(["--endpoint-reconciler-type", "none"])
             .arg("--profiling=false")
             .args(["--v", "1"]);
         let mut child =

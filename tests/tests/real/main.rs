@@ -17,3 +17,4 @@ mod harness;
 
 mod control_plane;
 mod controller;
+mod kubelet;
