@@ -26,6 +26,8 @@ pub mod http;
 pub mod kubelet;
 pub mod mountguard;
 pub mod nodeset;
+#[cfg(feature = "real-upstream")]
+pub mod real;
 pub mod scenario;
 pub mod slurmrestd;
 pub mod util;

@@ -187,7 +187,7 @@ impl Drop for KubeletDouble {
     }
 }
 
-fn arch() -> &'static str {
+pub(crate) fn arch() -> &'static str {
     match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -614,7 +614,12 @@ fn sync_pod(inner: &Inner, uid: &str) {
     }
 }
 
-fn write_subpaths(root: &Path, uid: &str, pod: &Value, c: &Value) -> std::io::Result<()> {
+pub(crate) fn write_subpaths(
+    root: &Path,
+    uid: &str,
+    pod: &Value,
+    c: &Value,
+) -> std::io::Result<()> {
     let cname = c["name"].as_str().unwrap_or("");
     for (i, m) in c["volumeMounts"]
         .as_array()

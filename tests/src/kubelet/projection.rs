@@ -34,7 +34,7 @@ fn b64decode(s: &str) -> Vec<u8> {
 }
 
 /// Key -> bytes of a Secret (`data`, base64 in the API).
-fn secret_data(obj: &Value) -> BTreeMap<String, Vec<u8>> {
+pub(crate) fn secret_data(obj: &Value) -> BTreeMap<String, Vec<u8>> {
     obj["data"]
         .as_object()
         .map(|m| {
@@ -46,7 +46,7 @@ fn secret_data(obj: &Value) -> BTreeMap<String, Vec<u8>> {
 }
 
 /// Key -> bytes of a ConfigMap (`data`, then `binaryData`).
-fn configmap_data(obj: &Value) -> BTreeMap<String, Vec<u8>> {
+pub(crate) fn configmap_data(obj: &Value) -> BTreeMap<String, Vec<u8>> {
     let mut out: BTreeMap<String, Vec<u8>> = obj["data"]
         .as_object()
         .map(|m| {
@@ -64,12 +64,12 @@ fn configmap_data(obj: &Value) -> BTreeMap<String, Vec<u8>> {
     out
 }
 
-fn mode_of(v: &Value) -> Option<u32> {
+pub(crate) fn mode_of(v: &Value) -> Option<u32> {
     v.as_u64().map(|m| m as u32)
 }
 
 /// Files of one Secret/ConfigMap source with `items`, `optional`, modes.
-fn keyed_source(
+pub(crate) fn keyed_source(
     data: Option<BTreeMap<String, Vec<u8>>>,
     what: &str,
     source: &Value,
@@ -150,7 +150,7 @@ pub fn field_ref(pod: &Value, path: &str) -> String {
     }
 }
 
-fn downward_items(pod: &Value, items: &Value, default_mode: u32) -> Payload {
+pub(crate) fn downward_items(pod: &Value, items: &Value, default_mode: u32) -> Payload {
     let mut out = Payload::new();
     for it in items.as_array().into_iter().flatten() {
         let path = it["path"].as_str().unwrap_or("");

@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# Builds the pinned upstream programs the real-control-plane tests run
+# (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, etcd, the
+# Slinky operator manager) from the Go module proxy, into a cache directory
+# outside the repository. Nothing of upstream's is committed: this script
+# writes throwaway Go modules into the cache and builds them there.
+#
+#   bash scripts/upstream.sh            # build if needed, print the bin dir
+#
+# The last line on stdout is the directory holding the binaries (and, in
+# crds/ beside it, the Slinky CRDs copied out of the module cache). A second
+# run with the same pins prints the same directory without building. A
+# program that cannot be built is reported on stderr with a SKIPPED: line
+# (and its error kept in <dir>/<program>.error); today that is the Slinky
+# operator, whose dependency slurm-client the module proxy refuses.
+#
+# Environment:
+#   MOUNTGUARD_UPSTREAM_DIR  cache root (default ~/.cache/mountguard-upstream)
+#   GO                       the go command (default: go on PATH, else /usr/local/go/bin/go)
+#   GOPROXY                  as usual; the build needs the Go module proxy
+set -euo pipefail
+
+# --- pins ---------------------------------------------------------------------
+# Kubernetes: the release matching the k8s-openapi feature in Cargo.toml (v1_33).
+K8S_VERSION=v1.33.13
+# etcd: the release kubernetes v1.33.13's own go.mod requires (go.etcd.io/etcd/server/v3).
+ETCD_VERSION=v3.5.21
+# Slinky operator: v1.2.x is refused by the module proxy ("403 Forbidden: This
+# module version is not available", for v1.2.0 to v1.2.3); v1.1.0 is the newest
+# release it serves. It serves the same slinky.slurm.net/v1beta1 API.
+SLINKY_VERSION=v1.1.0
+# Bump when the recipe below changes in a way that changes the binaries.
+RECIPE=2
+# ------------------------------------------------------------------------------
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+GO="${GO:-}"
+if [ -z "$GO" ]; then
+    if command -v go >/dev/null 2>&1; then GO=go
+    elif [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go
+    else echo "error: no Go toolchain (go on PATH or /usr/local/go/bin/go); install Go >= 1.26.1" >&2; exit 1
+    fi
+fi
+go_version="$("$GO" env GOVERSION)"
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+
+root="${MOUNTGUARD_UPSTREAM_DIR:-$HOME/.cache/mountguard-upstream}"
+key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_slinky-${SLINKY_VERSION}_${go_version}_r${RECIPE}"
+out="$root/$key"
+if [ -f "$out/complete" ]; then
+    log "upstream programs cached in $out"
+    for e in "$out"/*.error; do
+        [ -f "$e" ] || continue
+        echo "SKIPPED: $(basename "$e" .error) was not built with these pins:" >&2
+        grep -v '^go: downloading' "$e" | head -n 6 | sed 's/^/SKIPPED:   /' >&2
+    done
+    echo "$out/bin"
+    exit 0
+fi
+
+rm -rf "$out.partial"
+mkdir -p "$out.partial/bin" "$out.partial/crds" "$out.partial/src/k8s" "$out.partial/src/slinky"
+start=$SECONDS
+
+# --- Kubernetes + etcd: one module, one `go build` ---------------------------
+# k8s.io/kubernetes replaces every k8s.io/* staging module with ./staging/...;
+# replace directives of a dependency are ignored, so pin each one to the
+# matching published v0.x.y (taken from kubernetes' own go.mod at the tag).
+log "resolving k8s.io/kubernetes@$K8S_VERSION"
+k8s_gomod="$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
+    | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+[ -f "$k8s_gomod" ] || { echo "error: could not download k8s.io/kubernetes@$K8S_VERSION's go.mod" >&2; exit 1; }
+staging_version="v0.${K8S_VERSION#v1.}"
+k8s_go="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$k8s_gomod")"
+{
+    echo "module mountguard.invalid/upstream-k8s"
+    echo
+    echo "go ${k8s_go}"
+    echo
+    echo "require ("
+    echo "    k8s.io/kubernetes $K8S_VERSION"
+    echo "    go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+    echo ")"
+    echo
+    grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$k8s_gomod" \
+        | awk -v v="$staging_version" '{ print "replace " $1 " => " $1 " " v }'
+} > "$out.partial/src/k8s/go.mod"
+# A tiny program of our own (not upstream code): serves upstream's fake CRI
+# runtime (k8s.io/cri-client/pkg/fake) on a unix socket, so a kubelet can run
+# pods without images, cgroups for containers or a network.
+mkdir -p "$out.partial/src/k8s/fakecri"
+cat > "$out.partial/src/k8s/fakecri/main.go" <<'EOF'
+// Command fakecri serves k8s.io/cri-client/pkg/fake's fake remote runtime on
+// the unix socket given as its only argument until it is signalled.
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	fake "k8s.io/cri-client/pkg/fake"
+)
+
+func main() {
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: fakecri unix:///path/to/cri.sock")
+		os.Exit(2)
+	}
+	rt := fake.NewFakeRemoteRuntime()
+	// Images "pulled" by the fake have this size; the kubelet refuses an
+	// image status without one ("Id or size of image ... is not set").
+	rt.ImageService.SetFakeImageSize(1 << 20)
+	if err := rt.Start(os.Args[1]); err != nil {
+		fmt.Fprintln(os.Stderr, "fakecri: start:", err)
+		os.Exit(1)
+	}
+	fmt.Println("fakecri: serving", os.Args[1])
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	<-sig
+	rt.Stop()
+}
+EOF
+ldflags="-s -w"
+for var in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) gitTreeState=clean; do
+    ldflags="$ldflags -X k8s.io/component-base/version.$var"
+done
+log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet $K8S_VERSION and etcd $ETCD_VERSION"
+(
+    cd "$out.partial/src/k8s"
+    nice -n 10 "$GO" build -trimpath -ldflags "$ldflags" -o "$out.partial/bin/" \
+        k8s.io/kubernetes/cmd/kube-apiserver \
+        k8s.io/kubernetes/cmd/kube-controller-manager \
+        k8s.io/kubernetes/cmd/kube-scheduler \
+        k8s.io/kubernetes/cmd/kubelet \
+        ./fakecri
+    nice -n 10 "$GO" build -trimpath -ldflags "-s -w" -o "$out.partial/bin/etcd" go.etcd.io/etcd/server/v3
+)
+
+# --- Slinky operator: its own module (it needs newer k8s.io/* than v1.33) ----
+# The CRDs come from the operator's module alone; building cmd/manager also
+# needs its dependencies (github.com/SlinkyProject/slurm-client among them).
+# A failed operator build is recorded in slurm-operator.error and reported
+# loudly; the CRDs and the other programs stay usable.
+log "fetching github.com/SlinkyProject/slurm-operator@$SLINKY_VERSION (CRDs, cmd/manager)"
+cat > "$out.partial/src/slinky/go.mod" <<EOF
+module mountguard.invalid/upstream-slinky
+
+go 1.26.1
+
+require github.com/SlinkyProject/slurm-operator $SLINKY_VERSION
+EOF
+slinky_dir="$("$GO" mod download -json "github.com/SlinkyProject/slurm-operator@$SLINKY_VERSION" \
+    | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+[ -d "$slinky_dir/config/crd/bases" ] || { echo "error: no CRDs in github.com/SlinkyProject/slurm-operator@$SLINKY_VERSION" >&2; exit 1; }
+cp "$slinky_dir"/config/crd/bases/*.yaml "$out.partial/crds/"
+chmod u+w "$out.partial/crds/"*.yaml
+if ! (
+    cd "$out.partial/src/slinky"
+    nice -n 10 "$GO" build -trimpath -ldflags "-s -w" -o "$out.partial/bin/slurm-operator" \
+        github.com/SlinkyProject/slurm-operator/cmd/manager
+) 2> "$out.partial/slurm-operator.error"; then
+    echo "SKIPPED: the Slinky operator (cmd/manager) could not be built:" >&2
+    grep -v '^go: downloading' "$out.partial/slurm-operator.error" | head -n 6 | sed 's/^/SKIPPED:   /' >&2
+else
+    rm -f "$out.partial/slurm-operator.error"
+fi
+
+cat > "$out.partial/versions.txt" <<EOF
+k8s.io/kubernetes $K8S_VERSION (staging modules $staging_version)
+go.etcd.io/etcd/server/v3 $ETCD_VERSION
+github.com/SlinkyProject/slurm-operator $SLINKY_VERSION
+$go_version
+EOF
+log "built in $((SECONDS - start)) s; $(du -sh "$out.partial/bin" | cut -f1) of binaries"
+touch "$out.partial/complete"
+rm -rf "$out"
+mv "$out.partial" "$out"
+echo "$out/bin"

@@ -1,0 +1,211 @@
+//! The real kubelet (`k8s.io/kubernetes/cmd/kubelet`, built by
+//! `scripts/upstream.sh`) against the real API server, with upstream's fake
+//! CRI runtime (`k8s.io/cri-client/pkg/fake`, served by the script's small
+//! `fakecri` main) as its container runtime: no images, no containers, no
+//! network. Its volume manager, Secret/ConfigMap managers and AtomicWriter
+//! are the real ones.
+//!
+//! The KubeletConfiguration turns off what needs a real node
+//! (pkg/kubelet/apis/config/types.go for each field):
+//! - `failSwapOn: false`: the machine may have swap;
+//! - `cgroupsPerQOS: false`, `enforceNodeAllocatable: []`: no QoS or
+//!   node-allocatable cgroups (the fake runtime creates none);
+//! - `cgroupDriver: cgroupfs` (no systemd);
+//! - `authentication`/`authorization`: x509 against the rig's CA, webhook
+//!   off, `AlwaysAllow` on its own port (loopback only);
+//! - `readOnlyPort: 0`, a free `port` and `healthzPort`;
+//! - `evictionHard: {}`, `localStorageCapacityIsolation: false`: no eviction
+//!   from this machine's disk and memory figures;
+//! - `makeIPTablesUtilChains: false`, `resolvConf: ""`: no iptables, no DNS.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use super::{RealCluster, raw};
+use crate::mountguard::{ChildGuard, free_addr, poll};
+
+/// A real kubelet and its fake CRI runtime.
+#[derive(Debug)]
+pub struct RealKubelet {
+    name: String,
+    root: PathBuf,
+    cri: Option<ChildGuard>,
+    kubelet: Option<ChildGuard>,
+}
+
+impl RealKubelet {
+    /// Starts `fakecri` and `kubelet` for node `name` with its own root
+    /// directory under the cluster's; waits until the kubelet registered
+    /// the Node and reports it Ready, or fails with the kubelet's log.
+    pub async fn start(cluster: &RealCluster, name: &str) -> io::Result<Self> {
+        let dir = cluster.dir().join(format!("kubelet-{name}"));
+        let root = dir.join("root");
+        std::fs::create_dir_all(&root)?;
+        let sock = dir.join("cri.sock");
+        let endpoint = format!("unix://{}", sock.display());
+        let logs = cluster.logs_dir();
+        let mut cmd = Command::new(cluster.upstream().binary("fakecri")?);
+        cmd.arg(&endpoint);
+        let cri = ChildGuard::spawn(
+            &format!("fakecri-{name}"),
+            cmd,
+            &logs.join(format!("fakecri-{name}.log")),
+        )?;
+        poll("the fake CRI socket", Duration::from_secs(20), || {
+            let sock = sock.clone();
+            async move { sock.exists().then_some(()) }
+        })
+        .await?;
+        let kubeconfig = cluster.node_kubeconfig(name)?;
+        let ca = cluster.dir().join("ca.crt");
+        let port = free_addr()?.port();
+        let healthz = free_addr()?.port();
+        let config = dir.join("kubelet-config.yaml");
+        std::fs::write(&config, kubelet_config(&endpoint, &ca, port, healthz))?;
+        let mut cmd = Command::new(cluster.upstream().binary("kubelet")?);
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--root-dir")
+            .arg(&root)
+            .arg("--cert-dir")
+            .arg(dir.join("pki"))
+            .args(["--hostname-override", name])
+            .arg("--v=2");
+        let mut kubelet = ChildGuard::spawn(
+            &format!("kubelet-{name}"),
+            cmd,
+            &logs.join(format!("kubelet-{name}.log")),
+        )?;
+        let client = cluster.client().await?;
+        let path = format!("/api/v1/nodes/{name}");
+        let r = poll(
+            &format!("kubelet {name} to register a Ready Node"),
+            Duration::from_secs(90),
+            || {
+                let client = client.clone();
+                let path = path.clone();
+                let exited = kubelet.exited();
+                async move {
+                    if exited.is_some() {
+                        return Some(false);
+                    }
+                    let (code, node) = raw(&client, "GET", &path, None).await.ok()?;
+                    let ready = node["status"]["conditions"]
+                        .as_array()?
+                        .iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                    (code == 200 && ready).then_some(true)
+                }
+            },
+        )
+        .await;
+        if !matches!(r, Ok(true)) {
+            let status = kubelet.exited();
+            return Err(io::Error::other(format!(
+                "kubelet {name} did not register a Ready Node ({r:?}, exit {status:?}); last lines of its log:\n{}",
+                kubelet.log_tail(40)
+            )));
+        }
+        Ok(Self {
+            name: name.to_string(),
+            root,
+            cri: Some(cri),
+            kubelet: Some(kubelet),
+        })
+    }
+
+    /// Node name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The kubelet's root directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The last lines of the kubelet's and the runtime's logs.
+    pub fn logs(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for c in [&self.kubelet, &self.cri].into_iter().flatten() {
+            out.push_str(&format!("--- {} ---\n{}\n", c.name(), c.log_tail(lines)));
+        }
+        out
+    }
+
+    /// Stops the kubelet, then the runtime, and unmounts what the kubelet
+    /// left mounted under its root (its bind mount of the root itself, the
+    /// tmpfs of Secret and projected volumes): a killed kubelet does not
+    /// unmount, and a mounted directory cannot be removed.
+    pub fn stop(&mut self) {
+        for c in [&mut self.kubelet, &mut self.cri] {
+            if let Some(mut c) = c.take() {
+                c.kill();
+            }
+        }
+        for m in mounts_under(&self.root) {
+            let _ = Command::new("umount").arg("-l").arg(&m).status();
+        }
+    }
+}
+
+impl Drop for RealKubelet {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Mount points at or under `dir`, deepest first (from /proc/self/mounts;
+/// octal escapes as the kernel writes them).
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mut out: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| l.split(' ').nth(1))
+        .map(|p| PathBuf::from(p.replace("\\040", " ")))
+        .filter(|p| p.starts_with(dir))
+        .collect();
+    out.sort_by_key(|p| std::cmp::Reverse(p.as_os_str().len()));
+    out.dedup();
+    out
+}
+
+fn kubelet_config(endpoint: &str, ca: &Path, port: u16, healthz: u16) -> String {
+    format!(
+        "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: {endpoint}
+imageServiceEndpoint: {endpoint}
+address: 127.0.0.1
+port: {port}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz}
+authentication:
+  anonymous:
+    enabled: false
+  webhook:
+    enabled: false
+  x509:
+    clientCAFile: {ca}
+authorization:
+  mode: AlwaysAllow
+failSwapOn: false
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+cgroupDriver: cgroupfs
+evictionHard: {{}}
+localStorageCapacityIsolation: false
+makeIPTablesUtilChains: false
+resolvConf: \"\"
+syncFrequency: 10s
+nodeStatusUpdateFrequency: 2s
+registerNode: true
+",
+        ca = ca.display()
+    )
+}

@@ -1,0 +1,613 @@
+//! mountguard on the real control plane: the chart's rendered identity and
+//! RBAC applied to the real API server, the chart's agent DaemonSet run by
+//! the real DaemonSet controller and scheduler (its pods "run" on the node
+//! doubles, which project real TokenRequest tokens bound to them), the
+//! Slinky-like objects of the cluster in a box (the NodeSet validated by the
+//! real Slinky CRD), and the real `mountguard-controller` and
+//! `mountguard-agent` binaries as child processes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use base64::Engine as _;
+use mountguard_tests::cluster::{
+    AUTH_SECRET, HOOKS_CONFIGMAP, JWT_SECRET, NODESET, PDB, SLURM_CLUSTER, SLURM_NAMESPACE,
+    SSHD_CONFIGMAP, slurmd_template,
+};
+use mountguard_tests::mountguard::{ChildGuard, binary, free_addr, http_get, poll};
+use mountguard_tests::nodeset::{LABEL_CLUSTER, LABEL_POD_HOSTNAME};
+use mountguard_tests::real::{RealCluster, create, ensure_namespace, raw, token_request};
+use serde_json::{Value, json};
+
+/// The chart scenario whose objects are applied (reports over plain HTTP:
+/// no cert-manager in the rig).
+pub const CHART_SCENARIO: &str = "plaintext";
+/// The chart's release namespace (charts/tests/render.py).
+pub const NAMESPACE: &str = "mountguard-system";
+/// The chart's agent ServiceAccount and DaemonSet.
+pub const AGENT: &str = "mg-mountguard-agent";
+/// The chart's controller ServiceAccount.
+pub const CONTROLLER: &str = "mg-mountguard-controller";
+/// The controller's pod (made from the chart Deployment's pod template).
+pub const CONTROLLER_POD: &str = "mg-mountguard-controller-rig";
+/// The agent's projected token volume in the chart's DaemonSet.
+pub const TOKEN_VOLUME: &str = "report-credentials";
+/// Agents' heartbeat interval.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The chart rendered by the real Helm engine (charts/tests/render.py).
+fn render_chart(out: &Path) -> Vec<Value> {
+    let res = Command::new("python3")
+        .arg(repo().join("charts/tests/render.py"))
+        .arg("--out")
+        .arg(out)
+        .output()
+        .expect("python3 must be installed");
+    assert!(
+        res.status.success(),
+        "rendering the chart failed (pip install helm-python-sdk pyyaml; see scripts/test.sh):\n{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out.join(CHART_SCENARIO))
+        .expect("rendered scenario")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|f| serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap())
+        .collect()
+}
+
+/// One node's agent: its DaemonSet pod and the token the node projected.
+#[derive(Debug, Clone)]
+pub struct Agent {
+    pub node: String,
+    pub pod: String,
+    pub uid: String,
+    pub root: PathBuf,
+    pub token_file: PathBuf,
+}
+
+impl Agent {
+    pub fn token(&self) -> String {
+        std::fs::read_to_string(&self.token_file)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+}
+
+/// The real control plane, the chart's objects, controller and agents.
+pub struct RealSystem {
+    pub cluster: RealCluster,
+    pub client: kube::Client,
+    pub agents: Vec<Agent>,
+    pub controller: Option<ChildGuard>,
+    pub agent_procs: Vec<ChildGuard>,
+    pub report_addr: std::net::SocketAddr,
+    pub metrics_addr: std::net::SocketAddr,
+    controller_env: Vec<(String, String)>,
+    controller_kubeconfig: PathBuf,
+    logs: PathBuf,
+}
+
+/// Starts the real control plane or fails the test with the reason (the
+/// upstream build, a process that did not start).
+pub async fn start_cluster(nodes: usize) -> RealCluster {
+    match RealCluster::builder().nodes(nodes).start().await {
+        Ok(c) => c,
+        Err(e) => panic!("the real control plane did not start: {e}"),
+    }
+}
+
+impl RealSystem {
+    pub async fn start(nodes: usize) -> RealSystem {
+        for bin in ["mountguard-controller", "mountguard-agent"] {
+            if let Err(e) = binary(bin) {
+                panic!("{e}");
+            }
+        }
+        let cluster = start_cluster(nodes).await;
+        let client = cluster.client().await.unwrap();
+        let logs = cluster.dir().join("mountguard-logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        let rendered = render_chart(&cluster.dir().join("chart"));
+        ensure_namespace(&client, NAMESPACE).await.unwrap();
+        let mut deployment = None;
+        let mut fingerprint_key = None;
+        for obj in &rendered {
+            match obj["kind"].as_str().unwrap_or("") {
+                "Deployment" => deployment = Some(obj.clone()),
+                "ServiceAccount" | "ClusterRole" | "ClusterRoleBinding" | "Role"
+                | "RoleBinding" | "DaemonSet" | "Secret" => {
+                    let stored = create(&client, obj)
+                        .await
+                        .unwrap_or_else(|e| panic!("applying the chart's {}: {e}", obj["kind"]));
+                    if obj["kind"] == "Secret" {
+                        fingerprint_key = stored["data"]["key"]
+                            .as_str()
+                            .map(|k| base64::engine::general_purpose::STANDARD.decode(k).unwrap());
+                    }
+                }
+                _ => {}
+            }
+        }
+        let deployment = deployment.expect("the chart renders the controller Deployment");
+        let key_file = cluster.dir().join("fingerprint.key");
+        std::fs::write(
+            &key_file,
+            fingerprint_key.expect("the chart renders the fingerprint key Secret"),
+        )
+        .unwrap();
+        // The controller's own pod, from the chart Deployment's template
+        // (the controller labels the acting replica's pod; the real
+        // scheduler binds it and a node double "runs" it).
+        let mut pod_template = deployment["spec"]["template"].clone();
+        pod_template["metadata"]["name"] = json!(CONTROLLER_POD);
+        pod_template["metadata"]["namespace"] = json!(NAMESPACE);
+        pod_template["apiVersion"] = json!("v1");
+        pod_template["kind"] = json!("Pod");
+        create(&client, &pod_template)
+            .await
+            .unwrap_or_else(|e| panic!("creating the controller pod: {e}"));
+        slinky_objects(&client, nodes).await;
+        let agents = wait_for_agent_pods(&cluster, &client).await;
+        // The controller's identity: a TokenRequest token of the chart's
+        // controller ServiceAccount (what its projected token would be).
+        let token = token_request(&client, NAMESPACE, CONTROLLER, &[], 3600, None)
+            .await
+            .unwrap();
+        let controller_kubeconfig = cluster.token_kubeconfig("controller", &token).unwrap();
+        let report_addr = free_addr().unwrap();
+        let metrics_addr = free_addr().unwrap();
+        let controller_env = controller_env(&deployment, &key_file, report_addr, metrics_addr);
+        let mut sys = RealSystem {
+            cluster,
+            client,
+            agents,
+            controller: None,
+            agent_procs: Vec::new(),
+            report_addr,
+            metrics_addr,
+            controller_env,
+            controller_kubeconfig,
+            logs,
+        };
+        sys.start_controller().await;
+        for i in 0..sys.agents.len() {
+            let a = sys.spawn_agent(i);
+            sys.agent_procs.push(a);
+        }
+        sys
+    }
+
+    /// Starts (or restarts) the controller; waits until it is ready.
+    pub async fn start_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.kill();
+        }
+        let mut cmd = Command::new(binary("mountguard-controller").unwrap());
+        cmd.arg("run")
+            .arg("--kubeconfig")
+            .arg(&self.controller_kubeconfig)
+            .env_remove("KUBECONFIG");
+        for (k, _) in std::env::vars() {
+            if k.starts_with("MOUNTGUARD_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.controller_env.iter().map(|(k, v)| (k, v)));
+        let mut child =
+            ChildGuard::spawn("controller", cmd, &self.logs.join("controller.log")).unwrap();
+        let base = self.metrics_base();
+        let ready = poll("controller to be ready", Duration::from_secs(60), || {
+            let base = base.clone();
+            let exited = child.exited();
+            async move {
+                if exited.is_some() {
+                    return Some(false);
+                }
+                http_get(&format!("{base}/readyz")).await.ok().map(|_| true)
+            }
+        })
+        .await;
+        if !matches!(ready, Ok(true)) {
+            panic!(
+                "controller did not become ready ({ready:?}); log:\n{}\n{}",
+                child.log_tail(40),
+                self.cluster.logs(10)
+            );
+        }
+        self.controller = Some(child);
+    }
+
+    fn spawn_agent(&self, i: usize) -> ChildGuard {
+        let a = &self.agents[i];
+        let mut cmd = Command::new(binary("mountguard-agent").unwrap());
+        cmd.arg("run")
+            .arg("--kubelet-root")
+            .arg(&a.root)
+            .args(["--node-name", &a.node])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(["--rescan-interval", "1s"])
+            .args([
+                "--heartbeat-interval",
+                &format!("{}ms", HEARTBEAT.as_millis()),
+            ])
+            .args(["--debounce", "50ms"])
+            .args(["--controller-url", &format!("http://{}", self.report_addr)])
+            .arg("--token-file")
+            .arg(&a.token_file)
+            .args(["--log", "info"]);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("MOUNTGUARD_") {
+                cmd.env_remove(k);
+            }
+        }
+        ChildGuard::spawn(
+            &format!("agent-{}", a.node),
+            cmd,
+            &self.logs.join(format!("agent-{}.log", a.node)),
+        )
+        .unwrap()
+    }
+
+    pub fn metrics_base(&self) -> String {
+        format!("http://{}", self.metrics_addr)
+    }
+
+    pub fn report_base(&self) -> String {
+        format!("http://{}", self.report_addr)
+    }
+
+    /// The controller ServiceAccount's user name.
+    pub fn controller_user(&self) -> String {
+        format!("system:serviceaccount:{NAMESPACE}:{CONTROLLER}")
+    }
+
+    /// Logs of mountguard's processes and of the control plane.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for c in self.controller.iter().chain(self.agent_procs.iter()) {
+            out.push_str(&format!("--- {} ---\n{}\n", c.name(), c.log_tail(30)));
+        }
+        out.push_str(&self.cluster.logs(15));
+        out
+    }
+
+    /// The controller's full log.
+    pub fn controller_log(&self) -> String {
+        std::fs::read_to_string(self.logs.join("controller.log")).unwrap_or_default()
+    }
+
+    /// Every request of the controller's user, from the API server's audit
+    /// log, in order.
+    pub fn controller_requests(&self) -> Vec<Audited> {
+        let user = self.controller_user();
+        self.cluster
+            .audit_events()
+            .into_iter()
+            .filter(|e| e["user"]["username"] == user.as_str())
+            .map(|e| {
+                let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+                Audited {
+                    verb: s(&e["verb"]),
+                    resource: s(&e["objectRef"]["resource"]),
+                    subresource: s(&e["objectRef"]["subresource"]),
+                    namespace: s(&e["objectRef"]["namespace"]),
+                    name: s(&e["objectRef"]["name"]),
+                    code: e["responseStatus"]["code"].as_u64().unwrap_or(0),
+                }
+            })
+            .collect()
+    }
+
+    pub async fn shutdown(mut self) {
+        for a in &mut self.agent_procs {
+            a.kill();
+        }
+        if let Some(c) = self.controller.as_mut() {
+            c.kill();
+        }
+        self.cluster.shutdown().await;
+    }
+}
+
+/// One request in the API server's audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Audited {
+    pub verb: String,
+    pub resource: String,
+    pub subresource: String,
+    pub namespace: String,
+    pub name: String,
+    pub code: u64,
+}
+
+impl Audited {
+    /// A mutating verb (TokenReviews, creates that store nothing, excepted).
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        ) && self.resource != "tokenreviews"
+    }
+
+    /// The refused ones.
+    pub fn is_refused(&self) -> bool {
+        self.code == 401 || self.code == 403
+    }
+}
+
+/// The chart Deployment's controller environment, with the addresses,
+/// the fingerprint key file and short timings of the rig.
+fn controller_env(
+    deployment: &Value,
+    key_file: &Path,
+    report: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
+) -> Vec<(String, String)> {
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        if let (Some(k), Some(v)) = (e["name"].as_str(), e["value"].as_str()) {
+            env.insert(k.to_string(), v.to_string());
+        }
+    }
+    for (k, v) in [
+        ("MOUNTGUARD_POD_NAME", CONTROLLER_POD.to_string()),
+        ("MOUNTGUARD_POD_NAMESPACE", NAMESPACE.to_string()),
+        ("MOUNTGUARD_REPORT_LISTEN", report.to_string()),
+        ("MOUNTGUARD_METRICS_LISTEN", metrics.to_string()),
+        (
+            "MOUNTGUARD_FINGERPRINT_KEY_FILE",
+            key_file.display().to_string(),
+        ),
+        ("MOUNTGUARD_GRACE", "2s".to_string()),
+        ("MOUNTGUARD_REPORT_RATE_LIMIT", "100/s,100".to_string()),
+        ("MOUNTGUARD_LOG_FORMAT", "text".to_string()),
+    ] {
+        env.insert(k.to_string(), v);
+    }
+    env.into_iter().collect()
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+/// The Slinky-like objects of the cluster in a box, in the real API: auth
+/// Secrets, ConfigMaps, the workers' PDB, the NodeSet (a `slinky.slurm.net`
+/// custom resource of the real CRD), and its slurmd pods, one per node
+/// (created here with the NodeSet as controlling owner; the operator is not
+/// run).
+async fn slinky_objects(client: &kube::Client, nodes: usize) {
+    ensure_namespace(client, SLURM_NAMESPACE).await.unwrap();
+    let key: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    let objs = [
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"slurm.key": b64(&key)}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"jwt.key": b64(&[7u8; 32])}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": SSHD_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"sshd_config": "Port 22\nUsePAM yes\n"}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": HOOKS_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"99-mountguard.sh": "#!/bin/sh\nexit 0\n"}}),
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": PDB, "namespace": SLURM_NAMESPACE},
+               "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"nodeset.slinky.slurm.net/pod-protect": "true"}}}}),
+    ];
+    for o in &objs {
+        create(client, o).await.unwrap();
+    }
+    let mut template = slurmd_template();
+    template["spec"]["automountServiceAccountToken"] = json!(false);
+    let nodeset = create(
+        client,
+        &json!({
+            "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+            "metadata": {"name": NODESET, "namespace": SLURM_NAMESPACE},
+            "spec": {
+                "controllerRef": {"name": SLURM_CLUSTER, "namespace": SLURM_NAMESPACE},
+                "replicas": nodes,
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
+                "template": template,
+            },
+        }),
+    )
+    .await
+    .unwrap();
+    let uid = nodeset["metadata"]["uid"].as_str().unwrap().to_string();
+    // ServiceAccount admission needs the namespace's default ServiceAccount
+    // (made by the controller-manager's serviceaccount controller).
+    poll(
+        "the slurm namespace's default ServiceAccount",
+        Duration::from_secs(60),
+        || async {
+            let (code, _) = raw(
+                client,
+                "GET",
+                &format!("/api/v1/namespaces/{SLURM_NAMESPACE}/serviceaccounts/default"),
+                None,
+            )
+            .await
+            .ok()?;
+            (code == 200).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    for i in 0..nodes {
+        let name = format!("{NODESET}-{i}");
+        let mut spec = template["spec"].clone();
+        spec["hostname"] = json!(name);
+        spec["nodeName"] = json!(format!("node-{i}"));
+        let mut labels = template["metadata"]["labels"].clone();
+        for (k, v) in [
+            ("app.kubernetes.io/name", "slurmd"),
+            ("app.kubernetes.io/component", "worker"),
+            ("app.kubernetes.io/instance", NODESET),
+            (LABEL_CLUSTER, SLURM_CLUSTER),
+            (LABEL_POD_HOSTNAME, name.as_str()),
+        ] {
+            labels[k] = json!(v);
+        }
+        create(
+            client,
+            &json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": SLURM_NAMESPACE, "labels": labels,
+                    "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                        "name": NODESET, "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
+                "spec": spec,
+            }),
+        )
+        .await
+        .unwrap();
+    }
+}
+
+/// Waits until the real DaemonSet controller and scheduler placed one agent
+/// pod per node and each node double projected its token.
+async fn wait_for_agent_pods(cluster: &RealCluster, client: &kube::Client) -> Vec<Agent> {
+    let nodes = cluster.node_names();
+    let roots: Vec<PathBuf> = (0..nodes.len()).map(|i| cluster.kubelet_root(i)).collect();
+    let r = poll(
+        "one running agent pod with a projected token per node",
+        Duration::from_secs(90),
+        || {
+            let client = client.clone();
+            let nodes = nodes.clone();
+            let roots = roots.clone();
+            async move {
+                let (_, list) = raw(
+                    &client,
+                    "GET",
+                    &format!("/api/v1/namespaces/{NAMESPACE}/pods"),
+                    None,
+                )
+                .await
+                .ok()?;
+                let mut out = Vec::new();
+                for (node, root) in nodes.iter().zip(&roots) {
+                    let p = list["items"].as_array()?.iter().find(|p| {
+                        p["spec"]["nodeName"] == node.as_str()
+                            && p["status"]["phase"] == "Running"
+                            && p["metadata"]["deletionTimestamp"].is_null()
+                    })?;
+                    let uid = p["metadata"]["uid"].as_str()?.to_string();
+                    let token_file = mountguard_inventory::layout::pod_dir(root, &uid)
+                        .join("volumes/kubernetes.io~projected")
+                        .join(TOKEN_VOLUME)
+                        .join("token");
+                    let a = Agent {
+                        node: node.clone(),
+                        pod: p["metadata"]["name"].as_str()?.to_string(),
+                        uid,
+                        root: root.clone(),
+                        token_file,
+                    };
+                    if a.token().is_empty() {
+                        return None;
+                    }
+                    out.push(a);
+                }
+                Some(out)
+            }
+        },
+    )
+    .await;
+    match r {
+        Ok(a) => a,
+        Err(e) => panic!("{e}\n{}", cluster.logs(20)),
+    }
+}
+
+/// Polls, and on timeout panics with every log.
+pub async fn wait<T, F, Fut>(sys: &RealSystem, what: &str, timeout: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    match poll(what, timeout, check).await {
+        Ok(v) => v,
+        Err(e) => panic!("{e}\n{}", sys.logs()),
+    }
+}
+
+/// Waits until every slurmd pod's key volume is Fresh and every verdict is
+/// Fresh or Skipped.
+pub async fn wait_all_fresh(sys: &RealSystem) -> Value {
+    let base = sys.metrics_base();
+    let n = sys.agents.len();
+    wait(
+        sys,
+        "every verdict Fresh or Skipped",
+        Duration::from_secs(60),
+        || {
+            let base = base.clone();
+            async move {
+                let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
+                    .await
+                    .ok()?;
+                let items = doc["verdicts"].as_array()?;
+                let keys_fresh = (0..n).all(|i| {
+                    items.iter().any(|v| {
+                        v["pod"] == format!("{NODESET}-{i}").as_str()
+                            && v["subject"] == "volume slurm-etc"
+                            && v["state"] == "Fresh"
+                    })
+                });
+                let all_ok = items
+                    .iter()
+                    .all(|v| v["state"] == "Fresh" || v["state"] == "Skipped");
+                (keys_fresh && all_ok).then_some(doc)
+            }
+        },
+    )
+    .await
+}
+
+/// Events in the real API regarding objects in `ns` (both Event APIs):
+/// `(reason, regarding kind, regarding name, note)`.
+pub async fn events(client: &kube::Client, ns: &str) -> Vec<(String, String, String, String)> {
+    let mut out = Vec::new();
+    for path in [
+        format!("/apis/events.k8s.io/v1/namespaces/{ns}/events"),
+        format!("/api/v1/namespaces/{ns}/events"),
+    ] {
+        let Ok((200, list)) = raw(client, "GET", &path, None).await else {
+            continue;
+        };
+        for e in list["items"].as_array().into_iter().flatten() {
+            let obj = if e["regarding"].is_object() {
+                &e["regarding"]
+            } else {
+                &e["involvedObject"]
+            };
+            let reason = e["reason"].as_str().unwrap_or("").to_string();
+            let item = (
+                reason,
+                obj["kind"].as_str().unwrap_or("").to_string(),
+                obj["name"].as_str().unwrap_or("").to_string(),
+                e["note"]
+                    .as_str()
+                    .or_else(|| e["message"].as_str())
+                    .unwrap_or("")
+                    .to_string(),
+            );
+            if !out.contains(&item) {
+                out.push(item);
+            }
+        }
+    }
+    out
+}
