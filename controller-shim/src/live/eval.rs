@@ -931,6 +931,22 @@ mod tests {
         assert!(decide(&d, &target, Some("s2")).complete(), "{d:?}");
         let w1 = d.consumers.iter().find(|c| c.pod == "w-1").unwrap();
         assert_eq!(w1.verified_at.as_deref(), Some("2026-11-30T10:05:20Z"));
+        // /v1/verdicts items carry the same.
+        {
+            let store = r.shared.verdicts.read().unwrap();
+            let doc = store.document(
+                &super::super::status::Query::parse(Some("all=1")),
+                true,
+                true,
+            );
+            let w1 = doc.verdicts.iter().find(|v| v.pod == "w-1").unwrap();
+            assert_eq!(w1.source_content.len(), 1, "{w1:?}");
+            assert_eq!(
+                w1.source_content[0].fingerprint.as_deref(),
+                Some(new_fp.as_str())
+            );
+            assert_eq!(w1.verified_at.as_deref(), Some("2026-11-30T10:05:20Z"));
+        }
         // Event notes carry the source's fingerprint and the scan time.
         {
             let store = r.shared.verdicts.read().unwrap();
