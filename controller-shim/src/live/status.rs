@@ -49,6 +49,8 @@ pub struct VerdictStore {
     pub sources: HashMap<SourceRef, SourceItem>,
     /// Per node with pods: whether its agent reports.
     pub reporting: HashMap<Arc<str>, bool>,
+    /// Pods not scheduled yet (no node, so no verdicts), per UID.
+    pub unscheduled: HashMap<Arc<str>, Arc<crate::PodModel>>,
 }
 
 /// One remediation attempt as the status endpoint returns it.
@@ -460,6 +462,18 @@ impl VerdictStore {
                 failure: a.failure.clone(),
             })
             .collect();
+        let mut unscheduled: Vec<String> = self
+            .unscheduled
+            .values()
+            .filter(|p| *p.namespace == *ns)
+            .filter(|p| match target {
+                Target::Source { .. } => wanted.as_ref().is_some_and(|w| p.references_source(w)),
+                Target::NodeSet { name, .. } => p.nodeset.as_deref() == Some(name.as_str()),
+                Target::Pod { name, .. } => *p.name == **name,
+            })
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        unscheduled.sort();
         RolloutDoc {
             acting,
             ready: ready && self.evaluated,
@@ -467,6 +481,7 @@ impl VerdictStore {
             sources,
             consumers,
             attempts,
+            unscheduled,
         }
     }
 }
