@@ -23,6 +23,8 @@
 //! 5. An open remediation attempt on a consumer's pod (or on a pod of the
 //!    target that has no verdicts, e.g. a replacement still pending) keeps
 //!    the rollout incomplete.
+//! 6. So does a pod of the target that is not scheduled yet (it has no
+//!    node, so no verdicts, and will mount the object when it starts).
 
 use serde::{Deserialize, Serialize};
 
@@ -270,6 +272,10 @@ pub struct RolloutDoc {
     /// pending).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempts: Vec<AttemptRef>,
+    /// Pods of the target (referencing the object, of the NodeSet, or the
+    /// pod itself) that are not scheduled yet, `namespace/name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unscheduled: Vec<String>,
 }
 
 /// One consumer that is not verified, and why.
@@ -447,7 +453,12 @@ pub fn decide(doc: &RolloutDoc, target: &Target, expect_uid: Option<&str>) -> Pr
             ));
         }
     }
-    if p.total == 0 && !matches!(target, Target::Source { .. }) {
+    for u in &doc.unscheduled {
+        p.blockers.push(format!(
+            "pod {u} is not scheduled yet (it will mount the object when it starts)"
+        ));
+    }
+    if p.total == 0 && doc.unscheduled.is_empty() && !matches!(target, Target::Source { .. }) {
         p.blockers.push(format!(
             "no running pod of {target} has verdicts (not scheduled, not started, or no such object)"
         ));
@@ -503,6 +514,7 @@ mod tests {
             sources,
             consumers,
             attempts: vec![],
+            unscheduled: vec![],
         }
     }
 
@@ -601,6 +613,8 @@ mod tests {
             attempt("w1", "Replacing", true),
             attempt("w0", "Succeeded", false),
         ];
+        let mut unscheduled = doc(vec![src(new, "u2")], vec![consumer("w0", "Fresh", new)]);
+        unscheduled.unscheduled = vec!["slurm/w1".into()];
         let mut closed_attempt = doc(vec![src(new, "u2")], vec![consumer("w0", "Fresh", new)]);
         closed_attempt.attempts = vec![attempt("w0", "Succeeded", false)];
 

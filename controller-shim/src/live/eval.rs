@@ -371,6 +371,7 @@ impl EvalTask {
         store.checks.clear();
         store.sources.clear();
         store.reporting.clear();
+        store.unscheduled.clear();
         store.evaluated = false;
     }
 
@@ -411,6 +412,33 @@ impl EvalTask {
                 }
                 None => {
                     store.sources.remove(&r);
+                }
+            }
+        }
+    }
+
+    /// Publishes the pods that are not scheduled yet (every pod on a full
+    /// evaluation, else the batch's dirty ones) for the rollout endpoint.
+    fn publish_unscheduled(&self, full: bool, dirty: &HashSet<Arc<str>>) {
+        let pending = |p: &Arc<PodModel>| p.node.is_none() && !p.terminated;
+        let mut store = self.shared.verdicts.write().unwrap();
+        if full {
+            store.unscheduled = self
+                .index
+                .pod_ids()
+                .filter_map(|id| self.index.pod(id))
+                .filter(|p| pending(p))
+                .map(|p| (p.uid.clone(), p.clone()))
+                .collect();
+            return;
+        }
+        for uid in dirty {
+            match self.index.pod_id(uid).and_then(|id| self.index.pod(id)) {
+                Some(p) if pending(p) => {
+                    store.unscheduled.insert(uid.clone(), p.clone());
+                }
+                _ => {
+                    store.unscheduled.remove(uid);
                 }
             }
         }
@@ -494,6 +522,7 @@ impl EvalTask {
             store.checks.insert(pv.pod.uid.clone(), check);
             store.pods.insert(pv.pod.uid.clone(), pv);
         }
+        self.publish_unscheduled(full, &dirty);
         if full {
             let all: Vec<SourceRef> = self.index.sources().map(|(r, _)| r.clone()).collect();
             let items: HashMap<SourceRef, crate::rollout::SourceItem> = all
@@ -931,6 +960,22 @@ mod tests {
         assert!(decide(&d, &target, Some("s2")).complete(), "{d:?}");
         let w1 = d.consumers.iter().find(|c| c.pod == "w-1").unwrap();
         assert_eq!(w1.verified_at.as_deref(), Some("2026-11-30T10:05:20Z"));
+        // /v1/verdicts items carry the same.
+        {
+            let store = r.shared.verdicts.read().unwrap();
+            let doc = store.document(
+                &super::super::status::Query::parse(Some("all=1")),
+                true,
+                true,
+            );
+            let w1 = doc.verdicts.iter().find(|v| v.pod == "w-1").unwrap();
+            assert_eq!(w1.source_content.len(), 1, "{w1:?}");
+            assert_eq!(
+                w1.source_content[0].fingerprint.as_deref(),
+                Some(new_fp.as_str())
+            );
+            assert_eq!(w1.verified_at.as_deref(), Some("2026-11-30T10:05:20Z"));
+        }
         // Event notes carry the source's fingerprint and the scan time.
         {
             let store = r.shared.verdicts.read().unwrap();
@@ -942,6 +987,23 @@ mod tests {
                 "{m}"
             );
         }
+        // A new pod of the Secret not scheduled yet keeps the gate closed
+        // until it runs on a node.
+        let Input::Pod(mut pending) = pod("u3", "w-2", "n1") else {
+            unreachable!()
+        };
+        pending.node = None;
+        r.task.apply_batch(vec![Input::Pod(pending)], t1);
+        let d = doc(&r);
+        assert_eq!(d.unscheduled, ["slurm/w-2"], "{d:?}");
+        let p = decide(&d, &target, Some("s2"));
+        assert!(
+            !p.complete() && p.blockers[0].contains("slurm/w-2"),
+            "{p:?}"
+        );
+        r.task
+            .apply_batch(vec![Input::PodDeleted(Arc::from("u3"))], t1);
+        assert!(decide(&doc(&r), &target, Some("s2")).complete());
         // A node whose agent stops reporting: its consumer no longer counts.
         let late = ts("2026-11-30T10:20:00Z");
         r.task.apply_batch(

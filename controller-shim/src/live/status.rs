@@ -49,6 +49,8 @@ pub struct VerdictStore {
     pub sources: HashMap<SourceRef, SourceItem>,
     /// Per node with pods: whether its agent reports.
     pub reporting: HashMap<Arc<str>, bool>,
+    /// Pods not scheduled yet (no node, so no verdicts), per UID.
+    pub unscheduled: HashMap<Arc<str>, Arc<crate::PodModel>>,
 }
 
 /// One remediation attempt as the status endpoint returns it.
@@ -145,6 +147,14 @@ pub struct StatusItem {
     /// Pods pinning an immutable cache entry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pinned_by: Vec<String>,
+    /// Keyed fingerprint of each source's content the verdict was computed
+    /// against (compare with the source's current one in
+    /// `/v1/rollouts/...`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub source_content: Vec<VerifiedSource>,
+    /// Scan time of the node inventory the verdict was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_at: Option<String>,
     /// Paths that differ.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub differing_paths: Vec<String>,
@@ -266,8 +276,27 @@ pub fn subject_text(s: &Subject) -> String {
     }
 }
 
-/// One verdict as a status item.
-pub fn item(pv: &PodVerdicts, v: &Verdict) -> StatusItem {
+/// The sources of verdict `v` with the fingerprints `check` recorded.
+fn verified_sources(
+    pv: &PodVerdicts,
+    v: &Verdict,
+    check: Option<&PodCheck>,
+) -> Vec<VerifiedSource> {
+    pv.sources(v)
+        .iter()
+        .map(|r| VerifiedSource {
+            kind: r.kind.as_str().to_string(),
+            name: r.name.to_string(),
+            fingerprint: check
+                .and_then(|c| c.sources.iter().find(|(s, _)| s == r))
+                .and_then(|(_, fp)| fp.clone()),
+        })
+        .collect()
+}
+
+/// One verdict as a status item (`check`: what the pod's verdicts were
+/// computed against, when known).
+pub fn item(pv: &PodVerdicts, v: &Verdict, check: Option<&PodCheck>) -> StatusItem {
     let view = v.view(pv);
     StatusItem {
         namespace: view.namespace.to_string(),
@@ -285,6 +314,12 @@ pub fn item(pv: &PodVerdicts, v: &Verdict) -> StatusItem {
         expected: view.expected.map(|f| f.to_string()),
         observed: view.observed.map(|f| f.to_string()),
         pinned_by: view.pinned_by.iter().map(|s| s.to_string()).collect(),
+        source_content: if check.is_some() {
+            verified_sources(pv, v, check)
+        } else {
+            Vec::new()
+        },
+        verified_at: check.and_then(|c| c.scanned_at).map(|t| t.to_string()),
         differing_paths: view.differing_paths.iter().map(|s| s.to_string()).collect(),
         since: view.since.to_string(),
         message: view.message.map(str::to_string),
@@ -300,7 +335,7 @@ impl VerdictStore {
             for v in &pv.verdicts {
                 *by_state.entry(v.state.tag()).or_insert(0) += 1;
                 if q.matches(pv, v) {
-                    verdicts.push(item(pv, v));
+                    verdicts.push(item(pv, v, self.checks.get(&pv.pod.uid)));
                 }
             }
         }
@@ -362,21 +397,12 @@ impl VerdictStore {
                     continue;
                 }
                 consumer_pods.insert(&pod.name);
-                let sources = srcs
-                    .iter()
-                    .map(|r| {
-                        if !referenced.contains(r) {
-                            referenced.push(r.clone());
-                        }
-                        VerifiedSource {
-                            kind: r.kind.as_str().to_string(),
-                            name: r.name.to_string(),
-                            fingerprint: check
-                                .and_then(|c| c.sources.iter().find(|(s, _)| s == r))
-                                .and_then(|(_, fp)| fp.clone()),
-                        }
-                    })
-                    .collect();
+                for r in &srcs {
+                    if !referenced.contains(r) {
+                        referenced.push(r.clone());
+                    }
+                }
+                let sources = verified_sources(pv, v, check);
                 consumers.push(ConsumerItem {
                     namespace: pod.namespace.to_string(),
                     pod: pod.name.to_string(),
@@ -436,6 +462,18 @@ impl VerdictStore {
                 failure: a.failure.clone(),
             })
             .collect();
+        let mut unscheduled: Vec<String> = self
+            .unscheduled
+            .values()
+            .filter(|p| *p.namespace == *ns)
+            .filter(|p| match target {
+                Target::Source { .. } => wanted.as_ref().is_some_and(|w| p.references_source(w)),
+                Target::NodeSet { name, .. } => p.nodeset.as_deref() == Some(name.as_str()),
+                Target::Pod { name, .. } => *p.name == **name,
+            })
+            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .collect();
+        unscheduled.sort();
         RolloutDoc {
             acting,
             ready: ready && self.evaluated,
@@ -443,6 +481,7 @@ impl VerdictStore {
             sources,
             consumers,
             attempts,
+            unscheduled,
         }
     }
 }

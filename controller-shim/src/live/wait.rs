@@ -307,6 +307,7 @@ mod tests {
             }],
             consumers: vec![],
             attempts: vec![],
+            unscheduled: vec![],
         };
         let p = Progress {
             total: 2,
