@@ -34,10 +34,18 @@ fi
 # --- Helm chart (charts/mountguard) -----------------------------------------
 # The real Helm engine from PyPI renders and lints the chart; no helm binary
 # and no cluster. tests/tests/chart.rs (run by nextest below) uses the same
-# renderer, so these packages must be installed first.
-log "Helm chart tests (helm-python-sdk, pytest)"
+# renderer, so these packages must be installed first. Every rendered object
+# is then checked by validators from elsewhere: kubernetes-validate (the
+# Kubernetes JSON schemas, strict, oldest and newest supported release), the
+# vendored prometheus-operator and cert-manager CRD schemas (jsonschema), and
+# promtool from Debian's prometheus package (check rules, test rules).
+log "Helm chart tests (helm-python-sdk, kubernetes-validate, promtool, pytest)"
+apt_install prometheus
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
-    helm-python-sdk==0.2.2 pytest==9.2.0 pyyaml==6.0.3
+    helm-python-sdk==0.2.2 pytest==9.2.0 pyyaml==6.0.3 \
+    kubernetes-validate==1.37.0 jsonschema==4.26.0
+promtool --version 2>&1 | head -n 1
+python3 -m pip show kubernetes-validate 2>/dev/null | grep -m1 '^Version' | sed 's/^/kubernetes-validate /'
 python3 -m pytest -q -p no:cacheprovider charts/tests
 # --- end Helm chart ----------------------------------------------------------
 
