@@ -50,8 +50,9 @@ def test_the_scenarios_cover_every_custom_resource_kind(rendered: dict[str, Any]
     assert set(validate.crd_schemas()) <= kinds, "a vendored CRD no scenario renders"
 
 
-def _first(r: Any, kind: str) -> dict[str, Any]:
-    return copy.deepcopy(r.of_kind(kind)[0])
+def _first(rendered: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The first object of `kind` any scenario renders."""
+    return copy.deepcopy(next(o for r in rendered.values() for o in r.of_kind(kind)))
 
 
 @pytest.mark.parametrize(
@@ -85,7 +86,7 @@ def _first(r: Any, kind: str) -> dict[str, Any]:
 def test_the_schemas_reject_a_broken_field(
     rendered: dict[str, Any], kind: str, breaks: Any, message: str
 ) -> None:
-    o = _first(rendered["monitoring-with-api"], kind)
+    o = _first(rendered, kind)
     for version in validate.K8S_VERSIONS:
         validate.validate(o, version)
     breaks(o)
@@ -200,3 +201,72 @@ def test_extra_rules_and_disabled_alerts_pass_promtool(tmp_path: pathlib.Path) -
     assert "MountguardStaleMount" in alerts and "MountguardManyStale" in alerts
     p = promtool.check_rules(rules, tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+# ---------------------------------------------------------------- dashboard
+
+
+def _dashboard(values: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    r = render(values or {"dashboard": {"enabled": True}})
+    cm = r.one("ConfigMap", next(
+        o["metadata"]["name"] for o in r.of_kind("ConfigMap")
+        if o["metadata"]["name"].endswith("-dashboard")
+    ))
+    return cm, promtool.dashboard_of(cm)
+
+
+def test_dashboard_is_off_by_default_and_labelled_for_the_sidecar() -> None:
+    assert not [o for o in render().of_kind("ConfigMap")
+                if o["metadata"]["name"].endswith("-dashboard")]
+    cm, dash = _dashboard()
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dash["uid"] == "mountguard"
+    cm, _ = _dashboard({"dashboard": {
+        "enabled": True, "labels": {"grafana_dashboard": "mountguard"},
+        "annotations": {"grafana_folder": "HPC"}, "namespace": "monitoring",
+    }})
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "mountguard"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "HPC"}
+    assert cm["metadata"]["namespace"] == "monitoring"
+
+
+def test_every_dashboard_query_passes_promtool(tmp_path: pathlib.Path) -> None:
+    _, dash = _dashboard()
+    queries = promtool.dashboard_queries(dash)
+    assert len(queries) >= 15
+    p = promtool.check_rules(promtool.dashboard_rule_file(dash), tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"SUCCESS: {len(queries)} rules found" in p.stdout
+
+
+def test_dashboard_shows_what_operators_look_for() -> None:
+    _, dash = _dashboard()
+    exprs = [e for _, e in promtool.dashboard_queries(dash)]
+
+    def some(*needles: str) -> bool:
+        return any(all(n in e for n in needles) for e in exprs)
+
+    assert some("mountguard_mount_state", 'state="Stale"', "node", "source_name",
+                'cause!="ImmutableCachePinned"')
+    assert some("mountguard_mount_state", 'cause="ImmutableCachePinned"', "node", "source_name")
+    assert some("mountguard_nodes", 'reporting="true"')
+    assert some("mountguard_node_agent_reporting")
+    assert some("mountguard_remediation_attempts_total", "phase")
+    assert some("mountguard_report_requests_total", "unauthenticated|forbidden")
+    # Every panel has a data source variable, not a fixed one.
+    for p in dash["panels"]:
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${datasource}", p["title"]
+
+
+def test_promtool_rejects_a_broken_dashboard_query(tmp_path: pathlib.Path) -> None:
+    _, dash = _dashboard()
+    target = next(p for p in dash["panels"] if p.get("targets"))["targets"][0]
+    target["expr"] = target["expr"].replace("(", "((", 1)
+    p = promtool.check_rules(promtool.dashboard_rule_file(dash), tmp_path)
+    assert p.returncode != 0, p.stdout
+    # A Grafana variable promtool cannot be given is reported, not ignored.
+    _, dash = _dashboard()
+    next(p for p in dash["panels"] if p.get("targets"))["targets"][0]["expr"] += " * $scale"
+    with pytest.raises(AssertionError, match="unknown Grafana variable"):
+        promtool.dashboard_rule_file(dash)
