@@ -183,8 +183,9 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def chart() -> helm_python.Chart:
-    return helm_python.Chart.load(CHART)
+def chart(path: pathlib.Path | None = None) -> helm_python.Chart:
+    """The chart directory, or a packaged chart archive."""
+    return helm_python.Chart.load(path or CHART)
 
 
 def render_raw(
@@ -193,6 +194,7 @@ def render_raw(
     *,
     name: str = RELEASE,
     namespace: str = NAMESPACE,
+    chart_path: pathlib.Path | None = None,
 ) -> dict[str, str]:
     """Template path -> rendered text, like `helm template --api-versions`."""
     opts = {
@@ -201,7 +203,7 @@ def render_raw(
         "kube_version": KUBE_VERSION,
         "api_versions": list(api_versions or []),
     }
-    c = chart()
+    c = chart(chart_path)
     out = _native.call_string(
         "helm_render", c._raw(), json.dumps(values or {}), json.dumps(opts)
     )
