@@ -102,6 +102,19 @@ pub enum Error {
     /// A TLS certificate or key is unusable.
     #[error("TLS: {0}")]
     Tls(String),
+    /// The controller's metrics port could not be reached (`status`).
+    #[error(
+        "cannot reach the controller at {url}: {message}. Is --url the controller's metrics \
+         port? From outside the cluster, forward it first: `kubectl -n <namespace> port-forward \
+         svc/<release>-mountguard-controller-metrics 8080` (the chart's NOTES print the exact \
+         command), then `mountguard-controller status --url http://127.0.0.1:8080`"
+    )]
+    Unreachable {
+        /// The URL that was tried.
+        url: String,
+        /// Why the connection failed.
+        message: String,
+    },
 }
 
 impl Error {
@@ -115,6 +128,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::Kube(_) => "kube",
             Error::Tls(_) => "tls",
+            Error::Unreachable { .. } => "unreachable",
         }
     }
 }

@@ -11,6 +11,7 @@ mod forged;
 mod fresh;
 mod kubelet;
 mod leader;
+mod outage;
 mod remediation;
 mod remediation_faults;
 mod restart;
