@@ -21,7 +21,13 @@ def ports_of(template: dict[str, Any]) -> dict[str, int]:
 
 
 def test_off_by_default() -> None:
-    assert render().of_kind("NetworkPolicy") == []
+    r = render()
+    assert r.of_kind("NetworkPolicy") == []
+    assert "NetworkPolicy" not in r.notes
+
+
+def test_notes_say_who_may_scrape() -> None:
+    assert 'namespace\n"monitoring"' in render_scenario("network-policy").notes
 
 
 def test_reports_only_from_agents_and_metrics_only_from_monitoring() -> None:

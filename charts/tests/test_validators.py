@@ -221,6 +221,9 @@ def test_dashboard_is_off_by_default_and_labelled_for_the_sidecar() -> None:
     cm, dash = _dashboard()
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dash["uid"] == "mountguard"
+    notes = render({"dashboard": {"enabled": True}}).notes
+    assert f"ConfigMap {cm['metadata']['name']} in namespace mountguard-system" in notes
+    assert "grafana_dashboard=1" in notes
     cm, _ = _dashboard({"dashboard": {
         "enabled": True, "labels": {"grafana_dashboard": "mountguard"},
         "annotations": {"grafana_folder": "HPC"}, "namespace": "monitoring",
