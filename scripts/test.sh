@@ -35,12 +35,62 @@ fi
 # --- Helm chart (charts/mountguard) -----------------------------------------
 # The real Helm engine from PyPI renders and lints the chart; no helm binary
 # and no cluster. tests/tests/chart.rs (run by nextest below) uses the same
-# renderer, so these packages must be installed first.
-log "Helm chart tests (helm-python-sdk, pytest)"
+# renderer, so these packages must be installed first. Every rendered object
+# is then checked by validators from elsewhere: kubernetes-validate (the
+# Kubernetes JSON schemas, strict, oldest and newest supported release), the
+# vendored prometheus-operator and cert-manager CRD schemas (jsonschema), and
+# promtool from Debian's prometheus package (check rules, test rules).
+log "Helm chart tests (helm-python-sdk, kubernetes-validate, promtool, pytest)"
+apt_install prometheus
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
-    helm-python-sdk==0.2.2 pytest==9.2.0 pyyaml==6.0.3
+    helm-python-sdk==0.2.2 pytest==9.2.0 pyyaml==6.0.3 \
+    kubernetes-validate==1.37.0 jsonschema==4.26.0
+promtool --version 2>&1 | sed -n 1p
+python3 -c 'from importlib.metadata import version as v; print("kubernetes-validate", v("kubernetes-validate"), "jsonschema", v("jsonschema"))'
 python3 -m pytest -q -p no:cacheprovider charts/tests
+
+# `helm package`, with Helm's own packaging code (helm-python-sdk's
+# package): the archive a release pushes, kept as a CI artifact.
+log "packaging the chart (target/chart)"
+python3 - <<'PY'
+import hashlib, pathlib, helm_python
+out = pathlib.Path("target/chart")
+out.mkdir(parents=True, exist_ok=True)
+archive = pathlib.Path(helm_python.package("charts/mountguard", destination=out))
+print(f"{archive}: sha256 {hashlib.sha256(archive.read_bytes()).hexdigest()}")
+PY
 # --- end Helm chart ----------------------------------------------------------
+
+# --- Release workflow (.github/workflows/release.yml) -----------------------
+# It only runs on GitHub; actionlint (Go module, built with `go install`)
+# checks it here, with shellcheck (Debian) on its run: scripts. A broken copy
+# must fail, so the lint is known to be live.
+ACTIONLINT_VERSION=v1.7.12
+log "release workflow lint (actionlint ${ACTIONLINT_VERSION})"
+apt_install shellcheck
+actionlint_bin="target/tools/actionlint"
+if [ ! -x "$actionlint_bin" ] && command -v go >/dev/null 2>&1; then
+    GOBIN="$PWD/target/tools" go install "github.com/rhysd/actionlint/cmd/actionlint@${ACTIONLINT_VERSION}" \
+        || echo "warning: go install actionlint failed" >&2
+fi
+if [ -x "$actionlint_bin" ]; then
+    "$actionlint_bin" -version | sed -n 1p
+    "$actionlint_bin" .github/workflows/*.yml
+    broken="$(mktemp -d)"
+    mkdir -p "$broken/.github/workflows"
+    sed 's/runs-on:/runs_on:/' .github/workflows/release.yml > "$broken/.github/workflows/release.yml"
+    if (cd "$broken" && "$OLDPWD/$actionlint_bin" .github/workflows/release.yml >/dev/null); then
+        echo "error: actionlint accepted a broken workflow" >&2
+        exit 1
+    fi
+    rm -rf "$broken"
+else
+    printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
+    printf '!!! SKIPPED: release workflow lint: actionlint could not be installed\n'
+    printf '!!! (needs Go and the module proxy). .github/workflows/release.yml is NOT checked.\n'
+    printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n'
+fi
+# --- end release workflow ----------------------------------------------------
 
 log "workspace tests (x86_64)"
 cargo nextest run --workspace --no-fail-fast

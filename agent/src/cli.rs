@@ -181,9 +181,11 @@ impl Cli {
     pub fn init_tracing(&self) {
         let filter = tracing_subscriber::EnvFilter::try_new(&self.log)
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // Colour codes only for a terminal (not in a container's log).
         let builder = tracing_subscriber::fmt()
             .with_env_filter(filter)
-            .with_writer(std::io::stderr);
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
         let _ = match self.log_format {
             LogFormat::Text => builder.try_init(),
             LogFormat::Json => builder.json().try_init(),

@@ -51,8 +51,12 @@ SLURMRESTD_JWT_KEY = {
     "jwtKeySecret": {"namespace": "slurm", "name": "slurm-auth-jwt"},
     "user": "mountguard",
 }
+# ServiceMonitors or PodMonitors (never both: the render fails), and the rules.
 ALL_MONITORING = {
     "serviceMonitor": {"enabled": True},
+    "prometheusRule": {"enabled": True},
+}
+POD_MONITORING = {
     "podMonitor": {"enabled": True},
     "prometheusRule": {"enabled": True},
 }
@@ -79,8 +83,92 @@ SCENARIOS: dict[str, Scenario] = {
         {"tls": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}
     ),
     "plaintext": Scenario({"tls": {"insecurePlaintextReports": True}}),
-    "monitoring-with-api": Scenario({"metrics": ALL_MONITORING}, [MONITORING_API]),
+    "monitoring-with-api": Scenario(
+        {"metrics": ALL_MONITORING, "dashboard": {"enabled": True}}, [MONITORING_API]
+    ),
+    "podmonitor-with-api": Scenario({"metrics": POD_MONITORING}, [MONITORING_API]),
     "monitoring-without-api": Scenario({"metrics": ALL_MONITORING}),
+    # Every escape hatch at once (test_escape_hatches.py).
+    "escape-hatches": Scenario(
+        {
+            "global": {"imageRegistry": "registry.example.com/mirror"},
+            "agent": {
+                "image": {"digest": "sha256:" + "a" * 64},
+                "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+                "extraArgs": ["--log-format=text"],
+                "extraVolumes": [{"name": "scratch", "emptyDir": {"medium": "Memory"}}],
+                "extraVolumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                "podSecurityContext": {"seLinuxOptions": {"type": "spc_t"}},
+                "securityContext": {"seLinuxOptions": {"type": "spc_t"}},
+                "topologySpreadConstraints": [],
+                "nodeSelector": {"kubernetes.io/os": "linux", "mountguard": "yes"},
+                "podLabels": {"team": "hpc"},
+                "podAnnotations": {"example.com/note": "agent"},
+            },
+            "controller": {
+                "image": {"tag": "0.9.9"},
+                "extraEnv": [{"name": "RUST_BACKTRACE", "value": "1"}],
+                "extraArgs": ["--log-format=text"],
+                "extraVolumes": [{"name": "extra-ca", "configMap": {"name": "corp-ca"}}],
+                "extraVolumeMounts": [
+                    {"name": "extra-ca", "mountPath": "/etc/corp-ca", "readOnly": True}
+                ],
+                "podSecurityContext": {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
+                "securityContext": {"capabilities": {"drop": ["ALL", "NET_RAW"]}},
+                "topologySpreadConstraints": [
+                    {
+                        "maxSkew": 1,
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "whenUnsatisfiable": "ScheduleAnyway",
+                        "labelSelector": {
+                            "matchLabels": {"app.kubernetes.io/component": "controller"}
+                        },
+                    }
+                ],
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [
+                                    {"key": "node-role.kubernetes.io/infra", "operator": "Exists"}
+                                ]}
+                            ]
+                        }
+                    }
+                },
+                "nodeSelector": {"kubernetes.io/os": "linux", "pool": "infra"},
+                "podLabels": {"team": "hpc"},
+                "podAnnotations": {"example.com/note": "controller"},
+            },
+            "metrics": {
+                "serviceMonitor": {
+                    "enabled": True,
+                    "relabelings": [
+                        {"targetLabel": "cluster", "replacement": "hpc-1", "action": "replace"}
+                    ],
+                    "metricRelabelings": [
+                        {"sourceLabels": ["__name__"], "regex": "mountguard_agent_watch_.*",
+                         "action": "drop"}
+                    ],
+                },
+                "prometheusRule": {
+                    "enabled": True,
+                    "disabled": {"MountguardFrozenMount": True},
+                    "extraRules": [
+                        {"record": "mountguard:stale_mounts:count",
+                         "expr": 'count(mountguard_mount_state{state="Stale"})'}
+                    ],
+                },
+            },
+        },
+        [MONITORING_API],
+    ),
+    "network-policy": Scenario(
+        {"networkPolicy": {"enabled": True, "metrics": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }}}
+    ),
     "replicas-2": Scenario(
         {
             "controller": {"replicas": 2, "watchNamespaces": ["slurm", "hpc"]},
@@ -95,8 +183,9 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def chart() -> helm_python.Chart:
-    return helm_python.Chart.load(CHART)
+def chart(path: pathlib.Path | None = None) -> helm_python.Chart:
+    """The chart directory, or a packaged chart archive."""
+    return helm_python.Chart.load(path or CHART)
 
 
 def render_raw(
@@ -105,6 +194,7 @@ def render_raw(
     *,
     name: str = RELEASE,
     namespace: str = NAMESPACE,
+    chart_path: pathlib.Path | None = None,
 ) -> dict[str, str]:
     """Template path -> rendered text, like `helm template --api-versions`."""
     opts = {
@@ -113,7 +203,7 @@ def render_raw(
         "kube_version": KUBE_VERSION,
         "api_versions": list(api_versions or []),
     }
-    c = chart()
+    c = chart(chart_path)
     out = _native.call_string(
         "helm_render", c._raw(), json.dumps(values or {}), json.dumps(opts)
     )

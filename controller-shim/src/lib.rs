@@ -111,6 +111,19 @@ pub enum Error {
     /// scanned): a verdict of "all fresh" would be vacuous.
     #[error("nothing to judge: {0}")]
     NothingToJudge(String),
+    /// The controller's metrics port could not be reached (`status`).
+    #[error(
+        "cannot reach the controller at {url}: {message}. Is --url the controller's metrics \
+         port? From outside the cluster, forward it first: `kubectl -n <namespace> port-forward \
+         svc/<release>-mountguard-controller-metrics 8080` (the chart's NOTES print the exact \
+         command), then `mountguard-controller status --url http://127.0.0.1:8080`"
+    )]
+    Unreachable {
+        /// The URL that was tried.
+        url: String,
+        /// Why the connection failed.
+        message: String,
+    },
 }
 
 impl Error {
@@ -125,6 +138,7 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Tls(_) => "tls",
             Error::NothingToJudge(_) => "nothing_to_judge",
+            Error::Unreachable { .. } => "unreachable",
         }
     }
 }

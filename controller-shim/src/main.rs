@@ -1,6 +1,6 @@
 //! `mountguard-controller`: see the library crate.
 
-use std::io::Read;
+use std::io::{IsTerminal, Read};
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -26,7 +26,7 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             ExitCode::from(2)
         }
     }
@@ -53,6 +53,23 @@ fn run_plugin(cli: PluginCli) -> anyhow::Result<u8> {
     })
 }
 
+/// The error and its causes, each said once: an error whose message already
+/// includes its source's (`file: No such file or directory`) does not get it
+/// appended a second time.
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -76,9 +93,22 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             )?)
         }
         Command::Run(args) => {
-            let filter = tracing_subscriber::EnvFilter::try_new(&args.log)
+            // kube-client logs an ERROR for every failed request; the
+            // watches log each failure streak once themselves, so those
+            // lines are left out unless --log names kube_client.
+            let directives = if args.log.contains("kube_client") {
+                args.log.clone()
+            } else {
+                format!("{},kube_client::client::builder=off", args.log)
+            };
+            let filter = tracing_subscriber::EnvFilter::try_new(&directives)
                 .map_err(|e| anyhow::anyhow!("--log {:?}: {e}", args.log))?;
-            let builder = tracing_subscriber::fmt().with_env_filter(filter);
+            // Logs on stderr; colour codes only for a terminal (not in a
+            // container's log or a file).
+            let builder = tracing_subscriber::fmt()
+                .with_env_filter(filter)
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal());
             match args.log_format {
                 LogFormat::Json => builder.json().init(),
                 LogFormat::Text => builder.init(),

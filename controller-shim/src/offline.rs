@@ -173,17 +173,27 @@ pub fn load_objects(file: &str, bytes: &[u8], loaded: &mut Loaded) -> Result<(),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
                 load_item(item, loaded)
-                    .map_err(|m| obj_err(format!("items[{i}] ({})", describe_item(item)), m))?;
+                    .map_err(|m| obj_err(place(&format!("items[{i}]"), item), m))?;
             }
         }
         Some(_) => {
             return Err(obj_err("items".into(), "is not an array".into()));
         }
         None => {
-            load_item(&doc, loaded).map_err(|m| obj_err(describe_item(&doc), m))?;
+            load_item(&doc, loaded).map_err(|m| obj_err(place("top-level object", &doc), m))?;
         }
     }
     Ok(())
+}
+
+/// Where a bad object is: its position, and its kind and name when it has a
+/// kind (without one, "? ?" would name nothing).
+fn place(position: &str, item: &Value) -> String {
+    if item.get("kind").and_then(Value::as_str).is_some() {
+        format!("{position} ({})", describe_item(item))
+    } else {
+        position.to_string()
+    }
 }
 
 fn load_item(item: &Value, loaded: &mut Loaded) -> Result<(), String> {
@@ -762,6 +772,18 @@ mod tests {
             .to_string();
         assert!(
             msg.contains("items[0]") && msg.contains("no \"kind\""),
+            "{msg}"
+        );
+        // Named by its position, not by a kind and name it does not have.
+        assert!(!msg.contains('?'), "{msg}");
+        let no_kind = write(dir.path(), "nokind1.json", r#"{"metadata":{"name":"x"}}"#);
+        let msg = run(&["--objects", &no_kind, "--inventory", &inv], "")
+            .0
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            format!("{no_kind}: top-level object: no \"kind\" field"),
             "{msg}"
         );
 

@@ -398,6 +398,11 @@ fn verify_judges_layouts_written_like_the_kubelet_and_scanned_by_the_agent() {
     let r = verify(&["--objects", objs, "--inventory", "/nonexistent/inv.json"]);
     assert_eq!(r.code, 2);
     assert!(r.stderr.contains("/nonexistent/inv.json"), "{}", r.stderr);
+    // The cause is said once, on one line.
+    assert_eq!(
+        r.stderr,
+        "error: /nonexistent/inv.json: No such file or directory (os error 2)\n"
+    );
     let r = verify(&["--objects", objs, "--grace", "soon"]);
     assert_eq!(r.code, 2, "bad flags are bad input");
 }

@@ -70,12 +70,20 @@ impl Default for DemoOptions {
     }
 }
 
-/// Timestamped narration (on stdout, or collected when quiet).
+/// The acts of the demo, in order; [`Narrator::act`] prints a heading for each.
+pub const ACTS: [&str; 5] = ["setup", "rotation", "detection", "remediation", "outcome"];
+
+/// Width of the printed narration.
+pub const COLUMNS: usize = 120;
+
+/// Timestamped narration (on stdout, or collected when quiet), in acts,
+/// wrapped to [`COLUMNS`].
 #[derive(Debug)]
 pub struct Narrator {
     start: Instant,
     quiet: bool,
     lines: Vec<String>,
+    printed: Vec<String>,
 }
 
 impl Narrator {
@@ -85,28 +93,93 @@ impl Narrator {
             start: Instant::now(),
             quiet,
             lines: Vec::new(),
+            printed: Vec::new(),
         }
     }
 
-    /// One line: wall-clock time (UTC), time since start, text.
+    /// A heading for one of [`ACTS`]: `=== 2/5 rotation ===`.
+    pub fn act(&mut self, name: &str) {
+        let n = ACTS.iter().position(|a| *a == name).map_or(0, |i| i + 1);
+        let heading = format!("=== {n}/{} {name} ===", ACTS.len());
+        let mut out = Vec::new();
+        if !self.printed.is_empty() {
+            out.push(String::new());
+        }
+        out.push(heading.clone());
+        self.print(out);
+        self.lines.push(heading);
+    }
+
+    /// One entry: wall-clock time (UTC), time since start, text; printed
+    /// wrapped at word boundaries, continuation lines indented.
     pub fn say(&mut self, text: impl AsRef<str>) {
         let now = jiff::Timestamp::now();
-        let line = format!(
-            "{} +{:>6.2}s  {}",
+        let prefix = format!(
+            "{} +{:>6.2}s  ",
             now.strftime("%H:%M:%S%.3f"),
             self.start.elapsed().as_secs_f64(),
-            text.as_ref()
         );
-        if !self.quiet {
-            println!("{line}");
-        }
-        self.lines.push(line);
+        let indent = " ".repeat(prefix.len());
+        let out = wrap(text.as_ref(), COLUMNS - prefix.len())
+            .into_iter()
+            .enumerate()
+            .map(|(i, l)| format!("{}{l}", if i == 0 { &prefix } else { &indent }))
+            .collect();
+        self.print(out);
+        self.lines.push(format!("{prefix}{}", text.as_ref()));
     }
 
-    /// Every line so far.
+    fn print(&mut self, out: Vec<String>) {
+        if !self.quiet {
+            for l in &out {
+                println!("{l}");
+            }
+        }
+        self.printed.extend(out);
+    }
+
+    /// Every entry so far, unwrapped (one per `say` or `act`).
     pub fn lines(&self) -> &[String] {
         &self.lines
     }
+
+    /// The lines as printed (wrapped, with the headings' blank lines).
+    pub fn printed(&self) -> &[String] {
+        &self.printed
+    }
+}
+
+/// `text` in lines of at most `width` characters, broken between words; a
+/// word longer than `width` is cut.
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(1);
+    let mut out = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        let mut word: Vec<char> = word.chars().collect();
+        loop {
+            let len = line.chars().count();
+            let sep = usize::from(len > 0);
+            if len + sep + word.len() <= width {
+                if sep == 1 {
+                    line.push(' ');
+                }
+                line.extend(word.iter());
+                break;
+            }
+            if len > 0 {
+                out.push(std::mem::take(&mut line));
+                continue;
+            }
+            let rest = word.split_off(width);
+            out.push(word.into_iter().collect());
+            word = rest;
+        }
+    }
+    if !line.is_empty() || out.is_empty() {
+        out.push(line);
+    }
+    out
 }
 
 /// An Event as the summary shows it.
@@ -407,6 +480,7 @@ pub async fn seed_scenario(
         ));
     }
 
+    say.act("rotation");
     let old_key = api_auth_key(&api)?;
     let new_key = rotate_auth_key(&api)?;
     let rotated = Instant::now();
@@ -442,6 +516,7 @@ pub async fn seed_scenario(
             .join(", ")
     ));
 
+    say.act("detection");
     let doc = poll(
         "the stale verdicts",
         opts.grace + Duration::from_secs(20),
@@ -556,6 +631,7 @@ pub async fn seed_scenario(
     let metrics = scrape(&base).await?;
 
     // Replacing a pod: fresh key where nothing else pins the entry.
+    say.act("remediation");
     let mut replacements = Vec::new();
     let mut replacement_verdicts = BTreeMap::new();
     let mut attempts = Vec::new();
@@ -607,9 +683,12 @@ pub async fn seed_scenario(
     }
 
     match opts.remediation {
-        Remediation::Off => say.say(
-            "remediation is off: mountguard reported the stale key (metric, Event, /v1/verdicts) and changed nothing",
-        ),
+        Remediation::Off => {
+            say.act("outcome");
+            say.say(
+                "remediation is off: mountguard reported the stale key (metric, Event, /v1/verdicts) and changed nothing",
+            )
+        }
         Remediation::On => {
             attempts = remediate(sys, opts, say, &pods, &nodes, &subject, &current_key).await?;
             for a in &attempts {
@@ -657,6 +736,7 @@ pub async fn seed_scenario(
 
 /// Starts everything, runs the seed scenario, stops everything.
 pub async fn run_seed(opts: &DemoOptions, say: &mut Narrator) -> io::Result<Summary> {
+    say.act("setup");
     let sys = InProcess::start(opts).await?;
     say.say("agents (one per node) and controller started in this process");
     let result = seed_scenario(&sys, opts, say).await;
@@ -697,6 +777,9 @@ async fn remediate(
             .unwrap_or_default()
     };
     let mut seen_phase: BTreeMap<String, String> = BTreeMap::new();
+    // The Slurm reason of each attempt's drain, shown once (it repeats in
+    // every phase until the node is resumed).
+    let mut seen_reason: BTreeMap<String, String> = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(150);
     let done = loop {
         let all = read_attempts();
@@ -710,9 +793,10 @@ async fn remediate(
                 let slurm_state = slurm
                     .node(&a.slurm_node)
                     .map(|n| {
-                        if n.reason.is_empty() {
+                        if n.reason.is_empty() || seen_reason.get(&a.id) == Some(&n.reason) {
                             n.state.join(",")
                         } else {
+                            seen_reason.insert(a.id.clone(), n.reason.clone());
                             format!("{} reason \"{}\"", n.state.join(","), n.reason)
                         }
                     })
@@ -748,6 +832,7 @@ async fn remediate(
 
     // Verified on the node, by the bytes: the replacements are Fresh, the
     // pinned node is still reported, and nothing was attempted there.
+    say.act("outcome");
     for &i in &fixable {
         let (pod, uid) = crate::scenario::slurmd_pod(&api, i)
             .ok_or_else(|| io_err(format!("no slurmd pod on {}", nodes[i])))?;
@@ -809,4 +894,34 @@ async fn remediate(
                 .unwrap_or_default(),
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrap_breaks_between_words_and_cuts_only_longer_words() {
+        assert_eq!(wrap("a bb ccc dddd", 6), ["a bb", "ccc", "dddd"]);
+        assert_eq!(wrap("abcdefghij xy", 4), ["abcd", "efgh", "ij", "xy"]);
+        assert_eq!(wrap("", 10), [""]);
+        let long = "word ".repeat(60);
+        assert!(wrap(&long, 97).iter().all(|l| l.chars().count() <= 97));
+        assert_eq!(wrap(&long, 97).join(" "), long.trim_end());
+    }
+
+    #[test]
+    fn narration_is_in_acts_and_fits_the_columns() {
+        let mut n = Narrator::new(true);
+        n.act("setup");
+        n.say("short");
+        n.act("rotation");
+        n.say("x ".repeat(200));
+        assert!(n.printed().iter().all(|l| l.chars().count() <= COLUMNS));
+        assert_eq!(n.printed()[0], "=== 1/5 setup ===");
+        assert!(n.printed().contains(&"=== 2/5 rotation ===".to_string()));
+        // `lines` keeps one unwrapped entry per call.
+        assert_eq!(n.lines().len(), 4);
+        assert!(n.lines()[3].chars().count() > COLUMNS);
+    }
 }

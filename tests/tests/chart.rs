@@ -8,8 +8,10 @@
 //!   the API server does not know (a typo like `mountPropogation` would be
 //!   dropped silently by a lenient client and by the API server).
 //!   cert-manager and monitoring.coreos.com objects have no k8s-openapi type;
-//!   `charts/tests/test_chart.py` checks them structurally.
-//! - Every `mountguard_*` metric name in the chart's alert expressions is
+//!   `charts/tests/validate.py` checks them against the upstream CRD schemas.
+//! - Every `mountguard_*` metric name in the chart's alert expressions, in
+//!   the Grafana dashboard's queries and in the series of the alerts' unit
+//!   tests (`charts/tests/promtool/alerts_test.yaml`) is
 //!   exported by a running binary: the agent is started on an empty kubelet
 //!   root and scraped; the controller is started against the API server
 //!   double (idle, then with one node and one pod so that the per-node and
@@ -28,7 +30,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use mountguard_tests::apiserver::resources;
@@ -118,6 +121,8 @@ fn check_object(v: &Value) -> Option<Result<Vec<String>, String>> {
     Some(match (api, kind) {
         ("v1", "ServiceAccount") => roundtrip::<ServiceAccount>(v),
         ("v1", "Secret") => roundtrip::<Secret>(v),
+        ("v1", "ConfigMap") => roundtrip::<ConfigMap>(v),
+        ("networking.k8s.io/v1", "NetworkPolicy") => roundtrip::<NetworkPolicy>(v),
         ("v1", "Service") => roundtrip::<Service>(v),
         ("apps/v1", "DaemonSet") => roundtrip::<DaemonSet>(v),
         ("apps/v1", "Deployment") => roundtrip::<Deployment>(v),
@@ -217,6 +222,8 @@ fn every_rendered_object_parses_into_its_api_type_without_unknown_fields() {
         "Role",
         "RoleBinding",
         "PodDisruptionBudget",
+        "NetworkPolicy",
+        "ConfigMap",
     ] {
         assert!(kinds.contains(kind), "no {kind} was checked");
     }
@@ -224,6 +231,23 @@ fn every_rendered_object_parses_into_its_api_type_without_unknown_fields() {
 }
 
 // ------------------------------------------------------------- metric names
+
+/// Every `mountguard_*` name in `text` (a name starts after a character
+/// that cannot be part of one).
+fn mountguard_names(text: &str, names: &mut BTreeSet<String>) {
+    let mut rest = text;
+    while let Some(i) = rest.find("mountguard_") {
+        let tail = &rest[i..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let before = rest[..i].chars().next_back();
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+            names.insert(tail[..end].to_string());
+        }
+        rest = &tail[end..];
+    }
+}
 
 /// Every `mountguard_*` name in the PrometheusRule's expressions.
 fn alert_metric_names(scenarios: &BTreeMap<String, Vec<(String, Value)>>) -> BTreeSet<String> {
@@ -237,19 +261,76 @@ fn alert_metric_names(scenarios: &BTreeMap<String, Vec<(String, Value)>>) -> BTr
     let mut names = BTreeSet::new();
     for group in rules[0]["spec"]["groups"].as_array().expect("groups") {
         for rule in group["rules"].as_array().expect("rules") {
-            let expr = rule["expr"].as_str().expect("expr");
-            let mut rest = expr;
-            while let Some(i) = rest.find("mountguard_") {
-                let tail = &rest[i..];
-                let end = tail
-                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                    .unwrap_or(tail.len());
-                let before = rest[..i].chars().next_back();
-                if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
-                    names.insert(tail[..end].to_string());
-                }
-                rest = &tail[end..];
-            }
+            mountguard_names(rule["expr"].as_str().expect("expr"), &mut names);
+        }
+    }
+    names
+}
+
+/// Every `mountguard_*` name in the dashboard ConfigMap's queries.
+fn dashboard_metric_names(scenarios: &BTreeMap<String, Vec<(String, Value)>>) -> BTreeSet<String> {
+    let dashboards: Vec<&Value> = scenarios["monitoring-with-api"]
+        .iter()
+        .map(|(_, v)| v)
+        .filter(|v| v["kind"] == "ConfigMap" && v["data"]["mountguard.json"].is_string())
+        .collect();
+    assert_eq!(dashboards.len(), 1, "one dashboard ConfigMap");
+    let dash: Value =
+        serde_json::from_str(dashboards[0]["data"]["mountguard.json"].as_str().unwrap())
+            .expect("dashboard JSON");
+    let mut names = BTreeSet::new();
+    let mut panels: Vec<&Value> = dash["panels"].as_array().expect("panels").iter().collect();
+    while let Some(p) = panels.pop() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            mountguard_names(t["expr"].as_str().unwrap_or_default(), &mut names);
+        }
+        panels.extend(p["panels"].as_array().into_iter().flatten());
+    }
+    names
+}
+
+/// The family of a histogram's series name (`x_bucket` -> `x`).
+fn family(name: &str) -> &str {
+    ["_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .unwrap_or(name)
+}
+
+/// Metric names registered in `controller-shim/src/live/metrics.rs`: the
+/// `o("name", ..)` options (prefixed `mountguard_`) and the full
+/// `"mountguard_..."` names of the histograms.
+fn registered_controller_names() -> BTreeSet<String> {
+    let src = std::fs::read_to_string(repo().join("controller-shim/src/live/metrics.rs"))
+        .expect("metrics.rs");
+    let mut names = BTreeSet::new();
+    let mut rest = src.as_str();
+    while let Some(i) = rest.find("o(") {
+        let tail = rest[i + 2..].trim_start();
+        if let Some(lit) = tail.strip_prefix('"') {
+            let end = lit.find('"').unwrap_or(0);
+            names.insert(format!("mountguard_{}", &lit[..end]));
+        }
+        rest = &rest[i + 2..];
+    }
+    let mut quoted = BTreeSet::new();
+    mountguard_names(&src, &mut quoted);
+    names.extend(
+        quoted
+            .into_iter()
+            .filter(|n| src.contains(&format!("\"{n}\""))),
+    );
+    names
+}
+
+/// Every `mountguard_*` series name of the alerts' promtool unit tests.
+fn unit_test_series_names() -> BTreeSet<String> {
+    let text = std::fs::read_to_string(repo().join("charts/tests/promtool/alerts_test.yaml"))
+        .expect("alerts_test.yaml");
+    let mut names = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(series) = line.trim().strip_prefix("- series:") {
+            mountguard_names(series, &mut names);
         }
     }
     names
@@ -486,10 +567,30 @@ fn scrape_controller() -> Option<BTreeSet<String>> {
 }
 
 #[test]
-fn alert_expressions_use_metric_names_the_binaries_export() {
+fn alerts_dashboard_and_alert_tests_use_metric_names_the_binaries_export() {
     let (_dir, scenarios) = render_all();
-    let used = alert_metric_names(&scenarios);
-    assert!(used.len() >= 7, "too few metric names found: {used:?}");
+    let alerts = alert_metric_names(&scenarios);
+    assert!(alerts.len() >= 7, "too few metric names found: {alerts:?}");
+    let dashboard = dashboard_metric_names(&scenarios);
+    assert!(
+        dashboard.len() >= 10,
+        "too few dashboard metric names: {dashboard:?}"
+    );
+    let series = unit_test_series_names();
+    assert!(
+        alerts.is_subset(&series),
+        "alerts without a unit-test series: {:?}",
+        alerts.difference(&series).collect::<Vec<_>>()
+    );
+    // Alerts and their tests: every name must be scraped. Dashboard panels
+    // also chart families that only have samples once agents report or a
+    // remediation runs (an idle controller exports no series for them):
+    // those must at least be registered by the controller's metrics module.
+    let registered = registered_controller_names();
+    let (dashboard_scraped_later, dashboard): (BTreeSet<String>, BTreeSet<String>) = dashboard
+        .into_iter()
+        .partition(|n| !n.starts_with("mountguard_agent_") && registered.contains(family(n)));
+    let used: BTreeSet<String> = alerts.into_iter().chain(dashboard).chain(series).collect();
 
     let agent = scrape_agent();
     assert!(
@@ -504,15 +605,24 @@ fn alert_expressions_use_metric_names_the_binaries_export() {
     let missing: Vec<_> = agent_used.difference(&agent).collect();
     assert!(
         missing.is_empty(),
-        "alerts use agent metrics the agent does not export: {missing:?}"
+        "the chart uses agent metrics the agent does not export: {missing:?}"
     );
 
     match scrape_controller() {
         Some(controller) => {
+            let controller_used: BTreeSet<String> = controller_used
+                .into_iter()
+                .chain(
+                    dashboard_scraped_later
+                        .iter()
+                        .filter(|n| controller.contains(*n))
+                        .cloned(),
+                )
+                .collect();
             let missing: Vec<_> = controller_used.difference(&controller).collect();
             assert!(
                 missing.is_empty(),
-                "alerts use controller metrics the controller does not export: {missing:?}\n\
+                "the chart uses controller metrics the controller does not export: {missing:?}\n\
                  exported: {controller:?}"
             );
         }

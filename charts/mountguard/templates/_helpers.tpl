@@ -52,9 +52,49 @@ app.kubernetes.io/instance: {{ .ctx.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/*
+An image reference: [global.imageRegistry/]repository, then @digest when a
+digest is set, else :tag. With global.imageRegistry the repository's own
+registry is replaced: its first path component is a registry when it has a
+"." or a ":" or is "localhost", the rule of the Docker reference grammar
+(github.com/distribution/reference, normalize.go, splitDockerDomain).
+*/}}
 {{- define "mountguard.image" -}}
+{{- $repo := .image.repository -}}
+{{- with (.ctx.Values.global | default dict).imageRegistry -}}
+{{- $parts := splitList "/" $repo -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repo = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repo = printf "%s/%s" (trimSuffix "/" .) $repo -}}
+{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repo .image.digest -}}
+{{- else -}}
 {{- $tag := .image.tag | default .ctx.Values.image.tag | default .ctx.Chart.AppVersion -}}
-{{- printf "%s:%s" .image.repository $tag -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A securityContext: the chart's defaults (a YAML map in .defaults) with the
+user's keys (.override) on top; nested maps (capabilities, seccompProfile)
+are replaced whole, not merged, so dropping a default is possible.
+*/}}
+{{- define "mountguard.securityContext" -}}
+{{- $out := fromYaml .defaults -}}
+{{- range $k, $v := .override -}}
+{{- $_ := set $out $k $v -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* Fails the render when both monitor kinds are enabled: every target would be scraped twice. */}}
+{{- define "mountguard.validateMonitors" -}}
+{{- if and .Values.metrics.serviceMonitor.enabled .Values.metrics.podMonitor.enabled -}}
+{{- fail "metrics: enable metrics.serviceMonitor or metrics.podMonitor, not both (every target would be scraped twice)" -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Leader election is on with more than one controller replica. */}}

@@ -170,13 +170,17 @@ async fn http_get(url: &str) -> Result<Vec<u8>, Error> {
     }
     let host = uri.host().ok_or_else(|| err("no host".into()))?.to_string();
     let port = uri.port_u16().unwrap_or(80);
+    let unreachable = |m: String| Error::Unreachable {
+        url: url.to_string(),
+        message: m,
+    };
     let stream = tokio::net::TcpStream::connect((host.as_str(), port))
         .await
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| unreachable(e.to_string()))?;
     let (mut send, conn) =
         hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
             .await
-            .map_err(|e| err(e.to_string()))?;
+            .map_err(|e| unreachable(e.to_string()))?;
     tokio::spawn(conn);
     let req = http::Request::get(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
         .header(http::header::HOST, host)

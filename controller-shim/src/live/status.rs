@@ -747,6 +747,43 @@ mod tests {
     use crate::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
 
     #[test]
+    fn unreachable_controller_says_how_to_reach_it() {
+        // A port nobody listens on: bound, then released.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        #[derive(clap::Parser)]
+        struct Status {
+            #[command(flatten)]
+            args: StatusArgs,
+        }
+        let url = format!("http://127.0.0.1:{port}");
+        let args = <Status as clap::Parser>::try_parse_from(["status", "--url", &url])
+            .unwrap()
+            .args;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut out = Vec::new();
+        let e = rt.block_on(args.run(&mut out)).unwrap_err();
+        assert!(matches!(e, Error::Unreachable { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("http://127.0.0.1:{port}/v1/verdicts")),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("kubectl -n <namespace> port-forward svc/<release>-mountguard-controller-metrics 8080"),
+            "{msg}"
+        );
+        assert!(!msg.contains("invalid configuration"), "{msg}");
+        assert!(out.is_empty());
+    }
+
+    #[test]
     fn query_filters_and_table() {
         let mut ix = ClusterIndex::new();
         put_config_map(

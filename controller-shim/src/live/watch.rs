@@ -1,5 +1,5 @@
-//! Watches (kube-runtime `watcher` with the default backoff), converted at
-//! the edge into evaluation inputs.
+//! Watches (kube-runtime `watcher`, retried with [`Retry`]'s backoff),
+//! converted at the edge into evaluation inputs.
 //!
 //! * Pods (per watched namespace, `--pod-selector`), Secrets and ConfigMaps
 //!   (per watched namespace; content hashed here, the object and its
@@ -8,9 +8,10 @@
 //!   DaemonSet; for authorization).
 //! * Re-list semantics like a reflector store: after `InitDone`, objects
 //!   not seen in the re-list are deleted.
-//! * Every error is logged and counted (`mountguard_api_errors_total`,
-//!   `mountguard_watch_restarts_total`) and retried by the watcher's
-//!   backoff. [`Health`] records when each resource last failed so the
+//! * Every error is counted (`mountguard_api_errors_total`,
+//!   `mountguard_watch_restarts_total`) and retried with backoff; a failure
+//!   streak is logged once when it starts and once ("watch recovered") when
+//!   a re-list or a watch event succeeds again. [`Health`] records when each resource last failed so the
 //!   evaluation can mark subjects `Unverifiable/ApiUnavailable` while the
 //!   Secret/ConfigMap view is not current.
 
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -38,6 +39,47 @@ use crate::model::Interner;
 
 /// How long after its last error a resource's view counts as not current.
 pub const DEGRADED_FOR: Duration = Duration::from_secs(60);
+
+/// Backoff of one failing watch: 800 ms doubling up to 30 s (the bounds of
+/// kube-runtime's `DefaultBackoff`), reset only when the watch works again
+/// (a re-list completes or a watch event arrives). Not kube-runtime's
+/// `StreamBackoff`: it resets on every `Ok` item, and the watcher yields
+/// `Event::Init` before each list request (kube-runtime 5.0.0
+/// `src/watcher.rs`, `step_trampolined`, `State::Empty`), so while the API
+/// server was unreachable the delay never grew and every retry looked like a
+/// recovery.
+#[derive(Debug, Default)]
+pub struct Retry {
+    failures: u32,
+    since: Option<Instant>,
+}
+
+impl Retry {
+    const FIRST: Duration = Duration::from_millis(800);
+    const MAX: Duration = Duration::from_secs(30);
+
+    /// Records a failure at `now`; returns the delay before the next try and
+    /// whether this failure starts a streak (the one to log).
+    pub fn failed(&mut self, now: Instant) -> (Duration, bool) {
+        let first = self.failures == 0;
+        if first {
+            self.since = Some(now);
+        }
+        let delay = Self::FIRST
+            .saturating_mul(2u32.saturating_pow(self.failures.min(16)))
+            .min(Self::MAX);
+        self.failures = self.failures.saturating_add(1);
+        (delay, first)
+    }
+
+    /// Records a success at `now`; when it ends a streak, returns how many
+    /// failures it had and how long it lasted.
+    pub fn recovered(&mut self, now: Instant) -> Option<(u32, Duration)> {
+        let since = self.since.take()?;
+        let n = std::mem::take(&mut self.failures);
+        Some((n, now.saturating_duration_since(since)))
+    }
+}
 
 #[derive(Debug, Default, Clone)]
 struct ResourceHealth {
@@ -256,11 +298,11 @@ async fn run_watch<K, E>(
     K::DynamicType: Default,
     E: Edge<K>,
 {
-    let mut stream = watcher(api, config).default_backoff().boxed();
+    let mut stream = watcher(api, config).boxed();
     let mut known: HashSet<E::Key> = HashSet::new();
     let mut relist: Option<HashSet<E::Key>> = None;
     let mut lists = 0u64;
-    let mut failing = false;
+    let mut retry = Retry::default();
     loop {
         let ev = tokio::select! {
             _ = shutdown.wait() => return,
@@ -277,18 +319,27 @@ async fn run_watch<K, E>(
                     .with_label_values(&[resource])
                     .inc();
                 shared.health.error(&name);
-                if !failing {
+                let (delay, first) = retry.failed(Instant::now());
+                if first {
                     warn!(watch = %name, error = %e, "watch failed; retrying with backoff");
                 } else {
-                    debug!(watch = %name, error = %e, "watch still failing");
+                    debug!(watch = %name, error = %e, retry_in = ?delay, "watch still failing");
                 }
-                failing = true;
+                tokio::select! {
+                    _ = shutdown.wait() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
                 continue;
             }
             Ok(Some(ev)) => {
-                if failing {
-                    info!(watch = %name, "watch recovered");
-                    failing = false;
+                // A re-list done or a watch event: the watch works again
+                // (an `Init` only means a list request is about to be made).
+                if matches!(
+                    ev,
+                    watcher::Event::InitDone | watcher::Event::Apply(_) | watcher::Event::Delete(_)
+                ) && let Some((failures, down)) = retry.recovered(Instant::now())
+                {
+                    info!(watch = %name, failures, down_for = ?down, "watch recovered");
                 }
                 match ev {
                     watcher::Event::Init => {
@@ -561,9 +612,8 @@ async fn run_dynamic(
     mut shutdown: Shutdown,
 ) {
     // DynamicObject needs the ApiResource as its dynamic type.
-    let mut stream = kube::runtime::watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut stream = kube::runtime::watcher::watcher(api, watcher::Config::default()).boxed();
+    let mut retry = Retry::default();
     let _ = ar;
     let mut edge = NodeSetEdge;
     let mut known: HashSet<String> = HashSet::new();
@@ -583,7 +633,12 @@ async fn run_dynamic(
                     .watch_restarts
                     .with_label_values(&["nodesets"])
                     .inc();
-                debug!(watch = %name, error = %e, "NodeSet watch failed; retrying");
+                let (delay, _) = retry.failed(Instant::now());
+                debug!(watch = %name, error = %e, retry_in = ?delay, "NodeSet watch failed; retrying");
+                tokio::select! {
+                    _ = shutdown.wait() => return,
+                    _ = tokio::time::sleep(delay) => {}
+                }
             }
             Ok(Some(watcher::Event::Init)) => relist = Some(HashSet::new()),
             Ok(Some(watcher::Event::InitApply(o))) | Ok(Some(watcher::Event::Apply(o))) => {
@@ -596,6 +651,7 @@ async fn run_dynamic(
                 out.extend(edge.apply(o));
             }
             Ok(Some(watcher::Event::InitDone)) => {
+                retry.recovered(Instant::now());
                 let seen = relist.take().unwrap_or_default();
                 for k in known.iter().filter(|k| !seen.contains(*k)) {
                     out.extend(edge.delete(k.clone()));
@@ -614,5 +670,35 @@ async fn run_dynamic(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_until_the_watch_works_again_and_logs_once_per_streak() {
+        let t0 = Instant::now();
+        let mut r = Retry::default();
+        let mut delays = Vec::new();
+        let mut starts = 0;
+        for i in 0..8 {
+            let (d, first) = r.failed(t0 + Duration::from_secs(i));
+            delays.push(d.as_millis());
+            starts += usize::from(first);
+        }
+        assert_eq!(delays, [800, 1600, 3200, 6400, 12800, 25600, 30000, 30000]);
+        assert_eq!(starts, 1, "one streak, one line");
+        assert_eq!(
+            r.recovered(t0 + Duration::from_secs(40)),
+            Some((8, Duration::from_secs(40)))
+        );
+        // Nothing to report without a streak; a new streak starts over.
+        assert_eq!(r.recovered(t0 + Duration::from_secs(41)), None);
+        assert_eq!(
+            r.failed(t0 + Duration::from_secs(50)),
+            (Duration::from_millis(800), true)
+        );
     }
 }

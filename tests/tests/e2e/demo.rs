@@ -147,3 +147,46 @@ async fn demo_seed_scenario_summary() {
         "{text}"
     );
 }
+
+/// The printed narration: a heading per act, in order; every line within
+/// the columns; the Slurm drain reason once per attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_narration_reads_at_a_glance() {
+    use mountguard_tests::demo::{ACTS, COLUMNS};
+    let opts = DemoOptions {
+        remediation: Remediation::On,
+        ..DemoOptions::default()
+    };
+    let mut say = Narrator::new(true);
+    let result = run_seed(&opts, &mut say).await;
+    let printed = say.printed().join("\n");
+    result.unwrap_or_else(|e| panic!("{e}\nnarration:\n{printed}"));
+    let headings: Vec<&str> = say
+        .printed()
+        .iter()
+        .filter(|l| l.starts_with("=== "))
+        .map(String::as_str)
+        .collect();
+    let want: Vec<String> = ACTS
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("=== {}/{} {a} ===", i + 1, ACTS.len()))
+        .collect();
+    assert_eq!(headings, want, "{printed}");
+    for l in say.printed() {
+        assert!(l.chars().count() <= COLUMNS, "too wide:\n{l}");
+    }
+    // Each attempt drains one Slurm node: its reason is shown once.
+    let reasons = say
+        .lines()
+        .iter()
+        .filter(|l| l.contains("attempt for") && l.contains("reason \""))
+        .count();
+    let attempts = say
+        .lines()
+        .iter()
+        .filter(|l| l.contains("attempt for") && l.contains(": Draining"))
+        .count();
+    assert!(attempts >= 2, "{printed}");
+    assert_eq!(reasons, attempts, "{printed}");
+}

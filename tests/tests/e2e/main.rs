@@ -12,6 +12,7 @@ mod fresh;
 mod gate;
 mod kubelet;
 mod leader;
+mod outage;
 mod remediation;
 mod remediation_faults;
 mod restart;
