@@ -19,7 +19,7 @@ pub mod auth;
 pub mod eval;
 pub mod events;
 mod http;
-mod leader;
+pub(crate) mod leader;
 pub mod metrics;
 pub mod report;
 pub mod status;

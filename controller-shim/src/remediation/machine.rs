@@ -147,6 +147,11 @@ pub struct MachineConfig {
     pub retry_max: SignedDuration,
     /// How long to wait for a write to show before re-issuing it.
     pub write_settle: SignedDuration,
+    /// How long slurmrestd may answer "not found" for the node before it
+    /// counts: until then it is retried like any transient error (a node
+    /// re-registering, a slurmctld restarting, a lagging replica of its
+    /// state all answer so once in a while).
+    pub not_found_grace: SignedDuration,
 }
 
 impl Default for MachineConfig {
@@ -160,6 +165,7 @@ impl Default for MachineConfig {
             retry_base: SignedDuration::from_secs(5),
             retry_max: SignedDuration::from_mins(5),
             write_settle: SignedDuration::from_secs(10),
+            not_found_grace: SignedDuration::from_mins(5),
         }
     }
 }
@@ -527,6 +533,10 @@ pub struct Attempt {
     /// Grouped attempts: our cordon is gone (released, or never took).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordon_released: bool,
+    /// slurmrestd has answered "not found" for the node since (cleared by
+    /// the next read that finds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_found_since: Option<Timestamp>,
     /// Failure detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
@@ -577,6 +587,7 @@ impl Attempt {
             kept_drained: false,
             cordon_requested: false,
             cordon_released: false,
+            not_found_since: None,
             failure: None,
             retry: Retry::default(),
         }
@@ -815,7 +826,13 @@ impl Stepper<'_> {
     fn failed(&mut self, obs: &Observations) {
         self.release_cordon(obs);
         let SlurmObservation::Node(n) = &obs.slurm else {
-            if matches!(obs.slurm, SlurmObservation::NotFound) && self.a.is_open() {
+            // A node unknown for longer than the bound is gone, and our
+            // drain with it; before that the release stays pending (one
+            // "not found" proves nothing).
+            if matches!(obs.slurm, SlurmObservation::NotFound)
+                && (self.a.release_pending || self.a.kept_drained)
+                && self.not_found_for_good()
+            {
                 self.a.release_pending = false;
                 self.a.kept_drained = false;
                 self.actions.push(Action::Persist);
@@ -878,6 +895,22 @@ impl Stepper<'_> {
         }
     }
 
+    /// "Not found" once more: true when it has lasted the whole
+    /// [`MachineConfig::not_found_grace`] (then it counts), else a
+    /// transient error retried with backoff.
+    fn not_found_for_good(&mut self) -> bool {
+        let since = *self.a.not_found_since.get_or_insert(self.now);
+        if self.elapsed_since(since) >= self.cfg.not_found_grace {
+            return true;
+        }
+        let msg = format!(
+            "slurmrestd does not know Slurm node {} (since {since}); retrying",
+            self.a.slurm_node
+        );
+        self.error(msg, None);
+        false
+    }
+
     fn read_error(&mut self, obs: &Observations) {
         if let SlurmObservation::Error { message, .. } = &obs.slurm {
             self.error(format!("slurmrestd: {message}"), None);
@@ -927,11 +960,13 @@ impl Stepper<'_> {
                 self.event(EventReason::RemediationSucceeded, msg);
             }
             SlurmObservation::NotFound => {
-                self.fail(
-                    FailReason::SlurmNodeNotFound,
-                    format!("Slurm node {} vanished", self.a.slurm_node),
-                    obs,
-                );
+                if self.not_found_for_good() {
+                    self.fail(
+                        FailReason::SlurmNodeNotFound,
+                        format!("Slurm node {} vanished", self.a.slurm_node),
+                        obs,
+                    );
+                }
             }
             _ => self.read_error(obs),
         }
@@ -953,6 +988,9 @@ pub fn step(
     };
     let pod_label = s.pod_label();
     let slurm_node = s.a.slurm_node.clone();
+    if matches!(obs.slurm, SlurmObservation::Node(_)) {
+        s.a.not_found_since = None;
+    }
     match s.a.phase {
         Phase::Pending => {
             if obs.pod_uid.as_deref() != Some(s.a.pod_uid.as_str()) {
@@ -992,11 +1030,13 @@ pub fn step(
                         });
                     }
                     SlurmObservation::NotFound => {
-                        let msg = format!(
-                            "slurmrestd does not know Slurm node {slurm_node} (label {})",
-                            super::POD_HOSTNAME_LABEL
-                        );
-                        s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                        if s.not_found_for_good() {
+                            let msg = format!(
+                                "slurmrestd does not know Slurm node {slurm_node} (label {})",
+                                super::POD_HOSTNAME_LABEL
+                            );
+                            s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                        }
                     }
                     _ => s.read_error(obs),
                 }
@@ -1029,8 +1069,10 @@ pub fn step(
                         }
                     }
                     SlurmObservation::NotFound => {
-                        let msg = format!("slurmrestd does not know Slurm node {slurm_node}");
-                        s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                        if s.not_found_for_good() {
+                            let msg = format!("slurmrestd does not know Slurm node {slurm_node}");
+                            s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                        }
                     }
                     _ => s.read_error(obs),
                 }
@@ -1104,8 +1146,10 @@ pub fn step(
                 }
             }
             SlurmObservation::NotFound => {
-                let msg = format!("Slurm node {slurm_node} vanished");
-                s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                if s.not_found_for_good() {
+                    let msg = format!("Slurm node {slurm_node} vanished");
+                    s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                }
             }
             _ => s.read_error(obs),
         },
