@@ -26,6 +26,7 @@ pub mod http;
 pub mod kubelet;
 pub mod mountguard;
 pub mod nodeset;
+pub mod operator;
 pub mod scenario;
 pub mod slurmrestd;
 pub mod util;

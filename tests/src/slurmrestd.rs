@@ -438,6 +438,39 @@ impl SlurmHandle {
         lock(&self.state).writes.clone()
     }
 
+    /// Whether `node`'s slurmd loaded slurmctld's auth key (so `scontrol`
+    /// run in its pod can authenticate).
+    pub fn slurmd_key_matches(&self, node: &str) -> bool {
+        let s = lock(&self.state);
+        let Some(n) = s.nodes.get(node) else {
+            return false;
+        };
+        n.slurmd_key_digest.is_some() && n.slurmd_key_digest == s.controller_key_digest
+    }
+
+    /// An `scontrol update` run as `user` (not a REST call: not recorded
+    /// in [`Self::writes`]). Returns whether slurmctld accepted it.
+    pub fn scontrol_update(&self, node: &str, msg: &Value, user: &str) -> bool {
+        let mut s = lock(&self.state);
+        s.settle();
+        update_node(&mut s, node, msg, user).0 == StatusCode::OK
+    }
+
+    /// A REST `POST /node/{node}` by another client (the operator), as
+    /// `user`: applied and recorded like every write.
+    pub fn rest_update(&self, node: &str, msg: &Value, user: &str) -> bool {
+        let mut s = lock(&self.state);
+        s.settle();
+        let (status, _) = update_node(&mut s, node, msg, user);
+        s.writes.push(WriteRecord {
+            node: node.to_string(),
+            body: msg.clone(),
+            user: Some(user.to_string()),
+            status: status.as_u16(),
+        });
+        status == StatusCode::OK
+    }
+
     /// Fault: after the next accepted write to `node`, its next `reads`
     /// `GET /node/{node}` answer "not found" (the node is left as it is).
     pub fn not_found_after_write(&self, node: &str, reads: u32) {
