@@ -1076,6 +1076,7 @@ impl Executor {
                 Action::Persist
                     | Action::DrainNode { .. }
                     | Action::UndrainNode { .. }
+                    | Action::ResumeNode { .. }
                     | Action::Evict { .. }
                     | Action::CordonNode { .. }
                     | Action::UncordonNode { .. }
@@ -1117,6 +1118,19 @@ impl Executor {
                         self.shared.metrics.api_error("slurm_undrain");
                     }
                     info!(attempt = %next.id, node, result = ?r, "undrain requested");
+                    self.last_write
+                        .insert(next.id.clone(), write_result(r.map(|_| ())));
+                }
+                Action::ResumeNode { node, owned_reason } => {
+                    if self.mode != Mode::On {
+                        continue;
+                    }
+                    wrote = true;
+                    let r = self.slurm.resume_if_reason(&node, &owned_reason).await;
+                    if r.is_err() {
+                        self.shared.metrics.api_error("slurm_undrain");
+                    }
+                    info!(attempt = %next.id, node, result = ?r, "resume requested");
                     self.last_write
                         .insert(next.id.clone(), write_result(r.map(|_| ())));
                 }

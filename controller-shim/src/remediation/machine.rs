@@ -390,6 +390,17 @@ pub enum Action {
         /// The reason we set.
         owned_reason: String,
     },
+    /// `POST /node/{node}` `{"state":["RESUME"]}`, only if the node's
+    /// reason, re-read right before, still equals `owned_reason`: instead
+    /// of an undrain when the Slinky operator's preStop hook set the node
+    /// DOWN after our eviction (RESUME clears DOWN and our DRAIN at once,
+    /// so the node opens only now, after the verification).
+    ResumeNode {
+        /// Slurm node name.
+        node: String,
+        /// The reason we set.
+        owned_reason: String,
+    },
     /// Cordon the Kubernetes node (`spec.unschedulable`) and record
     /// `owner` in its annotation, only if it is schedulable now. Grouped
     /// attempts only: no replacement may start before every old member is
@@ -533,6 +544,11 @@ pub struct Attempt {
     /// Grouped attempts: our cordon is gone (released, or never took).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordon_released: bool,
+    /// After the eviction the Slinky operator's preStop hook set the node
+    /// DOWN with its reason: verification accepts that DOWN (not
+    /// NOT_RESPONDING), and the release is a RESUME.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prestop_down: bool,
     /// slurmrestd has answered "not found" for the node since (cleared by
     /// the next read that finds it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -587,6 +603,7 @@ impl Attempt {
             kept_drained: false,
             cordon_requested: false,
             cordon_released: false,
+            prestop_down: false,
             not_found_since: None,
             failure: None,
             retry: Retry::default(),
@@ -610,6 +627,18 @@ impl Attempt {
     /// Whether `node`'s current drain is ours (this attempt's exact reason).
     pub fn owns(&self, node: &SlurmNodeState) -> bool {
         node.drain() && owns_reason(&node.reason, &self.id)
+    }
+
+    /// Whether the replacement's slurmd answers: none of DOWN,
+    /// NOT_RESPONDING, FAIL; a DOWN the operator's preStop hook set after
+    /// our eviction is allowed (it is an administrative state, cleared by
+    /// our RESUME), as long as slurmd responds.
+    pub fn replacement_responding(&self, n: &SlurmNodeState) -> bool {
+        if self.prestop_down {
+            !(n.has("NOT_RESPONDING") || n.has("FAIL"))
+        } else {
+            n.responding()
+        }
     }
 
     /// Phase names gone through, in order.
@@ -911,6 +940,38 @@ impl Stepper<'_> {
         false
     }
 
+    /// After the eviction: the Slinky operator's preStop hook replaces our
+    /// reason with its own (and sets DOWN), and its syncCordon then
+    /// undrains any node whose reason is its own or empty. Keep the node
+    /// closed until the verification: note the hook's DOWN, and drain it
+    /// again with our reason (an administrator's reason is left alone).
+    /// Returns whether the node is not held by our drain right now (then
+    /// nothing is verified this step).
+    fn hold_drain_after_eviction(&mut self, obs: &Observations) -> bool {
+        let SlurmObservation::Node(n) = &obs.slurm else {
+            return false;
+        };
+        if self.a.evicted_at.is_none() || self.a.owns(n) {
+            return false;
+        }
+        let operators = n.reason.is_empty() || n.reason.starts_with(super::OPERATOR_REASON_PREFIX);
+        if !operators || n.reason_is_mountguard() {
+            return false;
+        }
+        if n.has("DOWN") && n.reason == super::OPERATOR_PRESTOP_REASON && !self.a.prestop_down {
+            self.a.prestop_down = true;
+            self.actions.push(Action::Persist);
+        }
+        if self.due() {
+            self.wrote();
+            self.actions.push(Action::DrainNode {
+                node: self.a.slurm_node.clone(),
+                reason: self.a.drain_reason.clone(),
+            });
+        }
+        true
+    }
+
     fn read_error(&mut self, obs: &Observations) {
         if let SlurmObservation::Error { message, .. } = &obs.slurm {
             self.error(format!("slurmrestd: {message}"), None);
@@ -934,9 +995,12 @@ impl Stepper<'_> {
             SlurmObservation::Node(n) if self.a.owns(n) => {
                 if self.due() {
                     self.wrote();
-                    self.actions.push(Action::UndrainNode {
-                        node: self.a.slurm_node.clone(),
-                        owned_reason: self.a.drain_reason.clone(),
+                    let node = self.a.slurm_node.clone();
+                    let owned_reason = self.a.drain_reason.clone();
+                    self.actions.push(if self.a.prestop_down && n.has("DOWN") {
+                        Action::ResumeNode { node, owned_reason }
+                    } else {
+                        Action::UndrainNode { node, owned_reason }
                     });
                 }
             }
@@ -1213,6 +1277,7 @@ pub fn step(
             }
         }
         Phase::AwaitingReplacement => {
+            let _ = s.hold_drain_after_eviction(obs);
             if s.a.cordon_pending() && obs.group_old_gone {
                 // Every old member is gone: the kubelet dropped the pinned
                 // entry; let the replacements start.
@@ -1233,6 +1298,7 @@ pub fn step(
             };
         }
         Phase::Verifying => {
+            let not_held = s.hold_drain_after_eviction(obs);
             if s.a.cordon_pending() && obs.group_old_gone {
                 s.release_cordon(obs);
             }
@@ -1249,7 +1315,9 @@ pub fn step(
                     let msg = format!("the replacement pod is still not fresh: {message}");
                     s.fail(FailReason::ReplacementStale, msg, obs);
                 }
-                (NewPodCheck::Fresh, SlurmObservation::Node(n)) if current && n.responding() => {
+                (NewPodCheck::Fresh, SlurmObservation::Node(n))
+                    if current && s.a.replacement_responding(n) && !not_held =>
+                {
                     let msg = format!(
                         "remediation {}: replacement {pod_label} (uid {}) verified fresh on node {} and Slurm node {slurm_node} responding ({:?})",
                         s.a.id,
@@ -1298,6 +1366,7 @@ pub fn step(
             a,
             Action::DrainNode { .. }
                 | Action::UndrainNode { .. }
+                | Action::ResumeNode { .. }
                 | Action::Evict { .. }
                 | Action::CordonNode { .. }
                 | Action::UncordonNode { .. }

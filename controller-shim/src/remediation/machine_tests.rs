@@ -909,6 +909,76 @@ fn a_pending_release_survives_a_not_found_until_a_read_shows_the_drain_gone() {
 }
 
 #[test]
+fn the_operators_prestop_reason_after_the_eviction_is_drained_over_and_resumed_at_the_end() {
+    use crate::remediation::OPERATOR_PRESTOP_REASON;
+    let cfg = MachineConfig::default();
+    let op = |state: &[&str], reason: &str| SlurmObservation::Node(node(state, reason));
+    // The hook replaced our reason (DOWN, DRAIN kept) while the pod went.
+    let a = attempt_in(Phase::AwaitingReplacement);
+    let (b, actions) = step(
+        &a,
+        &obs(op(&["DOWN", "DRAIN"], OPERATOR_PRESTOP_REASON), None),
+        t0(),
+        &cfg,
+    );
+    assert!(b.prestop_down, "{b:?}");
+    assert_eq!(writes(&actions), vec![W::Drain], "our drain again");
+    assert_eq!(actions.first(), Some(&Action::Persist), "{actions:?}");
+    // The operator undrained the replacement before our drain landed:
+    // drained again, never verified in that state.
+    let mut v = Attempt {
+        prestop_down: true,
+        ..attempt_in(Phase::Verifying)
+    };
+    v.retry = Retry::default();
+    let fresh = |slurm| Observations {
+        new_pod: NewPodCheck::Fresh,
+        ..obs(slurm, Some(NEW))
+    };
+    let undrained = op(&["DOWN"], OPERATOR_PRESTOP_REASON);
+    let (c, actions) = step(&v, &fresh(undrained), t0(), &cfg);
+    assert_eq!(c.phase, Phase::Verifying);
+    assert_eq!(writes(&actions), vec![W::Drain]);
+    let uncordoned = op(&["IDLE"], "");
+    let (c, actions) = step(&v, &fresh(uncordoned), t0(), &cfg);
+    assert_eq!(
+        c.phase,
+        Phase::Verifying,
+        "an open node is drained again, not verified"
+    );
+    assert_eq!(writes(&actions), vec![W::Drain]);
+    // Ours again, DOWN from the hook but slurmd answering: verified, and
+    // released with a RESUME (which clears the hook's DOWN too).
+    let held = SlurmObservation::Node(node(&["DOWN", "DRAIN"], &v.drain_reason));
+    let (d, actions) = step(&v, &fresh(held.clone()), t0(), &cfg);
+    assert_eq!(d.phase, Phase::Undraining, "{d:?}");
+    assert!(
+        actions.iter().any(|x| matches!(x, Action::ResumeNode { owned_reason, .. } if *owned_reason == v.drain_reason)),
+        "{actions:?}"
+    );
+    assert!(writes(&actions).is_empty(), "no UNDRAIN: {actions:?}");
+    // Not answering: no verification, DOWN or not.
+    let dead = SlurmObservation::Node(node(&["DOWN", "DRAIN", "NOT_RESPONDING"], &v.drain_reason));
+    let (e, _) = step(&v, &fresh(dead), t0(), &cfg);
+    assert_eq!(e.phase, Phase::Verifying);
+    // Without the hook's DOWN noted, DOWN still fails the check.
+    let plain_v = attempt_in(Phase::Verifying);
+    let (f, _) = step(&plain_v, &fresh(held), t0(), &cfg);
+    assert_eq!(f.phase, Phase::Verifying);
+    // An administrator's reason after the eviction is theirs: left alone.
+    let (g, actions) = step(
+        &a,
+        &obs(op(&["IDLE", "DRAIN"], "admin: replace DIMM"), None),
+        t0(),
+        &cfg,
+    );
+    assert!(
+        !g.prestop_down && writes(&actions).is_empty(),
+        "{actions:?}"
+    );
+}
+
+#[test]
 fn grouped_attempts_wait_for_every_member_to_drain_and_cordon_first() {
     let cfg = MachineConfig::default();
     let a = Attempt {

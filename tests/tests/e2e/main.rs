@@ -13,6 +13,7 @@ mod kubelet;
 mod leader;
 mod remediation;
 mod remediation_faults;
+mod remediation_operator;
 mod remediation_transient;
 mod restart;
 mod seed;
