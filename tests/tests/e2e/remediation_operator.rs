@@ -223,3 +223,148 @@ async fn a_stale_hooks_configmap_read_at_start_is_repaired_against_the_operators
     }
     sys.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_everything_fresh_writes_nothing_to_slurm_and_evicts_nothing() {
+    let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
+    let mut sys = start_with_operator(&["--slurm-jwt-key-secret", &jwt]).await;
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    wait_all_fresh(&sys).await;
+    opt_in(&sys);
+    let slurm = sys.cluster.slurm();
+    let api = sys.cluster.api();
+    let evictions = || {
+        api.requests()
+            .iter()
+            .filter(|r| r.uri.contains("/eviction"))
+            .count()
+    };
+    for round in 0..2 {
+        sys.start_controller().await;
+        wait_all_fresh(&sys).await;
+        // Several executor rounds (and a sweep after recovery) later.
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert!(
+            slurm.writes().is_empty(),
+            "restart {round}: {:?}",
+            slurm.writes()
+        );
+        assert_eq!(evictions(), 0, "restart {round}");
+        assert!(attempts(&sys).is_empty(), "restart {round}");
+    }
+    for (h, _) in &pods {
+        assert!(in_service(&slurm.node(h).unwrap()), "{h}");
+    }
+    sys.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_failover_in_the_middle_of_an_attempt_finishes_it_once() {
+    const NS: &str = "mountguard";
+    const LEASE: &str = "mountguard-failover-e2e";
+    let mut sys = System::start(Options {
+        operator_rules: true,
+        ..Options::default()
+    })
+    .await;
+    if let Some(mut c) = sys.controller.take() {
+        c.kill();
+    }
+    let api = sys.cluster.api();
+    let slurm = sys.cluster.slurm();
+    for name in ["ctl-a", "ctl-b"] {
+        api.create(
+            &resources::PODS,
+            NS,
+            json!({"metadata": {"name": name, "labels": {"app.kubernetes.io/name": "mountguard-controller"}},
+                   "spec": {"containers": [{"name": "controller", "image": "mountguard:e2e"}]}}),
+        )
+        .unwrap();
+    }
+    let url = sys.cluster.slurmrestd_url();
+    let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
+    sys.opts.extra_controller_args =
+        remediation_args(&url, "on", &["--slurm-jwt-key-secret", &jwt]);
+    let election = |pod: &str| -> Vec<String> {
+        [
+            "--leader-election",
+            "--lease-name",
+            LEASE,
+            "--pod-name",
+            pod,
+            "--pod-namespace",
+            NS,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let mut a = sys
+        .spawn_controller(
+            "controller-a",
+            sys.report_addr,
+            sys.metrics_addr,
+            &election("ctl-a"),
+        )
+        .await;
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
+    wait_all_fresh(&sys).await;
+    let (samples, sampler) = sample(slurm.clone(), hosts.clone());
+    let jobs: Vec<u32> = hosts.iter().map(|h| slurm.start_job(h, 1)).collect();
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    let first = wait(
+        &sys,
+        "an attempt in Drained",
+        Duration::from_secs(120),
+        || {
+            let a = attempts(&sys)
+                .into_iter()
+                .find(|a| a.phase == Phase::Drained);
+            async move { a }
+        },
+    )
+    .await;
+    // The leader dies mid-attempt; the other replica, on the same
+    // addresses, takes the Lease once it expires and carries on.
+    a.kill();
+    let mut b = sys
+        .spawn_controller(
+            "controller-b",
+            sys.report_addr,
+            sys.metrics_addr,
+            &election("ctl-b"),
+        )
+        .await;
+    wait(
+        &sys,
+        "replica B acting",
+        Duration::from_secs(60),
+        || async {
+            let doc = sys.verdicts("").await;
+            (doc["acting"].as_bool() == Some(true)).then_some(())
+        },
+    )
+    .await;
+    for j in jobs {
+        slurm.end_job(j);
+    }
+    let all = all_succeeded(&sys, &hosts).await;
+    sampler.abort();
+    assert!(
+        all.iter().any(|x| x.id == first.id),
+        "the same attempt went on: {all:?}"
+    );
+    for x in &all {
+        assert_closed_until_verified(&samples, x);
+        let evictions = api
+            .requests()
+            .iter()
+            .filter(|r| r.uri.contains(&format!("/pods/{}/eviction", x.pod)))
+            .count();
+        assert_eq!(evictions, 1, "{}: evicted once", x.pod);
+    }
+    b.kill();
+    sys.shutdown().await;
+}
