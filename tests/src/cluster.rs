@@ -52,6 +52,7 @@ pub struct ClusterBuilder {
     nodes: usize,
     namespaces: Vec<String>,
     slinky: bool,
+    operator_rules: bool,
     strategy: Strategy,
     resync: Duration,
     jitter: f64,
@@ -78,6 +79,17 @@ impl ClusterBuilder {
     /// is bridged to the slurmrestd double.
     pub fn slinky(mut self) -> Self {
         self.slinky = true;
+        self
+    }
+
+    /// With [`Self::slinky`]: also the Slinky operator's Slurm-side rules
+    /// ([`crate::operator`], slurm-operator v1.2.1): the slurmd preStop
+    /// hook on pod termination (DOWN, `slurm-operator: Pod is
+    /// terminating`, only when the pod's `slurm.key` is slurmctld's) and
+    /// `syncCordon` for every running slurmd pod (pod-cordon annotation,
+    /// drain and undrain through slurmrestd, as user `slurm`).
+    pub fn slinky_operator_rules(mut self) -> Self {
+        self.operator_rules = true;
         self
     }
 
@@ -153,6 +165,7 @@ impl ClusterBuilder {
                 roots,
                 sub,
                 stop_rx,
+                self.operator_rules,
             ));
             cluster.bridge = Some((stop, task));
             cluster.nodeset = Some(NodeSetDouble::start(handle));
@@ -180,6 +193,7 @@ impl Cluster {
             nodes: 1,
             namespaces: Vec::new(),
             slinky: false,
+            operator_rules: false,
             strategy: Strategy::Watch,
             resync: Duration::from_secs(1),
             jitter: 0.5,
@@ -397,6 +411,58 @@ fn protect_busy_pods(
     }
 }
 
+/// The operator's `syncCordon` ([`crate::operator::sync_cordon`]) for every
+/// running slurmd pod.
+fn sync_cordon(
+    api: &ApiHandle,
+    slurm: &SlurmHandle,
+    started: &std::collections::BTreeMap<String, String>,
+) {
+    use crate::operator::{ANNOTATION_POD_CORDON, PodFacts, SlurmFacts};
+    for (host, uid) in started {
+        let Ok(pod) = api.get(&resources::PODS, SLURM_NAMESPACE, host) else {
+            continue;
+        };
+        if pod["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+            continue;
+        }
+        let Some(node_name) = pod["spec"]["nodeName"].as_str() else {
+            continue;
+        };
+        let Ok(node) = api.get(&resources::NODES, "", node_name) else {
+            continue;
+        };
+        let Some(view) = slurm.node(host) else {
+            continue;
+        };
+        let facts = PodFacts {
+            pod: format!("{SLURM_NAMESPACE}/{host}"),
+            node: node_name.to_string(),
+            node_cordoned: node["spec"]["unschedulable"] == true,
+            pod_cordoned: pod["metadata"]["annotations"][ANNOTATION_POD_CORDON] == "true",
+        };
+        let out = crate::operator::sync_cordon(
+            &facts,
+            &SlurmFacts {
+                state: view.state,
+                reason: view.reason,
+            },
+        );
+        if out.cordon_pod {
+            let _ = api.merge_patch(
+                &resources::PODS,
+                SLURM_NAMESPACE,
+                host,
+                &json!({"metadata": {"annotations": {ANNOTATION_POD_CORDON: "true"}}}),
+                None,
+            );
+        }
+        if let Some(u) = out.update {
+            slurm.rest_update(host, &u.body(), "slurm");
+        }
+    }
+}
+
 /// Plays slurmctld and slurmd for the slurmrestd double: slurmctld uses the
 /// current `slurm.key` from the API (its pods are rolled on change); each
 /// slurmd loads the key its kubelet wrote into its pod's `slurm-etc`
@@ -407,6 +473,7 @@ async fn bridge(
     roots: Vec<PathBuf>,
     mut sub: crate::apiserver::Subscription,
     mut stop: watch::Receiver<bool>,
+    operator_rules: bool,
 ) {
     let node_root = |node: &str| -> Option<PathBuf> {
         let i: usize = node.strip_prefix("node-")?.parse().ok()?;
@@ -444,6 +511,11 @@ async fn bridge(
             if deleted || !pod["metadata"]["deletionTimestamp"].is_null() {
                 if started.get(host) == Some(&uid) {
                     started.remove(host);
+                    if operator_rules
+                        && let Some(u) = crate::operator::prestop(slurm.slurmd_key_matches(host))
+                    {
+                        slurm.scontrol_update(host, &u.body(), "slurm");
+                    }
                     slurm.slurmd_stopped(host);
                 }
                 return;
@@ -467,6 +539,9 @@ async fn bridge(
             _ = stop.changed() => return,
             _ = tick.tick() => {
                 protect_busy_pods(&api, &slurm, &started);
+                if operator_rules {
+                    sync_cordon(&api, &slurm, &started);
+                }
                 continue;
             }
             evs = sub.next() => match evs {

@@ -26,6 +26,7 @@ pub mod http;
 pub mod kubelet;
 pub mod mountguard;
 pub mod nodeset;
+pub mod operator;
 #[cfg(feature = "real-upstream")]
 pub mod real;
 pub mod scenario;

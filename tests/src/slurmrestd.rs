@@ -18,6 +18,10 @@
 //! - Every write is recorded, accepted or not.
 //! - A slurmd that stops (its pod deleted or evicted) while jobs run on its
 //!   node kills them; the double lists them as killed.
+//! - Fault on demand: after the next accepted write to a node, its next
+//!   reads answer "Invalid node name specified" (error 2018, HTTP 500), as
+//!   slurmctld does for a node it does not know at that moment (a dynamic
+//!   node re-registering, a slurmctld restarting).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -84,6 +88,11 @@ struct State {
     killed: Vec<u32>,
     last_update: i64,
     cluster: String,
+    /// Node -> reads to answer "not found" after its next accepted write.
+    not_found_after_write: HashMap<String, u32>,
+    /// Node -> reads still to answer "not found".
+    not_found: HashMap<String, u32>,
+    not_found_served: u32,
 }
 
 /// A snapshot of one node's Slurm state, for tests.
@@ -428,6 +437,52 @@ impl SlurmHandle {
     pub fn writes(&self) -> Vec<WriteRecord> {
         lock(&self.state).writes.clone()
     }
+
+    /// Whether `node`'s slurmd loaded slurmctld's auth key (so `scontrol`
+    /// run in its pod can authenticate).
+    pub fn slurmd_key_matches(&self, node: &str) -> bool {
+        let s = lock(&self.state);
+        let Some(n) = s.nodes.get(node) else {
+            return false;
+        };
+        n.slurmd_key_digest.is_some() && n.slurmd_key_digest == s.controller_key_digest
+    }
+
+    /// An `scontrol update` run as `user` (not a REST call: not recorded
+    /// in [`Self::writes`]). Returns whether slurmctld accepted it.
+    pub fn scontrol_update(&self, node: &str, msg: &Value, user: &str) -> bool {
+        let mut s = lock(&self.state);
+        s.settle();
+        update_node(&mut s, node, msg, user).0 == StatusCode::OK
+    }
+
+    /// A REST `POST /node/{node}` by another client (the operator), as
+    /// `user`: applied and recorded like every write.
+    pub fn rest_update(&self, node: &str, msg: &Value, user: &str) -> bool {
+        let mut s = lock(&self.state);
+        s.settle();
+        let (status, _) = update_node(&mut s, node, msg, user);
+        s.writes.push(WriteRecord {
+            node: node.to_string(),
+            body: msg.clone(),
+            user: Some(user.to_string()),
+            status: status.as_u16(),
+        });
+        status == StatusCode::OK
+    }
+
+    /// Fault: after the next accepted write to `node`, its next `reads`
+    /// `GET /node/{node}` answer "not found" (the node is left as it is).
+    pub fn not_found_after_write(&self, node: &str, reads: u32) {
+        lock(&self.state)
+            .not_found_after_write
+            .insert(node.to_string(), reads);
+    }
+
+    /// How many reads were answered "not found" by the fault.
+    pub fn not_found_served(&self) -> u32 {
+        lock(&self.state).not_found_served
+    }
 }
 
 /// A running slurmrestd double.
@@ -453,6 +508,9 @@ impl SlurmrestdDouble {
                 killed: Vec::new(),
                 last_update: crate::util::unix_now(),
                 cluster: cluster.to_string(),
+                not_found_after_write: HashMap::new(),
+                not_found: HashMap::new(),
+                not_found_served: 0,
             })),
         };
         let h = handle.clone();
@@ -554,7 +612,17 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
         }
         (Method::GET, Some(_)) if node_name.is_some() => {
             let name = node_name.unwrap_or_default();
-            match s.view(&name) {
+            let hidden = match s.not_found.get_mut(&name) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            };
+            if hidden {
+                s.not_found_served += 1;
+            }
+            match s.view(&name).filter(|_| !hidden) {
                 Some((_, b)) => {
                     let mut env = envelope(&s, &user, vec![]);
                     env["nodes"] = json!([b]);
@@ -590,6 +658,11 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
                 Ok(msg) => update_node(&mut s, &name, msg, &user),
             };
             let env = envelope(&s, &user, errors);
+            if status == StatusCode::OK
+                && let Some(n) = s.not_found_after_write.remove(&name)
+            {
+                s.not_found.insert(name.clone(), n);
+            }
             s.writes.push(WriteRecord {
                 node: name,
                 body: parsed.unwrap_or(Value::Null),

@@ -54,6 +54,9 @@ pub enum Input {
     NodeSet(String, Arc<DynamicObject>),
     /// A NodeSet deleted.
     NodeSetDeleted(String),
+    /// NodeSet watch `name` finished a list: every NodeSet it lists was
+    /// sent before this (or the CRD is absent).
+    NodeSetsSynced(String),
     /// An accepted inventory, with the report handler's in-flight permit
     /// (released once the inventory is in the index: parsed inventories
     /// waiting for the evaluation are bounded).
@@ -87,6 +90,11 @@ pub struct EvaluationSnapshot {
     /// Every NodeSet (`slinky.slurm.net/v1beta1`), empty when the CRD is
     /// absent.
     pub nodesets: Vec<Arc<DynamicObject>>,
+    /// Every NodeSet watch finished its first list before this snapshot:
+    /// `nodesets` is complete. Until then remediation reads, plans and
+    /// writes nothing (an attempt record not listed yet would be taken for
+    /// lost).
+    pub nodesets_synced: bool,
 }
 
 /// State of the evaluation task.
@@ -103,6 +111,7 @@ pub struct EvalTask {
     snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
     applied_gen: HashMap<Arc<str>, u64>,
     nodesets: HashMap<String, Arc<DynamicObject>>,
+    nodesets_listed: HashSet<String>,
     baselined: HashSet<Arc<str>>,
     too_old: HashSet<Arc<str>>,
     reporting: HashMap<Arc<str>, bool>,
@@ -130,6 +139,7 @@ impl EvalTask {
             snapshots,
             applied_gen: HashMap::new(),
             nodesets: HashMap::new(),
+            nodesets_listed: HashSet::new(),
             baselined: HashSet::new(),
             too_old: HashSet::new(),
             reporting: HashMap::new(),
@@ -217,6 +227,9 @@ impl EvalTask {
                 }
                 Input::NodeSetDeleted(k) => {
                     self.nodesets.remove(&k);
+                }
+                Input::NodeSetsSynced(name) => {
+                    self.nodesets_listed.insert(name);
                 }
                 Input::Inventory(inv, _permit) => {
                     if self
@@ -580,6 +593,10 @@ impl EvalTask {
                     .cloned()
                     .collect(),
                 nodesets: self.nodesets.values().cloned().collect(),
+                nodesets_synced: self
+                    .shared
+                    .health
+                    .all_listed("nodesets", &self.nodesets_listed),
             };
             drop(store);
             let _ = self.snapshots.send(Arc::new(snap));

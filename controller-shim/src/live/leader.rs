@@ -24,6 +24,34 @@ use super::{Shared, Shutdown};
 /// Label set on the acting replica's pod (the report Service selects it).
 pub const LEADER_LABEL: &str = "mountguard.io/leader";
 
+/// Lease duration (seconds): another replica may take the Lease this long
+/// after the holder's last renewal.
+pub const LEASE_DURATION_SECS: u64 = 15;
+
+/// The holder renews this long (seconds) before the Lease would expire;
+/// also the margin a write needs left on the Lease ([`lease_valid_until`]).
+pub const LEASE_GRACE_SECS: u64 = 5;
+
+/// Until when `identity` may still write under `spec`: the Lease names it
+/// as holder, and its last renewal plus the duration, minus `margin`, is
+/// ahead. None: it does not hold the Lease (or the Lease says too little
+/// to tell). Pure; the same rule as the client-go leader elector's
+/// `IsLeader`/`isLeaseValid` (tools/leaderelection/leaderelection.go),
+/// with a margin so that a write started now lands before anyone else can
+/// take over.
+pub fn lease_valid_until(
+    spec: &k8s_openapi::api::coordination::v1::LeaseSpec,
+    identity: &str,
+    margin: jiff::SignedDuration,
+) -> Option<jiff::Timestamp> {
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return None;
+    }
+    let renewed = spec.renew_time.as_ref()?.0;
+    let duration = jiff::SignedDuration::from_secs(i64::from(spec.lease_duration_seconds?));
+    renewed.checked_add(duration - margin).ok()
+}
+
 /// Leader election settings.
 #[derive(Debug, Clone)]
 pub struct LeaderConfig {
@@ -131,8 +159,8 @@ pub async fn run(
         match LeaseManagerBuilder::new(client.clone(), &cfg.lease_name)
             .with_namespace(&ns)
             .with_identity(&identity)
-            .with_duration(15)
-            .with_grace(5)
+            .with_duration(LEASE_DURATION_SECS)
+            .with_grace(LEASE_GRACE_SECS)
             .build()
             .await
         {
@@ -171,5 +199,46 @@ pub async fn run(
         Ok(Ok(Ok(_))) => info!("lease released"),
         Ok(Ok(Err(e))) => warn!(error = %e, "releasing the lease failed"),
         _ => warn!("releasing the lease did not finish in time"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use jiff::{SignedDuration, Timestamp};
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    use super::*;
+
+    fn spec(holder: &str, renewed: &str) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(15),
+            renew_time: Some(MicroTime(renewed.parse().unwrap())),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_write_needs_the_lease_held_with_the_margin_left() {
+        let m = SignedDuration::from_secs(5);
+        let until = lease_valid_until(&spec("ctl-a", "2026-12-01T08:00:00Z"), "ctl-a", m);
+        let want: Timestamp = "2026-12-01T08:00:10Z".parse().unwrap();
+        assert_eq!(until, Some(want));
+        // Another holder, or no holder: never.
+        assert_eq!(
+            lease_valid_until(&spec("ctl-b", "2026-12-01T08:00:00Z"), "ctl-a", m),
+            None
+        );
+        let mut s = spec("ctl-a", "2026-12-01T08:00:00Z");
+        s.holder_identity = None;
+        assert_eq!(lease_valid_until(&s, "ctl-a", m), None);
+        // Without a renewal time or a duration nothing can be told.
+        let mut s = spec("ctl-a", "2026-12-01T08:00:00Z");
+        s.renew_time = None;
+        assert_eq!(lease_valid_until(&s, "ctl-a", m), None);
+        let mut s = spec("ctl-a", "2026-12-01T08:00:00Z");
+        s.lease_duration_seconds = None;
+        assert_eq!(lease_valid_until(&s, "ctl-a", m), None);
     }
 }

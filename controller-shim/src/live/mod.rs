@@ -20,7 +20,7 @@ pub mod client;
 pub mod eval;
 pub mod events;
 mod http;
-mod leader;
+pub(crate) mod leader;
 pub mod metrics;
 pub mod report;
 pub mod status;

@@ -8,6 +8,10 @@
 //!   DaemonSet; for authorization).
 //! * Re-list semantics like a reflector store: after `InitDone`, objects
 //!   not seen in the re-list are deleted.
+//! * Every watch, the NodeSet watches included, is registered before any
+//!   starts and gates readiness. The NodeSet watches also send
+//!   [`Input::NodeSetsSynced`] after their list (or once the CRD is found
+//!   absent), so that a snapshot says whether its NodeSets are complete.
 //! * Every error is counted (`mountguard_api_errors_total`,
 //!   `mountguard_watch_restarts_total`) and retried with backoff; a failure
 //!   streak is logged once when it starts and once ("watch recovered") when
@@ -144,6 +148,14 @@ impl Health {
             .unwrap()
             .values()
             .all(|h| !h.required || h.synced)
+    }
+
+    /// Whether every registered watch whose name starts with `prefix` is
+    /// in `listed`, and at least one is registered.
+    pub fn all_listed(&self, prefix: &str, listed: &HashSet<String>) -> bool {
+        let g = self.inner.lock().unwrap();
+        let mut names = g.keys().filter(|k| k.starts_with(prefix)).peekable();
+        names.peek().is_some() && names.all(|k| listed.contains(k))
     }
 
     /// Whether the Secret or ConfigMap view is not current: a watch not
@@ -449,6 +461,20 @@ pub fn spawn_all(
     };
     let wc = || watcher::Config::default();
     let suffix = |ns: &Option<String>| ns.as_deref().map(|n| format!("/{n}")).unwrap_or_default();
+    // Every watch is registered before any starts: readiness (and with it
+    // remediation) must never see a subset of the watches synced. The
+    // NodeSet watches take part: remediation's recovery reads its persisted
+    // attempts from the NodeSets, and an incomplete list would make it take
+    // live drains for orphans.
+    for ns in &namespaces {
+        for kind in ["pods", "secrets", "configmaps", "nodesets"] {
+            shared
+                .health
+                .register(&format!("{kind}{}", suffix(ns)), true);
+        }
+    }
+    shared.health.register("nodes", true);
+    shared.health.register("agents", true);
     for ns in &namespaces {
         let mut pc = wc();
         if let Some(sel) = args
@@ -459,7 +485,6 @@ pub fn spawn_all(
             pc = pc.labels(sel);
         }
         let name = format!("pods{}", suffix(ns));
-        shared.health.register(&name, true);
         out.push((
             "watch-pods",
             tokio::spawn(run_watch(
@@ -476,7 +501,6 @@ pub fn spawn_all(
             )),
         ));
         let name = format!("secrets{}", suffix(ns));
-        shared.health.register(&name, true);
         out.push((
             "watch-secrets",
             tokio::spawn(run_watch(
@@ -491,7 +515,6 @@ pub fn spawn_all(
             )),
         ));
         let name = format!("configmaps{}", suffix(ns));
-        shared.health.register(&name, true);
         out.push((
             "watch-configmaps",
             tokio::spawn(run_watch(
@@ -516,7 +539,6 @@ pub fn spawn_all(
             )),
         ));
     }
-    shared.health.register("nodes", true);
     out.push((
         "watch-nodes",
         tokio::spawn(run_watch(
@@ -530,7 +552,6 @@ pub fn spawn_all(
             shutdown.clone(),
         )),
     ));
-    shared.health.register("agents", true);
     out.push((
         "watch-agents",
         tokio::spawn(run_watch(
@@ -568,6 +589,10 @@ async fn run_nodesets(
         Some(n) => Api::namespaced_with(client.clone(), n, &ar),
         None => Api::all_with(client.clone(), &ar),
     };
+    let name = format!(
+        "nodesets{}",
+        ns.as_deref().map(|n| format!("/{n}")).unwrap_or_default()
+    );
     let mut logged = false;
     loop {
         match api.list(&ListParams::default().limit(1)).await {
@@ -578,6 +603,11 @@ async fn run_nodesets(
                         "NodeSet CRD (slinky.slurm.net/v1beta1) not found: NodeSet features off; looking again every 5 minutes"
                     );
                     logged = true;
+                    // No CRD: the (empty) list is complete.
+                    if tx.send(Input::NodeSetsSynced(name.clone())).await.is_err() {
+                        return;
+                    }
+                    mark_synced(&shared, &name);
                 }
                 tokio::select! {
                     _ = shutdown.wait() => return,
@@ -586,7 +616,8 @@ async fn run_nodesets(
             }
             Err(e) => {
                 shared.metrics.api_error("list_nodesets");
-                debug!(error = %e, "probing NodeSets failed");
+                shared.health.error(&name);
+                warn!(error = %e, "listing NodeSets failed; remediation waits until they are listed; retrying");
                 tokio::select! {
                     _ = shutdown.wait() => return,
                     _ = tokio::time::sleep(Duration::from_secs(10)) => {}
@@ -595,10 +626,6 @@ async fn run_nodesets(
         }
     }
     info!("watching NodeSets");
-    let name = format!(
-        "nodesets{}",
-        ns.as_deref().map(|n| format!("/{n}")).unwrap_or_default()
-    );
     let stream_api = api;
     run_dynamic(stream_api, ar, name, shared, tx, shutdown).await;
 }
@@ -618,6 +645,7 @@ async fn run_dynamic(
     let mut edge = NodeSetEdge;
     let mut known: HashSet<String> = HashSet::new();
     let mut relist: Option<HashSet<String>> = None;
+    let mut listed = false;
     loop {
         let ev = tokio::select! {
             _ = shutdown.wait() => return,
@@ -633,6 +661,7 @@ async fn run_dynamic(
                     .watch_restarts
                     .with_label_values(&["nodesets"])
                     .inc();
+                shared.health.error(&name);
                 let (delay, _) = retry.failed(Instant::now());
                 debug!(watch = %name, error = %e, retry_in = ?delay, "NodeSet watch failed; retrying");
                 tokio::select! {
@@ -657,6 +686,10 @@ async fn run_dynamic(
                     out.extend(edge.delete(k.clone()));
                 }
                 known = seen;
+                // In band, after every object of the list: the evaluation
+                // marks its snapshots complete only from here on.
+                out.push(Input::NodeSetsSynced(name.clone()));
+                listed = true;
             }
             Ok(Some(watcher::Event::Delete(o))) => {
                 if let Some(k) = edge.key(&o) {
@@ -670,6 +703,58 @@ async fn run_dynamic(
                 return;
             }
         }
+        if std::mem::take(&mut listed) {
+            mark_synced(&shared, &name);
+        }
+    }
+}
+
+/// Marks watch `name` synced, and the replica ready once every watch is.
+fn mark_synced(shared: &Shared, name: &str) {
+    shared.health.synced(name);
+    if !shared.ready.load(Ordering::Acquire) && shared.health.all_synced() {
+        shared.ready.store(true, Ordering::Release);
+        info!("initial lists done; ready");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nodeset_watch_gates_readiness_and_snapshots_say_when_it_listed() {
+        let h = Health::default();
+        for n in [
+            "pods",
+            "secrets",
+            "configmaps",
+            "nodesets",
+            "nodes",
+            "agents",
+        ] {
+            h.register(n, true);
+        }
+        for n in ["pods", "secrets", "configmaps", "nodes", "agents"] {
+            h.synced(n);
+        }
+        assert!(!h.all_synced(), "not ready before the NodeSets are listed");
+        let mut listed = HashSet::new();
+        assert!(!h.all_listed("nodesets", &listed));
+        h.synced("nodesets");
+        assert!(h.all_synced());
+        // The snapshot needs the in-band marker, not only the flag.
+        assert!(!h.all_listed("nodesets", &listed));
+        listed.insert("nodesets".to_string());
+        assert!(h.all_listed("nodesets", &listed));
+        // Per namespace: every namespace's watch must have listed.
+        let h = Health::default();
+        h.register("nodesets/a", true);
+        h.register("nodesets/b", true);
+        let listed: HashSet<String> = ["nodesets/a".to_string()].into();
+        assert!(!h.all_listed("nodesets", &listed));
+        // Nothing registered: never complete.
+        assert!(!Health::default().all_listed("nodesets", &listed));
     }
 }
 

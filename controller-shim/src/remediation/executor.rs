@@ -1,22 +1,30 @@
 //! The executor: thin I/O around [`plan`](super::plan::plan) and
 //! [`step`](super::machine::step).
 //!
-//! After every evaluation snapshot (and on a timer) the acting replica:
+//! After every evaluation snapshot (and on a timer) the acting replica,
+//! once every NodeSet was listed (`nodesets_synced`) and while it holds the
+//! Lease with a margin (checked before each write: a deposed leader stops
+//! writing before another can take over):
 //! 1. on first run (and after winning leadership) reconciles the attempts
 //!    persisted in NodeSet annotations with every Slurm node drained with a
-//!    `mountguard:` reason ([`super::recovery`]);
+//!    `mountguard:` reason ([`super::recovery`]); a NodeSet listed later has
+//!    its record read (adopted) before anything is planned or persisted for
+//!    it, and a record that does not parse is never overwritten;
 //! 2. plans new attempts; dry-run and pinned notices become Events;
 //! 3. steps every open attempt with fresh observations (Slurm node, pod
 //!    UID, the replacement's verdicts, results of its last writes) and
 //!    performs the actions in order: a failed Persist stops the step, so no
 //!    external write happens without a record of it;
-//! 4. updates the remediation metrics.
+//! 4. every [`SWEEP`], releases `mountguard:` drains that no known open
+//!    attempt owns (from a complete view only);
+//! 5. updates the remediation metrics.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -29,7 +37,7 @@ use super::machine::{
     NewPodCheck, NodeCordon, Observations, Phase, SlurmObservation, WriteResult, step,
 };
 use super::plan::{Candidate, CandidateFinding, Mode, NodeSetInfo, PlanConfig, plan, summarize};
-use super::recovery::{orphan_cordons, recover};
+use super::recovery::{View, orphan_cordons, recover};
 use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource};
 use super::{
     ATTEMPTS_ANNOTATION, CORDON_ANNOTATION, REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION,
@@ -49,6 +57,33 @@ const TOKEN_REFRESH: SignedDuration = SignedDuration::from_secs(30);
 const MINTED_TTL: Duration = Duration::from_secs(300);
 /// Closed attempts kept in memory.
 const KEEP_CLOSED: usize = 100;
+/// How often `mountguard:` drains without a known open attempt are looked
+/// for (besides recovery): a drain whose release failed or was never
+/// requested is released within this.
+pub const SWEEP: SignedDuration = SignedDuration::from_secs(30);
+
+/// The Lease that fences writes (leader election on).
+struct Fence {
+    api: Api<Lease>,
+    name: String,
+    identity: String,
+    /// Writes may start before this (cached from the last read).
+    valid_until: Option<Timestamp>,
+    /// `leaseTransitions` when the Lease was last seen ours.
+    transitions: Option<i32>,
+}
+
+/// What the Lease says about writing now.
+enum FenceState {
+    /// Held with the margin left.
+    Held,
+    /// Not confirmed now (expiring, not renewed yet, unreadable): write
+    /// nothing this time, keep the state.
+    Unsure,
+    /// Someone else holds it, or it changed hands since: forget everything
+    /// and recover again once held.
+    Lost,
+}
 
 enum TokenSecret {
     Token(ObjectName, String),
@@ -74,6 +109,16 @@ pub struct Executor {
     fresh_since: HashMap<String, Timestamp>,
     notified: HashSet<(String, &'static str)>,
     recovered: bool,
+    /// NodeSets (`namespace/name`) whose record was read: the only ones
+    /// persisted to.
+    read: HashSet<String>,
+    /// NodeSets whose record did not parse (never overwritten; no orphan
+    /// is released while any is listed here).
+    unreadable: HashMap<String, String>,
+    last_sweep: Option<Timestamp>,
+    fence: Option<Fence>,
+    /// The Lease was found lost during this round.
+    lost: bool,
 }
 
 impl std::fmt::Debug for Executor {
@@ -165,6 +210,7 @@ pub async fn spawn(
             instance: args.pod_name.clone(),
         },
     );
+    let client_for_fence = client.clone();
     let ex = Executor {
         client,
         evict_client,
@@ -183,6 +229,20 @@ pub async fn spawn(
         fresh_since: HashMap::new(),
         notified: HashSet::new(),
         recovered: false,
+        read: HashSet::new(),
+        unreadable: HashMap::new(),
+        last_sweep: None,
+        lost: false,
+        fence: match (&args.pod_name, &args.pod_namespace) {
+            (Some(identity), Some(ns)) if args.leader_election => Some(Fence {
+                api: Api::namespaced(client_for_fence, ns),
+                name: args.lease_name.clone(),
+                identity: identity.clone(),
+                valid_until: None,
+                transitions: None,
+            }),
+            _ => None,
+        },
     };
     info!(?mode, slurmrestd = url, "remediation executor started");
     Ok(tokio::spawn(run(ex, snapshots, shutdown)))
@@ -469,27 +529,196 @@ impl Executor {
         }
     }
 
+    /// Forgets every attempt (not acting, or the Lease changed hands):
+    /// recovery reads the records again once acting.
+    fn pause(&mut self, why: &str) {
+        if self.recovered {
+            info!(why, "remediation paused");
+        }
+        self.recovered = false;
+        self.attempts.clear();
+        self.read.clear();
+        self.unreadable.clear();
+        self.last_write.clear();
+        self.last_eviction.clear();
+        self.fresh_since.clear();
+        self.shared.verdicts.write().unwrap().attempts.clear();
+    }
+
+    /// Whether the Lease allows a write to start now (always, without
+    /// leader election). Read again once the cached validity ran out.
+    async fn fence_state(&mut self, now: Timestamp) -> FenceState {
+        let Some(f) = self.fence.as_mut() else {
+            return FenceState::Held;
+        };
+        if f.valid_until.is_some_and(|t| now < t) {
+            return FenceState::Held;
+        }
+        f.valid_until = None;
+        let lease = match tokio::time::timeout(Duration::from_secs(5), f.api.get_opt(&f.name)).await
+        {
+            Ok(Ok(Some(l))) => l,
+            Ok(Ok(None)) => return FenceState::Lost,
+            Ok(Err(e)) => {
+                self.shared.metrics.api_error("get_lease");
+                debug!(error = %e, "reading the Lease failed; no remediation write until it is confirmed");
+                return FenceState::Unsure;
+            }
+            Err(_) => {
+                self.shared.metrics.api_error("get_lease");
+                debug!("reading the Lease timed out; no remediation write until it is confirmed");
+                return FenceState::Unsure;
+            }
+        };
+        let spec = lease.spec.unwrap_or_default();
+        let margin = SignedDuration::from_secs(crate::live::leader::LEASE_GRACE_SECS as i64);
+        match crate::live::leader::lease_valid_until(&spec, &f.identity, margin) {
+            None => {
+                f.transitions = None;
+                FenceState::Lost
+            }
+            Some(_) if f.transitions.is_some() && f.transitions != spec.lease_transitions => {
+                // Lost and taken again since: another leader may have acted.
+                f.transitions = None;
+                FenceState::Lost
+            }
+            Some(t) if now < t => {
+                f.valid_until = Some(t);
+                f.transitions = spec.lease_transitions;
+                FenceState::Held
+            }
+            Some(_) => {
+                debug!("the Lease is not renewed or about to expire; no remediation write now");
+                FenceState::Unsure
+            }
+        }
+    }
+
+    /// Checks the fence before a write: false means do not write (and, when
+    /// the Lease is lost, the round stops and everything is forgotten).
+    async fn may_write(&mut self, now: Timestamp) -> bool {
+        match self.fence_state(now).await {
+            FenceState::Held => true,
+            FenceState::Unsure => false,
+            FenceState::Lost => {
+                self.lost = true;
+                false
+            }
+        }
+    }
+
+    /// Reads the records of NodeSets listed since recovery (or whose
+    /// record did not parse before), before anything is planned or
+    /// persisted for them.
+    fn adopt(&mut self, snap: &EvaluationSnapshot) {
+        for ns in &snap.nodesets {
+            let Some(key) = nodeset_key(ns) else {
+                continue;
+            };
+            if self.read.contains(&key) {
+                continue;
+            }
+            let view = View::read([(key.clone(), attempts_annotation(ns))], true);
+            if let Some((_, e)) = view.unreadable.first() {
+                if self.unreadable.insert(key.clone(), e.clone()).is_none() {
+                    warn!(nodeset = %key, error = %e, "unreadable remediation attempts: nothing is written to this NodeSet and no orphan drain is released until the annotation is fixed or removed");
+                }
+                continue;
+            }
+            self.unreadable.remove(&key);
+            for a in view.attempts {
+                if !self.attempts.contains_key(&a.id) {
+                    info!(nodeset = %key, attempt = %a.id, phase = a.phase.name(), "remediation attempt read from a NodeSet listed after recovery");
+                    self.attempts.insert(a.id.clone(), a);
+                }
+            }
+            self.read.insert(key);
+        }
+    }
+
+    /// Releases `mountguard:` drains that no known open attempt owns.
+    async fn sweep(&mut self, now: Timestamp) {
+        self.last_sweep = Some(now);
+        if !self.unreadable.is_empty() {
+            debug!("orphan sweep skipped: some attempt records are unreadable");
+            return;
+        }
+        let nodes = match self.slurm.nodes().await {
+            Ok(n) => n,
+            Err(e) => {
+                self.shared.metrics.api_error("slurm_list_nodes");
+                debug!(error = %e, "orphan sweep: cannot list Slurm nodes");
+                return;
+            }
+        };
+        let states: Vec<(String, super::machine::SlurmNodeState)> = nodes
+            .iter()
+            .map(|n| (n.name.clone(), n.to_state()))
+            .collect();
+        let known: Vec<Attempt> = self.attempts.values().cloned().collect();
+        for rel in recover(&known, &states, true).release {
+            if self.mode != Mode::On {
+                info!(node = %rel.node, reason = %rel.reason, "dry-run: would release a mountguard drain without a live attempt");
+                continue;
+            }
+            if !self.may_write(now).await {
+                return;
+            }
+            match self.slurm.undrain_if_reason(&rel.node, &rel.reason).await {
+                Ok(true) => {
+                    info!(node = %rel.node, reason = %rel.reason, "released a mountguard drain without a live attempt")
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    self.shared.metrics.api_error("slurm_undrain");
+                    warn!(node = %rel.node, error = %e, "releasing an orphan mountguard drain failed; retrying at the next sweep");
+                }
+            }
+        }
+    }
+
     async fn round(&mut self, snap: &EvaluationSnapshot, now: Timestamp) {
         if !self.shared.is_acting() {
-            if self.recovered {
-                info!("not acting: remediation paused");
-            }
-            self.recovered = false;
-            self.attempts.clear();
-            self.shared.verdicts.write().unwrap().attempts.clear();
+            self.pause("not acting");
             return;
         }
         if !self.shared.is_ready() || snap.at.is_none() {
             return;
         }
-        self.refresh_secret(now, false).await;
-        if !self.recovered && !self.recover(snap).await {
+        if !snap.nodesets_synced {
+            debug!("NodeSets not listed yet: remediation waits");
             return;
         }
-        // Plan.
+        self.lost = false;
+        match self.fence_state(now).await {
+            FenceState::Held => {}
+            FenceState::Unsure => return,
+            FenceState::Lost => {
+                self.pause("the Lease is held by another replica");
+                return;
+            }
+        }
+        self.refresh_secret(now, false).await;
+        if !self.recovered && !self.recover(snap, now).await {
+            if self.lost {
+                self.pause("the Lease was lost during recovery");
+            }
+            return;
+        }
+        self.adopt(snap);
+        // Plan (only for NodeSets whose record was read: a new attempt is
+        // persisted into that record).
         let attempts: Vec<Attempt> = self.attempts.values().cloned().collect();
+        let cands: Vec<Candidate> = candidates(snap)
+            .into_iter()
+            .filter(|c| {
+                c.nodeset
+                    .as_ref()
+                    .is_some_and(|n| self.read.contains(&format!("{}/{n}", c.namespace)))
+            })
+            .collect();
         let p = plan(
-            &candidates(snap),
+            &cands,
             &nodeset_infos(snap, &self.attempts),
             &attempts,
             now,
@@ -600,10 +829,24 @@ impl Executor {
                 group_old_gone,
             };
             let (next, actions) = step(&a, &obs, now, &self.machine_cfg);
-            if self.perform(snap, &a, next, actions).await {
+            if self.perform(snap, &a, next, actions, now).await {
                 // Read the nodes again next time they are needed this round.
                 nodes.remove(&a.slurm_node);
                 cordons.remove(&a.node);
+            }
+            if self.lost {
+                self.pause("the Lease was lost");
+                return;
+            }
+        }
+        if self
+            .last_sweep
+            .is_none_or(|t| now.duration_since(t) >= SWEEP)
+        {
+            self.sweep(now).await;
+            if self.lost {
+                self.pause("the Lease was lost");
+                return;
             }
         }
         self.prune();
@@ -712,8 +955,8 @@ impl Executor {
     }
 
     /// Reconciles persisted attempts and `mountguard:` drains. False: try
-    /// again next round (Slurm unreadable).
-    async fn recover(&mut self, snap: &EvaluationSnapshot) -> bool {
+    /// again next round (Slurm unreadable, or the Lease not confirmed).
+    async fn recover(&mut self, snap: &EvaluationSnapshot, now: Timestamp) -> bool {
         let nodes = match self.slurm.nodes().await {
             Ok(n) => n,
             Err(e) => {
@@ -722,34 +965,29 @@ impl Executor {
                 return false;
             }
         };
-        let mut persisted = Vec::new();
-        for ns in &snap.nodesets {
-            let Some(v) = ns
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ATTEMPTS_ANNOTATION))
-            else {
-                continue;
-            };
-            match AttemptsRecord::parse(v) {
-                Ok(r) => persisted.extend(r.attempts),
-                Err(e) => warn!(
-                    nodeset = %format!("{}/{}", ns.metadata.namespace.clone().unwrap_or_default(), ns.metadata.name.clone().unwrap_or_default()),
-                    error = %e,
-                    "ignoring unreadable remediation attempts"
-                ),
-            }
+        let view = View::read(
+            snap.nodesets
+                .iter()
+                .filter_map(|ns| Some((nodeset_key(ns)?, attempts_annotation(ns)))),
+            snap.nodesets_synced,
+        );
+        for (nodeset, e) in &view.unreadable {
+            warn!(nodeset = %nodeset, error = %e, "unreadable remediation attempts: nothing is written to this NodeSet and no orphan drain is released until the annotation is fixed or removed");
         }
+        let complete = view.complete();
+        let persisted = view.attempts.clone();
         let states: Vec<(String, super::machine::SlurmNodeState)> = nodes
             .iter()
             .map(|n| (n.name.clone(), n.to_state()))
             .collect();
-        let r = recover(&persisted, &states);
+        let r = recover(&persisted, &states, complete);
         for rel in &r.release {
             if self.mode != Mode::On {
                 info!(node = %rel.node, reason = %rel.reason, "dry-run: would release a mountguard drain without a live attempt");
                 continue;
+            }
+            if !self.may_write(now).await {
+                return false;
             }
             match self.slurm.undrain_if_reason(&rel.node, &rel.reason).await {
                 Ok(true) => {
@@ -766,6 +1004,9 @@ impl Executor {
             .list(&Default::default())
             .await
         {
+            // A cordon of a group not in the records read is unknown, not
+            // orphaned, while the view is incomplete.
+            Ok(_) if !complete => Vec::new(),
             Ok(l) => l
                 .items
                 .iter()
@@ -789,6 +1030,9 @@ impl Executor {
                 );
                 continue;
             }
+            if !self.may_write(now).await {
+                return false;
+            }
             if let Err(e) = self.set_cordon(&node, &owner, false).await {
                 self.shared.metrics.api_error("patch_node");
                 warn!(node, error = %e, "releasing an orphan mountguard cordon failed; retrying");
@@ -803,9 +1047,13 @@ impl Executor {
         for a in persisted {
             self.attempts.insert(a.id.clone(), a);
         }
+        self.read = view.read.into_iter().collect();
+        self.unreadable = view.unreadable.into_iter().collect();
+        self.last_sweep = Some(now);
         info!(
             resumed = r.resume.len(),
             released = r.release.len(),
+            complete,
             "remediation recovery done"
         );
         self.recovered = true;
@@ -819,9 +1067,26 @@ impl Executor {
         old: &Attempt,
         next: Attempt,
         actions: Vec<Action>,
+        now: Timestamp,
     ) -> bool {
         let mut wrote = false;
         for act in actions {
+            let writes = matches!(
+                act,
+                Action::Persist
+                    | Action::DrainNode { .. }
+                    | Action::UndrainNode { .. }
+                    | Action::ResumeNode { .. }
+                    | Action::Evict { .. }
+                    | Action::CordonNode { .. }
+                    | Action::UncordonNode { .. }
+            );
+            if writes && !self.may_write(now).await {
+                // Not confirmed as the Lease holder: nothing more of this
+                // step happens; it is taken again from the old state.
+                debug!(attempt = %next.id, "not writing: the Lease is not confirmed");
+                return wrote;
+            }
             match act {
                 Action::Persist => {
                     if let Err(e) = self.persist(&next).await {
@@ -853,6 +1118,19 @@ impl Executor {
                         self.shared.metrics.api_error("slurm_undrain");
                     }
                     info!(attempt = %next.id, node, result = ?r, "undrain requested");
+                    self.last_write
+                        .insert(next.id.clone(), write_result(r.map(|_| ())));
+                }
+                Action::ResumeNode { node, owned_reason } => {
+                    if self.mode != Mode::On {
+                        continue;
+                    }
+                    wrote = true;
+                    let r = self.slurm.resume_if_reason(&node, &owned_reason).await;
+                    if r.is_err() {
+                        self.shared.metrics.api_error("slurm_undrain");
+                    }
+                    info!(attempt = %next.id, node, result = ?r, "resume requested");
                     self.last_write
                         .insert(next.id.clone(), write_result(r.map(|_| ())));
                 }
@@ -909,7 +1187,14 @@ impl Executor {
         wrote
     }
 
-    async fn persist(&self, next: &Attempt) -> Result<(), kube::Error> {
+    async fn persist(&self, next: &Attempt) -> Result<(), String> {
+        let key = format!("{}/{}", next.namespace, next.nodeset);
+        if !self.read.contains(&key) {
+            // Never overwrite a record that was not read.
+            return Err(format!(
+                "the attempts record of NodeSet {key} was not read (unreadable, or not listed yet)"
+            ));
+        }
         let mine = self
             .attempts
             .values()
@@ -930,6 +1215,7 @@ impl Executor {
         )
         .await
         .map(|_| ())
+        .map_err(|e| e.to_string())
     }
 
     async fn evict(&self, namespace: &str, pod: &str, uid: &str) -> EvictionResult {
@@ -946,9 +1232,17 @@ impl Executor {
         };
         match tokio::time::timeout(Duration::from_secs(20), api.evict(pod, &ep)).await {
             Ok(Ok(_)) => EvictionResult::Evicted,
-            Ok(Err(kube::Error::Api(s))) if s.code == 404 || s.code == 409 => {
-                // Gone, or the UID precondition failed: that pod is gone.
-                EvictionResult::Gone
+            Ok(Err(kube::Error::Api(s))) if s.code == 404 => EvictionResult::Gone,
+            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
+                // 409 is not proof that the pod is gone: the Eviction API
+                // answers Conflict both when the UID precondition fails
+                // (another pod holds the name) and when its update of the
+                // PodDisruptionBudget's status conflicts with another
+                // eviction (kubernetes pkg/registry/core/pod/storage/
+                // eviction.go, EvictionREST.Create and checkAndDecrement).
+                // Read the pod and decide by its UID.
+                self.pod_gone_after_conflict(namespace, pod, uid, &s.message)
+                    .await
             }
             Ok(Err(kube::Error::Api(s))) if s.code == 429 => EvictionResult::Refused {
                 retry_after: None,
@@ -962,6 +1256,34 @@ impl Executor {
             }
             Err(_) => EvictionResult::Error {
                 message: "the eviction request timed out".into(),
+            },
+        }
+    }
+
+    /// After a 409 from the Eviction API: Gone only when a read shows no
+    /// pod of that name, or one with another UID.
+    async fn pod_gone_after_conflict(
+        &self,
+        namespace: &str,
+        pod: &str,
+        uid: &str,
+        message: &str,
+    ) -> EvictionResult {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        match tokio::time::timeout(Duration::from_secs(10), api.get_opt(pod)).await {
+            Ok(Ok(None)) => EvictionResult::Gone,
+            Ok(Ok(Some(p))) if p.metadata.uid.as_deref() != Some(uid) => EvictionResult::Gone,
+            Ok(Ok(Some(_))) => EvictionResult::Error {
+                message: format!("eviction conflict (409), the pod is still there: {message}"),
+            },
+            Ok(Err(e)) => {
+                self.shared.metrics.api_error("get_pod");
+                EvictionResult::Error {
+                    message: format!("eviction conflict (409), and reading the pod failed: {e}"),
+                }
+            }
+            Err(_) => EvictionResult::Error {
+                message: "eviction conflict (409), and reading the pod timed out".into(),
             },
         }
     }
@@ -1093,10 +1415,28 @@ fn write_result(r: Result<(), SlurmError>) -> WriteResult {
     match r {
         Ok(()) => WriteResult::Ok,
         Err(e) => WriteResult::Err {
-            transient: e.is_transient(),
+            // A node slurmctld does not know right now: the reads decide,
+            // within the machine's not-found bound.
+            transient: e.is_transient() || matches!(e, SlurmError::NotFound { .. }),
             message: e.to_string(),
         },
     }
+}
+
+fn nodeset_key(ns: &DynamicObject) -> Option<String> {
+    Some(format!(
+        "{}/{}",
+        ns.metadata.namespace.as_deref()?,
+        ns.metadata.name.as_deref()?
+    ))
+}
+
+fn attempts_annotation(ns: &DynamicObject) -> Option<&str> {
+    ns.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ATTEMPTS_ANNOTATION))
+        .map(String::as_str)
 }
 
 #[cfg(test)]

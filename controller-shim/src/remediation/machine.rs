@@ -147,6 +147,11 @@ pub struct MachineConfig {
     pub retry_max: SignedDuration,
     /// How long to wait for a write to show before re-issuing it.
     pub write_settle: SignedDuration,
+    /// How long slurmrestd may answer "not found" for the node before it
+    /// counts: until then it is retried like any transient error (a node
+    /// re-registering, a slurmctld restarting, a lagging replica of its
+    /// state all answer so once in a while).
+    pub not_found_grace: SignedDuration,
 }
 
 impl Default for MachineConfig {
@@ -160,6 +165,7 @@ impl Default for MachineConfig {
             retry_base: SignedDuration::from_secs(5),
             retry_max: SignedDuration::from_mins(5),
             write_settle: SignedDuration::from_secs(10),
+            not_found_grace: SignedDuration::from_mins(5),
         }
     }
 }
@@ -384,6 +390,17 @@ pub enum Action {
         /// The reason we set.
         owned_reason: String,
     },
+    /// `POST /node/{node}` `{"state":["RESUME"]}`, only if the node's
+    /// reason, re-read right before, still equals `owned_reason`: instead
+    /// of an undrain when the Slinky operator's preStop hook set the node
+    /// DOWN after our eviction (RESUME clears DOWN and our DRAIN at once,
+    /// so the node opens only now, after the verification).
+    ResumeNode {
+        /// Slurm node name.
+        node: String,
+        /// The reason we set.
+        owned_reason: String,
+    },
     /// Cordon the Kubernetes node (`spec.unschedulable`) and record
     /// `owner` in its annotation, only if it is schedulable now. Grouped
     /// attempts only: no replacement may start before every old member is
@@ -527,6 +544,15 @@ pub struct Attempt {
     /// Grouped attempts: our cordon is gone (released, or never took).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordon_released: bool,
+    /// After the eviction the Slinky operator's preStop hook set the node
+    /// DOWN with its reason: verification accepts that DOWN (not
+    /// NOT_RESPONDING), and the release is a RESUME.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prestop_down: bool,
+    /// slurmrestd has answered "not found" for the node since (cleared by
+    /// the next read that finds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_found_since: Option<Timestamp>,
     /// Failure detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
@@ -577,6 +603,8 @@ impl Attempt {
             kept_drained: false,
             cordon_requested: false,
             cordon_released: false,
+            prestop_down: false,
+            not_found_since: None,
             failure: None,
             retry: Retry::default(),
         }
@@ -599,6 +627,18 @@ impl Attempt {
     /// Whether `node`'s current drain is ours (this attempt's exact reason).
     pub fn owns(&self, node: &SlurmNodeState) -> bool {
         node.drain() && owns_reason(&node.reason, &self.id)
+    }
+
+    /// Whether the replacement's slurmd answers: none of DOWN,
+    /// NOT_RESPONDING, FAIL; a DOWN the operator's preStop hook set after
+    /// our eviction is allowed (it is an administrative state, cleared by
+    /// our RESUME), as long as slurmd responds.
+    pub fn replacement_responding(&self, n: &SlurmNodeState) -> bool {
+        if self.prestop_down {
+            !(n.has("NOT_RESPONDING") || n.has("FAIL"))
+        } else {
+            n.responding()
+        }
     }
 
     /// Phase names gone through, in order.
@@ -815,7 +855,13 @@ impl Stepper<'_> {
     fn failed(&mut self, obs: &Observations) {
         self.release_cordon(obs);
         let SlurmObservation::Node(n) = &obs.slurm else {
-            if matches!(obs.slurm, SlurmObservation::NotFound) && self.a.is_open() {
+            // A node unknown for longer than the bound is gone, and our
+            // drain with it; before that the release stays pending (one
+            // "not found" proves nothing).
+            if matches!(obs.slurm, SlurmObservation::NotFound)
+                && (self.a.release_pending || self.a.kept_drained)
+                && self.not_found_for_good()
+            {
                 self.a.release_pending = false;
                 self.a.kept_drained = false;
                 self.actions.push(Action::Persist);
@@ -878,6 +924,54 @@ impl Stepper<'_> {
         }
     }
 
+    /// "Not found" once more: true when it has lasted the whole
+    /// [`MachineConfig::not_found_grace`] (then it counts), else a
+    /// transient error retried with backoff.
+    fn not_found_for_good(&mut self) -> bool {
+        let since = *self.a.not_found_since.get_or_insert(self.now);
+        if self.elapsed_since(since) >= self.cfg.not_found_grace {
+            return true;
+        }
+        let msg = format!(
+            "slurmrestd does not know Slurm node {} (since {since}); retrying",
+            self.a.slurm_node
+        );
+        self.error(msg, None);
+        false
+    }
+
+    /// After the eviction: the Slinky operator's preStop hook replaces our
+    /// reason with its own (and sets DOWN), and its syncCordon then
+    /// undrains any node whose reason is its own or empty. Keep the node
+    /// closed until the verification: note the hook's DOWN, and drain it
+    /// again with our reason (an administrator's reason is left alone).
+    /// Returns whether the node is not held by our drain right now (then
+    /// nothing is verified this step).
+    fn hold_drain_after_eviction(&mut self, obs: &Observations) -> bool {
+        let SlurmObservation::Node(n) = &obs.slurm else {
+            return false;
+        };
+        if self.a.evicted_at.is_none() || self.a.owns(n) {
+            return false;
+        }
+        let operators = n.reason.is_empty() || n.reason.starts_with(super::OPERATOR_REASON_PREFIX);
+        if !operators || n.reason_is_mountguard() {
+            return false;
+        }
+        if n.has("DOWN") && n.reason == super::OPERATOR_PRESTOP_REASON && !self.a.prestop_down {
+            self.a.prestop_down = true;
+            self.actions.push(Action::Persist);
+        }
+        if self.due() {
+            self.wrote();
+            self.actions.push(Action::DrainNode {
+                node: self.a.slurm_node.clone(),
+                reason: self.a.drain_reason.clone(),
+            });
+        }
+        true
+    }
+
     fn read_error(&mut self, obs: &Observations) {
         if let SlurmObservation::Error { message, .. } = &obs.slurm {
             self.error(format!("slurmrestd: {message}"), None);
@@ -901,9 +995,12 @@ impl Stepper<'_> {
             SlurmObservation::Node(n) if self.a.owns(n) => {
                 if self.due() {
                     self.wrote();
-                    self.actions.push(Action::UndrainNode {
-                        node: self.a.slurm_node.clone(),
-                        owned_reason: self.a.drain_reason.clone(),
+                    let node = self.a.slurm_node.clone();
+                    let owned_reason = self.a.drain_reason.clone();
+                    self.actions.push(if self.a.prestop_down && n.has("DOWN") {
+                        Action::ResumeNode { node, owned_reason }
+                    } else {
+                        Action::UndrainNode { node, owned_reason }
                     });
                 }
             }
@@ -927,11 +1024,13 @@ impl Stepper<'_> {
                 self.event(EventReason::RemediationSucceeded, msg);
             }
             SlurmObservation::NotFound => {
-                self.fail(
-                    FailReason::SlurmNodeNotFound,
-                    format!("Slurm node {} vanished", self.a.slurm_node),
-                    obs,
-                );
+                if self.not_found_for_good() {
+                    self.fail(
+                        FailReason::SlurmNodeNotFound,
+                        format!("Slurm node {} vanished", self.a.slurm_node),
+                        obs,
+                    );
+                }
             }
             _ => self.read_error(obs),
         }
@@ -953,6 +1052,9 @@ pub fn step(
     };
     let pod_label = s.pod_label();
     let slurm_node = s.a.slurm_node.clone();
+    if matches!(obs.slurm, SlurmObservation::Node(_)) {
+        s.a.not_found_since = None;
+    }
     match s.a.phase {
         Phase::Pending => {
             if obs.pod_uid.as_deref() != Some(s.a.pod_uid.as_str()) {
@@ -992,11 +1094,13 @@ pub fn step(
                         });
                     }
                     SlurmObservation::NotFound => {
-                        let msg = format!(
-                            "slurmrestd does not know Slurm node {slurm_node} (label {})",
-                            super::POD_HOSTNAME_LABEL
-                        );
-                        s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                        if s.not_found_for_good() {
+                            let msg = format!(
+                                "slurmrestd does not know Slurm node {slurm_node} (label {})",
+                                super::POD_HOSTNAME_LABEL
+                            );
+                            s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                        }
                     }
                     _ => s.read_error(obs),
                 }
@@ -1029,8 +1133,10 @@ pub fn step(
                         }
                     }
                     SlurmObservation::NotFound => {
-                        let msg = format!("slurmrestd does not know Slurm node {slurm_node}");
-                        s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                        if s.not_found_for_good() {
+                            let msg = format!("slurmrestd does not know Slurm node {slurm_node}");
+                            s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                        }
                     }
                     _ => s.read_error(obs),
                 }
@@ -1104,8 +1210,10 @@ pub fn step(
                 }
             }
             SlurmObservation::NotFound => {
-                let msg = format!("Slurm node {slurm_node} vanished");
-                s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                if s.not_found_for_good() {
+                    let msg = format!("Slurm node {slurm_node} vanished");
+                    s.fail(FailReason::SlurmNodeNotFound, msg, obs);
+                }
             }
             _ => s.read_error(obs),
         },
@@ -1169,6 +1277,7 @@ pub fn step(
             }
         }
         Phase::AwaitingReplacement => {
+            let _ = s.hold_drain_after_eviction(obs);
             if s.a.cordon_pending() && obs.group_old_gone {
                 // Every old member is gone: the kubelet dropped the pinned
                 // entry; let the replacements start.
@@ -1189,6 +1298,7 @@ pub fn step(
             };
         }
         Phase::Verifying => {
+            let not_held = s.hold_drain_after_eviction(obs);
             if s.a.cordon_pending() && obs.group_old_gone {
                 s.release_cordon(obs);
             }
@@ -1205,7 +1315,9 @@ pub fn step(
                     let msg = format!("the replacement pod is still not fresh: {message}");
                     s.fail(FailReason::ReplacementStale, msg, obs);
                 }
-                (NewPodCheck::Fresh, SlurmObservation::Node(n)) if current && n.responding() => {
+                (NewPodCheck::Fresh, SlurmObservation::Node(n))
+                    if current && s.a.replacement_responding(n) && !not_held =>
+                {
                     let msg = format!(
                         "remediation {}: replacement {pod_label} (uid {}) verified fresh on node {} and Slurm node {slurm_node} responding ({:?})",
                         s.a.id,
@@ -1254,6 +1366,7 @@ pub fn step(
             a,
             Action::DrainNode { .. }
                 | Action::UndrainNode { .. }
+                | Action::ResumeNode { .. }
                 | Action::Evict { .. }
                 | Action::CordonNode { .. }
                 | Action::UncordonNode { .. }

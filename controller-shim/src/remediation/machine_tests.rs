@@ -169,12 +169,29 @@ fn cases() -> Vec<Case> {
         )
         .events(&[E::RemediationFailed]),
         case(
-            "pending: unknown slurm node",
+            "pending: one not-found is retried, not a failure",
             Phase::Pending,
             obs(SlurmObservation::NotFound, Some(OLD)),
-            Phase::Failed(F::SlurmNodeNotFound),
-        )
-        .events(&[E::RemediationFailed]),
+            Phase::Pending,
+        ),
+        case(
+            "draining: one not-found is retried, not a failure",
+            Phase::Draining,
+            obs(SlurmObservation::NotFound, Some(OLD)),
+            Phase::Draining,
+        ),
+        case(
+            "drained: one not-found is retried, not a failure",
+            Phase::Drained,
+            obs(SlurmObservation::NotFound, Some(OLD)),
+            Phase::Drained,
+        ),
+        case(
+            "undraining: one not-found is retried, not a failure",
+            Phase::Undraining,
+            obs(SlurmObservation::NotFound, Some(NEW)),
+            Phase::Undraining,
+        ),
         case(
             "pending: pod replaced meanwhile",
             Phase::Pending,
@@ -791,6 +808,174 @@ fn a_pending_release_is_retried_until_the_drain_is_gone() {
     assert_eq!(writes(&actions), vec![W::Undrain]);
     let (d, _) = step(&c, &obs(plain(&["IDLE"]), Some(OLD)), due, &cfg);
     assert!(!d.is_open());
+}
+
+#[test]
+fn not_found_counts_only_after_the_bound_and_a_read_resets_it() {
+    let cfg = MachineConfig::default();
+    let nf = || obs(SlurmObservation::NotFound, Some(OLD));
+    let a = attempt_in(Phase::Draining);
+    // First answer: retried with backoff, remembered since when.
+    let (b, actions) = step(&a, &nf(), t0(), &cfg);
+    assert_eq!(b.phase, Phase::Draining);
+    assert_eq!(b.not_found_since, Some(t0()));
+    assert!(writes(&actions).is_empty());
+    assert!(
+        b.retry
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("does not know")),
+        "{b:?}"
+    );
+    // Still within the bound: still retried.
+    let (c, _) = step(
+        &b,
+        &nf(),
+        t0() + cfg.not_found_grace - SignedDuration::from_secs(1),
+        &cfg,
+    );
+    assert_eq!(c.phase, Phase::Draining);
+    // A read that finds the node clears it: the bound starts over.
+    let (d, _) = step(
+        &c,
+        &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
+        t0() + SignedDuration::from_secs(60),
+        &cfg,
+    );
+    assert_eq!(d.phase, Phase::Drained);
+    assert_eq!(d.not_found_since, None);
+    let (e, _) = step(
+        &d,
+        &nf(),
+        t0() + cfg.not_found_grace + SignedDuration::from_secs(60),
+        &cfg,
+    );
+    assert_eq!(
+        e.phase,
+        Phase::Drained,
+        "a new not-found starts a new bound"
+    );
+    // Not found for the whole bound: the node is gone.
+    let (f, actions) = step(&b, &nf(), t0() + cfg.not_found_grace, &cfg);
+    assert_eq!(f.phase, Phase::Failed(FailReason::SlurmNodeNotFound));
+    assert_eq!(events(&actions), vec![EventReason::RemediationFailed]);
+    assert!(
+        !f.is_open(),
+        "nothing of ours can remain on a node that is gone: {f:?}"
+    );
+}
+
+#[test]
+fn a_pending_release_survives_a_not_found_until_a_read_shows_the_drain_gone() {
+    let cfg = MachineConfig::default();
+    let a = Attempt {
+        release_pending: true,
+        ..attempt_in(Phase::Failed(FailReason::DrainTimeout))
+    };
+    let (b, actions) = step(&a, &obs(SlurmObservation::NotFound, Some(OLD)), t0(), &cfg);
+    assert!(b.release_pending && b.is_open(), "{b:?}");
+    assert!(writes(&actions).is_empty());
+    // The node reads again with our drain: released.
+    let due = b.retry.not_before.expect("backoff");
+    let (c, actions) = step(&b, &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)), due, &cfg);
+    assert_eq!(writes(&actions), vec![W::Undrain]);
+    assert!(c.release_pending);
+    let (d, _) = step(
+        &c,
+        &obs(plain(&["IDLE"]), Some(OLD)),
+        due + cfg.write_settle,
+        &cfg,
+    );
+    assert!(!d.is_open());
+    // A kept drain is kept through a not-found too.
+    let kept = Attempt {
+        kept_drained: true,
+        ..attempt_in(Phase::Failed(FailReason::ReplacementStale))
+    };
+    let (k, _) = step(
+        &kept,
+        &obs(SlurmObservation::NotFound, Some(NEW)),
+        t0(),
+        &cfg,
+    );
+    assert!(k.kept_drained && k.is_open(), "{k:?}");
+    let (k, _) = step(
+        &k,
+        &obs(SlurmObservation::NotFound, Some(NEW)),
+        t0() + cfg.not_found_grace,
+        &cfg,
+    );
+    assert!(!k.is_open(), "gone for the whole bound: {k:?}");
+}
+
+#[test]
+fn the_operators_prestop_reason_after_the_eviction_is_drained_over_and_resumed_at_the_end() {
+    use crate::remediation::OPERATOR_PRESTOP_REASON;
+    let cfg = MachineConfig::default();
+    let op = |state: &[&str], reason: &str| SlurmObservation::Node(node(state, reason));
+    // The hook replaced our reason (DOWN, DRAIN kept) while the pod went.
+    let a = attempt_in(Phase::AwaitingReplacement);
+    let (b, actions) = step(
+        &a,
+        &obs(op(&["DOWN", "DRAIN"], OPERATOR_PRESTOP_REASON), None),
+        t0(),
+        &cfg,
+    );
+    assert!(b.prestop_down, "{b:?}");
+    assert_eq!(writes(&actions), vec![W::Drain], "our drain again");
+    assert_eq!(actions.first(), Some(&Action::Persist), "{actions:?}");
+    // The operator undrained the replacement before our drain landed:
+    // drained again, never verified in that state.
+    let mut v = Attempt {
+        prestop_down: true,
+        ..attempt_in(Phase::Verifying)
+    };
+    v.retry = Retry::default();
+    let fresh = |slurm| Observations {
+        new_pod: NewPodCheck::Fresh,
+        ..obs(slurm, Some(NEW))
+    };
+    let undrained = op(&["DOWN"], OPERATOR_PRESTOP_REASON);
+    let (c, actions) = step(&v, &fresh(undrained), t0(), &cfg);
+    assert_eq!(c.phase, Phase::Verifying);
+    assert_eq!(writes(&actions), vec![W::Drain]);
+    let uncordoned = op(&["IDLE"], "");
+    let (c, actions) = step(&v, &fresh(uncordoned), t0(), &cfg);
+    assert_eq!(
+        c.phase,
+        Phase::Verifying,
+        "an open node is drained again, not verified"
+    );
+    assert_eq!(writes(&actions), vec![W::Drain]);
+    // Ours again, DOWN from the hook but slurmd answering: verified, and
+    // released with a RESUME (which clears the hook's DOWN too).
+    let held = SlurmObservation::Node(node(&["DOWN", "DRAIN"], &v.drain_reason));
+    let (d, actions) = step(&v, &fresh(held.clone()), t0(), &cfg);
+    assert_eq!(d.phase, Phase::Undraining, "{d:?}");
+    assert!(
+        actions.iter().any(|x| matches!(x, Action::ResumeNode { owned_reason, .. } if *owned_reason == v.drain_reason)),
+        "{actions:?}"
+    );
+    assert!(writes(&actions).is_empty(), "no UNDRAIN: {actions:?}");
+    // Not answering: no verification, DOWN or not.
+    let dead = SlurmObservation::Node(node(&["DOWN", "DRAIN", "NOT_RESPONDING"], &v.drain_reason));
+    let (e, _) = step(&v, &fresh(dead), t0(), &cfg);
+    assert_eq!(e.phase, Phase::Verifying);
+    // Without the hook's DOWN noted, DOWN still fails the check.
+    let plain_v = attempt_in(Phase::Verifying);
+    let (f, _) = step(&plain_v, &fresh(held), t0(), &cfg);
+    assert_eq!(f.phase, Phase::Verifying);
+    // An administrator's reason after the eviction is theirs: left alone.
+    let (g, actions) = step(
+        &a,
+        &obs(op(&["IDLE", "DRAIN"], "admin: replace DIMM"), None),
+        t0(),
+        &cfg,
+    );
+    assert!(
+        !g.prestop_down && writes(&actions).is_empty(),
+        "{actions:?}"
+    );
 }
 
 #[test]

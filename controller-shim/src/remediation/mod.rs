@@ -39,5 +39,14 @@ pub const POD_HOSTNAME_LABEL: &str = "nodeset.slinky.slurm.net/pod-hostname";
 /// Node annotation naming the group whose attempts cordoned the node
 /// (`--replace-pinning-pods` only).
 pub const CORDON_ANNOTATION: &str = "mountguard.io/cordoned-by";
+/// Prefix of every reason the Slinky operator sets (slurm-operator v1.2.1,
+/// internal/controller/nodeset/slurmcontrol/slurmcontrol.go,
+/// `nodeReasonPrefix` / `FormatNodeReason`); its syncCordon undrains a node
+/// whose reason has it, or is empty (`IsNodeReasonOurs`).
+pub const OPERATOR_REASON_PREFIX: &str = "slurm-operator: ";
+/// The reason the slurmd container's preStop hook sets with
+/// `state=down` (slurm-operator v1.2.1,
+/// internal/builder/workerbuilder/worker_app.go, `Lifecycle.PreStop`).
+pub const OPERATOR_PRESTOP_REASON: &str = "slurm-operator: Pod is terminating";
 /// Prefix of every Slurm drain reason mountguard sets.
 pub const REASON_PREFIX: &str = "mountguard:";

@@ -16,10 +16,18 @@
 //!
 //! Together: no node stays drained or cordoned by mountguard without a live
 //! attempt.
+//!
+//! Only from a complete view: a drain whose attempt is not in the records
+//! read is released only when every NodeSet was listed and every record
+//! parsed ([`View::complete`]). An attempt in a NodeSet not listed yet (the
+//! list failed, the API is slow) or in a record that did not parse is
+//! unknown, not lost: its drain stays, and so does the record, since the
+//! executor writes no record it has not read. The same rule holds for the
+//! periodic sweep ([`recover`] on the attempts in memory).
 
 use std::collections::HashSet;
 
-use super::machine::{Attempt, SlurmNodeState, reason_attempt_id};
+use super::machine::{Attempt, AttemptsRecord, SlurmNodeState, reason_attempt_id};
 
 /// A drain to release.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,10 +49,65 @@ pub struct Recovery {
     pub release: Vec<Release>,
 }
 
+/// The persisted attempts as read from the NodeSets' annotations.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct View {
+    /// Every attempt of every record that parsed.
+    pub attempts: Vec<Attempt>,
+    /// NodeSets (`namespace/name`) whose record was read (parsed, or absent).
+    pub read: Vec<String>,
+    /// NodeSets whose record did not parse, with the error.
+    pub unreadable: Vec<(String, String)>,
+    /// Every NodeSet was listed (the NodeSet watches synced).
+    pub listed: bool,
+}
+
+impl View {
+    /// Reads the records of `nodesets` (`(namespace/name, annotation)`);
+    /// `listed`: the list is known to be complete.
+    pub fn read<'a>(
+        nodesets: impl IntoIterator<Item = (String, Option<&'a str>)>,
+        listed: bool,
+    ) -> Self {
+        let mut v = View {
+            listed,
+            ..Default::default()
+        };
+        for (key, value) in nodesets {
+            match value.map(AttemptsRecord::parse) {
+                None => v.read.push(key),
+                Some(Ok(r)) => {
+                    v.attempts.extend(r.attempts);
+                    v.read.push(key);
+                }
+                Some(Err(e)) => v.unreadable.push((key, e.to_string())),
+            }
+        }
+        v
+    }
+
+    /// Every attempt that exists is known: only then may a drain without a
+    /// known attempt be taken for an orphan.
+    pub fn complete(&self) -> bool {
+        self.listed && self.unreadable.is_empty()
+    }
+}
+
 /// Reconciles `persisted` (every attempt of every NodeSet) with the Slurm
-/// nodes as read (`(name, state)`).
-pub fn recover(persisted: &[Attempt], slurm_nodes: &[(String, SlurmNodeState)]) -> Recovery {
+/// nodes as read (`(name, state)`). `complete`: `persisted` holds every
+/// attempt that exists ([`View::complete`]); otherwise nothing is released.
+pub fn recover(
+    persisted: &[Attempt],
+    slurm_nodes: &[(String, SlurmNodeState)],
+    complete: bool,
+) -> Recovery {
     let resume: Vec<Attempt> = persisted.iter().filter(|a| a.is_open()).cloned().collect();
+    if !complete {
+        return Recovery {
+            resume,
+            release: Vec::new(),
+        };
+    }
     let live: HashSet<(&str, &str)> = resume
         .iter()
         .filter(|a| a.drain_requested)
@@ -116,6 +179,7 @@ mod tests {
         let r = recover(
             std::slice::from_ref(&a),
             &[("n1".into(), node(&["IDLE"], ""))],
+            true,
         );
         assert_eq!(r.resume.len(), 1);
         assert!(r.release.is_empty());
@@ -132,7 +196,11 @@ mod tests {
     fn crash_after_the_drain_before_persisting_drained_observes_it() {
         let a = attempt_in(Phase::Draining);
         let drained = node(&["IDLE", "DRAIN"], &a.drain_reason);
-        let r = recover(std::slice::from_ref(&a), &[("n1".into(), drained.clone())]);
+        let r = recover(
+            std::slice::from_ref(&a),
+            &[("n1".into(), drained.clone())],
+            true,
+        );
         assert!(r.release.is_empty(), "a live attempt owns the drain");
         let obs = Observations {
             slurm: SlurmObservation::Node(drained),
@@ -148,7 +216,11 @@ mod tests {
     fn crash_in_evicting_before_the_eviction_reissues_it_with_the_uid() {
         let a = attempt_in(Phase::Evicting);
         let drained = node(&["IDLE", "DRAIN"], &a.drain_reason);
-        let r = recover(std::slice::from_ref(&a), &[("n1".into(), drained.clone())]);
+        let r = recover(
+            std::slice::from_ref(&a),
+            &[("n1".into(), drained.clone())],
+            true,
+        );
         let obs = Observations {
             slurm: SlurmObservation::Node(drained),
             pod_uid: Some("uid-old".into()),
@@ -185,6 +257,7 @@ mod tests {
         let r = recover(
             std::slice::from_ref(&a),
             &[("n1".into(), node(&["IDLE"], ""))],
+            true,
         );
         let obs = Observations {
             slurm: SlurmObservation::Node(node(&["IDLE"], "")),
@@ -216,6 +289,7 @@ mod tests {
         let r = recover(
             &[],
             &[("n1".into(), node(&["IDLE", "DRAIN"], &a.drain_reason))],
+            true,
         );
         assert!(r.resume.is_empty());
         assert_eq!(
@@ -242,7 +316,7 @@ mod tests {
             ("n1".into(), node(&["IDLE", "DRAIN"], &done.drain_reason)),
             ("n2".into(), node(&["DOWN", "DRAIN"], &kept.drain_reason)),
         ];
-        let r = recover(&[done, kept.clone()], &nodes);
+        let r = recover(&[done, kept.clone()], &nodes, true);
         assert_eq!(r.resume, vec![kept]);
         assert_eq!(r.release.len(), 1);
         assert_eq!(r.release[0].node, "n1");
@@ -258,16 +332,67 @@ mod tests {
             ),
             ("n3".into(), node(&["IDLE"], "mountguard: x attempt abc")),
         ];
-        let r = recover(&[], &nodes);
+        let r = recover(&[], &nodes, true);
         assert!(r.release.is_empty(), "{:?}", r.release);
     }
 
     #[test]
     fn a_mountguard_drain_without_an_attempt_id_is_released() {
         let nodes = vec![("n1".into(), node(&["IDLE", "DRAIN"], "mountguard: manual"))];
-        let r = recover(&[], &nodes);
+        let r = recover(&[], &nodes, true);
         assert_eq!(r.release.len(), 1);
         assert_eq!(r.release[0].attempt, None);
+    }
+
+    #[test]
+    fn nothing_is_released_from_an_incomplete_view() {
+        // A kept drain (failed replacement) and a live attempt, both in a
+        // record that is not in the view: the NodeSet list failed.
+        let mut kept = attempt_in(Phase::Failed(FailReason::ReplacementStale));
+        kept.kept_drained = true;
+        let nodes = vec![("n1".into(), node(&["DOWN", "DRAIN"], &kept.drain_reason))];
+        let r = recover(&[], &nodes, false);
+        assert!(r.release.is_empty(), "{:?}", r.release);
+        // The same with the list complete: an orphan, released.
+        assert_eq!(recover(&[], &nodes, true).release.len(), 1);
+        // And with the record read, kept.
+        assert!(recover(&[kept], &nodes, true).release.is_empty());
+    }
+
+    #[test]
+    fn a_view_is_complete_only_when_listed_and_every_record_parsed() {
+        let a = attempt_in(Phase::Drained);
+        let record = AttemptsRecord::from_attempts([&a]).to_json();
+        let v = View::read(
+            [
+                ("slurm/worker".to_string(), Some(record.as_str())),
+                ("slurm/other".to_string(), None),
+            ],
+            true,
+        );
+        assert!(v.complete());
+        assert_eq!(v.attempts, vec![a.clone()]);
+        assert_eq!(v.read, vec!["slurm/worker", "slurm/other"]);
+        // Not listed yet: incomplete, whatever was read.
+        let v = View::read([("slurm/worker".to_string(), Some(record.as_str()))], false);
+        assert!(!v.complete());
+        // A record that does not parse: its attempts are unknown, not absent.
+        let v = View::read(
+            [
+                ("slurm/worker".to_string(), Some("{not json")),
+                ("slurm/other".to_string(), Some(record.as_str())),
+            ],
+            true,
+        );
+        assert!(!v.complete());
+        assert_eq!(v.read, vec!["slurm/other"]);
+        assert_eq!(v.unreadable.len(), 1);
+        assert_eq!(v.unreadable[0].0, "slurm/worker");
+        assert!(
+            v.unreadable[0].1.contains("fix or remove"),
+            "{:?}",
+            v.unreadable
+        );
     }
 
     #[test]

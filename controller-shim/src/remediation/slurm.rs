@@ -585,6 +585,28 @@ impl SlurmClient {
         .await
     }
 
+    /// `{"state":["RESUME"]}`: clears DOWN and DRAIN.
+    pub async fn resume(&self, name: &str) -> Result<(), SlurmError> {
+        self.update(
+            name,
+            &UpdateNodeMsg {
+                state: ["RESUME"],
+                reason: None,
+            },
+        )
+        .await
+    }
+
+    /// Re-reads the node and resumes it only if it is drained with exactly
+    /// `reason`. Returns whether it resumed.
+    pub async fn resume_if_reason(&self, name: &str, reason: &str) -> Result<bool, SlurmError> {
+        let n = self.get_node(name).await?;
+        if !(n.state.iter().any(|s| s == "DRAIN") && n.reason == reason) {
+            return Ok(false);
+        }
+        self.resume(name).await.map(|_| true)
+    }
+
     /// Re-reads the node and clears DRAIN only if its reason is still
     /// exactly `reason`. Returns whether it undrained. (Slurm has no
     /// compare-and-set; the window is one round trip.)

@@ -516,10 +516,12 @@ async fn serve(
             ),
             c => ApiError {
                 code: c,
-                reason: if c == 503 {
-                    "ServiceUnavailable"
-                } else {
-                    "InternalError"
+                reason: match c {
+                    503 => "ServiceUnavailable",
+                    // As the Eviction API answers when its update of a
+                    // PodDisruptionBudget conflicts.
+                    409 => "Conflict",
+                    _ => "InternalError",
                 },
                 message: format!("the API server double was told to fail this request with {c}"),
                 details: None,

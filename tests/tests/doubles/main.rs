@@ -5,6 +5,7 @@
 mod apiserver_double;
 mod cluster_double;
 mod kubelet_double;
+mod operator_double;
 mod slurmrestd_double;
 
 use std::future::Future;

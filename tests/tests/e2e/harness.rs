@@ -24,6 +24,9 @@ pub struct Options {
     /// with `--insecure-plaintext-reports`.
     pub tls: Option<(PathBuf, PathBuf, PathBuf)>,
     pub extra_controller_args: Vec<String>,
+    /// The Slinky operator's Slurm-side rules in the cluster (preStop hook,
+    /// syncCordon; `ClusterBuilder::slinky_operator_rules`).
+    pub operator_rules: bool,
 }
 
 impl Default for Options {
@@ -33,6 +36,7 @@ impl Default for Options {
             grace: Duration::from_secs(2),
             tls: None,
             extra_controller_args: Vec::new(),
+            operator_rules: false,
         }
     }
 }
@@ -58,12 +62,11 @@ impl System {
                 panic!("{e}");
             }
         }
-        let cluster = Cluster::builder()
-            .nodes(opts.nodes)
-            .slinky()
-            .start()
-            .await
-            .unwrap();
+        let mut builder = Cluster::builder().nodes(opts.nodes).slinky();
+        if opts.operator_rules {
+            builder = builder.slinky_operator_rules();
+        }
+        let cluster = builder.start().await.unwrap();
         let ids = deploy_agent_identities(&cluster).await.unwrap();
         let logs = cluster.dir().join("logs");
         std::fs::create_dir_all(&logs).unwrap();

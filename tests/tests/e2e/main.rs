@@ -15,6 +15,8 @@ mod leader;
 mod outage;
 mod remediation;
 mod remediation_faults;
+mod remediation_operator;
+mod remediation_transient;
 mod restart;
 mod seed;
 mod tls;

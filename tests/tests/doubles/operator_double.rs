@@ -1,0 +1,281 @@
+//! The Slinky operator's Slurm-side rules (slurm-operator v1.2.1, see
+//! `mountguard_tests::operator`): the pure rules, then the cluster in a box
+//! applying them through the slurmrestd double.
+
+use mountguard_tests::apiserver::{DeleteOptions, resources};
+use mountguard_tests::cluster::{self, Cluster};
+use mountguard_tests::operator::{
+    ANNOTATION_POD_CORDON, PRESTOP_REASON, PodFacts, SlurmFacts, SlurmUpdate, make_drain,
+    make_undrain, prestop, sync_cordon,
+};
+use mountguard_tests::scenario::{rotate_auth_key, wait_for_slurmd_pods};
+use serde_json::json;
+
+use crate::eventually;
+
+fn facts(state: &[&str], reason: &str) -> SlurmFacts {
+    SlurmFacts {
+        state: state.iter().map(|s| s.to_string()).collect(),
+        reason: reason.into(),
+    }
+}
+
+fn pod(node_cordoned: bool, pod_cordoned: bool) -> PodFacts {
+    PodFacts {
+        pod: "slurm/worker-0".into(),
+        node: "node-0".into(),
+        node_cordoned,
+        pod_cordoned,
+    }
+}
+
+#[test]
+fn sync_cordon_leaves_foreign_reasons_and_unresponsive_nodes_alone() {
+    for n in [
+        facts(
+            &["IDLE", "DRAIN"],
+            "mountguard: slurm/worker-0 ... attempt 1",
+        ),
+        facts(&["IDLE", "DRAIN"], "admin: replace DIMM"),
+        // DOWN for not responding, even with no reason of anyone else.
+        facts(&["DOWN", "NOT_RESPONDING"], "Not responding"),
+    ] {
+        for (nc, pc) in [(false, false), (true, false), (false, true), (true, true)] {
+            let out = sync_cordon(&pod(nc, pc), &n);
+            assert_eq!(out, Default::default(), "{n:?} node {nc} pod {pc}");
+        }
+    }
+}
+
+#[test]
+fn sync_cordon_drains_for_a_cordoned_node_or_pod_and_undrains_otherwise() {
+    // Node cordoned: cordon the pod and drain with the operator's reason.
+    let out = sync_cordon(&pod(true, false), &facts(&["IDLE"], ""));
+    assert!(out.cordon_pod);
+    assert_eq!(
+        out.update,
+        Some(SlurmUpdate::Drain(
+            "slurm-operator: Node (node-0) was cordoned, Pod (slurm/worker-0) must be cordoned"
+                .into()
+        ))
+    );
+    // Pod cordoned: drain.
+    let out = sync_cordon(&pod(false, true), &facts(&["IDLE"], ""));
+    assert!(!out.cordon_pod);
+    assert_eq!(
+        out.update,
+        Some(SlurmUpdate::Drain(
+            "slurm-operator: Pod (slurm/worker-0) was cordoned".into()
+        ))
+    );
+    // Neither: undrain a node drained with an operator reason, or with no
+    // reason at all (empty counts as the operator's).
+    for r in ["slurm-operator: Pod is terminating", ""] {
+        let out = sync_cordon(&pod(false, false), &facts(&["IDLE", "DRAIN"], r));
+        assert_eq!(
+            out.update,
+            Some(SlurmUpdate::Undrain(
+                "slurm-operator: Pod (slurm/worker-0) was uncordoned".into()
+            )),
+            "{r:?}"
+        );
+    }
+    // Not drained: nothing to undrain.
+    assert_eq!(
+        sync_cordon(&pod(false, false), &facts(&["IDLE"], "")).update,
+        None
+    );
+    // The preStop hook's DOWN is the operator's reason but not "Not
+    // responding": syncCordon undrains it (DOWN stays).
+    let out = sync_cordon(
+        &pod(false, false),
+        &facts(&["DOWN", "DRAIN"], PRESTOP_REASON),
+    );
+    assert!(
+        matches!(out.update, Some(SlurmUpdate::Undrain(_))),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn make_drain_keeps_an_existing_reason_and_does_not_repeat_itself() {
+    // An existing operator reason is kept unless overridden.
+    let n = facts(&["IDLE"], "slurm-operator: Pod is terminating");
+    assert_eq!(
+        make_drain(&n, "Pod (slurm/worker-0) was cordoned", false),
+        Some(SlurmUpdate::Drain(
+            "slurm-operator: Pod is terminating".into()
+        ))
+    );
+    assert_eq!(
+        make_drain(&n, "x", true),
+        Some(SlurmUpdate::Drain("slurm-operator: x".into()))
+    );
+    // Already drained with that reason: no request.
+    let n = facts(&["IDLE", "DRAIN"], "slurm-operator: x");
+    assert_eq!(make_drain(&n, "x", false), None);
+    // An empty reason becomes "unknown".
+    assert_eq!(
+        make_drain(&facts(&["IDLE"], ""), "", false),
+        Some(SlurmUpdate::Drain("slurm-operator: unknown".into()))
+    );
+    // Undrain: only when DRAIN is set and UNDRAIN is not; empty reason sent empty.
+    assert_eq!(make_undrain(&facts(&["IDLE"], ""), "x"), None);
+    assert_eq!(
+        make_undrain(&facts(&["IDLE", "DRAIN", "UNDRAIN"], ""), "x"),
+        None
+    );
+    assert_eq!(
+        make_undrain(&facts(&["IDLE", "DRAIN"], ""), ""),
+        Some(SlurmUpdate::Undrain(String::new()))
+    );
+}
+
+#[test]
+fn the_prestop_hook_writes_only_when_scontrol_can_authenticate() {
+    assert_eq!(
+        prestop(true),
+        Some(SlurmUpdate::Down(
+            "slurm-operator: Pod is terminating".into()
+        ))
+    );
+    assert_eq!(prestop(false), None);
+}
+
+#[tokio::test]
+async fn the_cluster_applies_prestop_and_sync_cordon_through_slurmrestd() {
+    let mut c = Cluster::builder()
+        .nodes(2)
+        .slinky()
+        .slinky_operator_rules()
+        .start()
+        .await
+        .unwrap();
+    let api = c.api();
+    let slurm = c.slurm();
+    let pods = wait_for_slurmd_pods(&c).await.unwrap();
+    let (w0, w1) = (pods[0].0.clone(), pods[1].0.clone());
+    eventually(15, "both slurmd responding", || {
+        let ok = [&w0, &w1].iter().all(|h| {
+            slurm
+                .node(h)
+                .is_some_and(|n| !n.state.iter().any(|s| s == "DOWN"))
+        });
+        async move { ok.then_some(()) }
+    })
+    .await;
+    // A mountguard drain: syncCordon leaves it, even on a cordoned node.
+    let ours = "mountguard: slurm/w volume slurm-etc stale (mounted a vs current b) attempt 1";
+    slurm.admin_drain(&w1, ours, "slurm");
+    // Cordon node-0: worker 0's pod is cordoned and its Slurm node drained
+    // with the operator's reason.
+    api.merge_patch(
+        &resources::NODES,
+        "",
+        "node-0",
+        &json!({"spec": {"unschedulable": true}}),
+        None,
+    )
+    .unwrap();
+    api.merge_patch(
+        &resources::NODES,
+        "",
+        "node-1",
+        &json!({"spec": {"unschedulable": true}}),
+        None,
+    )
+    .unwrap();
+    eventually(15, "worker 0 drained by the operator", || {
+        let n = slurm.node(&w0);
+        let p = api
+            .get(&resources::PODS, cluster::SLURM_NAMESPACE, &w0)
+            .ok();
+        async move {
+            let n = n?;
+            let p = p?;
+            (n.state.iter().any(|s| s == "DRAIN")
+                && n.reason
+                    .starts_with("slurm-operator: Node (node-0) was cordoned")
+                && p["metadata"]["annotations"][ANNOTATION_POD_CORDON] == "true")
+                .then_some(())
+        }
+    })
+    .await;
+    assert_eq!(
+        slurm.node(&w1).unwrap().reason,
+        ours,
+        "a foreign reason is left alone"
+    );
+    // Uncordon node-0 and the pod: the operator undrains.
+    api.merge_patch(
+        &resources::NODES,
+        "",
+        "node-0",
+        &json!({"spec": {"unschedulable": false}}),
+        None,
+    )
+    .unwrap();
+    api.merge_patch(
+        &resources::PODS,
+        cluster::SLURM_NAMESPACE,
+        &w0,
+        &json!({"metadata": {"annotations": {ANNOTATION_POD_CORDON: null}}}),
+        None,
+    )
+    .unwrap();
+    eventually(15, "worker 0 undrained by the operator", || {
+        let n = slurm.node(&w0);
+        async move {
+            n.filter(|n| !n.state.iter().any(|s| s == "DRAIN"))
+                .map(|_| ())
+        }
+    })
+    .await;
+    api.merge_patch(
+        &resources::NODES,
+        "",
+        "node-1",
+        &json!({"spec": {"unschedulable": false}}),
+        None,
+    )
+    .unwrap();
+    // preStop: deleting worker 0's pod (key current) sets DOWN with the
+    // operator's reason.
+    api.delete(
+        &resources::PODS,
+        cluster::SLURM_NAMESPACE,
+        &w0,
+        &DeleteOptions::default(),
+    )
+    .unwrap();
+    eventually(15, "the preStop hook's DOWN", || {
+        let n = slurm.node(&w0);
+        async move {
+            n.filter(|n| n.state.iter().any(|s| s == "DOWN") && n.reason == PRESTOP_REASON)
+                .map(|_| ())
+        }
+    })
+    .await;
+    // With a stale key in the pod, scontrol cannot authenticate: deleting
+    // worker 1 leaves its state and reason as they were.
+    rotate_auth_key(&api).unwrap();
+    let before = slurm.node(&w1).unwrap();
+    api.delete(
+        &resources::PODS,
+        cluster::SLURM_NAMESPACE,
+        &w1,
+        &DeleteOptions::default(),
+    )
+    .unwrap();
+    eventually(15, "worker 1's pod gone", || {
+        let gone = api
+            .get(&resources::PODS, cluster::SLURM_NAMESPACE, &w1)
+            .ok()
+            .is_none_or(|p| p["metadata"]["uid"].as_str() != Some(pods[1].1.as_str()));
+        async move { gone.then_some(()) }
+    })
+    .await;
+    assert_eq!(slurm.node(&w1).unwrap().reason, before.reason);
+    assert_ne!(slurm.node(&w1).unwrap().reason, PRESTOP_REASON);
+    c.shutdown().await;
+}
