@@ -115,17 +115,27 @@ async fn real_kubelet_rotation_is_reported_pinned_on_the_pinned_node() {
     .unwrap();
 
     let uid0 = replace_slurmd_pod(&sys, 0).await;
-    let uid1 = replace_slurmd_pod(&sys, 1).await;
     assert_ne!(
         served(&sys, 0, &uid0),
         new_key,
         "node-0's kubelet served the new key"
     );
-    assert_eq!(
-        served(&sys, 1, &uid1),
-        new_key,
-        "node-1's kubelet did not serve the new key"
-    );
+    // node-1: no other reference. A replacement started before the kubelet
+    // has unregistered the deleted pod from its Secret manager may still
+    // share the old cache entry (nothing observable says when that is
+    // done): replaced again until one is served the new key.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let uid1 = replace_slurmd_pod(&sys, 1).await;
+        if served(&sys, 1, &uid1) == new_key {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replacement on node-1 was served the new key in 120 s\n{}",
+            sys.logs()
+        );
+    }
 
     let base = sys.metrics_base();
     let doc: Value = wait(
