@@ -43,11 +43,17 @@ impl RealKubelet {
         let dir = cluster.dir().join(format!("kubelet-{name}"));
         let root = dir.join("root");
         std::fs::create_dir_all(&root)?;
+        // The fake runtime reports containers with an empty log path, and
+        // the kubelet's log manager removes `<log path>*` when it removes a
+        // container (pkg/kubelet/logs/container_log_manager.go, `Clean`):
+        // every file in its working directory. Both run in an empty one.
+        let cwd = dir.join("cwd");
+        std::fs::create_dir_all(&cwd)?;
         let sock = dir.join("cri.sock");
         let endpoint = format!("unix://{}", sock.display());
         let logs = cluster.logs_dir();
         let mut cmd = Command::new(cluster.upstream().binary("fakecri")?);
-        cmd.arg(&endpoint);
+        cmd.arg(&endpoint).current_dir(&cwd);
         let cri = ChildGuard::spawn(
             &format!("fakecri-{name}"),
             cmd,
@@ -74,7 +80,8 @@ impl RealKubelet {
             .arg("--cert-dir")
             .arg(dir.join("pki"))
             .args(["--hostname-override", name])
-            .arg("--v=2");
+            .arg("--v=2")
+            .current_dir(&cwd);
         let mut kubelet = ChildGuard::spawn(
             &format!("kubelet-{name}"),
             cmd,

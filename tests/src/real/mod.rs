@@ -583,9 +583,14 @@ impl RealCluster {
         )
         .await;
         if !matches!(r, Ok(true)) {
+            let etcd = self
+                .etcd
+                .as_mut()
+                .map(|e| format!("{:?}\n{}", e.exited(), e.log_tail(15)))
+                .unwrap_or_default();
             return Err(io::Error::other(format!(
-                "kube-apiserver did not become ready ({r:?}):\n{}",
-                child.log_tail(40)
+                "kube-apiserver did not become ready ({r:?}):\n{}\n--- etcd (exit status, log) ---\n{etcd}",
+                child.log_tail(20)
             )));
         }
         self.apiserver = Some(child);

@@ -18,6 +18,7 @@ use mountguard_tests::cluster::{
 };
 use mountguard_tests::mountguard::{ChildGuard, binary, free_addr, http_get, poll};
 use mountguard_tests::nodeset::{LABEL_CLUSTER, LABEL_POD_HOSTNAME};
+use mountguard_tests::real::kubelet::RealKubelet;
 use mountguard_tests::real::{RealCluster, create, ensure_namespace, raw, token_request};
 use serde_json::{Value, json};
 
@@ -96,9 +97,20 @@ pub struct RealSystem {
     pub agent_procs: Vec<ChildGuard>,
     pub report_addr: std::net::SocketAddr,
     pub metrics_addr: std::net::SocketAddr,
+    /// The real kubelets, when the nodes are real kubelets.
+    pub kubelets: Vec<RealKubelet>,
     controller_env: Vec<(String, String)>,
     controller_kubeconfig: PathBuf,
     logs: PathBuf,
+}
+
+/// What runs the nodes' pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Nodes {
+    /// Node doubles (`mountguard_tests::real::node`).
+    Doubles,
+    /// The real kubelet on the fake CRI runtime, one per node.
+    RealKubelets,
 }
 
 /// Starts the real control plane or fails the test with the reason (the
@@ -112,12 +124,37 @@ pub async fn start_cluster(nodes: usize) -> RealCluster {
 
 impl RealSystem {
     pub async fn start(nodes: usize) -> RealSystem {
+        Self::start_with(nodes, Nodes::Doubles).await
+    }
+
+    pub async fn start_with(nodes: usize, kind: Nodes) -> RealSystem {
         for bin in ["mountguard-controller", "mountguard-agent"] {
             if let Err(e) = binary(bin) {
                 panic!("{e}");
             }
         }
-        let cluster = start_cluster(nodes).await;
+        let cluster = start_cluster(if kind == Nodes::Doubles { nodes } else { 0 }).await;
+        let mut kubelets = Vec::new();
+        if kind == Nodes::RealKubelets {
+            for i in 0..nodes {
+                match RealKubelet::start(&cluster, &format!("node-{i}")).await {
+                    Ok(k) => kubelets.push(k),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
+        let node_roots: Vec<(String, PathBuf)> = match kind {
+            Nodes::Doubles => cluster
+                .node_names()
+                .into_iter()
+                .enumerate()
+                .map(|(i, n)| (n, cluster.kubelet_root(i)))
+                .collect(),
+            Nodes::RealKubelets => kubelets
+                .iter()
+                .map(|k| (k.name().to_string(), k.root().to_path_buf()))
+                .collect(),
+        };
         let client = cluster.client().await.unwrap();
         let logs = cluster.dir().join("mountguard-logs");
         std::fs::create_dir_all(&logs).unwrap();
@@ -130,6 +167,23 @@ impl RealSystem {
                 "Deployment" => deployment = Some(obj.clone()),
                 "ServiceAccount" | "ClusterRole" | "ClusterRoleBinding" | "Role"
                 | "RoleBinding" | "DaemonSet" | "Secret" => {
+                    let mut obj = obj.clone();
+                    if obj["kind"] == "DaemonSet" {
+                        // The agent reads each kubelet's own root (given
+                        // with --kubelet-root), not the host's
+                        // /var/lib/kubelet: no type check for that hostPath
+                        // (a real kubelet would refuse a missing Directory).
+                        for v in obj["spec"]["template"]["spec"]["volumes"]
+                            .as_array_mut()
+                            .into_iter()
+                            .flatten()
+                        {
+                            if let Some(h) = v["hostPath"].as_object_mut() {
+                                h.remove("type");
+                            }
+                        }
+                    }
+                    let obj = &obj;
                     let stored = create(&client, obj)
                         .await
                         .unwrap_or_else(|e| panic!("applying the chart's {}: {e}", obj["kind"]));
@@ -161,7 +215,7 @@ impl RealSystem {
             .await
             .unwrap_or_else(|e| panic!("creating the controller pod: {e}"));
         slinky_objects(&client, nodes).await;
-        let agents = wait_for_agent_pods(&cluster, &client).await;
+        let agents = wait_for_agent_pods(&cluster, &client, &node_roots).await;
         // The controller's identity: a TokenRequest token of the chart's
         // controller ServiceAccount (what its projected token would be).
         let token = token_request(&client, NAMESPACE, CONTROLLER, &[], 3600, None)
@@ -179,6 +233,7 @@ impl RealSystem {
             agent_procs: Vec::new(),
             report_addr,
             metrics_addr,
+            kubelets,
             controller_env,
             controller_kubeconfig,
             logs,
@@ -281,6 +336,9 @@ impl RealSystem {
         for c in self.controller.iter().chain(self.agent_procs.iter()) {
             out.push_str(&format!("--- {} ---\n{}\n", c.name(), c.log_tail(30)));
         }
+        for k in &self.kubelets {
+            out.push_str(&k.logs(15));
+        }
         out.push_str(&self.cluster.logs(15));
         out
     }
@@ -318,6 +376,9 @@ impl RealSystem {
         }
         if let Some(c) = self.controller.as_mut() {
             c.kill();
+        }
+        for k in &mut self.kubelets {
+            k.stop();
         }
         self.cluster.shutdown().await;
     }
@@ -446,40 +507,47 @@ async fn slinky_objects(client: &kube::Client, nodes: usize) {
     .await
     .unwrap();
     for i in 0..nodes {
-        let name = format!("{NODESET}-{i}");
-        let mut spec = template["spec"].clone();
-        spec["hostname"] = json!(name);
-        spec["nodeName"] = json!(format!("node-{i}"));
-        let mut labels = template["metadata"]["labels"].clone();
-        for (k, v) in [
-            ("app.kubernetes.io/name", "slurmd"),
-            ("app.kubernetes.io/component", "worker"),
-            ("app.kubernetes.io/instance", NODESET),
-            (LABEL_CLUSTER, SLURM_CLUSTER),
-            (LABEL_POD_HOSTNAME, name.as_str()),
-        ] {
-            labels[k] = json!(v);
-        }
-        create(
-            client,
-            &json!({
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": SLURM_NAMESPACE, "labels": labels,
-                    "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
-                        "name": NODESET, "uid": uid, "controller": true, "blockOwnerDeletion": true}]},
-                "spec": spec,
-            }),
-        )
-        .await
-        .unwrap();
+        create(client, &slurmd_pod(i, &uid)).await.unwrap();
     }
+}
+
+/// Slurmd pod `i` of the NodeSet (UID `nodeset_uid`), on node `node-<i>`,
+/// with the labels and owner the Slinky operator sets.
+pub fn slurmd_pod(i: usize, nodeset_uid: &str) -> Value {
+    let mut template = slurmd_template();
+    template["spec"]["automountServiceAccountToken"] = json!(false);
+    let name = format!("{NODESET}-{i}");
+    let mut spec = template["spec"].clone();
+    spec["hostname"] = json!(name);
+    spec["nodeName"] = json!(format!("node-{i}"));
+    let mut labels = template["metadata"]["labels"].clone();
+    for (k, v) in [
+        ("app.kubernetes.io/name", "slurmd"),
+        ("app.kubernetes.io/component", "worker"),
+        ("app.kubernetes.io/instance", NODESET),
+        (LABEL_CLUSTER, SLURM_CLUSTER),
+        (LABEL_POD_HOSTNAME, name.as_str()),
+    ] {
+        labels[k] = json!(v);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": SLURM_NAMESPACE, "labels": labels,
+            "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                "name": NODESET, "uid": nodeset_uid, "controller": true, "blockOwnerDeletion": true}]},
+        "spec": spec,
+    })
 }
 
 /// Waits until the real DaemonSet controller and scheduler placed one agent
 /// pod per node and each node double projected its token.
-async fn wait_for_agent_pods(cluster: &RealCluster, client: &kube::Client) -> Vec<Agent> {
-    let nodes = cluster.node_names();
-    let roots: Vec<PathBuf> = (0..nodes.len()).map(|i| cluster.kubelet_root(i)).collect();
+async fn wait_for_agent_pods(
+    cluster: &RealCluster,
+    client: &kube::Client,
+    node_roots: &[(String, PathBuf)],
+) -> Vec<Agent> {
+    let nodes: Vec<String> = node_roots.iter().map(|(n, _)| n.clone()).collect();
+    let roots: Vec<PathBuf> = node_roots.iter().map(|(_, r)| r.clone()).collect();
     let r = poll(
         "one running agent pod with a projected token per node",
         Duration::from_secs(90),

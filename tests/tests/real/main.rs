@@ -18,3 +18,4 @@ mod harness;
 mod control_plane;
 mod controller;
 mod kubelet;
+mod kubelet_mountguard;

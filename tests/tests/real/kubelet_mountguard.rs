@@ -1,0 +1,165 @@
+//! mountguard against the real kubelet: the agents read the volumes the
+//! real kubelet wrote (tmpfs under its root), the controller judges them.
+
+use std::time::Duration;
+
+use mountguard_tests::cluster::{AUTH_SECRET, NODESET, SLURM_NAMESPACE};
+use mountguard_tests::real::{create, raw};
+use mountguard_tests::scenario::{KEY_VOLUME, PINNING_POD, find_verdict, pinning_pod, state_tag};
+use serde_json::{Value, json};
+
+use crate::harness::{Nodes, RealSystem, slurmd_pod, wait, wait_all_fresh};
+
+fn b64(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+async fn running_uid(sys: &RealSystem, ns: &str, name: &str) -> String {
+    let client = sys.client.clone();
+    let path = format!("/api/v1/namespaces/{ns}/pods/{name}");
+    wait(
+        sys,
+        &format!("pod {name} to run"),
+        Duration::from_secs(90),
+        || {
+            let client = client.clone();
+            let path = path.clone();
+            async move {
+                let (_, p) = raw(&client, "GET", &path, None).await.ok()?;
+                if p["status"]["phase"] != "Running"
+                    || !p["metadata"]["deletionTimestamp"].is_null()
+                {
+                    return None;
+                }
+                p["metadata"]["uid"].as_str().map(String::from)
+            }
+        },
+    )
+    .await
+}
+
+/// Deletes slurmd pod `i` and creates it again (what the operator does for
+/// a deleted NodeSet pod); returns the new pod's UID once it runs.
+async fn replace_slurmd_pod(sys: &RealSystem, i: usize) -> String {
+    let name = format!("{NODESET}-{i}");
+    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/pods/{name}");
+    let (_, old) = raw(&sys.client, "GET", &path, None).await.unwrap();
+    let owner = old["metadata"]["ownerReferences"][0]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (code, body) = raw(&sys.client, "DELETE", &path, None).await.unwrap();
+    assert!(code == 200 || code == 202, "{code} {body}");
+    let client = sys.client.clone();
+    wait(
+        sys,
+        &format!("{name} to be gone"),
+        Duration::from_secs(90),
+        || {
+            let client = client.clone();
+            let path = path.clone();
+            async move {
+                let (code, _) = raw(&client, "GET", &path, None).await.ok()?;
+                (code == 404).then_some(())
+            }
+        },
+    )
+    .await;
+    create(&sys.client, &slurmd_pod(i, &owner)).await.unwrap();
+    running_uid(sys, SLURM_NAMESPACE, &name).await
+}
+
+fn served(sys: &RealSystem, i: usize, uid: &str) -> Vec<u8> {
+    std::fs::read(
+        sys.kubelets[i]
+            .root()
+            .join("pods")
+            .join(uid)
+            .join("volumes/kubernetes.io~projected")
+            .join(KEY_VOLUME)
+            .join("slurm.key"),
+    )
+    .unwrap_or_default()
+}
+
+/// The seed scenario with the real kubelet writing the volumes: all Fresh
+/// at first; the immutable `slurm-auth-slurm` deleted and recreated with a
+/// new key while `slurm-auth-check` on node-0 also mounts it; node-0's
+/// replacement slurmd pod is served the OLD key by the real kubelet and
+/// mountguard says `Stale/ImmutableCachePinned`; node-1's replacement gets
+/// the new key and is Fresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kubelet_rotation_is_reported_pinned_on_the_pinned_node() {
+    let sys = RealSystem::start_with(2, Nodes::RealKubelets).await;
+    let mut pin = pinning_pod("node-0");
+    pin["apiVersion"] = json!("v1");
+    pin["kind"] = json!("Pod");
+    pin["metadata"]["namespace"] = json!(SLURM_NAMESPACE);
+    pin["spec"]["automountServiceAccountToken"] = json!(false);
+    create(&sys.client, &pin).await.unwrap();
+    running_uid(&sys, SLURM_NAMESPACE, PINNING_POD).await;
+    wait_all_fresh(&sys).await;
+
+    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/secrets/{AUTH_SECRET}");
+    let (code, body) = raw(&sys.client, "DELETE", &path, None).await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    let new_key = b"the rotated slurm.key".repeat(40);
+    create(
+        &sys.client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE},
+                "immutable": true, "data": {"slurm.key": b64(&new_key)}}),
+    )
+    .await
+    .unwrap();
+
+    let uid0 = replace_slurmd_pod(&sys, 0).await;
+    assert_ne!(
+        served(&sys, 0, &uid0),
+        new_key,
+        "node-0's kubelet served the new key"
+    );
+    // node-1: no other reference. A replacement started before the kubelet
+    // has unregistered the deleted pod from its Secret manager may still
+    // share the old cache entry (nothing observable says when that is
+    // done): replaced again until one is served the new key.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let uid1 = replace_slurmd_pod(&sys, 1).await;
+        if served(&sys, 1, &uid1) == new_key {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replacement on node-1 was served the new key in 120 s\n{}",
+            sys.logs()
+        );
+    }
+
+    let base = sys.metrics_base();
+    let doc: Value = wait(
+        &sys,
+        "node-0's replacement Stale/ImmutableCachePinned, node-1's Fresh",
+        Duration::from_secs(60),
+        || {
+            let base = base.clone();
+            async move {
+                let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
+                    .await
+                    .ok()?;
+                let v0 = find_verdict(&doc, &format!("{NODESET}-0"), "volume slurm-etc")?;
+                let v1 = find_verdict(&doc, &format!("{NODESET}-1"), "volume slurm-etc")?;
+                (state_tag(v0) == "Stale/ImmutableCachePinned" && v1["state"] == "Fresh")
+                    .then_some(doc)
+            }
+        },
+    )
+    .await;
+    let v0 = find_verdict(&doc, &format!("{NODESET}-0"), "volume slurm-etc").unwrap();
+    assert!(
+        v0.to_string().contains(PINNING_POD),
+        "the verdict names the pinning pod: {v0}"
+    );
+    sys.shutdown().await;
+}
