@@ -71,6 +71,8 @@ pub struct Metrics {
     pub remediation_blocked: IntGaugeVec,
     /// Report request latency by kind (`mountguard_report_duration_seconds{kind}`).
     pub report_duration: HistogramVec,
+    /// `mountguard_report_clock_clamped_total`.
+    pub report_clock_clamped: IntCounter,
 }
 
 /// Values of `mountguard_report_requests_total{result}`.
@@ -295,6 +297,14 @@ impl Metrics {
         for s in ["true", "false"] {
             nodes.with_label_values(&[s]).set(0);
         }
+        let report_clock_clamped = reg(
+            &r,
+            IntCounter::with_opts(o(
+                "report_clock_clamped_total",
+                "Reports whose scan time was more than 5 s ahead of the controller's clock and was clamped to the receipt time (an agent node's clock is ahead)",
+            ))
+            .unwrap(),
+        );
         Self {
             registry: r,
             mount_state,
@@ -318,6 +328,7 @@ impl Metrics {
             remediation_failed,
             remediation_blocked,
             report_duration,
+            report_clock_clamped,
         }
     }
 
@@ -336,6 +347,14 @@ impl Metrics {
     /// Counts a report request result.
     pub fn report(&self, result: &str) {
         self.report_requests.with_label_values(&[result]).inc();
+    }
+
+    /// Records how far a report's scan time was ahead of the controller's
+    /// clock (counted above 5 s).
+    pub fn report_clock_skew(&self, _node: &str, ahead: std::time::Duration) {
+        if ahead > std::time::Duration::from_secs(5) {
+            self.report_clock_clamped.inc();
+        }
     }
 
     /// Counts an API error.

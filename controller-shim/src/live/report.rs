@@ -415,7 +415,7 @@ impl ReportHandler {
         node: &str,
         body: &[u8],
     ) -> Result<(ReportStatus, Option<u64>), Reject> {
-        let inv = NodeInventory::from_json(body)
+        let mut inv = NodeInventory::from_json(body)
             .map_err(|e| Reject::bad(format!("invalid inventory: {e}")))?;
         if inv.node != node {
             return Err(Reject::bad(format!(
@@ -424,6 +424,15 @@ impl ReportHandler {
             )));
         }
         check_limits(&inv, &self.config.limits).map_err(Reject::bad)?;
+        let skew = clamp_to_received(&mut inv, jiff::Timestamp::now());
+        if skew > CLOCK_SKEW_WARN {
+            debug!(
+                node,
+                skew_seconds = skew.as_secs(),
+                "inventory times ahead of the controller's clock clamped"
+            );
+        }
+        self.shared.metrics.report_clock_skew(node, skew);
         let generation = inv.generation;
         let decision = {
             let mut book = self.book.lock().unwrap();
@@ -477,13 +486,18 @@ impl ReportHandler {
             )));
         }
         let held = self.held_generation(node);
+        let received = jiff::Timestamp::now();
+        let scanned_at = hb.scanned_at.min(received);
+        self.shared
+            .metrics
+            .report_clock_skew(node, ahead_by(hb.scanned_at, received));
         match held {
             Some(h) if hb.generation < h => Err(stale(hb.generation, h)),
             Some(h) if hb.generation == h => {
                 self.send(Input::Heartbeat {
                     node: node.to_string(),
                     generation: h,
-                    scanned_at: hb.scanned_at,
+                    scanned_at,
                 })
                 .await?;
                 Ok((ReportStatus::Unchanged, Some(h)))
@@ -502,6 +516,33 @@ impl ReportHandler {
             )
         })
     }
+}
+
+/// Clock skew above which a clamp is logged.
+const CLOCK_SKEW_WARN: Duration = Duration::from_secs(5);
+
+/// How far `t` is ahead of `received` (zero when it is not).
+fn ahead_by(t: jiff::Timestamp, received: jiff::Timestamp) -> Duration {
+    Duration::try_from(t.duration_since(received)).unwrap_or(Duration::ZERO)
+}
+
+/// The agent's clock is not trusted: every time in an inventory that lies
+/// ahead of the controller's clock at receipt (`scannedAt`, a volume's
+/// `writtenAt`) is clamped to the receipt time, so a node's inventory ages
+/// and a mismatch is timed on the controller's clock. A time behind it is
+/// kept (it only makes the inventory look older: the safe direction).
+/// Returns how far `scannedAt` was ahead.
+pub fn clamp_to_received(inv: &mut NodeInventory, received: jiff::Timestamp) -> Duration {
+    let skew = ahead_by(inv.scanned_at, received);
+    inv.scanned_at = inv.scanned_at.min(received);
+    for p in &mut inv.pods {
+        for v in &mut p.volumes {
+            if let Some(w) = v.written_at.as_mut() {
+                *w = (*w).min(received);
+            }
+        }
+    }
+    skew
 }
 
 /// How many bytes of an oversized body are read and discarded before the
@@ -1014,6 +1055,66 @@ mod tests {
             (StatusCode::SERVICE_UNAVAILABLE, Some("notReady"))
         );
         no_input(&mut r);
+    }
+
+    /// An agent clock 10 minutes ahead: the times handed to the
+    /// evaluation are the receipt time, so a change made a moment ago is
+    /// not judged as if the grace period had passed (Propagating, not
+    /// Stale), and a day-ahead heartbeat does not keep the node fresh.
+    #[tokio::test]
+    async fn times_ahead_of_the_controller_clock_are_clamped_to_receipt() {
+        let mut r = rig(1 << 20, "100/s,100".parse().unwrap());
+        let ahead = jiff::Timestamp::now() + jiff::SignedDuration::from_mins(10);
+        let mut inv = NodeInventory::new("node-a", "test", ahead);
+        inv.generation = 3;
+        inv.pods.push(mountguard_inventory::PodInventory {
+            uid: "u".into(),
+            volumes: vec![mountguard_inventory::VolumeInventory {
+                plugin: mountguard_inventory::Plugin::Secret,
+                name: "v".into(),
+                data_dir: None,
+                written_at: Some(ahead),
+                digest: None,
+                files: Default::default(),
+                modes: Default::default(),
+                errors: vec![],
+            }],
+            sub_paths: vec![],
+            errors: vec![],
+        });
+        let (s, _, _) = call(
+            &r,
+            req(INV_A, Some("tok-a"), serde_json::to_vec(&inv).unwrap()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        let after = jiff::Timestamp::now();
+        match r.rx.try_recv() {
+            Ok(Input::Inventory(i, _)) => {
+                assert!(i.scanned_at <= after, "scannedAt kept at {}", i.scanned_at);
+                assert!(i.pods[0].volumes[0].written_at.unwrap() <= after);
+            }
+            _ => panic!("no inventory"),
+        }
+        let day = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24);
+        let hb = serde_json::to_vec(&Heartbeat::new("node-a", 3, day)).unwrap();
+        let (s, _, _) = call(&r, req(HB_A, Some("tok-a"), hb)).await;
+        assert_eq!(s, StatusCode::OK);
+        match r.rx.try_recv() {
+            Ok(Input::Heartbeat { scanned_at, .. }) => {
+                assert!(scanned_at <= jiff::Timestamp::now(), "{scanned_at}")
+            }
+            _ => panic!("no heartbeat"),
+        }
+        assert_eq!(r.shared.metrics.report_clock_clamped.get(), 2);
+        // A time behind the controller's clock is kept as is.
+        let behind: jiff::Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        let mut inv = NodeInventory::new("node-a", "test", behind);
+        assert_eq!(
+            clamp_to_received(&mut inv, jiff::Timestamp::now()),
+            Duration::ZERO
+        );
+        assert_eq!(inv.scanned_at, behind);
     }
 
     #[tokio::test]

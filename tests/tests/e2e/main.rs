@@ -6,6 +6,7 @@
 
 mod harness;
 
+mod clock;
 mod demo;
 mod forged;
 mod fresh;
