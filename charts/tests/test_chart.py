@@ -49,7 +49,7 @@ BASE_RULES = {
     ("cluster", g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")
 } | {("cluster", "authentication.k8s.io", "tokenreviews", "create")} | {
     (NAMESPACE, "", "pods", "patch")
-}
+} | {(NAMESPACE, "apps", "daemonsets", v) for v in ("get", "list", "watch")}
 REMEDIATION_RULES = {
     ("cluster", "", "pods/eviction", "create"),
     ("cluster", "slinky.slurm.net", "nodesets", "patch"),

@@ -341,13 +341,14 @@ async fn server(nodes: usize, rounds: usize) {
         .unwrap();
     }
     let agents = Arc::new(AgentPods::default());
+    agents.set_daemonset_uid(Some("agent-ds-uid".into()));
     for n in 0..nodes {
         agents.apply(AgentPod {
             namespace: "mg".into(),
             name: format!("agent-{n}"),
             uid: format!("agent-uid-{n}"),
             node: Some(node_name(n)),
-            daemonsets: vec!["agent".into()],
+            controller: Some(("agent".into(), "agent-ds-uid".into())),
         });
         for j in 0..PODS_PER_NODE {
             let mut b = PodB::new(NS, &format!("p-{n}-{j}"), &pod_uid(n, j), &node_name(n));

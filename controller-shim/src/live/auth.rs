@@ -113,30 +113,47 @@ impl TokenReviewer for KubeTokenReviewer {
                 .create(&PostParams::default(), &tr)
                 .await
                 .map_err(|e| AuthError::Unavailable(e.to_string()))?;
-            let status = out.status.unwrap_or_default();
-            if status.authenticated != Some(true) {
-                return Err(AuthError::Unauthenticated(
-                    status
-                        .error
-                        .filter(|e| !e.is_empty())
-                        .unwrap_or_else(|| "token not authenticated".into()),
-                ));
-            }
-            if let Some(aud) = &status.audiences
-                && !aud.iter().any(|a| a == audience)
-            {
-                return Err(AuthError::Unauthenticated(format!(
-                    "token is not for audience {audience:?}"
-                )));
-            }
-            let user = status.user.unwrap_or_default();
-            Ok(ReviewedUser {
-                username: user.username.unwrap_or_default(),
-                uid: user.uid.unwrap_or_default(),
-                extra: user.extra.unwrap_or_default().into_iter().collect(),
-            })
+            reviewed_user(out.status.unwrap_or_default(), audience)
         })
     }
+}
+
+/// The user of a TokenReview answer, or why it is refused (pure).
+///
+/// The answer must be `authenticated` and list `audience` in
+/// `status.audiences`. An authenticator that ignores the requested
+/// audiences answers without the field (the API server fills it only when
+/// the token was checked against them: `authenticateToken` in
+/// staging/src/k8s.io/apiserver/pkg/registry/... tokenreview/storage.go
+/// copies `resp.Audiences`); such an answer proves nothing about the
+/// audience and is refused.
+pub fn reviewed_user(
+    status: k8s_openapi::api::authentication::v1::TokenReviewStatus,
+    audience: &str,
+) -> Result<ReviewedUser, AuthError> {
+    if status.authenticated != Some(true) {
+        return Err(AuthError::Unauthenticated(
+            status
+                .error
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| "token not authenticated".into()),
+        ));
+    }
+    if !status
+        .audiences
+        .as_ref()
+        .is_some_and(|aud| aud.iter().any(|a| a == audience))
+    {
+        return Err(AuthError::Unauthenticated(format!(
+            "the TokenReview answer does not confirm audience {audience:?}"
+        )));
+    }
+    let user = status.user.unwrap_or_default();
+    Ok(ReviewedUser {
+        username: user.username.unwrap_or_default(),
+        uid: user.uid.unwrap_or_default(),
+        extra: user.extra.unwrap_or_default().into_iter().collect(),
+    })
 }
 
 /// Default lifetime of a cached review when the token carries no `exp`.
@@ -272,8 +289,8 @@ pub struct AgentPod {
     pub uid: String,
     /// `spec.nodeName`.
     pub node: Option<String>,
-    /// Names of owning DaemonSets (ownerReferences of kind DaemonSet).
-    pub daemonsets: Vec<String>,
+    /// The controlling owner when it is a DaemonSet: (name, UID).
+    pub controller: Option<(String, String)>,
 }
 
 impl AgentPod {
@@ -284,25 +301,45 @@ impl AgentPod {
             name: p.metadata.name.clone()?,
             uid: p.metadata.uid.clone()?,
             node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-            daemonsets: p
+            // The controlling reference (at most one has `controller:
+            // true`: apimachinery's metav1.GetControllerOf, in
+            // staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/controller_ref.go).
+            controller: p
                 .metadata
                 .owner_references
                 .iter()
                 .flatten()
-                .filter(|o| o.kind == "DaemonSet")
-                .map(|o| o.name.clone())
-                .collect(),
+                .find(|o| o.controller == Some(true))
+                .filter(|o| o.kind == "DaemonSet" && o.api_version == "apps/v1")
+                .map(|o| (o.name.clone(), o.uid.clone())),
         })
+    }
+
+    /// Whether the pod is controlled by a DaemonSet named `name`.
+    pub fn controlled_by_name(&self, name: &str) -> bool {
+        self.controller.as_ref().is_some_and(|(n, _)| n == name)
     }
 }
 
-/// The agent pods known from the watch, by name.
+/// The agent pods known from the watch, by name, and the UID of the live
+/// agent DaemonSet.
 #[derive(Debug, Default)]
 pub struct AgentPods {
     pods: RwLock<HashMap<String, AgentPod>>,
+    daemonset_uid: RwLock<Option<String>>,
 }
 
 impl AgentPods {
+    /// Records the UID of the agent DaemonSet (`None`: it does not exist).
+    pub fn set_daemonset_uid(&self, uid: Option<String>) {
+        *self.daemonset_uid.write().unwrap() = uid;
+    }
+
+    /// The UID of the agent DaemonSet, if it exists.
+    pub fn daemonset_uid(&self) -> Option<String> {
+        self.daemonset_uid.read().unwrap().clone()
+    }
+
     /// Inserts or replaces a pod.
     pub fn apply(&self, p: AgentPod) {
         self.pods.write().unwrap().insert(p.name.clone(), p);
@@ -391,9 +428,16 @@ pub enum Denied {
     /// The pod exists with another UID (the token is for a deleted pod).
     #[error("pod {0:?} has another UID than the token's")]
     PodUidMismatch(String),
-    /// The pod is not owned by the agent DaemonSet.
-    #[error("pod {0:?} is not owned by the agent DaemonSet")]
+    /// The pod is not controlled by the live agent DaemonSet.
+    #[error(
+        "pod {0:?} is not controlled by the agent DaemonSet (a controlling ownerReference with its name and UID)"
+    )]
     NotAgentPod(String),
+    /// The agent DaemonSet is not known (absent, or not listed yet).
+    #[error(
+        "the agent DaemonSet {0:?} is not known to the controller (does it exist in the agent namespace?)"
+    )]
+    NoAgentDaemonSet(String),
     /// The pod runs on another node.
     #[error("pod {pod:?} runs on {actual:?}, not on node {node:?}")]
     WrongNode {
@@ -428,10 +472,21 @@ impl Denied {
             Denied::UnknownPod(_) => "unknownPod",
             Denied::PodUidMismatch(_) => "podUidMismatch",
             Denied::NotAgentPod(_) => "notAgentPod",
+            Denied::NoAgentDaemonSet(_) => "noAgentDaemonSet",
             Denied::WrongNode { .. } => "wrongNode",
             Denied::NodeClaimMismatch { .. } => "nodeClaimMismatch",
         }
     }
+}
+
+/// The agent DaemonSet as the authorization needs it: its name and, when
+/// the controller knows it, the UID of the live object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentDaemonSet<'a> {
+    /// `--agent-daemonset`.
+    pub name: &'a str,
+    /// The live DaemonSet's UID.
+    pub uid: Option<&'a str>,
 }
 
 /// Whether `user` may report for `node` (pure; `lookup` finds agent pods by
@@ -440,7 +495,7 @@ pub fn authorize(
     user: &ReviewedUser,
     node: &str,
     sa: &ServiceAccountRef,
-    daemonset: &str,
+    daemonset: &AgentDaemonSet<'_>,
     lookup: impl Fn(&str) -> Option<AgentPod>,
 ) -> Result<AgentPod, Denied> {
     if user.username != sa.username() {
@@ -467,8 +522,12 @@ pub fn authorize(
     if pod.uid != pod_uid {
         return Err(Denied::PodUidMismatch(pod_name.to_string()));
     }
-    if !pod.daemonsets.iter().any(|d| d == daemonset) {
-        return Err(Denied::NotAgentPod(pod_name.to_string()));
+    let Some(ds_uid) = daemonset.uid else {
+        return Err(Denied::NoAgentDaemonSet(daemonset.name.to_string()));
+    };
+    match &pod.controller {
+        Some((n, u)) if n == daemonset.name && u == ds_uid => {}
+        _ => return Err(Denied::NotAgentPod(pod_name.to_string())),
     }
     match pod.node.as_deref() {
         Some(n) if n == node => Ok(pod),
@@ -505,12 +564,22 @@ pub(crate) mod tests {
             name: name.into(),
             uid: uid.into(),
             node: Some(node.into()),
-            daemonsets: vec!["agent".into()],
+            controller: Some(("agent".into(), DS_UID.into())),
         }
     }
 
+    /// The UID of the live agent DaemonSet in these tests.
+    pub(crate) const DS_UID: &str = "ds-uid";
+
     fn sa() -> ServiceAccountRef {
         "mg:agent".parse().unwrap()
+    }
+
+    fn ds() -> AgentDaemonSet<'static> {
+        AgentDaemonSet {
+            name: "agent",
+            uid: Some(DS_UID),
+        }
     }
 
     #[test]
@@ -519,8 +588,18 @@ pub(crate) mod tests {
             agent_pod("agent-a", "ua", "node-a"),
             agent_pod("agent-b", "ub", "node-b"),
             AgentPod {
-                daemonsets: vec!["other".into()],
+                controller: Some(("other".into(), DS_UID.into())),
                 ..agent_pod("imposter", "ui", "node-a")
+            },
+            // Names the agent DaemonSet, with another UID.
+            AgentPod {
+                controller: Some(("agent".into(), "forged-uid".into())),
+                ..agent_pod("lookalike", "ul", "node-a")
+            },
+            // Owned, but not controlled (controller: false).
+            AgentPod {
+                controller: None,
+                ..agent_pod("adopted", "ud", "node-a")
             },
             AgentPod {
                 namespace: "elsewhere".into(),
@@ -532,7 +611,7 @@ pub(crate) mod tests {
             &agent_user("agent-a", "ua", Some("node-a")),
             "node-a",
             &sa(),
-            "agent",
+            &ds(),
             lookup,
         );
         assert_eq!(ok.unwrap().name, "agent-a");
@@ -542,7 +621,7 @@ pub(crate) mod tests {
                 &agent_user("agent-b", "ub", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::WrongNode { .. })
@@ -552,7 +631,7 @@ pub(crate) mod tests {
                 &agent_user("agent-a", "ua", Some("node-b")),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::NodeClaimMismatch { .. })
@@ -562,7 +641,7 @@ pub(crate) mod tests {
                 &agent_user("agent-a", "old", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::PodUidMismatch("agent-a".into()))
@@ -572,7 +651,7 @@ pub(crate) mod tests {
                 &agent_user("gone", "ug", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::UnknownPod("gone".into()))
@@ -582,7 +661,7 @@ pub(crate) mod tests {
                 &agent_user("imposter", "ui", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::NotAgentPod("imposter".into()))
@@ -592,23 +671,103 @@ pub(crate) mod tests {
                 &agent_user("stray", "us", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::UnknownPod("stray".into()))
         );
+        for name in ["lookalike", "adopted"] {
+            let uid = pods.iter().find(|p| p.name == name).unwrap().uid.clone();
+            assert_eq!(
+                authorize(
+                    &agent_user(name, &uid, None),
+                    "node-a",
+                    &sa(),
+                    &ds(),
+                    lookup
+                ),
+                Err(Denied::NotAgentPod(name.into())),
+                "{name}"
+            );
+        }
+        // The DaemonSet is not known: nobody is an agent.
+        let unknown = AgentDaemonSet {
+            name: "agent",
+            uid: None,
+        };
+        assert_eq!(
+            authorize(
+                &agent_user("agent-a", "ua", None),
+                "node-a",
+                &sa(),
+                &unknown,
+                lookup
+            ),
+            Err(Denied::NoAgentDaemonSet("agent".into()))
+        );
         let mut other_sa = agent_user("agent-a", "ua", None);
         other_sa.username = "system:serviceaccount:mg:default".into();
         assert!(matches!(
-            authorize(&other_sa, "node-a", &sa(), "agent", lookup),
+            authorize(&other_sa, "node-a", &sa(), &ds(), lookup),
             Err(Denied::NotAgentServiceAccount(_))
         ));
         let mut no_claim = agent_user("agent-a", "ua", None);
         no_claim.extra.clear();
         assert_eq!(
-            authorize(&no_claim, "node-a", &sa(), "agent", lookup),
+            authorize(&no_claim, "node-a", &sa(), &ds(), lookup),
             Err(Denied::NoPodClaim)
         );
+    }
+
+    #[test]
+    fn only_the_controlling_daemonset_reference_counts() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "mg", "uid": "u", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "x", "controller": false},
+            ]},
+            "spec": {"nodeName": "n", "containers": []},
+        }))
+        .unwrap();
+        assert_eq!(AgentPod::from_pod(&pod).unwrap().controller, None);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "mg", "uid": "u", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Foo", "name": "agent", "uid": "y"},
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "z", "controller": true},
+            ]},
+            "spec": {"nodeName": "n", "containers": []},
+        }))
+        .unwrap();
+        assert_eq!(
+            AgentPod::from_pod(&pod).unwrap().controller,
+            Some(("agent".into(), "z".into()))
+        );
+    }
+
+    #[test]
+    fn a_token_review_answer_must_confirm_the_audience() {
+        use k8s_openapi::api::authentication::v1::{TokenReviewStatus, UserInfo};
+        let ok = |aud: Option<Vec<&str>>| TokenReviewStatus {
+            authenticated: Some(true),
+            audiences: aud.map(|a| a.into_iter().map(String::from).collect()),
+            user: Some(UserInfo {
+                username: Some("system:serviceaccount:mg:agent".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(reviewed_user(ok(Some(vec!["mountguard"])), "mountguard").is_ok());
+        for aud in [None, Some(vec![]), Some(vec!["api"])] {
+            assert!(
+                matches!(
+                    reviewed_user(ok(aud.clone()), "mountguard"),
+                    Err(AuthError::Unauthenticated(_))
+                ),
+                "{aud:?}"
+            );
+        }
+        let mut no = ok(Some(vec!["mountguard"]));
+        no.authenticated = Some(false);
+        assert!(reviewed_user(no, "mountguard").is_err());
     }
 
     /// A reviewer with a fixed token table that counts calls.

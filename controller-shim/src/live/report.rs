@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::args::{RateLimit, RunArgs, ServiceAccountRef};
-use super::auth::{AgentPods, AuthError, PodFetcher, TokenReviewer, authorize};
+use super::auth::{AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenReviewer, authorize};
 use super::eval::Input;
 use super::{Shared, Shutdown};
 
@@ -356,7 +356,11 @@ impl ReportHandler {
             }
         };
         let sa = &self.config.agent_sa;
-        let ds = &self.config.agent_daemonset;
+        let ds_uid = self.agents.daemonset_uid();
+        let ds = &AgentDaemonSet {
+            name: &self.config.agent_daemonset,
+            uid: ds_uid.as_deref(),
+        };
         let mut r = authorize(&user, node, sa, ds, |n| self.agents.get(n));
         if let Err(d) = &r
             && d.may_be_cache_miss()
@@ -367,7 +371,7 @@ impl ReportHandler {
                 .and_then(|v| v.first())
             && let Some(p) = f.fetch(name).await
         {
-            if p.daemonsets.iter().any(|d| d == ds) {
+            if p.controlled_by_name(ds.name) {
                 self.agents.apply(p.clone());
             }
             r = authorize(&user, node, sa, ds, |n| (n == p.name).then(|| p.clone()));
@@ -780,6 +784,7 @@ mod tests {
         f.tokens
             .insert("tok-b".into(), agent_user("agent-b", "ub", None));
         let agents = Arc::new(AgentPods::default());
+        agents.set_daemonset_uid(Some(crate::live::auth::tests::DS_UID.into()));
         agents.apply(agent_pod("agent-a", "ua", "node-a"));
         agents.apply(agent_pod("agent-b", "ub", "node-b"));
         let (tx, rx) = mpsc::channel(100);

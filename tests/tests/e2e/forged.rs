@@ -152,3 +152,53 @@ async fn forged_reports_are_rejected_and_change_nothing() {
     assert_eq!(counter(&m, "conflict"), 0.0);
     sys.shutdown().await;
 }
+
+/// A pod that merely names the agent DaemonSet in an ownerReference (not
+/// as its controller, or with another UID), running on node-0 under the
+/// agent ServiceAccount with a projected `mountguard` token, is not an
+/// agent: its reports are refused while the real agent's are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_only_names_the_agent_daemonset_is_not_an_agent() {
+    use mountguard_tests::mountguard::{agent_daemonset_uid, agent_pod, deploy_pod_with_token};
+    let sys = System::start(Options::default()).await;
+    wait_all_fresh(&sys).await;
+    let live_uid = agent_daemonset_uid(&sys.cluster).unwrap();
+    let cases = [
+        ("not-controller", live_uid.as_str(), false),
+        ("forged-uid", "00000000-0000-0000-0000-000000000000", true),
+    ];
+    let inv = serde_json::to_vec(&NodeInventory::new(
+        "node-0",
+        "forged",
+        jiff::Timestamp::now(),
+    ))
+    .unwrap();
+    for (name, uid, controller) in cases {
+        let mut pod = agent_pod("node-0", uid);
+        pod["metadata"]["name"] = format!("imposter-{name}").into();
+        pod["metadata"]["ownerReferences"][0]["controller"] = controller.into();
+        let id = deploy_pod_with_token(&sys.cluster, 0, pod).await.unwrap();
+        let (code, text) = put(
+            &sys,
+            &inventory_path("node-0"),
+            &id.token().unwrap(),
+            inv.clone(),
+        )
+        .await;
+        assert_eq!(code, 403, "{name}: {text}");
+        assert!(
+            text.contains("not controlled by the agent DaemonSet"),
+            "{name}: {text}"
+        );
+    }
+    // The real agent of node-0 still reports.
+    let (code, text) = put(
+        &sys,
+        &heartbeat_path("node-0"),
+        &sys.ids[0].token().unwrap(),
+        serde_json::to_vec(&Heartbeat::new("node-0", u64::MAX, jiff::Timestamp::now())).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    sys.shutdown().await;
+}
