@@ -427,7 +427,13 @@ impl ReportHandler {
                 inv.node
             )));
         }
-        check_limits(&inv, &self.config.limits).map_err(Reject::bad)?;
+        let marked = enforce_limits(&mut inv, &self.config.limits).map_err(Reject::bad)?;
+        if marked > 0 {
+            warn!(
+                node,
+                marked, "inventory over the count limits: those volumes or pods are not judged"
+            );
+        }
         let skew = clamp_to_received(&mut inv, jiff::Timestamp::now());
         if skew > CLOCK_SKEW_WARN {
             debug!(
@@ -649,8 +655,16 @@ fn parse_path(path: &str) -> Option<(Kind, String)> {
     valid.then(|| (kind, node.to_string()))
 }
 
-/// Checks the count limits of an inventory.
-pub fn check_limits(inv: &NodeInventory, l: &CountLimits) -> Result<(), String> {
+/// Applies the count limits to an inventory. Only the pod count (and an
+/// overlong pod UID) refuses the whole inventory: a volume over the file
+/// cap, or with an overlong path, loses its files and carries a
+/// `tooLarge` error instead (so it is Unverifiable on its own), and a pod
+/// over the volume cap loses its volumes and subPaths and carries a pod
+/// error (all its subjects Unverifiable). The rest of the node stays
+/// judged: one tenant's oversized ConfigMap cannot blind a node. Returns
+/// how many volumes or pods were marked.
+pub fn enforce_limits(inv: &mut NodeInventory, l: &CountLimits) -> Result<usize, String> {
+    use mountguard_inventory::{ReadError, ReadErrorKind};
     if inv.pods.len() > l.pods {
         return Err(format!(
             "{} pods, at most {} allowed",
@@ -659,40 +673,75 @@ pub fn check_limits(inv: &NodeInventory, l: &CountLimits) -> Result<(), String> 
         ));
     }
     let long = |s: &str| s.len() > l.path_len;
-    for p in &inv.pods {
+    let refused = |message: String| ReadError {
+        path: String::new(),
+        kind: ReadErrorKind::TooLarge,
+        message,
+    };
+    let mut marked = 0;
+    for p in &mut inv.pods {
         if long(&p.uid) {
             return Err("pod uid too long".into());
         }
-        if p.volumes.len() > l.volumes_per_pod || p.sub_paths.len() > l.volumes_per_pod {
-            return Err(format!(
-                "pod {}: more than {} volumes or subPaths",
-                p.uid, l.volumes_per_pod
-            ));
+        if p.errors.len() > l.volumes_per_pod || p.errors.iter().any(|e| long(&e.path)) {
+            p.errors = vec![refused(format!(
+                "more than {} pod errors or an error path over {} bytes; not judged",
+                l.volumes_per_pod, l.path_len
+            ))];
         }
-        for v in &p.volumes {
-            if long(&v.name) {
-                return Err(format!("pod {}: volume name too long", p.uid));
-            }
-            if v.files.len() > l.files_per_volume {
-                return Err(format!(
-                    "pod {} volume {}: {} files, at most {}",
-                    p.uid,
-                    v.name,
+        let too_many = p.volumes.len() > l.volumes_per_pod || p.sub_paths.len() > l.volumes_per_pod;
+        let long_names = p.volumes.iter().any(|v| long(&v.name))
+            || p.sub_paths
+                .iter()
+                .any(|s| long(&s.volume) || long(&s.container));
+        if too_many || long_names {
+            let message = format!(
+                "the pod has {} volumes and {} subPaths (at most {} each) or a name over {} bytes; the controller refused them, the pod is not judged",
+                p.volumes.len(),
+                p.sub_paths.len(),
+                l.volumes_per_pod,
+                l.path_len
+            );
+            p.volumes.clear();
+            p.sub_paths.clear();
+            p.errors.push(refused(message));
+            marked += 1;
+            continue;
+        }
+        for v in &mut p.volumes {
+            let over = v.files.len() > l.files_per_volume || v.errors.len() > l.files_per_volume;
+            let long_path =
+                v.files.keys().any(|k| long(k)) || v.errors.iter().any(|e| long(&e.path));
+            if over || long_path {
+                let message = format!(
+                    "the volume has {} files and {} errors (at most {} each) or a path over {} bytes; the controller refused its content, the volume is not judged",
                     v.files.len(),
-                    l.files_per_volume
-                ));
-            }
-            if v.files.keys().any(|k| long(k)) || v.errors.iter().any(|e| long(&e.path)) {
-                return Err(format!("pod {} volume {}: path too long", p.uid, v.name));
+                    v.errors.len(),
+                    l.files_per_volume,
+                    l.path_len
+                );
+                v.files.clear();
+                v.modes.clear();
+                v.digest = None;
+                v.errors = vec![refused(message)];
+                marked += 1;
             }
         }
-        for s in &p.sub_paths {
-            if long(&s.volume) || long(&s.container) {
-                return Err(format!("pod {}: subPath name too long", p.uid));
+        for sp in &mut p.sub_paths {
+            let over = sp.files.len() > l.files_per_volume || sp.errors.len() > l.files_per_volume;
+            let long_path =
+                sp.files.keys().any(|k| long(k)) || sp.errors.iter().any(|e| long(&e.path));
+            if over || long_path {
+                sp.files.clear();
+                sp.errors = vec![refused(format!(
+                    "the subPath target has more than {} files or errors, or a path over {} bytes; not judged",
+                    l.files_per_volume, l.path_len
+                ))];
+                marked += 1;
             }
         }
     }
-    Ok(())
+    Ok(marked)
 }
 
 /// Serves the report API until shutdown: TLS when `tls` is given, else
@@ -1120,6 +1169,65 @@ mod tests {
             Duration::ZERO
         );
         assert_eq!(inv.scanned_at, behind);
+    }
+
+    #[test]
+    fn a_volume_or_pod_over_the_limits_is_marked_alone() {
+        use mountguard_inventory::{PodInventory, ReadErrorKind, Sha256Hex, VolumeInventory};
+        let vol = |name: &str, files: usize| VolumeInventory {
+            plugin: mountguard_inventory::Plugin::Configmap,
+            name: name.into(),
+            data_dir: None,
+            written_at: None,
+            digest: None,
+            files: (0..files)
+                .map(|i| (format!("k{i}"), Sha256Hex([0; 32])))
+                .collect(),
+            modes: Default::default(),
+            errors: vec![],
+        };
+        let l = CountLimits {
+            pods: 3,
+            volumes_per_pod: 2,
+            files_per_volume: 4,
+            path_len: 16,
+        };
+        let mut inv = NodeInventory::new("n", "t", jiff::Timestamp::now());
+        inv.pods.push(PodInventory {
+            uid: "a".into(),
+            volumes: vec![vol("ok", 4), vol("huge", 5)],
+            sub_paths: vec![],
+            errors: vec![],
+        });
+        inv.pods.push(PodInventory {
+            uid: "b".into(),
+            volumes: vec![vol("x", 1), vol("y", 1), vol("z", 1)],
+            sub_paths: vec![],
+            errors: vec![],
+        });
+        inv.pods.push(PodInventory {
+            uid: "c".into(),
+            volumes: vec![vol("fine", 1), vol("a-name-longer-than-16", 1)],
+            sub_paths: vec![],
+            errors: vec![],
+        });
+        assert_eq!(enforce_limits(&mut inv, &l), Ok(3));
+        let a = &inv.pods[0];
+        assert_eq!(
+            a.volumes[0].files.len(),
+            4,
+            "the volume at the limit is kept"
+        );
+        assert!(a.volumes[1].files.is_empty());
+        assert_eq!(a.volumes[1].errors[0].kind, ReadErrorKind::TooLarge);
+        assert!(inv.pods[1].volumes.is_empty());
+        assert_eq!(inv.pods[1].errors[0].kind, ReadErrorKind::TooLarge);
+        assert!(inv.pods[2].volumes.is_empty());
+        inv.pods.push(inv.pods[0].clone());
+        assert!(
+            enforce_limits(&mut inv, &l).is_err(),
+            "too many pods: refused whole"
+        );
     }
 
     #[tokio::test]

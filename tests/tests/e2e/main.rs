@@ -6,6 +6,7 @@
 
 mod harness;
 
+mod blind;
 mod clock;
 mod demo;
 mod forged;
