@@ -61,6 +61,10 @@ pub enum AuthError {
     /// The TokenReview could not be made (API trouble): try again later.
     #[error("token review unavailable: {0}")]
     Unavailable(String),
+    /// Too many TokenReviews for this source (or in flight): retry after
+    /// the given seconds.
+    #[error("token review throttled: {0}")]
+    Throttled(String, u64),
 }
 
 /// Checks a bearer token (e.g. with a TokenReview).
@@ -71,6 +75,83 @@ pub trait TokenReviewer: Send + Sync + std::fmt::Debug {
         token: &'a str,
         audience: &'a str,
     ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>>;
+
+    /// Authenticates `token` for `audience` on behalf of a caller at
+    /// `source` (its address, before any authentication), so a reviewer
+    /// can limit the reviews one source drives.
+    fn review_from<'a>(
+        &'a self,
+        token: &'a str,
+        audience: &'a str,
+        source: Option<std::net::IpAddr>,
+    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+        let _ = source;
+        self.review(token, audience)
+    }
+}
+
+/// A token bucket: `burst` tokens, refilled at `per_second`.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn full(burst: u32, now: Instant) -> Self {
+        Self {
+            tokens: f64::from(burst),
+            refilled: now,
+        }
+    }
+
+    /// Takes one token, or says how many seconds until one is available.
+    pub fn take(&mut self, per_second: f64, burst: u32, now: Instant) -> Result<(), u64> {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * per_second).min(f64::from(burst));
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - self.tokens) / per_second).ceil().max(1.0) as u64)
+        }
+    }
+
+    /// Whether the bucket would be full at `now` (nothing to remember).
+    pub fn is_full(&self, per_second: f64, burst: u32, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens + elapsed * per_second >= f64::from(burst)
+    }
+}
+
+/// Limits on the TokenReviews that callers not yet authenticated can
+/// cause (cache misses only: a cached answer costs nothing).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReviewLimits {
+    /// Reviews in flight at once, all sources together.
+    pub in_flight: usize,
+    /// How long a review waits for a free slot before answering 503.
+    pub queue_timeout: Duration,
+    /// Per source address: reviews per second.
+    pub per_source_rate: f64,
+    /// Per source address: burst.
+    pub per_source_burst: u32,
+    /// Source addresses remembered at most.
+    pub sources: usize,
+}
+
+impl Default for ReviewLimits {
+    fn default() -> Self {
+        Self {
+            in_flight: 16,
+            queue_timeout: Duration::from_secs(2),
+            per_source_rate: 2.0,
+            per_source_burst: 20,
+            sources: 10_000,
+        }
+    }
 }
 
 /// TokenReview through the API server (`authentication.k8s.io/v1`).
@@ -173,6 +254,9 @@ pub struct CachedReviewer<R> {
     metrics: Metrics,
     capacity: usize,
     cache: Mutex<HashMap<CacheKey, CacheEntry>>,
+    limits: ReviewLimits,
+    in_flight: tokio::sync::Semaphore,
+    sources: Mutex<HashMap<std::net::IpAddr, TokenBucket>>,
 }
 
 impl<R> std::fmt::Debug for CachedReviewer<R> {
@@ -184,14 +268,57 @@ impl<R> std::fmt::Debug for CachedReviewer<R> {
 }
 
 impl<R: TokenReviewer> CachedReviewer<R> {
-    /// Wraps `inner`.
+    /// Wraps `inner` with the default [`ReviewLimits`].
     pub fn new(inner: R, metrics: Metrics, capacity: usize) -> Self {
+        Self::with_limits(inner, metrics, capacity, ReviewLimits::default())
+    }
+
+    /// Wraps `inner`.
+    pub fn with_limits(inner: R, metrics: Metrics, capacity: usize, limits: ReviewLimits) -> Self {
         Self {
             inner,
             metrics,
             capacity: capacity.max(1),
             cache: Mutex::new(HashMap::new()),
+            in_flight: tokio::sync::Semaphore::new(limits.in_flight.max(1)),
+            limits,
+            sources: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Charges one review to `source`, or says when to retry.
+    fn charge(&self, source: std::net::IpAddr, now: Instant) -> Result<(), u64> {
+        let (rate, burst) = (self.limits.per_source_rate, self.limits.per_source_burst);
+        let mut sources = self.sources.lock().unwrap();
+        if sources.len() >= self.limits.sources && !sources.contains_key(&source) {
+            sources.retain(|_, b| !b.is_full(rate, burst, now));
+            if sources.len() >= self.limits.sources {
+                // Every remembered source is still throttled: a flood from
+                // many addresses. Refuse the newcomers until some recover.
+                return Err(1);
+            }
+        }
+        sources
+            .entry(source)
+            .or_insert_with(|| TokenBucket::full(burst, now))
+            .take(rate, burst, now)
+    }
+
+    /// Stores an answer. When the cache is full: expired entries go first,
+    /// then rejections; live successes are never dropped (with the cache
+    /// full of them, the new answer is simply not cached).
+    fn store(&self, key: CacheKey, entry: CacheEntry, now: Instant) {
+        let mut cache = self.cache.lock().unwrap();
+        if cache.len() >= self.capacity && !cache.contains_key(&key) {
+            cache.retain(|_, (_, until)| *until > now);
+            if cache.len() >= self.capacity {
+                cache.retain(|_, (r, _)| r.is_ok());
+            }
+            if cache.len() >= self.capacity {
+                return;
+            }
+        }
+        cache.insert(key, entry);
     }
 
     /// Number of cached entries.
@@ -239,6 +366,15 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
         token: &'a str,
         audience: &'a str,
     ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+        self.review_from(token, audience, None)
+    }
+
+    fn review_from<'a>(
+        &'a self,
+        token: &'a str,
+        audience: &'a str,
+        source: Option<std::net::IpAddr>,
+    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
         Box::pin(async move {
             let key = cache_key(token, audience);
             let now = Instant::now();
@@ -247,6 +383,25 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
             {
                 return r.clone();
             }
+            // A miss costs a TokenReview: charged to the source, then
+            // bounded in flight across all sources.
+            if let Some(ip) = source
+                && let Err(wait) = self.charge(ip, now)
+            {
+                self.metrics.tokenreview_throttled("source");
+                return Err(AuthError::Throttled(
+                    format!("too many unknown tokens from {ip}; retry after {wait}s"),
+                    wait,
+                ));
+            }
+            let Ok(Ok(_permit)) =
+                tokio::time::timeout(self.limits.queue_timeout, self.in_flight.acquire()).await
+            else {
+                self.metrics.tokenreview_throttled("in_flight");
+                return Err(AuthError::Unavailable(
+                    "too many token reviews in flight".into(),
+                ));
+            };
             let timer = self.metrics.tokenreview_duration.start_timer();
             let r = self.inner.review(token, audience).await;
             timer.observe_duration();
@@ -257,21 +412,10 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
                     self.metrics.api_error("tokenreview");
                     return r;
                 }
+                Err(AuthError::Throttled(..)) => return r,
             };
             if !ttl.is_zero() {
-                let mut cache = self.cache.lock().unwrap();
-                if cache.len() >= self.capacity {
-                    cache.retain(|_, (_, until)| *until > now);
-                    if cache.len() >= self.capacity {
-                        // Still full of live entries: drop an arbitrary half.
-                        let drop: Vec<CacheKey> =
-                            cache.keys().take(self.capacity / 2 + 1).copied().collect();
-                        for k in drop {
-                            cache.remove(&k);
-                        }
-                    }
-                }
-                cache.insert(key, (r.clone(), now + ttl));
+                self.store(key, (r.clone(), now + ttl), now);
             }
             r
         })
@@ -798,6 +942,137 @@ pub(crate) mod tests {
                     .ok_or_else(|| AuthError::Unauthenticated("unknown token".into()))
             })
         }
+    }
+
+    #[tokio::test]
+    async fn unknown_tokens_from_one_source_cost_at_most_its_burst() {
+        let c = CachedReviewer::with_limits(
+            FakeReviewer::default(),
+            Metrics::new(),
+            100,
+            ReviewLimits {
+                per_source_rate: 0.001,
+                per_source_burst: 5,
+                ..ReviewLimits::default()
+            },
+        );
+        let attacker: std::net::IpAddr = "10.0.0.66".parse().unwrap();
+        let mut throttled = 0;
+        for i in 0..200 {
+            match c
+                .review_from(&format!("random-{i}"), "mountguard", Some(attacker))
+                .await
+            {
+                Err(AuthError::Throttled(_, wait)) => {
+                    assert!(wait >= 1);
+                    throttled += 1;
+                }
+                Err(AuthError::Unauthenticated(_)) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 5);
+        assert_eq!(throttled, 195);
+        // Another source is not affected.
+        let other: std::net::IpAddr = "10.0.0.7".parse().unwrap();
+        assert!(matches!(
+            c.review_from("x", "mountguard", Some(other)).await,
+            Err(AuthError::Unauthenticated(_))
+        ));
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 6);
+    }
+
+    #[tokio::test]
+    async fn a_full_cache_drops_rejections_first_and_never_live_answers() {
+        let now = jiff::Timestamp::now().as_second();
+        let live: Vec<String> = (0..3).map(|i| jwt(now + 3600 + i)).collect();
+        let mut f = FakeReviewer::default();
+        for t in &live {
+            f.tokens
+                .insert(t.clone(), agent_user("agent-a", "ua", None));
+        }
+        let c = CachedReviewer::new(f, Metrics::new(), 4);
+        for t in &live {
+            assert!(c.review(t, "mountguard").await.is_ok());
+        }
+        for i in 0..50 {
+            let _ = c.review(&format!("junk-{i}"), "mountguard").await;
+        }
+        assert!(c.len() <= 4);
+        let before = c.inner.calls.load(Ordering::SeqCst);
+        for t in &live {
+            assert!(c.review(t, "mountguard").await.is_ok());
+        }
+        assert_eq!(
+            c.inner.calls.load(Ordering::SeqCst),
+            before,
+            "a live answer was evicted by rejections"
+        );
+    }
+
+    /// A reviewer that takes time and records the most reviews at once.
+    #[derive(Debug, Default)]
+    struct SlowReviewer {
+        now: AtomicUsize,
+        max: AtomicUsize,
+    }
+
+    impl TokenReviewer for SlowReviewer {
+        fn review<'a>(
+            &'a self,
+            _token: &'a str,
+            _audience: &'a str,
+        ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+            Box::pin(async move {
+                let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+                self.max.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                self.now.fetch_sub(1, Ordering::SeqCst);
+                Err(AuthError::Unauthenticated("no".into()))
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn reviews_in_flight_are_bounded_across_sources() {
+        let c = std::sync::Arc::new(CachedReviewer::with_limits(
+            SlowReviewer::default(),
+            Metrics::new(),
+            1000,
+            ReviewLimits {
+                in_flight: 3,
+                queue_timeout: Duration::from_millis(120),
+                ..ReviewLimits::default()
+            },
+        ));
+        let tasks: Vec<_> = (0..40u8)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let ip = std::net::IpAddr::from([10, 1, 0, i]);
+                    c.review_from(&format!("t{i}"), "mountguard", Some(ip))
+                        .await
+                })
+            })
+            .collect();
+        let mut unavailable = 0;
+        for t in tasks {
+            if matches!(t.await.unwrap(), Err(AuthError::Unavailable(_))) {
+                unavailable += 1;
+            }
+        }
+        assert!(c.inner.max.load(Ordering::SeqCst) <= 3);
+        assert!(
+            unavailable > 0,
+            "40 slow reviews, 3 at a time, 120 ms queue"
+        );
+        assert_eq!(
+            c.metrics
+                .tokenreview_throttled
+                .with_label_values(&["in_flight"])
+                .get(),
+            unavailable
+        );
     }
 
     fn jwt(exp: i64) -> String {

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub report_duration: HistogramVec,
     /// `mountguard_report_clock_clamped_total`.
     pub report_clock_clamped: IntCounter,
+    /// `mountguard_tokenreview_throttled_total{reason}`.
+    pub tokenreview_throttled: IntCounterVec,
 }
 
 /// Values of `mountguard_report_requests_total{result}`.
@@ -305,6 +307,20 @@ impl Metrics {
             ))
             .unwrap(),
         );
+        let tokenreview_throttled = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "tokenreview_throttled_total",
+                    "TokenReviews not made for unknown tokens: reason source (per-address limit) or in_flight (global limit)",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+        );
+        for reason in ["source", "in_flight"] {
+            tokenreview_throttled.with_label_values(&[reason]);
+        }
         Self {
             registry: r,
             mount_state,
@@ -329,6 +345,7 @@ impl Metrics {
             remediation_blocked,
             report_duration,
             report_clock_clamped,
+            tokenreview_throttled,
         }
     }
 
@@ -355,6 +372,13 @@ impl Metrics {
         if ahead > std::time::Duration::from_secs(5) {
             self.report_clock_clamped.inc();
         }
+    }
+
+    /// Counts a TokenReview not made because of a limit.
+    pub fn tokenreview_throttled(&self, reason: &str) {
+        self.tokenreview_throttled
+            .with_label_values(&[reason])
+            .inc();
     }
 
     /// Counts an API error.

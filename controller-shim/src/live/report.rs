@@ -29,7 +29,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::args::{RateLimit, RunArgs, ServiceAccountRef};
-use super::auth::{AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenReviewer, authorize};
+use super::auth::{
+    AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenBucket, TokenReviewer, authorize,
+};
 use super::eval::Input;
 use super::{Shared, Shutdown};
 
@@ -91,9 +93,13 @@ impl ReportConfig {
 #[derive(Debug)]
 struct NodeBook {
     generation: Option<u64>,
-    tokens: f64,
-    refilled: Instant,
+    bucket: TokenBucket,
 }
+
+/// The remote address of the connection a request came on (a request
+/// extension set by the server).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub std::net::SocketAddr);
 
 /// The report handler (shared by every connection).
 #[derive(Debug)]
@@ -343,9 +349,24 @@ impl ReportHandler {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| unauth("missing bearer token"))?;
-        let user = match self.reviewer.review(token, &self.config.audience).await {
+        let source = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        let user = match self
+            .reviewer
+            .review_from(token, &self.config.audience, source)
+            .await
+        {
             Ok(u) => u,
             Err(AuthError::Unauthenticated(m)) => return Err(unauth(&m)),
+            Err(AuthError::Throttled(m, wait)) => {
+                let mut r = Reject::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rateLimited",
+                    "rate_limited",
+                    m,
+                );
+                r.retry_after = Some(wait);
+                return Err(r);
+            }
             Err(AuthError::Unavailable(m)) => {
                 return Err(Reject::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -392,17 +413,9 @@ impl ReportHandler {
         let mut book = self.book.lock().unwrap();
         let b = book.entry(node.to_string()).or_insert_with(|| NodeBook {
             generation: None,
-            tokens: rate.burst as f64,
-            refilled: now,
+            bucket: TokenBucket::full(rate.burst, now),
         });
-        let elapsed = now.duration_since(b.refilled).as_secs_f64();
-        b.tokens = (b.tokens + elapsed * rate.per_second).min(rate.burst as f64);
-        b.refilled = now;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            Ok(())
-        } else {
-            let wait = ((1.0 - b.tokens) / rate.per_second).ceil().max(1.0) as u64;
+        if let Err(wait) = b.bucket.take(rate.per_second, rate.burst, now) {
             let mut r = Reject::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rateLimited",
@@ -410,8 +423,9 @@ impl ReportHandler {
                 format!("too many reports for node {node}; retry after {wait}s"),
             );
             r.retry_after = Some(wait);
-            Err(r)
+            return Err(r);
         }
+        Ok(())
     }
 
     async fn inventory(
@@ -767,8 +781,9 @@ pub async fn serve(
             },
         };
         let h = handler.clone();
-        let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let svc = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
             let h = h.clone();
+            req.extensions_mut().insert(PeerAddr(peer));
             async move { Ok::<_, Infallible>(h.handle(req).await) }
         });
         let builder = hyper::server::conn::http1::Builder::new();
