@@ -236,6 +236,10 @@ async fn run(args: RunArgs) -> Result<(), Error> {
         ca_file,
         heartbeat_interval,
     } = args;
+    match mountguard_serve::raise_nofile_limit() {
+        Ok(n) => tracing::debug!(open_files = n, "open file limit raised to the hard limit"),
+        Err(e) => tracing::warn!(error = %e, "keeping the open file limit"),
+    }
     let opts = common.scan_options();
     // Fail fast with a clear message when the root is unusable.
     if let Err(e @ Error::KubeletRoot { .. }) = Scanner::new(opts.clone()).scan() {

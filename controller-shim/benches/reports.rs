@@ -402,16 +402,31 @@ async fn server(nodes: usize, rounds: usize) {
             limits: CountLimits::default(),
         },
         shared.clone(),
-        Arc::new(CachedReviewer::new(
+        // Every simulated agent connects from 127.0.0.1: no per-source limit.
+        Arc::new(CachedReviewer::with_limits(
             Reviewer { nodes },
             metrics.clone(),
             100_000,
+            mountguard_controller::live::auth::ReviewLimits {
+                per_source_burst: u32::MAX,
+                ..Default::default()
+            },
         )),
         agents,
         None,
         tx.clone(),
     ));
-    tokio::spawn(report::serve(listener, None, handler, shutdown.clone()));
+    tokio::spawn(report::serve(
+        listener,
+        None,
+        handler,
+        mountguard_serve::Limits {
+            max_connections: 20_000,
+            ..mountguard_serve::Limits::small()
+        },
+        metrics.serve("report"),
+        shutdown.clone(),
+    ));
 
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .env("MOUNTGUARD_BENCH_CLIENT", addr.to_string())

@@ -75,6 +75,12 @@ pub struct Metrics {
     pub report_clock_clamped: IntCounter,
     /// `mountguard_tokenreview_throttled_total{reason}`.
     pub tokenreview_throttled: IntCounterVec,
+    /// `mountguard_connections_open{listener}`.
+    pub connections_open: IntGaugeVec,
+    /// `mountguard_connections_shed_total{listener}`.
+    pub connections_shed: IntCounterVec,
+    /// `mountguard_connections_timed_out_total{listener}`.
+    pub connections_timed_out: IntCounterVec,
 }
 
 /// Values of `mountguard_report_requests_total{result}`.
@@ -321,6 +327,39 @@ impl Metrics {
         for reason in ["source", "in_flight"] {
             tokenreview_throttled.with_label_values(&[reason]);
         }
+        let connections_open = reg(
+            &r,
+            IntGaugeVec::new(
+                o(
+                    "connections_open",
+                    "Open connections by listener (report, metrics)",
+                ),
+                &["listener"],
+            )
+            .unwrap(),
+        );
+        let connections_shed = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "connections_shed_total",
+                    "Connections closed at once because the listener's connection cap was reached",
+                ),
+                &["listener"],
+            )
+            .unwrap(),
+        );
+        let connections_timed_out = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "connections_timed_out_total",
+                    "Connections closed by the header-read, idle or handshake timeout",
+                ),
+                &["listener"],
+            )
+            .unwrap(),
+        );
         Self {
             registry: r,
             mount_state,
@@ -346,6 +385,18 @@ impl Metrics {
             report_duration,
             report_clock_clamped,
             tokenreview_throttled,
+            connections_open,
+            connections_shed,
+            connections_timed_out,
+        }
+    }
+
+    /// The connection metrics of one listener.
+    pub fn serve(&self, listener: &str) -> mountguard_serve::ServeMetrics {
+        mountguard_serve::ServeMetrics {
+            open: self.connections_open.with_label_values(&[listener]),
+            shed: self.connections_shed.with_label_values(&[listener]),
+            timed_out: self.connections_timed_out.with_label_values(&[listener]),
         }
     }
 

@@ -758,70 +758,65 @@ pub fn enforce_limits(inv: &mut NodeInventory, l: &CountLimits) -> Result<usize,
     Ok(marked)
 }
 
+/// The TLS handshake of the report API.
+#[derive(Clone)]
+struct Tls(tokio_rustls::TlsAcceptor);
+
+impl mountguard_serve::Handshake for Tls {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    async fn handshake(&self, tcp: tokio::net::TcpStream) -> std::io::Result<Self::Io> {
+        self.0.accept(tcp).await
+    }
+}
+
 /// Serves the report API until shutdown: TLS when `tls` is given, else
-/// plain HTTP/1.1. Open connections get a bounded graceful drain.
+/// plain HTTP/1.1, with the shared bounded loop (timeouts, connection
+/// cap; see `mountguard-serve`). Open connections get a bounded graceful
+/// drain.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Option<super::tls::ReloadingCert>,
     handler: Arc<ReportHandler>,
+    limits: mountguard_serve::Limits,
+    metrics: mountguard_serve::ServeMetrics,
     mut shutdown: Shutdown,
 ) {
-    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c.server_config())));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.wait() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    warn!(error = %e, "accepting a report connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    let make = move |peer: std::net::SocketAddr| {
         let h = handler.clone();
-        let svc = hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
             let h = h.clone();
             req.extensions_mut().insert(PeerAddr(peer));
             async move { Ok::<_, Infallible>(h.handle(req).await) }
-        });
-        let builder = hyper::server::conn::http1::Builder::new();
-        match &acceptor {
-            None => {
-                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                let fut = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = fut.await {
-                        debug!(%peer, error = %e, "report connection ended");
-                    }
-                });
-            }
-            Some(acc) => {
-                let acc = acc.clone();
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    let tls =
-                        match tokio::time::timeout(Duration::from_secs(10), acc.accept(stream))
-                            .await
-                        {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(e)) => {
-                                debug!(%peer, error = %e, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => return,
-                        };
-                    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
-                    if let Err(e) = watcher.watch(conn).await {
-                        debug!(%peer, error = %e, "report connection ended");
-                    }
-                });
-            }
+        })
+    };
+    let stop = async move { shutdown.wait().await };
+    match tls {
+        None => {
+            mountguard_serve::serve(
+                "report",
+                listener,
+                limits,
+                mountguard_serve::Plain,
+                metrics,
+                make,
+                stop,
+            )
+            .await
+        }
+        Some(c) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(c.server_config()));
+            mountguard_serve::serve(
+                "report",
+                listener,
+                limits,
+                Tls(acceptor),
+                metrics,
+                make,
+                stop,
+            )
+            .await
         }
     }
-    drop(listener);
-    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
 }
 
 #[cfg(test)]

@@ -24,6 +24,9 @@ pub struct Options {
     /// with `--insecure-plaintext-reports`.
     pub tls: Option<(PathBuf, PathBuf, PathBuf)>,
     pub extra_controller_args: Vec<String>,
+    /// Run the controller with this open file limit (soft and hard,
+    /// through util-linux `prlimit`).
+    pub controller_nofile: Option<u64>,
 }
 
 impl Default for Options {
@@ -33,6 +36,7 @@ impl Default for Options {
             grace: Duration::from_secs(2),
             tls: None,
             extra_controller_args: Vec::new(),
+            controller_nofile: None,
         }
     }
 }
@@ -109,7 +113,15 @@ impl System {
         metrics_addr: std::net::SocketAddr,
         extra: &[String],
     ) -> ChildGuard {
-        let mut cmd = Command::new(binary("mountguard-controller").unwrap());
+        let bin = binary("mountguard-controller").unwrap();
+        let mut cmd = match self.opts.controller_nofile {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(self.cluster.kubeconfig_path())

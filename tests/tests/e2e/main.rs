@@ -13,6 +13,7 @@ mod forged;
 mod fresh;
 mod kubelet;
 mod leader;
+mod load;
 mod remediation;
 mod remediation_faults;
 mod restart;
