@@ -202,12 +202,13 @@ impl TokenReviewer for KubeTokenReviewer {
 /// The user of a TokenReview answer, or why it is refused (pure).
 ///
 /// The answer must be `authenticated` and list `audience` in
-/// `status.audiences`. An authenticator that ignores the requested
-/// audiences answers without the field (the API server fills it only when
-/// the token was checked against them: `authenticateToken` in
-/// staging/src/k8s.io/apiserver/pkg/registry/... tokenreview/storage.go
-/// copies `resp.Audiences`); such an answer proves nothing about the
-/// audience and is refused.
+/// `status.audiences`. The API server copies into `status.audiences` the
+/// audiences the authenticator confirmed (kubernetes/kubernetes,
+/// pkg/registry/authentication/tokenreview/storage.go, `(*REST).Create`:
+/// `tokenReview.Status.Audiences = resp.Audiences`); an answer without our
+/// audience there (an authenticator that ignored the requested audiences,
+/// or a proxy in between) proves nothing about the audience and is
+/// refused.
 pub fn reviewed_user(
     status: k8s_openapi::api::authentication::v1::TokenReviewStatus,
     audience: &str,
