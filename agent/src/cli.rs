@@ -2,13 +2,14 @@
 
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::daemon::{Daemon, DaemonConfig};
 use crate::report::{Backoff, DEFAULT_TOKEN_FILE, HttpSink, HttpSinkConfig, LogSink};
+use crate::sandbox;
 use crate::scan::{DEFAULT_MAX_FILE_SIZE, ScanOptions, Scanner};
 use crate::{Error, output};
 
@@ -39,6 +40,23 @@ pub enum Command {
     Scan(ScanArgs),
     /// Run the agent: watch, rescan, serve /metrics /healthz /readyz, publish.
     Run(Box<RunArgs>),
+    /// Test aid (hidden): applies the same Landlock restriction as `run`,
+    /// prints `restricted <fully|partially|not>`, then for each line
+    /// `read PATH`, `write PATH` or `create PATH` on stdin tries it and
+    /// prints `ok` or `denied <error>`.
+    #[command(hide = true)]
+    SandboxCheck(SandboxCheckArgs),
+}
+
+/// `sandbox-check` flags.
+#[derive(Debug, Args)]
+pub struct SandboxCheckArgs {
+    /// The kubelet root, as for `run`.
+    #[arg(long)]
+    pub kubelet_root: PathBuf,
+    /// A token file, as for `run`.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
 }
 
 /// Flags shared by both commands.
@@ -197,7 +215,21 @@ impl Cli {
         self.init_tracing();
         match self.command {
             Command::Scan(args) => scan(args),
+            Command::SandboxCheck(args) => sandbox_check(args),
             Command::Run(args) => {
+                // Before any thread exists: Landlock applies to the calling
+                // thread and what it starts afterwards.
+                match mountguard_serve::raise_nofile_limit() {
+                    Ok(n) => {
+                        tracing::debug!(open_files = n, "open file limit raised to the hard limit")
+                    }
+                    Err(e) => tracing::warn!(error = %e, "keeping the open file limit"),
+                }
+                let mut files: Vec<&Path> = vec![args.token_file.as_path()];
+                if let Some(ca) = &args.ca_file {
+                    files.push(ca.as_path());
+                }
+                sandbox::restrict_or_warn(&sandbox::read_paths(&args.common.kubelet_root, &files));
                 let rt = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(2)
                     .enable_all()
@@ -206,6 +238,36 @@ impl Cli {
             }
         }
     }
+}
+
+fn sandbox_check(args: SandboxCheckArgs) -> Result<(), Error> {
+    use std::io::BufRead;
+    let files: Vec<&Path> = args.token_file.iter().map(PathBuf::as_path).collect();
+    let e = sandbox::restrict_or_warn(&sandbox::read_paths(&args.kubelet_root, &files));
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "restricted {}", e.as_str())?;
+    out.flush()?;
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let Some((op, path)) = line.split_once(' ') else {
+            continue;
+        };
+        let r = match op {
+            "read" => std::fs::read(path).map(|_| ()),
+            "write" => std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .and_then(|mut f| f.write_all(b"overwritten by the agent")),
+            "create" => std::fs::write(path, b"created by the agent"),
+            _ => continue,
+        };
+        match r {
+            Ok(()) => writeln!(out, "{op} ok")?,
+            Err(e) => writeln!(out, "{op} denied {e}")?,
+        }
+        out.flush()?;
+    }
+    Ok(())
 }
 
 fn scan(args: ScanArgs) -> Result<(), Error> {
@@ -343,7 +405,8 @@ mod tests {
         use clap::CommandFactory;
         let cmd = Cli::command();
         let mut checked = 0;
-        for sub in cmd.get_subcommands() {
+        // The hidden test aid (sandbox-check) is not configured by a user.
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
             for arg in sub.get_arguments() {
                 if arg.get_id() == "help" || arg.get_id() == "version" {
                     continue;

@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod metrics;
 pub mod output;
 pub mod report;
+pub mod sandbox;
 pub mod scan;
 pub mod server;
 pub mod watch;

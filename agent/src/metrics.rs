@@ -121,6 +121,11 @@ impl Metrics {
             ),
             &["result"],
         )?;
+        let landlock = IntGauge::with_opts(p(
+            "landlock_enforced",
+            "1 when the agent runs restricted to reading by Landlock, 0 when the kernel lacks it.",
+        ))?;
+        landlock.set(crate::sandbox::enforced_metric());
         let info = IntGaugeVec::new(p("info", "Static facts about the agent."), &["version"])?;
         info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         for c in [
@@ -139,6 +144,7 @@ impl Metrics {
             Box::new(last_scan.clone()),
             Box::new(publishes.clone()),
             Box::new(info),
+            Box::new(landlock),
         ] {
             registry.register(c)?;
         }

@@ -1,24 +1,28 @@
 //! Descriptor-relative reading of what the kubelet wrote.
 //!
 //! Every open is `openat` relative to an already opened directory with
-//! `O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC`, so a symlink is never followed, a
-//! FIFO never blocks and a device is never opened: the entry type is checked
-//! from the directory entry (or `fstatat` without following) before opening,
-//! and again with `fstat` on the opened descriptor. Only regular files and
-//! directories are read. A problem becomes a [`ReadError`], never a panic.
+//! `O_NOFOLLOW | O_CLOEXEC`, so a symlink is never followed. A file is first
+//! opened with `O_PATH` (which opens nothing: no device driver, no FIFO
+//! end), its type is checked with `fstat` on that descriptor, and only a
+//! regular file is then reopened for reading through `/proc/self/fd/N`, the
+//! same inode: an entry renamed between the directory listing and the open
+//! (a device or FIFO put in place of a file) is never opened for reading.
+//! Directories are opened with `O_DIRECTORY | O_NOFOLLOW`. Only regular
+//! files and directories are read. A problem becomes a [`ReadError`], never
+//! a panic.
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use mountguard_inventory::{FileDigest, ReadError, ReadErrorKind, escape_name};
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat};
-use nix::sys::stat::{Mode, SFlag, fstatat};
+use nix::sys::stat::{Mode, SFlag, fstat, fstatat};
 use sha2::{Digest, Sha256};
 
 /// Flags for opening a directory below a volume.
@@ -26,9 +30,21 @@ pub(crate) fn dir_flags() -> OFlag {
     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK
 }
 
-/// Flags for opening a file to hash it.
+/// Flags for the first, type-checking open of a file: `O_PATH` opens the
+/// inode without opening the file itself.
+fn path_flags() -> OFlag {
+    OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC
+}
+
+/// Flags for reopening a checked regular file to hash it (no `O_NOFOLLOW`:
+/// `/proc/self/fd/N` is the kernel's link to the very inode checked).
+fn reopen_flags() -> OFlag {
+    OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY
+}
+
+/// Flags for the fallback open when `/proc` is not mounted.
 fn file_flags() -> OFlag {
-    OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY
+    reopen_flags() | OFlag::O_NOFOLLOW
 }
 
 /// Deepest nesting walked below a data directory. The kubelet limits a path
@@ -268,15 +284,16 @@ impl Reader {
         }
     }
 
-    /// Opens `name` in `dir` without following symlinks and hashes it.
+    /// Opens `name` in `dir` without following symlinks and hashes it:
+    /// `O_PATH` first, the type checked on that descriptor, and only a
+    /// regular file reopened for reading (see the module documentation).
     pub fn hash_at(
         &mut self,
         dir: &impl AsFd,
         name: &CStr,
         path: &str,
     ) -> Result<HashedFile, ReadError> {
-        let fd = openat(dir.as_fd(), name, file_flags(), Mode::empty())
-            .map_err(|errno| errno_error(path, "opening file", errno))?;
+        let fd = open_checked(dir, name, path)?;
         self.hash_fd(fd, path)
     }
 
@@ -329,6 +346,69 @@ impl Reader {
             ),
         )
     }
+}
+
+/// Opens `name` in `dir` for reading only if it is a regular file, never
+/// opening anything else, even when the entry is replaced concurrently.
+fn open_checked(dir: &impl AsFd, name: &CStr, path: &str) -> Result<OwnedFd, ReadError> {
+    let pfd = openat(dir.as_fd(), name, path_flags(), Mode::empty())
+        .map_err(|errno| errno_error(path, "opening file", errno))?;
+    let st = fstat(&pfd).map_err(|errno| errno_error(path, "stat", errno))?;
+    match type_of_mode(st.st_mode) {
+        Type::File => {}
+        Type::Symlink => {
+            return Err(error(
+                path,
+                ReadErrorKind::SymlinkEscape,
+                "the entry is a symlink; not followed",
+            ));
+        }
+        other => {
+            return Err(error(
+                path,
+                ReadErrorKind::NotRegularFile,
+                format!("{} is not read", type_name(other)),
+            ));
+        }
+    }
+    let via_proc = format!("/proc/self/fd/{}", pfd.as_raw_fd());
+    match nix::fcntl::open(via_proc.as_str(), reopen_flags(), Mode::empty()) {
+        Ok(fd) => {
+            // The magic link resolves to the checked inode; compare anyway.
+            match fstat(&fd) {
+                Ok(again) if again.st_dev == st.st_dev && again.st_ino == st.st_ino => Ok(fd),
+                Ok(_) => Err(error(
+                    path,
+                    ReadErrorKind::Vanished,
+                    "replaced while opened",
+                )),
+                Err(errno) => Err(errno_error(path, "stat", errno)),
+            }
+        }
+        Err(Errno::ENOENT) if !proc_fd_available() => {
+            // No /proc: open by name again and keep it only if it is the
+            // inode checked (a window remains in which a replacement could
+            // be opened, then rejected by the caller's fstat).
+            let fd = openat(dir.as_fd(), name, file_flags(), Mode::empty())
+                .map_err(|errno| errno_error(path, "opening file", errno))?;
+            match fstat(&fd) {
+                Ok(again) if again.st_dev == st.st_dev && again.st_ino == st.st_ino => Ok(fd),
+                Ok(_) => Err(error(
+                    path,
+                    ReadErrorKind::Vanished,
+                    "replaced while opened",
+                )),
+                Err(errno) => Err(errno_error(path, "stat", errno)),
+            }
+        }
+        Err(errno) => Err(errno_error(path, "reopening file", errno)),
+    }
+}
+
+/// Whether `/proc/self/fd` exists (checked once).
+fn proc_fd_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| std::path::Path::new("/proc/self/fd").is_dir())
 }
 
 pub(crate) fn io_error(path: &str, what: &str, e: &std::io::Error) -> ReadError {
@@ -397,6 +477,83 @@ mod tests {
         assert_eq!(
             tree.files["big"].digest,
             mountguard_inventory::file_digest(&data)
+        );
+    }
+
+    /// A regular file and a device (or FIFO where mknod is not allowed)
+    /// swap names under a reader in a loop; an inotify watch on the device
+    /// counts every real open of it. `O_PATH` opens are not reported by
+    /// inotify (Linux >= 6.5), reads are: the reader must never open the
+    /// device, whatever the interleaving.
+    #[test]
+    fn a_device_renamed_over_a_file_is_never_opened() {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        std::fs::write(dir.join("f"), b"regular").unwrap();
+        let dev = dir.join("d");
+        let made_device = nix::sys::stat::mknod(
+            &dev,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o600),
+            nix::sys::stat::makedev(1, 3),
+        )
+        .is_ok();
+        if !made_device {
+            nix::unistd::mkfifo(&dev, Mode::from_bits_truncate(0o600)).unwrap();
+        }
+        let watch = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).unwrap();
+        watch.add_watch(&dev, AddWatchFlags::IN_OPEN).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let swapper = {
+            let (stop, dir) = (stop.clone(), dir.clone());
+            std::thread::spawn(move || {
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // Swap "f" and "d" atomically, like a hostile rename.
+                    nix::fcntl::renameat2(
+                        nix::fcntl::AT_FDCWD,
+                        &dir.join("f"),
+                        nix::fcntl::AT_FDCWD,
+                        &dir.join("d"),
+                        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .unwrap();
+                    n += 1;
+                }
+                n
+            })
+        };
+        let fd = open(&dir);
+        let mut r = Reader::new(1024);
+        let (mut hashed, mut refused) = (0, 0);
+        for _ in 0..10_000 {
+            let mut tree = Tree::default();
+            r.walk(&fd, "", 0, &mut tree);
+            hashed += tree.files.len();
+            refused += tree
+                .errors
+                .iter()
+                .filter(|e| e.kind == ReadErrorKind::NotRegularFile)
+                .count();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let swaps = swapper.join().unwrap();
+        let mut opens = 0;
+        while let Ok(events) = watch.read_events() {
+            opens += events.len();
+        }
+        assert!(
+            swaps > 0 && hashed > 0 && refused > 0,
+            "{swaps} {hashed} {refused}"
+        );
+        assert_eq!(
+            opens,
+            0,
+            "the {} was opened {opens} times ({swaps} swaps, {hashed} hashed, {refused} refused)",
+            if made_device { "device" } else { "FIFO" }
         );
     }
 

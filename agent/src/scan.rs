@@ -345,7 +345,40 @@ impl Scanner {
         for entry in entries.iter() {
             match entry_type(&pods_dir, entry) {
                 Ok(Type::Directory) => {}
-                _ => continue,
+                // Gone between the listing and the stat: nothing to report.
+                Err(Errno::ENOENT) => continue,
+                // The kubelet only creates directories here: anything else
+                // is reported, never followed (a symlink could point the
+                // agent at any directory on the node).
+                other => {
+                    let e = match other {
+                        Ok(Type::Symlink) => error(
+                            "",
+                            ReadErrorKind::SymlinkEscape,
+                            "the pod entry is a symlink; not followed",
+                        ),
+                        Ok(t) => error(
+                            "",
+                            ReadErrorKind::NotRegularFile,
+                            format!(
+                                "the pod entry is {}, not a directory; not read",
+                                type_name(t)
+                            ),
+                        ),
+                        Err(errno) => errno_error("", "stat of the pod entry", errno),
+                    };
+                    self.dirty = true;
+                    drafts.push((
+                        PodInventory {
+                            uid: escape_name(entry.bytes()),
+                            volumes: Vec::new(),
+                            sub_paths: Vec::new(),
+                            errors: vec![e],
+                        },
+                        Vec::new(),
+                    ));
+                    continue;
+                }
             }
             let pod_path = pods_path.join(OsStr::from_bytes(entry.bytes()));
             self.pending.clear();
@@ -453,7 +486,40 @@ impl Scanner {
         // a listing or a volume must actually be read.
         let volumes_path = pod_path.join(VOLUMES_DIR);
         let mut any_plugin = false;
-        for plugin in Plugin::ALL {
+        // `volumes` itself is checked without following: the plugin stats
+        // below name it as an intermediate component, which the kernel
+        // follows whatever the flags.
+        let volumes_ok = match fstatat(pod_fd.as_fd(), VOLUMES_DIR, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if is_dir(&st) => true,
+            Ok(st) => {
+                pod.errors.push(match type_of_mode(st.st_mode) {
+                    Type::Symlink => error(
+                        VOLUMES_DIR,
+                        ReadErrorKind::SymlinkEscape,
+                        "the volumes directory is a symlink; not followed",
+                    ),
+                    t => error(
+                        VOLUMES_DIR,
+                        ReadErrorKind::NotRegularFile,
+                        format!(
+                            "the volumes entry is {}, not a directory; not read",
+                            type_name(t)
+                        ),
+                    ),
+                });
+                false
+            }
+            Err(Errno::ENOENT) => false,
+            Err(errno) => {
+                pod.errors.push(errno_error(
+                    VOLUMES_DIR,
+                    "stat of the volumes directory",
+                    errno,
+                ));
+                false
+            }
+        };
+        for plugin in Plugin::ALL.into_iter().filter(|_| volumes_ok) {
             let rel = format!("{VOLUMES_DIR}/{}", plugin.dir_name());
             let st = match fstatat(pod_fd.as_fd(), rel.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(st) => st,
@@ -1575,13 +1641,55 @@ mod tests {
         std::fs::create_dir_all(pod_dir(r.path(), "u1").join("volume-subpaths/v/c/notanumber"))
             .unwrap();
         let scan = scanner(r.path()).scan().unwrap();
-        assert_eq!(scan.inventory.pods.len(), 1);
+        assert_eq!(scan.inventory.pods.len(), 2);
+        let stray = scan.inventory.pod("stray-file").unwrap();
+        assert_eq!(kinds(&stray.errors), vec![ReadErrorKind::NotRegularFile]);
         let pod = scan.inventory.pod("u1").unwrap();
         assert_eq!(
             kinds(&pod.volumes[0].errors),
             vec![ReadErrorKind::NotRegularFile]
         );
         assert_eq!(kinds(&pod.errors), vec![ReadErrorKind::InvalidName]);
+    }
+
+    #[test]
+    fn symlinked_pod_entries_and_volumes_dirs_are_errors_not_followed() {
+        let r = root();
+        // Elsewhere on the node: a directory laid out like a pod, with a
+        // readable Secret volume.
+        let elsewhere = tempfile::tempdir().unwrap();
+        let w = writer(elsewhere.path(), "victim", Plugin::Secret, "s");
+        w.write(&payload(&[("k", b"secret")])).unwrap();
+        let victim = pod_dir(elsewhere.path(), "victim");
+        // pods/linked -> a pod directory elsewhere.
+        symlink(&victim, r.path().join("pods/linked")).unwrap();
+        // pods/u2/volumes -> the other pod's volumes directory.
+        std::fs::create_dir_all(pod_dir(r.path(), "u2")).unwrap();
+        symlink(
+            victim.join("volumes"),
+            pod_dir(r.path(), "u2").join("volumes"),
+        )
+        .unwrap();
+        // pods/fifo: a FIFO.
+        nix::unistd::mkfifo(&r.path().join("pods/fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        let scan = scanner(r.path()).scan().unwrap();
+        let inv = &scan.inventory;
+        let linked = inv.pod("linked").unwrap();
+        assert_eq!(kinds(&linked.errors), vec![ReadErrorKind::SymlinkEscape]);
+        assert!(
+            linked.volumes.is_empty(),
+            "followed pods/linked: {linked:?}"
+        );
+        let u2 = inv.pod("u2").unwrap();
+        assert_eq!(kinds(&u2.errors), vec![ReadErrorKind::SymlinkEscape]);
+        assert_eq!(u2.errors[0].path, "volumes");
+        assert!(
+            u2.volumes.is_empty(),
+            "followed the volumes symlink: {u2:?}"
+        );
+        let fifo = inv.pod("fifo").unwrap();
+        assert_eq!(kinds(&fifo.errors), vec![ReadErrorKind::NotRegularFile]);
+        assert_eq!(inv.pods.len(), 3);
     }
 
     #[test]

@@ -8,10 +8,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 
 use crate::daemon::Shutdown;
@@ -68,39 +65,37 @@ fn route(state: &ServerState, req: &Request<Incoming>) -> Response<Full<Bytes>> 
     }
 }
 
-/// Serves until `shutdown` fires, then lets open connections finish (bounded).
+/// Bounds of the agent's port: Prometheus and the kubelet's probes only.
+pub fn limits() -> mountguard_serve::Limits {
+    mountguard_serve::Limits {
+        max_connections: 64,
+        ..mountguard_serve::Limits::small()
+    }
+}
+
+/// Serves until `shutdown` fires, then lets open connections finish
+/// (bounded), with the shared bounded loop ([`limits`]).
 pub async fn serve(listener: TcpListener, state: ServerState, mut shutdown: Shutdown) {
-    let graceful = GracefulShutdown::new();
-    loop {
-        tokio::select! {
-            () = shutdown.wait() => break,
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let state = state.clone();
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let resp = route(&state, &req);
-                    async move { Ok::<_, Infallible>(resp) }
-                });
-                let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), svc);
-                let conn = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        tracing::debug!(error = %e, "http connection ended with an error");
-                    }
-                });
-            }
-        }
+    let limits = mountguard_serve::Limits {
+        drain: DRAIN,
+        ..limits()
     }
-    drop(listener);
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(DRAIN) => tracing::warn!("http connections still open after the drain period"),
-    }
+    .fit_in(mountguard_serve::nofile_limit(), 64);
+    let make = move |_peer| {
+        let state = state.clone();
+        service_fn(move |req: Request<Incoming>| {
+            let resp = route(&state, &req);
+            async move { Ok::<_, Infallible>(resp) }
+        })
+    };
+    mountguard_serve::serve(
+        "agent",
+        listener,
+        limits,
+        mountguard_serve::Plain,
+        mountguard_serve::ServeMetrics::unregistered(),
+        make,
+        async move { shutdown.wait().await },
+    )
+    .await;
 }

@@ -705,3 +705,95 @@ fn dac_read_search_alone_reads_other_users_private_files() {
     assert_eq!(v.errors[0].path, "..data");
     assert!(v.digest.is_none());
 }
+
+/// Runs `$1..$3` = kubelet root, volume dir, work dir; the rest is the
+/// agent argv. In a private scratch mount namespace: the agent applies its
+/// Landlock restriction (hidden `sandbox-check` command, the same function
+/// as `run`) and waits; only then is a tmpfs mounted on the volume
+/// directory and a Secret file written into it, as the kubelet would; then
+/// the agent tries to read, overwrite and create files there and in the
+/// kubelet root.
+const LANDLOCK_SCRIPT: &str = r#"
+set -eu
+R=$1; V=$2; W=$3; shift 3
+mkfifo "$W/in"
+"$@" sandbox-check --kubelet-root "$R" <"$W/in" >"$W/out" 2>"$W/err" &
+pid=$!
+exec 3>"$W/in"
+i=0
+while ! grep -q '^restricted' "$W/out" 2>/dev/null; do
+    i=$((i + 1)); [ "$i" -lt 1200 ] || exit 98
+    sleep 0.05
+done
+mount -t tmpfs -o mode=0755 tmpfs "$V"
+printf 'secret' >"$V/key"
+echo "read $V/key" >&3
+echo "write $V/key" >&3
+echo "create $V/new" >&3
+echo "create $R/pods/new" >&3
+exec 3>&-
+wait "$pid"
+cat "$V/key" >"$W/after"
+ls -A "$V" >"$W/ls"
+"#;
+
+/// A compromised agent cannot write: on the real kernel, a tmpfs mounted
+/// below the kubelet root after the agent restricted itself (a Secret
+/// volume) is readable by the agent and neither writable nor extendable;
+/// nor is the kubelet root. Skipped where Landlock is missing (the agent
+/// then reports `mountguard_agent_landlock_enforced 0`).
+#[test]
+fn landlock_keeps_the_agent_from_writing_to_volumes_mounted_after_it_started() {
+    if let Some(why) = namespace_tests_unavailable() {
+        eprintln!("SKIPPED: {why}");
+        return;
+    }
+    let r = root();
+    let vol = volume_dir(r.path(), "u1", Plugin::Secret, "s");
+    std::fs::create_dir_all(&vol).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let cmd = agent_cmd(&[]);
+    let mut argv = vec![cmd.get_program().to_string_lossy().into_owned()];
+    argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+    let out = Command::new("unshare")
+        .args([
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            LANDLOCK_SCRIPT,
+            "sh",
+        ])
+        .arg(r.path())
+        .arg(&vol)
+        .arg(work.path())
+        .args(&argv)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let read = |f: &str| std::fs::read_to_string(work.path().join(f)).unwrap_or_default();
+    assert!(
+        out.status.success(),
+        "scenario failed: {:?}\n{}\nagent: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr),
+        read("err"),
+    );
+    let lines: Vec<String> = read("out").lines().map(String::from).collect();
+    if lines.first().map(String::as_str) == Some("restricted not") {
+        eprintln!("SKIPPED: this kernel has no Landlock");
+        return;
+    }
+    assert_eq!(lines[0], "restricted fully", "{lines:?}");
+    assert_eq!(lines[1], "read ok", "the agent must still read: {lines:?}");
+    for (i, what) in [(2, "write"), (3, "create"), (4, "create")] {
+        assert!(
+            lines[i].starts_with(&format!("{what} denied")),
+            "line {i}: {lines:?}"
+        );
+    }
+    assert_eq!(read("after"), "secret", "the Secret file was changed");
+    assert_eq!(read("ls").trim(), "key", "a file was created");
+    assert!(!r.path().join("pods/new").exists());
+}

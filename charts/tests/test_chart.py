@@ -49,7 +49,7 @@ BASE_RULES = {
     ("cluster", g, "events", v) for g in ("", "events.k8s.io") for v in ("create", "patch")
 } | {("cluster", "authentication.k8s.io", "tokenreviews", "create")} | {
     (NAMESPACE, "", "pods", "patch")
-}
+} | {(NAMESPACE, "apps", "daemonsets", v) for v in ("get", "list", "watch")}
 REMEDIATION_RULES = {
     ("cluster", "", "pods/eviction", "create"),
     ("cluster", "slinky.slurm.net", "nodesets", "patch"),
@@ -575,6 +575,12 @@ def test_chart_defaults_are_the_controller_defaults() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     r, c = values["remediation"], values["controller"]
     assert defaults["MOUNTGUARD_REPORT_RATE_LIMIT"] == c["reportRateLimit"]
+    assert defaults["MOUNTGUARD_MAX_CONNECTIONS"] == str(c["maxConnections"])
+    assert defaults["MOUNTGUARD_HEADER_READ_TIMEOUT"] == c["headerReadTimeout"]
+    assert defaults["MOUNTGUARD_IDLE_TIMEOUT"] == c["idleTimeout"]
+    env = controller_env(render())
+    assert env["MOUNTGUARD_MAX_CONNECTIONS"] == "10000"
+    assert env["MOUNTGUARD_HEADER_READ_TIMEOUT"] == "10s"
     assert defaults["MOUNTGUARD_EVICTION_TIMEOUT"] == r["evictionTimeout"]
     assert defaults["MOUNTGUARD_VERIFICATION_TIMEOUT"] == r["verificationTimeout"]
     assert defaults["MOUNTGUARD_REPLACE_PINNING_PODS"] == str(r["replacePinningPods"]).lower()
@@ -605,7 +611,7 @@ CONTROLLER_CONTRACT = {
     slurmrestd-ca-file slurm-token-secret slurm-token-key slurm-jwt-key-secret slurm-user
     remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
     replacement-timeout eviction-timeout verification-timeout on-failure replace-pinning-pods
-    report-rate-limit log log-format""".split()
+    report-rate-limit max-connections header-read-timeout idle-timeout log log-format""".split()
 }
 
 

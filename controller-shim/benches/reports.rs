@@ -341,13 +341,14 @@ async fn server(nodes: usize, rounds: usize) {
         .unwrap();
     }
     let agents = Arc::new(AgentPods::default());
+    agents.set_daemonset_uid(Some("agent-ds-uid".into()));
     for n in 0..nodes {
         agents.apply(AgentPod {
             namespace: "mg".into(),
             name: format!("agent-{n}"),
             uid: format!("agent-uid-{n}"),
             node: Some(node_name(n)),
-            daemonsets: vec!["agent".into()],
+            controller: Some(("agent".into(), "agent-ds-uid".into())),
         });
         for j in 0..PODS_PER_NODE {
             let mut b = PodB::new(NS, &format!("p-{n}-{j}"), &pod_uid(n, j), &node_name(n));
@@ -401,16 +402,31 @@ async fn server(nodes: usize, rounds: usize) {
             limits: CountLimits::default(),
         },
         shared.clone(),
-        Arc::new(CachedReviewer::new(
+        // Every simulated agent connects from 127.0.0.1: no per-source limit.
+        Arc::new(CachedReviewer::with_limits(
             Reviewer { nodes },
             metrics.clone(),
             100_000,
+            mountguard_controller::live::auth::ReviewLimits {
+                per_source_burst: u32::MAX,
+                ..Default::default()
+            },
         )),
         agents,
         None,
         tx.clone(),
     ));
-    tokio::spawn(report::serve(listener, None, handler, shutdown.clone()));
+    tokio::spawn(report::serve(
+        listener,
+        None,
+        handler,
+        mountguard_serve::Limits {
+            max_connections: 20_000,
+            ..mountguard_serve::Limits::small()
+        },
+        metrics.serve("report"),
+        shutdown.clone(),
+    ));
 
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .env("MOUNTGUARD_BENCH_CLIENT", addr.to_string())

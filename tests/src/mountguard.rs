@@ -97,11 +97,12 @@ pub fn agent_pod(node: &str, daemonset_uid: &str) -> Value {
     })
 }
 
-/// Creates namespace `mountguard`, its agent ServiceAccount and one agent
-/// pod per node (owned by DaemonSet `mountguard-agent`; the API double has
-/// no DaemonSet resource, the owner reference is what the controller
-/// checks), then waits until every kubelet double wrote the pod's token and
-/// registered it for TokenReview.
+/// Creates namespace `mountguard`, its agent ServiceAccount, the agent
+/// DaemonSet `mountguard-agent` (stored only: the API double runs no
+/// DaemonSet controller) and one agent pod per node controlled by it
+/// (ownerReference with the DaemonSet's UID, `controller: true`, which is
+/// what the controller checks), then waits until every kubelet double wrote
+/// the pod's token and registered it for TokenReview.
 pub async fn deploy_agent_identities(cluster: &Cluster) -> io::Result<Vec<AgentIdentity>> {
     let api = cluster.api();
     let io = |e: crate::apiserver::ApiError| io::Error::other(e.to_string());
@@ -121,54 +122,85 @@ pub async fn deploy_agent_identities(cluster: &Cluster) -> io::Result<Vec<AgentI
         )
         .map_err(io)?;
     }
-    let daemonset_uid = crate::util::new_uid();
+    let daemonset_uid = match api.get(&resources::DAEMONSETS, NAMESPACE, AGENT_DAEMONSET) {
+        Ok(ds) => ds,
+        Err(_) => api
+            .create(
+                &resources::DAEMONSETS,
+                NAMESPACE,
+                json!({"metadata": {"name": AGENT_DAEMONSET}, "spec": {
+                    "selector": {"matchLabels": {"app.kubernetes.io/name": "mountguard-agent"}},
+                    "template": {"metadata": {"labels": {"app.kubernetes.io/name": "mountguard-agent"}},
+                                 "spec": {"containers": []}}}}),
+            )
+            .map_err(io)?,
+    }["metadata"]["uid"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     let mut out = Vec::new();
     for (i, node) in cluster.node_names().into_iter().enumerate() {
-        let pod = api
-            .create(
-                &resources::PODS,
-                NAMESPACE,
-                agent_pod(&node, &daemonset_uid),
-            )
-            .map_err(io)?;
-        let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
-        let root = cluster.kubelet_root(i);
-        let token_file = mountguard_inventory::layout::pod_dir(&root, &uid)
-            .join("volumes/kubernetes.io~projected")
-            .join(TOKEN_VOLUME)
-            .join("token");
-        out.push(AgentIdentity {
-            pod: pod["metadata"]["name"].as_str().unwrap_or("").to_string(),
-            node,
-            uid,
-            kubelet_root: root,
-            token_file,
-        });
-    }
-    let deadline = Instant::now() + Duration::from_secs(15);
-    for id in &out {
-        loop {
-            let token = id.token().unwrap_or_default();
-            if !token.is_empty()
-                && token_review(&cluster.api_url(), &token)
-                    .await
-                    .is_ok_and(|u| {
-                        u == format!("system:serviceaccount:{NAMESPACE}:{AGENT_SERVICE_ACCOUNT}")
-                    })
-            {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(io::Error::other(format!(
-                    "the kubelet double of {} did not project the agent token {} in 15 s",
-                    id.node,
-                    id.token_file.display()
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        out.push(deploy_pod_with_token(cluster, i, agent_pod(&node, &daemonset_uid)).await?);
     }
     Ok(out)
+}
+
+/// The UID of the agent DaemonSet [`deploy_agent_identities`] created.
+pub fn agent_daemonset_uid(cluster: &Cluster) -> io::Result<String> {
+    let ds = cluster
+        .api()
+        .get(&resources::DAEMONSETS, NAMESPACE, AGENT_DAEMONSET)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(ds["metadata"]["uid"].as_str().unwrap_or("").to_string())
+}
+
+/// Creates `pod` (a pod in namespace `mountguard` on node `node_index`
+/// with the projected `mountguard` token volume, e.g. from [`agent_pod`])
+/// and waits until the kubelet double wrote its token and the API double's
+/// TokenReview knows it.
+pub async fn deploy_pod_with_token(
+    cluster: &Cluster,
+    node_index: usize,
+    pod: Value,
+) -> io::Result<AgentIdentity> {
+    let api = cluster.api();
+    let io = |e: crate::apiserver::ApiError| io::Error::other(e.to_string());
+    let node = cluster.node_names()[node_index].clone();
+    let pod = api.create(&resources::PODS, NAMESPACE, pod).map_err(io)?;
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
+    let root = cluster.kubelet_root(node_index);
+    let token_file = mountguard_inventory::layout::pod_dir(&root, &uid)
+        .join("volumes/kubernetes.io~projected")
+        .join(TOKEN_VOLUME)
+        .join("token");
+    let id = AgentIdentity {
+        pod: pod["metadata"]["name"].as_str().unwrap_or("").to_string(),
+        node,
+        uid,
+        kubelet_root: root,
+        token_file,
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let token = id.token().unwrap_or_default();
+        if !token.is_empty()
+            && token_review(&cluster.api_url(), &token)
+                .await
+                .is_ok_and(|u| {
+                    u == format!("system:serviceaccount:{NAMESPACE}:{AGENT_SERVICE_ACCOUNT}")
+                })
+        {
+            return Ok(id);
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::other(format!(
+                "the kubelet double of {} did not project the token {} in 15 s",
+                id.node,
+                id.token_file.display()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Asks the API double's TokenReview (audience `mountguard`) who `token`

@@ -221,6 +221,17 @@ pub struct RunArgs {
     /// Per-node report rate: `RATE/s[,BURST]`.
     #[arg(long, env = "MOUNTGUARD_REPORT_RATE_LIMIT", default_value = "2/s,5")]
     pub report_rate_limit: RateLimit,
+    /// Open report API connections at most (lowered to fit the open file
+    /// limit); more are closed at once.
+    #[arg(long, env = "MOUNTGUARD_MAX_CONNECTIONS", default_value = "10000")]
+    pub max_connections: usize,
+    /// Longest wait for a request head, also between requests on a
+    /// kept-alive connection (report and metrics ports).
+    #[arg(long, env = "MOUNTGUARD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// A connection that moves no byte for this long is closed.
+    #[arg(long, env = "MOUNTGUARD_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
     /// Elect one acting replica through a Lease.
     #[arg(long, env = "MOUNTGUARD_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub leader_election: bool,

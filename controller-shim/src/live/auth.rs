@@ -61,6 +61,10 @@ pub enum AuthError {
     /// The TokenReview could not be made (API trouble): try again later.
     #[error("token review unavailable: {0}")]
     Unavailable(String),
+    /// Too many TokenReviews for this source (or in flight): retry after
+    /// the given seconds.
+    #[error("token review throttled: {0}")]
+    Throttled(String, u64),
 }
 
 /// Checks a bearer token (e.g. with a TokenReview).
@@ -71,6 +75,83 @@ pub trait TokenReviewer: Send + Sync + std::fmt::Debug {
         token: &'a str,
         audience: &'a str,
     ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>>;
+
+    /// Authenticates `token` for `audience` on behalf of a caller at
+    /// `source` (its address, before any authentication), so a reviewer
+    /// can limit the reviews one source drives.
+    fn review_from<'a>(
+        &'a self,
+        token: &'a str,
+        audience: &'a str,
+        source: Option<std::net::IpAddr>,
+    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+        let _ = source;
+        self.review(token, audience)
+    }
+}
+
+/// A token bucket: `burst` tokens, refilled at `per_second`.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn full(burst: u32, now: Instant) -> Self {
+        Self {
+            tokens: f64::from(burst),
+            refilled: now,
+        }
+    }
+
+    /// Takes one token, or says how many seconds until one is available.
+    pub fn take(&mut self, per_second: f64, burst: u32, now: Instant) -> Result<(), u64> {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * per_second).min(f64::from(burst));
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - self.tokens) / per_second).ceil().max(1.0) as u64)
+        }
+    }
+
+    /// Whether the bucket would be full at `now` (nothing to remember).
+    pub fn is_full(&self, per_second: f64, burst: u32, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens + elapsed * per_second >= f64::from(burst)
+    }
+}
+
+/// Limits on the TokenReviews that callers not yet authenticated can
+/// cause (cache misses only: a cached answer costs nothing).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ReviewLimits {
+    /// Reviews in flight at once, all sources together.
+    pub in_flight: usize,
+    /// How long a review waits for a free slot before answering 503.
+    pub queue_timeout: Duration,
+    /// Per source address: reviews per second.
+    pub per_source_rate: f64,
+    /// Per source address: burst.
+    pub per_source_burst: u32,
+    /// Source addresses remembered at most.
+    pub sources: usize,
+}
+
+impl Default for ReviewLimits {
+    fn default() -> Self {
+        Self {
+            in_flight: 16,
+            queue_timeout: Duration::from_secs(2),
+            per_source_rate: 2.0,
+            per_source_burst: 20,
+            sources: 10_000,
+        }
+    }
 }
 
 /// TokenReview through the API server (`authentication.k8s.io/v1`).
@@ -113,30 +194,48 @@ impl TokenReviewer for KubeTokenReviewer {
                 .create(&PostParams::default(), &tr)
                 .await
                 .map_err(|e| AuthError::Unavailable(e.to_string()))?;
-            let status = out.status.unwrap_or_default();
-            if status.authenticated != Some(true) {
-                return Err(AuthError::Unauthenticated(
-                    status
-                        .error
-                        .filter(|e| !e.is_empty())
-                        .unwrap_or_else(|| "token not authenticated".into()),
-                ));
-            }
-            if let Some(aud) = &status.audiences
-                && !aud.iter().any(|a| a == audience)
-            {
-                return Err(AuthError::Unauthenticated(format!(
-                    "token is not for audience {audience:?}"
-                )));
-            }
-            let user = status.user.unwrap_or_default();
-            Ok(ReviewedUser {
-                username: user.username.unwrap_or_default(),
-                uid: user.uid.unwrap_or_default(),
-                extra: user.extra.unwrap_or_default().into_iter().collect(),
-            })
+            reviewed_user(out.status.unwrap_or_default(), audience)
         })
     }
+}
+
+/// The user of a TokenReview answer, or why it is refused (pure).
+///
+/// The answer must be `authenticated` and list `audience` in
+/// `status.audiences`. The API server copies into `status.audiences` the
+/// audiences the authenticator confirmed (kubernetes/kubernetes,
+/// pkg/registry/authentication/tokenreview/storage.go, `(*REST).Create`:
+/// `tokenReview.Status.Audiences = resp.Audiences`); an answer without our
+/// audience there (an authenticator that ignored the requested audiences,
+/// or a proxy in between) proves nothing about the audience and is
+/// refused.
+pub fn reviewed_user(
+    status: k8s_openapi::api::authentication::v1::TokenReviewStatus,
+    audience: &str,
+) -> Result<ReviewedUser, AuthError> {
+    if status.authenticated != Some(true) {
+        return Err(AuthError::Unauthenticated(
+            status
+                .error
+                .filter(|e| !e.is_empty())
+                .unwrap_or_else(|| "token not authenticated".into()),
+        ));
+    }
+    if !status
+        .audiences
+        .as_ref()
+        .is_some_and(|aud| aud.iter().any(|a| a == audience))
+    {
+        return Err(AuthError::Unauthenticated(format!(
+            "the TokenReview answer does not confirm audience {audience:?}"
+        )));
+    }
+    let user = status.user.unwrap_or_default();
+    Ok(ReviewedUser {
+        username: user.username.unwrap_or_default(),
+        uid: user.uid.unwrap_or_default(),
+        extra: user.extra.unwrap_or_default().into_iter().collect(),
+    })
 }
 
 /// Default lifetime of a cached review when the token carries no `exp`.
@@ -156,6 +255,9 @@ pub struct CachedReviewer<R> {
     metrics: Metrics,
     capacity: usize,
     cache: Mutex<HashMap<CacheKey, CacheEntry>>,
+    limits: ReviewLimits,
+    in_flight: tokio::sync::Semaphore,
+    sources: Mutex<HashMap<std::net::IpAddr, TokenBucket>>,
 }
 
 impl<R> std::fmt::Debug for CachedReviewer<R> {
@@ -167,14 +269,57 @@ impl<R> std::fmt::Debug for CachedReviewer<R> {
 }
 
 impl<R: TokenReviewer> CachedReviewer<R> {
-    /// Wraps `inner`.
+    /// Wraps `inner` with the default [`ReviewLimits`].
     pub fn new(inner: R, metrics: Metrics, capacity: usize) -> Self {
+        Self::with_limits(inner, metrics, capacity, ReviewLimits::default())
+    }
+
+    /// Wraps `inner`.
+    pub fn with_limits(inner: R, metrics: Metrics, capacity: usize, limits: ReviewLimits) -> Self {
         Self {
             inner,
             metrics,
             capacity: capacity.max(1),
             cache: Mutex::new(HashMap::new()),
+            in_flight: tokio::sync::Semaphore::new(limits.in_flight.max(1)),
+            limits,
+            sources: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Charges one review to `source`, or says when to retry.
+    fn charge(&self, source: std::net::IpAddr, now: Instant) -> Result<(), u64> {
+        let (rate, burst) = (self.limits.per_source_rate, self.limits.per_source_burst);
+        let mut sources = self.sources.lock().unwrap();
+        if sources.len() >= self.limits.sources && !sources.contains_key(&source) {
+            sources.retain(|_, b| !b.is_full(rate, burst, now));
+            if sources.len() >= self.limits.sources {
+                // Every remembered source is still throttled: a flood from
+                // many addresses. Refuse the newcomers until some recover.
+                return Err(1);
+            }
+        }
+        sources
+            .entry(source)
+            .or_insert_with(|| TokenBucket::full(burst, now))
+            .take(rate, burst, now)
+    }
+
+    /// Stores an answer. When the cache is full: expired entries go first,
+    /// then rejections; live successes are never dropped (with the cache
+    /// full of them, the new answer is simply not cached).
+    fn store(&self, key: CacheKey, entry: CacheEntry, now: Instant) {
+        let mut cache = self.cache.lock().unwrap();
+        if cache.len() >= self.capacity && !cache.contains_key(&key) {
+            cache.retain(|_, (_, until)| *until > now);
+            if cache.len() >= self.capacity {
+                cache.retain(|_, (r, _)| r.is_ok());
+            }
+            if cache.len() >= self.capacity {
+                return;
+            }
+        }
+        cache.insert(key, entry);
     }
 
     /// Number of cached entries.
@@ -222,6 +367,15 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
         token: &'a str,
         audience: &'a str,
     ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+        self.review_from(token, audience, None)
+    }
+
+    fn review_from<'a>(
+        &'a self,
+        token: &'a str,
+        audience: &'a str,
+        source: Option<std::net::IpAddr>,
+    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
         Box::pin(async move {
             let key = cache_key(token, audience);
             let now = Instant::now();
@@ -230,6 +384,25 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
             {
                 return r.clone();
             }
+            // A miss costs a TokenReview: charged to the source, then
+            // bounded in flight across all sources.
+            if let Some(ip) = source
+                && let Err(wait) = self.charge(ip, now)
+            {
+                self.metrics.tokenreview_throttled("source");
+                return Err(AuthError::Throttled(
+                    format!("too many unknown tokens from {ip}; retry after {wait}s"),
+                    wait,
+                ));
+            }
+            let Ok(Ok(_permit)) =
+                tokio::time::timeout(self.limits.queue_timeout, self.in_flight.acquire()).await
+            else {
+                self.metrics.tokenreview_throttled("in_flight");
+                return Err(AuthError::Unavailable(
+                    "too many token reviews in flight".into(),
+                ));
+            };
             let timer = self.metrics.tokenreview_duration.start_timer();
             let r = self.inner.review(token, audience).await;
             timer.observe_duration();
@@ -240,21 +413,10 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
                     self.metrics.api_error("tokenreview");
                     return r;
                 }
+                Err(AuthError::Throttled(..)) => return r,
             };
             if !ttl.is_zero() {
-                let mut cache = self.cache.lock().unwrap();
-                if cache.len() >= self.capacity {
-                    cache.retain(|_, (_, until)| *until > now);
-                    if cache.len() >= self.capacity {
-                        // Still full of live entries: drop an arbitrary half.
-                        let drop: Vec<CacheKey> =
-                            cache.keys().take(self.capacity / 2 + 1).copied().collect();
-                        for k in drop {
-                            cache.remove(&k);
-                        }
-                    }
-                }
-                cache.insert(key, (r.clone(), now + ttl));
+                self.store(key, (r.clone(), now + ttl), now);
             }
             r
         })
@@ -272,8 +434,8 @@ pub struct AgentPod {
     pub uid: String,
     /// `spec.nodeName`.
     pub node: Option<String>,
-    /// Names of owning DaemonSets (ownerReferences of kind DaemonSet).
-    pub daemonsets: Vec<String>,
+    /// The controlling owner when it is a DaemonSet: (name, UID).
+    pub controller: Option<(String, String)>,
 }
 
 impl AgentPod {
@@ -284,25 +446,45 @@ impl AgentPod {
             name: p.metadata.name.clone()?,
             uid: p.metadata.uid.clone()?,
             node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-            daemonsets: p
+            // The controlling reference (at most one has `controller:
+            // true`: apimachinery's metav1.GetControllerOf, in
+            // staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/controller_ref.go).
+            controller: p
                 .metadata
                 .owner_references
                 .iter()
                 .flatten()
-                .filter(|o| o.kind == "DaemonSet")
-                .map(|o| o.name.clone())
-                .collect(),
+                .find(|o| o.controller == Some(true))
+                .filter(|o| o.kind == "DaemonSet" && o.api_version == "apps/v1")
+                .map(|o| (o.name.clone(), o.uid.clone())),
         })
+    }
+
+    /// Whether the pod is controlled by a DaemonSet named `name`.
+    pub fn controlled_by_name(&self, name: &str) -> bool {
+        self.controller.as_ref().is_some_and(|(n, _)| n == name)
     }
 }
 
-/// The agent pods known from the watch, by name.
+/// The agent pods known from the watch, by name, and the UID of the live
+/// agent DaemonSet.
 #[derive(Debug, Default)]
 pub struct AgentPods {
     pods: RwLock<HashMap<String, AgentPod>>,
+    daemonset_uid: RwLock<Option<String>>,
 }
 
 impl AgentPods {
+    /// Records the UID of the agent DaemonSet (`None`: it does not exist).
+    pub fn set_daemonset_uid(&self, uid: Option<String>) {
+        *self.daemonset_uid.write().unwrap() = uid;
+    }
+
+    /// The UID of the agent DaemonSet, if it exists.
+    pub fn daemonset_uid(&self) -> Option<String> {
+        self.daemonset_uid.read().unwrap().clone()
+    }
+
     /// Inserts or replaces a pod.
     pub fn apply(&self, p: AgentPod) {
         self.pods.write().unwrap().insert(p.name.clone(), p);
@@ -391,9 +573,16 @@ pub enum Denied {
     /// The pod exists with another UID (the token is for a deleted pod).
     #[error("pod {0:?} has another UID than the token's")]
     PodUidMismatch(String),
-    /// The pod is not owned by the agent DaemonSet.
-    #[error("pod {0:?} is not owned by the agent DaemonSet")]
+    /// The pod is not controlled by the live agent DaemonSet.
+    #[error(
+        "pod {0:?} is not controlled by the agent DaemonSet (a controlling ownerReference with its name and UID)"
+    )]
     NotAgentPod(String),
+    /// The agent DaemonSet is not known (absent, or not listed yet).
+    #[error(
+        "the agent DaemonSet {0:?} is not known to the controller (does it exist in the agent namespace?)"
+    )]
+    NoAgentDaemonSet(String),
     /// The pod runs on another node.
     #[error("pod {pod:?} runs on {actual:?}, not on node {node:?}")]
     WrongNode {
@@ -428,10 +617,21 @@ impl Denied {
             Denied::UnknownPod(_) => "unknownPod",
             Denied::PodUidMismatch(_) => "podUidMismatch",
             Denied::NotAgentPod(_) => "notAgentPod",
+            Denied::NoAgentDaemonSet(_) => "noAgentDaemonSet",
             Denied::WrongNode { .. } => "wrongNode",
             Denied::NodeClaimMismatch { .. } => "nodeClaimMismatch",
         }
     }
+}
+
+/// The agent DaemonSet as the authorization needs it: its name and, when
+/// the controller knows it, the UID of the live object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentDaemonSet<'a> {
+    /// `--agent-daemonset`.
+    pub name: &'a str,
+    /// The live DaemonSet's UID.
+    pub uid: Option<&'a str>,
 }
 
 /// Whether `user` may report for `node` (pure; `lookup` finds agent pods by
@@ -440,7 +640,7 @@ pub fn authorize(
     user: &ReviewedUser,
     node: &str,
     sa: &ServiceAccountRef,
-    daemonset: &str,
+    daemonset: &AgentDaemonSet<'_>,
     lookup: impl Fn(&str) -> Option<AgentPod>,
 ) -> Result<AgentPod, Denied> {
     if user.username != sa.username() {
@@ -467,8 +667,12 @@ pub fn authorize(
     if pod.uid != pod_uid {
         return Err(Denied::PodUidMismatch(pod_name.to_string()));
     }
-    if !pod.daemonsets.iter().any(|d| d == daemonset) {
-        return Err(Denied::NotAgentPod(pod_name.to_string()));
+    let Some(ds_uid) = daemonset.uid else {
+        return Err(Denied::NoAgentDaemonSet(daemonset.name.to_string()));
+    };
+    match &pod.controller {
+        Some((n, u)) if n == daemonset.name && u == ds_uid => {}
+        _ => return Err(Denied::NotAgentPod(pod_name.to_string())),
     }
     match pod.node.as_deref() {
         Some(n) if n == node => Ok(pod),
@@ -505,12 +709,22 @@ pub(crate) mod tests {
             name: name.into(),
             uid: uid.into(),
             node: Some(node.into()),
-            daemonsets: vec!["agent".into()],
+            controller: Some(("agent".into(), DS_UID.into())),
         }
     }
 
+    /// The UID of the live agent DaemonSet in these tests.
+    pub(crate) const DS_UID: &str = "ds-uid";
+
     fn sa() -> ServiceAccountRef {
         "mg:agent".parse().unwrap()
+    }
+
+    fn ds() -> AgentDaemonSet<'static> {
+        AgentDaemonSet {
+            name: "agent",
+            uid: Some(DS_UID),
+        }
     }
 
     #[test]
@@ -519,8 +733,18 @@ pub(crate) mod tests {
             agent_pod("agent-a", "ua", "node-a"),
             agent_pod("agent-b", "ub", "node-b"),
             AgentPod {
-                daemonsets: vec!["other".into()],
+                controller: Some(("other".into(), DS_UID.into())),
                 ..agent_pod("imposter", "ui", "node-a")
+            },
+            // Names the agent DaemonSet, with another UID.
+            AgentPod {
+                controller: Some(("agent".into(), "forged-uid".into())),
+                ..agent_pod("lookalike", "ul", "node-a")
+            },
+            // Owned, but not controlled (controller: false).
+            AgentPod {
+                controller: None,
+                ..agent_pod("adopted", "ud", "node-a")
             },
             AgentPod {
                 namespace: "elsewhere".into(),
@@ -532,7 +756,7 @@ pub(crate) mod tests {
             &agent_user("agent-a", "ua", Some("node-a")),
             "node-a",
             &sa(),
-            "agent",
+            &ds(),
             lookup,
         );
         assert_eq!(ok.unwrap().name, "agent-a");
@@ -542,7 +766,7 @@ pub(crate) mod tests {
                 &agent_user("agent-b", "ub", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::WrongNode { .. })
@@ -552,7 +776,7 @@ pub(crate) mod tests {
                 &agent_user("agent-a", "ua", Some("node-b")),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::NodeClaimMismatch { .. })
@@ -562,7 +786,7 @@ pub(crate) mod tests {
                 &agent_user("agent-a", "old", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::PodUidMismatch("agent-a".into()))
@@ -572,7 +796,7 @@ pub(crate) mod tests {
                 &agent_user("gone", "ug", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::UnknownPod("gone".into()))
@@ -582,7 +806,7 @@ pub(crate) mod tests {
                 &agent_user("imposter", "ui", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::NotAgentPod("imposter".into()))
@@ -592,23 +816,103 @@ pub(crate) mod tests {
                 &agent_user("stray", "us", None),
                 "node-a",
                 &sa(),
-                "agent",
+                &ds(),
                 lookup
             ),
             Err(Denied::UnknownPod("stray".into()))
         );
+        for name in ["lookalike", "adopted"] {
+            let uid = pods.iter().find(|p| p.name == name).unwrap().uid.clone();
+            assert_eq!(
+                authorize(
+                    &agent_user(name, &uid, None),
+                    "node-a",
+                    &sa(),
+                    &ds(),
+                    lookup
+                ),
+                Err(Denied::NotAgentPod(name.into())),
+                "{name}"
+            );
+        }
+        // The DaemonSet is not known: nobody is an agent.
+        let unknown = AgentDaemonSet {
+            name: "agent",
+            uid: None,
+        };
+        assert_eq!(
+            authorize(
+                &agent_user("agent-a", "ua", None),
+                "node-a",
+                &sa(),
+                &unknown,
+                lookup
+            ),
+            Err(Denied::NoAgentDaemonSet("agent".into()))
+        );
         let mut other_sa = agent_user("agent-a", "ua", None);
         other_sa.username = "system:serviceaccount:mg:default".into();
         assert!(matches!(
-            authorize(&other_sa, "node-a", &sa(), "agent", lookup),
+            authorize(&other_sa, "node-a", &sa(), &ds(), lookup),
             Err(Denied::NotAgentServiceAccount(_))
         ));
         let mut no_claim = agent_user("agent-a", "ua", None);
         no_claim.extra.clear();
         assert_eq!(
-            authorize(&no_claim, "node-a", &sa(), "agent", lookup),
+            authorize(&no_claim, "node-a", &sa(), &ds(), lookup),
             Err(Denied::NoPodClaim)
         );
+    }
+
+    #[test]
+    fn only_the_controlling_daemonset_reference_counts() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "mg", "uid": "u", "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "x", "controller": false},
+            ]},
+            "spec": {"nodeName": "n", "containers": []},
+        }))
+        .unwrap();
+        assert_eq!(AgentPod::from_pod(&pod).unwrap().controller, None);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "mg", "uid": "u", "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Foo", "name": "agent", "uid": "y"},
+                {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent", "uid": "z", "controller": true},
+            ]},
+            "spec": {"nodeName": "n", "containers": []},
+        }))
+        .unwrap();
+        assert_eq!(
+            AgentPod::from_pod(&pod).unwrap().controller,
+            Some(("agent".into(), "z".into()))
+        );
+    }
+
+    #[test]
+    fn a_token_review_answer_must_confirm_the_audience() {
+        use k8s_openapi::api::authentication::v1::{TokenReviewStatus, UserInfo};
+        let ok = |aud: Option<Vec<&str>>| TokenReviewStatus {
+            authenticated: Some(true),
+            audiences: aud.map(|a| a.into_iter().map(String::from).collect()),
+            user: Some(UserInfo {
+                username: Some("system:serviceaccount:mg:agent".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(reviewed_user(ok(Some(vec!["mountguard"])), "mountguard").is_ok());
+        for aud in [None, Some(vec![]), Some(vec!["api"])] {
+            assert!(
+                matches!(
+                    reviewed_user(ok(aud.clone()), "mountguard"),
+                    Err(AuthError::Unauthenticated(_))
+                ),
+                "{aud:?}"
+            );
+        }
+        let mut no = ok(Some(vec!["mountguard"]));
+        no.authenticated = Some(false);
+        assert!(reviewed_user(no, "mountguard").is_err());
     }
 
     /// A reviewer with a fixed token table that counts calls.
@@ -639,6 +943,137 @@ pub(crate) mod tests {
                     .ok_or_else(|| AuthError::Unauthenticated("unknown token".into()))
             })
         }
+    }
+
+    #[tokio::test]
+    async fn unknown_tokens_from_one_source_cost_at_most_its_burst() {
+        let c = CachedReviewer::with_limits(
+            FakeReviewer::default(),
+            Metrics::new(),
+            100,
+            ReviewLimits {
+                per_source_rate: 0.001,
+                per_source_burst: 5,
+                ..ReviewLimits::default()
+            },
+        );
+        let attacker: std::net::IpAddr = "10.0.0.66".parse().unwrap();
+        let mut throttled = 0;
+        for i in 0..200 {
+            match c
+                .review_from(&format!("random-{i}"), "mountguard", Some(attacker))
+                .await
+            {
+                Err(AuthError::Throttled(_, wait)) => {
+                    assert!(wait >= 1);
+                    throttled += 1;
+                }
+                Err(AuthError::Unauthenticated(_)) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 5);
+        assert_eq!(throttled, 195);
+        // Another source is not affected.
+        let other: std::net::IpAddr = "10.0.0.7".parse().unwrap();
+        assert!(matches!(
+            c.review_from("x", "mountguard", Some(other)).await,
+            Err(AuthError::Unauthenticated(_))
+        ));
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 6);
+    }
+
+    #[tokio::test]
+    async fn a_full_cache_drops_rejections_first_and_never_live_answers() {
+        let now = jiff::Timestamp::now().as_second();
+        let live: Vec<String> = (0..3).map(|i| jwt(now + 3600 + i)).collect();
+        let mut f = FakeReviewer::default();
+        for t in &live {
+            f.tokens
+                .insert(t.clone(), agent_user("agent-a", "ua", None));
+        }
+        let c = CachedReviewer::new(f, Metrics::new(), 4);
+        for t in &live {
+            assert!(c.review(t, "mountguard").await.is_ok());
+        }
+        for i in 0..50 {
+            let _ = c.review(&format!("junk-{i}"), "mountguard").await;
+        }
+        assert!(c.len() <= 4);
+        let before = c.inner.calls.load(Ordering::SeqCst);
+        for t in &live {
+            assert!(c.review(t, "mountguard").await.is_ok());
+        }
+        assert_eq!(
+            c.inner.calls.load(Ordering::SeqCst),
+            before,
+            "a live answer was evicted by rejections"
+        );
+    }
+
+    /// A reviewer that takes time and records the most reviews at once.
+    #[derive(Debug, Default)]
+    struct SlowReviewer {
+        now: AtomicUsize,
+        max: AtomicUsize,
+    }
+
+    impl TokenReviewer for SlowReviewer {
+        fn review<'a>(
+            &'a self,
+            _token: &'a str,
+            _audience: &'a str,
+        ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+            Box::pin(async move {
+                let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+                self.max.fetch_max(n, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                self.now.fetch_sub(1, Ordering::SeqCst);
+                Err(AuthError::Unauthenticated("no".into()))
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn reviews_in_flight_are_bounded_across_sources() {
+        let c = std::sync::Arc::new(CachedReviewer::with_limits(
+            SlowReviewer::default(),
+            Metrics::new(),
+            1000,
+            ReviewLimits {
+                in_flight: 3,
+                queue_timeout: Duration::from_millis(120),
+                ..ReviewLimits::default()
+            },
+        ));
+        let tasks: Vec<_> = (0..40u8)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let ip = std::net::IpAddr::from([10, 1, 0, i]);
+                    c.review_from(&format!("t{i}"), "mountguard", Some(ip))
+                        .await
+                })
+            })
+            .collect();
+        let mut unavailable = 0;
+        for t in tasks {
+            if matches!(t.await.unwrap(), Err(AuthError::Unavailable(_))) {
+                unavailable += 1;
+            }
+        }
+        assert!(c.inner.max.load(Ordering::SeqCst) <= 3);
+        assert!(
+            unavailable > 0,
+            "40 slow reviews, 3 at a time, 120 ms queue"
+        );
+        assert_eq!(
+            c.metrics
+                .tokenreview_throttled
+                .with_label_values(&["in_flight"])
+                .get(),
+            unavailable
+        );
     }
 
     fn jwt(exp: i64) -> String {

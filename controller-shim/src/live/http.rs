@@ -3,12 +3,10 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Bytes;
-use tracing::{debug, warn};
 
 use super::report::json_response;
 use super::status::Query;
@@ -77,37 +75,31 @@ pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {
     }
 }
 
-/// Serves until shutdown.
-pub async fn serve(listener: tokio::net::TcpListener, shared: Arc<Shared>, mut shutdown: Shutdown) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.wait() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    warn!(error = %e, "accepting a metrics connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+/// Serves until shutdown, with the shared bounded loop.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    limits: mountguard_serve::Limits,
+    metrics: mountguard_serve::ServeMetrics,
+    mut shutdown: Shutdown,
+) {
+    let make = move |_peer| {
         let s = shared.clone();
-        let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
             let s = s.clone();
             async move { Ok::<_, Infallible>(route(&s, &req)) }
-        });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-        let fut = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = fut.await {
-                debug!(%peer, error = %e, "metrics connection ended");
-            }
-        });
-    }
-    drop(listener);
-    let _ = tokio::time::timeout(Duration::from_secs(3), graceful.shutdown()).await;
+        })
+    };
+    mountguard_serve::serve(
+        "metrics",
+        listener,
+        limits,
+        mountguard_serve::Plain,
+        metrics,
+        make,
+        async move { shutdown.wait().await },
+    )
+    .await;
 }
 
 #[cfg(test)]

@@ -71,6 +71,16 @@ pub struct Metrics {
     pub remediation_blocked: IntGaugeVec,
     /// Report request latency by kind (`mountguard_report_duration_seconds{kind}`).
     pub report_duration: HistogramVec,
+    /// `mountguard_report_clock_clamped_total`.
+    pub report_clock_clamped: IntCounter,
+    /// `mountguard_tokenreview_throttled_total{reason}`.
+    pub tokenreview_throttled: IntCounterVec,
+    /// `mountguard_connections_open{listener}`.
+    pub connections_open: IntGaugeVec,
+    /// `mountguard_connections_shed_total{listener}`.
+    pub connections_shed: IntCounterVec,
+    /// `mountguard_connections_timed_out_total{listener}`.
+    pub connections_timed_out: IntCounterVec,
 }
 
 /// Values of `mountguard_report_requests_total{result}`.
@@ -295,6 +305,61 @@ impl Metrics {
         for s in ["true", "false"] {
             nodes.with_label_values(&[s]).set(0);
         }
+        let report_clock_clamped = reg(
+            &r,
+            IntCounter::with_opts(o(
+                "report_clock_clamped_total",
+                "Reports whose scan time was more than 5 s ahead of the controller's clock and was clamped to the receipt time (an agent node's clock is ahead)",
+            ))
+            .unwrap(),
+        );
+        let tokenreview_throttled = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "tokenreview_throttled_total",
+                    "TokenReviews not made for unknown tokens: reason source (per-address limit) or in_flight (global limit)",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+        );
+        for reason in ["source", "in_flight"] {
+            tokenreview_throttled.with_label_values(&[reason]);
+        }
+        let connections_open = reg(
+            &r,
+            IntGaugeVec::new(
+                o(
+                    "connections_open",
+                    "Open connections by listener (report, metrics)",
+                ),
+                &["listener"],
+            )
+            .unwrap(),
+        );
+        let connections_shed = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "connections_shed_total",
+                    "Connections closed at once because the listener's connection cap was reached",
+                ),
+                &["listener"],
+            )
+            .unwrap(),
+        );
+        let connections_timed_out = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "connections_timed_out_total",
+                    "Connections closed by the header-read, idle or handshake timeout",
+                ),
+                &["listener"],
+            )
+            .unwrap(),
+        );
         Self {
             registry: r,
             mount_state,
@@ -318,6 +383,20 @@ impl Metrics {
             remediation_failed,
             remediation_blocked,
             report_duration,
+            report_clock_clamped,
+            tokenreview_throttled,
+            connections_open,
+            connections_shed,
+            connections_timed_out,
+        }
+    }
+
+    /// The connection metrics of one listener.
+    pub fn serve(&self, listener: &str) -> mountguard_serve::ServeMetrics {
+        mountguard_serve::ServeMetrics {
+            open: self.connections_open.with_label_values(&[listener]),
+            shed: self.connections_shed.with_label_values(&[listener]),
+            timed_out: self.connections_timed_out.with_label_values(&[listener]),
         }
     }
 
@@ -336,6 +415,21 @@ impl Metrics {
     /// Counts a report request result.
     pub fn report(&self, result: &str) {
         self.report_requests.with_label_values(&[result]).inc();
+    }
+
+    /// Records how far a report's scan time was ahead of the controller's
+    /// clock (counted above 5 s).
+    pub fn report_clock_skew(&self, _node: &str, ahead: std::time::Duration) {
+        if ahead > std::time::Duration::from_secs(5) {
+            self.report_clock_clamped.inc();
+        }
+    }
+
+    /// Counts a TokenReview not made because of a limit.
+    pub fn tokenreview_throttled(&self, reason: &str) {
+        self.tokenreview_throttled
+            .with_label_values(&[reason])
+            .inc();
     }
 
     /// Counts an API error.

@@ -160,6 +160,30 @@ impl Controller {
         let (event_tx, event_rx) = mpsc::channel::<events::EventRequest>(1024);
         let (snap_tx, snapshots) = tokio_watch::channel(Arc::new(EvaluationSnapshot::default()));
 
+        match mountguard_serve::raise_nofile_limit() {
+            Ok(n) => info!(open_files = n, "open file limit raised to the hard limit"),
+            Err(e) => warn!(error = %e, "keeping the open file limit"),
+        }
+        let fds = mountguard_serve::nofile_limit();
+        let metrics_limits = mountguard_serve::Limits {
+            header_read_timeout: args.header_read_timeout,
+            idle_timeout: args.idle_timeout,
+            ..mountguard_serve::Limits::small()
+        }
+        .fit_in(fds / 4, 0);
+        // Room for the metrics port, the API client, watches and files.
+        let report_limits = mountguard_serve::Limits {
+            header_read_timeout: args.header_read_timeout,
+            idle_timeout: args.idle_timeout,
+            max_connections: args.max_connections,
+            ..mountguard_serve::Limits::small()
+        }
+        .fit_in(fds, metrics_limits.max_connections as u64 + 256);
+        info!(
+            report_max_connections = report_limits.max_connections,
+            metrics_max_connections = metrics_limits.max_connections,
+            "connection caps"
+        );
         let report_listener = tokio::net::TcpListener::bind(args.report_listen)
             .await
             .map_err(|e| Error::Io {
@@ -208,6 +232,8 @@ impl Controller {
                 report_listener,
                 tls,
                 handler.clone(),
+                report_limits,
+                shared.metrics.serve("report"),
                 shutdown.clone(),
             )),
         ));
@@ -216,6 +242,8 @@ impl Controller {
             tokio::spawn(http::serve(
                 metrics_listener,
                 shared.clone(),
+                metrics_limits,
+                shared.metrics.serve("metrics"),
                 shutdown.clone(),
             )),
         ));

@@ -29,7 +29,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::args::{RateLimit, RunArgs, ServiceAccountRef};
-use super::auth::{AgentPods, AuthError, PodFetcher, TokenReviewer, authorize};
+use super::auth::{
+    AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenBucket, TokenReviewer, authorize,
+};
 use super::eval::Input;
 use super::{Shared, Shutdown};
 
@@ -91,9 +93,13 @@ impl ReportConfig {
 #[derive(Debug)]
 struct NodeBook {
     generation: Option<u64>,
-    tokens: f64,
-    refilled: Instant,
+    bucket: TokenBucket,
 }
+
+/// The remote address of the connection a request came on (a request
+/// extension set by the server).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub std::net::SocketAddr);
 
 /// The report handler (shared by every connection).
 #[derive(Debug)]
@@ -343,9 +349,24 @@ impl ReportHandler {
             .map(str::trim)
             .filter(|t| !t.is_empty())
             .ok_or_else(|| unauth("missing bearer token"))?;
-        let user = match self.reviewer.review(token, &self.config.audience).await {
+        let source = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        let user = match self
+            .reviewer
+            .review_from(token, &self.config.audience, source)
+            .await
+        {
             Ok(u) => u,
             Err(AuthError::Unauthenticated(m)) => return Err(unauth(&m)),
+            Err(AuthError::Throttled(m, wait)) => {
+                let mut r = Reject::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rateLimited",
+                    "rate_limited",
+                    m,
+                );
+                r.retry_after = Some(wait);
+                return Err(r);
+            }
             Err(AuthError::Unavailable(m)) => {
                 return Err(Reject::new(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -356,7 +377,11 @@ impl ReportHandler {
             }
         };
         let sa = &self.config.agent_sa;
-        let ds = &self.config.agent_daemonset;
+        let ds_uid = self.agents.daemonset_uid();
+        let ds = &AgentDaemonSet {
+            name: &self.config.agent_daemonset,
+            uid: ds_uid.as_deref(),
+        };
         let mut r = authorize(&user, node, sa, ds, |n| self.agents.get(n));
         if let Err(d) = &r
             && d.may_be_cache_miss()
@@ -367,7 +392,7 @@ impl ReportHandler {
                 .and_then(|v| v.first())
             && let Some(p) = f.fetch(name).await
         {
-            if p.daemonsets.iter().any(|d| d == ds) {
+            if p.controlled_by_name(ds.name) {
                 self.agents.apply(p.clone());
             }
             r = authorize(&user, node, sa, ds, |n| (n == p.name).then(|| p.clone()));
@@ -388,17 +413,9 @@ impl ReportHandler {
         let mut book = self.book.lock().unwrap();
         let b = book.entry(node.to_string()).or_insert_with(|| NodeBook {
             generation: None,
-            tokens: rate.burst as f64,
-            refilled: now,
+            bucket: TokenBucket::full(rate.burst, now),
         });
-        let elapsed = now.duration_since(b.refilled).as_secs_f64();
-        b.tokens = (b.tokens + elapsed * rate.per_second).min(rate.burst as f64);
-        b.refilled = now;
-        if b.tokens >= 1.0 {
-            b.tokens -= 1.0;
-            Ok(())
-        } else {
-            let wait = ((1.0 - b.tokens) / rate.per_second).ceil().max(1.0) as u64;
+        if let Err(wait) = b.bucket.take(rate.per_second, rate.burst, now) {
             let mut r = Reject::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rateLimited",
@@ -406,8 +423,9 @@ impl ReportHandler {
                 format!("too many reports for node {node}; retry after {wait}s"),
             );
             r.retry_after = Some(wait);
-            Err(r)
+            return Err(r);
         }
+        Ok(())
     }
 
     async fn inventory(
@@ -415,7 +433,7 @@ impl ReportHandler {
         node: &str,
         body: &[u8],
     ) -> Result<(ReportStatus, Option<u64>), Reject> {
-        let inv = NodeInventory::from_json(body)
+        let mut inv = NodeInventory::from_json(body)
             .map_err(|e| Reject::bad(format!("invalid inventory: {e}")))?;
         if inv.node != node {
             return Err(Reject::bad(format!(
@@ -423,7 +441,22 @@ impl ReportHandler {
                 inv.node
             )));
         }
-        check_limits(&inv, &self.config.limits).map_err(Reject::bad)?;
+        let marked = enforce_limits(&mut inv, &self.config.limits).map_err(Reject::bad)?;
+        if marked > 0 {
+            warn!(
+                node,
+                marked, "inventory over the count limits: those volumes or pods are not judged"
+            );
+        }
+        let skew = clamp_to_received(&mut inv, jiff::Timestamp::now());
+        if skew > CLOCK_SKEW_WARN {
+            debug!(
+                node,
+                skew_seconds = skew.as_secs(),
+                "inventory times ahead of the controller's clock clamped"
+            );
+        }
+        self.shared.metrics.report_clock_skew(node, skew);
         let generation = inv.generation;
         let decision = {
             let mut book = self.book.lock().unwrap();
@@ -477,13 +510,18 @@ impl ReportHandler {
             )));
         }
         let held = self.held_generation(node);
+        let received = jiff::Timestamp::now();
+        let scanned_at = hb.scanned_at.min(received);
+        self.shared
+            .metrics
+            .report_clock_skew(node, ahead_by(hb.scanned_at, received));
         match held {
             Some(h) if hb.generation < h => Err(stale(hb.generation, h)),
             Some(h) if hb.generation == h => {
                 self.send(Input::Heartbeat {
                     node: node.to_string(),
                     generation: h,
-                    scanned_at: hb.scanned_at,
+                    scanned_at,
                 })
                 .await?;
                 Ok((ReportStatus::Unchanged, Some(h)))
@@ -502,6 +540,33 @@ impl ReportHandler {
             )
         })
     }
+}
+
+/// Clock skew above which a clamp is logged.
+const CLOCK_SKEW_WARN: Duration = Duration::from_secs(5);
+
+/// How far `t` is ahead of `received` (zero when it is not).
+fn ahead_by(t: jiff::Timestamp, received: jiff::Timestamp) -> Duration {
+    Duration::try_from(t.duration_since(received)).unwrap_or(Duration::ZERO)
+}
+
+/// The agent's clock is not trusted: every time in an inventory that lies
+/// ahead of the controller's clock at receipt (`scannedAt`, a volume's
+/// `writtenAt`) is clamped to the receipt time, so a node's inventory ages
+/// and a mismatch is timed on the controller's clock. A time behind it is
+/// kept (it only makes the inventory look older: the safe direction).
+/// Returns how far `scannedAt` was ahead.
+pub fn clamp_to_received(inv: &mut NodeInventory, received: jiff::Timestamp) -> Duration {
+    let skew = ahead_by(inv.scanned_at, received);
+    inv.scanned_at = inv.scanned_at.min(received);
+    for p in &mut inv.pods {
+        for v in &mut p.volumes {
+            if let Some(w) = v.written_at.as_mut() {
+                *w = (*w).min(received);
+            }
+        }
+    }
+    skew
 }
 
 /// How many bytes of an oversized body are read and discarded before the
@@ -604,8 +669,16 @@ fn parse_path(path: &str) -> Option<(Kind, String)> {
     valid.then(|| (kind, node.to_string()))
 }
 
-/// Checks the count limits of an inventory.
-pub fn check_limits(inv: &NodeInventory, l: &CountLimits) -> Result<(), String> {
+/// Applies the count limits to an inventory. Only the pod count (and an
+/// overlong pod UID) refuses the whole inventory: a volume over the file
+/// cap, or with an overlong path, loses its files and carries a
+/// `tooLarge` error instead (so it is Unverifiable on its own), and a pod
+/// over the volume cap loses its volumes and subPaths and carries a pod
+/// error (all its subjects Unverifiable). The rest of the node stays
+/// judged: one tenant's oversized ConfigMap cannot blind a node. Returns
+/// how many volumes or pods were marked.
+pub fn enforce_limits(inv: &mut NodeInventory, l: &CountLimits) -> Result<usize, String> {
+    use mountguard_inventory::{ReadError, ReadErrorKind};
     if inv.pods.len() > l.pods {
         return Err(format!(
             "{} pods, at most {} allowed",
@@ -614,105 +687,136 @@ pub fn check_limits(inv: &NodeInventory, l: &CountLimits) -> Result<(), String> 
         ));
     }
     let long = |s: &str| s.len() > l.path_len;
-    for p in &inv.pods {
+    let refused = |message: String| ReadError {
+        path: String::new(),
+        kind: ReadErrorKind::TooLarge,
+        message,
+    };
+    let mut marked = 0;
+    for p in &mut inv.pods {
         if long(&p.uid) {
             return Err("pod uid too long".into());
         }
-        if p.volumes.len() > l.volumes_per_pod || p.sub_paths.len() > l.volumes_per_pod {
-            return Err(format!(
-                "pod {}: more than {} volumes or subPaths",
-                p.uid, l.volumes_per_pod
-            ));
+        if p.errors.len() > l.volumes_per_pod || p.errors.iter().any(|e| long(&e.path)) {
+            p.errors = vec![refused(format!(
+                "more than {} pod errors or an error path over {} bytes; not judged",
+                l.volumes_per_pod, l.path_len
+            ))];
         }
-        for v in &p.volumes {
-            if long(&v.name) {
-                return Err(format!("pod {}: volume name too long", p.uid));
-            }
-            if v.files.len() > l.files_per_volume {
-                return Err(format!(
-                    "pod {} volume {}: {} files, at most {}",
-                    p.uid,
-                    v.name,
+        let too_many = p.volumes.len() > l.volumes_per_pod || p.sub_paths.len() > l.volumes_per_pod;
+        let long_names = p.volumes.iter().any(|v| long(&v.name))
+            || p.sub_paths
+                .iter()
+                .any(|s| long(&s.volume) || long(&s.container));
+        if too_many || long_names {
+            let message = format!(
+                "the pod has {} volumes and {} subPaths (at most {} each) or a name over {} bytes; the controller refused them, the pod is not judged",
+                p.volumes.len(),
+                p.sub_paths.len(),
+                l.volumes_per_pod,
+                l.path_len
+            );
+            p.volumes.clear();
+            p.sub_paths.clear();
+            p.errors.push(refused(message));
+            marked += 1;
+            continue;
+        }
+        for v in &mut p.volumes {
+            let over = v.files.len() > l.files_per_volume || v.errors.len() > l.files_per_volume;
+            let long_path =
+                v.files.keys().any(|k| long(k)) || v.errors.iter().any(|e| long(&e.path));
+            if over || long_path {
+                let message = format!(
+                    "the volume has {} files and {} errors (at most {} each) or a path over {} bytes; the controller refused its content, the volume is not judged",
                     v.files.len(),
-                    l.files_per_volume
-                ));
-            }
-            if v.files.keys().any(|k| long(k)) || v.errors.iter().any(|e| long(&e.path)) {
-                return Err(format!("pod {} volume {}: path too long", p.uid, v.name));
+                    v.errors.len(),
+                    l.files_per_volume,
+                    l.path_len
+                );
+                v.files.clear();
+                v.modes.clear();
+                v.digest = None;
+                v.errors = vec![refused(message)];
+                marked += 1;
             }
         }
-        for s in &p.sub_paths {
-            if long(&s.volume) || long(&s.container) {
-                return Err(format!("pod {}: subPath name too long", p.uid));
+        for sp in &mut p.sub_paths {
+            let over = sp.files.len() > l.files_per_volume || sp.errors.len() > l.files_per_volume;
+            let long_path =
+                sp.files.keys().any(|k| long(k)) || sp.errors.iter().any(|e| long(&e.path));
+            if over || long_path {
+                sp.files.clear();
+                sp.errors = vec![refused(format!(
+                    "the subPath target has more than {} files or errors, or a path over {} bytes; not judged",
+                    l.files_per_volume, l.path_len
+                ))];
+                marked += 1;
             }
         }
     }
-    Ok(())
+    Ok(marked)
+}
+
+/// The TLS handshake of the report API.
+#[derive(Clone)]
+struct Tls(tokio_rustls::TlsAcceptor);
+
+impl mountguard_serve::Handshake for Tls {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    async fn handshake(&self, tcp: tokio::net::TcpStream) -> std::io::Result<Self::Io> {
+        self.0.accept(tcp).await
+    }
 }
 
 /// Serves the report API until shutdown: TLS when `tls` is given, else
-/// plain HTTP/1.1. Open connections get a bounded graceful drain.
+/// plain HTTP/1.1, with the shared bounded loop (timeouts, connection
+/// cap; see `mountguard-serve`). Open connections get a bounded graceful
+/// drain.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Option<super::tls::ReloadingCert>,
     handler: Arc<ReportHandler>,
+    limits: mountguard_serve::Limits,
+    metrics: mountguard_serve::ServeMetrics,
     mut shutdown: Shutdown,
 ) {
-    let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c.server_config())));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.wait() => break,
-            r = listener.accept() => match r {
-                Ok(x) => x,
-                Err(e) => {
-                    warn!(error = %e, "accepting a report connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
+    let make = move |peer: std::net::SocketAddr| {
         let h = handler.clone();
-        let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
             let h = h.clone();
+            req.extensions_mut().insert(PeerAddr(peer));
             async move { Ok::<_, Infallible>(h.handle(req).await) }
-        });
-        let builder = hyper::server::conn::http1::Builder::new();
-        match &acceptor {
-            None => {
-                let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-                let fut = graceful.watch(conn);
-                tokio::spawn(async move {
-                    if let Err(e) = fut.await {
-                        debug!(%peer, error = %e, "report connection ended");
-                    }
-                });
-            }
-            Some(acc) => {
-                let acc = acc.clone();
-                let watcher = graceful.watcher();
-                tokio::spawn(async move {
-                    let tls =
-                        match tokio::time::timeout(Duration::from_secs(10), acc.accept(stream))
-                            .await
-                        {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(e)) => {
-                                debug!(%peer, error = %e, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => return,
-                        };
-                    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(tls), svc);
-                    if let Err(e) = watcher.watch(conn).await {
-                        debug!(%peer, error = %e, "report connection ended");
-                    }
-                });
-            }
+        })
+    };
+    let stop = async move { shutdown.wait().await };
+    match tls {
+        None => {
+            mountguard_serve::serve(
+                "report",
+                listener,
+                limits,
+                mountguard_serve::Plain,
+                metrics,
+                make,
+                stop,
+            )
+            .await
+        }
+        Some(c) => {
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(c.server_config()));
+            mountguard_serve::serve(
+                "report",
+                listener,
+                limits,
+                Tls(acceptor),
+                metrics,
+                make,
+                stop,
+            )
+            .await
         }
     }
-    drop(listener);
-    let _ = tokio::time::timeout(Duration::from_secs(5), graceful.shutdown()).await;
 }
 
 #[cfg(test)]
@@ -739,6 +843,7 @@ mod tests {
         f.tokens
             .insert("tok-b".into(), agent_user("agent-b", "ub", None));
         let agents = Arc::new(AgentPods::default());
+        agents.set_daemonset_uid(Some(crate::live::auth::tests::DS_UID.into()));
         agents.apply(agent_pod("agent-a", "ua", "node-a"));
         agents.apply(agent_pod("agent-b", "ub", "node-b"));
         let (tx, rx) = mpsc::channel(100);
@@ -1014,6 +1119,125 @@ mod tests {
             (StatusCode::SERVICE_UNAVAILABLE, Some("notReady"))
         );
         no_input(&mut r);
+    }
+
+    /// An agent clock 10 minutes ahead: the times handed to the
+    /// evaluation are the receipt time, so a change made a moment ago is
+    /// not judged as if the grace period had passed (Propagating, not
+    /// Stale), and a day-ahead heartbeat does not keep the node fresh.
+    #[tokio::test]
+    async fn times_ahead_of_the_controller_clock_are_clamped_to_receipt() {
+        let mut r = rig(1 << 20, "100/s,100".parse().unwrap());
+        let ahead = jiff::Timestamp::now() + jiff::SignedDuration::from_mins(10);
+        let mut inv = NodeInventory::new("node-a", "test", ahead);
+        inv.generation = 3;
+        inv.pods.push(mountguard_inventory::PodInventory {
+            uid: "u".into(),
+            volumes: vec![mountguard_inventory::VolumeInventory {
+                plugin: mountguard_inventory::Plugin::Secret,
+                name: "v".into(),
+                data_dir: None,
+                written_at: Some(ahead),
+                digest: None,
+                files: Default::default(),
+                modes: Default::default(),
+                errors: vec![],
+            }],
+            sub_paths: vec![],
+            errors: vec![],
+        });
+        let (s, _, _) = call(
+            &r,
+            req(INV_A, Some("tok-a"), serde_json::to_vec(&inv).unwrap()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK);
+        let after = jiff::Timestamp::now();
+        match r.rx.try_recv() {
+            Ok(Input::Inventory(i, _)) => {
+                assert!(i.scanned_at <= after, "scannedAt kept at {}", i.scanned_at);
+                assert!(i.pods[0].volumes[0].written_at.unwrap() <= after);
+            }
+            _ => panic!("no inventory"),
+        }
+        let day = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24);
+        let hb = serde_json::to_vec(&Heartbeat::new("node-a", 3, day)).unwrap();
+        let (s, _, _) = call(&r, req(HB_A, Some("tok-a"), hb)).await;
+        assert_eq!(s, StatusCode::OK);
+        match r.rx.try_recv() {
+            Ok(Input::Heartbeat { scanned_at, .. }) => {
+                assert!(scanned_at <= jiff::Timestamp::now(), "{scanned_at}")
+            }
+            _ => panic!("no heartbeat"),
+        }
+        assert_eq!(r.shared.metrics.report_clock_clamped.get(), 2);
+        // A time behind the controller's clock is kept as is.
+        let behind: jiff::Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
+        let mut inv = NodeInventory::new("node-a", "test", behind);
+        assert_eq!(
+            clamp_to_received(&mut inv, jiff::Timestamp::now()),
+            Duration::ZERO
+        );
+        assert_eq!(inv.scanned_at, behind);
+    }
+
+    #[test]
+    fn a_volume_or_pod_over_the_limits_is_marked_alone() {
+        use mountguard_inventory::{PodInventory, ReadErrorKind, Sha256Hex, VolumeInventory};
+        let vol = |name: &str, files: usize| VolumeInventory {
+            plugin: mountguard_inventory::Plugin::Configmap,
+            name: name.into(),
+            data_dir: None,
+            written_at: None,
+            digest: None,
+            files: (0..files)
+                .map(|i| (format!("k{i}"), Sha256Hex([0; 32])))
+                .collect(),
+            modes: Default::default(),
+            errors: vec![],
+        };
+        let l = CountLimits {
+            pods: 3,
+            volumes_per_pod: 2,
+            files_per_volume: 4,
+            path_len: 16,
+        };
+        let mut inv = NodeInventory::new("n", "t", jiff::Timestamp::now());
+        inv.pods.push(PodInventory {
+            uid: "a".into(),
+            volumes: vec![vol("ok", 4), vol("huge", 5)],
+            sub_paths: vec![],
+            errors: vec![],
+        });
+        inv.pods.push(PodInventory {
+            uid: "b".into(),
+            volumes: vec![vol("x", 1), vol("y", 1), vol("z", 1)],
+            sub_paths: vec![],
+            errors: vec![],
+        });
+        inv.pods.push(PodInventory {
+            uid: "c".into(),
+            volumes: vec![vol("fine", 1), vol("a-name-longer-than-16", 1)],
+            sub_paths: vec![],
+            errors: vec![],
+        });
+        assert_eq!(enforce_limits(&mut inv, &l), Ok(3));
+        let a = &inv.pods[0];
+        assert_eq!(
+            a.volumes[0].files.len(),
+            4,
+            "the volume at the limit is kept"
+        );
+        assert!(a.volumes[1].files.is_empty());
+        assert_eq!(a.volumes[1].errors[0].kind, ReadErrorKind::TooLarge);
+        assert!(inv.pods[1].volumes.is_empty());
+        assert_eq!(inv.pods[1].errors[0].kind, ReadErrorKind::TooLarge);
+        assert!(inv.pods[2].volumes.is_empty());
+        inv.pods.push(inv.pods[0].clone());
+        assert!(
+            enforce_limits(&mut inv, &l).is_err(),
+            "too many pods: refused whole"
+        );
     }
 
     #[tokio::test]

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher;
@@ -282,7 +283,7 @@ impl Edge<Pod> for AgentEdge {
     }
     fn apply(&mut self, p: Pod) -> Option<Input> {
         match AgentPod::from_pod(&p) {
-            Some(a) if a.daemonsets.contains(&self.daemonset) => self.agents.apply(a),
+            Some(a) if a.controlled_by_name(&self.daemonset) => self.agents.apply(a),
             Some(a) => self.agents.delete(&a.name),
             None => {}
         }
@@ -290,6 +291,32 @@ impl Edge<Pod> for AgentEdge {
     }
     fn delete(&mut self, name: String) -> Option<Input> {
         self.agents.delete(&name);
+        None
+    }
+}
+
+/// The agent DaemonSet: its UID is what an agent pod's controlling
+/// ownerReference must carry.
+struct DaemonSetEdge {
+    agents: Arc<AgentPods>,
+    daemonset: String,
+}
+
+impl Edge<DaemonSet> for DaemonSetEdge {
+    type Key = String;
+    fn key(&self, d: &DaemonSet) -> Option<String> {
+        d.metadata.name.clone()
+    }
+    fn apply(&mut self, d: DaemonSet) -> Option<Input> {
+        if d.metadata.name.as_deref() == Some(self.daemonset.as_str()) {
+            self.agents.set_daemonset_uid(d.metadata.uid.clone());
+        }
+        None
+    }
+    fn delete(&mut self, name: String) -> Option<Input> {
+        if name == self.daemonset {
+            self.agents.set_daemonset_uid(None);
+        }
         None
     }
 }
@@ -475,6 +502,7 @@ pub fn spawn_all(
     }
     shared.health.register("nodes", true);
     shared.health.register("agents", true);
+    shared.health.register("agent-daemonset", true);
     for ns in &namespaces {
         let mut pc = wc();
         if let Some(sel) = args
@@ -547,6 +575,22 @@ pub fn spawn_all(
             "nodes".into(),
             "nodes",
             NodeEdge,
+            shared.clone(),
+            tx.clone(),
+            shutdown.clone(),
+        )),
+    ));
+    out.push((
+        "watch-agent-daemonset",
+        tokio::spawn(run_watch(
+            Api::<DaemonSet>::namespaced(client.clone(), &args.agent_service_account.namespace),
+            wc().fields(&format!("metadata.name={}", args.agent_daemonset)),
+            "agent-daemonset".into(),
+            "agent_daemonset",
+            DaemonSetEdge {
+                agents: agents.clone(),
+                daemonset: args.agent_daemonset.clone(),
+            },
             shared.clone(),
             tx.clone(),
             shutdown.clone(),

@@ -213,6 +213,18 @@ pub const NODESETS: ResourceType = rt!(
     true,
     false
 );
+/// apps/v1 daemonsets (stored objects only: no pods are created from them).
+pub const DAEMONSETS: ResourceType = rt!(
+    "apps",
+    "v1",
+    "daemonsets",
+    "daemonset",
+    "DaemonSet",
+    true,
+    &["status"],
+    true,
+    true
+);
 /// authentication.k8s.io/v1 tokenreviews (create only).
 pub const TOKEN_REVIEWS: ResourceType = ResourceType {
     create_only: true,
@@ -244,6 +256,7 @@ pub const ALL: &[ResourceType] = &[
     PDBS,
     LEASES,
     NODESETS,
+    DAEMONSETS,
     TOKEN_REVIEWS,
 ];
 

@@ -152,3 +152,105 @@ async fn forged_reports_are_rejected_and_change_nothing() {
     assert_eq!(counter(&m, "conflict"), 0.0);
     sys.shutdown().await;
 }
+
+/// A pod that merely names the agent DaemonSet in an ownerReference (not
+/// as its controller, or with another UID), running on node-0 under the
+/// agent ServiceAccount with a projected `mountguard` token, is not an
+/// agent: its reports are refused while the real agent's are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_that_only_names_the_agent_daemonset_is_not_an_agent() {
+    use mountguard_tests::mountguard::{agent_daemonset_uid, agent_pod, deploy_pod_with_token};
+    let sys = System::start(Options::default()).await;
+    wait_all_fresh(&sys).await;
+    let live_uid = agent_daemonset_uid(&sys.cluster).unwrap();
+    let cases = [
+        ("not-controller", live_uid.as_str(), false),
+        ("forged-uid", "00000000-0000-0000-0000-000000000000", true),
+    ];
+    let inv = serde_json::to_vec(&NodeInventory::new(
+        "node-0",
+        "forged",
+        jiff::Timestamp::now(),
+    ))
+    .unwrap();
+    for (name, uid, controller) in cases {
+        let mut pod = agent_pod("node-0", uid);
+        pod["metadata"]["name"] = format!("imposter-{name}").into();
+        pod["metadata"]["ownerReferences"][0]["controller"] = controller.into();
+        let id = deploy_pod_with_token(&sys.cluster, 0, pod).await.unwrap();
+        let (code, text) = put(
+            &sys,
+            &inventory_path("node-0"),
+            &id.token().unwrap(),
+            inv.clone(),
+        )
+        .await;
+        assert_eq!(code, 403, "{name}: {text}");
+        assert!(
+            text.contains("not controlled by the agent DaemonSet"),
+            "{name}: {text}"
+        );
+    }
+    // The real agent of node-0 still reports.
+    let (code, text) = put(
+        &sys,
+        &heartbeat_path("node-0"),
+        &sys.ids[0].token().unwrap(),
+        serde_json::to_vec(&Heartbeat::new("node-0", u64::MAX, jiff::Timestamp::now())).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    sys.shutdown().await;
+}
+
+fn metric(samples: &[mountguard_tests::demo::MetricSample], name: &str) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.name == name)
+        .map(|s| s.value)
+        .sum()
+}
+
+/// Random tokens do not each cost a TokenReview: one source drives at most
+/// its burst (20) plus 2 per second, the rest are answered 429 at once,
+/// and the real agents (same address here, their tokens cached) keep
+/// reporting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_tokens_do_not_each_cost_a_token_review() {
+    let sys = System::start(Options::default()).await;
+    wait_all_fresh(&sys).await;
+    let m = scrape(&sys.metrics_base()).await.unwrap();
+    let reviews_before = metric(&m, "mountguard_tokenreview_duration_seconds_count");
+    let started = std::time::Instant::now();
+    let hb = serde_json::to_vec(&Heartbeat::new("node-0", 1, jiff::Timestamp::now())).unwrap();
+    let mut codes = std::collections::BTreeMap::new();
+    for i in 0..300 {
+        let (code, _) = put(
+            &sys,
+            &heartbeat_path("node-0"),
+            &format!("random-{i}"),
+            hb.clone(),
+        )
+        .await;
+        *codes.entry(code).or_insert(0) += 1;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let m = scrape(&sys.metrics_base()).await.unwrap();
+    let reviews = metric(&m, "mountguard_tokenreview_duration_seconds_count") - reviews_before;
+    assert!(
+        reviews <= 20.0 + 2.0 * elapsed + 1.0,
+        "{reviews} TokenReviews for 300 random tokens in {elapsed:.1}s ({codes:?})"
+    );
+    assert!(codes.get(&429).copied().unwrap_or(0) >= 200, "{codes:?}");
+    assert!(metric(&m, "mountguard_tokenreview_throttled_total") >= 200.0);
+    // The real agent's token is cached: still accepted.
+    let (code, text) = put(
+        &sys,
+        &heartbeat_path("node-0"),
+        &sys.ids[0].token().unwrap(),
+        serde_json::to_vec(&Heartbeat::new("node-0", u64::MAX, jiff::Timestamp::now())).unwrap(),
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    sys.shutdown().await;
+}

@@ -27,6 +27,9 @@ pub struct Options {
     /// The Slinky operator's Slurm-side rules in the cluster (preStop hook,
     /// syncCordon; `ClusterBuilder::slinky_operator_rules`).
     pub operator_rules: bool,
+    /// Run the controller with this open file limit (soft and hard,
+    /// through util-linux `prlimit`).
+    pub controller_nofile: Option<u64>,
 }
 
 impl Default for Options {
@@ -37,6 +40,7 @@ impl Default for Options {
             tls: None,
             extra_controller_args: Vec::new(),
             operator_rules: false,
+            controller_nofile: None,
         }
     }
 }
@@ -112,7 +116,15 @@ impl System {
         metrics_addr: std::net::SocketAddr,
         extra: &[String],
     ) -> ChildGuard {
-        let mut cmd = Command::new(binary("mountguard-controller").unwrap());
+        let bin = binary("mountguard-controller").unwrap();
+        let mut cmd = match self.opts.controller_nofile {
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(self.cluster.kubeconfig_path())

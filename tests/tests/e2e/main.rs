@@ -6,12 +6,15 @@
 
 mod harness;
 
+mod blind;
+mod clock;
 mod demo;
 mod forged;
 mod fresh;
 mod gate;
 mod kubelet;
 mod leader;
+mod load;
 mod outage;
 mod remediation;
 mod remediation_faults;

@@ -1,0 +1,421 @@
+//! Report API under abuse: 2,000 hostile connections (half idle, half
+//! trickling a request head one byte a second, each reconnecting as soon
+//! as the server closes it) are held open while 5,000 agents' heartbeats
+//! are sent. Prints heartbeat latency, throughput, the controller's memory
+//! with and without the hostile connections, and what the bounded server
+//! loop closed.
+//!
+//! The controller side (the real report handler and TokenReview cache,
+//! the shared bounded serve loop with its default limits) runs in this
+//! process; the agents and the attacker are this binary re-executed as a
+//! child, so memory and CPU are the controller's alone. The evaluation is
+//! replaced by a sink (the reports benchmark measures it).
+//!
+//! Run: `cargo bench -p mountguard-controller --bench hostile`
+//! (`-- --nodes N --hostile H --rounds R`).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use jiff::Timestamp;
+use mountguard_controller::live::auth::{
+    AgentPod, AgentPods, AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewLimits,
+    ReviewedUser, TokenReviewer,
+};
+use mountguard_controller::live::eval::Input;
+use mountguard_controller::live::metrics::Metrics;
+use mountguard_controller::live::report::{self, CountLimits, ReportConfig, ReportHandler};
+use mountguard_controller::live::{Shared, Shutdown};
+use mountguard_inventory::NodeInventory;
+use mountguard_inventory::report::Heartbeat;
+use nix::sys::resource::{UsageWho, getrusage};
+use tokio::io::AsyncWriteExt;
+
+fn node_name(n: usize) -> String {
+    format!("node-{n:05}")
+}
+
+fn arg(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+fn peak_rss_mib() -> f64 {
+    getrusage(UsageWho::RUSAGE_SELF)
+        .map(|u| u.max_rss() as f64 / 1024.0)
+        .unwrap_or(0.0)
+}
+
+#[derive(Debug)]
+struct Reviewer;
+
+impl TokenReviewer for Reviewer {
+    fn review<'a>(
+        &'a self,
+        token: &'a str,
+        _audience: &'a str,
+    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
+        Box::pin(async move {
+            let n: usize = token
+                .strip_prefix("token-")
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| AuthError::Unauthenticated("unknown".into()))?;
+            let mut extra = BTreeMap::new();
+            extra.insert(EXTRA_POD_NAME.to_string(), vec![format!("agent-{n}")]);
+            extra.insert(EXTRA_POD_UID.to_string(), vec![format!("agent-uid-{n}")]);
+            Ok(ReviewedUser {
+                username: "system:serviceaccount:mg:agent".into(),
+                uid: format!("sa-{n}"),
+                extra,
+            })
+        })
+    }
+}
+
+// ---------------------------------------------------------------- client
+
+async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+async fn put(
+    s: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+    token: &str,
+    body: Vec<u8>,
+) -> String {
+    let req = http::Request::put(path)
+        .header(http::header::HOST, "controller")
+        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = s.send_request(req).await.expect("request");
+    let status = resp.status();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        status.is_success(),
+        "{status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    v["status"].as_str().unwrap_or("").to_string()
+}
+
+/// One hostile connection, reopened whenever the server closes it: idle
+/// (sends nothing) or slow (a request head one byte a second).
+async fn hostile(addr: SocketAddr, slow: bool, open: Arc<AtomicUsize>) {
+    loop {
+        let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        open.fetch_add(1, Ordering::Relaxed);
+        if slow {
+            let head = b"PUT /v1/nodes/node-00000/heartbeat HTTP/1.1\r\nhost: c\r\nx-slow: ";
+            let _ = s.write_all(head).await;
+            while s.write_all(b"a").await.is_ok() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        } else {
+            let mut buf = [0u8; 64];
+            let _ = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await;
+        }
+        open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn client(addr: SocketAddr, nodes: usize, hostiles: usize, rounds: usize) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        const CONNS: usize = 64;
+        let out = std::io::stdout();
+        // Every node's inventory, so heartbeats are answered `unchanged`.
+        let mut tasks = Vec::new();
+        for c in 0..CONNS {
+            tasks.push(tokio::spawn(async move {
+                let mut s = connect(addr).await;
+                let mut n = c;
+                while n < nodes {
+                    let mut inv = NodeInventory::new(node_name(n), "bench", Timestamp::now());
+                    inv.generation = 1;
+                    let st = put(
+                        &mut s,
+                        &format!("/v1/nodes/{}/inventory", node_name(n)),
+                        &format!("token-{n}"),
+                        serde_json::to_vec(&inv).unwrap(),
+                    )
+                    .await;
+                    assert_eq!(st, "accepted");
+                    n += CONNS;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        writeln!(out.lock(), "inventories").unwrap();
+        out.lock().flush().unwrap();
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).unwrap();
+        // The attack.
+        let open = Arc::new(AtomicUsize::new(0));
+        for i in 0..hostiles {
+            tokio::spawn(hostile(addr, i % 2 == 1, open.clone()));
+        }
+        let t = Instant::now();
+        while open.load(Ordering::Relaxed) < hostiles && t.elapsed() < Duration::from_secs(30) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        writeln!(out.lock(), "hostile-open {}", open.load(Ordering::Relaxed)).unwrap();
+        out.lock().flush().unwrap();
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).unwrap();
+        // The heartbeats, while the attack goes on.
+        let t = Instant::now();
+        let mut tasks = Vec::new();
+        for c in 0..CONNS {
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut s = connect(addr).await;
+                for _ in 0..rounds {
+                    let mut n = c;
+                    while n < nodes {
+                        let hb = Heartbeat::new(node_name(n), 1, Timestamp::now());
+                        let t = Instant::now();
+                        let st = put(
+                            &mut s,
+                            &format!("/v1/nodes/{}/heartbeat", node_name(n)),
+                            &format!("token-{n}"),
+                            serde_json::to_vec(&hb).unwrap(),
+                        )
+                        .await;
+                        lat.push(t.elapsed());
+                        assert_eq!(st, "unchanged");
+                        n += CONNS;
+                    }
+                }
+                lat
+            }));
+        }
+        let mut lat = Vec::new();
+        for t in tasks {
+            lat.extend(t.await.unwrap());
+        }
+        let secs = t.elapsed().as_secs_f64();
+        lat.sort();
+        let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_secs_f64() * 1000.0;
+        writeln!(
+            out.lock(),
+            "heartbeats {} {secs:.3} {:.2} {:.2} {:.2} {}",
+            lat.len(),
+            q(0.5),
+            q(0.99),
+            q(1.0),
+            open.load(Ordering::Relaxed)
+        )
+        .unwrap();
+        out.lock().flush().unwrap();
+    });
+}
+
+// ---------------------------------------------------------------- server
+
+fn main() {
+    let nodes = arg("--nodes", 5000);
+    let hostiles = arg("--hostile", 2000);
+    let rounds = arg("--rounds", 3);
+    if let Ok(addr) = std::env::var("MOUNTGUARD_BENCH_CLIENT") {
+        client(addr.parse().unwrap(), nodes, hostiles, rounds);
+        return;
+    }
+    let _ = mountguard_serve::raise_nofile_limit();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(server(nodes, hostiles, rounds));
+}
+
+async fn server(nodes: usize, hostiles: usize, rounds: usize) {
+    let metrics = Metrics::new();
+    let shared = Arc::new(Shared::new(metrics.clone()));
+    shared.acting.store(true, Ordering::SeqCst);
+    shared.ready.store(true, Ordering::SeqCst);
+    let (_trigger, shutdown) = Shutdown::new();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Input>(4096);
+    tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let agents = Arc::new(AgentPods::default());
+    agents.set_daemonset_uid(Some("ds".into()));
+    for n in 0..nodes {
+        agents.apply(AgentPod {
+            namespace: "mg".into(),
+            name: format!("agent-{n}"),
+            uid: format!("agent-uid-{n}"),
+            node: Some(node_name(n)),
+            controller: Some(("agent".into(), "ds".into())),
+        });
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let handler = Arc::new(ReportHandler::new(
+        ReportConfig {
+            audience: "mountguard".into(),
+            agent_sa: "mg:agent".parse().unwrap(),
+            agent_daemonset: "agent".into(),
+            max_bytes: 32 << 20,
+            rate: "100/s,100".parse().unwrap(),
+            limits: CountLimits::default(),
+        },
+        shared.clone(),
+        // Every simulated agent connects from 127.0.0.1: no per-source limit.
+        Arc::new(CachedReviewer::with_limits(
+            Reviewer,
+            metrics.clone(),
+            100_000,
+            ReviewLimits {
+                per_source_burst: u32::MAX,
+                ..ReviewLimits::default()
+            },
+        )),
+        agents,
+        None,
+        tx,
+    ));
+    // The controller's defaults (`--max-connections`, timeouts).
+    let limits = mountguard_serve::Limits {
+        max_connections: 10_000,
+        ..mountguard_serve::Limits::small()
+    }
+    .fit_in(mountguard_serve::nofile_limit(), 512);
+    tokio::spawn(report::serve(
+        listener,
+        None,
+        handler,
+        limits,
+        metrics.serve("report"),
+        shutdown.clone(),
+    ));
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .env("MOUNTGUARD_BENCH_CLIENT", addr.to_string())
+        .args([
+            "--nodes",
+            &nodes.to_string(),
+            "--hostile",
+            &hostiles.to_string(),
+            "--rounds",
+            &rounds.to_string(),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (ltx, mut lrx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let _ = ltx.send(line.unwrap());
+        }
+    });
+    let (mut rss_calm, mut rss_attack, mut opened) = (0.0, 0.0, 0usize);
+    let mut server_open = 0;
+    let mut hb_line = String::new();
+    while let Some(line) = lrx.recv().await {
+        let mut parts = line.split_whitespace();
+        match parts.next() {
+            Some("inventories") => {
+                rss_calm = rss_mib();
+                writeln!(stdin, "go").unwrap();
+                stdin.flush().unwrap();
+            }
+            Some("hostile-open") => {
+                opened = parts.next().unwrap().parse().unwrap();
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                rss_attack = rss_mib();
+                server_open = metrics
+                    .connections_open
+                    .with_label_values(&["report"])
+                    .get();
+                writeln!(stdin, "go").unwrap();
+                stdin.flush().unwrap();
+            }
+            Some("heartbeats") => hb_line = line.clone(),
+            _ => {}
+        }
+    }
+    assert!(child.wait().unwrap().success(), "load generator failed");
+    let f: Vec<&str> = hb_line.split_whitespace().collect();
+    let (count, secs, p50, p99, max, still_open) = (f[1], f[2], f[3], f[4], f[5], f[6]);
+    let hb: f64 = count.parse().unwrap();
+    let secs_f: f64 = secs.parse().unwrap();
+    println!(
+        "report API under abuse: {nodes} agents, {hostiles} hostile connections (half idle, half slow-header), {rounds} heartbeat rounds, 2 worker threads"
+    );
+    println!(
+        "  limits: header-read timeout {:?}, idle timeout {:?}, cap {} connections, read buffer {} KiB",
+        limits.header_read_timeout,
+        limits.idle_timeout,
+        limits.max_connections,
+        limits.max_buf_size / 1024
+    );
+    println!(
+        "  hostile connections open: {opened} (client side), {server_open} open at the server; {still_open} still open at the end"
+    );
+    println!(
+        "  heartbeats during the attack: {count} answered in {secs} s ({:.0}/s; target 167/s = 5,000 per 30 s)",
+        hb / secs_f
+    );
+    println!(
+        "  heartbeat latency: p50 {p50} ms, p99 {p99} ms, max {max} ms (target p99 < 1,000 ms)"
+    );
+    println!(
+        "  controller RSS: {rss_calm:.0} MiB before the attack, {rss_attack:.0} MiB with it ({:.1} KiB per hostile connection), peak {:.0} MiB (target < 1 GiB)",
+        (rss_attack - rss_calm).max(0.0) * 1024.0 / opened.max(1) as f64,
+        peak_rss_mib()
+    );
+    println!(
+        "  closed by the server: {} timed out, {} shed at the cap",
+        metrics
+            .connections_timed_out
+            .with_label_values(&["report"])
+            .get(),
+        metrics
+            .connections_shed
+            .with_label_values(&["report"])
+            .get()
+    );
+}

@@ -1,0 +1,491 @@
+//! The one HTTP/1.1 accept loop of mountguard's servers (the controller's
+//! report API and metrics/status port, the agent's metrics/health port),
+//! bounded against slow, idle and numerous clients:
+//!
+//! - a header-read timeout (hyper's `header_read_timeout`, which needs a
+//!   timer: without [`TokioTimer`] hyper silently disables it). In hyper
+//!   1.x it runs from the moment the connection waits for a request head,
+//!   so it also closes a keep-alive connection idle between requests;
+//! - an idle timeout: a connection that moves no byte in either direction
+//!   for that long is closed, whatever it is doing (a stalled body, a
+//!   client that never reads its answer);
+//! - a cap on open connections: a connection over the cap is closed at
+//!   once (shed), before anything is read from it;
+//! - a small read buffer (`max_buf_size`), which bounds the request head;
+//! - a bounded handshake (TLS) and a bounded graceful drain at shutdown;
+//! - accept errors (e.g. `EMFILE`) logged at most once per
+//!   [`ACCEPT_ERROR_LOG_EVERY`], with the count of those not logged.
+//!
+//! [`raise_nofile_limit`] raises `RLIMIT_NOFILE` to its hard limit; both
+//! binaries call it at start.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::body::{Body, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::Service;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+
+/// At most one accept error is logged per this period.
+pub const ACCEPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Errors of this crate.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// `getrlimit`/`setrlimit` failed.
+    #[error("cannot raise the open file limit (RLIMIT_NOFILE): {0}")]
+    Rlimit(nix::errno::Errno),
+}
+
+/// The bounds of one listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest wait for a complete request head (also between requests on
+    /// a kept-alive connection).
+    pub header_read_timeout: Duration,
+    /// Longest time a connection may move no byte at all.
+    pub idle_timeout: Duration,
+    /// Longest TLS (or other) handshake.
+    pub handshake_timeout: Duration,
+    /// Open connections at most; more are closed at once.
+    pub max_connections: usize,
+    /// hyper's read buffer limit, which bounds a request head (at least
+    /// 8192, hyper's minimum).
+    pub max_buf_size: usize,
+    /// Header fields per request at most.
+    pub max_headers: usize,
+    /// How long open connections may finish after shutdown starts.
+    pub drain: Duration,
+}
+
+impl Limits {
+    /// Defaults for a small internal port (metrics, health).
+    pub fn small() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            handshake_timeout: Duration::from_secs(10),
+            max_connections: 256,
+            max_buf_size: 16 * 1024,
+            max_headers: 64,
+            drain: Duration::from_secs(5),
+        }
+    }
+
+    /// The cap lowered so that it fits in `fds` descriptors with `reserve`
+    /// kept for everything else (never below 1).
+    pub fn fit_in(mut self, fds: u64, reserve: u64) -> Self {
+        let room = fds.saturating_sub(reserve).max(1);
+        self.max_connections = self.max_connections.min(room as usize).max(1);
+        self
+    }
+}
+
+/// Counters a caller may register in its metrics.
+#[derive(Debug, Clone)]
+pub struct ServeMetrics {
+    /// Open connections (`{listener}`).
+    pub open: prometheus::IntGauge,
+    /// Connections closed at once because the cap was reached.
+    pub shed: prometheus::IntCounter,
+    /// Connections closed by the header-read or idle timeout, or a
+    /// handshake timeout.
+    pub timed_out: prometheus::IntCounter,
+}
+
+impl ServeMetrics {
+    /// Metrics not registered anywhere (tests, benchmarks).
+    pub fn unregistered() -> Self {
+        Self {
+            open: prometheus::IntGauge::new("open", "open").expect("valid"),
+            shed: prometheus::IntCounter::new("shed", "shed").expect("valid"),
+            timed_out: prometheus::IntCounter::new("timed_out", "timed out").expect("valid"),
+        }
+    }
+}
+
+/// Turns an accepted TCP stream into the stream HTTP is spoken on (plain:
+/// itself; TLS: after the handshake).
+pub trait Handshake: Clone + Send + Sync + 'static {
+    /// The stream after the handshake.
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// Performs the handshake.
+    fn handshake(&self, tcp: TcpStream) -> impl Future<Output = io::Result<Self::Io>> + Send;
+}
+
+/// No handshake: HTTP over the TCP stream.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Plain;
+
+impl Handshake for Plain {
+    type Io = TcpStream;
+    async fn handshake(&self, tcp: TcpStream) -> io::Result<TcpStream> {
+        Ok(tcp)
+    }
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the new soft
+/// limit.
+pub fn raise_nofile_limit() -> Result<u64, Error> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).map_err(Error::Rlimit)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).map_err(Error::Rlimit)?;
+    }
+    Ok(hard.max(soft))
+}
+
+/// The current soft `RLIMIT_NOFILE` (`u64::MAX` when unknown).
+pub fn nofile_limit() -> u64 {
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft)
+        .unwrap_or(u64::MAX)
+}
+
+/// Logs accept errors at most once per [`ACCEPT_ERROR_LOG_EVERY`].
+#[derive(Debug)]
+struct AcceptErrors {
+    name: &'static str,
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl AcceptErrors {
+    fn record(&mut self, e: &io::Error) {
+        let now = Instant::now();
+        if self
+            .last
+            .is_some_and(|l| now.duration_since(l) < ACCEPT_ERROR_LOG_EVERY)
+        {
+            self.suppressed += 1;
+            return;
+        }
+        tracing::warn!(
+            listener = self.name,
+            error = %e,
+            not_logged_since_last = self.suppressed,
+            "accepting a connection failed (at most one such warning per 10 s)"
+        );
+        self.last = Some(now);
+        self.suppressed = 0;
+    }
+}
+
+/// A stream that records when it last moved a byte.
+struct Tracked<T> {
+    inner: T,
+    epoch: Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl<T> Tracked<T> {
+    fn touch(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.last.store(ms, Ordering::Relaxed);
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.touch();
+        }
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
+            self.touch();
+        }
+        r
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Resolves once `last` has not moved for `idle`.
+async fn idle_for(epoch: Instant, last: Arc<AtomicU64>, idle: Duration) {
+    loop {
+        let since = epoch + Duration::from_millis(last.load(Ordering::Relaxed));
+        let deadline = since + idle;
+        if Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline.into()).await;
+    }
+}
+
+/// Serves HTTP/1.1 on `listener` with `limits` until `shutdown` resolves,
+/// then drains open connections for at most `limits.drain`. `make` builds
+/// the service of one connection from the peer address. `name` labels
+/// logs.
+pub async fn serve<H, M, S, B>(
+    name: &'static str,
+    listener: TcpListener,
+    limits: Limits,
+    handshake: H,
+    metrics: ServeMetrics,
+    make: M,
+    shutdown: impl Future<Output = ()>,
+) where
+    H: Handshake,
+    M: Fn(SocketAddr) -> S,
+    S: Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut errors = AcceptErrors {
+        name,
+        last: None,
+        suppressed: 0,
+    };
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_buf_size.max(8192))
+        .max_headers(limits.max_headers);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    errors.record(&e);
+                    // EMFILE and the like: give descriptors time to free.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            metrics.shed.inc();
+            tracing::debug!(listener = name, %peer, "connection cap reached; closed at once");
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let svc = make(peer);
+        let handshake = handshake.clone();
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let metrics = metrics.clone();
+        metrics.open.inc();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let io =
+                match tokio::time::timeout(limits.handshake_timeout, handshake.handshake(stream))
+                    .await
+                {
+                    Ok(Ok(io)) => io,
+                    Ok(Err(e)) => {
+                        tracing::debug!(listener = name, %peer, error = %e, "handshake failed");
+                        metrics.open.dec();
+                        return;
+                    }
+                    Err(_) => {
+                        metrics.timed_out.inc();
+                        metrics.open.dec();
+                        return;
+                    }
+                };
+            let epoch = Instant::now();
+            let last = Arc::new(AtomicU64::new(0));
+            let io = Tracked {
+                inner: io,
+                epoch,
+                last: last.clone(),
+            };
+            let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), svc));
+            tokio::select! {
+                r = conn => {
+                    if let Err(e) = r {
+                        if e.is_timeout() {
+                            metrics.timed_out.inc();
+                        }
+                        tracing::debug!(listener = name, %peer, error = %e, "connection ended");
+                    }
+                }
+                () = idle_for(epoch, last, limits.idle_timeout) => {
+                    metrics.timed_out.inc();
+                    tracing::debug!(listener = name, %peer, "connection idle too long; closed");
+                }
+            }
+            metrics.open.dec();
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(limits.drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            listener = name,
+            "connections still open after the drain period"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start(limits: Limits) -> (SocketAddr, ServeMetrics, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = ServeMetrics::unregistered();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let m = metrics.clone();
+        tokio::spawn(serve(
+            "test",
+            listener,
+            limits,
+            Plain,
+            m,
+            |_| {
+                hyper::service::service_fn(|_req| async {
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from_static(b"ok"))))
+                })
+            },
+            async {
+                let _ = rx.await;
+            },
+        ));
+        (addr, metrics, tx)
+    }
+
+    async fn get(addr: SocketAddr) -> io::Result<String> {
+        let mut s = TcpStream::connect(addr).await?;
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out)
+    }
+
+    /// Reads until EOF or error; true when the server closed.
+    async fn closed_within(s: &mut TcpStream, d: Duration) -> bool {
+        let mut buf = [0u8; 512];
+        loop {
+            match tokio::time::timeout(d, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    fn quick() -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_millis(600),
+            max_connections: 4,
+            ..Limits::small()
+        }
+    }
+
+    #[tokio::test]
+    async fn idle_and_slow_header_connections_are_closed() {
+        let (addr, m, _stop) = start(quick()).await;
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET / HTTP/1.1\r\nhost").await.unwrap();
+        assert!(closed_within(&mut idle, Duration::from_secs(3)).await);
+        assert!(closed_within(&mut slow, Duration::from_secs(3)).await);
+        assert!(get(addr).await.unwrap().contains("200 OK"));
+        assert!(m.timed_out.get() >= 2);
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_cap_are_closed_at_once() {
+        let (addr, m, _stop) = start(Limits {
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            ..quick()
+        })
+        .await;
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        // Wait until the four are accepted.
+        for _ in 0..100 {
+            if m.open.get() == 4 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(m.open.get(), 4);
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
+        assert_eq!(m.shed.get(), 1);
+        drop(held);
+        for _ in 0..100 {
+            if m.open.get() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(get(addr).await.unwrap().contains("200 OK"));
+    }
+
+    #[tokio::test]
+    async fn an_oversized_request_head_is_refused() {
+        let (addr, _m, _stop) = start(quick()).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let big = format!(
+            "GET / HTTP/1.1\r\nhost: x\r\nx-big: {}\r\n\r\n",
+            "a".repeat(64 * 1024)
+        );
+        let _ = s.write_all(big.as_bytes()).await;
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut out)).await;
+        let text = String::from_utf8_lossy(&out);
+        assert!(!text.contains("200 OK"), "{text}");
+    }
+
+    #[test]
+    fn the_cap_fits_in_the_descriptors() {
+        assert_eq!(Limits::small().fit_in(1024, 128).max_connections, 256);
+        assert_eq!(Limits::small().fit_in(200, 128).max_connections, 72);
+        assert_eq!(Limits::small().fit_in(10, 128).max_connections, 1);
+        assert!(raise_nofile_limit().unwrap() >= nofile_limit().min(1024));
+    }
+}
