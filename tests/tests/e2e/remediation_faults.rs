@@ -336,13 +336,26 @@ async fn a_replacement_still_stale_fails_and_keeps_the_node_drained_with_a_reaso
     let n = slurm.node(&a.slurm_node).unwrap();
     assert!(n.state.iter().any(|s| s == "DRAIN"), "{n:?}");
     assert!(n.reason.starts_with("mountguard:"), "{n:?}");
-    let ev = recorded_events(&api);
-    assert!(
-        ev.iter().any(|e| e.reason == "RemediationFailed"
-            && e.message.contains("ReplacementStale")
-            && e.message.contains("kept drained")),
-        "{ev:?}"
-    );
+    // The attempt is persisted Failed before its Event is written: wait for
+    // the Event rather than race it.
+    wait(
+        &sys,
+        "the RemediationFailed Event",
+        Duration::from_secs(30),
+        || {
+            let ev = recorded_events(&api);
+            async move {
+                ev.iter()
+                    .any(|e| {
+                        e.reason == "RemediationFailed"
+                            && e.message.contains("ReplacementStale")
+                            && e.message.contains("kept drained")
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     let text = http_get(&format!("{}/metrics", sys.metrics_base()))
         .await
         .unwrap();
