@@ -176,17 +176,24 @@ async fn demo_narration_reads_at_a_glance() {
     for l in say.printed() {
         assert!(l.chars().count() <= COLUMNS, "too wide:\n{l}");
     }
-    // Each attempt drains one Slurm node: its reason is shown once.
-    let reasons = say
-        .lines()
-        .iter()
-        .filter(|l| l.contains("attempt for") && l.contains("reason \""))
-        .count();
-    let attempts = say
-        .lines()
-        .iter()
-        .filter(|l| l.contains("attempt for") && l.contains(": Draining"))
-        .count();
-    assert!(attempts >= 2, "{printed}");
-    assert_eq!(reasons, attempts, "{printed}");
+    // Each attempt (one per pod in the demo) drains one Slurm node: its
+    // reason is shown once, whichever of its phases the narration caught
+    // first (a 100 ms poll can miss a short Draining phase).
+    let attempt_pod = |l: &str| {
+        l.split("attempt for ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .map(str::to_string)
+    };
+    let lines = say.lines();
+    let pods: std::collections::BTreeSet<String> =
+        lines.iter().filter_map(|l| attempt_pod(l)).collect();
+    assert!(pods.len() >= 2, "{printed}");
+    for pod in &pods {
+        let reasons = lines
+            .iter()
+            .filter(|l| attempt_pod(l).as_ref() == Some(pod) && l.contains("reason \""))
+            .count();
+        assert_eq!(reasons, 1, "{pod}: {printed}");
+    }
 }
