@@ -613,32 +613,7 @@ fn one_pods_verdicts_never_contradict_each_other() {
 
     // A mutable volume that is current: its subPath is Frozen and a
     // restart is the advice.
-    let mut ix = ClusterIndex::new();
-    put_source(
-        &mut ix,
-        CM,
-        "slurm",
-        "hooks",
-        &[("10.sh", b"v2")],
-        false,
-        Some(ts(RECREATED)),
-    );
-    ix.apply_pod(
-        other("w")
-            .volume("hooks", VolumeSource::Object(obj(CM, "hooks", &[], false)))
-            .container("slurmd", Some(ts(START)), &[("hooks", "10.sh")], vec![])
-            .build(),
-    );
-    NodeB::new("node-a", ts(SCAN))
-        .volume(
-            "uid-w",
-            Plugin::Configmap,
-            "hooks",
-            &[("10.sh", b"v2")],
-            ts("2026-11-30T10:31:00Z"),
-        )
-        .sub_path("uid-w", "hooks", "slurmd", 0, &[("", b"v1")])
-        .apply(&mut ix);
+    let ix = hooks_sub_path(b"v2", "2026-11-30T10:31:00Z");
     let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
     let sp = find(&eval, "w", |s| matches!(s, Subject::SubPath { .. }));
     assert_eq!(sp.state, State::Frozen(FrozenCause::SubPath));
@@ -646,7 +621,7 @@ fn one_pods_verdicts_never_contradict_each_other() {
 
     // The same, with the volume itself still behind (kubelet late): the
     // subPath follows the volume instead of advising a restart.
-    let ix = ix_with_volume_behind();
+    let ix = hooks_sub_path(b"v1", START);
     let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
     let v = find(&eval, "w", vol("hooks"));
     let sp = find(&eval, "w", |s| matches!(s, Subject::SubPath { .. }));
@@ -654,7 +629,10 @@ fn one_pods_verdicts_never_contradict_each_other() {
     assert_eq!(sp.state, v.state);
 }
 
-fn ix_with_volume_behind() -> ClusterIndex {
+/// Mutable ConfigMap `hooks` (now `v2`, changed at [`RECREATED`]) mounted by
+/// pod `w` as a volume and through subPath `10.sh` bound at start (`v1`);
+/// the volume on disk shows `on_disk`, written at `written`.
+fn hooks_sub_path(on_disk: &[u8], written: &str) -> ClusterIndex {
     let mut ix = ClusterIndex::new();
     put_source(
         &mut ix,
@@ -676,8 +654,8 @@ fn ix_with_volume_behind() -> ClusterIndex {
             "uid-w",
             Plugin::Configmap,
             "hooks",
-            &[("10.sh", b"v1")],
-            ts(START),
+            &[("10.sh", on_disk)],
+            ts(written),
         )
         .sub_path("uid-w", "hooks", "slurmd", 0, &[("", b"v1")])
         .apply(&mut ix);
