@@ -242,25 +242,16 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
     // (regular, init, ephemeral; listed here in that order, which fixes the
     // subjects' container indexes), each with the start time of the process
     // that read its env and mounts.
-    let status_of = |list: Option<&Vec<ContainerStatus>>, name: &str| -> Option<ContainerState> {
-        list?.iter().find(|s| s.name == name)?.state.clone()
-    };
-    let running_since = |st: &Option<ContainerState>| {
-        st.as_ref()?
-            .running
-            .as_ref()?
-            .started_at
-            .as_ref()
-            .map(|t| t.0)
-    };
-    let terminated_since = |st: &Option<ContainerState>| {
-        st.as_ref()?
-            .terminated
-            .as_ref()?
-            .started_at
-            .as_ref()
-            .map(|t| t.0)
-    };
+    fn status_of<'a>(
+        list: Option<&'a Vec<ContainerStatus>>,
+        name: &str,
+    ) -> Option<&'a ContainerState> {
+        list?.iter().find(|s| s.name == name)?.state.as_ref()
+    }
+    let running_since =
+        |st: Option<&ContainerState>| st?.running.as_ref()?.started_at.as_ref().map(|t| t.0);
+    let terminated_since =
+        |st: Option<&ContainerState>| st?.terminated.as_ref()?.started_at.as_ref().map(|t| t.0);
     let mut containers = Vec::new();
     let mut other_refs = Vec::new();
     for c in &spec.containers {
@@ -270,7 +261,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             interner,
             parts,
             ContainerKind::Regular,
-            running_since(&st),
+            running_since(st),
             false,
             &volumes,
         ));
@@ -284,9 +275,9 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         // container; any other init container that terminated ran once
         // (`pkg/api/v1/pod/util.go` `IsRestartableInitContainer`).
         let sidecar = c.restart_policy.as_deref() == Some("Always");
-        let (started_at, finished) = match running_since(&st) {
+        let (started_at, finished) = match running_since(st) {
             Some(t) => (Some(t), false),
-            None if !sidecar => match terminated_since(&st) {
+            None if !sidecar => match terminated_since(st) {
                 Some(t) => (Some(t), true),
                 None => (None, false),
             },
@@ -313,12 +304,12 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             env: c.env.as_deref().unwrap_or_default(),
             env_from: c.env_from.as_deref().unwrap_or_default(),
         };
-        let exited = st.as_ref().is_some_and(|s| s.terminated.is_some());
+        let exited = st.is_some_and(|s| s.terminated.is_some());
         let model = container(
             interner,
             parts,
             ContainerKind::Ephemeral,
-            running_since(&st),
+            running_since(st),
             false,
             &volumes,
         );
