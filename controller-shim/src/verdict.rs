@@ -1697,13 +1697,12 @@ impl Ctx<'_> {
     /// What refreshes the content these containers read: a restart, unless
     /// one of them is an init container that never runs again.
     fn refresh_advice(&self, containers: &[Arc<str>]) -> String {
-        let models = || {
-            self.pod
-                .containers
-                .iter()
-                .filter(|c| containers.contains(&c.name))
-        };
-        match models().find(|c| c.finished) {
+        let finished = self
+            .pod
+            .containers
+            .iter()
+            .find(|c| c.finished && containers.contains(&c.name));
+        match finished {
             Some(c) => c.refresh_advice(),
             None => format!(
                 "restart container(s) {}",

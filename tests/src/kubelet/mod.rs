@@ -535,55 +535,23 @@ fn sync_pod(inner: &Inner, uid: &str) {
     let mut started = BTreeMap::new();
     let mut init_started = BTreeMap::new();
     if error.is_none() && first_start {
-        let now = crate::util::now_rfc3339();
         // Init containers first, in order, each with its env from the same
         // managers (`makeEnvironmentVariables`); a sidecar
         // (`restartPolicy: Always`) keeps running, the others complete at
         // once. Their subPath binds are not modelled.
-        for c in pod["spec"]["initContainers"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            let cname = c["name"].as_str().unwrap_or("");
-            match sources.container_env(&pod, c) {
-                Ok(env) => {
-                    init_started.insert(
-                        cname.to_string(),
-                        StartedContainer {
-                            started_at: now.clone(),
-                            env,
-                        },
-                    );
-                }
-                Err(e) => {
-                    error = Some(format!(
-                        "CreateContainerConfigError: init container {cname}: {e}"
-                    ));
-                    break;
-                }
+        match start_containers(&mut sources, &pod, "initContainers") {
+            Ok(m) => init_started = m,
+            Err((c, e)) => {
+                error = Some(format!(
+                    "CreateContainerConfigError: init container {c}: {e}"
+                ))
             }
         }
     }
     if error.is_none() && first_start {
-        let now = crate::util::now_rfc3339();
-        for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
-            let cname = c["name"].as_str().unwrap_or("");
-            match sources.container_env(&pod, c) {
-                Ok(env) => {
-                    started.insert(
-                        cname.to_string(),
-                        StartedContainer {
-                            started_at: now.clone(),
-                            env,
-                        },
-                    );
-                }
-                Err(e) => {
-                    error = Some(format!("CreateContainerConfigError: {e}"));
-                    break;
-                }
-            }
+        match start_containers(&mut sources, &pod, "containers") {
+            Ok(m) => started = m,
+            Err((_, e)) => error = Some(format!("CreateContainerConfigError: {e}")),
         }
         if error.is_none() {
             for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
@@ -612,6 +580,34 @@ fn sync_pod(inner: &Inner, uid: &str) {
     {
         report_waiting(inner, &pod, &synced_at, &e);
     }
+}
+
+/// Starts the containers of `pod["spec"][list]` in order, each with its
+/// env resolved now; the first that cannot be configured stops the start
+/// (its name and the error).
+fn start_containers(
+    sources: &mut Sources<'_>,
+    pod: &Value,
+    list: &str,
+) -> Result<BTreeMap<String, StartedContainer>, (String, String)> {
+    let now = crate::util::now_rfc3339();
+    let mut started = BTreeMap::new();
+    for c in pod["spec"][list].as_array().into_iter().flatten() {
+        let cname = c["name"].as_str().unwrap_or("").to_string();
+        match sources.container_env(pod, c) {
+            Ok(env) => {
+                started.insert(
+                    cname,
+                    StartedContainer {
+                        started_at: now.clone(),
+                        env,
+                    },
+                );
+            }
+            Err(e) => return Err((cname, e)),
+        }
+    }
+    Ok(started)
 }
 
 pub(crate) fn write_subpaths(
