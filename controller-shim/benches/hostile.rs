@@ -22,8 +22,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
 use jiff::Timestamp;
 use mountguard_controller::live::auth::{
     AgentPod, AgentPods, AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewLimits,
@@ -35,21 +33,11 @@ use mountguard_controller::live::report::{self, CountLimits, ReportConfig, Repor
 use mountguard_controller::live::{Shared, Shutdown};
 use mountguard_inventory::NodeInventory;
 use mountguard_inventory::report::Heartbeat;
-use nix::sys::resource::{UsageWho, getrusage};
 use tokio::io::AsyncWriteExt;
 
-fn node_name(n: usize) -> String {
-    format!("node-{n:05}")
-}
+use common::{arg, connect, node_name, peak_rss_mib, put};
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
 
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -61,12 +49,6 @@ fn rss_mib() -> f64 {
                 .and_then(|v| v.parse::<f64>().ok())
         })
         .map_or(0.0, |kb| kb / 1024.0)
-}
-
-fn peak_rss_mib() -> f64 {
-    getrusage(UsageWho::RUSAGE_SELF)
-        .map(|u| u.max_rss() as f64 / 1024.0)
-        .unwrap_or(0.0)
 }
 
 #[derive(Debug)]
@@ -96,39 +78,6 @@ impl TokenReviewer for Reviewer {
 }
 
 // ---------------------------------------------------------------- client
-
-async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
-    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    send
-}
-
-async fn put(
-    s: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    path: &str,
-    token: &str,
-    body: Vec<u8>,
-) -> String {
-    let req = http::Request::put(path)
-        .header(http::header::HOST, "controller")
-        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let resp = s.send_request(req).await.expect("request");
-    let status = resp.status();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    assert!(
-        status.is_success(),
-        "{status}: {}",
-        String::from_utf8_lossy(&body)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    v["status"].as_str().unwrap_or("").to_string()
-}
 
 /// One hostile connection, reopened whenever the server closes it: idle
 /// (sends nothing) or slow (a request head one byte a second).

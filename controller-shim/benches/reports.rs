@@ -23,8 +23,6 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
 use jiff::Timestamp;
 use mountguard_controller::live::auth::{
     AgentPod, AgentPods, AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewedUser,
@@ -45,14 +43,14 @@ use mountguard_inventory::{
 };
 use nix::sys::resource::{UsageWho, getrusage};
 
+use common::{arg, connect, node_name, peak_rss_mib, put};
+
+mod common;
+
 const PODS_PER_NODE: usize = 110;
 const SECRETS: usize = 1000;
 const CONFIGS: usize = 5000;
 const NS: &str = "bench";
-
-fn node_name(n: usize) -> String {
-    format!("node-{n:05}")
-}
 
 fn pod_uid(n: usize, j: usize) -> String {
     format!("uid-{n:05}-{j:03}")
@@ -140,60 +138,13 @@ impl TokenReviewer for Reviewer {
     }
 }
 
-fn arg(name: &str, default: usize) -> usize {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn cpu_seconds() -> f64 {
     let u = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
     let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
     t(u.user_time()) + t(u.system_time())
 }
 
-fn peak_rss_mib() -> f64 {
-    let u = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
-    u.max_rss() as f64 / 1024.0
-}
-
 // ---------------------------------------------------------------- client
-
-async fn put(
-    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-    path: &str,
-    token: &str,
-    body: Vec<u8>,
-) -> String {
-    let req = http::Request::put(path)
-        .header(http::header::HOST, "controller")
-        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let resp = sender.send_request(req).await.expect("request");
-    let status = resp.status();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    assert!(
-        status.is_success(),
-        "{status}: {}",
-        String::from_utf8_lossy(&body)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    v["status"].as_str().unwrap_or("").to_string()
-}
-
-async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Full<Bytes>> {
-    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    send
-}
 
 fn client(addr: SocketAddr, nodes: usize, rounds: usize) {
     let rt = tokio::runtime::Builder::new_multi_thread()
