@@ -607,7 +607,7 @@ mod tests {
     fn verify_refuses_input_with_nothing_to_judge() {
         let dir = tempfile::tempdir().unwrap();
         let inv = write(dir.path(), "inv.json", &inventory(b"new"));
-        // (case, objects, inventory, what the error names)
+        // (case, objects, what the error names)
         let no_pods = json!({"apiVersion": "v1", "kind": "List", "items": [
             objects()["items"][0].clone()]});
         let mut elsewhere = objects();
