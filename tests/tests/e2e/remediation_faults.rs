@@ -356,13 +356,23 @@ async fn a_replacement_still_stale_fails_and_keeps_the_node_drained_with_a_reaso
         },
     )
     .await;
-    let text = http_get(&format!("{}/metrics", sys.metrics_base()))
-        .await
-        .unwrap();
-    assert!(
-        text.lines().any(|l| l == "mountguard_remediation_failed 1"),
-        "{text}"
-    );
+    // The gauge is computed from the attempts in the next round: wait for it.
+    let base = sys.metrics_base();
+    wait(
+        &sys,
+        "mountguard_remediation_failed 1",
+        Duration::from_secs(30),
+        || {
+            let base = base.clone();
+            async move {
+                let text = http_get(&format!("{base}/metrics")).await.ok()?;
+                text.lines()
+                    .any(|l| l == "mountguard_remediation_failed 1")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     // No loop: a few rounds later there is still exactly one attempt on
     // that pod and the node stays drained.
     tokio::time::sleep(Duration::from_secs(6)).await;
