@@ -32,11 +32,11 @@ use mountguard_controller::live::eval::{self, EvalTask, EvaluationSnapshot, Inpu
 use mountguard_controller::live::metrics::Metrics;
 use mountguard_controller::live::report::{self, CountLimits, ReportConfig, ReportHandler};
 use mountguard_controller::live::{Shared, Shutdown};
-use mountguard_controller::model::{
+use mountguard_core::model::{
     Interner, SourceContent, SourceKind, SourceProjection, SourceRef, VolumeSource,
 };
-use mountguard_controller::testkit::PodB;
-use mountguard_controller::{Config, Engine, Fingerprinter};
+use mountguard_core::testkit::PodB;
+use mountguard_core::{Config, Engine, Fingerprinter};
 use mountguard_inventory::report::Heartbeat;
 use mountguard_inventory::{
     NodeInventory, Plugin, PodInventory, Sha256Hex, VolumeInventory, file_digest, volume_digest,

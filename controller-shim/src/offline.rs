@@ -16,10 +16,10 @@ use serde_json::Value;
 
 use crate::Error;
 use crate::convert::{self, RawPodExtras, describe_item};
-use crate::fingerprint::Fingerprinter;
-use crate::index::ClusterIndex;
-use crate::model::ObservedNode;
-use crate::verdict::{Config, Engine, EngineState, Evaluation, State, VerdictView};
+use mountguard_core::fingerprint::Fingerprinter;
+use mountguard_core::index::ClusterIndex;
+use mountguard_core::model::ObservedNode;
+use mountguard_core::verdict::{Config, Engine, EngineState, Evaluation, State, VerdictView};
 
 /// Command line of `mountguard-controller`.
 #[derive(Debug, Parser)]
@@ -552,7 +552,7 @@ fn write_table(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::{NodeB, ts};
+    use mountguard_core::testkit::{NodeB, ts};
     use mountguard_inventory::Plugin;
     use serde_json::json;
 

@@ -25,9 +25,9 @@ use super::events::{EventRequest, RateLimiter, Tracker};
 use super::metrics::{MountLabels, MountSeries, StateCounts};
 use super::status::subject_text;
 use super::{Shared, Shutdown};
-use crate::index::ClusterIndex;
-use crate::model::{ObservedNode, PodModel, SourceContent, SourceRef};
-use crate::verdict::{
+use mountguard_core::index::ClusterIndex;
+use mountguard_core::model::{ObservedNode, PodModel, SourceContent, SourceRef};
+use mountguard_core::verdict::{
     Engine, EngineState, PodVerdicts, State, Subject, UnverifiableReason, Verdict,
 };
 
@@ -346,7 +346,7 @@ impl EvalTask {
         self.update_node_metrics(now);
     }
 
-    fn mark(&self, dirty: &mut HashSet<Arc<str>>, ids: Vec<crate::PodId>) {
+    fn mark(&self, dirty: &mut HashSet<Arc<str>>, ids: Vec<mountguard_core::PodId>) {
         for id in ids {
             if let Some(p) = self.index.pod(id) {
                 dirty.insert(p.uid.clone());
@@ -390,10 +390,10 @@ impl EvalTask {
 
     /// What the rollout endpoint says about a source: its current
     /// fingerprint (from the engine's history), UID and change time.
-    fn source_item(&self, r: &SourceRef) -> Option<crate::rollout::SourceItem> {
+    fn source_item(&self, r: &SourceRef) -> Option<mountguard_core::rollout::SourceItem> {
         let content = self.index.source(r)?;
         let h = self.state.sources.get(r);
-        Some(crate::rollout::SourceItem {
+        Some(mountguard_core::rollout::SourceItem {
             kind: r.kind.as_str().to_string(),
             namespace: r.namespace.to_string(),
             name: r.name.to_string(),
@@ -410,7 +410,7 @@ impl EvalTask {
         if refs.is_empty() {
             return;
         }
-        let items: Vec<(SourceRef, Option<crate::rollout::SourceItem>)> = refs
+        let items: Vec<(SourceRef, Option<mountguard_core::rollout::SourceItem>)> = refs
             .into_iter()
             .map(|r| {
                 let item = self.source_item(&r);
@@ -538,7 +538,7 @@ impl EvalTask {
         self.publish_unscheduled(full, &dirty);
         if full {
             let all: Vec<SourceRef> = self.index.sources().map(|(r, _)| r.clone()).collect();
-            let items: HashMap<SourceRef, crate::rollout::SourceItem> = all
+            let items: HashMap<SourceRef, mountguard_core::rollout::SourceItem> = all
                 .iter()
                 .filter_map(|r| self.source_item(r).map(|i| (r.clone(), i)))
                 .collect();
@@ -821,9 +821,9 @@ pub async fn run(mut task: EvalTask, mut rx: mpsc::Receiver<Input>, mut shutdown
 mod tests {
     use super::*;
     use crate::live::metrics::Metrics;
-    use crate::model::{SourceKind, VolumeSource};
-    use crate::testkit::*;
-    use crate::{Config, Fingerprinter};
+    use mountguard_core::model::{SourceKind, VolumeSource};
+    use mountguard_core::testkit::*;
+    use mountguard_core::{Config, Fingerprinter};
     use mountguard_inventory::Plugin;
     use std::sync::atomic::Ordering;
 
@@ -897,14 +897,14 @@ mod tests {
         String::from_utf8(r.shared.metrics.encode()).unwrap()
     }
 
-    use crate::model::Interner;
+    use mountguard_core::model::Interner;
 
     /// The rollout document follows the source's current fingerprint and
     /// what each consumer was verified against, and the gate's decision on
     /// it follows a rotation (recreate under the same name) to the end.
     #[test]
     fn rollout_document_tracks_rotation_per_consumer() {
-        use crate::rollout::{Target, decide};
+        use mountguard_core::rollout::{Target, decide};
         let mut r = rig();
         let mut ix = Interner::default();
         let t0 = ts("2026-11-30T10:00:00Z");

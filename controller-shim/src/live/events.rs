@@ -29,7 +29,7 @@ use tracing::{debug, warn};
 
 use super::Shutdown;
 use super::metrics::Metrics;
-use crate::verdict::{StaleCause, State, SubjectId};
+use mountguard_core::verdict::{StaleCause, State, SubjectId};
 
 /// The reporting component of Events.
 pub const REPORTING_COMPONENT: &str = "mountguard-controller";
@@ -344,7 +344,7 @@ pub async fn run_emitter(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verdict::{FrozenCause, UnverifiableReason};
+    use mountguard_core::verdict::{FrozenCause, UnverifiableReason};
 
     const FRESH: State = State::Fresh;
     const STALE: State = State::Stale(StaleCause::ImmutableCache);

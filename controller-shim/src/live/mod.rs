@@ -12,17 +12,22 @@
 //! * the evaluation task ([`eval`]): owns the index, the engine state and
 //!   the published verdicts; re-evaluates only the pods a change touches;
 //! * Events ([`events`]), the metrics/status server ([`http`]) and leader
-//!   election ([`leader`]).
+//!   election ([`leader`]);
+//! * remediation (opt-in, [`executor`]): plans and steps attempts with the
+//!   core's pure machine and performs them (NodeSet annotations, evictions,
+//!   cordons, Events, and slurmrestd through [`slurm`]).
 
 pub mod args;
 pub mod auth;
 pub mod client;
 pub mod eval;
 pub mod events;
+pub mod executor;
 mod http;
 pub(crate) mod leader;
 pub mod metrics;
 pub mod report;
+pub mod slurm;
 pub mod status;
 pub mod tls;
 pub mod wait;
@@ -125,7 +130,7 @@ impl Controller {
     /// watches sync in the background ([`Controller::is_ready`]).
     pub async fn start(args: RunArgs) -> Result<Controller, Error> {
         let key = load_fingerprint_key(args.fingerprint_key_file.as_deref())?;
-        let fingerprinter = crate::Fingerprinter::new(&key)?;
+        let fingerprinter = mountguard_core::Fingerprinter::new(&key)?;
         drop(key);
         let client = kube_client(args.kubeconfig.as_deref()).await?;
         let tls = if args.insecure_plaintext_reports {
@@ -247,8 +252,8 @@ impl Controller {
                 shutdown.clone(),
             )),
         ));
-        let engine = crate::Engine::new(
-            crate::Config {
+        let engine = mountguard_core::Engine::new(
+            mountguard_core::Config {
                 grace: args.grace_signed(),
                 inventory_max_age: jiff::SignedDuration::try_from(args.inventory_max_age)
                     .unwrap_or(jiff::SignedDuration::MAX),
@@ -275,7 +280,7 @@ impl Controller {
             )),
         ));
         if args.remediation != args::RemediationMode::Off {
-            let t = crate::remediation::executor::spawn(
+            let t = executor::spawn(
                 &args,
                 client.clone(),
                 shared.clone(),

@@ -7,7 +7,7 @@
 //! `Stale/ImmutableCachePinned`). Fingerprints only, never digests or data.
 //!
 //! `GET /v1/rollouts/{secret|configmap|nodeset|pod}/{namespace}/{name}`
-//! returns the rollout gate's document ([`crate::rollout::RolloutDoc`]):
+//! returns the rollout gate's document ([`mountguard_core::rollout::RolloutDoc`]):
 //! the source's current fingerprint and, per consumer, the source
 //! fingerprints it was verified against on the node and the scan time.
 
@@ -19,9 +19,11 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::model::SourceRef;
-use crate::rollout::{AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource};
-use crate::verdict::{PodVerdicts, State, Subject, Verdict};
+use mountguard_core::model::SourceRef;
+use mountguard_core::rollout::{
+    AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
+};
+use mountguard_core::verdict::{PodVerdicts, State, Subject, Verdict};
 
 /// What one pod's verdicts were computed against: the node inventory's scan
 /// time and the fingerprint of every source the pod references.
@@ -50,7 +52,7 @@ pub struct VerdictStore {
     /// Per node with pods: whether its agent reports.
     pub reporting: HashMap<Arc<str>, bool>,
     /// Pods not scheduled yet (no node, so no verdicts), per UID.
-    pub unscheduled: HashMap<Arc<str>, Arc<crate::PodModel>>,
+    pub unscheduled: HashMap<Arc<str>, Arc<mountguard_core::PodModel>>,
 }
 
 /// One remediation attempt as the status endpoint returns it.
@@ -93,7 +95,7 @@ pub struct AttemptItem {
 
 impl AttemptItem {
     /// The item for one attempt.
-    pub fn from_attempt(a: &crate::remediation::Attempt) -> Self {
+    pub fn from_attempt(a: &mountguard_core::remediation::Attempt) -> Self {
         Self {
             id: a.id.clone(),
             namespace: a.namespace.clone(),
@@ -743,8 +745,8 @@ pub(crate) fn write_aligned<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::*;
-    use crate::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
+    use mountguard_core::testkit::*;
+    use mountguard_core::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
 
     #[test]
     fn unreachable_controller_says_how_to_reach_it() {
@@ -797,7 +799,12 @@ mod tests {
         let pod = PodB::new("ns", "p1", "u1", "n1")
             .volume(
                 "cfg",
-                crate::model::VolumeSource::Object(obj(SourceKind::ConfigMap, "cm", &[], false)),
+                mountguard_core::model::VolumeSource::Object(obj(
+                    SourceKind::ConfigMap,
+                    "cm",
+                    &[],
+                    false,
+                )),
             )
             .build();
         ix.apply_pod(pod);
@@ -879,7 +886,7 @@ mod tests {
 
     #[test]
     fn attempts_are_listed_open_first_filtered_and_printed() {
-        use crate::remediation::{Attempt, Phase};
+        use mountguard_core::remediation::{Attempt, Phase};
         let t0: jiff::Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
         let mk = |id: &str, ns: &str, pod: &str, node: &str, phase: Phase, min: i64| {
             let mut a = Attempt::new(
@@ -902,7 +909,7 @@ mod tests {
             "slurm",
             "worker-1",
             "node-b",
-            Phase::Failed(crate::remediation::FailReason::ReplacementStale),
+            Phase::Failed(mountguard_core::remediation::FailReason::ReplacementStale),
             1,
         );
         failed.kept_drained = true;

@@ -40,7 +40,7 @@ use super::auth::{AgentPod, AgentPods};
 use super::eval::Input;
 use super::{Shared, Shutdown};
 use crate::convert;
-use crate::model::Interner;
+use mountguard_core::model::Interner;
 
 /// How long after its last error a resource's view counts as not current.
 pub const DEGRADED_FOR: Duration = Duration::from_secs(60);
@@ -199,14 +199,26 @@ impl Edge<Pod> for PodEdge {
 /// Secrets and ConfigMaps: hashed on arrival into a source input.
 struct SourceEdge<K> {
     interner: Interner,
-    kind: crate::SourceKind,
-    convert: fn(&mut Interner, &K) -> Option<(crate::SourceRef, crate::model::SourceContent)>,
+    kind: mountguard_core::SourceKind,
+    convert: fn(
+        &mut Interner,
+        &K,
+    ) -> Option<(
+        mountguard_core::SourceRef,
+        mountguard_core::model::SourceContent,
+    )>,
 }
 
 impl<K> SourceEdge<K> {
     fn new(
-        kind: crate::SourceKind,
-        convert: fn(&mut Interner, &K) -> Option<(crate::SourceRef, crate::model::SourceContent)>,
+        kind: mountguard_core::SourceKind,
+        convert: fn(
+            &mut Interner,
+            &K,
+        ) -> Option<(
+            mountguard_core::SourceRef,
+            mountguard_core::model::SourceContent,
+        )>,
     ) -> Self {
         Self {
             interner: Interner::default(),
@@ -217,10 +229,10 @@ impl<K> SourceEdge<K> {
 }
 
 impl<K: kube::Resource + Send + 'static> Edge<K> for SourceEdge<K> {
-    type Key = crate::SourceRef;
-    fn key(&self, o: &K) -> Option<crate::SourceRef> {
+    type Key = mountguard_core::SourceRef;
+    fn key(&self, o: &K) -> Option<mountguard_core::SourceRef> {
         let meta = o.meta();
-        Some(crate::SourceRef::new(
+        Some(mountguard_core::SourceRef::new(
             self.kind,
             Arc::from(meta.namespace.as_deref()?),
             Arc::from(meta.name.as_deref()?),
@@ -231,7 +243,7 @@ impl<K: kube::Resource + Send + 'static> Edge<K> for SourceEdge<K> {
         drop(o);
         Some(Input::Source(r, content))
     }
-    fn delete(&mut self, r: crate::SourceRef) -> Option<Input> {
+    fn delete(&mut self, r: mountguard_core::SourceRef) -> Option<Input> {
         Some(Input::SourceDeleted(r))
     }
 }
@@ -536,7 +548,7 @@ pub fn spawn_all(
                 wc(),
                 name,
                 "secrets",
-                SourceEdge::new(crate::SourceKind::Secret, convert::secret),
+                SourceEdge::new(mountguard_core::SourceKind::Secret, convert::secret),
                 shared.clone(),
                 tx.clone(),
                 shutdown.clone(),
@@ -550,7 +562,7 @@ pub fn spawn_all(
                 wc(),
                 name,
                 "configmaps",
-                SourceEdge::new(crate::SourceKind::ConfigMap, convert::config_map),
+                SourceEdge::new(mountguard_core::SourceKind::ConfigMap, convert::config_map),
                 shared.clone(),
                 tx.clone(),
                 shutdown.clone(),
