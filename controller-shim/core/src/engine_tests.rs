@@ -12,8 +12,8 @@ use crate::model::{ProjectedSource, SkipReason, SourceKind, VolumeSource};
 use crate::projection::{ExpectedSubPath, project_env, project_sub_path, project_volume};
 use crate::testkit::*;
 use crate::verdict::{
-    Config, Engine, EngineState, Evaluation, FileState, FrozenCause, StaleCause, State, Subject,
-    UnverifiableReason, Verdict,
+    ApiHealth, Config, Engine, EngineState, Evaluation, FileState, FrozenCause, StaleCause, State,
+    Subject, UnverifiableReason, Verdict,
 };
 
 type Values<'a> = Vec<(&'a str, &'a [u8])>;
@@ -1028,6 +1028,72 @@ fn history_keeps_since_and_unknown_change_times_wait_for_grace() {
     assert_eq!(back, state);
     let v4 = e.evaluate_all(&ix, &mut back, t3);
     assert_eq!(v4, v3);
+}
+
+#[test]
+fn api_unavailable_masks_judgements_and_keeps_their_history() {
+    // A stale volume (its Secret has no write time: the engine dates the
+    // mismatch itself), a fresh one and an unverifiable one (no inventory
+    // on node-b) while the source watches fail, then after they recover.
+    let mut ix = ClusterIndex::new();
+    put_source(&mut ix, SECRET, "ns", "s", &[("k", b"new")], false, None);
+    put_source(&mut ix, SECRET, "ns", "f", &[("k", b"same")], false, None);
+    for (pod, uid, node, vol, secret) in [
+        ("p", "uid-p", "node-a", "v", "s"),
+        ("q", "uid-q", "node-a", "w", "f"),
+        ("r", "uid-r", "node-b", "w", "f"),
+    ] {
+        ix.apply_pod(
+            PodB::new("ns", pod, uid, node)
+                .volume(vol, VolumeSource::Object(obj(SECRET, secret, &[], false)))
+                .build(),
+        );
+    }
+    let scan = |ix: &mut ClusterIndex, t: Timestamp| {
+        NodeB::new("node-a", t)
+            .volume("uid-p", Plugin::Secret, "v", &[("k", b"old")], ts(START))
+            .volume("uid-q", Plugin::Secret, "w", &[("k", b"same")], ts(START))
+            .apply(ix);
+    };
+    let mut e = engine();
+    let mut state = EngineState::default();
+    let t1 = ts("2026-11-30T11:00:00Z");
+    scan(&mut ix, t1);
+    e.evaluate_all(&ix, &mut state, t1);
+    let t2 = t1 + SignedDuration::from_secs(200);
+    scan(&mut ix, t2);
+    let before = e.evaluate_all(&ix, &mut state, t2);
+    let stale = verdict(&before, "p", vol("v")).clone();
+    assert_eq!(stale.state, State::Stale(StaleCause::Unknown));
+    assert_eq!(stale.since, t1);
+
+    e.set_api_health(ApiHealth::Unavailable);
+    let t3 = t2 + SignedDuration::from_secs(60);
+    scan(&mut ix, t3);
+    let during = e.evaluate_all(&ix, &mut state, t3);
+    assert_eq!(
+        verdict(&during, "p", vol("v")).state,
+        State::Unverifiable(UnverifiableReason::ApiUnavailable),
+        "API trouble never shows a mount Stale"
+    );
+    assert_eq!(verdict(&during, "q", vol("w")).state, State::Fresh);
+    assert_eq!(
+        verdict(&during, "r", vol("w")).state,
+        State::Unverifiable(UnverifiableReason::NoInventory)
+    );
+    let incremental = e.evaluate_pods(&ix, &mut state, &["uid-p"], t3);
+    assert_eq!(
+        verdict(&incremental, "p", vol("v")).state,
+        State::Unverifiable(UnverifiableReason::ApiUnavailable)
+    );
+
+    e.set_api_health(ApiHealth::Available);
+    let t4 = t3 + SignedDuration::from_secs(60);
+    scan(&mut ix, t4);
+    let after = e.evaluate_all(&ix, &mut state, t4);
+    let v = verdict(&after, "p", vol("v"));
+    assert_eq!(v.state, stale.state, "no new grace period after the outage");
+    assert_eq!(v.since, t1, "the history kept the stale state's start");
 }
 
 #[test]

@@ -7,9 +7,10 @@
 //!
 //! Nothing is evaluated before every watch finished its initial list
 //! (missing sources would read as SourceMissing) or while this replica
-//! does not act. While the Secret or ConfigMap watch is failing, verdicts
-//! other than Fresh and Skipped are published as
-//! `Unverifiable/ApiUnavailable`: API trouble never turns a mount Stale.
+//! does not act. The health of the Secret and ConfigMap watches is an input
+//! of the engine: while one is failing, the engine's API rule publishes
+//! verdicts other than Fresh and Skipped as `Unverifiable/ApiUnavailable`
+//! (API trouble never turns a mount Stale).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -28,7 +29,7 @@ use super::{Shared, Shutdown};
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceContent, SourceRef};
 use mountguard_core::verdict::{
-    Engine, EngineState, PodVerdicts, State, Subject, UnverifiableReason, Verdict,
+    ApiHealth, Engine, EngineState, PodVerdicts, State, Subject, UnverifiableReason, Verdict,
 };
 
 /// How long a batch collects further inputs after its first one.
@@ -116,7 +117,6 @@ pub struct EvalTask {
     too_old: HashSet<Arc<str>>,
     reporting: HashMap<Arc<str>, bool>,
     evaluated: bool,
-    degraded: bool,
 }
 
 impl EvalTask {
@@ -144,7 +144,6 @@ impl EvalTask {
             too_old: HashSet::new(),
             reporting: HashMap::new(),
             evaluated: false,
-            degraded: false,
         }
     }
 
@@ -293,13 +292,17 @@ impl EvalTask {
         if !self.shared.is_ready() || !self.shared.is_acting() {
             return;
         }
-        let degraded = self.shared.health.sources_degraded();
-        if degraded != self.degraded {
+        let api = if self.shared.health.sources_degraded() {
+            ApiHealth::Unavailable
+        } else {
+            ApiHealth::Available
+        };
+        if api != self.engine.api_health() {
             info!(
-                degraded,
+                degraded = api == ApiHealth::Unavailable,
                 "Secret/ConfigMap watch health changed; re-evaluating everything"
             );
-            self.degraded = degraded;
+            self.engine.set_api_health(api);
             full = true;
         }
         // Inventories that aged past the limit (or recovered).
@@ -509,17 +512,7 @@ impl EvalTask {
         }
         let n = pods.len();
         let mut requests = Vec::new();
-        for mut pv in pods {
-            if self.degraded {
-                for v in pv.verdicts.iter_mut() {
-                    if !matches!(
-                        v.state,
-                        State::Fresh | State::Skipped(_) | State::Unverifiable(_)
-                    ) {
-                        v.state = State::Unverifiable(UnverifiableReason::ApiUnavailable);
-                    }
-                }
-            }
+        for pv in pods {
             let old = self
                 .shared
                 .verdicts

@@ -13,9 +13,9 @@ use super::cache::{CachedVolume, EvalCache};
 use super::history::{
     EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory, SubjectHistory,
 };
-use super::rules::{Ctx, terminating_pod};
+use super::rules::{Ctx, api_rule, counts_for_node_rule, node_rule, terminating_pod};
 use super::subject::SubjectId;
-use super::types::{Config, Evaluation, FrozenCause, PodVerdicts, StaleCause, State, Verdict};
+use super::types::{ApiHealth, Config, Evaluation, PodVerdicts, StaleCause, State, Verdict};
 use crate::fingerprint::Fingerprinter;
 use crate::index::{ClusterIndex, PodId};
 use crate::model::{ObservedNode, PodModel, SkipReason, SourceRef};
@@ -25,6 +25,7 @@ use crate::model::{ObservedNode, PodModel, SkipReason, SourceRef};
 pub struct Engine {
     pub(super) config: Config,
     pub(super) fingerprinter: Fingerprinter,
+    pub(super) api: ApiHealth,
 }
 
 /// How a node's inventory can be used.
@@ -56,7 +57,19 @@ impl Engine {
         Self {
             config,
             fingerprinter,
+            api: ApiHealth::Available,
         }
+    }
+
+    /// Sets the health of the Secret and ConfigMap watches, an input of
+    /// every following evaluation (the API rule).
+    pub fn set_api_health(&mut self, api: ApiHealth) {
+        self.api = api;
+    }
+
+    /// The health of the source watches the engine was last told.
+    pub fn api_health(&self) -> ApiHealth {
+        self.api
     }
 
     /// The configuration.
@@ -363,14 +376,6 @@ impl Engine {
         }
     }
 
-    /// The KubeletNotSyncing rule: at least `not_syncing_min_mounts`
-    /// verifiable mutable volume mounts on the node, and more than half of
-    /// them stale past grace.
-    fn not_syncing(&self, n: &NodeHistory) -> bool {
-        n.mutable_mounts >= self.config.not_syncing_min_mounts
-            && n.stale_mutable_mounts * 2 > n.mutable_mounts
-    }
-
     fn node_view<'a>(&self, index: &'a ClusterIndex, node: &str, now: Timestamp) -> NodeView<'a> {
         match index.inventory(node) {
             None => NodeView::NoInventory,
@@ -398,9 +403,7 @@ impl Engine {
         let mut verdicts = Vec::with_capacity(p.verdicts.len());
         for pre in p.verdicts {
             let mut v = pre.verdict;
-            if not_syncing && pre.mutable_mount && v.state == State::Stale(StaleCause::Unknown) {
-                v.state = State::Stale(StaleCause::KubeletNotSyncing);
-            }
+            v.state = node_rule(not_syncing, pre.mutable_mount, v.state);
             let tag = v.state;
             let since = prev
                 .as_ref()
@@ -414,6 +417,9 @@ impl Engine {
                 state: tag,
                 since,
             });
+            // After the history: the state underneath keeps its `since`
+            // while the API is unavailable.
+            v.state = api_rule(self.api, v.state);
             verdicts.push(v);
         }
         state.pods.insert(
@@ -495,14 +501,7 @@ impl Engine {
                     .sources
                     .iter()
                     .all(|r| index.source(r).is_some_and(|c| !c.immutable));
-            pre.mutable_mount = all_mutable
-                && matches!(
-                    pre.verdict.state,
-                    State::Fresh
-                        | State::Propagating
-                        | State::Stale(_)
-                        | State::Frozen(FrozenCause::ReadAtStart)
-                );
+            pre.mutable_mount = counts_for_node_rule(all_mutable, pre.verdict.state);
             if pre.mutable_mount {
                 out.mutable += 1;
                 if pre.verdict.state == State::Stale(StaleCause::Unknown) {

@@ -17,16 +17,16 @@ use mountguard_inventory::volume_digest;
 
 use super::cache::{CachedVolume, EvalCache, fp_opt};
 use super::engine::{Engine, NodeView, PodPrelim, Prelim};
-use super::history::EngineState;
+use super::history::{EngineState, NodeHistory};
 use super::subject::SubjectId;
 use super::types::{
-    FileState, FileVerdict, FrozenCause, StaleCause, State, UnverifiableReason, Verdict,
+    ApiHealth, FileState, FileVerdict, FrozenCause, StaleCause, State, UnverifiableReason, Verdict,
     VerdictDetail,
 };
 use crate::fingerprint::Fingerprint;
 use crate::index::{ClusterIndex, PodId};
 use crate::model::{Digest, ObservedError, PodModel, SkipReason, SourceRef};
-use crate::projection::{ExpectedSubPath, project_env, sub_path_skip};
+use crate::projection::{ExpectedSubPath, ExpectedVolume, project_env, sub_path_skip};
 
 pub(super) struct Ctx<'a> {
     pub(super) engine: &'a Engine,
@@ -283,6 +283,120 @@ impl Ctx<'_> {
         }
     }
 
+    /// What a volume's sources decide before anything is compared: a
+    /// source the engine cannot follow skips the subject; a missing one
+    /// makes it SourceMissing (`consequence`: what the kubelet does then).
+    fn source_verdict(
+        &self,
+        id: SubjectId,
+        ev: &ExpectedVolume,
+        consequence: Option<&str>,
+    ) -> Option<Prelim> {
+        if ev.is_unverifiable() {
+            let reason = ev
+                .skipped
+                .first()
+                .map_or(SkipReason::UnknownSource, |(_, r)| *r);
+            return Some(self.simple(id, State::Skipped(reason), None));
+        }
+        if !ev.missing.is_empty() {
+            let msg = ev
+                .missing
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ");
+            let msg = match consequence {
+                Some(c) => format!("{msg}: {c}"),
+                None => msg,
+            };
+            return Some(self.simple(id, State::SourceMissing, Some(msg)));
+        }
+        None
+    }
+
+    /// A verdict without an observation, with the expected fingerprint.
+    fn unobserved(
+        &self,
+        id: SubjectId,
+        state: State,
+        message: Option<String>,
+        expected: Option<Fingerprint>,
+    ) -> Prelim {
+        let mut p = self.simple(id, state, message);
+        p.verdict.expected = expected;
+        p
+    }
+
+    /// The subject is absent from the pod's inventory: not on disk, or
+    /// unreadable when the agent reported errors above it.
+    fn not_observed(
+        &self,
+        id: SubjectId,
+        pod_errors: &[String],
+        expected: Option<Fingerprint>,
+    ) -> Prelim {
+        let (state, msg) = if pod_errors.is_empty() {
+            (State::Unverifiable(UnverifiableReason::NotOnDisk), None)
+        } else {
+            (
+                State::Unverifiable(UnverifiableReason::ReadError),
+                Some(format!(
+                    "the agent could not read {}",
+                    pod_errors.join(", ")
+                )),
+            )
+        };
+        self.unobserved(id, state, msg, expected)
+    }
+
+    /// The fingerprint of what the agent saw: the expected one when the
+    /// comparison found the same files.
+    fn observed_fp(&self, cmp: &Comparison, expected: Option<Fingerprint>) -> Option<Fingerprint> {
+        match &cmp.observed_digest {
+            Some(d) => Some(self.fp(d)),
+            None => expected,
+        }
+    }
+
+    /// A verdict after a comparison.
+    fn compared(
+        &self,
+        id: SubjectId,
+        state: State,
+        estimate: Timestamp,
+        fps: (Option<Fingerprint>, Option<Fingerprint>),
+        detail: VerdictDetail,
+    ) -> Prelim {
+        let empty = detail == VerdictDetail::default();
+        Prelim {
+            verdict: Verdict {
+                id,
+                state,
+                expected: fps.0,
+                observed: fps.1,
+                since: self.now,
+                detail: (!empty).then(|| Box::new(detail)),
+            },
+            estimate,
+            mutable_mount: false,
+        }
+    }
+
+    /// The sources a comparison's differences involve (every source when an
+    /// unexpected file belongs to none).
+    fn involved(ev: &ExpectedVolume, cmp: &Comparison) -> Vec<SourceRef> {
+        if cmp.involved_all {
+            return ev.sources.clone();
+        }
+        let mut idx = cmp.involved.clone();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.iter()
+            .map(|i| ev.sources[*i as usize].clone())
+            .collect()
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn volume_verdict(
         &self,
@@ -294,31 +408,13 @@ impl Ctx<'_> {
         prev: Option<(bool, Timestamp)>,
     ) -> Prelim {
         let ev = &cv.ev;
-        if ev.is_unverifiable() {
-            let reason = ev
-                .skipped
-                .first()
-                .map_or(SkipReason::UnknownSource, |(_, r)| *r);
-            return self.simple(id, State::Skipped(reason), None);
-        }
-        if !ev.missing.is_empty() {
-            let msg = ev
-                .missing
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ");
-            return self.simple(id, State::SourceMissing,
-                Some(format!(
-                    "{msg}: the kubelet refuses to set up this volume (a running pod keeps its old content, a new pod does not start)"
-                )),
-            );
+        let refused = "the kubelet refuses to set up this volume (a running pod keeps its old content, a new pod does not start)";
+        if let Some(p) = self.source_verdict(id, ev, Some(refused)) {
+            return p;
         }
         let expected_fp = Some(cv.fp);
         if let Some(state) = self.unverifiable_for(view) {
-            let mut p = self.simple(id, state, None);
-            p.verdict.expected = expected_fp;
-            return p;
+            return self.unobserved(id, state, None, expected_fp);
         }
         let NodeView::Usable(node) = view else {
             unreachable!("handled above")
@@ -327,20 +423,7 @@ impl Ctx<'_> {
         let pod_errors =
             relevant_pod_errors(observed_pod, &[VOLUMES_DIR, plugin.dir_name(), &vol.name]);
         let Some(ov) = observed_pod.and_then(|p| p.volume(plugin, &vol.name)) else {
-            let (state, msg) = if pod_errors.is_empty() {
-                (State::Unverifiable(UnverifiableReason::NotOnDisk), None)
-            } else {
-                (
-                    State::Unverifiable(UnverifiableReason::ReadError),
-                    Some(format!(
-                        "the agent could not read {}",
-                        pod_errors.join(", ")
-                    )),
-                )
-            };
-            let mut p = self.simple(id, state, msg);
-            p.verdict.expected = expected_fp;
-            return p;
+            return self.not_observed(id, &pod_errors, expected_fp);
         };
         let mut cmp = self.compare(
             &cv.triples,
@@ -358,25 +441,7 @@ impl Ctx<'_> {
             files: std::mem::take(&mut cmp.files),
             ..Default::default()
         };
-        let observed_fp = match &cmp.observed_digest {
-            Some(d) => Some(self.fp(d)),
-            None => expected_fp,
-        };
-        let mk = |state: State, estimate: Timestamp, detail: VerdictDetail| {
-            let empty = detail == VerdictDetail::default();
-            Prelim {
-                verdict: Verdict {
-                    id,
-                    state,
-                    expected: expected_fp,
-                    observed: observed_fp,
-                    since: self.now,
-                    detail: (!empty).then(|| Box::new(detail)),
-                },
-                estimate,
-                mutable_mount: false,
-            }
-        };
+        let fps = (expected_fp, self.observed_fp(&cmp, expected_fp));
         if !cmp.unreadable.is_empty() {
             detail.message = Some(format!(
                 "the agent could not read {}",
@@ -390,9 +455,11 @@ impl Ctx<'_> {
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
-            return mk(
+            return self.compared(
+                id,
                 State::Unverifiable(UnverifiableReason::ReadError),
                 self.now,
+                fps,
                 detail,
             );
         }
@@ -426,21 +493,13 @@ impl Ctx<'_> {
                         late.iter().map(|s| &**s).collect::<Vec<_>>().join(", ")
                     ));
                     detail.containers = late;
-                    return mk(State::Frozen(FrozenCause::ReadAtStart), written_at, detail);
+                    let frozen = State::Frozen(FrozenCause::ReadAtStart);
+                    return self.compared(id, frozen, written_at, fps, detail);
                 }
             }
-            return mk(State::Fresh, written_at, detail);
+            return self.compared(id, State::Fresh, written_at, fps, detail);
         }
-        let involved: Vec<SourceRef> = if cmp.involved_all {
-            ev.sources.clone()
-        } else {
-            let mut idx = cmp.involved.clone();
-            idx.sort_unstable();
-            idx.dedup();
-            idx.iter()
-                .map(|i| ev.sources[*i as usize].clone())
-                .collect()
-        };
+        let involved = Self::involved(ev, &cmp);
         let (state, start, pinned) = self.classify_mismatch(&involved, node.scanned_at, prev);
         detail.differing_paths = cmp.differing;
         detail.pinned_by = pinned;
@@ -455,7 +514,7 @@ impl Ctx<'_> {
                     .join(", ")
             ));
         }
-        mk(state, start, detail)
+        self.compared(id, state, start, fps, detail)
     }
 
     /// What refreshes the content these containers read: a restart, unless
@@ -494,21 +553,8 @@ impl Ctx<'_> {
     ) -> Prelim {
         let vol = &self.pod.volumes[m.volume as usize];
         let ev = &cv.ev;
-        if ev.is_unverifiable() {
-            let reason = ev
-                .skipped
-                .first()
-                .map_or(SkipReason::UnknownSource, |(_, r)| *r);
-            return self.simple(id, State::Skipped(reason), None);
-        }
-        if !ev.missing.is_empty() {
-            let msg = ev
-                .missing
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("; ");
-            return self.simple(id, State::SourceMissing, Some(msg));
+        if let Some(p) = self.source_verdict(id, ev, None) {
+            return p;
         }
         let csp = self.cache.sub_path(
             &self.engine.fingerprinter,
@@ -524,39 +570,21 @@ impl Ctx<'_> {
             ExpectedSubPath::Files(f) => f,
         };
         let expected_fp = csp.fp;
-        let with_fp = |mut p: Prelim| {
-            p.verdict.expected = expected_fp;
-            p
-        };
         if let Some(state) = self.unverifiable_for(view) {
-            return with_fp(self.simple(id, state, None));
+            return self.unobserved(id, state, None, expected_fp);
         }
         let NodeView::Usable(node) = view else {
             unreachable!("handled above")
         };
         let Some(started_at) = c.started_at else {
-            return with_fp(self.simple(
-                id,
-                State::Unverifiable(UnverifiableReason::ContainerNotRunning),
-                None,
-            ));
+            let state = State::Unverifiable(UnverifiableReason::ContainerNotRunning);
+            return self.unobserved(id, state, None, expected_fp);
         };
         let index = m.index.to_string();
         let pod_errors =
             relevant_pod_errors(observed_pod, &[SUBPATHS_DIR, &vol.name, &c.name, &index]);
         let Some(os) = observed_pod.and_then(|p| p.sub_path(&vol.name, &c.name, m.index)) else {
-            let (state, msg) = if pod_errors.is_empty() {
-                (State::Unverifiable(UnverifiableReason::NotOnDisk), None)
-            } else {
-                (
-                    State::Unverifiable(UnverifiableReason::ReadError),
-                    Some(format!(
-                        "the agent could not read {}",
-                        pod_errors.join(", ")
-                    )),
-                )
-            };
-            return with_fp(self.simple(id, state, msg));
+            return self.not_observed(id, &pod_errors, expected_fp);
         };
         let mut cmp = self.compare(
             files,
@@ -569,50 +597,25 @@ impl Ctx<'_> {
         for e in pod_errors {
             cmp.unreadable.push(Arc::from(e));
         }
-        let observed_fp = match &cmp.observed_digest {
-            Some(d) => Some(self.fp(d)),
-            None => expected_fp,
-        };
+        let fps = (expected_fp, self.observed_fp(&cmp, expected_fp));
+        let involved = Self::involved(ev, &cmp);
         let mut detail = VerdictDetail {
             files: cmp.files,
             ..Default::default()
         };
-        let mk = |state: State, estimate: Timestamp, detail: VerdictDetail| {
-            let empty = detail == VerdictDetail::default();
-            Prelim {
-                verdict: Verdict {
-                    id,
-                    state,
-                    expected: expected_fp,
-                    observed: observed_fp,
-                    since: self.now,
-                    detail: (!empty).then(|| Box::new(detail)),
-                },
-                estimate,
-                mutable_mount: false,
-            }
-        };
         if !cmp.unreadable.is_empty() {
             detail.message = Some("the agent could not read the subPath target".to_string());
-            return mk(
+            return self.compared(
+                id,
                 State::Unverifiable(UnverifiableReason::ReadError),
                 self.now,
+                fps,
                 detail,
             );
         }
         if cmp.differing.is_empty() {
-            return mk(State::Fresh, started_at, detail);
+            return self.compared(id, State::Fresh, started_at, fps, detail);
         }
-        let involved: Vec<SourceRef> = if cmp.involved_all {
-            ev.sources.clone()
-        } else {
-            let mut idx = cmp.involved.clone();
-            idx.sort_unstable();
-            idx.dedup();
-            idx.iter()
-                .map(|i| ev.sources[*i as usize].clone())
-                .collect()
-        };
         detail.differing_paths = cmp.differing;
         let changed_at = involved
             .iter()
@@ -634,7 +637,7 @@ impl Ctx<'_> {
                 let (state, start, pinned) =
                     self.classify_mismatch(&involved, node.scanned_at, prev);
                 detail.pinned_by = pinned;
-                mk(state, start, detail)
+                self.compared(id, state, start, fps, detail)
             }
             _ => {
                 detail.message = Some(format!(
@@ -642,9 +645,11 @@ impl Ctx<'_> {
                     c.name,
                     c.refresh_advice()
                 ));
-                mk(
+                self.compared(
+                    id,
                     State::Frozen(FrozenCause::SubPath),
                     changed_at.unwrap_or(self.now),
+                    fps,
                     detail,
                 )
             }
@@ -756,6 +761,65 @@ impl Ctx<'_> {
         p
     }
 }
+
+// ------------------------------------------------ the node and API rules
+
+impl Engine {
+    /// The KubeletNotSyncing rule: at least `not_syncing_min_mounts`
+    /// verifiable mutable volume mounts on the node, and more than half of
+    /// them stale past grace.
+    pub(super) fn not_syncing(&self, n: &NodeHistory) -> bool {
+        n.mutable_mounts >= self.config.not_syncing_min_mounts
+            && n.stale_mutable_mounts * 2 > n.mutable_mounts
+    }
+}
+
+/// Whether a volume verdict counts among the node's mutable mounts for the
+/// node rule: a mount of only mutable sources whose content was compared
+/// (or is read at start).
+pub(super) fn counts_for_node_rule(all_mutable: bool, state: State) -> bool {
+    all_mutable
+        && matches!(
+            state,
+            State::Fresh
+                | State::Propagating
+                | State::Stale(_)
+                | State::Frozen(FrozenCause::ReadAtStart)
+        )
+}
+
+/// The node rule on one verdict: on a node where the kubelet is not
+/// syncing, a mutable mount stale for no known cause is stale because of
+/// the node.
+pub(super) fn node_rule(not_syncing: bool, mutable_mount: bool, state: State) -> State {
+    if not_syncing && mutable_mount && state == State::Stale(StaleCause::Unknown) {
+        State::Stale(StaleCause::KubeletNotSyncing)
+    } else {
+        state
+    }
+}
+
+/// The API rule: while a Secret or ConfigMap watch fails, the engine's
+/// sources may be old, so no verdict other than Fresh, Skipped and
+/// Unverifiable is trusted: it reads `Unverifiable/ApiUnavailable`. API
+/// trouble never turns a mount Stale.
+pub(super) fn api_rule(api: ApiHealth, state: State) -> State {
+    match api {
+        ApiHealth::Available => state,
+        ApiHealth::Unavailable => {
+            if matches!(
+                state,
+                State::Fresh | State::Skipped(_) | State::Unverifiable(_)
+            ) {
+                state
+            } else {
+                State::Unverifiable(UnverifiableReason::ApiUnavailable)
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------- terminating pods
 
 /// Every subject of a terminating pod, Skipped: the kubelet no longer
 /// refreshes it (see [`SkipReason::PodTerminating`]).

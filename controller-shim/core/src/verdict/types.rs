@@ -38,6 +38,19 @@ impl Default for Config {
     }
 }
 
+/// Whether the Secrets and ConfigMaps the engine sees are current: an input
+/// of the engine, like the time. The caller knows (its watches of them
+/// fail or not); see the API rule in `rules.rs`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ApiHealth {
+    /// The source watches are healthy.
+    #[default]
+    Available,
+    /// A Secret or ConfigMap watch is failing: what the engine holds may
+    /// be old.
+    Unavailable,
+}
+
 /// Why content is stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum StaleCause {
