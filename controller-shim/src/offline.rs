@@ -448,18 +448,7 @@ fn write_table(
             continue;
         }
         let view = v.view(p);
-        let subject = match (
-            view.subject,
-            view.volume,
-            view.container,
-            view.sub_path,
-            view.env,
-        ) {
-            ("subPath", Some(vol), Some(c), Some(sp), _) => format!("subPath {c}:{vol}/{sp}"),
-            ("env", _, Some(c), _, Some(e)) => format!("env {c}:{e}"),
-            (_, Some(vol), _, _, _) => format!("volume {vol}"),
-            _ => view.subject.to_string(),
-        };
+        let subject = p.subject(v).text();
         let who = format!("{}/{} {subject}", view.namespace, view.pod);
         let fps = format!(
             "{} vs {}",

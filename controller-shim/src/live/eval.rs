@@ -24,12 +24,11 @@ use tracing::{debug, info};
 
 use super::events::{EventRequest, RateLimiter, Tracker};
 use super::metrics::{MountLabels, MountSeries, StateCounts};
-use super::status::subject_text;
 use super::{Shared, Shutdown};
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceContent, SourceRef};
 use mountguard_core::verdict::{
-    ApiHealth, Engine, EngineState, PodVerdicts, State, Subject, UnverifiableReason, Verdict,
+    ApiHealth, Engine, EngineState, PodVerdicts, State, UnverifiableReason, Verdict,
 };
 
 /// How long a batch collects further inputs after its first one.
@@ -701,13 +700,7 @@ pub fn has_series(s: &State) -> bool {
 /// The `mountguard_mount_state` labels of a verdict.
 pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
     let pod = &pv.pod;
-    let volume = match pv.subject(v) {
-        Subject::Volume { volume } => volume.to_string(),
-        Subject::SubPath {
-            container, index, ..
-        } => format!("subPath:{container}/{index}"),
-        Subject::Env { container, var } => format!("env:{container}/{var}"),
-    };
+    let volume = pv.subject(v).metric_label();
     let sources = pv.sources(v);
     let (kind, name) = match sources.first() {
         Some(r) => (r.kind.as_str().to_string(), r.name.to_string()),
@@ -731,7 +724,7 @@ pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
 /// the engine's explanation.
 pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &super::status::PodCheck) -> String {
     let view = v.view(pv);
-    let mut m = format!("{} is {}", subject_text(&pv.subject(v)), v.state.tag());
+    let mut m = format!("{} is {}", pv.subject(v).text(), v.state.tag());
     let sources: Vec<String> = view
         .sources
         .iter()

@@ -23,7 +23,7 @@ use mountguard_core::model::SourceRef;
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
-use mountguard_core::verdict::{PodVerdicts, State, Subject, Verdict};
+use mountguard_core::verdict::{PodVerdicts, State, Verdict};
 
 /// What one pod's verdicts were computed against: the node inventory's scan
 /// time and the fingerprint of every source the pod references.
@@ -263,21 +263,6 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The subject as shown to operators (also the `volume` metric label's
-/// base).
-pub fn subject_text(s: &Subject) -> String {
-    match s {
-        Subject::Volume { volume } => format!("volume {volume}"),
-        Subject::SubPath {
-            container,
-            volume,
-            sub_path,
-            ..
-        } => format!("subPath {container}:{volume}/{sub_path}"),
-        Subject::Env { container, var } => format!("env {container}:{var}"),
-    }
-}
-
 /// The sources of verdict `v` with the fingerprints `check` recorded.
 fn verified_sources(
     pv: &PodVerdicts,
@@ -305,7 +290,7 @@ pub fn item(pv: &PodVerdicts, v: &Verdict, check: Option<&PodCheck>) -> StatusIt
         pod: view.pod.to_string(),
         node: view.node.map(str::to_string),
         nodeset: view.nodeset.map(str::to_string),
-        subject: subject_text(&pv.subject(v)),
+        subject: pv.subject(v).text(),
         state: view.state.to_string(),
         cause: view.cause.map(str::to_string),
         sources: view
@@ -410,7 +395,7 @@ impl VerdictStore {
                     pod: pod.name.to_string(),
                     node: pod.node.as_deref().map(str::to_string),
                     nodeset: pod.nodeset.as_deref().map(str::to_string),
-                    subject: subject_text(&pv.subject(v)),
+                    subject: pv.subject(v).text(),
                     state: v.state.tag(),
                     sources,
                     verified_at: check.and_then(|c| c.scanned_at).map(|t| t.to_string()),

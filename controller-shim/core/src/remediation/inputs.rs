@@ -14,7 +14,7 @@ use super::plan::{Candidate, CandidateFinding, NodeSetInfo};
 use super::{REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION};
 use crate::Fingerprint;
 use crate::model::PodModel;
-use crate::verdict::{PodVerdicts, State, Subject};
+use crate::verdict::{PodVerdicts, State};
 
 /// What remediation reads of a NodeSet (`slinky.slurm.net/v1beta1`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -41,17 +41,6 @@ pub enum IntOrString {
     String(String),
 }
 
-/// The subject as remediation records it in a finding.
-pub fn subject_label(s: &Subject) -> String {
-    match s {
-        Subject::Volume { volume } => format!("volume {volume}"),
-        Subject::SubPath {
-            container, index, ..
-        } => format!("subPath {container}/{index}"),
-        Subject::Env { container, var } => format!("env {container}/{var}"),
-    }
-}
-
 fn fp(f: Option<Fingerprint>) -> String {
     f.map_or_else(|| "-".to_string(), |f| f.to_string())
 }
@@ -75,7 +64,7 @@ pub fn candidates(verdicts: &[PodVerdicts]) -> Vec<Candidate> {
                 .iter()
                 .filter(|v| !matches!(v.state, State::Fresh | State::Skipped(_)))
                 .map(|v| CandidateFinding {
-                    subject: subject_label(&pv.subject(v)),
+                    subject: pv.subject(v).key(),
                     state: v.state,
                     since: v.since,
                     mounted: fp(v.observed),
@@ -200,7 +189,7 @@ pub fn new_pod_check(
         let v = pv
             .verdicts
             .iter()
-            .find(|v| subject_label(&pv.subject(v)) == f.subject);
+            .find(|v| pv.subject(v).key() == f.subject);
         match v.map(|v| v.state) {
             Some(State::Fresh) => {}
             Some(s @ (State::Stale(_) | State::Frozen(_))) => {
@@ -363,5 +352,85 @@ mod tests {
         );
         let live: HashSet<&str> = ["uid-d"].into();
         assert!(!group_old_gone([&a, &d], "g", &live));
+    }
+
+    #[test]
+    fn the_replacement_is_checked_on_the_subjects_recorded_by_key() {
+        use crate::model::VolumeSource;
+        use crate::remediation::Finding;
+        use crate::testkit::{PodB, obj};
+        use crate::verdict::{StaleCause, SubjectId, Verdict};
+        let t = Timestamp::now();
+        // The replacement: volume `etc` and subPath mounts of `cfg` at
+        // positions 0 and 1 of container `c` (the old pod's finding was
+        // the one at position 1).
+        let src = VolumeSource::Object(obj(crate::SourceKind::Secret, "s", &[], false));
+        let pod = PodB::new("slurm", "worker-0", "uid-new", "node-a")
+            .volume("etc", src.clone())
+            .volume("cfg", src)
+            .container("c", Some(t), &[("cfg", "a"), ("cfg", "b")], vec![])
+            .build();
+        let pod = Arc::new(pod);
+        let verdict = |id, state| Verdict {
+            id,
+            state,
+            expected: None,
+            observed: None,
+            since: t,
+            detail: None,
+        };
+        let stale = State::Stale(StaleCause::Unknown);
+        let verdicts = vec![PodVerdicts {
+            pod: pod.clone(),
+            verdicts: vec![
+                verdict(SubjectId::Volume(0), State::Fresh),
+                verdict(SubjectId::Volume(1), State::Fresh),
+                verdict(SubjectId::SubPath(0, 0), stale),
+                verdict(SubjectId::SubPath(0, 1), State::Fresh),
+            ],
+        }];
+        let finding = |subject: &str| Finding {
+            // As read back from the persisted record.
+            subject: serde_json::from_value(serde_json::json!(subject)).unwrap(),
+            state: "Stale/Unknown".into(),
+            mounted: "-".into(),
+            current: "-".into(),
+        };
+        let check = |findings: Vec<Finding>| {
+            let mut a = Attempt::new(
+                "a".into(),
+                "slurm",
+                "worker",
+                "worker-0",
+                "uid-old",
+                "node-a",
+                "worker-0",
+                findings,
+                t,
+            );
+            a.new_pod_uid = Some("uid-new".into());
+            new_pod_check(
+                &verdicts,
+                std::slice::from_ref(&pod),
+                Some(t),
+                &a,
+                &mut HashMap::new(),
+            )
+        };
+        assert_eq!(
+            check(vec![finding("subPath c/1"), finding("volume etc")]),
+            NewPodCheck::Fresh
+        );
+        match check(vec![finding("subPath c/0")]) {
+            NewPodCheck::StillStale { message } => {
+                assert!(
+                    message.starts_with("subPath c/0 Stale/Unknown"),
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // A subject the replacement does not have is not judged Fresh.
+        assert_eq!(check(vec![finding("volume gone")]), NewPodCheck::NotYet);
     }
 }

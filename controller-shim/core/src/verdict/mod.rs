@@ -23,5 +23,5 @@ pub use engine::Engine;
 pub use history::{
     EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory, SubjectHistory,
 };
-pub use subject::{Subject, SubjectId, subject_of};
+pub use subject::{Subject, SubjectId, SubjectKey, subject_of};
 pub use types::*;
