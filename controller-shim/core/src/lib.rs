@@ -41,11 +41,6 @@ pub mod rollout;
 pub mod testkit;
 pub mod verdict;
 
-#[cfg(test)]
-mod engine_tests;
-#[cfg(test)]
-mod kubelet_rules_tests;
-
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use index::{ClusterIndex, PodId};
 pub use model::{Digest, Interner, ObservedNode, PodModel, SourceContent, SourceKind, SourceRef};

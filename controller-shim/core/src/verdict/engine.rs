@@ -547,3 +547,7 @@ impl Engine {
         Some(out)
     }
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

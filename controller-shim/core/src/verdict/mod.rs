@@ -19,6 +19,9 @@ mod rules;
 pub mod subject;
 pub mod types;
 
+#[cfg(test)]
+pub(crate) mod test_support;
+
 pub use engine::Engine;
 pub use history::{
     EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory, SubjectHistory,

@@ -892,3 +892,11 @@ pub(super) fn pod_volume_index(pod: &PodModel, name: &str) -> Option<u16> {
         .position(|v| *v.name == *name)
         .map(|i| i as u16)
 }
+
+#[cfg(test)]
+#[path = "rules_tests.rs"]
+mod tests;
+
+#[cfg(test)]
+#[path = "kubelet_rules_tests.rs"]
+mod kubelet_tests;

@@ -518,3 +518,7 @@ impl Verdict {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "types_tests.rs"]
+mod tests;
