@@ -24,7 +24,7 @@ use tracing::{debug, info};
 
 use super::events::{EventRequest, RateLimiter, Tracker};
 use super::metrics::{MountLabels, MountSeries, StateCounts};
-use super::{Shared, Shutdown};
+use super::shared::{Shared, Shutdown};
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceContent, SourceRef};
 use mountguard_core::verdict::{

@@ -27,8 +27,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::Shutdown;
 use super::metrics::Metrics;
+use super::shared::Shutdown;
 use mountguard_core::verdict::{StaleCause, State, SubjectId};
 
 /// The reporting component of Events.

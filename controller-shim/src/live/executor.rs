@@ -48,9 +48,9 @@ use mountguard_core::remediation::{
 
 use super::args::{ObjectName, OnFailure, RemediationMode, RunArgs};
 use super::eval::EvaluationSnapshot;
+use super::shared::{Shared, Shutdown};
 use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource};
 use super::watch::nodeset_resource;
-use super::{Shared, Shutdown};
 use crate::Error;
 
 /// How often open attempts are stepped without a new snapshot.

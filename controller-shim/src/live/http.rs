@@ -9,8 +9,8 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 
 use super::report::json_response;
+use super::shared::{Shared, Shutdown};
 use super::status::Query;
-use super::{Shared, Shutdown};
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     Response::builder()
@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn source_watch_health() {
-        let h = crate::live::watch::Health::default();
+        let h = crate::live::shared::Health::default();
         h.register("pods", true);
         h.register("secrets/ns", true);
         h.register("nodesets", false);
