@@ -17,6 +17,24 @@
 //! - `evictionHard: {}`, `localStorageCapacityIsolation: false`: no eviction
 //!   from this machine's disk and memory figures;
 //! - `makeIPTablesUtilChains: false`, `resolvConf: ""`: no iptables, no DNS.
+//!
+//! And what the tests rely on, set explicitly:
+//! - `configMapAndSecretChangeDetectionStrategy: Watch` (the default,
+//!   `ResourceChangeDetectionStrategy`): the Secret and ConfigMap managers
+//!   are the watch-based ones (pkg/kubelet/secret/secret_manager.go
+//!   `NewWatchingSecretManager`, pkg/kubelet/configmap/configmap_manager.go
+//!   `NewWatchingConfigMapManager`, on
+//!   pkg/kubelet/util/manager/watch_based_manager.go): one entry per
+//!   object, kept current by a watch, never refreshed once immutable;
+//! - `syncFrequency: 10s` (real default 1m): the pod workers resync each
+//!   running pod after `wait.Jitter(syncFrequency, 0.5)`, i.e. 10 to 15 s
+//!   (pkg/kubelet/pod_workers.go `completeWork`,
+//!   `workerResyncIntervalJitterFactor`), and every sync calls
+//!   `WaitForAttachAndMount`, whose `ReprocessPod` makes the volume
+//!   manager set Secret, ConfigMap and projected volumes up again
+//!   (pkg/kubelet/volumemanager/volume_manager.go): a change of a mutable
+//!   object reaches its volumes within one resync. A change does not make
+//!   the kubelet sync the pod sooner.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -25,6 +43,13 @@ use std::time::Duration;
 
 use super::{RealCluster, raw};
 use crate::mountguard::{ChildGuard, free_addr, poll};
+
+/// The kubelet's `syncFrequency` in the rig.
+pub const SYNC_FREQUENCY: Duration = Duration::from_secs(10);
+
+/// The longest wait between two syncs of a running pod:
+/// `wait.Jitter(syncFrequency, 0.5)` (pkg/kubelet/pod_workers.go).
+pub const MAX_RESYNC: Duration = Duration::from_secs(15);
 
 /// A real kubelet and its fake CRI runtime.
 #[derive(Debug)]
@@ -209,10 +234,12 @@ evictionHard: {{}}
 localStorageCapacityIsolation: false
 makeIPTablesUtilChains: false
 resolvConf: \"\"
-syncFrequency: 10s
+syncFrequency: {sync}s
+configMapAndSecretChangeDetectionStrategy: Watch
 nodeStatusUpdateFrequency: 2s
 registerNode: true
 ",
-        ca = ca.display()
+        ca = ca.display(),
+        sync = SYNC_FREQUENCY.as_secs()
     )
 }
