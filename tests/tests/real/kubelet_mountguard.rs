@@ -8,7 +8,7 @@ use mountguard_tests::real::{create, raw};
 use mountguard_tests::scenario::{KEY_VOLUME, PINNING_POD, find_verdict, pinning_pod, state_tag};
 use serde_json::{Value, json};
 
-use crate::harness::{Nodes, RealSystem, slurmd_pod, wait, wait_all_fresh};
+use crate::harness::{Nodes, RealSystem, events, slurmd_pod, wait, wait_all_fresh};
 
 fn b64(b: &[u8]) -> String {
     use base64::Engine as _;
@@ -85,12 +85,15 @@ fn served(sys: &RealSystem, i: usize, uid: &str) -> Vec<u8> {
 
 /// The seed scenario with the real kubelet writing the volumes: all Fresh
 /// at first; the immutable `slurm-auth-slurm` deleted and recreated with a
-/// new key while `slurm-auth-check` on node-0 also mounts it; node-0's
-/// replacement slurmd pod is served the OLD key by the real kubelet and
-/// mountguard says `Stale/ImmutableCachePinned`; node-1's replacement gets
-/// the new key and is Fresh.
+/// new key while `slurm-auth-check` on node-0 also mounts it. Before any
+/// replacement mountguard says node-0's slurmd pod is
+/// `Stale/ImmutableCachePinned` and node-1's (nothing else references the
+/// Secret there) `Stale/ImmutableCache`, the cause a replacement fixes,
+/// with a `StaleMount` Event. node-0's replacement slurmd pod is served
+/// the OLD key by the real kubelet and is `Stale/ImmutableCachePinned`
+/// naming the pin; node-1's replacement gets the new key and is Fresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_kubelet_rotation_is_reported_pinned_on_the_pinned_node() {
+async fn real_kubelet_rotation_is_pinned_on_the_pinned_node_and_fixed_by_a_replacement_elsewhere() {
     let sys = RealSystem::start_with(2, Nodes::RealKubelets).await;
     let mut pin = pinning_pod("node-0");
     pin["apiVersion"] = json!("v1");
@@ -113,6 +116,60 @@ async fn real_kubelet_rotation_is_reported_pinned_on_the_pinned_node() {
     )
     .await
     .unwrap();
+
+    // Before any replacement: node-1's slurmd pod, the only reference to
+    // the Secret on its node, is `Stale/ImmutableCache` (what a
+    // replacement fixes, docs/verdicts.md) with no pinning pod, and gets
+    // a `StaleMount` Event; node-0's is pinned by `slurm-auth-check`.
+    let base = sys.metrics_base();
+    let doc: Value = wait(
+        &sys,
+        "node-1's slurmd pod Stale/ImmutableCache, node-0's Stale/ImmutableCachePinned",
+        Duration::from_secs(60),
+        || {
+            let base = base.clone();
+            async move {
+                let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
+                    .await
+                    .ok()?;
+                let v0 = find_verdict(&doc, &format!("{NODESET}-0"), "volume slurm-etc")?;
+                let v1 = find_verdict(&doc, &format!("{NODESET}-1"), "volume slurm-etc")?;
+                (state_tag(v0) == "Stale/ImmutableCachePinned"
+                    && state_tag(v1) == "Stale/ImmutableCache")
+                    .then_some(doc)
+            }
+        },
+    )
+    .await;
+    let v1 = find_verdict(&doc, &format!("{NODESET}-1"), "volume slurm-etc").unwrap();
+    assert!(
+        v1["pinnedBy"].as_array().is_none_or(|p| p.is_empty())
+            && !v1.to_string().contains("cannot help"),
+        "node-1's verdict says a replacement fixes it: {v1}"
+    );
+    let client = sys.client.clone();
+    let note = wait(
+        &sys,
+        "a StaleMount Event on node-1's slurmd pod",
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            async move {
+                events(&client, SLURM_NAMESPACE)
+                    .await
+                    .into_iter()
+                    .find(|(reason, kind, name, _)| {
+                        reason == "StaleMount" && kind == "Pod" && *name == format!("{NODESET}-1")
+                    })
+                    .map(|(_, _, _, note)| note)
+            }
+        },
+    )
+    .await;
+    assert!(
+        note.contains("Stale/ImmutableCache") && !note.contains("pinned"),
+        "{note}"
+    );
 
     let uid0 = replace_slurmd_pod(&sys, 0).await;
     assert_ne!(
@@ -137,7 +194,6 @@ async fn real_kubelet_rotation_is_reported_pinned_on_the_pinned_node() {
         );
     }
 
-    let base = sys.metrics_base();
     let doc: Value = wait(
         &sys,
         "node-0's replacement Stale/ImmutableCachePinned, node-1's Fresh",
