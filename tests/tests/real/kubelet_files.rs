@@ -7,19 +7,17 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use mountguard_inventory::NodeInventory;
 use mountguard_tests::cluster::SLURM_NAMESPACE;
-use mountguard_tests::mountguard::binary;
 use mountguard_tests::real::create;
 use mountguard_tests::scenario::{find_verdict, state_tag};
 use serde_json::{Value, json};
 use sha2::Digest as _;
 
 use crate::harness::{Nodes, RealSystem, wait};
-use crate::kubelet_support::{b64, running_pod};
+use crate::kubelet_support::{agent_scan, b64, running_pod};
 
 /// One volume or subPath target as found on disk: path -> (mode, SHA-256).
 /// Modes of subPath targets are not compared (the agent does not report
@@ -226,24 +224,6 @@ fn agent_tree(inv: &NodeInventory) -> Tree {
     tree
 }
 
-fn agent_scan(root: &Path, node: &str) -> NodeInventory {
-    let out = Command::new(binary("mountguard-agent").unwrap())
-        .arg("scan")
-        .arg("--kubelet-root")
-        .arg(root)
-        .args(["--node", node, "--output", "json"])
-        .env_remove("MOUNTGUARD_OUTPUT")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "mountguard-agent scan: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    NodeInventory::from_json(&out.stdout).unwrap()
-}
-
 fn files_pod() -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "files", "namespace": SLURM_NAMESPACE, "labels": {"app": "files"}},
@@ -321,7 +301,7 @@ async fn real_kubelet_volumes_equal_the_agents_scan_file_by_file() {
     let mut tries = 0;
     let (walked, others, inv) = loop {
         let (before, others) = walk_root(&root);
-        let inv = agent_scan(&root, "node-0");
+        let inv = agent_scan(&root, "node-0", None);
         let (after, _) = walk_root(&root);
         if before == after {
             break (after, others, inv);

@@ -4,10 +4,13 @@
 //! sampled over time, bytes read from the kubelet's root independently of
 //! the agent.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use mountguard_inventory::NodeInventory;
 use mountguard_tests::cluster::SLURM_NAMESPACE;
+use mountguard_tests::mountguard::binary;
 use mountguard_tests::real::raw;
 use mountguard_tests::scenario::{find_verdict, state_tag};
 use serde_json::Value;
@@ -170,4 +173,36 @@ pub fn phases(samples: &[Sample]) -> Vec<(String, String)> {
         }
     }
     out
+}
+
+/// `mountguard-agent scan --output json` of kubelet root `root`, in the
+/// mount namespace of process `ns_pid` when given (through `nsenter`).
+pub fn agent_scan(root: &Path, node: &str, ns_pid: Option<u32>) -> NodeInventory {
+    let agent = binary("mountguard-agent").unwrap();
+    let mut cmd = match ns_pid {
+        Some(pid) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--target={pid}"))
+                .arg("--mount")
+                .arg("--")
+                .arg(agent);
+            c
+        }
+        None => Command::new(agent),
+    };
+    let out = cmd
+        .arg("scan")
+        .arg("--kubelet-root")
+        .arg(root)
+        .args(["--node", node, "--output", "json"])
+        .env_remove("MOUNTGUARD_OUTPUT")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mountguard-agent scan: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    NodeInventory::from_json(&out.stdout).unwrap()
 }

@@ -20,5 +20,6 @@ mod controller;
 mod kubelet;
 mod kubelet_files;
 mod kubelet_mountguard;
+mod kubelet_propagation;
 mod kubelet_support;
 mod kubelet_updates;
