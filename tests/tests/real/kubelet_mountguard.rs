@@ -219,3 +219,117 @@ async fn real_kubelet_rotation_is_pinned_on_the_pinned_node_and_fixed_by_a_repla
     );
     sys.shutdown().await;
 }
+
+/// The other way out of a pin that docs/verdicts.md gives: restart the
+/// kubelet. After the rotation with `slurm-auth-check` pinning node-0's
+/// cache entry, the slurmd pod is `Stale/ImmutableCachePinned`; the real
+/// kubelet is killed and started again (runtime, containers and mounts
+/// kept): its new Secret manager registers the running pods with fresh
+/// reads, so both pods' volumes get the new key without being replaced
+/// (same UIDs, containers not restarted), and mountguard says Fresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_kubelet_restart_releases_the_pin_and_the_pinned_pod_turns_fresh() {
+    let mut sys = RealSystem::start_with(1, Nodes::RealKubelets).await;
+    let mut pin = pinning_pod("node-0");
+    pin["apiVersion"] = json!("v1");
+    pin["kind"] = json!("Pod");
+    pin["metadata"]["namespace"] = json!(SLURM_NAMESPACE);
+    pin["spec"]["automountServiceAccountToken"] = json!(false);
+    create(&sys.client, &pin).await.unwrap();
+    let pin_uid = running_uid(&sys, SLURM_NAMESPACE, PINNING_POD).await;
+    wait_all_fresh(&sys).await;
+    let slurmd = format!("{NODESET}-0");
+    let slurmd_uid = running_uid(&sys, SLURM_NAMESPACE, &slurmd).await;
+    let (_, before) = raw(
+        &sys.client,
+        "GET",
+        &format!("/api/v1/namespaces/{SLURM_NAMESPACE}/pods/{slurmd}"),
+        None,
+    )
+    .await
+    .unwrap();
+
+    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/secrets/{AUTH_SECRET}");
+    let (code, body) = raw(&sys.client, "DELETE", &path, None).await.unwrap();
+    assert_eq!(code, 200, "{body}");
+    let new_key = b"the rotated slurm.key".repeat(40);
+    create(
+        &sys.client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE},
+                "immutable": true, "data": {"slurm.key": b64(&new_key)}}),
+    )
+    .await
+    .unwrap();
+    let base = sys.metrics_base();
+    let pinned = |want: &'static str| {
+        let base = base.clone();
+        let slurmd = slurmd.clone();
+        move || {
+            let base = base.clone();
+            let slurmd = slurmd.clone();
+            async move {
+                let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
+                    .await
+                    .ok()?;
+                let v = find_verdict(&doc, &slurmd, "volume slurm-etc")?;
+                let p = find_verdict(&doc, PINNING_POD, "volume auth")?;
+                (state_tag(v) == want && (want != "Fresh" || p["state"] == "Fresh")).then_some(())
+            }
+        }
+    };
+    wait(
+        &sys,
+        "the slurmd pod Stale/ImmutableCachePinned",
+        Duration::from_secs(60),
+        pinned("Stale/ImmutableCachePinned"),
+    )
+    .await;
+    assert_ne!(served(&sys, 0, &slurmd_uid), new_key);
+
+    if let Err(e) = sys.kubelets[0].restart().await {
+        panic!("{e}");
+    }
+    // Within one resync of the new kubelet, both pods' volumes hold the
+    // new key.
+    let auth_file = sys.kubelets[0]
+        .root()
+        .join("pods")
+        .join(&pin_uid)
+        .join("volumes/kubernetes.io~secret/auth/slurm.key");
+    let sys_ref = &sys;
+    wait(
+        &sys,
+        "both pods served the new key after the kubelet restart",
+        Duration::from_secs(60),
+        || {
+            let ok = served(sys_ref, 0, &slurmd_uid) == new_key
+                && std::fs::read(&auth_file).unwrap_or_default() == new_key;
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
+    wait(
+        &sys,
+        "the slurmd pod and the pinning pod Fresh",
+        Duration::from_secs(60),
+        pinned("Fresh"),
+    )
+    .await;
+    // Not replaced: same UID, same container start, no restart.
+    let (_, after) = raw(
+        &sys.client,
+        "GET",
+        &format!("/api/v1/namespaces/{SLURM_NAMESPACE}/pods/{slurmd}"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(after["metadata"]["uid"], before["metadata"]["uid"]);
+    let started =
+        |p: &Value| p["status"]["containerStatuses"][0]["state"]["running"]["startedAt"].clone();
+    assert!(started(&before).is_string(), "{before}");
+    assert_eq!(started(&after), started(&before), "{after}");
+    assert_eq!(after["status"]["containerStatuses"][0]["restartCount"], 0);
+    sys.shutdown().await;
+}
