@@ -224,9 +224,12 @@ async fn real_kubelet_rotation_is_pinned_on_the_pinned_node_and_fixed_by_a_repla
 /// kubelet. After the rotation with `slurm-auth-check` pinning node-0's
 /// cache entry, the slurmd pod is `Stale/ImmutableCachePinned`; the real
 /// kubelet is killed and started again (runtime, containers and mounts
-/// kept): its new Secret manager registers the running pods with fresh
-/// reads, so both pods' volumes get the new key without being replaced
-/// (same UIDs, containers not restarted), and mountguard says Fresh.
+/// kept): its new Secret manager registers the running pods again, and
+/// the first reference to a name starts a new reflector, which lists the
+/// current object (pkg/kubelet/util/manager/watch_based_manager.go
+/// `AddReference`, `newReflectorLocked`), so both pods' volumes get the
+/// new key at their next sync without being replaced (same UIDs,
+/// containers not restarted), and mountguard says Fresh.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_kubelet_restart_releases_the_pin_and_the_pinned_pod_turns_fresh() {
     let mut sys = RealSystem::start_with(1, Nodes::RealKubelets).await;
