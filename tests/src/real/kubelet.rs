@@ -17,6 +17,24 @@
 //! - `evictionHard: {}`, `localStorageCapacityIsolation: false`: no eviction
 //!   from this machine's disk and memory figures;
 //! - `makeIPTablesUtilChains: false`, `resolvConf: ""`: no iptables, no DNS.
+//!
+//! And what the tests rely on, set explicitly:
+//! - `configMapAndSecretChangeDetectionStrategy: Watch` (the default,
+//!   `ResourceChangeDetectionStrategy`): the Secret and ConfigMap managers
+//!   are the watch-based ones (pkg/kubelet/secret/secret_manager.go
+//!   `NewWatchingSecretManager`, pkg/kubelet/configmap/configmap_manager.go
+//!   `NewWatchingConfigMapManager`, on
+//!   pkg/kubelet/util/manager/watch_based_manager.go): one entry per
+//!   object, kept current by a watch, never refreshed once immutable;
+//! - `syncFrequency: 10s` (real default 1m): the pod workers resync each
+//!   running pod after `wait.Jitter(syncFrequency, 0.5)`, i.e. 10 to 15 s
+//!   (pkg/kubelet/pod_workers.go `completeWork`,
+//!   `workerResyncIntervalJitterFactor`), and every sync calls
+//!   `WaitForAttachAndMount`, whose `ReprocessPod` makes the volume
+//!   manager set Secret, ConfigMap and projected volumes up again
+//!   (pkg/kubelet/volumemanager/volume_manager.go): a change of a mutable
+//!   object reaches its volumes within one resync. A change does not make
+//!   the kubelet sync the pod sooner.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -26,6 +44,13 @@ use std::time::Duration;
 use super::{RealCluster, raw};
 use crate::mountguard::{ChildGuard, free_addr, poll};
 
+/// The kubelet's `syncFrequency` in the rig.
+pub const SYNC_FREQUENCY: Duration = Duration::from_secs(10);
+
+/// The longest wait between two syncs of a running pod:
+/// `wait.Jitter(syncFrequency, 0.5)` (pkg/kubelet/pod_workers.go).
+pub const MAX_RESYNC: Duration = Duration::from_secs(15);
+
 /// A real kubelet and its fake CRI runtime.
 #[derive(Debug)]
 pub struct RealKubelet {
@@ -33,6 +58,22 @@ pub struct RealKubelet {
     root: PathBuf,
     cri: Option<ChildGuard>,
     kubelet: Option<ChildGuard>,
+    /// The kubelet's program and flags, to start it again.
+    argv: Vec<std::ffi::OsString>,
+    cwd: PathBuf,
+    log: PathBuf,
+    healthz: u16,
+}
+
+fn spawn_kubelet(
+    name: &str,
+    argv: &[std::ffi::OsString],
+    cwd: &Path,
+    log: &Path,
+) -> io::Result<ChildGuard> {
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).current_dir(cwd);
+    ChildGuard::spawn(&format!("kubelet-{name}"), cmd, log)
 }
 
 impl RealKubelet {
@@ -70,23 +111,22 @@ impl RealKubelet {
         let healthz = free_addr()?.port();
         let config = dir.join("kubelet-config.yaml");
         std::fs::write(&config, kubelet_config(&endpoint, &ca, port, healthz))?;
-        let mut cmd = Command::new(cluster.upstream().binary("kubelet")?);
-        cmd.arg("--config")
-            .arg(&config)
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--root-dir")
-            .arg(&root)
-            .arg("--cert-dir")
-            .arg(dir.join("pki"))
-            .args(["--hostname-override", name])
-            .arg("--v=2")
-            .current_dir(&cwd);
-        let mut kubelet = ChildGuard::spawn(
-            &format!("kubelet-{name}"),
-            cmd,
-            &logs.join(format!("kubelet-{name}.log")),
-        )?;
+        let mut argv: Vec<std::ffi::OsString> = vec![cluster.upstream().binary("kubelet")?.into()];
+        argv.extend([
+            "--config".into(),
+            config.clone().into_os_string(),
+            "--kubeconfig".into(),
+            kubeconfig.into_os_string(),
+            "--root-dir".into(),
+            root.clone().into_os_string(),
+            "--cert-dir".into(),
+            dir.join("pki").into_os_string(),
+            "--hostname-override".into(),
+            name.into(),
+            "--v=2".into(),
+        ]);
+        let log = logs.join(format!("kubelet-{name}.log"));
+        let mut kubelet = spawn_kubelet(name, &argv, &cwd, &log)?;
         let client = cluster.client().await?;
         let path = format!("/api/v1/nodes/{name}");
         let r = poll(
@@ -122,7 +162,50 @@ impl RealKubelet {
             root,
             cri: Some(cri),
             kubelet: Some(kubelet),
+            argv,
+            cwd,
+            log,
+            healthz,
         })
+    }
+
+    /// Kills the kubelet (SIGKILL, as a crash or an upgrade would stop it)
+    /// and starts it again with the same flags, root directory and
+    /// runtime; the runtime, the pods' containers and the kubelet's mounts
+    /// stay. Waits until the new kubelet answers on its healthz port. A
+    /// restarted kubelet starts with empty Secret and ConfigMap managers:
+    /// each running pod registers again with fresh reads.
+    pub async fn restart(&mut self) -> io::Result<()> {
+        if let Some(mut k) = self.kubelet.take() {
+            k.kill();
+        }
+        let mut kubelet = spawn_kubelet(&self.name, &self.argv, &self.cwd, &self.log)?;
+        let url = format!("http://127.0.0.1:{}/healthz", self.healthz);
+        let r = poll(
+            &format!("the restarted kubelet {} to be healthy", self.name),
+            Duration::from_secs(60),
+            || {
+                let url = url.clone();
+                let exited = kubelet.exited();
+                async move {
+                    if exited.is_some() {
+                        return Some(false);
+                    }
+                    let body = crate::mountguard::http_get(&url).await.ok()?;
+                    (body.trim() == "ok").then_some(true)
+                }
+            },
+        )
+        .await;
+        if !matches!(r, Ok(true)) {
+            return Err(io::Error::other(format!(
+                "the restarted kubelet {} is not healthy ({r:?}); last lines of its log:\n{}",
+                self.name,
+                kubelet.log_tail(40)
+            )));
+        }
+        self.kubelet = Some(kubelet);
+        Ok(())
     }
 
     /// Node name.
@@ -209,10 +292,12 @@ evictionHard: {{}}
 localStorageCapacityIsolation: false
 makeIPTablesUtilChains: false
 resolvConf: \"\"
-syncFrequency: 10s
+syncFrequency: {sync}s
+configMapAndSecretChangeDetectionStrategy: Watch
 nodeStatusUpdateFrequency: 2s
 registerNode: true
 ",
-        ca = ca.display()
+        ca = ca.display(),
+        sync = SYNC_FREQUENCY.as_secs()
     )
 }

@@ -286,6 +286,17 @@ impl RealSystem {
         self.controller = Some(child);
     }
 
+    /// Restarts the controller with `vars` set in its environment over the
+    /// chart's and the rig's values (e.g. a longer `MOUNTGUARD_GRACE`);
+    /// waits until it is ready.
+    pub async fn restart_controller_with(&mut self, vars: &[(&str, &str)]) {
+        for (k, v) in vars {
+            self.controller_env.retain(|(key, _)| key != k);
+            self.controller_env.push((k.to_string(), v.to_string()));
+        }
+        self.start_controller().await;
+    }
+
     fn spawn_agent(&self, i: usize) -> ChildGuard {
         let a = &self.agents[i];
         let mut cmd = Command::new(binary("mountguard-agent").unwrap());

@@ -18,4 +18,8 @@ mod harness;
 mod control_plane;
 mod controller;
 mod kubelet;
+mod kubelet_files;
 mod kubelet_mountguard;
+mod kubelet_propagation;
+mod kubelet_support;
+mod kubelet_updates;
