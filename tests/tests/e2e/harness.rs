@@ -305,3 +305,29 @@ pub async fn wait_all_fresh(sys: &System) -> Value {
     )
     .await
 }
+
+impl mountguard_tests::rig::Rig for System {
+    fn rig_name(&self) -> &'static str {
+        "cluster in a box"
+    }
+
+    fn objects(&self) -> std::sync::Arc<dyn mountguard_tests::objects::Objects> {
+        std::sync::Arc::new(self.cluster.api())
+    }
+
+    fn slurm(&self) -> mountguard_tests::slurmrestd::SlurmHandle {
+        self.cluster.slurm()
+    }
+
+    fn metrics_base(&self) -> String {
+        System::metrics_base(self)
+    }
+
+    fn node_count(&self) -> usize {
+        self.cluster.node_names().len()
+    }
+
+    fn logs(&self) -> String {
+        System::logs(self)
+    }
+}

@@ -14,8 +14,11 @@
 //! python3 with helm-python-sdk and pyyaml (the chart is rendered).
 
 mod harness;
+#[path = "../shared/mod.rs"]
+mod shared;
 
 mod control_plane;
 mod controller;
 mod kubelet;
 mod kubelet_mountguard;
+mod remediation;
