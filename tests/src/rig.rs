@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use crate::apiserver::resources;
 use crate::cluster::{NODESET, SLURM_NAMESPACE};
-use crate::mountguard::poll;
+use crate::mountguard::{ChildGuard, poll};
 use crate::objects::Objects;
 use crate::slurmrestd::SlurmHandle;
 
@@ -35,6 +35,14 @@ pub trait Rig {
     fn node_count(&self) -> usize;
     /// Logs of every process, for failure messages.
     fn logs(&self) -> String;
+    /// Stops the controller the rig started with the system.
+    fn stop_controller(&mut self);
+    /// Starts one controller replica with leader election, under its own
+    /// pod `name` (created when missing), on the addresses the agents
+    /// report to; resolves once it is ready.
+    fn spawn_replica(&self, name: &str) -> impl std::future::Future<Output = ChildGuard>;
+    /// Eviction requests the controller replicas made for pod `pod`.
+    fn evictions_of(&self, pod: &str) -> usize;
 }
 
 /// Polls `check` until it answers or `timeout`; on timeout panics with the

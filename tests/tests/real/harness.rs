@@ -106,6 +106,9 @@ pub struct RealSystem {
     pub kubelets: Vec<RealKubelet>,
     /// Admin access as `Objects` (blocking calls).
     pub objects: std::sync::Arc<mountguard_tests::real::objects::RealObjects>,
+    /// The chart Deployment's pod template (as a Pod in the release
+    /// namespace), for more controller replicas' pods.
+    controller_pod: Value,
     controller_env: Vec<(String, String)>,
     controller_kubeconfig: PathBuf,
     logs: PathBuf,
@@ -251,6 +254,7 @@ impl RealSystem {
         create(&client, &pod_template)
             .await
             .unwrap_or_else(|e| panic!("creating the controller pod: {e}"));
+        let controller_pod = pod_template.clone();
         slinky_objects(
             &client,
             nodes,
@@ -291,6 +295,7 @@ impl RealSystem {
             metrics_addr,
             kubelets,
             objects,
+            controller_pod,
             controller_env,
             controller_kubeconfig,
             logs,
@@ -308,6 +313,13 @@ impl RealSystem {
         if let Some(mut c) = self.controller.take() {
             c.kill();
         }
+        let child = self.spawn_controller("controller", CONTROLLER_POD).await;
+        self.controller = Some(child);
+    }
+
+    /// Starts one controller process (log `<name>.log`) acting for pod
+    /// `pod`, on the system's addresses; waits until it is ready.
+    pub async fn spawn_controller(&self, name: &str, pod: &str) -> ChildGuard {
         let mut cmd = Command::new(binary("mountguard-controller").unwrap());
         cmd.arg("run")
             .arg("--kubeconfig")
@@ -319,8 +331,9 @@ impl RealSystem {
             }
         }
         cmd.envs(self.controller_env.iter().map(|(k, v)| (k, v)));
+        cmd.env("MOUNTGUARD_POD_NAME", pod);
         let mut child =
-            ChildGuard::spawn("controller", cmd, &self.logs.join("controller.log")).unwrap();
+            ChildGuard::spawn(name, cmd, &self.logs.join(format!("{name}.log"))).unwrap();
         let base = self.metrics_base();
         let ready = poll("controller to be ready", Duration::from_secs(60), || {
             let base = base.clone();
@@ -335,12 +348,12 @@ impl RealSystem {
         .await;
         if !matches!(ready, Ok(true)) {
             panic!(
-                "controller did not become ready ({ready:?}); log:\n{}\n{}",
+                "{name} did not become ready ({ready:?}); log:\n{}\n{}",
                 child.log_tail(40),
                 self.cluster.logs(10)
             );
         }
-        self.controller = Some(child);
+        child
     }
 
     fn spawn_agent(&self, i: usize) -> ChildGuard {
@@ -770,5 +783,35 @@ impl mountguard_tests::rig::Rig for RealSystem {
 
     fn logs(&self) -> String {
         RealSystem::logs(self)
+    }
+
+    fn stop_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.kill();
+        }
+    }
+
+    /// A pod from the chart Deployment's template named `name`; the
+    /// replica runs with the chart's environment (leader election on the
+    /// chart's Lease in the release namespace).
+    fn spawn_replica(&self, name: &str) -> impl std::future::Future<Output = ChildGuard> {
+        let mut pod = self.controller_pod.clone();
+        pod["metadata"]["name"] = json!(name);
+        let name = name.to_string();
+        async move {
+            create(&self.client, &pod)
+                .await
+                .unwrap_or_else(|e| panic!("creating the replica's pod {name}: {e}"));
+            self.spawn_controller(&format!("controller-{name}"), &name)
+                .await
+        }
+    }
+
+    /// From the API server's audit log (every answer, refusals included).
+    fn evictions_of(&self, pod: &str) -> usize {
+        self.controller_requests()
+            .iter()
+            .filter(|r| r.resource == "pods" && r.subresource == "eviction" && r.name == pod)
+            .count()
     }
 }

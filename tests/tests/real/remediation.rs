@@ -87,3 +87,39 @@ async fn real_a_pinned_cache_is_reported_not_looped_while_the_other_workers_are_
     );
     sys.shutdown().await;
 }
+
+/// With the operator double's rules: the slurmd preStop hook run by the
+/// node doubles on the real API server's graceful deletions (evictions),
+/// and syncCordon reading the real pods and Nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_a_stale_slurm_key_is_repaired_against_the_operators_rules_with_no_node_open_before_verification()
+ {
+    let sys = RealSystem::start_remediation(3, true).await;
+    crate::shared::operator::stale_key_is_repaired_against_the_operators_rules(&sys).await;
+    sys.shutdown().await;
+}
+
+/// Two replicas on the chart's real `coordination.k8s.io` Lease: the
+/// leader killed while an attempt waits on a job; the other takes the
+/// Lease once it expires and finishes the attempt once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_a_leader_failover_in_the_middle_of_an_attempt_finishes_it_once() {
+    let mut sys = RealSystem::start_remediation(3, true).await;
+    crate::shared::operator::leader_failover_mid_attempt_finishes_it_once(&mut sys).await;
+    let (code, lease) = raw(
+        &sys.client,
+        "GET",
+        &format!(
+            "/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/mountguard-controller"
+        ),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200, "{lease}");
+    assert!(
+        lease["spec"]["leaseTransitions"].as_i64() >= Some(1),
+        "the Lease changed hands: {lease}"
+    );
+    sys.shutdown().await;
+}

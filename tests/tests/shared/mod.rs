@@ -3,4 +3,5 @@
 //! [`mountguard_tests::rig::Rig`]. Each binary includes this directory with
 //! `#[path]` and calls the bodies with its own system.
 
+pub mod operator;
 pub mod remediation;
