@@ -117,17 +117,7 @@ async fn slurm_client_against_the_slurmrestd_double() {
     assert!(e.is_transient(), "{e}");
 }
 
-/// The phases of an attempt that succeeds, in order.
-pub(crate) const FULL_RUN: [&str; 8] = [
-    "Pending",
-    "Draining",
-    "Drained",
-    "Evicting",
-    "AwaitingReplacement",
-    "Verifying",
-    "Undraining",
-    "Succeeded",
-];
+pub(crate) use crate::shared::remediation::FULL_RUN;
 
 pub(crate) fn remediation_args(sys_url: &str, mode: &str, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
@@ -191,13 +181,7 @@ pub(crate) fn evictions(sys: &System) -> usize {
         .count()
 }
 
-/// Whether a Slurm node is back in service: not drained, down or not
-/// responding.
-pub(crate) fn in_service(n: &mountguard_tests::slurmrestd::NodeView) -> bool {
-    !n.state
-        .iter()
-        .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "NOT_RESPONDING"))
-}
+pub(crate) use crate::shared::remediation::in_service;
 
 /// Waits until the controller counted a failed slurmrestd call.
 pub(crate) async fn wait_slurm_errors_counted(sys: &System) {
