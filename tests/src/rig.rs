@@ -43,6 +43,9 @@ pub trait Rig {
     fn spawn_replica(&self, name: &str) -> impl std::future::Future<Output = ChildGuard>;
     /// Eviction requests the controller replicas made for pod `pod`.
     fn evictions_of(&self, pod: &str) -> usize;
+    /// Pod DELETE requests the controller replicas made (never expected:
+    /// remediation evicts).
+    fn pod_deletes(&self) -> Vec<String>;
 }
 
 /// Polls `check` until it answers or `timeout`; on timeout panics with the

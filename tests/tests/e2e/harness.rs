@@ -365,6 +365,16 @@ impl mountguard_tests::rig::Rig for System {
         }
     }
 
+    fn pod_deletes(&self) -> Vec<String> {
+        self.cluster
+            .api()
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "DELETE" && r.uri.contains("/pods/"))
+            .map(|r| r.uri)
+            .collect()
+    }
+
     fn evictions_of(&self, pod: &str) -> usize {
         let path = format!("/pods/{pod}/eviction");
         self.cluster

@@ -807,6 +807,15 @@ impl mountguard_tests::rig::Rig for RealSystem {
         }
     }
 
+    /// From the API server's audit log.
+    fn pod_deletes(&self) -> Vec<String> {
+        self.controller_requests()
+            .into_iter()
+            .filter(|r| r.verb == "delete" && r.resource == "pods")
+            .map(|r| format!("{}/{}", r.namespace, r.name))
+            .collect()
+    }
+
     /// From the API server's audit log (every answer, refusals included).
     fn evictions_of(&self, pod: &str) -> usize {
         self.controller_requests()

@@ -123,3 +123,19 @@ async fn real_a_leader_failover_in_the_middle_of_an_attempt_finishes_it_once() {
     );
     sys.shutdown().await;
 }
+
+/// A PDB refusing every eviction of a slurmd pod: the real Eviction API's
+/// 429, decided on the real disruption controller's PDB status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_a_pdb_refusal_is_retried_never_turned_into_a_delete() {
+    let sys = RealSystem::start_remediation(3, false).await;
+    crate::shared::remediation::pdb_refusal_is_retried_never_turned_into_a_delete(&sys).await;
+    // The refusals were the real API server's 429s.
+    let refused = sys
+        .controller_requests()
+        .iter()
+        .filter(|r| r.resource == "pods" && r.subresource == "eviction" && r.code == 429)
+        .count();
+    assert!(refused >= 2, "429s in the audit log: {refused}");
+    sys.shutdown().await;
+}

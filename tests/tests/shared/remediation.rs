@@ -123,3 +123,124 @@ pub async fn pinned_cache_is_reported_not_looped<R: Rig>(sys: &R, pin: Value, pi
         "{text}"
     );
 }
+
+/// A PodDisruptionBudget that refuses every eviction of a slurmd pod.
+pub const HOLD_PDB: &str = "hold-every-worker";
+
+/// Creates [`HOLD_PDB`].
+pub fn hold_evictions<R: Rig>(sys: &R) {
+    use mountguard_tests::apiserver::resources;
+    use mountguard_tests::cluster::SLURM_NAMESPACE;
+    sys.objects()
+        .create(
+            &resources::PDBS,
+            SLURM_NAMESPACE,
+            serde_json::json!({"metadata": {"name": HOLD_PDB}, "spec": {
+                "maxUnavailable": 0,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "slurmd"}},
+            }}),
+        )
+        .unwrap();
+}
+
+/// Deletes [`HOLD_PDB`].
+pub fn release_evictions<R: Rig>(sys: &R) {
+    use mountguard_tests::apiserver::{DeleteOptions, resources};
+    use mountguard_tests::cluster::SLURM_NAMESPACE;
+    sys.objects()
+        .delete(
+            &resources::PDBS,
+            SLURM_NAMESPACE,
+            HOLD_PDB,
+            &DeleteOptions::default(),
+        )
+        .unwrap();
+}
+
+/// The attempt for `pod`, if any.
+pub fn attempt_of<R: Rig>(
+    sys: &R,
+    pod: &str,
+) -> Option<mountguard_controller::remediation::Attempt> {
+    attempts(sys).into_iter().find(|a| a.pod == pod)
+}
+
+/// Waits for the first attempt (any pod) to reach `phase`.
+pub async fn first_in<R: Rig>(
+    sys: &R,
+    phase: Phase,
+    timeout: Duration,
+) -> mountguard_controller::remediation::Attempt {
+    wait(sys, &format!("an attempt in {phase:?}"), timeout, || {
+        let a = attempts(sys).into_iter().find(|a| a.phase == phase);
+        async move { a }
+    })
+    .await
+}
+
+/// Waits for `pod`'s attempt to reach `phase`.
+pub async fn pod_in<R: Rig>(
+    sys: &R,
+    pod: &str,
+    phase: Phase,
+    timeout: Duration,
+) -> mountguard_controller::remediation::Attempt {
+    wait(sys, &format!("{pod} in {phase:?}"), timeout, || {
+        let a = attempt_of(sys, pod).filter(|a| a.phase == phase);
+        async move { a }
+    })
+    .await
+}
+
+/// `sys` runs the controller with remediation on (jwt.key Secret): a
+/// PodDisruptionBudget refusing every eviction of a slurmd pod makes the
+/// Eviction API answer 429; the attempt stays Evicting, backs off and asks
+/// again, `status` shows the error being retried, and the controller never
+/// deletes a pod itself; once the PDB is gone the attempt succeeds.
+pub async fn pdb_refusal_is_retried_never_turned_into_a_delete<R: Rig>(sys: &R) {
+    let api = sys.objects();
+    wait_for_slurmd_pods(sys).await;
+    wait_all_fresh(sys).await;
+    hold_evictions(sys);
+    opt_in(sys);
+    rotate_auth_key(&*api).unwrap();
+    let a = first_in(sys, Phase::Evicting, Duration::from_secs(120)).await;
+    // Refused (429), backed off, asked again; the attempt says why.
+    wait(
+        sys,
+        "a second eviction request after a 429",
+        Duration::from_secs(60),
+        || {
+            let n = sys.evictions_of(&a.pod);
+            async move { (n >= 2).then_some(()) }
+        },
+    )
+    .await;
+    assert_eq!(attempt_of(sys, &a.pod).unwrap().phase, Phase::Evicting);
+    // The error being retried is in memory (not persisted): `status` shows it.
+    let doc = verdicts(&sys.metrics_base(), "namespace=slurm")
+        .await
+        .unwrap();
+    let item = doc["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["id"] == a.id.as_str())
+        .cloned()
+        .unwrap();
+    assert!(
+        item["lastError"]
+            .as_str()
+            .is_some_and(|e| e.contains("eviction refused")),
+        "{item}"
+    );
+    assert!(sys.pod_deletes().is_empty(), "{:?}", sys.pod_deletes());
+    // The budget lets the PDB go: the eviction goes through.
+    release_evictions(sys);
+    pod_in(sys, &a.pod, Phase::Succeeded, Duration::from_secs(120)).await;
+    assert!(sys.pod_deletes().is_empty(), "{:?}", sys.pod_deletes());
+    let all: usize = (0..sys.node_count())
+        .map(|i| sys.evictions_of(&format!("{}-{i}", mountguard_tests::cluster::NODESET)))
+        .sum();
+    assert!(all >= 3, "{all}");
+}
