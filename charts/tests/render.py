@@ -83,6 +83,16 @@ SCENARIOS: dict[str, Scenario] = {
         {"tls": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}
     ),
     "plaintext": Scenario({"tls": {"insecurePlaintextReports": True}}),
+    # What tests/tests/real runs remediation with: reports over plain HTTP
+    # (no cert-manager there), remediation on with slurmctld's jwt.key, two
+    # replicas (leader election on a real Lease).
+    "rig-remediation": Scenario(
+        {
+            "tls": {"insecurePlaintextReports": True},
+            "controller": {"replicas": 2},
+            "remediation": {"mode": "on", "slurmrestd": SLURMRESTD_JWT_KEY},
+        }
+    ),
     "monitoring-with-api": Scenario(
         {"metrics": ALL_MONITORING, "dashboard": {"enabled": True}}, [MONITORING_API]
     ),

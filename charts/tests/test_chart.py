@@ -57,7 +57,7 @@ REMEDIATION_RULES = {
 # Only with remediation.replacePinningPods (cordoning a node for a group).
 PINNING_RULES = {("cluster", "", "nodes", "patch")}
 LEADER_RULES = {
-    (NAMESPACE, "coordination.k8s.io", "leases", v) for v in ("get", "create", "update")
+    (NAMESPACE, "coordination.k8s.io", "leases", v) for v in ("get", "create", "patch")
 }
 
 
@@ -330,7 +330,8 @@ def test_agent_security_properties(own_scenario: tuple[str, Any]) -> None:
     tokens = [s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s]
     assert tokens == [{"audience": "mountguard", "expirationSeconds": 3600, "path": "token"}]
     secrets = [s["secret"] for s in sources if "secret" in s]
-    if name == "plaintext":
+    plaintext = SCENARIOS[name].values.get("tls", {}).get("insecurePlaintextReports", False)
+    if plaintext:
         assert secrets == []
     else:
         (ca,) = secrets
@@ -341,11 +342,11 @@ def test_agent_security_properties(own_scenario: tuple[str, Any]) -> None:
     assert env["MOUNTGUARD_KUBELET_ROOT"] == "/var/lib/kubelet"
     assert env["MOUNTGUARD_TOKEN_FILE"] == "/var/run/secrets/mountguard/token"
     assert mounts["report-credentials"]["mountPath"] == "/var/run/secrets/mountguard"
-    scheme = "http" if name == "plaintext" else "https"
+    scheme = "http" if plaintext else "https"
     assert env["MOUNTGUARD_CONTROLLER_URL"] == (
         f"{scheme}://{RELEASE}-mountguard-controller.{NAMESPACE}.svc:8443"
     )
-    assert ("MOUNTGUARD_CA_FILE" in env) == (name != "plaintext")
+    assert ("MOUNTGUARD_CA_FILE" in env) == (not plaintext)
 
     # The agent's service account exists, mounts nothing and is bound to nothing.
     sa = r.one("ServiceAccount", AGENT_SA)

@@ -368,7 +368,7 @@ fn slinky_objects(api: &ApiHandle, replicas: usize) -> Result<(), crate::apiserv
     Ok(())
 }
 
-fn decode_key(secret: &Value, key: &str) -> Option<Vec<u8>> {
+pub(crate) fn decode_key(secret: &Value, key: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD
         .decode(secret["data"][key].as_str()?)
         .ok()
@@ -380,8 +380,8 @@ pub const LABEL_POD_PROTECT: &str = "nodeset.slinky.slurm.net/pod-protect";
 /// Labels running slurmd pods whose Slurm node is busy (ALLOCATED, MIXED or
 /// COMPLETING) with `pod-protect=true` and removes the label otherwise, so
 /// the PDB blocks evicting a busy worker.
-fn protect_busy_pods(
-    api: &ApiHandle,
+pub(crate) fn protect_busy_pods<A: crate::objects::Objects + ?Sized>(
+    api: &A,
     slurm: &SlurmHandle,
     started: &std::collections::BTreeMap<String, String>,
 ) {
@@ -412,9 +412,10 @@ fn protect_busy_pods(
 }
 
 /// The operator's `syncCordon` ([`crate::operator::sync_cordon`]) for every
-/// running slurmd pod.
-fn sync_cordon(
-    api: &ApiHandle,
+/// running slurmd pod (through the API double's handle or a client of the
+/// real API server).
+pub(crate) fn sync_cordon<A: crate::objects::Objects + ?Sized>(
+    api: &A,
     slurm: &SlurmHandle,
     started: &std::collections::BTreeMap<String, String>,
 ) {

@@ -26,9 +26,11 @@ pub mod http;
 pub mod kubelet;
 pub mod mountguard;
 pub mod nodeset;
+pub mod objects;
 pub mod operator;
 #[cfg(feature = "real-upstream")]
 pub mod real;
+pub mod rig;
 pub mod scenario;
 pub mod slurmrestd;
 pub mod util;

@@ -26,7 +26,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use crate::apiserver::{ApiHandle, resources};
+use crate::apiserver::resources;
 use crate::cluster::Cluster;
 
 /// Namespace of mountguard's own objects.
@@ -380,12 +380,19 @@ where
     }
 }
 
-/// Events recorded by the API double (core/v1 and events.k8s.io/v1), as
-/// `(reason, "Kind namespace/name", message)`.
-pub fn recorded_events(api: &ApiHandle) -> Vec<RecordedEvent> {
+/// Events recorded by the API double (core/v1 and events.k8s.io/v1), or
+/// by the real API server (which serves each Event under both APIs: one
+/// item per `metadata.uid`), as `(reason, "Kind namespace/name", message)`.
+pub fn recorded_events<A: crate::objects::Objects + ?Sized>(api: &A) -> Vec<RecordedEvent> {
     let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
     for rt in [&resources::EVENTS, &resources::CORE_EVENTS] {
         for e in api.list_all(rt, None) {
+            if let Some(uid) = e["metadata"]["uid"].as_str()
+                && !seen.insert(uid.to_string())
+            {
+                continue;
+            }
             let obj = if e["regarding"].is_object() {
                 &e["regarding"]
             } else {

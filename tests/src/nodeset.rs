@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::apiserver::{ApiHandle, DeleteOptions, resources};
+use crate::objects::Objects;
 
 /// Label: Slurm node name of a NodeSet pod.
 pub const LABEL_POD_HOSTNAME: &str = "nodeset.slinky.slurm.net/pod-hostname";
@@ -65,6 +66,28 @@ impl NodeSetDouble {
         }
     }
 
+    /// Reconciles every NodeSet that `api` (a client of the real API
+    /// server) serves every `period`, on a blocking thread, until stopped:
+    /// a poll instead of the in-box event feed, with the same rules.
+    pub fn start_polling(api: std::sync::Arc<dyn Objects>, period: std::time::Duration) -> Self {
+        let (stop, mut stop_rx) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            loop {
+                tokio::select! {
+                    _ = stop_rx.changed() => return,
+                    _ = tick.tick() => {}
+                }
+                let api = api.clone();
+                let _ = tokio::task::spawn_blocking(move || reconcile_all(&*api)).await;
+            }
+        });
+        Self {
+            stop,
+            task: Some(task),
+        }
+    }
+
     /// Stops reconciling.
     pub async fn shutdown(&mut self) {
         let _ = self.stop.send(true);
@@ -97,8 +120,9 @@ fn ready(pod: &Value) -> bool {
     })
 }
 
-/// Reconciles every NodeSet once.
-pub fn reconcile_all(api: &ApiHandle) {
+/// Reconciles every NodeSet once, through the API double's handle or a
+/// client of the real API server.
+pub fn reconcile_all<A: Objects + ?Sized>(api: &A) {
     let nodesets = api.list_all(&resources::NODESETS, None);
     // (name, schedulable), in name order.
     let mut nodes: Vec<(String, bool)> = api
@@ -130,7 +154,7 @@ pub fn reconcile_all(api: &ApiHandle) {
     }
 }
 
-fn reconcile(api: &ApiHandle, nodeset: &Value, nodes: &[(String, bool)]) {
+fn reconcile<A: Objects + ?Sized>(api: &A, nodeset: &Value, nodes: &[(String, bool)]) {
     let ns = nodeset["metadata"]["namespace"].as_str().unwrap_or("");
     let name = nodeset["metadata"]["name"].as_str().unwrap_or("");
     let uid = nodeset["metadata"]["uid"].as_str().unwrap_or("");

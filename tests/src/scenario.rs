@@ -8,9 +8,10 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use crate::apiserver::{ApiHandle, DeleteOptions, resources};
+use crate::apiserver::{DeleteOptions, resources};
 use crate::cluster::{AUTH_SECRET, Cluster, NODESET, SLURM_NAMESPACE};
 use crate::mountguard::{http_get, poll};
+use crate::objects::Objects;
 
 /// The second pod on node A that also mounts `slurm-auth-slurm` and so
 /// keeps the kubelet's cache entry of the old Secret alive (the pin).
@@ -61,12 +62,12 @@ pub fn init_env_pinning_pod(node: &str) -> Value {
 }
 
 /// Creates [`PINNING_POD`] on `node` and waits until it runs.
-pub async fn add_pinning_pod(api: &ApiHandle, node: &str) -> io::Result<()> {
+pub async fn add_pinning_pod<A: Objects + ?Sized>(api: &A, node: &str) -> io::Result<()> {
     add_running_pod(api, pinning_pod(node)).await
 }
 
 /// Creates `pod` in the Slurm namespace and waits until it runs.
-pub async fn add_running_pod(api: &ApiHandle, pod: Value) -> io::Result<()> {
+pub async fn add_running_pod<A: Objects + ?Sized>(api: &A, pod: Value) -> io::Result<()> {
     let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
     api.create(&resources::PODS, SLURM_NAMESPACE, pod)
         .map_err(api_err)?;
@@ -83,7 +84,7 @@ pub async fn add_running_pod(api: &ApiHandle, pod: Value) -> io::Result<()> {
 
 /// Deletes the immutable `slurm-auth-slurm` and creates it again (still
 /// immutable) with a new random `slurm.key`; returns the new key.
-pub fn rotate_auth_key(api: &ApiHandle) -> io::Result<Vec<u8>> {
+pub fn rotate_auth_key<A: Objects + ?Sized>(api: &A) -> io::Result<Vec<u8>> {
     let mut key = Vec::with_capacity(1024);
     while key.len() < 1024 {
         key.extend_from_slice(&crate::util::random_u64().to_le_bytes());
@@ -109,7 +110,7 @@ pub fn rotate_auth_key(api: &ApiHandle) -> io::Result<Vec<u8>> {
 }
 
 /// The current `slurm.key` in the API.
-pub fn api_auth_key(api: &ApiHandle) -> io::Result<Vec<u8>> {
+pub fn api_auth_key<A: Objects + ?Sized>(api: &A) -> io::Result<Vec<u8>> {
     let s = api
         .get(&resources::SECRETS, SLURM_NAMESPACE, AUTH_SECRET)
         .map_err(api_err)?;
@@ -119,7 +120,7 @@ pub fn api_auth_key(api: &ApiHandle) -> io::Result<Vec<u8>> {
 }
 
 /// The running slurmd pod of the NodeSet on node `i` (name, UID).
-pub fn slurmd_pod(api: &ApiHandle, i: usize) -> Option<(String, String)> {
+pub fn slurmd_pod<A: Objects + ?Sized>(api: &A, i: usize) -> Option<(String, String)> {
     let name = format!("{NODESET}-{i}");
     let p = api.get(&resources::PODS, SLURM_NAMESPACE, &name).ok()?;
     if p["status"]["phase"] != "Running" || !p["metadata"]["deletionTimestamp"].is_null() {

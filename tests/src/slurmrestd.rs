@@ -448,6 +448,12 @@ impl SlurmHandle {
         n.slurmd_key_digest.is_some() && n.slurmd_key_digest == s.controller_key_digest
     }
 
+    /// Whether `key` is slurmctld's auth key (what `scontrol` run with that
+    /// key file can authenticate with).
+    pub fn key_is_current(&self, key: &[u8]) -> bool {
+        lock(&self.state).controller_key_digest.as_deref() == Some(key_digest(key).as_str())
+    }
+
     /// An `scontrol update` run as `user` (not a REST call: not recorded
     /// in [`Self::writes`]). Returns whether slurmctld accepted it.
     pub fn scontrol_update(&self, node: &str, msg: &Value, user: &str) -> bool {

@@ -25,6 +25,8 @@
 
 pub mod kubelet;
 pub mod node;
+pub mod objects;
+pub mod slinky;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
@@ -219,6 +221,8 @@ pub struct RealClusterBuilder {
     controller_manager: bool,
     scheduler: bool,
     slinky_crds: bool,
+    /// `Some(operator_rules)`: the Slinky doubles (see [`Self::slinky_doubles`]).
+    slinky_doubles: Option<bool>,
 }
 
 impl RealClusterBuilder {
@@ -245,6 +249,17 @@ impl RealClusterBuilder {
     /// Without the Slinky CRDs.
     pub fn without_slinky_crds(mut self) -> Self {
         self.slinky_crds = false;
+        self
+    }
+
+    /// The Slinky side as doubles that are clients of the real API server
+    /// ([`slinky`]): the slurmrestd double, the NodeSet double recreating
+    /// NodeSet pods, and the slurmd/slurmctld bridge; the node doubles run
+    /// the slurmd preStop command against it. With `operator_rules`, also
+    /// the operator double's `syncCordon` (as
+    /// [`crate::cluster::ClusterBuilder::slinky_operator_rules`]).
+    pub fn slinky_doubles(mut self, operator_rules: bool) -> Self {
+        self.slinky_doubles = Some(operator_rules);
         self
     }
 
@@ -298,7 +313,18 @@ impl RealClusterBuilder {
                 ),
             )?;
         }
+        let slurm = match self.slinky_doubles {
+            Some(_) => {
+                let d = crate::slurmrestd::SlurmrestdDouble::start(crate::cluster::SLURM_CLUSTER)
+                    .await?;
+                d.handle().add_token(crate::cluster::SLURM_TOKEN, "slurm");
+                Some(d)
+            }
+            None => None,
+        };
         let mut cluster = RealCluster {
+            slurm,
+            slinky: None,
             upstream,
             etcd: None,
             apiserver: None,
@@ -334,8 +360,26 @@ impl RealClusterBuilder {
             let name = format!("node-{i}");
             let kc = cluster.node_kubeconfig(&name)?;
             let root = cluster.path(&name).join("kubelet");
-            let node = NodeDouble::start(NodeDoubleConfig::new(&name, root, kc)).await?;
+            let mut config = NodeDoubleConfig::new(&name, root, kc);
+            config.exec = cluster
+                .slurm
+                .as_ref()
+                .map(|d| slinky::slurmd_exec_hook(d.handle()));
+            let node = NodeDouble::start(config).await?;
             cluster.nodes.push(node);
+        }
+        if let (Some(rules), Some(slurm)) = (self.slinky_doubles, cluster.slurm.as_ref()) {
+            let roots = cluster
+                .nodes
+                .iter()
+                .map(|n| (n.name().to_string(), n.root().to_path_buf()))
+                .collect();
+            cluster.slinky = Some(slinky::SlinkyDoubles::start(
+                std::sync::Arc::new(objects::RealObjects::new(client.clone())),
+                slurm.handle(),
+                roots,
+                rules,
+            ));
         }
         Ok(cluster)
     }
@@ -344,6 +388,8 @@ impl RealClusterBuilder {
 /// A running real control plane.
 #[derive(Debug)]
 pub struct RealCluster {
+    slurm: Option<crate::slurmrestd::SlurmrestdDouble>,
+    slinky: Option<slinky::SlinkyDoubles>,
     upstream: Upstream,
     etcd: Option<ChildGuard>,
     apiserver: Option<ChildGuard>,
@@ -370,6 +416,7 @@ impl RealCluster {
             controller_manager: true,
             scheduler: true,
             slinky_crds: true,
+            slinky_doubles: None,
         }
     }
 
@@ -420,6 +467,27 @@ impl RealCluster {
     /// The simulated node `i`.
     pub fn node(&self, i: usize) -> &NodeDouble {
         &self.nodes[i]
+    }
+
+    /// The slurmrestd double (with [`RealClusterBuilder::slinky_doubles`]).
+    pub fn slurm(&self) -> Option<crate::slurmrestd::SlurmHandle> {
+        self.slurm.as_ref().map(|d| d.handle())
+    }
+
+    /// The slurmrestd double's URL (with [`RealClusterBuilder::slinky_doubles`]).
+    pub fn slurmrestd_url(&self) -> Option<String> {
+        self.slurm.as_ref().map(|d| d.url())
+    }
+
+    /// Whether the NodeSet double creates the NodeSet's pods.
+    pub fn has_nodeset_double(&self) -> bool {
+        self.slinky.is_some()
+    }
+
+    /// An admin client as [`crate::objects::Objects`] (the calls block;
+    /// call from a multi-threaded runtime).
+    pub async fn objects(&self) -> io::Result<objects::RealObjects> {
+        Ok(objects::RealObjects::new(self.client().await?))
     }
 
     /// An admin client.
@@ -708,6 +776,12 @@ impl RealCluster {
 
     /// Stops every process and the simulated nodes.
     pub async fn shutdown(&mut self) {
+        if let Some(s) = self.slinky.as_mut() {
+            s.shutdown().await;
+        }
+        if let Some(d) = self.slurm.as_mut() {
+            d.shutdown().await;
+        }
         for n in &mut self.nodes {
             n.shutdown().await;
         }

@@ -305,3 +305,83 @@ pub async fn wait_all_fresh(sys: &System) -> Value {
     )
     .await
 }
+
+impl mountguard_tests::rig::Rig for System {
+    fn rig_name(&self) -> &'static str {
+        "cluster in a box"
+    }
+
+    fn objects(&self) -> std::sync::Arc<dyn mountguard_tests::objects::Objects> {
+        std::sync::Arc::new(self.cluster.api())
+    }
+
+    fn slurm(&self) -> mountguard_tests::slurmrestd::SlurmHandle {
+        self.cluster.slurm()
+    }
+
+    fn metrics_base(&self) -> String {
+        System::metrics_base(self)
+    }
+
+    fn node_count(&self) -> usize {
+        self.cluster.node_names().len()
+    }
+
+    fn logs(&self) -> String {
+        System::logs(self)
+    }
+
+    fn stop_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.kill();
+        }
+    }
+
+    /// In namespace `mountguard`, Lease `mountguard-failover-e2e`.
+    fn spawn_replica(&self, name: &str) -> impl std::future::Future<Output = ChildGuard> {
+        const NS: &str = "mountguard";
+        let _ = self.cluster.api().create(
+            &mountguard_tests::apiserver::resources::PODS,
+            NS,
+            serde_json::json!({"metadata": {"name": name, "labels": {"app.kubernetes.io/name": "mountguard-controller"}},
+                   "spec": {"containers": [{"name": "controller", "image": "mountguard:e2e"}]}}),
+        );
+        let election: Vec<String> = [
+            "--leader-election",
+            "--lease-name",
+            "mountguard-failover-e2e",
+            "--pod-name",
+            name,
+            "--pod-namespace",
+            NS,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let process = format!("controller-{name}");
+        async move {
+            self.spawn_controller(&process, self.report_addr, self.metrics_addr, &election)
+                .await
+        }
+    }
+
+    fn pod_deletes(&self) -> Vec<String> {
+        self.cluster
+            .api()
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "DELETE" && r.uri.contains("/pods/"))
+            .map(|r| r.uri)
+            .collect()
+    }
+
+    fn evictions_of(&self, pod: &str) -> usize {
+        let path = format!("/pods/{pod}/eviction");
+        self.cluster
+            .api()
+            .requests()
+            .iter()
+            .filter(|r| r.uri.contains(&path))
+            .count()
+    }
+}

@@ -5,6 +5,8 @@
 //! The demo test runs the same components in-process.
 
 mod harness;
+#[path = "../shared/mod.rs"]
+mod shared;
 
 mod blind;
 mod clock;

@@ -8,7 +8,9 @@ use std::time::Duration;
 use mountguard_controller::live::slurm::{
     JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource,
 };
-use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
+use mountguard_core::remediation::{
+    ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION,
+};
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{JWT_SECRET, NODESET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;
@@ -115,17 +117,7 @@ async fn slurm_client_against_the_slurmrestd_double() {
     assert!(e.is_transient(), "{e}");
 }
 
-/// The phases of an attempt that succeeds, in order.
-pub(crate) const FULL_RUN: [&str; 8] = [
-    "Pending",
-    "Draining",
-    "Drained",
-    "Evicting",
-    "AwaitingReplacement",
-    "Verifying",
-    "Undraining",
-    "Succeeded",
-];
+pub(crate) use crate::shared::remediation::FULL_RUN;
 
 pub(crate) fn remediation_args(sys_url: &str, mode: &str, extra: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = [
@@ -189,13 +181,7 @@ pub(crate) fn evictions(sys: &System) -> usize {
         .count()
 }
 
-/// Whether a Slurm node is back in service: not drained, down or not
-/// responding.
-pub(crate) fn in_service(n: &mountguard_tests::slurmrestd::NodeView) -> bool {
-    !n.state
-        .iter()
-        .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "NOT_RESPONDING"))
-}
+pub(crate) use crate::shared::remediation::in_service;
 
 /// Waits until the controller counted a failed slurmrestd call.
 pub(crate) async fn wait_slurm_errors_counted(sys: &System) {
@@ -407,77 +393,6 @@ async fn a_pin_held_only_by_a_finished_init_containers_env_is_reported_not_remed
 async fn pinned_cache_is_reported_not_looped(pin: serde_json::Value, pin_name: &str) {
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
     let sys = start("on", &["--slurm-jwt-key-secret", &jwt]).await;
-    let api = sys.cluster.api();
-    let slurm = sys.cluster.slurm();
-    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
-    mountguard_tests::scenario::add_running_pod(&api, pin)
-        .await
-        .unwrap();
-    wait_all_fresh(&sys).await;
-    opt_in(&sys);
-    rotate_auth_key(&api).unwrap();
-    wait(
-        &sys,
-        "nodes 1 and 2 repaired",
-        Duration::from_secs(120),
-        || {
-            let a = attempts(&sys);
-            let done = a
-                .iter()
-                .filter(|a| a.phase == mountguard_core::remediation::Phase::Succeeded)
-                .count();
-            let pinned_event = recorded_events(&api)
-                .iter()
-                .any(|e| e.kind == "NodeSet" && e.reason == "KubeletCachePinned");
-            async move { (done == 2 && pinned_event).then_some(()) }
-        },
-    )
-    .await;
-    // Node 0: no attempt, no drain, same pod; the Event names the pinning pod.
-    assert!(attempts(&sys).iter().all(|a| a.pod != pods[0].0));
-    assert_eq!(slurmd_pod(&api, 0).map(|p| p.1).as_ref(), Some(&pods[0].1));
-    let n = slurm.node(&pods[0].0).unwrap();
-    assert!(!n.reason.starts_with("mountguard:"), "{n:?}");
-    let ev = recorded_events(&api);
-    let pinned: Vec<_> = ev
-        .iter()
-        .filter(|e| e.kind == "NodeSet" && e.reason == "KubeletCachePinned")
-        .collect();
-    assert_eq!(pinned.len(), 1, "once, no loop: {pinned:?}");
-    assert!(
-        pinned[0].message.contains(pin_name),
-        "{}",
-        pinned[0].message
-    );
-    // The verdict of the pinned worker's key volume names the pinning pod.
-    let doc = mountguard_tests::scenario::verdicts(&sys.metrics_base(), "namespace=slurm")
-        .await
-        .unwrap();
-    let subject = format!("volume {}", mountguard_tests::scenario::KEY_VOLUME);
-    let v = mountguard_tests::scenario::find_verdict(&doc, &pods[0].0, &subject)
-        .unwrap_or_else(|| panic!("no verdict of {}: {doc:#}", pods[0].0));
-    assert_eq!(
-        mountguard_tests::scenario::state_tag(v),
-        "Stale/ImmutableCachePinned",
-        "{v:#}"
-    );
-    let pinned_by: Vec<&str> = v["pinnedBy"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|p| p.as_str())
-        .collect();
-    assert!(
-        pinned_by.len() == 1 && pinned_by[0].ends_with(pin_name),
-        "{v:#}"
-    );
-    let text = mountguard_tests::mountguard::http_get(&format!("{}/metrics", sys.metrics_base()))
-        .await
-        .unwrap();
-    assert!(
-        text.lines()
-            .any(|l| l == "mountguard_remediation_blocked{reason=\"pinned\"} 1"),
-        "{text}"
-    );
+    crate::shared::remediation::pinned_cache_is_reported_not_looped(&sys, pin, pin_name).await;
     sys.shutdown().await;
 }

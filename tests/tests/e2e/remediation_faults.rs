@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use mountguard_core::remediation::{Attempt, FailReason, Phase};
-use mountguard_tests::apiserver::{DeleteOptions, resources};
+use mountguard_core::remediation::{FailReason, Phase};
+use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{JWT_SECRET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::{free_addr, http_get, recorded_events};
 use mountguard_tests::scenario::{
@@ -19,71 +19,15 @@ use crate::remediation::{
     FULL_RUN, attempts, evictions, in_service, opt_in, remediation_args, start,
     wait_slurm_errors_counted,
 };
-
-/// A PodDisruptionBudget that refuses every eviction of a slurmd pod.
-const HOLD_PDB: &str = "hold-every-worker";
+use crate::shared::remediation::{attempt_of, first_in, hold_evictions, pod_in, release_evictions};
 
 fn jwt_flag() -> String {
     format!("{SLURM_NAMESPACE}/{JWT_SECRET}")
 }
 
-fn hold_evictions(sys: &System) {
-    sys.cluster
-        .api()
-        .create(
-            &resources::PDBS,
-            SLURM_NAMESPACE,
-            json!({"metadata": {"name": HOLD_PDB}, "spec": {
-                "maxUnavailable": 0,
-                "selector": {"matchLabels": {"app.kubernetes.io/name": "slurmd"}},
-            }}),
-        )
-        .unwrap();
-}
-
-fn release_evictions(sys: &System) {
-    sys.cluster
-        .api()
-        .delete(
-            &resources::PDBS,
-            SLURM_NAMESPACE,
-            HOLD_PDB,
-            &DeleteOptions::default(),
-        )
-        .unwrap();
-}
-
-fn attempt_of(sys: &System, pod: &str) -> Option<Attempt> {
-    attempts(sys).into_iter().find(|a| a.pod == pod)
-}
-
-/// Waits for the first attempt (any pod) to reach `phase`.
-async fn first_in(sys: &System, phase: Phase, timeout: Duration) -> Attempt {
-    wait(sys, &format!("an attempt in {phase:?}"), timeout, || {
-        let a = attempts(sys).into_iter().find(|a| a.phase == phase);
-        async move { a }
-    })
-    .await
-}
-
-/// Waits for `pod`'s attempt to reach `phase`.
-async fn pod_in(sys: &System, pod: &str, phase: Phase, timeout: Duration) -> Attempt {
-    wait(sys, &format!("{pod} in {phase:?}"), timeout, || {
-        let a = attempt_of(sys, pod).filter(|a| a.phase == phase);
-        async move { a }
-    })
-    .await
-}
-
 /// Requests the controller received that delete a pod directly.
 fn pod_deletes(sys: &System) -> Vec<String> {
-    sys.cluster
-        .api()
-        .requests()
-        .into_iter()
-        .filter(|r| r.method == "DELETE" && r.uri.contains("/pods/"))
-        .map(|r| r.uri)
-        .collect()
+    mountguard_tests::rig::Rig::pod_deletes(sys)
 }
 
 fn eviction_requests_for(sys: &System, pod: &str) -> usize {
@@ -158,46 +102,7 @@ async fn a_running_job_holds_the_eviction_until_it_ends_and_is_never_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pdb_refusal_is_retried_never_turned_into_a_delete() {
     let sys = start("on", &["--slurm-jwt-key-secret", &jwt_flag()]).await;
-    let api = sys.cluster.api();
-    wait_for_slurmd_pods(&sys.cluster).await.unwrap();
-    wait_all_fresh(&sys).await;
-    hold_evictions(&sys);
-    opt_in(&sys);
-    rotate_auth_key(&api).unwrap();
-    let a = first_in(&sys, Phase::Evicting, Duration::from_secs(120)).await;
-    // Refused (429), backed off, asked again; the attempt says why.
-    wait(
-        &sys,
-        "a second eviction request after a 429",
-        Duration::from_secs(60),
-        || {
-            let n = eviction_requests_for(&sys, &a.pod);
-            async move { (n >= 2).then_some(()) }
-        },
-    )
-    .await;
-    assert_eq!(attempt_of(&sys, &a.pod).unwrap().phase, Phase::Evicting);
-    // The error being retried is in memory (not persisted): `status` shows it.
-    let doc = sys.verdicts("namespace=slurm").await;
-    let item = doc["attempts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["id"] == a.id.as_str())
-        .cloned()
-        .unwrap();
-    assert!(
-        item["lastError"]
-            .as_str()
-            .is_some_and(|e| e.contains("eviction refused")),
-        "{item}"
-    );
-    assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
-    // The budget lets the PDB go: the eviction goes through.
-    release_evictions(&sys);
-    pod_in(&sys, &a.pod, Phase::Succeeded, Duration::from_secs(120)).await;
-    assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
-    assert!(evictions(&sys) >= 3);
+    crate::shared::remediation::pdb_refusal_is_retried_never_turned_into_a_delete(&sys).await;
     sys.shutdown().await;
 }
 

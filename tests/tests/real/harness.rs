@@ -45,8 +45,13 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// The chart rendered by the real Helm engine (charts/tests/render.py).
-fn render_chart(out: &Path) -> Vec<Value> {
+/// The chart scenario of the remediation tier (remediation on with the
+/// jwt.key Secret, two replicas: leader election; plain HTTP reports).
+pub const REMEDIATION_SCENARIO: &str = "rig-remediation";
+
+/// The chart rendered by the real Helm engine (charts/tests/render.py):
+/// the objects of `scenario`.
+fn render_chart(out: &Path, scenario: &str) -> Vec<Value> {
     let res = Command::new("python3")
         .arg(repo().join("charts/tests/render.py"))
         .arg("--out")
@@ -58,7 +63,7 @@ fn render_chart(out: &Path) -> Vec<Value> {
         "rendering the chart failed (pip install helm-python-sdk pyyaml; see scripts/test.sh):\n{}",
         String::from_utf8_lossy(&res.stderr)
     );
-    let mut files: Vec<PathBuf> = std::fs::read_dir(out.join(CHART_SCENARIO))
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out.join(scenario))
         .expect("rendered scenario")
         .map(|e| e.expect("entry").path())
         .collect();
@@ -99,6 +104,11 @@ pub struct RealSystem {
     pub metrics_addr: std::net::SocketAddr,
     /// The real kubelets, when the nodes are real kubelets.
     pub kubelets: Vec<RealKubelet>,
+    /// Admin access as `Objects` (blocking calls).
+    pub objects: std::sync::Arc<mountguard_tests::real::objects::RealObjects>,
+    /// The chart Deployment's pod template (as a Pod in the release
+    /// namespace), for more controller replicas' pods.
+    controller_pod: Value,
     controller_env: Vec<(String, String)>,
     controller_kubeconfig: PathBuf,
     logs: PathBuf,
@@ -128,12 +138,37 @@ impl RealSystem {
     }
 
     pub async fn start_with(nodes: usize, kind: Nodes) -> RealSystem {
+        Self::start_opts(nodes, kind, None).await
+    }
+
+    /// The remediation tier: node doubles, the Slinky doubles as clients
+    /// of the real API server (slurmrestd, NodeSet, bridge; with
+    /// `operator_rules` also the operator double's syncCordon and the
+    /// slurmd preStop hook in the pod template), the chart's
+    /// [`REMEDIATION_SCENARIO`] (remediation RBAC, leader election on a
+    /// real Lease) and the controller pointed at the slurmrestd double
+    /// with short remediation timings.
+    pub async fn start_remediation(nodes: usize, operator_rules: bool) -> RealSystem {
+        Self::start_opts(nodes, Nodes::Doubles, Some(operator_rules)).await
+    }
+
+    async fn start_opts(nodes: usize, kind: Nodes, slinky: Option<bool>) -> RealSystem {
         for bin in ["mountguard-controller", "mountguard-agent"] {
             if let Err(e) = binary(bin) {
                 panic!("{e}");
             }
         }
-        let cluster = start_cluster(if kind == Nodes::Doubles { nodes } else { 0 }).await;
+        let cluster = {
+            let mut b =
+                RealCluster::builder().nodes(if kind == Nodes::Doubles { nodes } else { 0 });
+            if let Some(rules) = slinky {
+                b = b.slinky_doubles(rules);
+            }
+            match b.start().await {
+                Ok(c) => c,
+                Err(e) => panic!("the real control plane did not start: {e}"),
+            }
+        };
         let mut kubelets = Vec::new();
         if kind == Nodes::RealKubelets {
             for i in 0..nodes {
@@ -158,7 +193,12 @@ impl RealSystem {
         let client = cluster.client().await.unwrap();
         let logs = cluster.dir().join("mountguard-logs");
         std::fs::create_dir_all(&logs).unwrap();
-        let rendered = render_chart(&cluster.dir().join("chart"));
+        let scenario = if slinky.is_some() {
+            REMEDIATION_SCENARIO
+        } else {
+            CHART_SCENARIO
+        };
+        let rendered = render_chart(&cluster.dir().join("chart"), scenario);
         ensure_namespace(&client, NAMESPACE).await.unwrap();
         let mut deployment = None;
         let mut fingerprint_key = None;
@@ -214,7 +254,14 @@ impl RealSystem {
         create(&client, &pod_template)
             .await
             .unwrap_or_else(|e| panic!("creating the controller pod: {e}"));
-        slinky_objects(&client, nodes).await;
+        let controller_pod = pod_template.clone();
+        slinky_objects(
+            &client,
+            nodes,
+            !cluster.has_nodeset_double(),
+            slinky == Some(true),
+        )
+        .await;
         let agents = wait_for_agent_pods(&cluster, &client, &node_roots).await;
         // The controller's identity: a TokenRequest token of the chart's
         // controller ServiceAccount (what its projected token would be).
@@ -224,7 +271,20 @@ impl RealSystem {
         let controller_kubeconfig = cluster.token_kubeconfig("controller", &token).unwrap();
         let report_addr = free_addr().unwrap();
         let metrics_addr = free_addr().unwrap();
-        let controller_env = controller_env(&deployment, &key_file, report_addr, metrics_addr);
+        let mut controller_env = controller_env(&deployment, &key_file, report_addr, metrics_addr);
+        if let Some(url) = cluster.slurmrestd_url() {
+            for (k, v) in [
+                ("MOUNTGUARD_SLURMRESTD_URL", url),
+                ("MOUNTGUARD_REMEDIATION_DELAY", "1s".to_string()),
+                ("MOUNTGUARD_REPLACEMENT_TIMEOUT", "2m".to_string()),
+            ] {
+                controller_env.retain(|(x, _)| x != k);
+                controller_env.push((k.to_string(), v));
+            }
+        }
+        let objects = std::sync::Arc::new(mountguard_tests::real::objects::RealObjects::new(
+            client.clone(),
+        ));
         let mut sys = RealSystem {
             cluster,
             client,
@@ -234,6 +294,8 @@ impl RealSystem {
             report_addr,
             metrics_addr,
             kubelets,
+            objects,
+            controller_pod,
             controller_env,
             controller_kubeconfig,
             logs,
@@ -251,6 +313,13 @@ impl RealSystem {
         if let Some(mut c) = self.controller.take() {
             c.kill();
         }
+        let child = self.spawn_controller("controller", CONTROLLER_POD).await;
+        self.controller = Some(child);
+    }
+
+    /// Starts one controller process (log `<name>.log`) acting for pod
+    /// `pod`, on the system's addresses; waits until it is ready.
+    pub async fn spawn_controller(&self, name: &str, pod: &str) -> ChildGuard {
         let mut cmd = Command::new(binary("mountguard-controller").unwrap());
         cmd.arg("run")
             .arg("--kubeconfig")
@@ -262,8 +331,9 @@ impl RealSystem {
             }
         }
         cmd.envs(self.controller_env.iter().map(|(k, v)| (k, v)));
+        cmd.env("MOUNTGUARD_POD_NAME", pod);
         let mut child =
-            ChildGuard::spawn("controller", cmd, &self.logs.join("controller.log")).unwrap();
+            ChildGuard::spawn(name, cmd, &self.logs.join(format!("{name}.log"))).unwrap();
         let base = self.metrics_base();
         let ready = poll("controller to be ready", Duration::from_secs(60), || {
             let base = base.clone();
@@ -278,12 +348,12 @@ impl RealSystem {
         .await;
         if !matches!(ready, Ok(true)) {
             panic!(
-                "controller did not become ready ({ready:?}); log:\n{}\n{}",
+                "{name} did not become ready ({ready:?}); log:\n{}\n{}",
                 child.log_tail(40),
                 self.cluster.logs(10)
             );
         }
-        self.controller = Some(child);
+        child
     }
 
     /// Restarts the controller with `vars` set in its environment over the
@@ -464,9 +534,10 @@ fn b64(b: &[u8]) -> String {
 /// The Slinky-like objects of the cluster in a box, in the real API: auth
 /// Secrets, ConfigMaps, the workers' PDB, the NodeSet (a `slinky.slurm.net`
 /// custom resource of the real CRD), and its slurmd pods, one per node
-/// (created here with the NodeSet as controlling owner; the operator is not
-/// run).
-async fn slinky_objects(client: &kube::Client, nodes: usize) {
+/// (created here with the NodeSet as controlling owner when `create_pods`;
+/// otherwise the NodeSet double creates them). With `prestop`, the slurmd
+/// container carries the Slinky worker's preStop hook.
+async fn slinky_objects(client: &kube::Client, nodes: usize, create_pods: bool, prestop: bool) {
     ensure_namespace(client, SLURM_NAMESPACE).await.unwrap();
     let key: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
     let objs = [
@@ -482,6 +553,11 @@ async fn slinky_objects(client: &kube::Client, nodes: usize) {
     }
     let mut template = slurmd_template();
     template["spec"]["automountServiceAccountToken"] = json!(false);
+    if prestop {
+        template["spec"]["containers"][0]["lifecycle"] = json!({"preStop": {"exec": {
+            "command": mountguard_tests::real::slinky::slurmd_prestop_command(),
+        }}});
+    }
     let nodeset = create(
         client,
         &json!({
@@ -518,7 +594,9 @@ async fn slinky_objects(client: &kube::Client, nodes: usize) {
     .await
     .unwrap();
     for i in 0..nodes {
-        create(client, &slurmd_pod(i, &uid)).await.unwrap();
+        if create_pods {
+            create(client, &slurmd_pod(i, &uid)).await.unwrap();
+        }
     }
 }
 
@@ -689,4 +767,71 @@ pub async fn events(client: &kube::Client, ns: &str) -> Vec<(String, String, Str
         }
     }
     out
+}
+
+impl mountguard_tests::rig::Rig for RealSystem {
+    fn rig_name(&self) -> &'static str {
+        "real control plane"
+    }
+
+    fn objects(&self) -> std::sync::Arc<dyn mountguard_tests::objects::Objects> {
+        self.objects.clone()
+    }
+
+    fn slurm(&self) -> mountguard_tests::slurmrestd::SlurmHandle {
+        self.cluster.slurm().expect(
+            "the remediation tier runs the slurmrestd double (RealSystem::start_remediation)",
+        )
+    }
+
+    fn metrics_base(&self) -> String {
+        RealSystem::metrics_base(self)
+    }
+
+    fn node_count(&self) -> usize {
+        self.agents.len()
+    }
+
+    fn logs(&self) -> String {
+        RealSystem::logs(self)
+    }
+
+    fn stop_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            c.kill();
+        }
+    }
+
+    /// A pod from the chart Deployment's template named `name`; the
+    /// replica runs with the chart's environment (leader election on the
+    /// chart's Lease in the release namespace).
+    fn spawn_replica(&self, name: &str) -> impl std::future::Future<Output = ChildGuard> {
+        let mut pod = self.controller_pod.clone();
+        pod["metadata"]["name"] = json!(name);
+        let name = name.to_string();
+        async move {
+            create(&self.client, &pod)
+                .await
+                .unwrap_or_else(|e| panic!("creating the replica's pod {name}: {e}"));
+            self.spawn_controller(&format!("controller-{name}"), &name)
+                .await
+        }
+    }
+
+    /// From the API server's audit log.
+    fn pod_deletes(&self) -> Vec<String> {
+        self.controller_requests()
+            .into_iter()
+            .filter(|r| r.verb == "delete" && r.resource == "pods")
+            .map(|r| format!("{}/{}", r.namespace, r.name))
+            .collect()
+    }
+
+    /// From the API server's audit log (every answer, refusals included).
+    fn evictions_of(&self, pod: &str) -> usize {
+        self.controller_requests()
+            .iter()
+            .filter(|r| r.resource == "pods" && r.subresource == "eviction" && r.name == pod)
+            .count()
+    }
 }

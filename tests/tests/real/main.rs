@@ -14,6 +14,8 @@
 //! python3 with helm-python-sdk and pyyaml (the chart is rendered).
 
 mod harness;
+#[path = "../shared/mod.rs"]
+mod shared;
 
 mod control_plane;
 mod controller;
@@ -23,3 +25,4 @@ mod kubelet_mountguard;
 mod kubelet_propagation;
 mod kubelet_support;
 mod kubelet_updates;
+mod remediation;

@@ -1,0 +1,206 @@
+//! The Slinky side of the rig on the real control plane, where the Slinky
+//! operator itself cannot be built (see docs/testing.md): the slurmrestd
+//! double, the NodeSet double (pod recreation) and the operator double's
+//! Slurm-side rules (`syncCordon`, the slurmd preStop hook), all clients of
+//! the real API server through [`RealObjects`], with the same rules as in
+//! the cluster in a box ([`crate::nodeset`], [`crate::operator`],
+//! `crate::cluster`'s bridge).
+//!
+//! - The NodeSet double reconciles every 200 ms ([`NodeSetDouble::start_polling`]).
+//! - The bridge plays slurmctld and slurmd every 100 ms: slurmctld uses the
+//!   current `slurm.key` (and `jwt.key`) from the real API; a slurmd starts
+//!   with the key its node double wrote into its pod's `slurm-etc` volume
+//!   once the pod is Running, and stops once its pod is gone from the API
+//!   (the node double confirmed the deletion after the preStop hook). It
+//!   also labels busy workers `pod-protect` (so the real disruption
+//!   controller counts them under the PDB) and, with the operator's rules,
+//!   runs `syncCordon`.
+//! - [`slurmd_exec_hook`] is the node doubles' container exec: the slurmd
+//!   container's preStop command (`scontrol update ... state=down
+//!   reason='slurm-operator: Pod is terminating'`, slurm-operator
+//!   `internal/builder/workerbuilder/worker_app.go`) authenticates with the
+//!   pod's own `slurm.key` file, so it takes effect only when that key is
+//!   slurmctld's ([`crate::operator::prestop`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::node::{ExecHook, PreStop};
+use super::objects::RealObjects;
+use crate::apiserver::resources;
+use crate::cluster::{AUTH_SECRET, JWT_SECRET, SLURM_NAMESPACE};
+use crate::nodeset::{LABEL_POD_HOSTNAME, NodeSetDouble};
+use crate::objects::Objects;
+use crate::slurmrestd::SlurmHandle;
+
+/// The slurmd container's preStop command, as the Slinky worker builder
+/// writes it (`worker_app.go`, `Lifecycle.PreStop`).
+pub fn slurmd_prestop_command() -> Value {
+    json!([
+        "/usr/bin/sh",
+        "-c",
+        "scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating'"
+    ])
+}
+
+/// The relative path of `slurm.key` in a slurmd pod's directory.
+const KEY_FILE: &str = "volumes/kubernetes.io~projected/slurm-etc/slurm.key";
+
+/// The node doubles' container exec: runs the slurmd preStop command
+/// against the slurmrestd double's slurmctld (not a REST write: scontrol),
+/// as user `slurm`, when the pod's key file is slurmctld's key.
+pub fn slurmd_exec_hook(slurm: SlurmHandle) -> ExecHook {
+    ExecHook(Arc::new(move |p: &PreStop<'_>| {
+        if !p.command.iter().any(|a| a.contains("scontrol update")) {
+            return;
+        }
+        let Some(host) = p.pod["metadata"]["labels"][LABEL_POD_HOSTNAME].as_str() else {
+            return;
+        };
+        let key = std::fs::read(p.pod_dir.join(KEY_FILE)).unwrap_or_default();
+        if let Some(u) = crate::operator::prestop(!key.is_empty() && slurm.key_is_current(&key)) {
+            slurm.scontrol_update(host, &u.body(), "slurm");
+        }
+    }))
+}
+
+/// The NodeSet double and the slurmd bridge, running against the real
+/// API server.
+#[derive(Debug)]
+pub struct SlinkyDoubles {
+    nodeset: NodeSetDouble,
+    bridge: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+}
+
+impl SlinkyDoubles {
+    /// Starts both; `roots` maps node names to their kubelet roots.
+    pub fn start(
+        api: Arc<RealObjects>,
+        slurm: SlurmHandle,
+        roots: BTreeMap<String, PathBuf>,
+        operator_rules: bool,
+    ) -> Self {
+        let nodeset = NodeSetDouble::start_polling(api.clone(), Duration::from_millis(200));
+        let (stop, mut stop_rx) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            let started: Arc<std::sync::Mutex<BTreeMap<String, String>>> = Arc::default();
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            loop {
+                tokio::select! {
+                    _ = stop_rx.changed() => return,
+                    _ = tick.tick() => {}
+                }
+                let (api, slurm, roots, started) =
+                    (api.clone(), slurm.clone(), roots.clone(), started.clone());
+                let _ = tokio::task::spawn_blocking(move || {
+                    if let Ok(mut started) = started.lock() {
+                        bridge_pass(&api, &slurm, &roots, &mut started, operator_rules);
+                    }
+                })
+                .await;
+            }
+        });
+        Self {
+            nodeset,
+            bridge: Some((stop, task)),
+        }
+    }
+
+    /// Stops both.
+    pub async fn shutdown(&mut self) {
+        self.nodeset.shutdown().await;
+        if let Some((stop, task)) = self.bridge.take() {
+            let _ = stop.send(true);
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for SlinkyDoubles {
+    fn drop(&mut self) {
+        if let Some((stop, task)) = self.bridge.take() {
+            let _ = stop.send(true);
+            task.abort();
+        }
+    }
+}
+
+/// One pass of the bridge (see the module doc). A failed list changes
+/// nothing (a slurmd is stopped only for a pod the API says is gone).
+fn bridge_pass(
+    api: &RealObjects,
+    slurm: &SlurmHandle,
+    roots: &BTreeMap<String, PathBuf>,
+    started: &mut BTreeMap<String, String>,
+    operator_rules: bool,
+) {
+    for (name, key, set) in [
+        (AUTH_SECRET, "slurm.key", true),
+        (JWT_SECRET, "jwt.key", false),
+    ] {
+        if let Some(k) = api
+            .get(&resources::SECRETS, SLURM_NAMESPACE, name)
+            .ok()
+            .and_then(|s| crate::cluster::decode_key(&s, key))
+        {
+            if set {
+                slurm.set_controller_key(&k);
+            } else {
+                slurm.set_jwt_key(&k);
+            }
+        }
+    }
+    let Ok(list) = api.try_list(&resources::PODS, Some(SLURM_NAMESPACE)) else {
+        return;
+    };
+    let slurmd: Vec<&Value> = list
+        .iter()
+        .filter(|p| p["metadata"]["labels"]["app.kubernetes.io/name"] == "slurmd")
+        .collect();
+    let live: Vec<&str> = slurmd
+        .iter()
+        .filter_map(|p| p["metadata"]["uid"].as_str())
+        .collect();
+    let gone: Vec<String> = started
+        .iter()
+        .filter(|(_, uid)| !live.contains(&uid.as_str()))
+        .map(|(h, _)| h.clone())
+        .collect();
+    for host in gone {
+        started.remove(&host);
+        slurm.slurmd_stopped(&host);
+    }
+    for pod in slurmd {
+        let Some(host) = pod["metadata"]["labels"][LABEL_POD_HOSTNAME].as_str() else {
+            continue;
+        };
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
+        if slurm.node(host).is_none() {
+            slurm.add_node(host, 4);
+        }
+        if pod["status"]["phase"] != "Running"
+            || !pod["metadata"]["deletionTimestamp"].is_null()
+            || started.get(host) == Some(&uid)
+        {
+            continue;
+        }
+        let Some(root) = pod["spec"]["nodeName"].as_str().and_then(|n| roots.get(n)) else {
+            continue;
+        };
+        let key_file = mountguard_inventory::layout::pod_dir(root, &uid).join(KEY_FILE);
+        if let Ok(key) = std::fs::read(&key_file) {
+            slurm.slurmd_started(host, &key);
+            started.insert(host.to_string(), uid);
+        }
+    }
+    crate::cluster::protect_busy_pods(api, slurm, started);
+    if operator_rules {
+        crate::cluster::sync_cordon(api, slurm, started);
+    }
+}

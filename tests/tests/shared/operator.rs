@@ -1,0 +1,191 @@
+//! Remediation against the Slinky operator's own Slurm writes (the
+//! operator double's rules: the slurmd preStop hook and syncCordon of
+//! slurm-operator v1.2.1), as bodies for both rigs: every node's Slurm
+//! state is sampled throughout, and from mountguard's drain until the
+//! replacement is verified no node is ever open to jobs.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use mountguard_core::remediation::{Attempt, Phase};
+use mountguard_tests::rig::{Rig, attempts, opt_in, wait, wait_all_fresh, wait_for_slurmd_pods};
+use mountguard_tests::scenario::rotate_auth_key;
+use mountguard_tests::slurmrestd::{NodeView, SlurmHandle};
+use tokio::task::JoinHandle;
+
+use super::remediation::{FULL_RUN, in_service};
+
+/// Samples of `(when, host, node)`.
+pub type Samples = Arc<Mutex<Vec<(Timestamp, String, NodeView)>>>;
+
+/// Samples every host's Slurm node every 20 ms until aborted.
+pub fn sample(slurm: SlurmHandle, hosts: Vec<String>) -> (Samples, JoinHandle<()>) {
+    let out: Samples = Arc::default();
+    let o = out.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            for h in &hosts {
+                if let Some(n) = slurm.node(h) {
+                    o.lock().unwrap().push((Timestamp::now(), h.clone(), n));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    (out, task)
+}
+
+/// A job could start: neither DRAIN nor DOWN.
+fn open_to_jobs(n: &NodeView) -> bool {
+    !n.state.iter().any(|s| s == "DRAIN" || s == "DOWN")
+}
+
+/// Checks one attempt against the samples of its node: from the first
+/// sample with our drain until it entered Undraining (verified), the node
+/// is never open to jobs. Returns the reasons seen in that window, in
+/// order (each change once).
+pub fn assert_closed_until_verified(samples: &Samples, a: &Attempt) -> Vec<String> {
+    let verified = a
+        .history
+        .iter()
+        .find(|e| e.phase == Phase::Undraining)
+        .map(|e| e.at)
+        .expect("verified");
+    let s = samples.lock().unwrap();
+    let mine: Vec<&(Timestamp, String, NodeView)> =
+        s.iter().filter(|(_, h, _)| *h == a.slurm_node).collect();
+    let from = mine
+        .iter()
+        .find(|(_, _, n)| n.reason == a.drain_reason)
+        .map(|(t, _, _)| *t)
+        .expect("our drain was seen");
+    let mut reasons = Vec::new();
+    for (t, _, n) in mine.iter().filter(|(t, _, _)| *t >= from && *t < verified) {
+        assert!(
+            !open_to_jobs(n),
+            "{}: open to jobs at {t} between our drain ({from}) and the verification ({verified}): {n:?}",
+            a.slurm_node
+        );
+        if reasons.last() != Some(&n.reason) {
+            reasons.push(n.reason.clone());
+        }
+    }
+    reasons
+}
+
+/// Waits until every worker's attempt is closed: each Succeeded with every
+/// phase, every node back in service, no job killed.
+pub async fn all_succeeded<R: Rig>(sys: &R, hosts: &[String]) -> Vec<Attempt> {
+    let all = wait(
+        sys,
+        "every worker repaired",
+        Duration::from_secs(300),
+        || {
+            let a = attempts(sys);
+            async move { (a.len() == 3 && a.iter().all(|a| !a.is_open())).then_some(a) }
+        },
+    )
+    .await;
+    for a in &all {
+        assert_eq!(a.phase, Phase::Succeeded, "{a:?}\n{}", sys.logs());
+        assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
+    }
+    let slurm = sys.slurm();
+    wait(
+        sys,
+        "every node in service",
+        Duration::from_secs(30),
+        || {
+            let ok = hosts
+                .iter()
+                .all(|h| slurm.node(h).is_some_and(|n| in_service(&n)));
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
+    assert!(slurm.killed_jobs().is_empty(), "{:?}", slurm.killed_jobs());
+    all
+}
+
+/// `sys` runs the operator's rules and the controller with remediation on
+/// (jwt.key Secret): after the key rotation every worker goes through
+/// every phase, and only mountguard's reason is ever on a node between its
+/// drain and its verification (the preStop hook cannot authenticate with
+/// the stale key).
+pub async fn stale_key_is_repaired_against_the_operators_rules<R: Rig>(sys: &R) {
+    let api = sys.objects();
+    let pods = wait_for_slurmd_pods(sys).await;
+    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
+    wait_all_fresh(sys).await;
+    let (samples, sampler) = sample(sys.slurm(), hosts.clone());
+    opt_in(sys);
+    rotate_auth_key(&*api).unwrap();
+    let all = all_succeeded(sys, &hosts).await;
+    sampler.abort();
+    for a in &all {
+        let reasons = assert_closed_until_verified(&samples, a);
+        // The hook could not authenticate with the stale key: only our
+        // reason was ever on the node in that window.
+        assert_eq!(reasons, vec![a.drain_reason.clone()], "{a:?}");
+        assert!(!a.prestop_down, "{a:?}");
+    }
+}
+
+/// `sys` runs the operator's rules, its own controller stopped by the
+/// body: replica A leads while an attempt waits on a job and is killed;
+/// replica B takes the Lease once it expires, resumes the same attempt from
+/// the record, and every attempt succeeds with each phase once, each pod
+/// evicted once, no node open to jobs before its verification.
+pub async fn leader_failover_mid_attempt_finishes_it_once<R: Rig>(sys: &mut R) {
+    sys.stop_controller();
+    let api = sys.objects();
+    let slurm = sys.slurm();
+    let mut a = sys.spawn_replica("ctl-a").await;
+    let pods = wait_for_slurmd_pods(sys).await;
+    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
+    wait_all_fresh(sys).await;
+    let (samples, sampler) = sample(slurm.clone(), hosts.clone());
+    let jobs: Vec<u32> = hosts.iter().map(|h| slurm.start_job(h, 1)).collect();
+    opt_in(sys);
+    rotate_auth_key(&*api).unwrap();
+    let first = wait(
+        sys,
+        "an attempt in Drained",
+        Duration::from_secs(120),
+        || {
+            let a = attempts(sys)
+                .into_iter()
+                .find(|a| a.phase == Phase::Drained);
+            async move { a }
+        },
+    )
+    .await;
+    // The leader dies mid-attempt; the other replica, on the same
+    // addresses, takes the Lease once it expires and carries on.
+    a.kill();
+    let mut b = sys.spawn_replica("ctl-b").await;
+    let base = sys.metrics_base();
+    wait(sys, "replica B acting", Duration::from_secs(60), || {
+        let base = base.clone();
+        async move {
+            let doc = mountguard_tests::scenario::verdicts(&base, "").await.ok()?;
+            (doc["acting"].as_bool() == Some(true)).then_some(())
+        }
+    })
+    .await;
+    for j in jobs {
+        slurm.end_job(j);
+    }
+    let all = all_succeeded(sys, &hosts).await;
+    sampler.abort();
+    assert!(
+        all.iter().any(|x| x.id == first.id),
+        "the same attempt went on: {all:?}"
+    );
+    for x in &all {
+        assert_closed_until_verified(&samples, x);
+        assert_eq!(sys.evictions_of(&x.pod), 1, "{}: evicted once", x.pod);
+    }
+    b.kill();
+}
