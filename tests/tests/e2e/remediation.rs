@@ -8,9 +8,7 @@ use std::time::Duration;
 use mountguard_controller::live::slurm::{
     JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource,
 };
-use mountguard_core::remediation::{
-    ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION,
-};
+use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{JWT_SECRET, NODESET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;

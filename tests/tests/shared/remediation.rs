@@ -158,10 +158,7 @@ pub fn release_evictions<R: Rig>(sys: &R) {
 }
 
 /// The attempt for `pod`, if any.
-pub fn attempt_of<R: Rig>(
-    sys: &R,
-    pod: &str,
-) -> Option<mountguard_core::remediation::Attempt> {
+pub fn attempt_of<R: Rig>(sys: &R, pod: &str) -> Option<mountguard_core::remediation::Attempt> {
     attempts(sys).into_iter().find(|a| a.pod == pod)
 }
 
