@@ -21,4 +21,5 @@ mod control_plane;
 mod controller;
 mod kubelet;
 mod kubelet_mountguard;
+mod node_double;
 mod remediation;
