@@ -25,4 +25,5 @@ mod kubelet_mountguard;
 mod kubelet_propagation;
 mod kubelet_support;
 mod kubelet_updates;
+mod node_double;
 mod remediation;
