@@ -17,6 +17,7 @@ use crate::metrics::Metrics;
 use crate::report::InventorySink;
 use crate::scan::{ScanOptions, Scanner};
 use crate::server::{ServerState, serve};
+use crate::shutdown::{Shutdown, Trigger};
 use crate::watch::DirWatcher;
 
 /// Default period of the full rescan.
@@ -56,22 +57,11 @@ impl DaemonConfig {
     }
 }
 
-/// The shutdown signal every task shares.
-#[derive(Debug, Clone)]
-pub struct Shutdown(watch::Receiver<bool>);
-
-impl Shutdown {
-    /// Resolves once shutdown was requested (or its sender is gone).
-    pub async fn wait(&mut self) {
-        let _ = self.0.wait_for(|stop| *stop).await;
-    }
-}
-
 /// A running daemon.
 #[derive(Debug)]
 pub struct Daemon {
     inventory: watch::Receiver<Option<Arc<NodeInventory>>>,
-    stop: watch::Sender<bool>,
+    stop: Trigger,
     tasks: Vec<JoinHandle<()>>,
     http_addr: Option<SocketAddr>,
     ready: Arc<AtomicBool>,
@@ -86,8 +76,7 @@ impl Daemon {
         let metrics = Metrics::new()?;
         sink.register(metrics.registry())?;
         let ready = Arc::new(AtomicBool::new(false));
-        let (stop, stop_rx) = watch::channel(false);
-        let shutdown = Shutdown(stop_rx);
+        let (stop, shutdown) = Shutdown::new();
         let (inv_tx, inventory) = watch::channel(None);
         let mut tasks = Vec::new();
 
@@ -164,7 +153,7 @@ impl Daemon {
     /// Stops every task and waits for them (the HTTP server drains open
     /// connections for at most a few seconds; a scan in progress finishes).
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
+        self.stop.fire();
         for t in self.tasks {
             if let Err(e) = t.await {
                 tracing::error!(error = %e, "agent task failed");

@@ -11,7 +11,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::service::service_fn;
 use tokio::net::TcpListener;
 
-use crate::daemon::Shutdown;
+use crate::shutdown::Shutdown;
 use crate::metrics::Metrics;
 
 /// How long open connections may take to finish after shutdown starts.
