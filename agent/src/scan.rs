@@ -181,6 +181,16 @@ type CacheKey = (u64, u64);
 /// Unchanged volumes of a pod: (index in its volumes, cache key).
 type Deferred = Vec<(usize, CacheKey)>;
 
+/// One pod of a scan before the inventory is (maybe) rebuilt.
+enum Draft<'a> {
+    /// Read (in part from the cache): the volumes confirmed unchanged are
+    /// placeholders at the indices `Deferred` names.
+    Read(PodInventory, Deferred),
+    /// Confirmed unchanged from metadata alone: the pod directory's name
+    /// and its volumes' cache keys (a range of the scan's key list).
+    Confirmed(&'a [u8], std::ops::Range<usize>),
+}
+
 struct Listing {
     ident: Ident,
     settled: bool,
@@ -424,35 +434,37 @@ impl Scanner {
             watch_dirs: vec![pods_path.clone()],
             ..ScanStats::default()
         };
-        // Volumes confirmed unchanged are placeholders until the end: when
+        // Volumes confirmed unchanged stay cache keys until the end: when
         // nothing at all was read again, the last inventory is reused as is.
-        let mut drafts: Vec<(PodInventory, Deferred)> = Vec::with_capacity(entries.len());
-        // Pods confirmed from metadata: their watch directories are only
-        // listed if the inventory is rebuilt.
-        let mut confirmed = Vec::new();
+        let mut drafts: Vec<Draft<'_>> = Vec::with_capacity(entries.len());
+        let mut keys = Vec::with_capacity(self.cache.len());
         for entry in entries.iter() {
             let kind = entry_type(&pods_dir, entry);
-            if let Some((pod, refs, fast)) =
-                self.pod_entry(&pods_dir, &entry.name, kind, &pods_path, &mut stats)
-            {
-                drafts.push((pod, refs));
-                if fast {
-                    confirmed.push(entry.bytes());
-                }
+            if let Some(d) = self.pod_entry(
+                &pods_dir,
+                &entry.name,
+                kind,
+                &pods_path,
+                &mut keys,
+                &mut stats,
+            ) {
+                drafts.push(d);
             }
         }
 
         // Dropping what was not seen is only needed when something changed
         // since the last full scan; pods confirmed from metadata did not
-        // mark their volumes seen, their placeholders name them.
+        // mark their volumes seen, their keys name them.
         if self.dirty || self.retain_pending {
             self.retain_pending = false;
             let scans = self.scans;
-            for (_, refs) in &drafts {
-                for (_, key) in refs {
-                    if let Some(c) = self.cache.get_mut(key) {
-                        c.seen = scans;
-                    }
+            let read = drafts.iter().flat_map(|d| match d {
+                Draft::Read(_, refs) => refs.as_slice(),
+                Draft::Confirmed(..) => &[],
+            });
+            for key in read.map(|(_, k)| k).chain(&keys) {
+                if let Some(c) = self.cache.get_mut(key) {
+                    c.seen = scans;
                 }
             }
             self.cache.retain(|_, c| c.seen == scans);
@@ -470,11 +482,13 @@ impl Scanner {
             }
             _ => {
                 let mut dirs = std::mem::take(&mut stats.watch_dirs);
-                for name in confirmed {
-                    self.unchanged_watch_dirs(&pods_path, name, &mut dirs);
+                for d in &drafts {
+                    if let Draft::Confirmed(name, _) = d {
+                        self.unchanged_watch_dirs(&pods_path, name, &mut dirs);
+                    }
                 }
                 stats.watch_dirs = dirs;
-                let pods = self.fill(drafts);
+                let pods = self.fill(drafts, &keys);
                 self.next_inventory(pods, scanned_at, None)
             }
         };
@@ -505,8 +519,7 @@ impl Scanner {
         let mut stats = ScanStats::default();
         let mut uids = std::collections::BTreeSet::new();
         let mut pod_paths = Vec::new();
-        let mut drafts = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        let mut cnames = Vec::new();
         for name in names {
             let bytes = name.as_ref();
             if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
@@ -515,29 +528,33 @@ impl Scanner {
             let Ok(cname) = CString::new(bytes) else {
                 continue;
             };
-            if !seen.insert(bytes) {
-                continue;
+            if uids.insert(escape_name(bytes)) {
+                pod_paths.push(pods_path.join(OsStr::from_bytes(bytes)));
+                cnames.push(cname);
             }
-            uids.insert(escape_name(bytes));
-            pod_paths.push(pods_path.join(OsStr::from_bytes(bytes)));
+        }
+        let mut drafts = Vec::with_capacity(cnames.len());
+        let mut keys = Vec::new();
+        for cname in &cnames {
             let kind = fstatat(
                 pods_dir.as_fd(),
                 cname.as_c_str(),
                 AtFlags::AT_SYMLINK_NOFOLLOW,
             )
             .map(|st| type_of_mode(st.st_mode));
-            if let Some((pod, refs, fast)) =
-                self.pod_entry(&pods_dir, &cname, kind, &pods_path, &mut stats)
+            if let Some(d) =
+                self.pod_entry(&pods_dir, cname, kind, &pods_path, &mut keys, &mut stats)
             {
-                drafts.push((pod, refs));
-                if fast {
+                if let Draft::Confirmed(name, _) = &d {
                     let mut dirs = std::mem::take(&mut stats.watch_dirs);
-                    self.unchanged_watch_dirs(&pods_path, bytes, &mut dirs);
+                    self.unchanged_watch_dirs(&pods_path, name, &mut dirs);
                     stats.watch_dirs = dirs;
                 }
+                drafts.push(d);
             }
         }
-        let fresh = self.fill(drafts);
+        let mut fresh = self.fill(drafts, &keys);
+        fresh.sort_by(|a, b| a.uid.cmp(&b.uid));
         let old: Vec<&PodInventory> = last.pods.iter().filter(|p| uids.contains(&p.uid)).collect();
         let changed = old.len() != fresh.len() || old.iter().zip(&fresh).any(|(a, b)| *a != b);
         let scanned_at = Timestamp::now();
@@ -559,14 +576,15 @@ impl Scanner {
 
     /// One entry of the `pods` directory: `None` when it is gone (or was
     /// removed while it was read).
-    fn pod_entry(
+    fn pod_entry<'a>(
         &mut self,
         pods_dir: &OwnedFd,
-        name: &CStr,
+        name: &'a CStr,
         kind: Result<Type, Errno>,
         pods_path: &Path,
+        keys: &mut Vec<CacheKey>,
         stats: &mut ScanStats,
-    ) -> Option<(PodInventory, Deferred, bool)> {
+    ) -> Option<Draft<'a>> {
         match kind {
             Ok(Type::Directory) => {}
             // Gone between the listing and the stat: nothing to report.
@@ -598,34 +616,57 @@ impl Scanner {
                     sub_paths: Vec::new(),
                     errors: vec![e],
                 };
-                return Some((pod, Vec::new(), false));
+                return Some(Draft::Read(pod, Vec::new()));
             }
         }
-        self.pending.clear();
-        if let Some(pod) = self.pod_unchanged(pods_dir, name, stats) {
-            return Some((pod, std::mem::take(&mut self.pending), true));
+        let start = keys.len();
+        if self.pod_unchanged(pods_dir, name, keys, stats).is_some() {
+            return Some(Draft::Confirmed(name.to_bytes(), start..keys.len()));
         }
+        keys.truncate(start);
         self.pending.clear();
         let pod_path = pods_path.join(OsStr::from_bytes(name.to_bytes()));
         let pod = self.scan_pod(pods_dir, name, &pod_path, stats)?;
-        Some((pod, std::mem::take(&mut self.pending), false))
+        Some(Draft::Read(pod, std::mem::take(&mut self.pending)))
     }
 
     /// Replaces the placeholders of unchanged volumes with their cached
     /// inventories and puts each pod's volumes in order.
-    fn fill(&self, drafts: Vec<(PodInventory, Deferred)>) -> Vec<PodInventory> {
+    fn fill(&self, drafts: Vec<Draft<'_>>, keys: &[CacheKey]) -> Vec<PodInventory> {
+        let missing = |plugin| {
+            let mut v = placeholder(plugin);
+            v.errors.push(error(
+                "",
+                ReadErrorKind::Io,
+                "internal: cached volume missing; read again next scan",
+            ));
+            v
+        };
         let mut pods = Vec::with_capacity(drafts.len());
-        for (mut pod, refs) in drafts {
-            for (i, key) in refs {
-                match self.cache.get(&key) {
-                    Some(c) => pod.volumes[i] = c.inventory.clone(),
-                    None => pod.volumes[i].errors.push(error(
-                        "",
-                        ReadErrorKind::Io,
-                        "internal: cached volume missing; read again next scan",
-                    )),
+        for d in drafts {
+            let mut pod = match d {
+                Draft::Read(mut pod, refs) => {
+                    for (i, key) in refs {
+                        pod.volumes[i] = match self.cache.get(&key) {
+                            Some(c) => c.inventory.clone(),
+                            None => missing(pod.volumes[i].plugin),
+                        };
+                    }
+                    pod
                 }
-            }
+                Draft::Confirmed(name, range) => PodInventory {
+                    uid: escape_name(name),
+                    volumes: keys[range]
+                        .iter()
+                        .map(|k| match self.cache.get(k) {
+                            Some(c) => c.inventory.clone(),
+                            None => missing(Plugin::Secret),
+                        })
+                        .collect(),
+                    sub_paths: Vec::new(),
+                    errors: Vec::new(),
+                },
+            };
             pod.volumes
                 .sort_by(|a, b| (a.plugin, &a.name).cmp(&(b.plugin, &b.name)));
             pods.push(pod);
@@ -703,14 +744,16 @@ impl Scanner {
     /// swapped for a symlink meanwhile could be followed: only an identity
     /// equal to the cached one (the very directory read safely before) is
     /// accepted, anything else falls back to the read of
-    /// [`scan_pod`](Self::scan_pod). Returns the pod with placeholders for
-    /// its volumes (in `self.pending`).
+    /// [`scan_pod`](Self::scan_pod). On success the cache keys of the pod's
+    /// volumes are pushed to `keys` (on failure some may be: the caller
+    /// truncates).
     fn pod_unchanged(
         &mut self,
         pods_dir: &OwnedFd,
         name: &CStr,
+        keys: &mut Vec<CacheKey>,
         stats: &mut ScanStats,
-    ) -> Option<PodInventory> {
+    ) -> Option<()> {
         let scans = self.scans;
         let st = fstatat(pods_dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
         let state = self.pods.get_mut(name.to_bytes())?;
@@ -718,12 +761,6 @@ impl Scanner {
             return None;
         }
         let pod_name = name.to_bytes();
-        let mut pod = PodInventory {
-            uid: escape_name(pod_name),
-            volumes: Vec::new(),
-            sub_paths: Vec::new(),
-            errors: Vec::new(),
-        };
         let (mut reused, mut listings) = (0, 0);
         let path = &mut self.path;
         for plugin in Plugin::ALL {
@@ -746,7 +783,6 @@ impl Scanner {
                 _ => return None,
             };
             listings += 1;
-            pod.volumes.reserve(l.entries.len());
             for (entry, confirmed) in l.entries.iter().zip(&l.volumes) {
                 let Some(want) = confirmed else {
                     return None;
@@ -761,15 +797,14 @@ impl Scanner {
                 if !is_dir(&st) || id != *want {
                     return None;
                 }
-                self.pending.push((pod.volumes.len(), (id.dev, id.ino)));
-                pod.volumes.push(placeholder(plugin));
+                keys.push((id.dev, id.ino));
                 reused += 1;
             }
         }
         state.seen = scans;
         stats.reused += reused;
         stats.listings_reused += listings;
-        Some(pod)
+        Some(())
     }
 
     /// The directories to watch of a pod confirmed by
