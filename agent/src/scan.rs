@@ -755,8 +755,9 @@ impl Scanner {
         stats: &mut ScanStats,
     ) -> Option<()> {
         let scans = self.scans;
-        let st = fstatat(pods_dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        // A pod never read (the first scan) costs no stat here.
         let state = self.pods.get_mut(name.to_bytes())?;
+        let st = fstatat(pods_dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
         if !is_dir(&st) || state.ident != Some(ident(&st)) || !state.settled || !state.clean {
             return None;
         }
