@@ -271,20 +271,19 @@ fn sandbox_check(args: SandboxCheckArgs) -> Result<(), Error> {
 }
 
 fn scan(args: ScanArgs) -> Result<(), Error> {
-    let mut scanner = Scanner::new(args.common.scan_options());
-    let scan = scanner.scan()?;
-    let text = match args.output {
-        OutputFormat::Table => output::table(&scan.inventory),
-        OutputFormat::Json => {
-            let mut s = serde_json::to_string_pretty(&*scan.inventory)
-                .map_err(|e| Error::Io(std::io::Error::other(e)))?;
-            s.push('\n');
-            s
+    // One scan only: nothing is kept for a next one.
+    let inventory = Scanner::scan_once(args.common.scan_options())?.inventory;
+    let out = std::io::stdout().lock();
+    match args.output {
+        OutputFormat::Table => {
+            let mut out = out;
+            out.write_all(output::table(&inventory).as_bytes())?;
+            out.flush()?;
         }
-    };
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
+        // Streamed through a small buffer: the document is never held
+        // whole in memory (tens of MiB at 10,000 volumes).
+        OutputFormat::Json => output::json(&inventory, out)?,
+    }
     Ok(())
 }
 

@@ -1,5 +1,6 @@
-//! The long-running agent: scans on inotify hints (debounced) and
-//! periodically, keeps the current inventory, serves HTTP, publishes to an
+//! The long-running agent: rescans the pods inotify names (debounced) and
+//! the whole kubelet root periodically (the backstop for lost events),
+//! keeps the current inventory, serves HTTP, publishes to an
 //! [`InventorySink`], and shuts down cleanly.
 
 use std::net::SocketAddr;
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use mountguard_inventory::NodeInventory;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::Error;
@@ -17,7 +18,8 @@ use crate::metrics::Metrics;
 use crate::report::InventorySink;
 use crate::scan::{ScanOptions, Scanner};
 use crate::server::{ServerState, serve};
-use crate::watch::DirWatcher;
+use crate::shutdown::{Shutdown, Trigger};
+use crate::watch::{DirWatcher, HintQueue};
 
 /// Default period of the full rescan.
 pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
@@ -31,7 +33,7 @@ pub struct DaemonConfig {
     pub scan: ScanOptions,
     /// Address of the HTTP server; `None` runs without one.
     pub listen: Option<SocketAddr>,
-    /// Period of the full rescan.
+    /// Period of the full rescan (the backstop for lost inotify events).
     pub rescan_interval: Duration,
     /// Period of the sink's heartbeat ([`InventorySink::heartbeat`]).
     pub heartbeat_interval: Duration,
@@ -56,22 +58,11 @@ impl DaemonConfig {
     }
 }
 
-/// The shutdown signal every task shares.
-#[derive(Debug, Clone)]
-pub struct Shutdown(watch::Receiver<bool>);
-
-impl Shutdown {
-    /// Resolves once shutdown was requested (or its sender is gone).
-    pub async fn wait(&mut self) {
-        let _ = self.0.wait_for(|stop| *stop).await;
-    }
-}
-
 /// A running daemon.
 #[derive(Debug)]
 pub struct Daemon {
     inventory: watch::Receiver<Option<Arc<NodeInventory>>>,
-    stop: watch::Sender<bool>,
+    stop: Trigger,
     tasks: Vec<JoinHandle<()>>,
     http_addr: Option<SocketAddr>,
     ready: Arc<AtomicBool>,
@@ -86,8 +77,7 @@ impl Daemon {
         let metrics = Metrics::new()?;
         sink.register(metrics.registry())?;
         let ready = Arc::new(AtomicBool::new(false));
-        let (stop, stop_rx) = watch::channel(false);
-        let shutdown = Shutdown(stop_rx);
+        let (stop, shutdown) = Shutdown::new();
         let (inv_tx, inventory) = watch::channel(None);
         let mut tasks = Vec::new();
 
@@ -104,18 +94,21 @@ impl Daemon {
             tasks.push(tokio::spawn(serve(listener, state, shutdown.clone())));
         }
 
-        let (hint_tx, hint_rx) = mpsc::channel(1);
+        let hints = Arc::new(HintQueue::default());
         let watcher = if cfg.watch {
-            Some(DirWatcher::new(hint_tx, metrics.clone())?)
+            let pods = cfg
+                .scan
+                .kubelet_root
+                .join(mountguard_inventory::layout::PODS_DIR);
+            Some(DirWatcher::new(pods, hints.clone(), metrics.clone())?)
         } else {
-            drop(hint_tx);
             None
         };
         let scanner = Scanner::new(cfg.scan.clone());
         tasks.push(tokio::spawn(scan_loop(ScanLoop {
             scanner,
             watcher,
-            hints: hint_rx,
+            hints,
             rescan_interval: cfg.rescan_interval,
             debounce: cfg.debounce,
             inventory: inv_tx,
@@ -164,7 +157,7 @@ impl Daemon {
     /// Stops every task and waits for them (the HTTP server drains open
     /// connections for at most a few seconds; a scan in progress finishes).
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
+        self.stop.fire();
         for t in self.tasks {
             if let Err(e) = t.await {
                 tracing::error!(error = %e, "agent task failed");
@@ -176,7 +169,7 @@ impl Daemon {
 struct ScanLoop {
     scanner: Scanner,
     watcher: Option<DirWatcher>,
-    hints: mpsc::Receiver<()>,
+    hints: Arc<HintQueue>,
     rescan_interval: Duration,
     debounce: Duration,
     inventory: watch::Sender<Option<Arc<NodeInventory>>>,
@@ -185,35 +178,57 @@ struct ScanLoop {
     shutdown: Shutdown,
 }
 
+/// What the scan loop does next.
+enum Next {
+    /// Everything (the first scan, the periodic backstop, or events that
+    /// name no pod).
+    Full(&'static str),
+    /// Only the pods named by events.
+    Pods(Vec<Vec<u8>>),
+}
+
 async fn scan_loop(mut l: ScanLoop) {
     let mut scanner = Some(l.scanner);
     let mut ticker = tokio::time::interval(l.rescan_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut hints_open = l.watcher.is_some();
+    let watching = l.watcher.is_some();
     loop {
         // The first tick fires at once: the initial full scan.
-        let reason = tokio::select! {
+        let next = tokio::select! {
             biased;
             () = l.shutdown.wait() => break,
-            _ = ticker.tick() => "periodic",
-            hint = l.hints.recv(), if hints_open => {
-                if hint.is_none() {
-                    hints_open = false;
-                    continue;
-                }
-                // Debounce: let the kubelet finish its steps, then drop the
-                // hints that arrived meanwhile; one scan covers them all.
+            _ = ticker.tick() => {
+                // The full scan covers whatever was asked for so far.
+                l.hints.take();
+                Next::Full("periodic")
+            }
+            () = l.hints.wait(), if watching => {
+                // Debounce: let the kubelet finish its steps, then take
+                // every hint that arrived meanwhile; one scan covers them.
                 tokio::select! {
                     () = l.shutdown.wait() => break,
                     () = tokio::time::sleep(l.debounce) => {}
                 }
-                while l.hints.try_recv().is_ok() {}
-                "watch"
+                let hints = l.hints.take();
+                if hints.full {
+                    Next::Full("watch")
+                } else if hints.pods.is_empty() {
+                    continue;
+                } else {
+                    Next::Pods(hints.pods.into_iter().collect())
+                }
             }
         };
         let Some(mut s) = scanner.take() else { break };
+        let (reason, targeted) = match &next {
+            Next::Full(reason) => (*reason, 0),
+            Next::Pods(pods) => ("watch", pods.len()),
+        };
         let joined = tokio::task::spawn_blocking(move || {
-            let r = s.scan();
+            let r = match next {
+                Next::Full(_) => s.scan(),
+                Next::Pods(pods) => s.scan_pods(&pods),
+            };
             (s, r)
         })
         .await;
@@ -229,10 +244,15 @@ async fn scan_loop(mut l: ScanLoop) {
             Ok(scan) => {
                 l.metrics.observe_scan(&scan);
                 if let Some(w) = l.watcher.as_mut() {
-                    w.sync(&scan.stats.watch_dirs);
+                    match &scan.stats.rescanned_pods {
+                        Some(pods) => w.sync_pods(pods, &scan.stats.watch_dirs),
+                        None if scan.stats.watch_dirs_unchanged => {}
+                        None => w.sync(&scan.stats.watch_dirs),
+                    }
                 }
                 tracing::debug!(
                     reason,
+                    targeted_pods = targeted,
                     generation = scan.inventory.generation,
                     changed = scan.changed,
                     rehashed = scan.stats.rehashed,

@@ -5,7 +5,8 @@
 //! * [`scan::Scanner`] - one pass over a kubelet root, with a cache so
 //!   unchanged volumes are not re-hashed.
 //! * [`daemon::Daemon`] - the long-running agent: inotify hints, debounced
-//!   and periodic rescans, HTTP endpoints, metrics, clean shutdown.
+//!   and periodic rescans, HTTP endpoints, metrics, clean shutdown on the
+//!   one [`shutdown::Shutdown`] signal.
 //! * [`report::InventorySink`] - where each new inventory goes;
 //!   [`report::HttpSink`] reports it to the controller.
 
@@ -17,6 +18,7 @@ pub mod report;
 pub mod sandbox;
 pub mod scan;
 pub mod server;
+pub mod shutdown;
 pub mod watch;
 
 mod safe_read;

@@ -15,6 +15,9 @@ pub struct Metrics {
     registry: Registry,
     /// `mountguard_agent_scans_total{result="ok|error"}`
     pub scans: IntCounterVec,
+    /// `mountguard_agent_targeted_scans_total`: successful scans of only the
+    /// pods inotify named (also counted in `scans_total`).
+    pub targeted_scans: IntCounter,
     /// `mountguard_agent_scan_duration_seconds`
     pub scan_duration: Histogram,
     /// `mountguard_agent_pods`
@@ -63,6 +66,10 @@ impl Metrics {
             p("scans_total", "Scans of the kubelet root, by result."),
             &["result"],
         )?;
+        let targeted_scans = IntCounter::with_opts(p(
+            "targeted_scans_total",
+            "Successful scans of only the pods inotify events named (also counted in scans_total); the others are full scans.",
+        ))?;
         let scan_duration = Histogram::with_opts(
             HistogramOpts::new(
                 "mountguard_agent_scan_duration_seconds",
@@ -130,6 +137,7 @@ impl Metrics {
         info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         for c in [
             Box::new(scans.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(targeted_scans.clone()),
             Box::new(scan_duration.clone()),
             Box::new(pods.clone()),
             Box::new(volumes.clone()),
@@ -161,6 +169,7 @@ impl Metrics {
         Ok(Self {
             registry,
             scans,
+            targeted_scans,
             scan_duration,
             pods,
             volumes,
@@ -181,6 +190,9 @@ impl Metrics {
     pub fn observe_scan(&self, scan: &Scan) {
         let s = &scan.stats;
         self.scans.with_label_values(&["ok"]).inc();
+        if s.rescanned_pods.is_some() {
+            self.targeted_scans.inc();
+        }
         self.scan_duration.observe(s.duration.as_secs_f64());
         self.pods.set(clamp(s.pods));
         self.volumes.set(clamp(s.volumes));

@@ -1,11 +1,25 @@
-//! Human-readable rendering of an inventory for `mountguard-agent scan`.
+//! Rendering of an inventory for `mountguard-agent scan`: a table for
+//! people, or the JSON document streamed to a writer.
 
 use std::fmt::Write as _;
+use std::io::Write as _;
 
 use mountguard_inventory::{NodeInventory, ReadError, digest::to_hex};
 
 /// Characters of a digest shown in the table.
 pub const DIGEST_PREFIX: usize = 12;
+
+/// Size of the buffer between the JSON serializer and the output.
+const JSON_BUF: usize = 64 * 1024;
+
+/// Writes the inventory document (pretty-printed, then a newline) to `out`
+/// as it is serialized, through a [`JSON_BUF`]-byte buffer.
+pub fn json(inv: &NodeInventory, out: impl std::io::Write) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::with_capacity(JSON_BUF, out);
+    serde_json::to_writer_pretty(&mut out, inv).map_err(std::io::Error::other)?;
+    out.write_all(b"\n")?;
+    out.flush()
+}
 
 /// One row per volume and subPath target, then every error below the table.
 /// Digests are cut to their first [`DIGEST_PREFIX`] hex characters; the JSON
@@ -103,4 +117,43 @@ pub fn table(inv: &NodeInventory) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use mountguard_inventory::{Plugin, PodInventory, Sha256Hex, VolumeInventory};
+
+    use super::*;
+
+    #[test]
+    fn streamed_json_is_the_pretty_document_and_a_newline() {
+        let mut inv = NodeInventory::new("n1", "0", jiff::Timestamp::UNIX_EPOCH);
+        inv.generation = 7;
+        // More than one buffer's worth, so the document is written in pieces.
+        for p in 0..400 {
+            let mut v = VolumeInventory {
+                plugin: Plugin::Secret,
+                name: format!("v{p}"),
+                data_dir: Some("..2026_12_01_00_00_00.1".into()),
+                written_at: None,
+                digest: Some(Sha256Hex([p as u8; 32])),
+                files: Default::default(),
+                modes: Default::default(),
+                errors: Vec::new(),
+            };
+            v.files.insert("k".into(), Sha256Hex([1; 32]));
+            inv.pods.push(PodInventory {
+                uid: format!("pod-{p:04}"),
+                volumes: vec![v],
+                sub_paths: Vec::new(),
+                errors: Vec::new(),
+            });
+        }
+        let mut out = Vec::new();
+        json(&inv, &mut out).unwrap();
+        let mut want = serde_json::to_string_pretty(&inv).unwrap();
+        want.push('\n');
+        assert!(out.len() > JSON_BUF);
+        assert_eq!(String::from_utf8(out).unwrap(), want);
+    }
 }

@@ -96,9 +96,17 @@ pub struct ScanStats {
     pub errors: BTreeMap<ReadErrorKind, u64>,
     /// Directories worth watching for changes: the pods directory, each
     /// pod's `volumes` and plugin directories, and every volume directory.
+    /// Empty when `watch_dirs_unchanged`.
     pub watch_dirs: Vec<PathBuf>,
+    /// Nothing was read again, so the directories to watch are those of the
+    /// previous scan (not listed again in `watch_dirs`).
+    pub watch_dirs_unchanged: bool,
     /// Wall time of the scan.
     pub duration: Duration,
+    /// `None` for a full scan; for [`Scanner::scan_pods`], the pod
+    /// directories it rescanned (`watch_dirs` then lists only the
+    /// directories below them).
+    pub rescanned_pods: Option<Vec<PathBuf>>,
 }
 
 /// The result of [`Scanner::scan`].
@@ -173,11 +181,77 @@ type CacheKey = (u64, u64);
 /// Unchanged volumes of a pod: (index in its volumes, cache key).
 type Deferred = Vec<(usize, CacheKey)>;
 
+/// One pod of a scan before the inventory is (maybe) rebuilt.
+enum Draft<'a> {
+    /// Read (in part from the cache): the volumes confirmed unchanged are
+    /// placeholders at the indices `Deferred` names.
+    Read(PodInventory, Deferred),
+    /// Confirmed unchanged from metadata alone: the pod directory's name
+    /// and its volumes' cache keys (a range of the scan's key list).
+    Confirmed(&'a [u8], std::ops::Range<usize>),
+}
+
 struct Listing {
     ident: Ident,
     settled: bool,
     entries: Arc<Vec<Entry>>,
+    /// For each entry of a plugin directory listing: the identity of the
+    /// volume directory when it was last confirmed with a settled mtime
+    /// (its cache entry then holds its inventory), so
+    /// [`Scanner::pod_unchanged`] compares one stat with it, without a
+    /// cache lookup.
+    volumes: Vec<Option<Ident>>,
+}
+
+impl Listing {
+    fn new(ident: Ident, now: Timestamp, entries: Arc<Vec<Entry>>) -> Self {
+        Self {
+            ident,
+            settled: settled(&ident, now),
+            volumes: vec![None; entries.len()],
+            entries,
+        }
+    }
+}
+
+/// A volume placeholder without allocations, filled in from the cache at
+/// the end of the scan only if the inventory is rebuilt.
+fn placeholder(plugin: Plugin) -> VolumeInventory {
+    VolumeInventory {
+        plugin,
+        name: String::new(),
+        data_dir: None,
+        written_at: None,
+        digest: None,
+        files: BTreeMap::new(),
+        modes: BTreeMap::new(),
+        errors: Vec::new(),
+    }
+}
+
+/// What the last read of one pod directory found, so an unchanged pod is
+/// confirmed by metadata alone ([`Scanner::pod_unchanged`]).
+#[derive(Default)]
+struct PodState {
+    /// The pod directory's identity when it was last read.
+    ident: Option<Ident>,
+    /// Its mtime was settled then: an unchanged mtime now proves no entry
+    /// (`volumes`, `volume-subpaths`) was created, removed or renamed since.
+    settled: bool,
+    /// The last read found no pod-level error and no `volume-subpaths`
+    /// directory (whose targets are hashed on every scan).
+    clean: bool,
+    /// The plugin directory listings, by [`plugin_index`].
+    listings: [Option<Listing>; 3],
     seen: u64,
+}
+
+fn plugin_index(p: Plugin) -> usize {
+    match p {
+        Plugin::Secret => 0,
+        Plugin::Configmap => 1,
+        Plugin::Projected => 2,
+    }
 }
 
 struct Cached {
@@ -205,7 +279,15 @@ pub struct Scanner {
     /// (index in the pod's volumes, cache key) of unchanged volumes of the
     /// pod being scanned.
     pending: Deferred,
-    listings: HashMap<(Vec<u8>, Plugin), Listing>,
+    /// By pod directory name.
+    pods: HashMap<Vec<u8>, PodState>,
+    /// A reusable buffer for relative paths (no allocation per stat).
+    path: Vec<u8>,
+    /// A targeted scan ran since the last full one: the next full scan
+    /// drops what it does not see, even if nothing changed.
+    retain_pending: bool,
+    /// Keep what the next scan reuses; off for [`Scanner::scan_once`].
+    caching: bool,
     hook: Option<Hook>,
     scans: u64,
     generation: u64,
@@ -258,7 +340,10 @@ impl Scanner {
             reader: Reader::new(opts.max_file_size),
             opts,
             cache: HashMap::new(),
-            listings: HashMap::new(),
+            pods: HashMap::new(),
+            path: Vec::with_capacity(256),
+            retain_pending: false,
+            caching: true,
             pods_listing: None,
             dirty: true,
             pending: Vec::new(),
@@ -267,6 +352,15 @@ impl Scanner {
             generation,
             last: None,
         }
+    }
+
+    /// One scan, keeping nothing for a next one: without the cache's copy
+    /// of every volume's inventory, about half the memory of
+    /// [`scan`](Self::scan) (what `mountguard-agent scan` uses).
+    pub fn scan_once(opts: ScanOptions) -> Result<Scan, Error> {
+        let mut s = Self::new(opts);
+        s.caching = false;
+        s.scan()
     }
 
     /// The options.
@@ -286,148 +380,334 @@ impl Scanner {
         self.hook = Some(Box::new(hook));
     }
 
+    /// Opens the kubelet root and its `pods` directory.
+    fn open_pods(&self) -> Result<OwnedFd, Error> {
+        let root_path = &self.opts.kubelet_root;
+        let root = nix::fcntl::open(
+            root_path,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| self.root_err("cannot open the kubelet root directory", e))?;
+        nix::fcntl::openat(
+            &root,
+            PODS_DIR,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| self.root_err("cannot open its pods directory", e))
+    }
+
+    fn root_err(&self, what: &str, errno: Errno) -> Error {
+        Error::KubeletRoot {
+            path: self.opts.kubelet_root.clone(),
+            reason: format!("{what}: {}", errno.desc()),
+        }
+    }
+
     /// Scans the whole kubelet root once. Fails only when the root or its
     /// `pods` directory cannot be read at all; every other problem is an
     /// error entry in the inventory.
     pub fn scan(&mut self) -> Result<Scan, Error> {
         let started = Instant::now();
         self.scans += 1;
-        let root_path = self.opts.kubelet_root.clone();
-        let root_err = |what: &str, errno: Errno| Error::KubeletRoot {
-            path: root_path.clone(),
-            reason: format!("{what}: {}", errno.desc()),
-        };
-        let root = nix::fcntl::open(
-            &root_path,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| root_err("cannot open the kubelet root directory", e))?;
-        let pods_dir = nix::fcntl::openat(
-            &root,
-            PODS_DIR,
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| root_err("cannot open its pods directory", e))?;
+        let pods_dir = self.open_pods()?;
         self.dirty = false;
         let pods_ident = fstat(&pods_dir)
             .map(|st| ident(&st))
-            .map_err(|e| root_err("cannot stat its pods directory", e))?;
+            .map_err(|e| self.root_err("cannot stat its pods directory", e))?;
         let entries = match &mut self.pods_listing {
-            Some(l) if l.ident == pods_ident && l.settled => {
-                l.seen = self.scans;
-                l.entries.clone()
-            }
+            Some(l) if l.ident == pods_ident && l.settled => l.entries.clone(),
             _ => {
                 self.dirty = true;
                 let now = Timestamp::now();
-                let entries =
-                    Arc::new(list_dir(&pods_dir).map_err(|e| root_err("cannot list pods", e))?);
-                self.pods_listing = Some(Listing {
-                    ident: pods_ident,
-                    settled: settled(&pods_ident, now),
-                    entries: entries.clone(),
-                    seen: self.scans,
-                });
+                let entries = Arc::new(
+                    list_dir(&pods_dir).map_err(|e| self.root_err("cannot list pods", e))?,
+                );
+                self.pods_listing = Some(Listing::new(pods_ident, now, entries.clone()));
                 entries
             }
         };
 
-        let pods_path = root_path.join(PODS_DIR);
+        let pods_path = self.opts.kubelet_root.join(PODS_DIR);
         let mut stats = ScanStats {
             watch_dirs: vec![pods_path.clone()],
             ..ScanStats::default()
         };
-        // Volumes confirmed unchanged are placeholders until the end: when
+        // Volumes confirmed unchanged stay cache keys until the end: when
         // nothing at all was read again, the last inventory is reused as is.
-        let mut drafts: Vec<(PodInventory, Deferred)> = Vec::with_capacity(entries.len());
+        let mut drafts: Vec<Draft<'_>> = Vec::with_capacity(entries.len());
+        let mut keys = Vec::with_capacity(self.cache.len());
         for entry in entries.iter() {
-            match entry_type(&pods_dir, entry) {
-                Ok(Type::Directory) => {}
-                // Gone between the listing and the stat: nothing to report.
-                Err(Errno::ENOENT) => continue,
-                // The kubelet only creates directories here: anything else
-                // is reported, never followed (a symlink could point the
-                // agent at any directory on the node).
-                other => {
-                    let e = match other {
-                        Ok(Type::Symlink) => error(
-                            "",
-                            ReadErrorKind::SymlinkEscape,
-                            "the pod entry is a symlink; not followed",
-                        ),
-                        Ok(t) => error(
-                            "",
-                            ReadErrorKind::NotRegularFile,
-                            format!(
-                                "the pod entry is {}, not a directory; not read",
-                                type_name(t)
-                            ),
-                        ),
-                        Err(errno) => errno_error("", "stat of the pod entry", errno),
-                    };
-                    self.dirty = true;
-                    drafts.push((
-                        PodInventory {
-                            uid: escape_name(entry.bytes()),
-                            volumes: Vec::new(),
-                            sub_paths: Vec::new(),
-                            errors: vec![e],
-                        },
-                        Vec::new(),
-                    ));
-                    continue;
-                }
-            }
-            let pod_path = pods_path.join(OsStr::from_bytes(entry.bytes()));
-            self.pending.clear();
-            if let Some(pod) = self.scan_pod(&pods_dir, &entry.name, &pod_path, &mut stats) {
-                drafts.push((pod, std::mem::take(&mut self.pending)));
+            let kind = entry_type(&pods_dir, entry);
+            if let Some(d) = self.pod_entry(
+                &pods_dir,
+                &entry.name,
+                kind,
+                &pods_path,
+                &mut keys,
+                &mut stats,
+            ) {
+                drafts.push(d);
             }
         }
 
-        let scans = self.scans;
-        self.cache.retain(|_, c| c.seen == scans);
-        self.listings.retain(|_, c| c.seen == scans);
+        // Dropping what was not seen is only needed when something changed
+        // since the last full scan; pods confirmed from metadata did not
+        // mark their volumes seen, their keys name them.
+        if self.dirty || self.retain_pending {
+            self.retain_pending = false;
+            let scans = self.scans;
+            let read = drafts.iter().flat_map(|d| match d {
+                Draft::Read(_, refs) => refs.as_slice(),
+                Draft::Confirmed(..) => &[],
+            });
+            for key in read.map(|(_, k)| k).chain(&keys) {
+                if let Some(c) = self.cache.get_mut(key) {
+                    c.seen = scans;
+                }
+            }
+            self.cache.retain(|_, c| c.seen == scans);
+            self.pods.retain(|_, c| c.seen == scans);
+        }
 
         let scanned_at = Timestamp::now();
         let (inventory, changed) = match &self.last {
-            Some(last) if !self.dirty => (last.clone(), false),
+            Some(last) if !self.dirty => {
+                // Nothing was read again: the same directories as after
+                // the last scan.
+                stats.watch_dirs = Vec::new();
+                stats.watch_dirs_unchanged = true;
+                (last.clone(), false)
+            }
             _ => {
-                let mut pods = Vec::with_capacity(drafts.len());
-                for (mut pod, refs) in drafts {
-                    for (i, key) in refs {
-                        match self.cache.get(&key) {
-                            Some(c) => pod.volumes[i] = c.inventory.clone(),
-                            None => pod.volumes[i].errors.push(error(
-                                "",
-                                ReadErrorKind::Io,
-                                "internal: cached volume missing; read again next scan",
-                            )),
-                        }
+                let mut dirs = std::mem::take(&mut stats.watch_dirs);
+                for d in &drafts {
+                    if let Draft::Confirmed(name, _) = d {
+                        self.unchanged_watch_dirs(&pods_path, name, &mut dirs);
                     }
-                    pod.volumes
-                        .sort_by(|a, b| (a.plugin, &a.name).cmp(&(b.plugin, &b.name)));
-                    pods.push(pod);
                 }
-                pods.sort_by(|a, b| a.uid.cmp(&b.uid));
-                let changed = self.last.as_ref().is_none_or(|last| last.pods != pods);
-                if changed && self.last.is_some() {
-                    self.generation += 1;
-                }
-                let mut inv = NodeInventory::new(
-                    self.opts.node.clone(),
-                    env!("CARGO_PKG_VERSION"),
-                    scanned_at,
-                );
-                inv.generation = self.generation;
-                inv.pods = pods;
-                (Arc::new(inv), changed)
+                stats.watch_dirs = dirs;
+                let pods = self.fill(drafts, &keys);
+                self.next_inventory(pods, scanned_at, None)
             }
         };
-        self.last = Some(inventory.clone());
+        Ok(self.finish(started, inventory, changed, scanned_at, stats))
+    }
 
+    /// Rescans only the pod directories named (by their directory names,
+    /// e.g. from inotify events), and keeps every other pod of the last
+    /// inventory as it is. Cost: one stat per volume of the named pods, plus
+    /// hashing only what changed. Without a previous inventory this is a
+    /// full [`scan`](Self::scan). A named pod that is gone (or was never
+    /// there) is dropped from the inventory; a name that is not one path
+    /// component is ignored.
+    ///
+    /// What a lost event would hide (queue overflow, an unwatchable
+    /// directory) is only found by the next full scan: the daemon keeps a
+    /// periodic one as a backstop.
+    pub fn scan_pods<N: AsRef<[u8]>>(&mut self, names: &[N]) -> Result<Scan, Error> {
+        let Some(last) = self.last.clone() else {
+            return self.scan();
+        };
+        let started = Instant::now();
+        self.scans += 1;
+        let pods_dir = self.open_pods()?;
+        self.dirty = false;
+        self.retain_pending = true;
+        let pods_path = self.opts.kubelet_root.join(PODS_DIR);
+        let mut stats = ScanStats::default();
+        let mut uids = std::collections::BTreeSet::new();
+        let mut pod_paths = Vec::new();
+        let mut cnames = Vec::new();
+        for name in names {
+            let bytes = name.as_ref();
+            if bytes.is_empty() || bytes == b"." || bytes == b".." || bytes.contains(&b'/') {
+                continue;
+            }
+            let Ok(cname) = CString::new(bytes) else {
+                continue;
+            };
+            if uids.insert(escape_name(bytes)) {
+                pod_paths.push(pods_path.join(OsStr::from_bytes(bytes)));
+                cnames.push(cname);
+            }
+        }
+        let mut drafts = Vec::with_capacity(cnames.len());
+        let mut keys = Vec::new();
+        for cname in &cnames {
+            let kind = fstatat(
+                pods_dir.as_fd(),
+                cname.as_c_str(),
+                AtFlags::AT_SYMLINK_NOFOLLOW,
+            )
+            .map(|st| type_of_mode(st.st_mode));
+            if let Some(d) =
+                self.pod_entry(&pods_dir, cname, kind, &pods_path, &mut keys, &mut stats)
+            {
+                if let Draft::Confirmed(name, _) = &d {
+                    let mut dirs = std::mem::take(&mut stats.watch_dirs);
+                    self.unchanged_watch_dirs(&pods_path, name, &mut dirs);
+                    stats.watch_dirs = dirs;
+                }
+                drafts.push(d);
+            }
+        }
+        let mut fresh = self.fill(drafts, &keys);
+        fresh.sort_by(|a, b| a.uid.cmp(&b.uid));
+        let old: Vec<&PodInventory> = last.pods.iter().filter(|p| uids.contains(&p.uid)).collect();
+        let changed = old.len() != fresh.len() || old.iter().zip(&fresh).any(|(a, b)| *a != b);
+        let scanned_at = Timestamp::now();
+        let (inventory, changed) = if changed {
+            let pods = last
+                .pods
+                .iter()
+                .filter(|p| !uids.contains(&p.uid))
+                .cloned()
+                .chain(fresh)
+                .collect();
+            self.next_inventory(pods, scanned_at, Some(true))
+        } else {
+            (last, false)
+        };
+        stats.rescanned_pods = Some(pod_paths);
+        Ok(self.finish(started, inventory, changed, scanned_at, stats))
+    }
+
+    /// One entry of the `pods` directory: `None` when it is gone (or was
+    /// removed while it was read).
+    fn pod_entry<'a>(
+        &mut self,
+        pods_dir: &OwnedFd,
+        name: &'a CStr,
+        kind: Result<Type, Errno>,
+        pods_path: &Path,
+        keys: &mut Vec<CacheKey>,
+        stats: &mut ScanStats,
+    ) -> Option<Draft<'a>> {
+        match kind {
+            Ok(Type::Directory) => {}
+            // Gone between the listing and the stat: nothing to report.
+            Err(Errno::ENOENT) => return None,
+            // The kubelet only creates directories here: anything else
+            // is reported, never followed (a symlink could point the
+            // agent at any directory on the node).
+            other => {
+                let e = match other {
+                    Ok(Type::Symlink) => error(
+                        "",
+                        ReadErrorKind::SymlinkEscape,
+                        "the pod entry is a symlink; not followed",
+                    ),
+                    Ok(t) => error(
+                        "",
+                        ReadErrorKind::NotRegularFile,
+                        format!(
+                            "the pod entry is {}, not a directory; not read",
+                            type_name(t)
+                        ),
+                    ),
+                    Err(errno) => errno_error("", "stat of the pod entry", errno),
+                };
+                self.dirty = true;
+                let pod = PodInventory {
+                    uid: escape_name(name.to_bytes()),
+                    volumes: Vec::new(),
+                    sub_paths: Vec::new(),
+                    errors: vec![e],
+                };
+                return Some(Draft::Read(pod, Vec::new()));
+            }
+        }
+        let start = keys.len();
+        if self.pod_unchanged(pods_dir, name, keys, stats).is_some() {
+            return Some(Draft::Confirmed(name.to_bytes(), start..keys.len()));
+        }
+        keys.truncate(start);
+        self.pending.clear();
+        let pod_path = pods_path.join(OsStr::from_bytes(name.to_bytes()));
+        let pod = self.scan_pod(pods_dir, name, &pod_path, stats)?;
+        Some(Draft::Read(pod, std::mem::take(&mut self.pending)))
+    }
+
+    /// Replaces the placeholders of unchanged volumes with their cached
+    /// inventories and puts each pod's volumes in order.
+    fn fill(&self, drafts: Vec<Draft<'_>>, keys: &[CacheKey]) -> Vec<PodInventory> {
+        let missing = |plugin| {
+            let mut v = placeholder(plugin);
+            v.errors.push(error(
+                "",
+                ReadErrorKind::Io,
+                "internal: cached volume missing; read again next scan",
+            ));
+            v
+        };
+        let mut pods = Vec::with_capacity(drafts.len());
+        for d in drafts {
+            let mut pod = match d {
+                Draft::Read(mut pod, refs) => {
+                    for (i, key) in refs {
+                        pod.volumes[i] = match self.cache.get(&key) {
+                            Some(c) => c.inventory.clone(),
+                            None => missing(pod.volumes[i].plugin),
+                        };
+                    }
+                    pod
+                }
+                Draft::Confirmed(name, range) => PodInventory {
+                    uid: escape_name(name),
+                    volumes: keys[range]
+                        .iter()
+                        .map(|k| match self.cache.get(k) {
+                            Some(c) => c.inventory.clone(),
+                            None => missing(Plugin::Secret),
+                        })
+                        .collect(),
+                    sub_paths: Vec::new(),
+                    errors: Vec::new(),
+                },
+            };
+            pod.volumes
+                .sort_by(|a, b| (a.plugin, &a.name).cmp(&(b.plugin, &b.name)));
+            pods.push(pod);
+        }
+        pods
+    }
+
+    /// The inventory of `pods`, with the generation bumped when it differs
+    /// from the last one (`changed` when the caller already knows).
+    fn next_inventory(
+        &mut self,
+        mut pods: Vec<PodInventory>,
+        scanned_at: Timestamp,
+        changed: Option<bool>,
+    ) -> (Arc<NodeInventory>, bool) {
+        pods.sort_by(|a, b| a.uid.cmp(&b.uid));
+        let changed =
+            changed.unwrap_or_else(|| self.last.as_ref().is_none_or(|last| last.pods != pods));
+        if changed && self.last.is_some() {
+            self.generation += 1;
+        }
+        let mut inv = NodeInventory::new(
+            self.opts.node.clone(),
+            env!("CARGO_PKG_VERSION"),
+            scanned_at,
+        );
+        inv.generation = self.generation;
+        inv.pods = pods;
+        (Arc::new(inv), changed)
+    }
+
+    /// Keeps `inventory` as the last one and counts what it holds.
+    fn finish(
+        &mut self,
+        started: Instant,
+        inventory: Arc<NodeInventory>,
+        changed: bool,
+        scanned_at: Timestamp,
+        mut stats: ScanStats,
+    ) -> Scan {
+        self.last = Some(inventory.clone());
         for pod in &inventory.pods {
             stats.pods += 1;
             let mut count = |e: &ReadError| *stats.errors.entry(e.kind).or_default() += 1;
@@ -448,12 +728,111 @@ impl Scanner {
                 .sum::<u64>();
         }
         stats.duration = started.elapsed();
-        Ok(Scan {
+        Scan {
             inventory,
             changed,
             scanned_at,
             stats,
-        })
+        }
+    }
+
+    /// Confirms from metadata alone that a pod read before is unchanged:
+    /// one stat of the pod directory (its entries), one of each plugin
+    /// directory (its volumes) and one of each volume directory (`..data`
+    /// renames), each compared with what the last read saw, all settled.
+    /// Nothing is opened. The stats name paths below `pods/`, so a component
+    /// swapped for a symlink meanwhile could be followed: only an identity
+    /// equal to the cached one (the very directory read safely before) is
+    /// accepted, anything else falls back to the read of
+    /// [`scan_pod`](Self::scan_pod). On success the cache keys of the pod's
+    /// volumes are pushed to `keys` (on failure some may be: the caller
+    /// truncates).
+    fn pod_unchanged(
+        &mut self,
+        pods_dir: &OwnedFd,
+        name: &CStr,
+        keys: &mut Vec<CacheKey>,
+        stats: &mut ScanStats,
+    ) -> Option<()> {
+        let scans = self.scans;
+        // A pod never read (the first scan) costs no stat here.
+        let state = self.pods.get_mut(name.to_bytes())?;
+        let st = fstatat(pods_dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+        if !is_dir(&st) || state.ident != Some(ident(&st)) || !state.settled || !state.clean {
+            return None;
+        }
+        let pod_name = name.to_bytes();
+        let (mut reused, mut listings) = (0, 0);
+        let path = &mut self.path;
+        for plugin in Plugin::ALL {
+            let listing = &state.listings[plugin_index(plugin)];
+            path.clear();
+            path.extend_from_slice(pod_name);
+            path.push(b'/');
+            path.extend_from_slice(VOLUMES_DIR.as_bytes());
+            path.push(b'/');
+            path.extend_from_slice(plugin.dir_name().as_bytes());
+            let plugin_len = path.len();
+            path.push(0);
+            let c = CStr::from_bytes_with_nul(path).ok()?;
+            let l = match (
+                fstatat(pods_dir.as_fd(), c, AtFlags::AT_SYMLINK_NOFOLLOW),
+                listing,
+            ) {
+                (Err(Errno::ENOENT), None) => continue,
+                (Ok(st), Some(l)) if is_dir(&st) && ident(&st) == l.ident && l.settled => l,
+                _ => return None,
+            };
+            listings += 1;
+            for (entry, confirmed) in l.entries.iter().zip(&l.volumes) {
+                let Some(want) = confirmed else {
+                    return None;
+                };
+                path.truncate(plugin_len);
+                path.push(b'/');
+                path.extend_from_slice(entry.bytes());
+                path.push(0);
+                let c = CStr::from_bytes_with_nul(path).ok()?;
+                let st = fstatat(pods_dir.as_fd(), c, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+                let id = ident(&st);
+                if !is_dir(&st) || id != *want {
+                    return None;
+                }
+                keys.push((id.dev, id.ino));
+                reused += 1;
+            }
+        }
+        state.seen = scans;
+        stats.reused += reused;
+        stats.listings_reused += listings;
+        Some(())
+    }
+
+    /// The directories to watch of a pod confirmed by
+    /// [`pod_unchanged`](Self::pod_unchanged), from its cached listings:
+    /// the same ones its last read listed.
+    fn unchanged_watch_dirs(&self, pods_path: &Path, name: &[u8], out: &mut Vec<PathBuf>) {
+        let Some(state) = self.pods.get(name) else {
+            return;
+        };
+        let volumes_path = pods_path.join(OsStr::from_bytes(name)).join(VOLUMES_DIR);
+        let mut any = false;
+        for plugin in Plugin::ALL {
+            let Some(l) = &state.listings[plugin_index(plugin)] else {
+                continue;
+            };
+            any = true;
+            let plugin_path = volumes_path.join(plugin.dir_name());
+            out.extend(
+                l.entries
+                    .iter()
+                    .map(|e| plugin_path.join(OsStr::from_bytes(e.bytes()))),
+            );
+            out.push(plugin_path);
+        }
+        if any {
+            out.push(volumes_path);
+        }
     }
 
     fn scan_pod(
@@ -474,11 +853,13 @@ impl Scanner {
             Ok(fd) => fd,
             Err(Errno::ENOENT) => return None,
             Err(errno) => {
+                self.dirty = true;
                 pod.errors
                     .push(errno_error("", "opening the pod directory", errno));
                 return Some(pod);
             }
         };
+        let read_at = Timestamp::now();
         let pod_ident = fstat(&pod_fd).ok().map(|st| ident(&st));
 
         // Plugin directories are looked at by metadata first; they are only
@@ -519,18 +900,33 @@ impl Scanner {
                 false
             }
         };
-        for plugin in Plugin::ALL.into_iter().filter(|_| volumes_ok) {
+        for plugin in Plugin::ALL {
+            // The listing of a plugin directory no longer there is dropped.
+            let forget = |s: &mut Self| {
+                if let Some(state) = s.pods.get_mut(name.to_bytes()) {
+                    state.listings[plugin_index(plugin)] = None;
+                }
+            };
+            if !volumes_ok {
+                forget(self);
+                continue;
+            }
             let rel = format!("{VOLUMES_DIR}/{}", plugin.dir_name());
             let st = match fstatat(pod_fd.as_fd(), rel.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
                 Ok(st) => st,
-                Err(Errno::ENOENT) => continue,
+                Err(Errno::ENOENT) => {
+                    forget(self);
+                    continue;
+                }
                 Err(errno) => {
+                    forget(self);
                     pod.errors
                         .push(errno_error(&rel, "stat of the plugin directory", errno));
                     continue;
                 }
             };
             if !is_dir(&st) {
+                forget(self);
                 pod.errors.push(error(
                     &rel,
                     ReadErrorKind::NotRegularFile,
@@ -554,7 +950,9 @@ impl Scanner {
         if any_plugin {
             stats.watch_dirs.push(volumes_path);
         }
-        if fstatat(pod_fd.as_fd(), SUBPATHS_DIR, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+        let has_subpaths =
+            fstatat(pod_fd.as_fd(), SUBPATHS_DIR, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok();
+        if has_subpaths {
             match open_dir_at(&pod_fd, &cstr(SUBPATHS_DIR)) {
                 Ok(sfd) => self.scan_subpaths(&mut pod, &sfd),
                 Err(Errno::ENOENT) => {}
@@ -581,6 +979,11 @@ impl Scanner {
         if !pod.errors.is_empty() || !pod.sub_paths.is_empty() {
             self.dirty = true;
         }
+        let state = self.pods.entry(name.to_bytes().to_vec()).or_default();
+        state.ident = pod_ident;
+        state.settled = pod_ident.is_some_and(|id| settled(&id, read_at));
+        state.clean = pod.errors.is_empty() && !has_subpaths;
+        state.seen = self.scans;
         pod.sub_paths.sort_by(|a, b| {
             (&a.volume, &a.container, a.index).cmp(&(&b.volume, &b.container, b.index))
         });
@@ -615,8 +1018,9 @@ impl Scanner {
             Ok(fd)
         };
         let plugin_dev = Some(plugin_ident.dev);
-        let list_key = (pod_name.to_bytes().to_vec(), plugin);
-        let entries = match self.listing(list_key, plugin_ident, || open(&mut opened)) {
+        let entries = match self.listing(pod_name.to_bytes(), plugin, plugin_ident, || {
+            open(&mut opened)
+        }) {
             Ok((e, reused)) => {
                 stats.listings_reused += u64::from(reused);
                 e
@@ -630,7 +1034,8 @@ impl Scanner {
         };
         let before = pod.volumes.len();
         let mut from_cache = 0;
-        for entry in entries.iter() {
+        let mut confirmed = vec![None; entries.len()];
+        for (i, entry) in entries.iter().enumerate() {
             let name = escape_name(entry.bytes());
             let mut volume = VolumeInventory {
                 plugin,
@@ -690,22 +1095,16 @@ impl Scanner {
             };
             let vol_path = plugin_path.join(OsStr::from_bytes(entry.bytes()));
             if let Some(cache_key) = self.unchanged(&key, pod_fd, rel_vol) {
+                confirmed[i] = self
+                    .cache
+                    .get(&cache_key)
+                    .filter(|c| c.volume_settled)
+                    .map(|c| c.volume_ident);
                 stats.reused += 1;
                 from_cache += 1;
                 stats.watch_dirs.push(vol_path);
                 self.pending.push((pod.volumes.len(), cache_key));
-                // A placeholder without allocations, filled in at the end
-                // of the scan only if the inventory is rebuilt.
-                pod.volumes.push(VolumeInventory {
-                    plugin,
-                    name: String::new(),
-                    data_dir: None,
-                    written_at: None,
-                    digest: None,
-                    files: BTreeMap::new(),
-                    modes: BTreeMap::new(),
-                    errors: Vec::new(),
-                });
+                pod.volumes.push(placeholder(plugin));
                 continue;
             }
             let pfd = match open(&mut opened) {
@@ -737,6 +1136,14 @@ impl Scanner {
         if pod.volumes.len() - before != from_cache {
             self.dirty = true;
         }
+        if let Some(l) = self
+            .pods
+            .get_mut(pod_name.to_bytes())
+            .and_then(|s| s.listings[plugin_index(plugin)].as_mut())
+            && Arc::ptr_eq(&l.entries, &entries)
+        {
+            l.volumes = confirmed;
+        }
     }
 
     /// The entries of a plugin directory. A listing is reused while the
@@ -745,29 +1152,25 @@ impl Scanner {
     /// the same timestamp tick as the listing is never missed.
     fn listing(
         &mut self,
-        key: (Vec<u8>, Plugin),
+        pod_name: &[u8],
+        plugin: Plugin,
         id: Ident,
         open: impl FnOnce() -> Result<OwnedFd, Errno>,
     ) -> Result<(Arc<Vec<Entry>>, bool), Errno> {
-        if let Some(c) = self.listings.get_mut(&key)
+        let state = self.pods.entry(pod_name.to_vec()).or_default();
+        let slot = &mut state.listings[plugin_index(plugin)];
+        if let Some(c) = slot.as_ref()
             && c.ident == id
             && c.settled
         {
-            c.seen = self.scans;
             return Ok((c.entries.clone(), true));
         }
         self.dirty = true;
         let now = Timestamp::now();
         let entries = Arc::new(list_dir(&open()?)?);
-        self.listings.insert(
-            key,
-            Listing {
-                ident: id,
-                settled: settled(&id, now),
-                entries: entries.clone(),
-                seen: self.scans,
-            },
-        );
+        // Looked up again: `open` may not borrow the scanner.
+        self.pods.entry(pod_name.to_vec()).or_default().listings[plugin_index(plugin)] =
+            Some(Listing::new(id, now, entries.clone()));
         Ok((entries, false))
     }
 
@@ -945,6 +1348,9 @@ impl Scanner {
                 )));
             }
             self.dirty = true;
+            if !self.caching {
+                return volume;
+            }
             self.cache.insert(
                 (volume_ident.dev, volume_ident.ino),
                 Cached {
@@ -1221,6 +1627,202 @@ mod tests {
         assert_eq!(v.written_at, Some(mtime));
         assert_eq!(scan.stats.rehashed, 1);
         assert_eq!(scan.stats.files, 2);
+    }
+
+    /// Every directory below `pods/` (and `pods/` itself) last modified an
+    /// hour ago, as on a node whose pods started long before: listings and
+    /// volume identities are then settled and reusable.
+    fn age(root: &Path) {
+        fn walk(d: &Path, old: std::time::SystemTime) {
+            for e in std::fs::read_dir(d).unwrap().flatten() {
+                if e.file_type().unwrap().is_dir() {
+                    walk(&e.path(), old);
+                }
+            }
+            std::fs::File::open(d).unwrap().set_modified(old).unwrap();
+        }
+        walk(
+            &root.join(PODS_DIR),
+            std::time::SystemTime::now() - Duration::from_secs(3600),
+        );
+    }
+
+    #[test]
+    fn settled_pods_are_confirmed_by_metadata_and_any_change_is_still_read() {
+        let r = root();
+        let wa = writer(r.path(), "a", Plugin::Secret, "s");
+        wa.write(&payload(&[("k", b"a1")])).unwrap();
+        writer(r.path(), "a", Plugin::Projected, "p")
+            .write(&payload(&[("t", b"tok")]))
+            .unwrap();
+        let wb = writer(r.path(), "b", Plugin::Configmap, "c");
+        wb.write(&payload(&[("k", b"b1")])).unwrap();
+        age(r.path());
+        let mut s = scanner(r.path());
+        let first = s.scan().unwrap();
+        // The second scan confirms `..data` of each volume once more; from
+        // the third on, a pod costs one stat per directory, nothing opened.
+        s.scan().unwrap();
+        let third = s.scan().unwrap();
+        assert!(!third.changed);
+        assert!(Arc::ptr_eq(&third.inventory, &first.inventory));
+        assert!(third.stats.watch_dirs_unchanged);
+        assert_eq!((third.stats.rehashed, third.stats.reused), (0, 3));
+        assert_eq!(third.stats.listings_reused, 3);
+
+        // A swap in a settled pod moves its volume directory's mtime.
+        wa.write(&payload(&[("k", b"a2")])).unwrap();
+        let swapped = s.scan().unwrap();
+        assert!(swapped.changed);
+        assert_eq!(swapped.stats.rehashed, 1);
+        let v = volume(&swapped.inventory, "a", Plugin::Secret, "s");
+        assert_eq!(v.files, expected(&[("k", b"a2")]));
+        assert_eq!(
+            volume(&swapped.inventory, "b", Plugin::Configmap, "c").files,
+            expected(&[("k", b"b1")])
+        );
+        // The rebuilt inventory lists every directory to watch again.
+        assert!(!swapped.stats.watch_dirs_unchanged);
+        let vol_b = volume_dir(r.path(), "b", Plugin::Configmap, "c");
+        assert!(swapped.stats.watch_dirs.contains(&vol_b));
+
+        // A new volume directory in a settled plugin directory, and a new
+        // subPaths directory in a settled pod.
+        age(r.path());
+        s.scan().unwrap();
+        s.scan().unwrap();
+        writer(r.path(), "b", Plugin::Configmap, "c2")
+            .write(&payload(&[("k", b"new")]))
+            .unwrap();
+        let target = subpath_target(r.path(), "a", "s", "ctr", 0);
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::write(&target, b"a2").unwrap();
+        let grown = s.scan().unwrap();
+        assert!(grown.changed);
+        assert_eq!(
+            volume(&grown.inventory, "b", Plugin::Configmap, "c2").files,
+            expected(&[("k", b"new")])
+        );
+        assert_eq!(grown.inventory.pod("a").unwrap().sub_paths.len(), 1);
+    }
+
+    #[test]
+    fn targeted_scan_reads_only_the_named_pods_and_the_full_scan_catches_the_rest() {
+        let r = root();
+        let wa = writer(r.path(), "a", Plugin::Secret, "s");
+        wa.write(&payload(&[("k", b"a1")])).unwrap();
+        let wb = writer(r.path(), "b", Plugin::Secret, "s");
+        wb.write(&payload(&[("k", b"b1")])).unwrap();
+        writer(r.path(), "c", Plugin::Configmap, "c")
+            .write(&payload(&[("k", b"c1")]))
+            .unwrap();
+        age(r.path());
+        let mut s = scanner(r.path());
+        let first = s.scan().unwrap();
+        s.scan().unwrap();
+
+        // Changes everywhere; the events name only pod a.
+        wa.write(&payload(&[("k", b"a2")])).unwrap();
+        wb.write(&payload(&[("k", b"b2")])).unwrap();
+        std::fs::remove_dir_all(pod_dir(r.path(), "c")).unwrap();
+        writer(r.path(), "d", Plugin::Secret, "s")
+            .write(&payload(&[("k", b"d1")]))
+            .unwrap();
+        let targeted = s.scan_pods(&[b"a".as_slice()]).unwrap();
+        assert!(targeted.changed);
+        assert_eq!(
+            targeted.inventory.generation,
+            first.inventory.generation + 1
+        );
+        assert_eq!(
+            targeted.stats.rescanned_pods,
+            Some(vec![pod_dir(r.path(), "a")])
+        );
+        assert_eq!((targeted.stats.rehashed, targeted.stats.reused), (1, 0));
+        let inv = &targeted.inventory;
+        assert_eq!(
+            volume(inv, "a", Plugin::Secret, "s").files,
+            expected(&[("k", b"a2")])
+        );
+        // Nothing else was looked at: b is as it was, c and d as they were.
+        assert_eq!(
+            volume(inv, "b", Plugin::Secret, "s").files,
+            expected(&[("k", b"b1")])
+        );
+        assert!(inv.pod("c").is_some() && inv.pod("d").is_none());
+        assert_eq!(targeted.stats.pods, 3);
+        let vol_a = volume_dir(r.path(), "a", Plugin::Secret, "s");
+        assert!(targeted.stats.watch_dirs.contains(&vol_a));
+        assert!(
+            targeted
+                .stats
+                .watch_dirs
+                .iter()
+                .all(|d| d.starts_with(pod_dir(r.path(), "a"))),
+            "{:?}",
+            targeted.stats.watch_dirs
+        );
+
+        // A named pod that is gone is dropped; naming it again changes nothing.
+        let removed = s.scan_pods(&[b"c".as_slice()]).unwrap();
+        assert!(removed.changed && removed.inventory.pod("c").is_none());
+        let again = s.scan_pods(&[b"c".as_slice(), b"a".as_slice()]).unwrap();
+        assert!(!again.changed);
+        assert!(Arc::ptr_eq(&again.inventory, &removed.inventory));
+
+        // The full scan (the daemon's periodic backstop) finds what no
+        // event named: b's swap and the new pod d.
+        let full = s.scan().unwrap();
+        assert!(full.changed);
+        assert!(full.stats.rescanned_pods.is_none());
+        let inv = &full.inventory;
+        assert_eq!(
+            volume(inv, "b", Plugin::Secret, "s").files,
+            expected(&[("k", b"b2")])
+        );
+        assert_eq!(
+            volume(inv, "d", Plugin::Secret, "s").files,
+            expected(&[("k", b"d1")])
+        );
+        assert_eq!(
+            volume(inv, "a", Plugin::Secret, "s").files,
+            expected(&[("k", b"a2")])
+        );
+        assert!(inv.pod("c").is_none());
+        assert_eq!(full.stats.rehashed, 2, "b and d, not a again");
+        // And it agrees with a scanner that never saw the targeted scans.
+        assert_eq!(inv.pods, scanner(r.path()).scan().unwrap().inventory.pods);
+    }
+
+    #[test]
+    fn scan_once_reads_the_same_inventory_and_keeps_no_cache() {
+        let r = root();
+        writer(r.path(), "a", Plugin::Secret, "s")
+            .write(&payload(&[("k", b"1")]))
+            .unwrap();
+        writer(r.path(), "a", Plugin::Configmap, "c")
+            .write(&payload(&[("k", b"2"), ("d/e", b"3")]))
+            .unwrap();
+        let mut opts = ScanOptions::new(r.path(), "node-a");
+        opts.start_generation = Some(100);
+        let once = Scanner::scan_once(opts).unwrap();
+        let cached = scanner(r.path()).scan().unwrap();
+        assert_eq!(once.inventory.pods, cached.inventory.pods);
+        assert_eq!(once.stats.rehashed, 2);
+    }
+
+    #[test]
+    fn targeted_scan_without_a_previous_inventory_is_a_full_scan() {
+        let r = root();
+        writer(r.path(), "a", Plugin::Secret, "s")
+            .write(&payload(&[("k", b"1")]))
+            .unwrap();
+        writer(r.path(), "b", Plugin::Secret, "s")
+            .write(&payload(&[("k", b"2")]))
+            .unwrap();
+        let scan = scanner(r.path()).scan_pods(&[b"a".as_slice()]).unwrap();
+        assert!(scan.stats.rescanned_pods.is_none());
+        assert_eq!(scan.inventory.pods.len(), 2);
     }
 
     #[test]

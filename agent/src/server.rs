@@ -11,8 +11,8 @@ use hyper::body::{Bytes, Incoming};
 use hyper::service::service_fn;
 use tokio::net::TcpListener;
 
-use crate::daemon::Shutdown;
 use crate::metrics::Metrics;
+use crate::shutdown::Shutdown;
 
 /// How long open connections may take to finish after shutdown starts.
 const DRAIN: Duration = Duration::from_secs(5);

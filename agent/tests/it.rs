@@ -400,6 +400,132 @@ async fn daemon_reacts_to_a_swap_without_waiting_for_the_rescan() {
     );
 }
 
+/// (full scans, targeted scans) the daemon completed so far.
+fn scan_counts(d: &Daemon) -> (u64, u64) {
+    let m = d.metrics();
+    let ok = m.scans.with_label_values(&["ok"]).get();
+    let targeted = m.targeted_scans.get();
+    (ok - targeted, targeted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_rescans_only_the_pods_events_name() {
+    if !inotify_works() {
+        assert!(
+            emulated(),
+            "inotify delivered no event on a native run: that is a failure, not a skip"
+        );
+        eprintln!("SKIPPED: inotify events are not delivered under this emulator (qemu-user)");
+        return;
+    }
+    let r = root();
+    let w = AtomicWriterDouble::new(volume_dir(r.path(), "u1", Plugin::Secret, "s"));
+    w.write(&payload(&[("k", b"v1")])).unwrap();
+    for name in ["a", "b", "c"] {
+        AtomicWriterDouble::new(volume_dir(r.path(), "u2", Plugin::Configmap, name))
+            .write(&payload(&[("k", name.as_bytes())]))
+            .unwrap();
+    }
+    let mut cfg = DaemonConfig::new(ScanOptions::new(r.path(), "n"));
+    // Only inotify can make the daemon rescan within the hour.
+    cfg.rescan_interval = Duration::from_secs(3600);
+    cfg.debounce = Duration::from_millis(20);
+    let daemon = Daemon::start(cfg, CountingSink::default()).await.unwrap();
+    let mut rx = daemon.inventory();
+    let first = wait_for(&mut rx, Duration::from_secs(20), "the first scan", |_| true).await;
+    assert_eq!(scan_counts(&daemon), (1, 0));
+    let reused = || {
+        daemon
+            .metrics()
+            .volume_reads
+            .with_label_values(&["reused"])
+            .get()
+    };
+    let reused_before = reused();
+
+    w.write(&payload(&[("k", b"v2")])).unwrap();
+    let second = wait_for(&mut rx, Duration::from_secs(20), "the swap", |i| {
+        i.generation > first.generation
+    })
+    .await;
+    let v = second.pod("u1").unwrap().volume("s").unwrap();
+    assert_eq!(v.files["k"], Sha256Hex(file_digest(b"v2")));
+    let (full, targeted) = scan_counts(&daemon);
+    assert_eq!(full, 1, "the swap was picked up by a full rescan");
+    assert!(targeted >= 1);
+    // u2's three volumes were not looked at (u1's one volume may be
+    // confirmed by a later scan of the same events).
+    let looked_at = reused() - reused_before;
+    assert!(
+        looked_at <= targeted,
+        "{looked_at} volumes confirmed in {targeted} targeted scans"
+    );
+
+    // A removed pod directory is named by the event on pods/.
+    std::fs::remove_dir_all(r.path().join(PODS_DIR).join("u2")).unwrap();
+    wait_for(&mut rx, Duration::from_secs(20), "u2 to go", |i| {
+        i.pod("u2").is_none()
+    })
+    .await;
+    assert_eq!(
+        scan_counts(&daemon).0,
+        1,
+        "the removal needed a full rescan"
+    );
+
+    tokio::time::timeout(Duration::from_secs(10), daemon.shutdown())
+        .await
+        .expect("shutdown within 10 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn periodic_full_rescan_catches_a_change_no_event_reported() {
+    // subPath targets are not watched (a kubelet bind-mount source, not
+    // where AtomicWriter swaps): a change there never produces an event,
+    // like any change whose event is lost to a queue overflow. With inotify
+    // on, only the periodic full rescan can find it.
+    let r = root();
+    AtomicWriterDouble::new(volume_dir(r.path(), "u1", Plugin::Configmap, "cfg"))
+        .write(&payload(&[("slurm.conf", b"v1")]))
+        .unwrap();
+    let target = mountguard_inventory::layout::subpath_target(r.path(), "u1", "cfg", "slurmd", 0);
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    std::fs::write(&target, b"v1").unwrap();
+    let mut cfg = DaemonConfig::new(ScanOptions::new(r.path(), "n"));
+    cfg.rescan_interval = Duration::from_secs(1);
+    cfg.debounce = Duration::from_millis(20);
+    let daemon = Daemon::start(cfg, CountingSink::default()).await.unwrap();
+    let mut rx = daemon.inventory();
+    let first = wait_for(&mut rx, Duration::from_secs(20), "the first scan", |_| true).await;
+    assert_eq!(
+        first.pod("u1").unwrap().sub_paths[0].files[""],
+        Sha256Hex(file_digest(b"v1"))
+    );
+    let (full_before, _) = scan_counts(&daemon);
+
+    std::fs::write(&target, b"v2").unwrap();
+    let seen = wait_for(
+        &mut rx,
+        Duration::from_secs(30),
+        "the subPath change",
+        |i| {
+            i.pod("u1").is_some_and(|p| {
+                p.sub_paths
+                    .first()
+                    .is_some_and(|s| s.files.get("") == Some(&Sha256Hex(file_digest(b"v2"))))
+            })
+        },
+    )
+    .await;
+    assert!(seen.generation > first.generation);
+    let (full, _) = scan_counts(&daemon);
+    assert!(full > full_before, "found without a full rescan?");
+
+    tokio::time::timeout(Duration::from_secs(10), daemon.shutdown())
+        .await
+        .expect("shutdown within 10 s");
+}
+
 #[test]
 fn run_command_becomes_ready_and_stops_cleanly_on_sigterm() {
     let r = root();
