@@ -449,12 +449,30 @@ pub type StateCounts = Vec<(&'static str, i64)>;
 pub struct MountSeries {
     by_pod: HashMap<Arc<str>, Vec<MountLabels>>,
     counts: HashMap<&'static str, i64>,
+    /// States whose total changed since the last flush.
+    unflushed: Vec<&'static str>,
 }
 
 impl MountSeries {
     /// Replaces pod `uid`'s series with `labels` and its contribution to
     /// the per-state totals from `old_counts` to `new_counts`.
     pub fn replace(
+        &mut self,
+        m: &Metrics,
+        uid: &Arc<str>,
+        labels: Vec<MountLabels>,
+        old_counts: &[(&'static str, i64)],
+        new_counts: &[(&'static str, i64)],
+    ) {
+        self.update(m, uid, labels, old_counts, new_counts);
+        self.flush(m);
+    }
+
+    /// Like [`Self::replace`], but the per-state totals
+    /// (`mountguard_mounts`) are only set by the next [`Self::flush`]: an
+    /// evaluation batch updates them once, so a scrape never sees half a
+    /// batch.
+    pub fn update(
         &mut self,
         m: &Metrics,
         uid: &Arc<str>,
@@ -480,12 +498,21 @@ impl MountSeries {
             *self.counts.entry(s).or_default() += n;
         }
         for (s, _) in old_counts.iter().chain(new_counts.iter()) {
-            m.mounts
-                .with_label_values(&[s])
-                .set(self.counts.get(s).copied().unwrap_or(0));
+            if !self.unflushed.contains(s) {
+                self.unflushed.push(s);
+            }
         }
         if !labels.is_empty() {
             self.by_pod.insert(uid.clone(), labels);
+        }
+    }
+
+    /// Sets the per-state totals changed since the last flush.
+    pub fn flush(&mut self, m: &Metrics) {
+        for s in self.unflushed.drain(..) {
+            m.mounts
+                .with_label_values(&[s])
+                .set(self.counts.get(s).copied().unwrap_or(0));
         }
     }
 
@@ -506,6 +533,7 @@ impl MountSeries {
             *n = 0;
             m.mounts.with_label_values(&[s]).set(0);
         }
+        self.unflushed.clear();
     }
 
     /// Number of pods with series.
