@@ -99,8 +99,9 @@ impl Cluster {
         ]
     }
 
-    /// The pods of node `n`, built as the pod watch builds them: names,
-    /// namespaces, node names and equal volume specs shared through `ix`.
+    /// The pods of node `n`, built as the pod watch builds them
+    /// (`convert::pod`): namespaces, node names, volume names and equal
+    /// volume specs shared through `ix`; each pod's UID and name its own.
     pub fn node_pods(&self, ix: &mut Interner, n: usize) -> Vec<PodModel> {
         (0..self.pods_per_node)
             .map(|j| {
@@ -129,8 +130,6 @@ impl Cluster {
                 }
                 pod.volumes = vols.into();
                 pod.namespace = ix.intern(NS);
-                pod.uid = ix.intern(&pod.uid);
-                pod.name = ix.intern(&pod.name);
                 pod.node = pod.node.map(|n| ix.intern(&n));
                 pod
             })

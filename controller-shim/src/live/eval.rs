@@ -11,7 +11,7 @@
 //! other than Fresh and Skipped are published as
 //! `Unverifiable/ApiUnavailable`: API trouble never turns a mount Stale.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -111,7 +111,7 @@ pub struct EvalTask {
     snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
     applied_gen: HashMap<Arc<str>, u64>,
     nodesets: HashMap<String, Arc<DynamicObject>>,
-    nodesets_listed: HashSet<String>,
+    nodesets_listed: std::collections::HashSet<String>,
     baselined: HashSet<Arc<str>>,
     too_old: HashSet<Arc<str>>,
     reporting: HashMap<Arc<str>, bool>,
@@ -151,12 +151,12 @@ impl EvalTask {
             limiter: RateLimiter::new(Instant::now()),
             events,
             snapshots,
-            applied_gen: HashMap::new(),
-            nodesets: HashMap::new(),
-            nodesets_listed: HashSet::new(),
-            baselined: HashSet::new(),
-            too_old: HashSet::new(),
-            reporting: HashMap::new(),
+            applied_gen: HashMap::default(),
+            nodesets: HashMap::default(),
+            nodesets_listed: std::collections::HashSet::new(),
+            baselined: HashSet::default(),
+            too_old: HashSet::default(),
+            reporting: HashMap::default(),
             evaluated: false,
             degraded: false,
             pending: Pending::default(),
@@ -674,7 +674,7 @@ impl EvalTask {
     fn update_node_metrics(&mut self, now: Timestamp) {
         let max_age = self.engine.config().inventory_max_age;
         let m = &self.shared.metrics;
-        let mut seen: HashSet<Arc<str>> = HashSet::new();
+        let mut seen: HashSet<Arc<str>> = HashSet::default();
         let (mut yes, mut no) = (0i64, 0i64);
         for n in self.index.nodes_with_pods() {
             let ok = self

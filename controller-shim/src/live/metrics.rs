@@ -1,7 +1,7 @@
 //! The controller's Prometheus metrics: one registry, prefix `mountguard_`,
 //! the names of the runtime contract (the chart's alerts use them).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use prometheus::{

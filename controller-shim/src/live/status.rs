@@ -11,7 +11,9 @@
 //! the source's current fingerprint and, per consumer, the source
 //! fingerprints it was verified against on the node and the scan time.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
