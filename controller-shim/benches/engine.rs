@@ -11,14 +11,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use jiff::{SignedDuration, Timestamp};
-use mountguard_controller::Fingerprinter;
-use mountguard_controller::index::ClusterIndex;
-use mountguard_controller::model::{
+use mountguard_core::Fingerprinter;
+use mountguard_core::index::ClusterIndex;
+use mountguard_core::model::{
     ContainerKind, ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel,
     ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
     VolumeModel, VolumeSource,
 };
-use mountguard_controller::verdict::{Config, Engine, EngineState, State};
+use mountguard_core::verdict::{Config, Engine, EngineState, State};
 use mountguard_inventory::{
     NodeInventory, Plugin, PodInventory, Sha256Hex, VolumeInventory, file_digest,
 };

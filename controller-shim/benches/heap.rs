@@ -27,12 +27,12 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use jiff::Timestamp;
-use mountguard_controller::index::ClusterIndex;
 use mountguard_controller::live::Shared;
 use mountguard_controller::live::eval::{EvalTask, EvaluationSnapshot, Input};
 use mountguard_controller::live::metrics::Metrics;
-use mountguard_controller::model::{Interner, ObservedNode};
-use mountguard_controller::{Config, Engine, EngineState, Fingerprinter};
+use mountguard_core::index::ClusterIndex;
+use mountguard_core::model::{Interner, ObservedNode};
+use mountguard_core::{Config, Engine, EngineState, Fingerprinter};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 use cluster::Cluster;
@@ -225,10 +225,10 @@ fn live_pass(c: Cluster) {
 /// bytes; what they point to is counted by the passes).
 fn sizes() {
     use mountguard_controller::live::status::PodCheck;
-    use mountguard_controller::model::{
+    use mountguard_core::model::{
         ContainerModel, ObservedPod, ObservedVolume, PodModel, SourceRef, VolumeModel,
     };
-    use mountguard_controller::verdict::{PodHistory, PodVerdicts, SubjectHistory, Verdict};
+    use mountguard_core::verdict::{PodHistory, PodVerdicts, SubjectHistory, Verdict};
     use std::mem::size_of;
     println!(
         "type sizes (bytes): PodModel {}, VolumeModel {}, ContainerModel {}, ObservedPod {}, \

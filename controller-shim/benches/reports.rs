@@ -35,8 +35,8 @@ use mountguard_controller::live::eval::{self, EvalTask, EvaluationSnapshot, Inpu
 use mountguard_controller::live::metrics::Metrics;
 use mountguard_controller::live::report::{self, CountLimits, ReportConfig, ReportHandler};
 use mountguard_controller::live::{Shared, Shutdown};
-use mountguard_controller::model::{Interner, SourceKind};
-use mountguard_controller::{Config, Engine, Fingerprinter};
+use mountguard_core::model::{Interner, SourceKind};
+use mountguard_core::{Config, Engine, Fingerprinter};
 use mountguard_inventory::report::Heartbeat;
 use nix::sys::resource::{UsageWho, getrusage};
 

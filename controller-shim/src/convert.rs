@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::READ_AT_START_ANNOTATION;
-use crate::model::{
+use mountguard_core::model::{
     ContainerKind, ContainerModel, EnvRef, Interner, KeyToPath, MountModel, PodModel,
     ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
     VolumeModel, VolumeSource, parse_read_at_start,
@@ -370,7 +370,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         slurm_node: nodeset.as_ref().and_then(|_| {
             meta.labels
                 .as_ref()
-                .and_then(|l| l.get(crate::remediation::POD_HOSTNAME_LABEL))
+                .and_then(|l| l.get(mountguard_core::remediation::POD_HOSTNAME_LABEL))
                 .map(|h| interner.intern(h))
         }),
         nodeset,
@@ -505,7 +505,7 @@ pub fn describe_item(item: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Interner, VolumeSource};
+    use mountguard_core::model::{Interner, VolumeSource};
     use mountguard_inventory::file_digest;
     use serde_json::json;
 

@@ -1,61 +1,22 @@
-//! mountguard controller library.
+//! mountguard controller library: the edges around the pure core
+//! (`mountguard-core`).
 //!
-//! The heart of the controller is the **verdict engine**: a pure function of
-//! the cluster's pods and source objects (Secrets, ConfigMaps), the node
-//! inventories reported by the agents, an explicit history
-//! ([`EngineState`]) and the current time. It computes what the kubelet
-//! should have projected into every Secret, ConfigMap and projected volume,
-//! every subPath mount and every environment reference, compares that with
-//! what the agent saw on the node, and returns one [`Verdict`] per subject.
-//!
-//! Layout:
-//! * [`model`]: the compact, kube-free model (pods, sources, observed node
-//!   content); Secret and ConfigMap content is hashed when the model is built
-//!   and the plaintext dropped.
+//! The verdict engine, the model, the kubelet's projection rules, the
+//! rollout decision and the remediation decisions live in
+//! [`mountguard_core`], which has no Kubernetes client, runtime or HTTP
+//! dependency. This crate holds what touches the world:
 //! * [`convert`]: the edge from k8s-openapi types (and raw `kubectl` JSON)
-//!   into the model.
-//! * [`projection`]: the kubelet's projection rules: expected files per
-//!   volume, subPath and env reference.
-//! * [`index`]: the in-memory index (pods by source and by node) a caller
-//!   updates incrementally.
-//! * [`verdict`]: evaluation, verdict types and the engine state.
-//! * [`fingerprint`]: keyed fingerprints, the only form in which digests
-//!   leave the engine.
+//!   into the core model.
 //! * [`offline`]: the `verify` command.
-//! * [`rollout`]: the rollout gate's decision (`wait`): is an object's
-//!   current content verified on every node, and what is missing.
-//! * [`live`]: the running controller (`run`, `status`).
+//! * [`live`]: the running controller (`run`, `status`, `wait`): watches,
+//!   the report API, evaluation, metrics, Events, leader election, the
+//!   slurmrestd client and the remediation executor.
 
 pub mod convert;
-pub mod fingerprint;
-pub mod index;
 pub mod live;
-pub mod model;
 pub mod offline;
-pub mod projection;
-pub mod remediation;
-pub mod rollout;
-#[doc(hidden)]
-pub mod testkit;
-pub mod verdict;
 
-#[cfg(test)]
-mod engine_tests;
-#[cfg(test)]
-mod kubelet_rules_tests;
-
-pub use fingerprint::{Fingerprint, Fingerprinter};
-pub use index::{ClusterIndex, PodId};
-pub use model::{Digest, Interner, ObservedNode, PodModel, SourceContent, SourceKind, SourceRef};
-pub use verdict::{
-    Config, Engine, EngineState, Evaluation, FrozenCause, StaleCause, State, Subject,
-    UnverifiableReason, Verdict,
-};
-
-/// Annotation (on the pod, or on a NodeSet pod template, from which pods
-/// inherit it) listing, comma separated, the volumes whose content the pod's
-/// process reads only at start.
-pub const READ_AT_START_ANNOTATION: &str = "mountguard.io/read-at-start";
+pub use mountguard_core::READ_AT_START_ANNOTATION;
 
 /// Errors of the controller library.
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +85,14 @@ pub enum Error {
         /// Why the connection failed.
         message: String,
     },
+}
+
+impl From<mountguard_core::Error> for Error {
+    fn from(e: mountguard_core::Error) -> Self {
+        match e {
+            mountguard_core::Error::Config(m) => Error::Config(m),
+        }
+    }
 }
 
 impl Error {

@@ -16,10 +16,10 @@ use serde_json::Value;
 
 use crate::Error;
 use crate::convert::{self, RawPodExtras, describe_item};
-use crate::fingerprint::Fingerprinter;
-use crate::index::ClusterIndex;
-use crate::model::ObservedNode;
-use crate::verdict::{Config, Engine, EngineState, Evaluation, State, VerdictView};
+use mountguard_core::fingerprint::Fingerprinter;
+use mountguard_core::index::ClusterIndex;
+use mountguard_core::model::ObservedNode;
+use mountguard_core::verdict::{Config, Engine, EngineState, Evaluation, State, VerdictView};
 
 /// Command line of `mountguard-controller`.
 #[derive(Debug, Parser)]
@@ -448,18 +448,7 @@ fn write_table(
             continue;
         }
         let view = v.view(p);
-        let subject = match (
-            view.subject,
-            view.volume,
-            view.container,
-            view.sub_path,
-            view.env,
-        ) {
-            ("subPath", Some(vol), Some(c), Some(sp), _) => format!("subPath {c}:{vol}/{sp}"),
-            ("env", _, Some(c), _, Some(e)) => format!("env {c}:{e}"),
-            (_, Some(vol), _, _, _) => format!("volume {vol}"),
-            _ => view.subject.to_string(),
-        };
+        let subject = p.subject(v).text();
         let who = format!("{}/{} {subject}", view.namespace, view.pod);
         let fps = format!(
             "{} vs {}",
@@ -552,7 +541,7 @@ fn write_table(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::{NodeB, ts};
+    use mountguard_core::testkit::{NodeB, ts};
     use mountguard_inventory::Plugin;
     use serde_json::json;
 

@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 use mountguard_agent::{Backoff, Daemon, DaemonConfig, HttpSink, HttpSinkConfig, ScanOptions};
 use mountguard_controller::live::args::{ObjectName, RemediationMode};
 use mountguard_controller::live::{Controller, RunArgs};
-use mountguard_controller::remediation::{
-    ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION,
-};
+use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -765,7 +763,7 @@ async fn remediate(
         "remediation: {} worker(s) can be fixed by a replacement; one at a time (budget 1 per NodeSet)",
         fixable.len()
     ));
-    let read_attempts = || -> Vec<mountguard_controller::remediation::Attempt> {
+    let read_attempts = || -> Vec<mountguard_core::remediation::Attempt> {
         api.get(&resources::NODESETS, SLURM_NAMESPACE, NODESET)
             .ok()
             .and_then(|ns| {

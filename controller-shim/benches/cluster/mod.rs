@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
-use mountguard_controller::model::{
+use mountguard_core::model::{
     Interner, PodModel, SourceContent, SourceKind, SourceProjection, SourceRef, VolumeSource,
 };
-use mountguard_controller::testkit::PodB;
+use mountguard_core::testkit::PodB;
 use mountguard_inventory::{
     NodeInventory, Plugin, PodInventory, Sha256Hex, VolumeInventory, file_digest, volume_digest,
 };

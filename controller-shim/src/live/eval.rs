@@ -7,9 +7,10 @@
 //!
 //! Nothing is evaluated before every watch finished its initial list
 //! (missing sources would read as SourceMissing) or while this replica
-//! does not act. While the Secret or ConfigMap watch is failing, verdicts
-//! other than Fresh and Skipped are published as
-//! `Unverifiable/ApiUnavailable`: API trouble never turns a mount Stale.
+//! does not act. The health of the Secret and ConfigMap watches is an input
+//! of the engine: while one is failing, the engine's API rule publishes
+//! verdicts other than Fresh and Skipped as `Unverifiable/ApiUnavailable`
+//! (API trouble never turns a mount Stale).
 
 use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
@@ -23,12 +24,11 @@ use tracing::{debug, info};
 
 use super::events::{EventRequest, RateLimiter, Tracker};
 use super::metrics::{MountLabels, MountSeries, StateCounts};
-use super::status::subject_text;
-use super::{Shared, Shutdown};
-use crate::index::ClusterIndex;
-use crate::model::{ObservedNode, PodModel, SourceContent, SourceRef};
-use crate::verdict::{
-    Engine, EngineState, PodVerdicts, State, Subject, UnverifiableReason, Verdict,
+use super::shared::{Shared, Shutdown};
+use mountguard_core::index::ClusterIndex;
+use mountguard_core::model::{ObservedNode, PodModel, SourceContent, SourceRef};
+use mountguard_core::verdict::{
+    ApiHealth, Engine, EngineState, PodVerdicts, State, UnverifiableReason, Verdict,
 };
 
 /// How long a batch collects further inputs after its first one.
@@ -116,7 +116,6 @@ pub struct EvalTask {
     too_old: HashSet<Arc<str>>,
     reporting: HashMap<Arc<str>, bool>,
     evaluated: bool,
-    degraded: bool,
     pending: Pending,
 }
 
@@ -158,7 +157,6 @@ impl EvalTask {
             too_old: HashSet::default(),
             reporting: HashMap::default(),
             evaluated: false,
-            degraded: false,
             pending: Pending::default(),
         }
     }
@@ -330,13 +328,17 @@ impl EvalTask {
         if !self.shared.is_ready() || !self.shared.is_acting() {
             return;
         }
-        let degraded = self.shared.health.sources_degraded();
-        if degraded != self.degraded {
+        let api = if self.shared.health.sources_degraded() {
+            ApiHealth::Unavailable
+        } else {
+            ApiHealth::Available
+        };
+        if api != self.engine.api_health() {
             info!(
-                degraded,
+                degraded = api == ApiHealth::Unavailable,
                 "Secret/ConfigMap watch health changed; re-evaluating everything"
             );
-            self.degraded = degraded;
+            self.engine.set_api_health(api);
             full = true;
         }
         // Inventories that aged past the limit (or recovered).
@@ -383,7 +385,7 @@ impl EvalTask {
         self.update_node_metrics(now);
     }
 
-    fn mark(&self, dirty: &mut HashSet<Arc<str>>, ids: Vec<crate::PodId>) {
+    fn mark(&self, dirty: &mut HashSet<Arc<str>>, ids: Vec<mountguard_core::PodId>) {
         for id in ids {
             if let Some(p) = self.index.pod(id) {
                 dirty.insert(p.uid.clone());
@@ -427,10 +429,10 @@ impl EvalTask {
 
     /// What the rollout endpoint says about a source: its current
     /// fingerprint (from the engine's history), UID and change time.
-    fn source_item(&self, r: &SourceRef) -> Option<crate::rollout::SourceItem> {
+    fn source_item(&self, r: &SourceRef) -> Option<mountguard_core::rollout::SourceItem> {
         let content = self.index.source(r)?;
         let h = self.state.sources.get(r);
-        Some(crate::rollout::SourceItem {
+        Some(mountguard_core::rollout::SourceItem {
             kind: r.kind.as_str().to_string(),
             namespace: r.namespace.to_string(),
             name: r.name.to_string(),
@@ -447,7 +449,7 @@ impl EvalTask {
         if refs.is_empty() {
             return;
         }
-        let items: Vec<(SourceRef, Option<crate::rollout::SourceItem>)> = refs
+        let items: Vec<(SourceRef, Option<mountguard_core::rollout::SourceItem>)> = refs
             .into_iter()
             .map(|r| {
                 let item = self.source_item(&r);
@@ -549,17 +551,7 @@ impl EvalTask {
         // before or after, and the lock is not taken per pod.
         let shared = self.shared.clone();
         let mut store = shared.verdicts.write().unwrap();
-        for mut pv in pods {
-            if self.degraded {
-                for v in pv.verdicts.iter_mut() {
-                    if !matches!(
-                        v.state,
-                        State::Fresh | State::Skipped(_) | State::Unverifiable(_)
-                    ) {
-                        v.state = State::Unverifiable(UnverifiableReason::ApiUnavailable);
-                    }
-                }
-            }
+        for pv in pods {
             let old = store
                 .pods
                 .get(&pv.pod.uid)
@@ -583,7 +575,7 @@ impl EvalTask {
         self.publish_unscheduled(full, &dirty);
         if full {
             let all: Vec<SourceRef> = self.index.sources().map(|(r, _)| r.clone()).collect();
-            let items: HashMap<SourceRef, crate::rollout::SourceItem> = all
+            let items: HashMap<SourceRef, mountguard_core::rollout::SourceItem> = all
                 .iter()
                 .filter_map(|r| self.source_item(r).map(|i| (r.clone(), i)))
                 .collect();
@@ -713,10 +705,10 @@ impl EvalTask {
 }
 
 /// A fingerprint as the engine's history spells it (12 hex characters).
-fn parse_fingerprint(hex_text: &str) -> Option<crate::Fingerprint> {
-    let mut fp = [0u8; crate::Fingerprint::LEN];
+fn parse_fingerprint(hex_text: &str) -> Option<mountguard_core::Fingerprint> {
+    let mut fp = [0u8; mountguard_core::Fingerprint::LEN];
     hex::decode_to_slice(hex_text, &mut fp).ok()?;
-    Some(crate::Fingerprint(fp))
+    Some(mountguard_core::Fingerprint(fp))
 }
 
 /// Subjects per state name of one pod.
@@ -751,13 +743,7 @@ pub fn has_series(s: &State) -> bool {
 /// The `mountguard_mount_state` labels of a verdict.
 pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
     let pod = &pv.pod;
-    let volume = match pv.subject(v) {
-        Subject::Volume { volume } => volume.to_string(),
-        Subject::SubPath {
-            container, index, ..
-        } => format!("subPath:{container}/{index}"),
-        Subject::Env { container, var } => format!("env:{container}/{var}"),
-    };
+    let volume = pv.subject(v).metric_label();
     let sources = pv.sources(v);
     let (kind, name) = match sources.first() {
         Some(r) => (r.kind.as_str().to_string(), r.name.to_string()),
@@ -781,7 +767,7 @@ pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
 /// the engine's explanation.
 pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &super::status::PodCheck) -> String {
     let view = v.view(pv);
-    let mut m = format!("{} is {}", subject_text(&pv.subject(v)), v.state.tag());
+    let mut m = format!("{} is {}", pv.subject(v).text(), v.state.tag());
     let sources: Vec<String> = view
         .sources
         .iter()
@@ -869,9 +855,9 @@ pub async fn run(mut task: EvalTask, mut rx: mpsc::Receiver<Input>, mut shutdown
 mod tests {
     use super::*;
     use crate::live::metrics::Metrics;
-    use crate::model::{SourceKind, VolumeSource};
-    use crate::testkit::*;
-    use crate::{Config, Fingerprinter};
+    use mountguard_core::model::{SourceKind, VolumeSource};
+    use mountguard_core::testkit::*;
+    use mountguard_core::{Config, Fingerprinter};
     use mountguard_inventory::Plugin;
     use std::sync::atomic::Ordering;
 
@@ -945,14 +931,14 @@ mod tests {
         String::from_utf8(r.shared.metrics.encode()).unwrap()
     }
 
-    use crate::model::Interner;
+    use mountguard_core::model::Interner;
 
     /// The rollout document follows the source's current fingerprint and
     /// what each consumer was verified against, and the gate's decision on
     /// it follows a rotation (recreate under the same name) to the end.
     #[test]
     fn rollout_document_tracks_rotation_per_consumer() {
-        use crate::rollout::{Target, decide};
+        use mountguard_core::rollout::{Target, decide};
         let mut r = rig();
         let mut ix = Interner::default();
         let t0 = ts("2026-11-30T10:00:00Z");

@@ -27,9 +27,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::Shutdown;
 use super::metrics::Metrics;
-use crate::verdict::{StaleCause, State, SubjectId};
+use super::shared::Shutdown;
+use mountguard_core::verdict::{StaleCause, State, SubjectId};
 
 /// The reporting component of Events.
 pub const REPORTING_COMPONENT: &str = "mountguard-controller";
@@ -344,7 +344,7 @@ pub async fn run_emitter(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verdict::{FrozenCause, UnverifiableReason};
+    use mountguard_core::verdict::{FrozenCause, UnverifiableReason};
 
     const FRESH: State = State::Fresh;
     const STALE: State = State::Stale(StaleCause::ImmutableCache);

@@ -9,8 +9,8 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 
 use super::report::json_response;
+use super::shared::{Shared, Shutdown};
 use super::status::Query;
-use super::{Shared, Shutdown};
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     Response::builder()
@@ -53,7 +53,7 @@ pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {
         }
         p if p.starts_with("/v1/rollouts/") => {
             let rest = &p["/v1/rollouts/".len()..];
-            match rest.parse::<crate::rollout::Target>() {
+            match rest.parse::<mountguard_core::rollout::Target>() {
                 Ok(t) => {
                     let doc = shared.verdicts.read().unwrap().rollout(
                         &t,
@@ -136,7 +136,7 @@ mod tests {
         assert_eq!(get(&shared, "/nope").0, StatusCode::NOT_FOUND);
         let (s, v) = get(&shared, "/v1/rollouts/secret/slurm/slurm-auth-slurm");
         assert_eq!(s, StatusCode::OK);
-        let doc: crate::rollout::RolloutDoc = serde_json::from_str(&v).unwrap();
+        let doc: mountguard_core::rollout::RolloutDoc = serde_json::from_str(&v).unwrap();
         assert_eq!(doc.target, "secret/slurm/slurm-auth-slurm");
         assert!(!doc.acting && !doc.sources[0].present, "{doc:?}");
         for bad in [
@@ -150,7 +150,7 @@ mod tests {
 
     #[test]
     fn source_watch_health() {
-        let h = crate::live::watch::Health::default();
+        let h = crate::live::shared::Health::default();
         h.register("pods", true);
         h.register("secrets/ns", true);
         h.register("nodesets", false);

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use super::args::RunArgs;
 use super::eval::Input;
 use super::report::ReportHandler;
-use super::{Shared, Shutdown};
+use super::shared::{Shared, Shutdown};
 
 /// Label set on the acting replica's pod (the report Service selects it).
 pub const LEADER_LABEL: &str = "mountguard.io/leader";

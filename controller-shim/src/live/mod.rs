@@ -12,17 +12,23 @@
 //! * the evaluation task ([`eval`]): owns the index, the engine state and
 //!   the published verdicts; re-evaluates only the pods a change touches;
 //! * Events ([`events`]), the metrics/status server ([`http`]) and leader
-//!   election ([`leader`]).
+//!   election ([`leader`]);
+//! * remediation (opt-in, [`executor`]): plans and steps attempts with the
+//!   core's pure machine and performs them (NodeSet annotations, evictions,
+//!   cordons, Events, and slurmrestd through [`slurm`]).
 
 pub mod args;
 pub mod auth;
 pub mod client;
 pub mod eval;
 pub mod events;
+pub mod executor;
 mod http;
 pub(crate) mod leader;
 pub mod metrics;
 pub mod report;
+pub mod shared;
+pub mod slurm;
 pub mod status;
 pub mod tls;
 pub mod wait;
@@ -30,7 +36,6 @@ pub mod watch;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch as tokio_watch};
@@ -41,71 +46,12 @@ pub use args::RunArgs;
 pub use auth::{AuthError, ReviewedUser, TokenReviewer};
 pub use eval::EvaluationSnapshot;
 pub use metrics::Metrics;
+pub use shared::{Shared, Shutdown};
 
 use crate::Error;
 
 /// How long [`Controller::shutdown`] waits for tasks to finish.
 pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
-
-/// One shutdown signal shared by every task.
-#[derive(Debug, Clone)]
-pub struct Shutdown(tokio_watch::Receiver<bool>);
-
-impl Shutdown {
-    /// A signal and its trigger.
-    pub fn new() -> (tokio_watch::Sender<bool>, Self) {
-        let (tx, rx) = tokio_watch::channel(false);
-        (tx, Self(rx))
-    }
-
-    /// Resolves when shutdown was requested (or the trigger dropped).
-    pub async fn wait(&mut self) {
-        let _ = self.0.wait_for(|v| *v).await;
-    }
-
-    /// Whether shutdown was requested.
-    pub fn is_set(&self) -> bool {
-        *self.0.borrow()
-    }
-}
-
-/// State shared between the tasks.
-#[derive(Debug)]
-pub struct Shared {
-    /// Metrics.
-    pub metrics: Metrics,
-    /// This replica acts (leader, or no election).
-    pub acting: AtomicBool,
-    /// Every watch finished its initial list.
-    pub ready: AtomicBool,
-    /// Published verdicts (for `/v1/verdicts`).
-    pub verdicts: std::sync::RwLock<status::VerdictStore>,
-    /// Sync state and errors of the watches.
-    pub health: watch::Health,
-}
-
-impl Shared {
-    /// New shared state with `metrics`.
-    pub fn new(metrics: Metrics) -> Self {
-        Self {
-            metrics,
-            acting: AtomicBool::new(false),
-            ready: AtomicBool::new(false),
-            verdicts: std::sync::RwLock::new(status::VerdictStore::default()),
-            health: watch::Health::default(),
-        }
-    }
-
-    /// Whether this replica acts.
-    pub fn is_acting(&self) -> bool {
-        self.acting.load(Ordering::Acquire)
-    }
-
-    /// Whether the initial lists are done.
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
-    }
-}
 
 /// A running controller.
 #[derive(Debug)]
@@ -125,7 +71,7 @@ impl Controller {
     /// watches sync in the background ([`Controller::is_ready`]).
     pub async fn start(args: RunArgs) -> Result<Controller, Error> {
         let key = load_fingerprint_key(args.fingerprint_key_file.as_deref())?;
-        let fingerprinter = crate::Fingerprinter::new(&key)?;
+        let fingerprinter = mountguard_core::Fingerprinter::new(&key)?;
         drop(key);
         let client = kube_client(args.kubeconfig.as_deref()).await?;
         let tls = if args.insecure_plaintext_reports {
@@ -247,8 +193,8 @@ impl Controller {
                 shutdown.clone(),
             )),
         ));
-        let engine = crate::Engine::new(
-            crate::Config {
+        let engine = mountguard_core::Engine::new(
+            mountguard_core::Config {
                 grace: args.grace_signed(),
                 inventory_max_age: jiff::SignedDuration::try_from(args.inventory_max_age)
                     .unwrap_or(jiff::SignedDuration::MAX),
@@ -275,7 +221,7 @@ impl Controller {
             )),
         ));
         if args.remediation != args::RemediationMode::Off {
-            let t = crate::remediation::executor::spawn(
+            let t = executor::spawn(
                 &args,
                 client.clone(),
                 shared.clone(),

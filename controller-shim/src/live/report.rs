@@ -33,7 +33,7 @@ use super::auth::{
     AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenBucket, TokenReviewer, authorize,
 };
 use super::eval::Input;
-use super::{Shared, Shutdown};
+use super::shared::{Shared, Shutdown};
 
 /// Limits on what one inventory may contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

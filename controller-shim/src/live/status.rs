@@ -7,7 +7,7 @@
 //! `Stale/ImmutableCachePinned`). Fingerprints only, never digests or data.
 //!
 //! `GET /v1/rollouts/{secret|configmap|nodeset|pod}/{namespace}/{name}`
-//! returns the rollout gate's document ([`crate::rollout::RolloutDoc`]):
+//! returns the rollout gate's document ([`mountguard_core::rollout::RolloutDoc`]):
 //! the source's current fingerprint and, per consumer, the source
 //! fingerprints it was verified against on the node and the scan time.
 
@@ -21,10 +21,12 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::Fingerprint;
-use crate::model::{PodModel, SourceRef};
-use crate::rollout::{AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource};
-use crate::verdict::{PodVerdicts, State, Subject, Verdict};
+use mountguard_core::Fingerprint;
+use mountguard_core::model::{PodModel, SourceRef};
+use mountguard_core::rollout::{
+    AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
+};
+use mountguard_core::verdict::{PodVerdicts, State, Verdict};
 
 /// What one pod's verdicts were computed against: the node inventory's scan
 /// time and the fingerprint of every source the pod references.
@@ -64,7 +66,7 @@ pub struct VerdictStore {
     /// Per node with pods: whether its agent reports.
     pub reporting: HashMap<Arc<str>, bool>,
     /// Pods not scheduled yet (no node, so no verdicts), per UID.
-    pub unscheduled: HashMap<Arc<str>, Arc<crate::PodModel>>,
+    pub unscheduled: HashMap<Arc<str>, Arc<mountguard_core::PodModel>>,
 }
 
 /// One remediation attempt as the status endpoint returns it.
@@ -107,7 +109,7 @@ pub struct AttemptItem {
 
 impl AttemptItem {
     /// The item for one attempt.
-    pub fn from_attempt(a: &crate::remediation::Attempt) -> Self {
+    pub fn from_attempt(a: &mountguard_core::remediation::Attempt) -> Self {
         Self {
             id: a.id.clone(),
             namespace: a.namespace.clone(),
@@ -275,21 +277,6 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The subject as shown to operators (also the `volume` metric label's
-/// base).
-pub fn subject_text(s: &Subject) -> String {
-    match s {
-        Subject::Volume { volume } => format!("volume {volume}"),
-        Subject::SubPath {
-            container,
-            volume,
-            sub_path,
-            ..
-        } => format!("subPath {container}:{volume}/{sub_path}"),
-        Subject::Env { container, var } => format!("env {container}:{var}"),
-    }
-}
-
 /// The sources of verdict `v` with the fingerprints `check` recorded.
 fn verified_sources(
     pv: &PodVerdicts,
@@ -318,7 +305,7 @@ pub fn item(pv: &PodVerdicts, v: &Verdict, check: Option<&PodCheck>) -> StatusIt
         pod: view.pod.to_string(),
         node: view.node.map(str::to_string),
         nodeset: view.nodeset.map(str::to_string),
-        subject: subject_text(&pv.subject(v)),
+        subject: pv.subject(v).text(),
         state: view.state.to_string(),
         cause: view.cause.map(str::to_string),
         sources: view
@@ -423,7 +410,7 @@ impl VerdictStore {
                     pod: pod.name.to_string(),
                     node: pod.node.as_deref().map(str::to_string),
                     nodeset: pod.nodeset.as_deref().map(str::to_string),
-                    subject: subject_text(&pv.subject(v)),
+                    subject: pv.subject(v).text(),
                     state: v.state.tag(),
                     sources,
                     verified_at: check.and_then(|c| c.scanned_at).map(|t| t.to_string()),
@@ -758,8 +745,8 @@ pub(crate) fn write_aligned<const N: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::*;
-    use crate::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
+    use mountguard_core::testkit::*;
+    use mountguard_core::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
 
     #[test]
     fn unreachable_controller_says_how_to_reach_it() {
@@ -812,7 +799,12 @@ mod tests {
         let pod = PodB::new("ns", "p1", "u1", "n1")
             .volume(
                 "cfg",
-                crate::model::VolumeSource::Object(obj(SourceKind::ConfigMap, "cm", &[], false)),
+                mountguard_core::model::VolumeSource::Object(obj(
+                    SourceKind::ConfigMap,
+                    "cm",
+                    &[],
+                    false,
+                )),
             )
             .build();
         ix.apply_pod(pod);
@@ -894,7 +886,7 @@ mod tests {
 
     #[test]
     fn attempts_are_listed_open_first_filtered_and_printed() {
-        use crate::remediation::{Attempt, Phase};
+        use mountguard_core::remediation::{Attempt, Phase};
         let t0: jiff::Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
         let mk = |id: &str, ns: &str, pod: &str, node: &str, phase: Phase, min: i64| {
             let mut a = Attempt::new(
@@ -917,7 +909,7 @@ mod tests {
             "slurm",
             "worker-1",
             "node-b",
-            Phase::Failed(crate::remediation::FailReason::ReplacementStale),
+            Phase::Failed(mountguard_core::remediation::FailReason::ReplacementStale),
             1,
         );
         failed.kept_drained = true;

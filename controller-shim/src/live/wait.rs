@@ -1,6 +1,6 @@
 //! `mountguard-controller wait` (and `kubectl mountguard wait`): polls
 //! `GET /v1/rollouts/{kind}/{namespace}/{name}` until the rollout gate's
-//! decision ([`crate::rollout::decide`]) says every consumer is verified
+//! decision ([`mountguard_core::rollout::decide`]) says every consumer is verified
 //! for the current content, or the timeout passes.
 //!
 //! Exit codes: 0 complete; 1 timed out (what is missing is printed); 2 bad
@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::client::Endpoint;
 use super::status::{StatusOutput, write_aligned};
 use crate::Error;
-use crate::rollout::{Progress, RolloutDoc, SourceItem, Target, decide};
+use mountguard_core::rollout::{Progress, RolloutDoc, SourceItem, Target, decide};
 
 /// The condition `wait` waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -287,7 +287,7 @@ pub fn write_table(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::Missing;
+    use mountguard_core::rollout::Missing;
 
     #[test]
     fn timeout_table_names_node_state_pin_and_attempt() {

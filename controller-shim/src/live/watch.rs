@@ -15,14 +15,15 @@
 //! * Every error is counted (`mountguard_api_errors_total`,
 //!   `mountguard_watch_restarts_total`) and retried with backoff; a failure
 //!   streak is logged once when it starts and once ("watch recovered") when
-//!   a re-list or a watch event succeeds again. [`Health`] records when each resource last failed so the
-//!   evaluation can mark subjects `Unverifiable/ApiUnavailable` while the
-//!   Secret/ConfigMap view is not current.
+//!   a re-list or a watch event succeeds again.
+//!   [`Health`](super::shared::Health) records when each resource last
+//!   failed, so the evaluation can mark subjects `Unverifiable/ApiUnavailable`
+//!   while the Secret/ConfigMap view is not current.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::hash::Hash;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
@@ -38,12 +39,9 @@ use tracing::{debug, info, warn};
 use super::args::RunArgs;
 use super::auth::{AgentPod, AgentPods};
 use super::eval::Input;
-use super::{Shared, Shutdown};
+use super::shared::{Shared, Shutdown};
 use crate::convert;
-use crate::model::Interner;
-
-/// How long after its last error a resource's view counts as not current.
-pub const DEGRADED_FOR: Duration = Duration::from_secs(60);
+use mountguard_core::model::Interner;
 
 /// Backoff of one failing watch: 800 ms doubling up to 30 s (the bounds of
 /// kube-runtime's `DefaultBackoff`), reset only when the watch works again
@@ -86,89 +84,6 @@ impl Retry {
     }
 }
 
-#[derive(Debug, Default, Clone)]
-struct ResourceHealth {
-    required: bool,
-    synced: bool,
-    last_error: Option<Instant>,
-}
-
-/// Sync state and errors of every watch.
-#[derive(Debug, Default)]
-pub struct Health {
-    inner: Mutex<HashMap<String, ResourceHealth>>,
-}
-
-impl Health {
-    /// Registers a watch; `required` ones gate readiness.
-    pub fn register(&self, name: &str, required: bool) {
-        self.inner
-            .lock()
-            .unwrap()
-            .entry(name.to_string())
-            .or_default()
-            .required |= required;
-    }
-
-    fn synced(&self, name: &str) {
-        let mut g = self.inner.lock().unwrap();
-        let h = g.entry(name.to_string()).or_default();
-        h.synced = true;
-        h.last_error = None;
-    }
-
-    fn error(&self, name: &str) {
-        self.inner
-            .lock()
-            .unwrap()
-            .entry(name.to_string())
-            .or_default()
-            .last_error = Some(Instant::now());
-    }
-
-    fn ok(&self, name: &str) {
-        if let Some(h) = self.inner.lock().unwrap().get_mut(name) {
-            h.last_error = None;
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn synced_for_test(&self, name: &str) {
-        self.synced(name);
-    }
-
-    #[cfg(test)]
-    pub(crate) fn error_for_test(&self, name: &str) {
-        self.error(name);
-    }
-
-    /// Whether every required watch finished its initial list.
-    pub fn all_synced(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap()
-            .values()
-            .all(|h| !h.required || h.synced)
-    }
-
-    /// Whether every registered watch whose name starts with `prefix` is
-    /// in `listed`, and at least one is registered.
-    pub fn all_listed(&self, prefix: &str, listed: &HashSet<String>) -> bool {
-        let g = self.inner.lock().unwrap();
-        let mut names = g.keys().filter(|k| k.starts_with(prefix)).peekable();
-        names.peek().is_some() && names.all(|k| listed.contains(k))
-    }
-
-    /// Whether the Secret or ConfigMap view is not current: a watch not
-    /// synced, or failed within [`DEGRADED_FOR`].
-    pub fn sources_degraded(&self) -> bool {
-        self.inner.lock().unwrap().iter().any(|(k, h)| {
-            (k.starts_with("secrets") || k.starts_with("configmaps"))
-                && (!h.synced || h.last_error.is_some_and(|t| t.elapsed() < DEGRADED_FOR))
-        })
-    }
-}
-
 /// Converts watch events of one resource into inputs.
 trait Edge<K>: Send + 'static {
     type Key: Hash + Eq + Clone + Send;
@@ -199,14 +114,26 @@ impl Edge<Pod> for PodEdge {
 /// Secrets and ConfigMaps: hashed on arrival into a source input.
 struct SourceEdge<K> {
     interner: Interner,
-    kind: crate::SourceKind,
-    convert: fn(&mut Interner, &K) -> Option<(crate::SourceRef, crate::model::SourceContent)>,
+    kind: mountguard_core::SourceKind,
+    convert: fn(
+        &mut Interner,
+        &K,
+    ) -> Option<(
+        mountguard_core::SourceRef,
+        mountguard_core::model::SourceContent,
+    )>,
 }
 
 impl<K> SourceEdge<K> {
     fn new(
-        kind: crate::SourceKind,
-        convert: fn(&mut Interner, &K) -> Option<(crate::SourceRef, crate::model::SourceContent)>,
+        kind: mountguard_core::SourceKind,
+        convert: fn(
+            &mut Interner,
+            &K,
+        ) -> Option<(
+            mountguard_core::SourceRef,
+            mountguard_core::model::SourceContent,
+        )>,
     ) -> Self {
         Self {
             interner: Interner::default(),
@@ -217,10 +144,10 @@ impl<K> SourceEdge<K> {
 }
 
 impl<K: kube::Resource + Send + 'static> Edge<K> for SourceEdge<K> {
-    type Key = crate::SourceRef;
-    fn key(&self, o: &K) -> Option<crate::SourceRef> {
+    type Key = mountguard_core::SourceRef;
+    fn key(&self, o: &K) -> Option<mountguard_core::SourceRef> {
         let meta = o.meta();
-        Some(crate::SourceRef::new(
+        Some(mountguard_core::SourceRef::new(
             self.kind,
             Arc::from(meta.namespace.as_deref()?),
             Arc::from(meta.name.as_deref()?),
@@ -231,7 +158,7 @@ impl<K: kube::Resource + Send + 'static> Edge<K> for SourceEdge<K> {
         drop(o);
         Some(Input::Source(r, content))
     }
-    fn delete(&mut self, r: crate::SourceRef) -> Option<Input> {
+    fn delete(&mut self, r: mountguard_core::SourceRef) -> Option<Input> {
         Some(Input::SourceDeleted(r))
     }
 }
@@ -536,7 +463,7 @@ pub fn spawn_all(
                 wc(),
                 name,
                 "secrets",
-                SourceEdge::new(crate::SourceKind::Secret, convert::secret),
+                SourceEdge::new(mountguard_core::SourceKind::Secret, convert::secret),
                 shared.clone(),
                 tx.clone(),
                 shutdown.clone(),
@@ -550,7 +477,7 @@ pub fn spawn_all(
                 wc(),
                 name,
                 "configmaps",
-                SourceEdge::new(crate::SourceKind::ConfigMap, convert::config_map),
+                SourceEdge::new(mountguard_core::SourceKind::ConfigMap, convert::config_map),
                 shared.clone(),
                 tx.clone(),
                 shutdown.clone(),
@@ -759,46 +686,6 @@ fn mark_synced(shared: &Shared, name: &str) {
     if !shared.ready.load(Ordering::Acquire) && shared.health.all_synced() {
         shared.ready.store(true, Ordering::Release);
         info!("initial lists done; ready");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_nodeset_watch_gates_readiness_and_snapshots_say_when_it_listed() {
-        let h = Health::default();
-        for n in [
-            "pods",
-            "secrets",
-            "configmaps",
-            "nodesets",
-            "nodes",
-            "agents",
-        ] {
-            h.register(n, true);
-        }
-        for n in ["pods", "secrets", "configmaps", "nodes", "agents"] {
-            h.synced(n);
-        }
-        assert!(!h.all_synced(), "not ready before the NodeSets are listed");
-        let mut listed = HashSet::new();
-        assert!(!h.all_listed("nodesets", &listed));
-        h.synced("nodesets");
-        assert!(h.all_synced());
-        // The snapshot needs the in-band marker, not only the flag.
-        assert!(!h.all_listed("nodesets", &listed));
-        listed.insert("nodesets".to_string());
-        assert!(h.all_listed("nodesets", &listed));
-        // Per namespace: every namespace's watch must have listed.
-        let h = Health::default();
-        h.register("nodesets/a", true);
-        h.register("nodesets/b", true);
-        let listed: HashSet<String> = ["nodesets/a".to_string()].into();
-        assert!(!h.all_listed("nodesets", &listed));
-        // Nothing registered: never complete.
-        assert!(!Health::default().all_listed("nodesets", &listed));
     }
 }
 

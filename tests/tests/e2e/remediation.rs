@@ -5,12 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mountguard_controller::remediation::slurm::{
+use mountguard_controller::live::slurm::{
     JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource,
 };
-use mountguard_controller::remediation::{
-    ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION,
-};
+use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{JWT_SECRET, NODESET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;
@@ -170,7 +168,7 @@ pub(crate) fn opt_in(sys: &System) {
         .unwrap();
 }
 
-pub(crate) fn attempts(sys: &System) -> Vec<mountguard_controller::remediation::Attempt> {
+pub(crate) fn attempts(sys: &System) -> Vec<mountguard_core::remediation::Attempt> {
     let ns = sys
         .cluster
         .api()
@@ -260,7 +258,7 @@ async fn stale_workers_are_drained_evicted_verified_and_undrained_one_at_a_time(
             let a = attempts(&sys);
             let succeeded = a
                 .iter()
-                .filter(|a| a.phase == mountguard_controller::remediation::Phase::Succeeded)
+                .filter(|a| a.phase == mountguard_core::remediation::Phase::Succeeded)
                 .count();
             async move { (done && succeeded == 3).then_some(()) }
         },
@@ -426,7 +424,7 @@ async fn pinned_cache_is_reported_not_looped(pin: serde_json::Value, pin_name: &
             let a = attempts(&sys);
             let done = a
                 .iter()
-                .filter(|a| a.phase == mountguard_controller::remediation::Phase::Succeeded)
+                .filter(|a| a.phase == mountguard_core::remediation::Phase::Succeeded)
                 .count();
             let pinned_event = recorded_events(&api)
                 .iter()

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use mountguard_controller::remediation::{Attempt, FailReason, Phase};
+use mountguard_core::remediation::{Attempt, FailReason, Phase};
 use mountguard_tests::apiserver::{DeleteOptions, resources};
 use mountguard_tests::cluster::{JWT_SECRET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::{free_addr, http_get, recorded_events};

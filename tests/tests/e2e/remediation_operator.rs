@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use mountguard_controller::remediation::{Attempt, Phase};
+use mountguard_core::remediation::{Attempt, Phase};
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{HOOKS_CONFIGMAP, JWT_SECRET, NODESET, SLURM_NAMESPACE};
 use mountguard_tests::operator::PRESTOP_REASON;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use mountguard_controller::remediation::{
+use mountguard_core::remediation::{
     ATTEMPTS_ANNOTATION, Attempt, AttemptsRecord, FailReason, Finding, Phase,
 };
 use mountguard_tests::apiserver::resources;

@@ -21,6 +21,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use super::REASON_PREFIX;
+use crate::verdict::SubjectKey;
 
 /// Why an attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -449,7 +450,7 @@ pub enum Action {
 #[serde(rename_all = "camelCase")]
 pub struct Finding {
     /// Subject, e.g. `volume slurm-etc`.
-    pub subject: String,
+    pub subject: SubjectKey,
     /// Verdict tag, e.g. `Stale/ImmutableCache`.
     pub state: String,
     /// Fingerprint of the mounted content.

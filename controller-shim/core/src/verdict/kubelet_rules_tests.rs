@@ -6,40 +6,16 @@
 
 use mountguard_inventory::Plugin;
 
-use crate::fingerprint::Fingerprinter;
 use crate::index::ClusterIndex;
-use crate::model::{ProjectedSource, SkipReason, SourceKind, VolumeSource};
+use crate::model::{ProjectedSource, SkipReason, VolumeSource};
 use crate::testkit::*;
-use crate::verdict::{
-    Config, Engine, EngineState, Evaluation, FrozenCause, StaleCause, State, Subject, Verdict,
-};
-
-const KEY: &[u8] = b"test-installation-key-0123456789";
-const SECRET: SourceKind = SourceKind::Secret;
-const CM: SourceKind = SourceKind::ConfigMap;
+use crate::verdict::test_support::{CM, NOW, SCAN, SECRET, START, engine, verdict as find, vol};
+use crate::verdict::{EngineState, Evaluation, FrozenCause, StaleCause, State, Subject, Verdict};
 
 /// The pods registered with the kubelet long before anything changed.
 const SYNCED: &str = "2026-11-30T09:00:00Z";
-const START: &str = "2026-11-30T10:00:00Z";
 /// The immutable Secret is deleted and recreated with new content.
 const RECREATED: &str = "2026-11-30T10:30:00Z";
-const SCAN: &str = "2026-11-30T11:00:00Z";
-const NOW: &str = "2026-11-30T11:00:30Z";
-
-fn engine() -> Engine {
-    Engine::new(Config::default(), Fingerprinter::new(KEY).unwrap())
-}
-
-fn find<'a>(eval: &'a Evaluation, pod: &str, want: impl Fn(&Subject) -> bool) -> &'a Verdict {
-    eval.iter()
-        .find(|(p, v)| &*p.pod.name == pod && want(&p.subject(v)))
-        .map(|(_, v)| v)
-        .unwrap_or_else(|| panic!("no such verdict for {pod}: {eval:#?}"))
-}
-
-fn vol(name: &'static str) -> impl Fn(&Subject) -> bool {
-    move |s| matches!(s, Subject::Volume { volume } if &**volume == name)
-}
 
 fn env(container: &'static str, var: &'static str) -> impl Fn(&Subject) -> bool {
     move |s| matches!(s, Subject::Env { container: c, var: v } if &**c == container && &**v == var)

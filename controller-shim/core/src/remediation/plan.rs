@@ -7,7 +7,7 @@ use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use super::machine::{Attempt, EventReason, Finding, attempt_id};
-use crate::verdict::{FrozenCause, StaleCause, State};
+use crate::verdict::{FrozenCause, StaleCause, State, SubjectKey};
 
 /// Global remediation mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -73,7 +73,7 @@ pub struct NodeSetInfo {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CandidateFinding {
     /// Subject, e.g. `volume slurm-etc`.
-    pub subject: String,
+    pub subject: SubjectKey,
     /// Verdict.
     pub state: State,
     /// Since when it holds.

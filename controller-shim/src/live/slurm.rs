@@ -31,7 +31,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use super::machine::SlurmNodeState;
+use mountguard_core::remediation::SlurmNodeState;
 
 /// The API version spoken.
 pub const API_VERSION: &str = "v0.0.44";

@@ -331,3 +331,7 @@ where
         },
     }
 }
+
+#[cfg(test)]
+#[path = "projection_tests.rs"]
+mod tests;

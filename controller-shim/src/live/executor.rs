@@ -1,5 +1,6 @@
-//! The executor: thin I/O around [`plan`](super::plan::plan) and
-//! [`step`](super::machine::step).
+//! The remediation executor: thin I/O around
+//! [`plan`](mountguard_core::remediation::plan::plan) and
+//! [`step`](mountguard_core::remediation::machine::step).
 //!
 //! After every evaluation snapshot (and on a timer) the acting replica,
 //! once every NodeSet was listed (`nodesets_synced`) and while it holds the
@@ -7,7 +8,7 @@
 //! writing before another can take over):
 //! 1. on first run (and after winning leadership) reconciles the attempts
 //!    persisted in NodeSet annotations with every Slurm node drained with a
-//!    `mountguard:` reason ([`super::recovery`]); a NodeSet listed later has
+//!    `mountguard:` reason ([`mountguard_core::remediation::recovery`]); a NodeSet listed later has
 //!    its record read (adopted) before anything is planned or persisted for
 //!    it, and a record that does not parse is never overwritten;
 //! 2. plans new attempts; dry-run and pinned notices become Events;
@@ -32,22 +33,25 @@ use tokio::sync::watch as tokio_watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::machine::{
-    Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailurePolicy, MachineConfig,
-    NewPodCheck, NodeCordon, Observations, Phase, SlurmObservation, WriteResult, step,
+use mountguard_core::remediation::inputs::{
+    IntOrString, NodeSetModel, candidates, cordon_of, group_old_gone, new_pod_check, nodeset_infos,
 };
-use super::plan::{Candidate, CandidateFinding, Mode, NodeSetInfo, PlanConfig, plan, summarize};
-use super::recovery::{View, orphan_cordons, recover};
-use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource};
-use super::{
+use mountguard_core::remediation::machine::{
+    Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailurePolicy, MachineConfig,
+    NodeCordon, Observations, Phase, SlurmObservation, WriteResult, step,
+};
+use mountguard_core::remediation::plan::{Candidate, Mode, PlanConfig, plan, summarize};
+use mountguard_core::remediation::recovery::{View, orphan_cordons, recover};
+use mountguard_core::remediation::{
     ATTEMPTS_ANNOTATION, CORDON_ANNOTATION, REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION,
 };
+
+use super::args::{ObjectName, OnFailure, RemediationMode, RunArgs};
+use super::eval::EvaluationSnapshot;
+use super::shared::{Shared, Shutdown};
+use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource};
+use super::watch::nodeset_resource;
 use crate::Error;
-use crate::live::args::{ObjectName, OnFailure, RemediationMode, RunArgs};
-use crate::live::eval::EvaluationSnapshot;
-use crate::live::watch::nodeset_resource;
-use crate::live::{Shared, Shutdown};
-use crate::verdict::{PodVerdicts, State, Subject};
 
 /// How often open attempts are stepped without a new snapshot.
 pub const TICK: Duration = Duration::from_secs(2);
@@ -288,197 +292,6 @@ async fn run(
     }
 }
 
-fn subject_label(s: &Subject) -> String {
-    match s {
-        Subject::Volume { volume } => format!("volume {volume}"),
-        Subject::SubPath {
-            container, index, ..
-        } => format!("subPath {container}/{index}"),
-        Subject::Env { container, var } => format!("env {container}/{var}"),
-    }
-}
-
-fn fp(f: Option<crate::Fingerprint>) -> String {
-    f.map_or_else(|| "-".to_string(), |f| f.to_string())
-}
-
-/// Candidates from a snapshot: NodeSet pods with their non-Fresh verdicts.
-pub fn candidates(snap: &EvaluationSnapshot) -> Vec<Candidate> {
-    snap.verdicts
-        .iter()
-        .filter(|pv| pv.pod.nodeset.is_some())
-        .map(|pv| Candidate {
-            namespace: pv.pod.namespace.to_string(),
-            name: pv.pod.name.to_string(),
-            uid: pv.pod.uid.to_string(),
-            node: pv.pod.node.as_deref().map(String::from),
-            nodeset: pv.pod.nodeset.as_deref().map(String::from),
-            slurm_node: pv.pod.slurm_node.as_deref().map(String::from),
-            terminated: pv.pod.terminated,
-            findings: pv
-                .verdicts
-                .iter()
-                .filter(|v| !matches!(v.state, State::Fresh | State::Skipped(_)))
-                .map(|v| CandidateFinding {
-                    subject: subject_label(&pv.subject(v)),
-                    state: v.state,
-                    since: v.since,
-                    mounted: fp(v.observed),
-                    current: fp(v.expected),
-                    pinned_by: v.pinned_by().iter().map(|p| p.to_string()).collect(),
-                })
-                .collect(),
-        })
-        .collect()
-}
-
-/// `maxUnavailable` of a NodeSet: a number as is; a percentage of
-/// `replicas` (default 25%) rounded down, at least 1.
-pub fn max_unavailable(ns: &DynamicObject) -> u32 {
-    let spec = &ns.data["spec"];
-    let replicas = spec["replicas"].as_u64().unwrap_or(1) as u32;
-    let v = &spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"];
-    if let Some(n) = v.as_u64() {
-        // An explicit number is the NodeSet's own limit, even 0.
-        return n as u32;
-    }
-    let n = {
-        let pct = v
-            .as_str()
-            .and_then(|s| s.strip_suffix('%'))
-            .and_then(|s| s.trim().parse::<u32>().ok())
-            .unwrap_or(25);
-        replicas.saturating_mul(pct) / 100
-    };
-    n.max(1)
-}
-
-/// Pods of a NodeSet unavailable for reasons other than an open attempt:
-/// not Ready, not scheduled, terminated, or missing (fewer pods than
-/// `replicas`, not counting pods of open attempts being recreated).
-pub fn unavailable(
-    ns: &DynamicObject,
-    pods: &[Arc<crate::model::PodModel>],
-    attempts: &BTreeMap<String, Attempt>,
-) -> u32 {
-    let (Some(namespace), Some(name)) = (
-        ns.metadata.namespace.as_deref(),
-        ns.metadata.name.as_deref(),
-    ) else {
-        return 0;
-    };
-    let in_attempt: HashSet<&str> = attempts
-        .values()
-        .filter(|a| a.namespace == namespace && a.nodeset == name && !a.phase.is_terminal())
-        .map(|a| a.pod.as_str())
-        .collect();
-    let members: Vec<&crate::model::PodModel> = pods
-        .iter()
-        .filter(|p| &*p.namespace == namespace && p.nodeset.as_deref() == Some(name))
-        .map(|p| &**p)
-        .collect();
-    let not_ready = members
-        .iter()
-        .filter(|p| !in_attempt.contains(&*p.name))
-        .filter(|p| !p.ready || p.terminated || p.node.is_none())
-        .count() as u32;
-    let replicas = ns.data["spec"]["replicas"].as_u64().unwrap_or(1) as u32;
-    let attempt_pods_absent = in_attempt
-        .iter()
-        .filter(|n| !members.iter().any(|p| &*p.name == **n))
-        .count() as u32;
-    let missing = replicas
-        .saturating_sub(members.len() as u32)
-        .saturating_sub(attempt_pods_absent);
-    not_ready + missing
-}
-
-fn nodeset_infos(
-    snap: &EvaluationSnapshot,
-    attempts: &BTreeMap<String, Attempt>,
-) -> Vec<NodeSetInfo> {
-    snap.nodesets
-        .iter()
-        .filter_map(|n| {
-            let ann = n.metadata.annotations.as_ref();
-            Some(NodeSetInfo {
-                namespace: n.metadata.namespace.clone()?,
-                name: n.metadata.name.clone()?,
-                opt_in: ann
-                    .and_then(|a| a.get(REMEDIATE_ANNOTATION))
-                    .is_some_and(|v| v.trim() == "true"),
-                remediate_on: ann.and_then(|a| a.get(REMEDIATE_ON_ANNOTATION)).cloned(),
-                max_unavailable: max_unavailable(n),
-                unavailable: unavailable(n, &snap.nodeset_pods, attempts),
-            })
-        })
-        .collect()
-}
-
-/// The replacement pod's verdicts on the subjects that failed before.
-/// The snapshot lists only pods with some non-Fresh verdict, and a pod is
-/// evaluated in the batch that adds it to the index (a pod without an
-/// inventory yet is Unverifiable, hence listed): a known, scheduled pod
-/// absent from the list is Fresh on every subject.
-fn new_pod_check(
-    snap: &EvaluationSnapshot,
-    a: &Attempt,
-    fresh_since: &mut HashMap<String, Timestamp>,
-) -> NewPodCheck {
-    let Some(uid) = a.new_pod_uid.as_deref() else {
-        return NewPodCheck::NotYet;
-    };
-    let pod_known = snap
-        .nodeset_pods
-        .iter()
-        .any(|p| &*p.uid == uid && p.node.is_some());
-    let pv: Option<&PodVerdicts> = snap.verdicts.iter().find(|pv| &*pv.pod.uid == uid);
-    let Some(pv) = pv else {
-        if !pod_known || snap.at.is_none() {
-            return NewPodCheck::NotYet;
-        }
-        fresh_since
-            .entry(a.id.clone())
-            .or_insert(snap.at.unwrap_or_default());
-        return NewPodCheck::Fresh;
-    };
-    fresh_since.remove(&a.id);
-    let mut all_fresh = true;
-    for f in &a.findings {
-        let v = pv
-            .verdicts
-            .iter()
-            .find(|v| subject_label(&pv.subject(v)) == f.subject);
-        match v.map(|v| v.state) {
-            Some(State::Fresh) => {}
-            Some(s @ (State::Stale(_) | State::Frozen(_))) => {
-                let v = v.expect("matched");
-                let pinned = if v.pinned_by().is_empty() {
-                    String::new()
-                } else {
-                    let p: Vec<&str> = v.pinned_by().iter().map(|p| &**p).collect();
-                    format!(", pinned by {}", p.join(", "))
-                };
-                return NewPodCheck::StillStale {
-                    message: format!(
-                        "{} {} (mounted {} vs current {}){pinned}",
-                        f.subject,
-                        s.tag(),
-                        fp(v.observed),
-                        fp(v.expected)
-                    ),
-                };
-            }
-            _ => all_fresh = false,
-        }
-    }
-    if all_fresh {
-        NewPodCheck::Fresh
-    } else {
-        NewPodCheck::NotYet
-    }
-}
-
 fn slurm_obs(r: &Result<super::slurm::SlurmNode, SlurmError>) -> SlurmObservation {
     match r {
         Ok(n) => SlurmObservation::Node(n.to_state()),
@@ -651,7 +464,7 @@ impl Executor {
                 return;
             }
         };
-        let states: Vec<(String, super::machine::SlurmNodeState)> = nodes
+        let states: Vec<(String, mountguard_core::remediation::SlurmNodeState)> = nodes
             .iter()
             .map(|n| (n.name.clone(), n.to_state()))
             .collect();
@@ -709,7 +522,7 @@ impl Executor {
         // Plan (only for NodeSets whose record was read: a new attempt is
         // persisted into that record).
         let attempts: Vec<Attempt> = self.attempts.values().cloned().collect();
-        let cands: Vec<Candidate> = candidates(snap)
+        let cands: Vec<Candidate> = candidates(&snap.verdicts)
             .into_iter()
             .filter(|c| {
                 c.nodeset
@@ -719,7 +532,7 @@ impl Executor {
             .collect();
         let p = plan(
             &cands,
-            &nodeset_infos(snap, &self.attempts),
+            &nodeset_infos(&nodeset_models(snap), &snap.nodeset_pods, &self.attempts),
             &attempts,
             now,
             &self.plan_cfg,
@@ -821,7 +634,13 @@ impl Executor {
             let obs = Observations {
                 slurm,
                 pod_uid,
-                new_pod: new_pod_check(snap, &a, &mut self.fresh_since),
+                new_pod: new_pod_check(
+                    &snap.verdicts,
+                    &snap.nodeset_pods,
+                    snap.at,
+                    &a,
+                    &mut self.fresh_since,
+                ),
                 slurm_write: self.last_write.remove(&id),
                 eviction: self.last_eviction.remove(&id),
                 group_drained,
@@ -902,7 +721,7 @@ impl Executor {
         }
         match &cache[name] {
             None => NodeCordon::NotRead,
-            Some(n) => cordon_of(n, group),
+            Some(n) => node_cordon(n, group),
         }
     }
 
@@ -976,7 +795,7 @@ impl Executor {
         }
         let complete = view.complete();
         let persisted = view.attempts.clone();
-        let states: Vec<(String, super::machine::SlurmNodeState)> = nodes
+        let states: Vec<(String, mountguard_core::remediation::SlurmNodeState)> = nodes
             .iter()
             .map(|n| (n.name.clone(), n.to_state()))
             .collect();
@@ -1380,37 +1199,6 @@ impl Executor {
     }
 }
 
-/// Whether every old pod of group `group` that is being replaced is gone
-/// (`live`: UIDs of the NodeSet pods that exist). A member that failed
-/// before its eviction keeps its pod and is not waited for: the cordon
-/// would otherwise hold the others until their replacement timeout.
-pub fn group_old_gone<'a>(
-    attempts: impl IntoIterator<Item = &'a Attempt>,
-    group: &str,
-    live: &HashSet<&str>,
-) -> bool {
-    attempts
-        .into_iter()
-        .filter(|m| m.group.as_deref() == Some(group))
-        .filter(|m| !(m.phase.is_terminal() && m.evicted_at.is_none()))
-        .all(|m| !live.contains(m.pod_uid.as_str()))
-}
-
-/// How group `group` sees node `n`'s cordon.
-fn cordon_of(n: &Node, group: &str) -> NodeCordon {
-    let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
-    let owner = n
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CORDON_ANNOTATION));
-    match (unschedulable, owner) {
-        (false, _) => NodeCordon::Free,
-        (true, Some(o)) if o == group => NodeCordon::Ours,
-        (true, _) => NodeCordon::Foreign,
-    }
-}
-
 fn write_result(r: Result<(), SlurmError>) -> WriteResult {
     match r {
         Ok(()) => WriteResult::Ok,
@@ -1421,6 +1209,46 @@ fn write_result(r: Result<(), SlurmError>) -> WriteResult {
             message: e.to_string(),
         },
     }
+}
+
+/// How group `group` sees node `n`'s cordon.
+fn node_cordon(n: &Node, group: &str) -> NodeCordon {
+    let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let owner = n
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CORDON_ANNOTATION));
+    cordon_of(unschedulable, owner.map(String::as_str), group)
+}
+
+/// What remediation reads of a NodeSet object (none without a namespace
+/// and name).
+pub fn nodeset_model(ns: &DynamicObject) -> Option<NodeSetModel> {
+    let spec = &ns.data["spec"];
+    let max_unavailable = &spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"];
+    let annotations = ns.metadata.annotations.as_ref();
+    Some(NodeSetModel {
+        namespace: ns.metadata.namespace.clone()?,
+        name: ns.metadata.name.clone()?,
+        annotations: [REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION]
+            .into_iter()
+            .filter_map(|k| Some((k.to_string(), annotations?.get(k)?.clone())))
+            .collect(),
+        replicas: spec["replicas"].as_u64(),
+        max_unavailable: match (max_unavailable.as_u64(), max_unavailable.as_str()) {
+            (Some(n), _) => Some(IntOrString::Int(n)),
+            (None, Some(s)) => Some(IntOrString::String(s.to_string())),
+            (None, None) => None,
+        },
+    })
+}
+
+fn nodeset_models(snap: &EvaluationSnapshot) -> Vec<NodeSetModel> {
+    snap.nodesets
+        .iter()
+        .filter_map(|n| nodeset_model(n))
+        .collect()
 }
 
 fn nodeset_key(ns: &DynamicObject) -> Option<String> {
@@ -1442,6 +1270,7 @@ fn attempts_annotation(ns: &DynamicObject) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mountguard_core::remediation::inputs::max_unavailable;
 
     fn nodeset(spec: serde_json::Value) -> DynamicObject {
         serde_json::from_value(serde_json::json!({
@@ -1471,108 +1300,9 @@ mod tests {
             ),
         ];
         for (spec, want) in t {
-            assert_eq!(max_unavailable(&nodeset(spec.clone())), want, "{spec}");
+            let model = nodeset_model(&nodeset(spec.clone())).expect("named");
+            assert_eq!(max_unavailable(&model), want, "{spec}");
         }
-    }
-
-    #[test]
-    fn not_ready_and_missing_pods_count_against_the_budget_but_not_twice() {
-        use crate::testkit::PodB;
-        let mut set = nodeset(serde_json::json!({"replicas": 4}));
-        set.metadata.uid = Some("ns-uid".into());
-        let pod = |name: &str, ready: bool| {
-            let mut p = PodB::new("slurm", name, &format!("uid-{name}"), "node-a").build();
-            p.nodeset = Some("worker".into());
-            p.ready = ready;
-            Arc::new(p)
-        };
-        let none = BTreeMap::new();
-        // All four present and ready.
-        let all: Vec<_> = (0..4).map(|i| pod(&format!("worker-{i}"), true)).collect();
-        assert_eq!(unavailable(&set, &all, &none), 0);
-        // One not ready, one missing.
-        let some = vec![
-            pod("worker-0", true),
-            pod("worker-1", false),
-            pod("worker-2", true),
-        ];
-        assert_eq!(unavailable(&set, &some, &none), 2);
-        // Pods of another NodeSet do not count.
-        let mut other = PodB::new("slurm", "x-0", "uid-x", "node-a").build();
-        other.nodeset = Some("other".into());
-        other.ready = false;
-        let mut with_other = some.clone();
-        with_other.push(Arc::new(other));
-        assert_eq!(unavailable(&set, &with_other, &none), 2);
-        // The missing pod and the not-ready one belong to open attempts:
-        // the attempts count them already.
-        let mut attempts = BTreeMap::new();
-        for (id, p) in [("a1", "worker-3"), ("a2", "worker-1")] {
-            let a = Attempt::new(
-                id.into(),
-                "slurm",
-                "worker",
-                p,
-                "uid",
-                "node-a",
-                p,
-                vec![],
-                Timestamp::now(),
-            );
-            attempts.insert(id.to_string(), a);
-        }
-        assert_eq!(unavailable(&set, &some, &attempts), 0);
-    }
-
-    #[test]
-    fn a_group_waits_for_the_old_pods_it_evicts_only() {
-        use crate::remediation::FailReason;
-        let mk = |id: &str, uid: &str, phase: Phase, evicted: bool| {
-            let mut a = Attempt::new(
-                id.into(),
-                "slurm",
-                "worker",
-                id,
-                uid,
-                "node-a",
-                id,
-                vec![],
-                Timestamp::now(),
-            );
-            a.group = Some("g".into());
-            a.phase = phase;
-            a.evicted_at = evicted.then(Timestamp::now);
-            a
-        };
-        let a = mk("a", "uid-a", Phase::AwaitingReplacement, true);
-        let b = mk("b", "uid-b", Phase::AwaitingReplacement, true);
-        let mut other = mk("x", "uid-x", Phase::Evicting, false);
-        other.group = Some("other".into());
-        let live: HashSet<&str> = ["uid-b", "uid-x"].into();
-        assert!(
-            !group_old_gone([&a, &b, &other], "g", &live),
-            "b still there"
-        );
-        let live: HashSet<&str> = ["uid-x"].into();
-        assert!(group_old_gone([&a, &b, &other], "g", &live));
-        // A member that failed before its eviction keeps its pod: not waited for.
-        let c = mk(
-            "c",
-            "uid-c",
-            Phase::Failed(FailReason::NodeDrainedByOthers),
-            false,
-        );
-        let live: HashSet<&str> = ["uid-c"].into();
-        assert!(group_old_gone([&a, &b, &c], "g", &live));
-        // One that failed after it was evicted is waited for like the others.
-        let d = mk(
-            "d",
-            "uid-d",
-            Phase::Failed(FailReason::ReplacementTimeout),
-            true,
-        );
-        let live: HashSet<&str> = ["uid-d"].into();
-        assert!(!group_old_gone([&a, &d], "g", &live));
     }
 
     #[test]

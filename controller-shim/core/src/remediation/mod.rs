@@ -7,17 +7,17 @@
 //! * [`plan`]: which pods qualify, budgets, pinned caches, dry-run.
 //! * [`recovery`]: what a (re)started controller does with persisted
 //!   attempts and Slurm nodes drained with a `mountguard:` reason.
-//! * [`slurm`]: the slurmrestd `v0.0.44` client and token sources.
-//! * [`executor`]: the thin I/O loop of the live controller.
+//! * [`inputs`]: what the executor computes from verdicts, NodeSets and
+//!   Nodes for the planner and the machine.
 //!
-//! Everything but [`slurm`] and [`executor`] is pure: no I/O, no clock
-//! reads.
+//! All of it is pure: no I/O, no clock reads. The slurmrestd client and the
+//! executor (the thin I/O loop) are part of the live controller
+//! (`mountguard-controller`, `live::slurm` and `live::executor`).
 
-pub mod executor;
+pub mod inputs;
 pub mod machine;
 pub mod plan;
 pub mod recovery;
-pub mod slurm;
 
 #[cfg(test)]
 mod machine_tests_support;

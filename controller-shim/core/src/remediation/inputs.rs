@@ -1,0 +1,436 @@
+//! What the executor feeds the planner and the machine, computed from core
+//! values: candidates from the verdicts, a NodeSet's budget and
+//! unavailable pods, the replacement's check, a group's cordon and old
+//! pods. The controller converts API objects (NodeSets, Nodes) into the
+//! plain values these functions take.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use jiff::Timestamp;
+
+use super::machine::{Attempt, NewPodCheck, NodeCordon};
+use super::plan::{Candidate, CandidateFinding, NodeSetInfo};
+use super::{REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION};
+use crate::Fingerprint;
+use crate::model::PodModel;
+use crate::verdict::{PodVerdicts, State};
+
+/// What remediation reads of a NodeSet (`slinky.slurm.net/v1beta1`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeSetModel {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// The annotations remediation reads ([`REMEDIATE_ANNOTATION`],
+    /// [`REMEDIATE_ON_ANNOTATION`]).
+    pub annotations: BTreeMap<String, String>,
+    /// `spec.replicas`, when it is a non-negative integer.
+    pub replicas: Option<u64>,
+    /// `spec.updateStrategy.rollingUpdate.maxUnavailable`.
+    pub max_unavailable: Option<IntOrString>,
+}
+
+/// A Kubernetes `IntOrString` value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IntOrString {
+    /// A non-negative number.
+    Int(u64),
+    /// A string, e.g. `50%`.
+    String(String),
+}
+
+fn fp(f: Option<Fingerprint>) -> String {
+    f.map_or_else(|| "-".to_string(), |f| f.to_string())
+}
+
+/// Candidates from the verdicts of an evaluation: NodeSet pods with their
+/// non-Fresh verdicts.
+pub fn candidates(verdicts: &[PodVerdicts]) -> Vec<Candidate> {
+    verdicts
+        .iter()
+        .filter(|pv| pv.pod.nodeset.is_some())
+        .map(|pv| Candidate {
+            namespace: pv.pod.namespace.to_string(),
+            name: pv.pod.name.to_string(),
+            uid: pv.pod.uid.to_string(),
+            node: pv.pod.node.as_deref().map(String::from),
+            nodeset: pv.pod.nodeset.as_deref().map(String::from),
+            slurm_node: pv.pod.slurm_node.as_deref().map(String::from),
+            terminated: pv.pod.terminated,
+            findings: pv
+                .verdicts
+                .iter()
+                .filter(|v| !matches!(v.state, State::Fresh | State::Skipped(_)))
+                .map(|v| CandidateFinding {
+                    subject: pv.subject(v).key(),
+                    state: v.state,
+                    since: v.since,
+                    mounted: fp(v.observed),
+                    current: fp(v.expected),
+                    pinned_by: v.pinned_by().iter().map(|p| p.to_string()).collect(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// `maxUnavailable` of a NodeSet: a number as is; a percentage of
+/// `replicas` (default 25%) rounded down, at least 1.
+pub fn max_unavailable(ns: &NodeSetModel) -> u32 {
+    let replicas = ns.replicas.unwrap_or(1) as u32;
+    if let Some(IntOrString::Int(n)) = ns.max_unavailable {
+        // An explicit number is the NodeSet's own limit, even 0.
+        return n as u32;
+    }
+    let n = {
+        let pct = match &ns.max_unavailable {
+            Some(IntOrString::String(s)) => s
+                .strip_suffix('%')
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .unwrap_or(25),
+            _ => 25,
+        };
+        replicas.saturating_mul(pct) / 100
+    };
+    n.max(1)
+}
+
+/// Pods of a NodeSet unavailable for reasons other than an open attempt:
+/// not Ready, not scheduled, terminated, or missing (fewer pods than
+/// `replicas`, not counting pods of open attempts being recreated).
+pub fn unavailable(
+    ns: &NodeSetModel,
+    pods: &[Arc<PodModel>],
+    attempts: &BTreeMap<String, Attempt>,
+) -> u32 {
+    let (namespace, name) = (ns.namespace.as_str(), ns.name.as_str());
+    let in_attempt: HashSet<&str> = attempts
+        .values()
+        .filter(|a| a.namespace == namespace && a.nodeset == name && !a.phase.is_terminal())
+        .map(|a| a.pod.as_str())
+        .collect();
+    let members: Vec<&PodModel> = pods
+        .iter()
+        .filter(|p| &*p.namespace == namespace && p.nodeset.as_deref() == Some(name))
+        .map(|p| &**p)
+        .collect();
+    let not_ready = members
+        .iter()
+        .filter(|p| !in_attempt.contains(&*p.name))
+        .filter(|p| !p.ready || p.terminated || p.node.is_none())
+        .count() as u32;
+    let replicas = ns.replicas.unwrap_or(1) as u32;
+    let attempt_pods_absent = in_attempt
+        .iter()
+        .filter(|n| !members.iter().any(|p| &*p.name == **n))
+        .count() as u32;
+    let missing = replicas
+        .saturating_sub(members.len() as u32)
+        .saturating_sub(attempt_pods_absent);
+    not_ready + missing
+}
+
+/// The planner's view of every NodeSet.
+pub fn nodeset_infos(
+    nodesets: &[NodeSetModel],
+    pods: &[Arc<PodModel>],
+    attempts: &BTreeMap<String, Attempt>,
+) -> Vec<NodeSetInfo> {
+    nodesets
+        .iter()
+        .map(|n| NodeSetInfo {
+            namespace: n.namespace.clone(),
+            name: n.name.clone(),
+            opt_in: n
+                .annotations
+                .get(REMEDIATE_ANNOTATION)
+                .is_some_and(|v| v.trim() == "true"),
+            remediate_on: n.annotations.get(REMEDIATE_ON_ANNOTATION).cloned(),
+            max_unavailable: max_unavailable(n),
+            unavailable: unavailable(n, pods, attempts),
+        })
+        .collect()
+}
+
+/// The replacement pod's verdicts on the subjects that failed before.
+/// `verdicts` lists only pods with some non-Fresh verdict (evaluated at
+/// `at`), and a pod is evaluated in the batch that adds it to the index (a
+/// pod without an inventory yet is Unverifiable, hence listed): a known,
+/// scheduled pod (in `nodeset_pods`) absent from the list is Fresh on every
+/// subject.
+pub fn new_pod_check(
+    verdicts: &[PodVerdicts],
+    nodeset_pods: &[Arc<PodModel>],
+    at: Option<Timestamp>,
+    a: &Attempt,
+    fresh_since: &mut HashMap<String, Timestamp>,
+) -> NewPodCheck {
+    let Some(uid) = a.new_pod_uid.as_deref() else {
+        return NewPodCheck::NotYet;
+    };
+    let pod_known = nodeset_pods
+        .iter()
+        .any(|p| &*p.uid == uid && p.node.is_some());
+    let pv: Option<&PodVerdicts> = verdicts.iter().find(|pv| &*pv.pod.uid == uid);
+    let Some(pv) = pv else {
+        if !pod_known || at.is_none() {
+            return NewPodCheck::NotYet;
+        }
+        fresh_since
+            .entry(a.id.clone())
+            .or_insert(at.unwrap_or_default());
+        return NewPodCheck::Fresh;
+    };
+    fresh_since.remove(&a.id);
+    let mut all_fresh = true;
+    for f in &a.findings {
+        let v = pv
+            .verdicts
+            .iter()
+            .find(|v| pv.subject(v).key() == f.subject);
+        match v.map(|v| v.state) {
+            Some(State::Fresh) => {}
+            Some(s @ (State::Stale(_) | State::Frozen(_))) => {
+                let v = v.expect("matched");
+                let pinned = if v.pinned_by().is_empty() {
+                    String::new()
+                } else {
+                    let p: Vec<&str> = v.pinned_by().iter().map(|p| &**p).collect();
+                    format!(", pinned by {}", p.join(", "))
+                };
+                return NewPodCheck::StillStale {
+                    message: format!(
+                        "{} {} (mounted {} vs current {}){pinned}",
+                        f.subject,
+                        s.tag(),
+                        fp(v.observed),
+                        fp(v.expected)
+                    ),
+                };
+            }
+            _ => all_fresh = false,
+        }
+    }
+    if all_fresh {
+        NewPodCheck::Fresh
+    } else {
+        NewPodCheck::NotYet
+    }
+}
+
+/// Whether every old pod of group `group` that is being replaced is gone
+/// (`live`: UIDs of the NodeSet pods that exist). A member that failed
+/// before its eviction keeps its pod and is not waited for: the cordon
+/// would otherwise hold the others until their replacement timeout.
+pub fn group_old_gone<'a>(
+    attempts: impl IntoIterator<Item = &'a Attempt>,
+    group: &str,
+    live: &HashSet<&str>,
+) -> bool {
+    attempts
+        .into_iter()
+        .filter(|m| m.group.as_deref() == Some(group))
+        .filter(|m| !(m.phase.is_terminal() && m.evicted_at.is_none()))
+        .all(|m| !live.contains(m.pod_uid.as_str()))
+}
+
+/// How group `group` sees a node's cordon: `unschedulable` is the node's
+/// `spec.unschedulable`, `owner` its [`super::CORDON_ANNOTATION`].
+pub fn cordon_of(unschedulable: bool, owner: Option<&str>, group: &str) -> NodeCordon {
+    match (unschedulable, owner) {
+        (false, _) => NodeCordon::Free,
+        (true, Some(o)) if o == group => NodeCordon::Ours,
+        (true, _) => NodeCordon::Foreign,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn not_ready_and_missing_pods_count_against_the_budget_but_not_twice() {
+        use crate::testkit::PodB;
+        let set = NodeSetModel {
+            namespace: "slurm".into(),
+            name: "worker".into(),
+            replicas: Some(4),
+            ..NodeSetModel::default()
+        };
+        let pod = |name: &str, ready: bool| {
+            let mut p = PodB::new("slurm", name, &format!("uid-{name}"), "node-a").build();
+            p.nodeset = Some("worker".into());
+            p.ready = ready;
+            Arc::new(p)
+        };
+        let none = BTreeMap::new();
+        // All four present and ready.
+        let all: Vec<_> = (0..4).map(|i| pod(&format!("worker-{i}"), true)).collect();
+        assert_eq!(unavailable(&set, &all, &none), 0);
+        // One not ready, one missing.
+        let some = vec![
+            pod("worker-0", true),
+            pod("worker-1", false),
+            pod("worker-2", true),
+        ];
+        assert_eq!(unavailable(&set, &some, &none), 2);
+        // Pods of another NodeSet do not count.
+        let mut other = PodB::new("slurm", "x-0", "uid-x", "node-a").build();
+        other.nodeset = Some("other".into());
+        other.ready = false;
+        let mut with_other = some.clone();
+        with_other.push(Arc::new(other));
+        assert_eq!(unavailable(&set, &with_other, &none), 2);
+        // The missing pod and the not-ready one belong to open attempts:
+        // the attempts count them already.
+        let mut attempts = BTreeMap::new();
+        for (id, p) in [("a1", "worker-3"), ("a2", "worker-1")] {
+            let a = Attempt::new(
+                id.into(),
+                "slurm",
+                "worker",
+                p,
+                "uid",
+                "node-a",
+                p,
+                vec![],
+                Timestamp::now(),
+            );
+            attempts.insert(id.to_string(), a);
+        }
+        assert_eq!(unavailable(&set, &some, &attempts), 0);
+    }
+
+    #[test]
+    fn a_group_waits_for_the_old_pods_it_evicts_only() {
+        use crate::remediation::{FailReason, Phase};
+        let mk = |id: &str, uid: &str, phase: Phase, evicted: bool| {
+            let mut a = Attempt::new(
+                id.into(),
+                "slurm",
+                "worker",
+                id,
+                uid,
+                "node-a",
+                id,
+                vec![],
+                Timestamp::now(),
+            );
+            a.group = Some("g".into());
+            a.phase = phase;
+            a.evicted_at = evicted.then(Timestamp::now);
+            a
+        };
+        let a = mk("a", "uid-a", Phase::AwaitingReplacement, true);
+        let b = mk("b", "uid-b", Phase::AwaitingReplacement, true);
+        let mut other = mk("x", "uid-x", Phase::Evicting, false);
+        other.group = Some("other".into());
+        let live: HashSet<&str> = ["uid-b", "uid-x"].into();
+        assert!(
+            !group_old_gone([&a, &b, &other], "g", &live),
+            "b still there"
+        );
+        let live: HashSet<&str> = ["uid-x"].into();
+        assert!(group_old_gone([&a, &b, &other], "g", &live));
+        // A member that failed before its eviction keeps its pod: not waited for.
+        let c = mk(
+            "c",
+            "uid-c",
+            Phase::Failed(FailReason::NodeDrainedByOthers),
+            false,
+        );
+        let live: HashSet<&str> = ["uid-c"].into();
+        assert!(group_old_gone([&a, &b, &c], "g", &live));
+        // One that failed after it was evicted is waited for like the others.
+        let d = mk(
+            "d",
+            "uid-d",
+            Phase::Failed(FailReason::ReplacementTimeout),
+            true,
+        );
+        let live: HashSet<&str> = ["uid-d"].into();
+        assert!(!group_old_gone([&a, &d], "g", &live));
+    }
+
+    #[test]
+    fn the_replacement_is_checked_on_the_subjects_recorded_by_key() {
+        use crate::model::VolumeSource;
+        use crate::remediation::Finding;
+        use crate::testkit::{PodB, obj};
+        use crate::verdict::{StaleCause, SubjectId, Verdict};
+        let t = Timestamp::now();
+        // The replacement: volume `etc` and subPath mounts of `cfg` at
+        // positions 0 and 1 of container `c` (the old pod's finding was
+        // the one at position 1).
+        let src = VolumeSource::Object(obj(crate::SourceKind::Secret, "s", &[], false));
+        let pod = PodB::new("slurm", "worker-0", "uid-new", "node-a")
+            .volume("etc", src.clone())
+            .volume("cfg", src)
+            .container("c", Some(t), &[("cfg", "a"), ("cfg", "b")], vec![])
+            .build();
+        let pod = Arc::new(pod);
+        let verdict = |id, state| Verdict {
+            id,
+            state,
+            expected: None,
+            observed: None,
+            since: t,
+            detail: None,
+        };
+        let stale = State::Stale(StaleCause::Unknown);
+        let verdicts = vec![PodVerdicts {
+            pod: pod.clone(),
+            verdicts: vec![
+                verdict(SubjectId::Volume(0), State::Fresh),
+                verdict(SubjectId::Volume(1), State::Fresh),
+                verdict(SubjectId::SubPath(0, 0), stale),
+                verdict(SubjectId::SubPath(0, 1), State::Fresh),
+            ],
+        }];
+        let finding = |subject: &str| Finding {
+            // As read back from the persisted record.
+            subject: serde_json::from_value(serde_json::json!(subject)).unwrap(),
+            state: "Stale/Unknown".into(),
+            mounted: "-".into(),
+            current: "-".into(),
+        };
+        let check = |findings: Vec<Finding>| {
+            let mut a = Attempt::new(
+                "a".into(),
+                "slurm",
+                "worker",
+                "worker-0",
+                "uid-old",
+                "node-a",
+                "worker-0",
+                findings,
+                t,
+            );
+            a.new_pod_uid = Some("uid-new".into());
+            new_pod_check(
+                &verdicts,
+                std::slice::from_ref(&pod),
+                Some(t),
+                &a,
+                &mut HashMap::new(),
+            )
+        };
+        assert_eq!(
+            check(vec![finding("subPath c/1"), finding("volume etc")]),
+            NewPodCheck::Fresh
+        );
+        match check(vec![finding("subPath c/0")]) {
+            NewPodCheck::StillStale { message } => {
+                assert!(
+                    message.starts_with("subPath c/0 Stale/Unknown"),
+                    "{message}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        // A subject the replacement does not have is not judged Fresh.
+        assert_eq!(check(vec![finding("volume gone")]), NewPodCheck::NotYet);
+    }
+}

@@ -1,0 +1,30 @@
+//! Evaluation: expected versus observed content, verdicts, and the explicit
+//! history ([`EngineState`]) the engine needs between evaluations.
+//!
+//! Pure: no clock reads (`now` is an argument), no I/O. The only mutable
+//! input is the `&mut EngineState` a caller owns, may persist, or may
+//! rebuild from scratch.
+//!
+//! * [`types`]: configuration, states, verdicts, the output view;
+//! * [`subject`]: what a verdict is about and how it is written;
+//! * [`history`]: the engine state;
+//! * `cache`: memoization within one evaluation;
+//! * `engine`: the loop over nodes and pods;
+//! * `rules`: how each verdict is decided (one file, top to bottom).
+
+mod cache;
+mod engine;
+pub mod history;
+mod rules;
+pub mod subject;
+pub mod types;
+
+#[cfg(test)]
+pub(crate) mod test_support;
+
+pub use engine::Engine;
+pub use history::{
+    EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory, SubjectHistory,
+};
+pub use subject::{Subject, SubjectId, SubjectKey, subject_of};
+pub use types::*;

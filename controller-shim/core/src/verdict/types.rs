@@ -1,0 +1,524 @@
+//! The verdict types: configuration, states and their causes, verdicts of a
+//! pod, an evaluation's result, and the output view (fingerprints only).
+
+use std::sync::Arc;
+
+use jiff::{SignedDuration, Timestamp};
+use serde::{Deserialize, Serialize};
+
+use super::subject::{Subject, SubjectId, subject_of};
+use crate::fingerprint::Fingerprint;
+use crate::model::{PodModel, SkipReason, SourceRef};
+
+/// Engine configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// A mismatch whose source changed less than this before the node was
+    /// scanned is `Propagating`, not `Stale`.
+    pub grace: SignedDuration,
+    /// An inventory scanned longer ago than this is too old to judge by.
+    pub inventory_max_age: SignedDuration,
+    /// `KubeletNotSyncing` needs at least this many verifiable mutable
+    /// volume mounts on the node...
+    pub not_syncing_min_mounts: u32,
+    /// ...and more than half of them stale past grace.
+    /// List every file of Fresh volumes in verdicts (otherwise only files of
+    /// non-Fresh volumes are listed).
+    pub list_fresh_files: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            grace: SignedDuration::from_secs(180),
+            inventory_max_age: SignedDuration::from_secs(300),
+            not_syncing_min_mounts: 3,
+            list_fresh_files: false,
+        }
+    }
+}
+
+/// Whether the Secrets and ConfigMaps the engine sees are current: an input
+/// of the engine, like the time. The caller knows (its watches of them
+/// fail or not); see the API rule in `rules.rs`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ApiHealth {
+    /// The source watches are healthy.
+    #[default]
+    Available,
+    /// A Secret or ConfigMap watch is failing: what the engine holds may
+    /// be old.
+    Unavailable,
+}
+
+/// Why content is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum StaleCause {
+    /// Immutable source recreated with new content; nothing else on the node
+    /// references it, so replacing this pod gets fresh content.
+    ImmutableCache,
+    /// The same, but other pods on the node keep the kubelet's cache entry
+    /// alive (see [`Verdict::pinned_by`]); replacing this pod alone cannot
+    /// help.
+    ImmutableCachePinned,
+    /// Most mutable mounts on the node are stale past grace: the node's
+    /// kubelet, not the pod, is the problem.
+    KubeletNotSyncing,
+    /// None of the above.
+    Unknown,
+}
+
+/// Why a correct source still leaves the process on old content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FrozenCause {
+    /// A subPath mount (never updated while the container runs).
+    SubPath,
+    /// An environment variable (fixed at container start).
+    Env,
+    /// A volume declared read-at-start was refreshed after the container
+    /// started.
+    ReadAtStart,
+}
+
+/// Why a subject cannot be judged now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UnverifiableReason {
+    /// No inventory for the pod's node.
+    NoInventory,
+    /// The node's inventory is older than the configured limit.
+    InventoryTooOld,
+    /// The agent could not read a relevant path.
+    ReadError,
+    /// The volume or subPath target is not (yet) on the node.
+    NotOnDisk,
+    /// The container is not running (env and subPath need a start time).
+    ContainerNotRunning,
+    /// The controller's view of the sources is not current (watch not
+    /// synced or failing): the expected content is unknown. Set by the live
+    /// controller, never by the engine itself.
+    ApiUnavailable,
+}
+
+/// The verdict state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Mounted content equals the current source content.
+    Fresh,
+    /// Differs, but the source changed less than the grace period before the
+    /// node was scanned.
+    Propagating,
+    /// Differs past grace.
+    Stale(StaleCause),
+    /// Only a container restart helps.
+    Frozen(FrozenCause),
+    /// A non-optional object or key does not exist; the kubelet keeps what it
+    /// had (and refuses to start new pods).
+    SourceMissing,
+    /// Cannot be judged now.
+    Unverifiable(UnverifiableReason),
+    /// Not verifiable from the API.
+    Skipped(SkipReason),
+}
+
+impl State {
+    /// The state name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            State::Fresh => "Fresh",
+            State::Propagating => "Propagating",
+            State::Stale(_) => "Stale",
+            State::Frozen(_) => "Frozen",
+            State::SourceMissing => "SourceMissing",
+            State::Unverifiable(_) => "Unverifiable",
+            State::Skipped(_) => "Skipped",
+        }
+    }
+
+    /// The cause or reason name, if the state has one.
+    pub fn cause(&self) -> Option<&'static str> {
+        Some(match self {
+            State::Stale(StaleCause::ImmutableCache) => "ImmutableCache",
+            State::Stale(StaleCause::ImmutableCachePinned) => "ImmutableCachePinned",
+            State::Stale(StaleCause::KubeletNotSyncing) => "KubeletNotSyncing",
+            State::Stale(StaleCause::Unknown) => "Unknown",
+            State::Frozen(FrozenCause::SubPath) => "SubPath",
+            State::Frozen(FrozenCause::Env) => "Env",
+            State::Frozen(FrozenCause::ReadAtStart) => "ReadAtStart",
+            State::Unverifiable(UnverifiableReason::NoInventory) => "NoInventory",
+            State::Unverifiable(UnverifiableReason::InventoryTooOld) => "InventoryTooOld",
+            State::Unverifiable(UnverifiableReason::ReadError) => "ReadError",
+            State::Unverifiable(UnverifiableReason::NotOnDisk) => "NotOnDisk",
+            State::Unverifiable(UnverifiableReason::ContainerNotRunning) => "ContainerNotRunning",
+            State::Unverifiable(UnverifiableReason::ApiUnavailable) => "ApiUnavailable",
+            State::Skipped(r) => r.as_str(),
+            _ => return None,
+        })
+    }
+
+    /// `State` or `State/Cause`, e.g. `Stale/ImmutableCachePinned`.
+    pub fn tag(&self) -> String {
+        match self.cause() {
+            Some(c) => format!("{}/{c}", self.name()),
+            None => self.name().to_string(),
+        }
+    }
+
+    /// Every state, for parsing and documentation.
+    pub fn all() -> Vec<State> {
+        use FrozenCause as F;
+        use StaleCause as S;
+        use UnverifiableReason as U;
+        let mut v = vec![
+            State::Fresh,
+            State::Propagating,
+            State::Stale(S::ImmutableCache),
+            State::Stale(S::ImmutableCachePinned),
+            State::Stale(S::KubeletNotSyncing),
+            State::Stale(S::Unknown),
+            State::Frozen(F::SubPath),
+            State::Frozen(F::Env),
+            State::Frozen(F::ReadAtStart),
+            State::SourceMissing,
+            State::Unverifiable(U::NoInventory),
+            State::Unverifiable(U::InventoryTooOld),
+            State::Unverifiable(U::ReadError),
+            State::Unverifiable(U::NotOnDisk),
+            State::Unverifiable(U::ContainerNotRunning),
+            State::Unverifiable(U::ApiUnavailable),
+        ];
+        for r in [
+            SkipReason::DownwardApi,
+            SkipReason::ServiceAccountToken,
+            SkipReason::ClusterTrustBundle,
+            SkipReason::PodCertificate,
+            SkipReason::UnknownSource,
+            SkipReason::SubPathExpr,
+            SkipReason::PodTerminating,
+        ] {
+            v.push(State::Skipped(r));
+        }
+        v
+    }
+}
+
+impl std::str::FromStr for State {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        State::all()
+            .into_iter()
+            .find(|st| st.tag() == s)
+            .ok_or_else(|| format!("unknown verdict state {s:?}"))
+    }
+}
+
+impl Serialize for State {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.tag())
+    }
+}
+
+impl<'de> Deserialize<'de> for State {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The state of one file of a volume or subPath target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum FileState {
+    /// Matches.
+    Fresh,
+    /// Present with other content.
+    Differs,
+    /// Expected but not on disk.
+    Missing,
+    /// On disk but not expected.
+    Unexpected,
+    /// Not verifiable from the API.
+    Skipped,
+    /// The agent could not read it.
+    Unreadable,
+}
+
+/// One file's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileVerdict {
+    /// Relative path.
+    pub path: Arc<str>,
+    /// State of the file.
+    pub state: FileState,
+    /// Fingerprint of the expected content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<Fingerprint>,
+    /// Fingerprint of the observed content.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<Fingerprint>,
+}
+
+/// Details most verdicts do not need (kept out of line to keep Fresh
+/// verdicts small).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerdictDetail {
+    /// Paths whose content differs, is missing or is unexpected.
+    pub differing_paths: Vec<Arc<str>>,
+    /// Per-file verdicts.
+    pub files: Vec<FileVerdict>,
+    /// Pods (names, same namespace) keeping an immutable cache entry alive.
+    pub pinned_by: Vec<Arc<str>>,
+    /// Containers concerned (ReadAtStart).
+    pub containers: Vec<Arc<str>>,
+    /// Human-readable explanation (never content).
+    pub message: Option<String>,
+}
+
+/// The verdict on one subject of one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// What is judged (see [`PodVerdicts::subject`]).
+    pub id: SubjectId,
+    /// The verdict.
+    pub state: State,
+    /// Fingerprint of the expected content.
+    pub expected: Option<Fingerprint>,
+    /// Fingerprint of the observed content.
+    pub observed: Option<Fingerprint>,
+    /// Since when this state (with this cause) holds.
+    pub since: Timestamp,
+    /// Details, present when there is something to say.
+    pub detail: Option<Box<VerdictDetail>>,
+}
+
+impl Verdict {
+    /// Pods pinning an immutable cache entry.
+    pub fn pinned_by(&self) -> &[Arc<str>] {
+        self.detail.as_deref().map_or(&[], |d| &d.pinned_by)
+    }
+
+    /// Differing paths.
+    pub fn differing_paths(&self) -> &[Arc<str>] {
+        self.detail.as_deref().map_or(&[], |d| &d.differing_paths)
+    }
+
+    /// Per-file verdicts (only listed for non-Fresh volumes unless
+    /// configured otherwise).
+    pub fn files(&self) -> &[FileVerdict] {
+        self.detail.as_deref().map_or(&[], |d| &d.files)
+    }
+
+    /// Explanation, if any.
+    pub fn message(&self) -> Option<&str> {
+        self.detail.as_deref().and_then(|d| d.message.as_deref())
+    }
+}
+
+/// Verdicts of one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodVerdicts {
+    /// The pod as evaluated (shared with the index, not copied).
+    pub pod: Arc<PodModel>,
+    /// One verdict per volume, subPath mount and env reference.
+    pub verdicts: Vec<Verdict>,
+}
+
+impl PodVerdicts {
+    /// What verdict `v` of this pod is about.
+    pub fn subject(&self, v: &Verdict) -> Subject {
+        subject_of(&self.pod, v.id)
+    }
+
+    /// The Secrets and ConfigMaps verdict `v` depends on.
+    pub fn sources(&self, v: &Verdict) -> Vec<SourceRef> {
+        let pod = &self.pod;
+        let volume_sources = |vi: usize| -> Vec<SourceRef> {
+            pod.volumes
+                .get(vi)
+                .map(|vol| vol.source.refs(&pod.namespace))
+                .unwrap_or_default()
+        };
+        match v.id {
+            SubjectId::Volume(vi) => volume_sources(vi as usize),
+            SubjectId::SubPath(ci, mi) => pod
+                .containers
+                .get(ci as usize)
+                .and_then(|c| c.mounts.get(mi as usize))
+                .map(|m| volume_sources(m.volume as usize))
+                .unwrap_or_default(),
+            SubjectId::Env(ci, ei) => pod
+                .containers
+                .get(ci as usize)
+                .and_then(|c| c.env.get(ei as usize))
+                .map(|e| {
+                    let (kind, name) = e.target();
+                    vec![SourceRef::new(kind, pod.namespace.clone(), name.clone())]
+                })
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Result of an evaluation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Evaluation {
+    /// Verdicts per evaluated pod.
+    pub pods: Vec<PodVerdicts>,
+    /// UIDs asked for that are no longer in the index (their history was
+    /// dropped).
+    pub removed: Vec<Arc<str>>,
+}
+
+impl Evaluation {
+    /// Every verdict with its pod.
+    pub fn iter(&self) -> impl Iterator<Item = (&PodVerdicts, &Verdict)> {
+        self.pods
+            .iter()
+            .flat_map(|p| p.verdicts.iter().map(move |v| (p, v)))
+    }
+
+    /// Number of verdicts.
+    pub fn len(&self) -> usize {
+        self.pods.iter().map(|p| p.verdicts.len()).sum()
+    }
+
+    /// Whether there is no verdict.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A source as shown in output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceView {
+    /// `Secret` or `ConfigMap`.
+    pub kind: &'static str,
+    /// Object name (in the pod's namespace).
+    pub name: Arc<str>,
+}
+
+/// The output form of a verdict (JSON for the offline command and the
+/// status endpoint): fingerprints only, never digests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VerdictView<'a> {
+    /// State name.
+    pub state: &'static str,
+    /// Cause or reason.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cause: Option<&'static str>,
+    /// Pod namespace.
+    pub namespace: &'a str,
+    /// Pod name.
+    pub pod: &'a str,
+    /// Pod UID.
+    pub uid: &'a str,
+    /// Node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<&'a str>,
+    /// Controlling NodeSet.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nodeset: Option<&'a str>,
+    /// `volume`, `subPath` or `env`.
+    pub subject: &'static str,
+    /// Volume name (volume and subPath subjects).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volume: Option<Arc<str>>,
+    /// Container (subPath and env subjects).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<Arc<str>>,
+    /// subPath.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sub_path: Option<Arc<str>>,
+    /// Environment variable, or `envFrom[:prefix]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub env: Option<Arc<str>>,
+    /// Source kind of the first source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_kind: Option<&'static str>,
+    /// Source name of the first source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_name: Option<Arc<str>>,
+    /// Every source involved.
+    pub sources: Vec<SourceView>,
+    /// Expected content fingerprint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected: Option<Fingerprint>,
+    /// Observed content fingerprint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub observed: Option<Fingerprint>,
+    /// Paths that differ.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub differing_paths: &'a [Arc<str>],
+    /// Per-file verdicts.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub files: &'a [FileVerdict],
+    /// Pods pinning an immutable cache entry.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    pub pinned_by: &'a [Arc<str>],
+    /// Since when the state holds.
+    pub since: Timestamp,
+    /// Explanation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<&'a str>,
+}
+
+impl Verdict {
+    /// The output view of this verdict of `pod`.
+    pub fn view<'a>(&'a self, pod: &'a PodVerdicts) -> VerdictView<'a> {
+        let (subject, volume, container, sub_path, env) = match pod.subject(self) {
+            Subject::Volume { volume } => ("volume", Some(volume), None, None, None),
+            Subject::SubPath {
+                container,
+                volume,
+                sub_path,
+                ..
+            } => (
+                "subPath",
+                Some(volume),
+                Some(container),
+                Some(sub_path),
+                None,
+            ),
+            Subject::Env { container, var } => ("env", None, Some(container), None, Some(var)),
+        };
+        let sources = pod.sources(self);
+        let first = sources.first();
+        let p = &pod.pod;
+        VerdictView {
+            state: self.state.name(),
+            cause: self.state.cause(),
+            namespace: &p.namespace,
+            pod: &p.name,
+            uid: &p.uid,
+            node: p.node.as_deref(),
+            nodeset: p.nodeset.as_deref(),
+            subject,
+            volume,
+            container,
+            sub_path,
+            env,
+            source_kind: first.map(|r| r.kind.as_str()),
+            source_name: first.map(|r| r.name.clone()),
+            sources: sources
+                .iter()
+                .map(|r| SourceView {
+                    kind: r.kind.as_str(),
+                    name: r.name.clone(),
+                })
+                .collect(),
+            expected: self.expected,
+            observed: self.observed,
+            differing_paths: self.differing_paths(),
+            files: self.files(),
+            pinned_by: self.pinned_by(),
+            since: self.since,
+            message: self.message(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "types_tests.rs"]
+mod tests;

@@ -1,0 +1,200 @@
+//! What every task of the live controller shares: the one shutdown signal,
+//! the metrics, whether this replica acts and is ready, the published
+//! verdicts and the health of the watches. Tasks depend on this module,
+//! never on the wiring in `live/mod.rs` that starts them.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch as tokio_watch;
+
+use super::metrics::Metrics;
+use super::status::VerdictStore;
+
+/// One shutdown signal shared by every task.
+#[derive(Debug, Clone)]
+pub struct Shutdown(tokio_watch::Receiver<bool>);
+
+impl Shutdown {
+    /// A signal and its trigger.
+    pub fn new() -> (tokio_watch::Sender<bool>, Self) {
+        let (tx, rx) = tokio_watch::channel(false);
+        (tx, Self(rx))
+    }
+
+    /// Resolves when shutdown was requested (or the trigger dropped).
+    pub async fn wait(&mut self) {
+        let _ = self.0.wait_for(|v| *v).await;
+    }
+
+    /// Whether shutdown was requested.
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// State shared between the tasks.
+#[derive(Debug)]
+pub struct Shared {
+    /// Metrics.
+    pub metrics: Metrics,
+    /// This replica acts (leader, or no election).
+    pub acting: AtomicBool,
+    /// Every watch finished its initial list.
+    pub ready: AtomicBool,
+    /// Published verdicts (for `/v1/verdicts`).
+    pub verdicts: std::sync::RwLock<VerdictStore>,
+    /// Sync state and errors of the watches.
+    pub health: Health,
+}
+
+impl Shared {
+    /// New shared state with `metrics`.
+    pub fn new(metrics: Metrics) -> Self {
+        Self {
+            metrics,
+            acting: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+            verdicts: std::sync::RwLock::new(VerdictStore::default()),
+            health: Health::default(),
+        }
+    }
+
+    /// Whether this replica acts.
+    pub fn is_acting(&self) -> bool {
+        self.acting.load(Ordering::Acquire)
+    }
+
+    /// Whether the initial lists are done.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+}
+
+/// How long after its last error a resource's view counts as not current.
+pub const DEGRADED_FOR: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Default, Clone)]
+struct ResourceHealth {
+    required: bool,
+    synced: bool,
+    last_error: Option<Instant>,
+}
+
+/// Sync state and errors of every watch.
+#[derive(Debug, Default)]
+pub struct Health {
+    inner: Mutex<HashMap<String, ResourceHealth>>,
+}
+
+impl Health {
+    /// Registers a watch; `required` ones gate readiness.
+    pub fn register(&self, name: &str, required: bool) {
+        self.inner
+            .lock()
+            .unwrap()
+            .entry(name.to_string())
+            .or_default()
+            .required |= required;
+    }
+
+    pub(super) fn synced(&self, name: &str) {
+        let mut g = self.inner.lock().unwrap();
+        let h = g.entry(name.to_string()).or_default();
+        h.synced = true;
+        h.last_error = None;
+    }
+
+    pub(super) fn error(&self, name: &str) {
+        self.inner
+            .lock()
+            .unwrap()
+            .entry(name.to_string())
+            .or_default()
+            .last_error = Some(Instant::now());
+    }
+
+    pub(super) fn ok(&self, name: &str) {
+        if let Some(h) = self.inner.lock().unwrap().get_mut(name) {
+            h.last_error = None;
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn synced_for_test(&self, name: &str) {
+        self.synced(name);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn error_for_test(&self, name: &str) {
+        self.error(name);
+    }
+
+    /// Whether every required watch finished its initial list.
+    pub fn all_synced(&self) -> bool {
+        self.inner
+            .lock()
+            .unwrap()
+            .values()
+            .all(|h| !h.required || h.synced)
+    }
+
+    /// Whether every registered watch whose name starts with `prefix` is
+    /// in `listed`, and at least one is registered.
+    pub fn all_listed(&self, prefix: &str, listed: &HashSet<String>) -> bool {
+        let g = self.inner.lock().unwrap();
+        let mut names = g.keys().filter(|k| k.starts_with(prefix)).peekable();
+        names.peek().is_some() && names.all(|k| listed.contains(k))
+    }
+
+    /// Whether the Secret or ConfigMap view is not current: a watch not
+    /// synced, or failed within [`DEGRADED_FOR`].
+    pub fn sources_degraded(&self) -> bool {
+        self.inner.lock().unwrap().iter().any(|(k, h)| {
+            (k.starts_with("secrets") || k.starts_with("configmaps"))
+                && (!h.synced || h.last_error.is_some_and(|t| t.elapsed() < DEGRADED_FOR))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_nodeset_watch_gates_readiness_and_snapshots_say_when_it_listed() {
+        let h = Health::default();
+        for n in [
+            "pods",
+            "secrets",
+            "configmaps",
+            "nodesets",
+            "nodes",
+            "agents",
+        ] {
+            h.register(n, true);
+        }
+        for n in ["pods", "secrets", "configmaps", "nodes", "agents"] {
+            h.synced(n);
+        }
+        assert!(!h.all_synced(), "not ready before the NodeSets are listed");
+        let mut listed = HashSet::new();
+        assert!(!h.all_listed("nodesets", &listed));
+        h.synced("nodesets");
+        assert!(h.all_synced());
+        // The snapshot needs the in-band marker, not only the flag.
+        assert!(!h.all_listed("nodesets", &listed));
+        listed.insert("nodesets".to_string());
+        assert!(h.all_listed("nodesets", &listed));
+        // Per namespace: every namespace's watch must have listed.
+        let h = Health::default();
+        h.register("nodesets/a", true);
+        h.register("nodesets/b", true);
+        let listed: HashSet<String> = ["nodesets/a".to_string()].into();
+        assert!(!h.all_listed("nodesets", &listed));
+        // Nothing registered: never complete.
+        assert!(!Health::default().all_listed("nodesets", &listed));
+    }
+}
