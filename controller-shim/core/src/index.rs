@@ -7,7 +7,7 @@
 //! ([`ClusterIndex::pods_referencing`], [`ClusterIndex::pods_on_node`]) and
 //! re-evaluates only those.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use crate::model::{Interner, ObservedNode, PodModel, SourceContent, SourceRef};
@@ -113,7 +113,23 @@ impl ClusterIndex {
     }
 
     /// Inserts or replaces a node inventory.
-    pub fn apply_inventory(&mut self, node: ObservedNode) {
+    pub fn apply_inventory(&mut self, mut node: ObservedNode) {
+        // Key the observed pods by the pod models' UIDs where there are
+        // models, so each UID is held once.
+        if node.pods.keys().any(|uid| {
+            self.by_uid
+                .get_key_value(uid)
+                .is_some_and(|(k, _)| !Arc::ptr_eq(k, uid))
+        }) {
+            node.pods = node
+                .pods
+                .into_iter()
+                .map(|(uid, pod)| match self.by_uid.get_key_value(&uid) {
+                    Some((k, _)) => (k.clone(), pod),
+                    None => (uid, pod),
+                })
+                .collect();
+        }
         self.nodes.insert(node.node.clone(), node);
     }
 
