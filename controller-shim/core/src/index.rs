@@ -216,3 +216,35 @@ impl ClusterIndex {
         self.nodes.get(node)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{NodeB, PodB, ts};
+    use mountguard_inventory::Plugin;
+
+    /// An observed pod is keyed by its pod model's UID: the index holds
+    /// each pod's UID once, whichever of the pod and its inventory came
+    /// first.
+    #[test]
+    fn observed_pods_share_the_pod_models_uid() {
+        let mut ix = ClusterIndex::new();
+        let at = ts("2026-11-30T10:00:00Z");
+        let inv =
+            |uid: &str| NodeB::new("n1", at).volume(uid, Plugin::Secret, "etc", &[("k", b"v")], at);
+        // The pod first, then its inventory.
+        let id = ix.apply_pod(PodB::new("ns", "p1", "u1", "n1").build());
+        inv("u1").apply(&mut ix);
+        let model = ix.pod(id).unwrap().uid.clone();
+        let (key, _) = ix
+            .inventory("n1")
+            .unwrap()
+            .pods
+            .get_key_value("u1")
+            .unwrap();
+        assert!(Arc::ptr_eq(key, &model));
+        // An inventory naming a pod the index does not have keeps its own.
+        inv("u9").apply(&mut ix);
+        assert!(ix.inventory("n1").unwrap().pods.contains_key("u9"));
+    }
+}

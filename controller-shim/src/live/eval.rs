@@ -933,6 +933,56 @@ mod tests {
 
     use mountguard_core::model::Interner;
 
+    /// An inventory's in-flight permit goes back as soon as the task has
+    /// the inventory, not when the coalescing window closes: report
+    /// handlers waiting for a permit are not held up by the window (with
+    /// at most 32 in flight, catch-up after a restart ran in batches of 32
+    /// nodes, each waiting out the window). The inventory is still
+    /// evaluated when the window closes.
+    #[tokio::test(start_paused = true)]
+    async fn an_inventory_frees_its_permit_before_the_window_closes() {
+        let r = rig();
+        let shared = r.shared.clone();
+        let (tx, rx) = mpsc::channel(8);
+        let (_trigger, shutdown) = Shutdown::new();
+        let mut ix = Interner::default();
+        let t0 = ts("2026-11-30T10:00:00Z");
+        let mut task = r.task;
+        task.apply_batch(
+            vec![secret(&mut ix, b"k", "s1"), pod("u1", "w-0", "n1")],
+            t0,
+        );
+        tokio::spawn(run(task, rx, shutdown));
+        let sem = Arc::new(tokio::sync::Semaphore::new(1));
+        let permit = sem.clone().acquire_owned().await.unwrap();
+        let now = Timestamp::now().to_string();
+        let Input::Inventory(i, _) = inv("n1", 1, &now, &[("u1", b"k")]) else {
+            unreachable!()
+        };
+        tx.send(Input::Inventory(i, Some(permit))).await.unwrap();
+        tokio::time::sleep(COALESCE / 10).await;
+        assert_eq!(
+            sem.available_permits(),
+            1,
+            "the permit is back while the window is still open"
+        );
+        let state = |s: &Shared| {
+            s.verdicts
+                .read()
+                .unwrap()
+                .pods
+                .get("u1")
+                .map(|pv| pv.verdicts[0].state.tag())
+        };
+        assert_eq!(
+            state(&shared).as_deref(),
+            Some("Unverifiable/NoInventory"),
+            "evaluated only when the window closes"
+        );
+        tokio::time::sleep(COALESCE * 2).await;
+        assert_eq!(state(&shared).as_deref(), Some("Fresh"));
+    }
+
     /// The rollout document follows the source's current fingerprint and
     /// what each consumer was verified against, and the gate's decision on
     /// it follows a rotation (recreate under the same name) to the end.

@@ -606,6 +606,32 @@ mod tests {
         assert_eq!(s.pods(), 0);
     }
 
+    /// The per-state totals move once per batch: `update` leaves
+    /// `mountguard_mounts` as it was until `flush`, so a scrape during a
+    /// batch sees the totals before it, not half of it.
+    #[test]
+    fn totals_move_on_flush_only() {
+        let m = Metrics::new();
+        let mut s = MountSeries::default();
+        let uid: Arc<str> = Arc::from("u1");
+        s.replace(&m, &uid, vec![], &[], &[("Fresh", 3)]);
+        assert!(text(&m).contains(r#"mountguard_mounts{state="Fresh"} 3"#));
+        s.update(
+            &m,
+            &uid,
+            vec![],
+            &[("Fresh", 3)],
+            &[("Fresh", 1), ("Stale", 2)],
+        );
+        let t = text(&m);
+        assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 3"#), "{t}");
+        assert!(!t.contains(r#"mountguard_mounts{state="Stale"} 2"#), "{t}");
+        s.flush(&m);
+        let t = text(&m);
+        assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 1"#), "{t}");
+        assert!(t.contains(r#"mountguard_mounts{state="Stale"} 2"#), "{t}");
+    }
+
     #[test]
     fn every_contract_name_is_exported() {
         let m = Metrics::new();
