@@ -2,6 +2,7 @@
 //! model. Secret and ConfigMap values are hashed here and never stored.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
@@ -135,8 +136,10 @@ impl RawPodExtras {
 pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<PodModel> {
     let meta = &p.metadata;
     let namespace = interner.intern(meta.namespace.as_deref()?);
-    let name = interner.intern(meta.name.as_deref()?);
-    let uid = interner.intern(meta.uid.as_deref()?);
+    // A pod's name and UID are its own: interning them would only cost the
+    // interner an entry per pod.
+    let name: Arc<str> = Arc::from(meta.name.as_deref()?);
+    let uid: Arc<str> = Arc::from(meta.uid.as_deref()?);
     let read_at_start: Vec<&str> = meta
         .annotations
         .as_ref()

@@ -7,7 +7,7 @@
 //! ([`ClusterIndex::pods_referencing`], [`ClusterIndex::pods_on_node`]) and
 //! re-evaluates only those.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use crate::model::{Interner, ObservedNode, PodModel, SourceContent, SourceRef};
@@ -113,7 +113,23 @@ impl ClusterIndex {
     }
 
     /// Inserts or replaces a node inventory.
-    pub fn apply_inventory(&mut self, node: ObservedNode) {
+    pub fn apply_inventory(&mut self, mut node: ObservedNode) {
+        // Key the observed pods by the pod models' UIDs where there are
+        // models, so each UID is held once.
+        if node.pods.keys().any(|uid| {
+            self.by_uid
+                .get_key_value(uid)
+                .is_some_and(|(k, _)| !Arc::ptr_eq(k, uid))
+        }) {
+            node.pods = node
+                .pods
+                .into_iter()
+                .map(|(uid, pod)| match self.by_uid.get_key_value(&uid) {
+                    Some((k, _)) => (k.clone(), pod),
+                    None => (uid, pod),
+                })
+                .collect();
+        }
         self.nodes.insert(node.node.clone(), node);
     }
 
@@ -198,5 +214,37 @@ impl ClusterIndex {
     /// The latest inventory of `node`.
     pub fn inventory(&self, node: &str) -> Option<&ObservedNode> {
         self.nodes.get(node)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{NodeB, PodB, ts};
+    use mountguard_inventory::Plugin;
+
+    /// An observed pod is keyed by its pod model's UID: the index holds
+    /// each pod's UID once, whichever of the pod and its inventory came
+    /// first.
+    #[test]
+    fn observed_pods_share_the_pod_models_uid() {
+        let mut ix = ClusterIndex::new();
+        let at = ts("2026-11-30T10:00:00Z");
+        let inv =
+            |uid: &str| NodeB::new("n1", at).volume(uid, Plugin::Secret, "etc", &[("k", b"v")], at);
+        // The pod first, then its inventory.
+        let id = ix.apply_pod(PodB::new("ns", "p1", "u1", "n1").build());
+        inv("u1").apply(&mut ix);
+        let model = ix.pod(id).unwrap().uid.clone();
+        let (key, _) = ix
+            .inventory("n1")
+            .unwrap()
+            .pods
+            .get_key_value("u1")
+            .unwrap();
+        assert!(Arc::ptr_eq(key, &model));
+        // An inventory naming a pod the index does not have keeps its own.
+        inv("u9").apply(&mut ix);
+        assert!(ix.inventory("n1").unwrap().pods.contains_key("u9"));
     }
 }

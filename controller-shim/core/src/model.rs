@@ -6,7 +6,9 @@
 //! here as SHA-256 digests: the conversion at the edge hashes every value and
 //! drops the plaintext.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -720,7 +722,7 @@ pub struct ObservedNode {
     /// When the agent's scan finished.
     pub scanned_at: Timestamp,
     /// Pods by UID.
-    pub pods: std::collections::HashMap<Arc<str>, ObservedPod>,
+    pub pods: foldhash::HashMap<Arc<str>, ObservedPod>,
 }
 
 impl ObservedNode {
@@ -764,7 +766,9 @@ impl ObservedNode {
                     })
                     .collect();
                 (
-                    interner.intern(&p.uid),
+                    // Unique per pod: not worth an interner entry (the
+                    // index shares the pod model's copy when it has one).
+                    Arc::<str>::from(p.uid.as_str()),
                     ObservedPod {
                         volumes,
                         sub_paths,

@@ -12,7 +12,7 @@
 //! verdicts other than Fresh and Skipped as `Unverifiable/ApiUnavailable`
 //! (API trouble never turns a mount Stale).
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -111,11 +111,25 @@ pub struct EvalTask {
     snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
     applied_gen: HashMap<Arc<str>, u64>,
     nodesets: HashMap<String, Arc<DynamicObject>>,
-    nodesets_listed: HashSet<String>,
+    nodesets_listed: std::collections::HashSet<String>,
     baselined: HashSet<Arc<str>>,
     too_old: HashSet<Arc<str>>,
     reporting: HashMap<Arc<str>, bool>,
     evaluated: bool,
+    pending: Pending,
+}
+
+/// What the inputs received since the last evaluation touched.
+#[derive(Debug, Default)]
+struct Pending {
+    /// Pods to re-evaluate.
+    dirty: HashSet<Arc<str>>,
+    /// Everything is to be re-evaluated.
+    full: bool,
+    /// Nodes that sent a new inventory.
+    reported: Vec<Arc<str>>,
+    /// Sources added, changed or deleted.
+    touched_sources: Vec<SourceRef>,
 }
 
 impl EvalTask {
@@ -136,13 +150,14 @@ impl EvalTask {
             limiter: RateLimiter::new(Instant::now()),
             events,
             snapshots,
-            applied_gen: HashMap::new(),
-            nodesets: HashMap::new(),
-            nodesets_listed: HashSet::new(),
-            baselined: HashSet::new(),
-            too_old: HashSet::new(),
-            reporting: HashMap::new(),
+            applied_gen: HashMap::default(),
+            nodesets: HashMap::default(),
+            nodesets_listed: std::collections::HashSet::new(),
+            baselined: HashSet::default(),
+            too_old: HashSet::default(),
+            reporting: HashMap::default(),
             evaluated: false,
+            pending: Pending::default(),
         }
     }
 
@@ -153,141 +168,163 @@ impl EvalTask {
 
     /// Applies a batch of inputs and evaluates what they touch at `now`.
     pub fn apply_batch(&mut self, batch: Vec<Input>, now: Timestamp) {
-        let mut dirty: HashSet<Arc<str>> = HashSet::new();
-        let mut full = false;
-        let mut reported: Vec<Arc<str>> = Vec::new();
-        let mut touched_sources: Vec<SourceRef> = Vec::new();
         for input in batch {
-            match input {
-                Input::Pod(p) => {
-                    let p = *p;
-                    if let Some(old) = self
-                        .index
-                        .pod_id(&p.uid)
-                        .and_then(|id| self.index.pod(id))
-                        .cloned()
-                    {
-                        self.mark(&mut dirty, self.index.affected_by_pod(&old));
-                    }
-                    dirty.insert(p.uid.clone());
-                    let id = self.index.apply_pod(p);
-                    if let Some(newp) = self.index.pod(id).cloned() {
-                        self.mark(&mut dirty, self.index.affected_by_pod(&newp));
-                    }
+            self.receive(input, now);
+        }
+        self.finish_batch(now);
+    }
+
+    /// Applies one input to the index (an inventory is converted and its
+    /// in-flight permit released at once) and records what it touches;
+    /// [`Self::finish_batch`] evaluates it. `now` is when it arrived.
+    pub fn receive(&mut self, input: Input, now: Timestamp) {
+        let mut pending = std::mem::take(&mut self.pending);
+        self.receive_into(&mut pending, input, now);
+        self.pending = pending;
+    }
+
+    fn receive_into(&mut self, pend: &mut Pending, input: Input, now: Timestamp) {
+        let dirty = &mut pend.dirty;
+        match input {
+            Input::Pod(p) => {
+                let p = *p;
+                if let Some(old) = self
+                    .index
+                    .pod_id(&p.uid)
+                    .and_then(|id| self.index.pod(id))
+                    .cloned()
+                {
+                    self.mark(dirty, self.index.affected_by_pod(&old));
                 }
-                Input::PodDeleted(uid) => {
-                    if let Some(old) = self.index.delete_pod(&uid) {
-                        self.mark(&mut dirty, self.index.affected_by_pod(&old));
-                    }
-                    dirty.insert(uid);
-                }
-                Input::Source(r, c) => {
-                    let differs = self.index.source(&r).is_none_or(|o| {
-                        o.content_digest != c.content_digest
-                            || o.uid != c.uid
-                            || o.immutable != c.immutable
-                    });
-                    self.index.apply_source(r.clone(), c);
-                    touched_sources.push(r.clone());
-                    // Record when the content changed as it arrives, not when
-                    // a pod referencing it is next evaluated: a subPath or env
-                    // verdict compares this time with a container's start.
-                    self.engine
-                        .observe_source(&self.index, &mut self.state, &r, now);
-                    if differs {
-                        let ids = self.index.pods_referencing(&r).to_vec();
-                        self.mark(&mut dirty, ids);
-                    }
-                }
-                Input::SourceDeleted(r) => {
-                    touched_sources.push(r.clone());
-                    if self.index.delete_source(&r) {
-                        self.engine
-                            .observe_source(&self.index, &mut self.state, &r, now);
-                        let ids = self.index.pods_referencing(&r).to_vec();
-                        self.mark(&mut dirty, ids);
-                    }
-                }
-                Input::NodeDeleted(n) => {
-                    if self.index.delete_inventory(&n) {
-                        let ids = self.index.pods_on_node(&n).to_vec();
-                        self.mark(&mut dirty, ids);
-                    }
-                    self.applied_gen.remove(n.as_str());
-                    let _ = self
-                        .shared
-                        .metrics
-                        .node_inventory_timestamp
-                        .remove_label_values(&[&n]);
-                }
-                Input::NodeSet(k, o) => {
-                    self.nodesets.insert(k, o);
-                }
-                Input::NodeSetDeleted(k) => {
-                    self.nodesets.remove(&k);
-                }
-                Input::NodeSetsSynced(name) => {
-                    self.nodesets_listed.insert(name);
-                }
-                Input::Inventory(inv, _permit) => {
-                    if self
-                        .applied_gen
-                        .get(inv.node.as_str())
-                        .is_some_and(|g| *g > inv.generation)
-                    {
-                        continue;
-                    }
-                    let obs = ObservedNode::from_inventory(&inv, &mut self.index.interner);
-                    let node = obs.node.clone();
-                    self.applied_gen.insert(node.clone(), inv.generation);
-                    self.set_timestamp(&node, inv.scanned_at);
-                    self.index.apply_inventory(obs);
-                    let ids = self.index.pods_on_node(&node).to_vec();
-                    self.mark(&mut dirty, ids);
-                    reported.push(node);
-                }
-                Input::Heartbeat {
-                    node,
-                    generation,
-                    scanned_at,
-                } => {
-                    if self.applied_gen.get(node.as_str()) != Some(&generation) {
-                        continue;
-                    }
-                    let Some(mut obs) = self.index.inventory(&node).cloned() else {
-                        continue;
-                    };
-                    if scanned_at <= obs.scanned_at {
-                        continue;
-                    }
-                    obs.scanned_at = scanned_at;
-                    self.index.apply_inventory(obs);
-                    self.set_timestamp(&node, scanned_at);
-                    // A newer scan time changes only verdicts that depend
-                    // on it (Propagating/Stale, and inventory age, which
-                    // the age check below handles): re-evaluate the pods
-                    // of the node that are not all Fresh or Skipped.
-                    let store = self.shared.verdicts.read().unwrap();
-                    for id in self.index.pods_on_node(&node) {
-                        let Some(p) = self.index.pod(*id) else {
-                            continue;
-                        };
-                        let settled = store.pods.get(&p.uid).is_some_and(|pv| {
-                            pv.verdicts
-                                .iter()
-                                .all(|v| matches!(v.state, State::Fresh | State::Skipped(_)))
-                        });
-                        if !settled {
-                            dirty.insert(p.uid.clone());
-                        }
-                    }
-                }
-                Input::Reset => {
-                    self.reset();
-                    full = true;
+                dirty.insert(p.uid.clone());
+                let id = self.index.apply_pod(p);
+                if let Some(newp) = self.index.pod(id).cloned() {
+                    self.mark(dirty, self.index.affected_by_pod(&newp));
                 }
             }
+            Input::PodDeleted(uid) => {
+                if let Some(old) = self.index.delete_pod(&uid) {
+                    self.mark(dirty, self.index.affected_by_pod(&old));
+                }
+                dirty.insert(uid);
+            }
+            Input::Source(r, c) => {
+                let differs = self.index.source(&r).is_none_or(|o| {
+                    o.content_digest != c.content_digest
+                        || o.uid != c.uid
+                        || o.immutable != c.immutable
+                });
+                self.index.apply_source(r.clone(), c);
+                pend.touched_sources.push(r.clone());
+                // Record when the content changed as it arrives, not when
+                // a pod referencing it is next evaluated: a subPath or env
+                // verdict compares this time with a container's start.
+                self.engine
+                    .observe_source(&self.index, &mut self.state, &r, now);
+                if differs {
+                    let ids = self.index.pods_referencing(&r).to_vec();
+                    self.mark(dirty, ids);
+                }
+            }
+            Input::SourceDeleted(r) => {
+                pend.touched_sources.push(r.clone());
+                if self.index.delete_source(&r) {
+                    self.engine
+                        .observe_source(&self.index, &mut self.state, &r, now);
+                    let ids = self.index.pods_referencing(&r).to_vec();
+                    self.mark(dirty, ids);
+                }
+            }
+            Input::NodeDeleted(n) => {
+                if self.index.delete_inventory(&n) {
+                    let ids = self.index.pods_on_node(&n).to_vec();
+                    self.mark(dirty, ids);
+                }
+                self.applied_gen.remove(n.as_str());
+                let _ = self
+                    .shared
+                    .metrics
+                    .node_inventory_timestamp
+                    .remove_label_values(&[&n]);
+            }
+            Input::NodeSet(k, o) => {
+                self.nodesets.insert(k, o);
+            }
+            Input::NodeSetDeleted(k) => {
+                self.nodesets.remove(&k);
+            }
+            Input::NodeSetsSynced(name) => {
+                self.nodesets_listed.insert(name);
+            }
+            Input::Inventory(inv, _permit) => {
+                if self
+                    .applied_gen
+                    .get(inv.node.as_str())
+                    .is_some_and(|g| *g > inv.generation)
+                {
+                    return;
+                }
+                let obs = ObservedNode::from_inventory(&inv, &mut self.index.interner);
+                let node = obs.node.clone();
+                self.applied_gen.insert(node.clone(), inv.generation);
+                self.set_timestamp(&node, inv.scanned_at);
+                self.index.apply_inventory(obs);
+                let ids = self.index.pods_on_node(&node).to_vec();
+                self.mark(dirty, ids);
+                pend.reported.push(node);
+            }
+            Input::Heartbeat {
+                node,
+                generation,
+                scanned_at,
+            } => {
+                if self.applied_gen.get(node.as_str()) != Some(&generation) {
+                    return;
+                }
+                let Some(mut obs) = self.index.inventory(&node).cloned() else {
+                    return;
+                };
+                if scanned_at <= obs.scanned_at {
+                    return;
+                }
+                obs.scanned_at = scanned_at;
+                self.index.apply_inventory(obs);
+                self.set_timestamp(&node, scanned_at);
+                // A newer scan time changes only verdicts that depend
+                // on it (Propagating/Stale, and inventory age, which
+                // the age check below handles): re-evaluate the pods
+                // of the node that are not all Fresh or Skipped.
+                let store = self.shared.verdicts.read().unwrap();
+                for id in self.index.pods_on_node(&node) {
+                    let Some(p) = self.index.pod(*id) else {
+                        continue;
+                    };
+                    let settled = store.pods.get(&p.uid).is_some_and(|pv| {
+                        pv.verdicts
+                            .iter()
+                            .all(|v| matches!(v.state, State::Fresh | State::Skipped(_)))
+                    });
+                    if !settled {
+                        dirty.insert(p.uid.clone());
+                    }
+                }
+            }
+            Input::Reset => {
+                self.reset();
+                pend.full = true;
+            }
         }
+    }
+
+    /// Evaluates what the inputs received since the last batch touched, at
+    /// `now`.
+    pub fn finish_batch(&mut self, now: Timestamp) {
+        let Pending {
+            mut dirty,
+            mut full,
+            reported,
+            touched_sources,
+        } = std::mem::take(&mut self.pending);
         if !self.shared.is_ready() || !self.shared.is_acting() {
             return;
         }
@@ -468,17 +505,16 @@ impl EvalTask {
                 .as_ref()
                 .and_then(|n| self.index.inventory(n))
                 .map(|i| i.scanned_at),
-            sources: pv
+            fingerprints: pv
                 .pod
                 .references()
-                .into_iter()
+                .iter()
                 .map(|r| {
-                    let fp = self
-                        .index
-                        .source(&r)
-                        .and(self.state.sources.get(&r))
-                        .and_then(|h| h.fingerprint.clone());
-                    (r, fp)
+                    self.index
+                        .source(r)
+                        .and(self.state.sources.get(r))
+                        .and_then(|h| h.fingerprint.as_deref())
+                        .and_then(parse_fingerprint)
                 })
                 .collect(),
         }
@@ -511,22 +547,31 @@ impl EvalTask {
         }
         let n = pods.len();
         let mut requests = Vec::new();
+        // One write lock for the whole batch: a reader sees the batch
+        // before or after, and the lock is not taken per pod.
+        let shared = self.shared.clone();
+        let mut store = shared.verdicts.write().unwrap();
         for pv in pods {
-            let old = self
-                .shared
-                .verdicts
-                .read()
-                .unwrap()
+            let old = store
                 .pods
                 .get(&pv.pod.uid)
                 .map(counts_of)
                 .unwrap_or_default();
             let check = self.pod_check(&pv);
             self.publish_pod(&pv, &check, &old, &mut requests);
-            let mut store = self.shared.verdicts.write().unwrap();
             store.checks.insert(pv.pod.uid.clone(), check);
             store.pods.insert(pv.pod.uid.clone(), pv);
         }
+        for uid in &removed {
+            store.checks.remove(uid);
+            let old = store.pods.remove(uid);
+            let old = old.as_ref().map(counts_of).unwrap_or_default();
+            self.series
+                .update(&self.shared.metrics, uid, Vec::new(), &old, &[]);
+            self.tracker.forget(uid);
+        }
+        store.evaluated = true;
+        drop(store);
         self.publish_unscheduled(full, &dirty);
         if full {
             let all: Vec<SourceRef> = self.index.sources().map(|(r, _)| r.clone()).collect();
@@ -536,16 +581,7 @@ impl EvalTask {
                 .collect();
             self.shared.verdicts.write().unwrap().sources = items;
         }
-        for uid in &removed {
-            let mut store = self.shared.verdicts.write().unwrap();
-            store.checks.remove(uid);
-            let old = store.pods.remove(uid);
-            drop(store);
-            let old = old.as_ref().map(counts_of).unwrap_or_default();
-            self.series.remove(&self.shared.metrics, uid, &old);
-            self.tracker.forget(uid);
-        }
-        self.shared.verdicts.write().unwrap().evaluated = true;
+        self.series.flush(&self.shared.metrics);
         self.evaluated = true;
         let mono = Instant::now();
         for r in requests {
@@ -624,13 +660,13 @@ impl EvalTask {
         }
         let counts = counts_of(pv);
         self.series
-            .replace(&self.shared.metrics, &pod.uid, labels, old_counts, &counts);
+            .update(&self.shared.metrics, &pod.uid, labels, old_counts, &counts);
     }
 
     fn update_node_metrics(&mut self, now: Timestamp) {
         let max_age = self.engine.config().inventory_max_age;
         let m = &self.shared.metrics;
-        let mut seen: HashSet<Arc<str>> = HashSet::new();
+        let mut seen: HashSet<Arc<str>> = HashSet::default();
         let (mut yes, mut no) = (0i64, 0i64);
         for n in self.index.nodes_with_pods() {
             let ok = self
@@ -666,6 +702,13 @@ impl EvalTask {
         m.nodes.with_label_values(&["true"]).set(yes);
         m.nodes.with_label_values(&["false"]).set(no);
     }
+}
+
+/// A fingerprint as the engine's history spells it (12 hex characters).
+fn parse_fingerprint(hex_text: &str) -> Option<mountguard_core::Fingerprint> {
+    let mut fp = [0u8; mountguard_core::Fingerprint::LEN];
+    hex::decode_to_slice(hex_text, &mut fp).ok()?;
+    Some(mountguard_core::Fingerprint(fp))
 }
 
 /// Subjects per state name of one pod.
@@ -743,13 +786,13 @@ pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &super::status::PodCh
     let source_fps: Vec<String> = pv
         .sources(v)
         .iter()
-        .filter_map(|r| check.sources.iter().find(|(s, _)| s == r))
+        .filter_map(|r| check.source(&pv.pod, r).map(|fp| (r, fp)))
         .map(|(r, fp)| {
             format!(
                 "{} {} {}",
                 r.kind.as_str(),
                 r.name,
-                fp.as_deref().unwrap_or("(absent)")
+                fp.map_or_else(|| "(absent)".to_string(), |f| f.to_string())
             )
         })
         .collect();
@@ -781,17 +824,22 @@ pub async fn run(mut task: EvalTask, mut rx: mpsc::Receiver<Input>, mut shutdown
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut batch = Vec::new();
         tokio::select! {
             _ = shutdown.wait() => return,
             _ = tick.tick() => {}
             m = rx.recv() => match m {
                 Some(m) => {
-                    batch.push(m);
+                    // Each input is applied as it arrives (an inventory's
+                    // in-flight permit goes back at once, so the report
+                    // handler never waits for the window to close); the
+                    // evaluation waits for the window.
+                    task.receive(m, Timestamp::now());
+                    let mut n = 1;
                     let deadline = tokio::time::Instant::now() + COALESCE;
                     while let Ok(Some(m)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-                        batch.push(m);
-                        if batch.len() >= 50_000 {
+                        task.receive(m, Timestamp::now());
+                        n += 1;
+                        if n >= 50_000 {
                             break;
                         }
                     }
@@ -799,7 +847,7 @@ pub async fn run(mut task: EvalTask, mut rx: mpsc::Receiver<Input>, mut shutdown
                 None => return,
             },
         }
-        task.apply_batch(batch, Timestamp::now());
+        task.finish_batch(Timestamp::now());
     }
 }
 
@@ -884,6 +932,56 @@ mod tests {
     }
 
     use mountguard_core::model::Interner;
+
+    /// An inventory's in-flight permit goes back as soon as the task has
+    /// the inventory, not when the coalescing window closes: report
+    /// handlers waiting for a permit are not held up by the window (with
+    /// at most 32 in flight, catch-up after a restart ran in batches of 32
+    /// nodes, each waiting out the window). The inventory is still
+    /// evaluated when the window closes.
+    #[tokio::test(start_paused = true)]
+    async fn an_inventory_frees_its_permit_before_the_window_closes() {
+        let r = rig();
+        let shared = r.shared.clone();
+        let (tx, rx) = mpsc::channel(8);
+        let (_trigger, shutdown) = Shutdown::new();
+        let mut ix = Interner::default();
+        let t0 = ts("2026-11-30T10:00:00Z");
+        let mut task = r.task;
+        task.apply_batch(
+            vec![secret(&mut ix, b"k", "s1"), pod("u1", "w-0", "n1")],
+            t0,
+        );
+        tokio::spawn(run(task, rx, shutdown));
+        let sem = Arc::new(tokio::sync::Semaphore::new(1));
+        let permit = sem.clone().acquire_owned().await.unwrap();
+        let now = Timestamp::now().to_string();
+        let Input::Inventory(i, _) = inv("n1", 1, &now, &[("u1", b"k")]) else {
+            unreachable!()
+        };
+        tx.send(Input::Inventory(i, Some(permit))).await.unwrap();
+        tokio::time::sleep(COALESCE / 10).await;
+        assert_eq!(
+            sem.available_permits(),
+            1,
+            "the permit is back while the window is still open"
+        );
+        let state = |s: &Shared| {
+            s.verdicts
+                .read()
+                .unwrap()
+                .pods
+                .get("u1")
+                .map(|pv| pv.verdicts[0].state.tag())
+        };
+        assert_eq!(
+            state(&shared).as_deref(),
+            Some("Unverifiable/NoInventory"),
+            "evaluated only when the window closes"
+        );
+        tokio::time::sleep(COALESCE * 2).await;
+        assert_eq!(state(&shared).as_deref(), Some("Fresh"));
+    }
 
     /// The rollout document follows the source's current fingerprint and
     /// what each consumer was verified against, and the gate's decision on

@@ -18,7 +18,7 @@
 //! Emission is rate limited per pod and globally ([`RateLimiter`]);
 //! suppressed Events count `mountguard_events_suppressed_total`.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -220,7 +220,7 @@ impl RateLimiter {
     /// With explicit rates `(per second, burst)`.
     pub fn with_rates(now: Instant, pod_rate: (f64, f64), global_rate: (f64, f64)) -> Self {
         Self {
-            per_pod: HashMap::new(),
+            per_pod: HashMap::default(),
             global: Bucket {
                 tokens: global_rate.1,
                 at: now,

@@ -1,7 +1,7 @@
 //! The controller's Prometheus metrics: one registry, prefix `mountguard_`,
 //! the names of the runtime contract (the chart's alerts use them).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use prometheus::{
@@ -449,12 +449,30 @@ pub type StateCounts = Vec<(&'static str, i64)>;
 pub struct MountSeries {
     by_pod: HashMap<Arc<str>, Vec<MountLabels>>,
     counts: HashMap<&'static str, i64>,
+    /// States whose total changed since the last flush.
+    unflushed: Vec<&'static str>,
 }
 
 impl MountSeries {
     /// Replaces pod `uid`'s series with `labels` and its contribution to
     /// the per-state totals from `old_counts` to `new_counts`.
     pub fn replace(
+        &mut self,
+        m: &Metrics,
+        uid: &Arc<str>,
+        labels: Vec<MountLabels>,
+        old_counts: &[(&'static str, i64)],
+        new_counts: &[(&'static str, i64)],
+    ) {
+        self.update(m, uid, labels, old_counts, new_counts);
+        self.flush(m);
+    }
+
+    /// Like [`Self::replace`], but the per-state totals
+    /// (`mountguard_mounts`) are only set by the next [`Self::flush`]: an
+    /// evaluation batch updates them once, so a scrape never sees half a
+    /// batch.
+    pub fn update(
         &mut self,
         m: &Metrics,
         uid: &Arc<str>,
@@ -480,12 +498,21 @@ impl MountSeries {
             *self.counts.entry(s).or_default() += n;
         }
         for (s, _) in old_counts.iter().chain(new_counts.iter()) {
-            m.mounts
-                .with_label_values(&[s])
-                .set(self.counts.get(s).copied().unwrap_or(0));
+            if !self.unflushed.contains(s) {
+                self.unflushed.push(s);
+            }
         }
         if !labels.is_empty() {
             self.by_pod.insert(uid.clone(), labels);
+        }
+    }
+
+    /// Sets the per-state totals changed since the last flush.
+    pub fn flush(&mut self, m: &Metrics) {
+        for s in self.unflushed.drain(..) {
+            m.mounts
+                .with_label_values(&[s])
+                .set(self.counts.get(s).copied().unwrap_or(0));
         }
     }
 
@@ -506,6 +533,7 @@ impl MountSeries {
             *n = 0;
             m.mounts.with_label_values(&[s]).set(0);
         }
+        self.unflushed.clear();
     }
 
     /// Number of pods with series.
@@ -576,6 +604,32 @@ mod tests {
         let t = text(&m);
         assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 0"#), "{t}");
         assert_eq!(s.pods(), 0);
+    }
+
+    /// The per-state totals move once per batch: `update` leaves
+    /// `mountguard_mounts` as it was until `flush`, so a scrape during a
+    /// batch sees the totals before it, not half of it.
+    #[test]
+    fn totals_move_on_flush_only() {
+        let m = Metrics::new();
+        let mut s = MountSeries::default();
+        let uid: Arc<str> = Arc::from("u1");
+        s.replace(&m, &uid, vec![], &[], &[("Fresh", 3)]);
+        assert!(text(&m).contains(r#"mountguard_mounts{state="Fresh"} 3"#));
+        s.update(
+            &m,
+            &uid,
+            vec![],
+            &[("Fresh", 3)],
+            &[("Fresh", 1), ("Stale", 2)],
+        );
+        let t = text(&m);
+        assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 3"#), "{t}");
+        assert!(!t.contains(r#"mountguard_mounts{state="Stale"} 2"#), "{t}");
+        s.flush(&m);
+        let t = text(&m);
+        assert!(t.contains(r#"mountguard_mounts{state="Fresh"} 1"#), "{t}");
+        assert!(t.contains(r#"mountguard_mounts{state="Stale"} 2"#), "{t}");
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! the source's current fingerprint and, per consumer, the source
 //! fingerprints it was verified against on the node and the scan time.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -19,7 +21,8 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use mountguard_core::model::SourceRef;
+use mountguard_core::Fingerprint;
+use mountguard_core::model::{PodModel, SourceRef};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
@@ -31,8 +34,19 @@ use mountguard_core::verdict::{PodVerdicts, State, Verdict};
 pub struct PodCheck {
     /// Scan time of the node inventory (none: no inventory).
     pub scanned_at: Option<jiff::Timestamp>,
-    /// Keyed fingerprint of each referenced source (`None`: absent).
-    pub sources: Vec<(SourceRef, Option<String>)>,
+    /// Keyed fingerprint of each source the pod references, in the order
+    /// of [`PodModel::references`] (`None`: absent). The references are
+    /// the pod's own, so they are not stored again.
+    pub fingerprints: Box<[Option<Fingerprint>]>,
+}
+
+impl PodCheck {
+    /// The fingerprint recorded for `r`: `None` when `pod` does not
+    /// reference `r`, `Some(None)` when `r` was absent.
+    pub fn source(&self, pod: &PodModel, r: &SourceRef) -> Option<Option<Fingerprint>> {
+        let i = pod.references().iter().position(|x| x == r)?;
+        self.fingerprints.get(i).copied()
+    }
 }
 
 /// The published verdicts of every evaluated pod.
@@ -275,8 +289,9 @@ fn verified_sources(
             kind: r.kind.as_str().to_string(),
             name: r.name.to_string(),
             fingerprint: check
-                .and_then(|c| c.sources.iter().find(|(s, _)| s == r))
-                .and_then(|(_, fp)| fp.clone()),
+                .and_then(|c| c.source(&pv.pod, r))
+                .flatten()
+                .map(|fp| fp.to_string()),
         })
         .collect()
 }

@@ -2,8 +2,8 @@
 //! subPath projections and fingerprints, shared by every pod with the same
 //! volume spec in the same namespace.
 
+use foldhash::HashMap;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 

@@ -3,7 +3,9 @@
 //! and how each pod's preliminary verdicts get the node rule and their
 //! `since` from history. The rules themselves are in [`super::rules`].
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
+
+use foldhash::HashSet;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -265,8 +267,8 @@ impl Engine {
     ) -> Evaluation {
         let mut out = Evaluation::default();
         let mut queue: Vec<PodId> = Vec::new();
-        let mut seen: HashSet<PodId> = HashSet::new();
-        let mut touched_nodes: HashSet<Arc<str>> = HashSet::new();
+        let mut seen: HashSet<PodId> = HashSet::default();
+        let mut touched_nodes: HashSet<Arc<str>> = HashSet::default();
         for uid in uids {
             match index.pod_id(uid) {
                 Some(id) => {
@@ -285,7 +287,7 @@ impl Engine {
                 }
             }
         }
-        let mut observed: HashSet<SourceRef> = HashSet::new();
+        let mut observed: HashSet<SourceRef> = HashSet::default();
         for id in &queue {
             if let Some(pod) = index.pod(*id) {
                 for r in pod.references() {

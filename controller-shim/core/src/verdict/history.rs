@@ -2,7 +2,9 @@
 //! subject and node, what the engine saw before. A caller owns it, may
 //! persist it, or may rebuild it from scratch.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use jiff::Timestamp;
