@@ -94,20 +94,3 @@ impl From<mountguard_core::Error> for Error {
         }
     }
 }
-
-impl Error {
-    /// A stable, low-cardinality label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Io { .. } => "io",
-            Error::Json { .. } => "json",
-            Error::Object { .. } => "object",
-            Error::Inventory { .. } => "inventory",
-            Error::Config(_) => "config",
-            Error::Kube(_) => "kube",
-            Error::Tls(_) => "tls",
-            Error::NothingToJudge(_) => "nothing_to_judge",
-            Error::Unreachable { .. } => "unreachable",
-        }
-    }
-}
