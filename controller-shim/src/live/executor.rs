@@ -27,7 +27,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::watch as tokio_watch;
 use tokio::task::JoinHandle;
@@ -755,7 +755,7 @@ impl Executor {
             }),
             _ => return Ok(()),
         };
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        api.patch(node, &super::shared::patch_params(), &Patch::Merge(&patch))
             .await
             .map(|_| ())
     }
@@ -1029,7 +1029,7 @@ impl Executor {
         });
         api.patch(
             &next.nodeset,
-            &PatchParams::default(),
+            &super::shared::patch_params(),
             &Patch::Merge(&patch),
         )
         .await

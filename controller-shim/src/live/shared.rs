@@ -13,6 +13,19 @@ use tokio::sync::watch as tokio_watch;
 use super::metrics::Metrics;
 use super::status::VerdictStore;
 
+/// The field manager of every write of the controller (server-side
+/// bookkeeping of which fields it set: `metadata.managedFields`).
+pub const FIELD_MANAGER: &str = "mountguard-controller";
+
+/// Parameters of every patch the controller sends, naming
+/// [`FIELD_MANAGER`].
+pub fn patch_params() -> kube::api::PatchParams {
+    kube::api::PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..Default::default()
+    }
+}
+
 /// One shutdown signal shared by every task.
 #[derive(Debug, Clone)]
 pub struct Shutdown(tokio_watch::Receiver<bool>);
@@ -196,5 +209,17 @@ mod tests {
         assert!(!h.all_listed("nodesets", &listed));
         // Nothing registered: never complete.
         assert!(!Health::default().all_listed("nodesets", &listed));
+    }
+}
+
+#[cfg(test)]
+mod patch_tests {
+    use super::*;
+
+    #[test]
+    fn every_patch_names_the_field_manager() {
+        let p = patch_params();
+        assert_eq!(p.field_manager.as_deref(), Some("mountguard-controller"));
+        assert!(!p.force, "merge patches are never forced");
     }
 }
