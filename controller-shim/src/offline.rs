@@ -51,14 +51,11 @@ impl FailOn {
     }
 }
 
+/// A duration of the shared grammar (`mountguard_inventory::duration`) as
+/// the engine's signed type.
 fn parse_duration(s: &str) -> Result<SignedDuration, String> {
-    let d: SignedDuration = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration like 180s or 3m: {e}"))?;
-    if d.is_negative() {
-        return Err(format!("{s:?} is negative"));
-    }
-    Ok(d)
+    let d = mountguard_inventory::parse_duration(s).map_err(|e| e.to_string())?;
+    SignedDuration::try_from(d).map_err(|e| format!("{s:?}: {e}"))
 }
 
 fn parse_time(s: &str) -> Result<Timestamp, String> {

@@ -133,13 +133,10 @@ impl std::str::FromStr for ObjectName {
     }
 }
 
-/// Parses a duration like `180s`, `3m` or `1h30m` (jiff's friendly format).
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d: SignedDuration = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration like 180s or 3m: {e}"))?;
-    Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
-}
+/// Parses a duration like `250ms`, `180s`, `180` or `3m`: the grammar of
+/// every mountguard duration (`mountguard_inventory::duration`, shared
+/// with the agent and the chart).
+pub(crate) use mountguard_inventory::parse_duration;
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -395,5 +392,71 @@ mod tests {
         assert_eq!(parse_bytes("33554432").unwrap(), 32 << 20);
         assert!(parse_bytes("-1").is_err());
         assert_eq!(parse_duration("3m").unwrap(), Duration::from_secs(180));
+    }
+
+    /// The duration table shared with the agent and the chart, through
+    /// every duration flag of `run`, `wait` and `verify`.
+    #[test]
+    fn duration_flags_follow_the_shared_table() {
+        use crate::live::{Cli, Command};
+        use clap::Parser;
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../../../inventory/src/duration_cases.json"))
+                .unwrap();
+        let cases: Vec<(String, Option<u64>)> =
+            serde_json::from_value(doc["cases"].clone()).unwrap();
+        let run = [
+            "run",
+            "--agent-service-account",
+            "mg:agent",
+            "--agent-daemonset",
+            "a",
+        ];
+        let wait = ["wait", "secret/ns/s"];
+        let verify = ["verify", "--objects", "objects.json"];
+        let flags: &[(&[&str], &str)] = &[
+            (&run, "--grace"),
+            (&run, "--inventory-max-age"),
+            (&run, "--header-read-timeout"),
+            (&run, "--idle-timeout"),
+            (&run, "--remediation-delay"),
+            (&run, "--drain-timeout"),
+            (&run, "--replacement-timeout"),
+            (&run, "--eviction-timeout"),
+            (&run, "--verification-timeout"),
+            (&wait, "--timeout"),
+            (&wait, "--interval"),
+            (&verify, "--grace"),
+            (&verify, "--inventory-max-age"),
+        ];
+        for (command, flag) in flags {
+            for (s, want) in &cases {
+                let mut argv = vec!["mountguard-controller"];
+                argv.extend_from_slice(command);
+                argv.extend_from_slice(&[flag, s.as_str()]);
+                let got = Cli::try_parse_from(argv).ok().map(|cli| {
+                    let d = match (cli.command, *flag) {
+                        (Command::Run(a), "--grace") => a.grace,
+                        (Command::Run(a), "--inventory-max-age") => a.inventory_max_age,
+                        (Command::Run(a), "--header-read-timeout") => a.header_read_timeout,
+                        (Command::Run(a), "--idle-timeout") => a.idle_timeout,
+                        (Command::Run(a), "--remediation-delay") => a.remediation_delay,
+                        (Command::Run(a), "--drain-timeout") => a.drain_timeout,
+                        (Command::Run(a), "--replacement-timeout") => a.replacement_timeout,
+                        (Command::Run(a), "--eviction-timeout") => a.eviction_timeout,
+                        (Command::Run(a), "--verification-timeout") => a.verification_timeout,
+                        (Command::Wait(w), "--timeout") => w.wait.timeout,
+                        (Command::Wait(w), "--interval") => w.wait.interval,
+                        (Command::Verify(v), "--grace") => v.grace.unsigned_abs(),
+                        (Command::Verify(v), "--inventory-max-age") => {
+                            v.inventory_max_age.unsigned_abs()
+                        }
+                        (_, f) => panic!("{f}"),
+                    };
+                    d.as_millis() as u64
+                });
+                assert_eq!(got, *want, "{command:?} {flag} {s:?}");
+            }
+        }
     }
 }
