@@ -18,6 +18,21 @@ pub mod offline;
 
 pub use mountguard_core::READ_AT_START_ANNOTATION;
 
+/// A random fingerprint key of 32 bytes from `/dev/urandom`, for a process
+/// started without `--fingerprint-key-file` (its fingerprints change on
+/// restart).
+pub fn random_fingerprint_key() -> Result<[u8; 32], Error> {
+    use std::io::Read;
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .map_err(|e| Error::Io {
+            file: "/dev/urandom".into(),
+            source: e,
+        })?;
+    Ok(key)
+}
+
 /// Errors of the controller library.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -1,6 +1,6 @@
 //! `mountguard-controller`: see the library crate.
 
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -79,10 +79,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Verify(args) => {
-            let mut key = [0u8; 32];
-            if args.fingerprint_key_file.is_none() {
-                std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
-            }
+            let key = match args.fingerprint_key_file {
+                None => mountguard_controller::random_fingerprint_key()?,
+                Some(_) => [0u8; 32],
+            };
             let stdin = std::io::stdin();
             let stdout = std::io::stdout();
             Ok(args.run(

@@ -255,20 +255,9 @@ pub async fn spawn(
 /// A client whose requests are never retried by kube itself: an eviction
 /// refused with 429 is retried by the state machine, later.
 async fn client_without_retry(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, Error> {
-    let mut config = match kubeconfig {
-        Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p)
-                .map_err(|e| Error::Kube(format!("reading kubeconfig {}: {e}", p.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .map_err(|e| Error::Kube(format!("kubeconfig {}: {e}", p.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| Error::Kube(format!("no Kubernetes configuration: {e}")))?,
-    };
+    let mut config = super::client::kube_config(kubeconfig, None).await?;
     config.default_retry = false;
-    kube::Client::try_from(config).map_err(|e| Error::Kube(format!("creating the client: {e}")))
+    super::client::kube_client(config)
 }
 
 async fn run(

@@ -73,7 +73,8 @@ impl Controller {
         let key = load_fingerprint_key(args.fingerprint_key_file.as_deref())?;
         let fingerprinter = mountguard_core::Fingerprinter::new(&key)?;
         drop(key);
-        let client = kube_client(args.kubeconfig.as_deref()).await?;
+        let client =
+            client::kube_client(client::kube_config(args.kubeconfig.as_deref(), None).await?)?;
         let tls = if args.insecure_plaintext_reports {
             if args.tls_cert_file.is_some() {
                 warn!("--insecure-plaintext-reports given: ignoring the TLS certificate");
@@ -324,36 +325,9 @@ pub fn load_fingerprint_key(path: Option<&std::path::Path>) -> Result<Vec<u8>, E
             warn!(
                 "no --fingerprint-key-file: using a random key; fingerprints change when the controller restarts"
             );
-            let mut key = vec![0u8; 32];
-            use std::io::Read;
-            std::fs::File::open("/dev/urandom")
-                .and_then(|mut f| f.read_exact(&mut key))
-                .map_err(|e| Error::Io {
-                    file: "/dev/urandom".into(),
-                    source: e,
-                })?;
-            Ok(key)
+            Ok(crate::random_fingerprint_key()?.to_vec())
         }
     }
-}
-
-/// A kube client from `--kubeconfig`, else the inferred configuration.
-pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, Error> {
-    let config = match kubeconfig {
-        Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p)
-                .map_err(|e| Error::Kube(format!("reading kubeconfig {}: {e}", p.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .map_err(|e| Error::Kube(format!("kubeconfig {}: {e}", p.display())))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            Error::Kube(format!(
-                "no Kubernetes configuration (in-cluster or KUBECONFIG): {e}"
-            ))
-        })?,
-    };
-    kube::Client::try_from(config).map_err(|e| Error::Kube(format!("creating the client: {e}")))
 }
 
 /// Command line of `mountguard-controller` (all subcommands).
