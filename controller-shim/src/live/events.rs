@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::metrics::Metrics;
-use super::shared::Shutdown;
+use super::shared::{Shutdown, TokenBucket};
 use mountguard_core::verdict::{StaleCause, State, SubjectId};
 
 /// The reporting component of Events.
@@ -180,51 +180,28 @@ impl Tracker {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn take(&mut self, now: Instant, per_sec: f64, burst: f64) -> bool {
-        self.tokens =
-            (self.tokens + now.duration_since(self.at).as_secs_f64() * per_sec).min(burst);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 /// Token buckets per pod and for the whole controller (time passed in).
 #[derive(Debug)]
 pub struct RateLimiter {
-    per_pod: HashMap<Arc<str>, Bucket>,
-    global: Bucket,
+    per_pod: HashMap<Arc<str>, TokenBucket>,
+    global: TokenBucket,
     /// Per pod: events per second and burst.
-    pub pod_rate: (f64, f64),
+    pub pod_rate: (f64, u32),
     /// Global: events per second and burst.
-    pub global_rate: (f64, f64),
+    pub global_rate: (f64, u32),
 }
 
 impl RateLimiter {
     /// Per pod 5 Events then one per minute; globally 50 then 10 per second.
     pub fn new(now: Instant) -> Self {
-        Self::with_rates(now, (1.0 / 60.0, 5.0), (10.0, 50.0))
+        Self::with_rates(now, (1.0 / 60.0, 5), (10.0, 50))
     }
 
     /// With explicit rates `(per second, burst)`.
-    pub fn with_rates(now: Instant, pod_rate: (f64, f64), global_rate: (f64, f64)) -> Self {
+    pub fn with_rates(now: Instant, pod_rate: (f64, u32), global_rate: (f64, u32)) -> Self {
         Self {
             per_pod: HashMap::new(),
-            global: Bucket {
-                tokens: global_rate.1,
-                at: now,
-            },
+            global: TokenBucket::full(global_rate.1, now),
             pod_rate,
             global_rate,
         }
@@ -235,20 +212,19 @@ impl RateLimiter {
         let (pr, pb) = self.pod_rate;
         if self.per_pod.len() > 100_000 {
             // Forget full buckets of quiet pods.
-            self.per_pod
-                .retain(|_, b| now.duration_since(b.at).as_secs_f64() * pr + b.tokens < pb);
+            self.per_pod.retain(|_, b| !b.is_full(pr, pb, now));
         }
-        let pod = self.per_pod.entry(uid.clone()).or_insert(Bucket {
-            tokens: pb,
-            at: now,
-        });
+        let pod = self
+            .per_pod
+            .entry(uid.clone())
+            .or_insert(TokenBucket::full(pb, now));
         let mut probe = *pod;
-        if !probe.take(now, pr, pb) {
+        if probe.take(pr, pb, now).is_err() {
             *pod = probe;
             return false;
         }
         let (gr, gb) = self.global_rate;
-        if !self.global.take(now, gr, gb) {
+        if self.global.take(gr, gb, now).is_err() {
             return false;
         }
         *pod = probe;
@@ -440,7 +416,7 @@ mod tests {
     #[test]
     fn rate_limit_per_pod_and_global() {
         let t0 = Instant::now();
-        let mut r = RateLimiter::with_rates(t0, (1.0, 2.0), (100.0, 3.0));
+        let mut r = RateLimiter::with_rates(t0, (1.0, 2), (100.0, 3));
         let a: Arc<str> = Arc::from("a");
         let b: Arc<str> = Arc::from("b");
         assert!(r.allow(&a, t0));
