@@ -472,20 +472,7 @@ fn write_table(
         }
     }
     if rows.len() > 1 {
-        let mut widths = [0usize; 8];
-        for r in &rows {
-            for (w, c) in widths.iter_mut().zip(r) {
-                *w = (*w).max(c.chars().count());
-            }
-        }
-        for r in &rows {
-            let line: Vec<String> = r
-                .iter()
-                .zip(widths)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect();
-            writeln!(out, "{}", line.join("  ").trim_end())?;
-        }
+        crate::table::write_aligned(&rows, out)?;
         for n in notes {
             writeln!(out, "  {n}")?;
         }

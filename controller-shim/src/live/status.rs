@@ -19,6 +19,7 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
+use crate::table::write_aligned;
 use mountguard_core::model::SourceRef;
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
@@ -679,31 +680,6 @@ fn write_attempts(attempts: &[AttemptItem], out: &mut dyn Write) -> std::io::Res
         ]);
     }
     write_aligned(&rows, out)
-}
-
-/// Prints rows as left-aligned columns two spaces apart.
-pub(crate) fn write_aligned<const N: usize>(
-    rows: &[[String; N]],
-    out: &mut dyn Write,
-) -> std::io::Result<()> {
-    let mut widths = [0usize; N];
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    for r in rows {
-        let mut line = String::new();
-        for (i, c) in r.iter().enumerate() {
-            if i + 1 == N {
-                line.push_str(c);
-            } else {
-                line.push_str(&format!("{c:<w$}  ", w = widths[i]));
-            }
-        }
-        writeln!(out, "{}", line.trim_end())?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
