@@ -232,6 +232,25 @@ impl RateLimiter {
     }
 }
 
+/// The longest Event note sent, in bytes: under the API server's limit of
+/// 1 KiB (kubernetes `pkg/apis/core/validation/events.go`,
+/// `NoteLengthLimit = 1024`, checked when an `events.k8s.io/v1` Event, as
+/// kube's `Recorder` writes them, is created).
+pub const NOTE_MAX: usize = 1000;
+
+/// `message` as an Event note: cut at a character boundary to at most
+/// [`NOTE_MAX`] bytes, ending in `...` when cut.
+pub fn event_note(message: &str) -> String {
+    if message.len() <= NOTE_MAX {
+        return message.to_string();
+    }
+    let mut cut = NOTE_MAX - 3;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &message[..cut])
+}
+
 /// An Event to publish.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventRequest {
@@ -276,15 +295,7 @@ pub async fn run_emitter(
             uid: Some(req.uid.clone()),
             ..Default::default()
         };
-        let mut note = req.message.clone();
-        if note.len() > 1000 {
-            let mut cut = 997;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-            note.push_str("...");
-        }
+        let note = event_note(&req.message);
         let ev = Event {
             type_: if req.reason.is_warning() {
                 EventType::Warning
@@ -320,6 +331,24 @@ pub async fn run_emitter(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn notes_are_cut_at_a_character_boundary_under_the_limit() {
+        assert_eq!(event_note("short"), "short");
+        let exact = "a".repeat(NOTE_MAX);
+        assert_eq!(event_note(&exact), exact);
+        for filler in ["a", "\u{e9}", "\u{20ac}", "\u{1f512}"] {
+            let long = filler.repeat(2 * NOTE_MAX);
+            let n = event_note(&long);
+            assert!(n.len() <= NOTE_MAX, "{filler}: {}", n.len());
+            assert!(
+                n.len() > NOTE_MAX - 3 - 4,
+                "{filler}: cut no more than needed"
+            );
+            assert!(n.ends_with("..."));
+            assert!(long.starts_with(n.trim_end_matches("...")));
+        }
+    }
     use mountguard_core::verdict::{FrozenCause, UnverifiableReason};
 
     const FRESH: State = State::Fresh;

@@ -1107,15 +1107,7 @@ impl Executor {
         reason: EventReason,
         message: &str,
     ) -> bool {
-        let mut note = message.to_string();
-        if note.len() > 1000 {
-            let mut cut = 997;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-            note.push_str("...");
-        }
+        let note = super::events::event_note(message);
         let ev = Event {
             type_: if reason.warning() {
                 EventType::Warning
