@@ -163,14 +163,31 @@ pub fn configs(args: &RunArgs) -> (Mode, PlanConfig, MachineConfig) {
     (mode, plan_cfg, machine_cfg)
 }
 
-/// Starts the executor task (remediation `dry-run` or `on`).
-pub async fn spawn(
-    args: &RunArgs,
-    client: kube::Client,
-    shared: Arc<Shared>,
-    snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
-    shutdown: Shutdown,
-) -> Result<JoinHandle<()>, Error> {
+/// What remediation starts with, checked from the flags before the
+/// controller binds a socket or calls the API: the pure configurations,
+/// the Secret holding the slurmrestd credential, and the slurmrestd client
+/// (its URL and CA file checked; no request is made).
+pub struct Prepared {
+    mode: Mode,
+    plan_cfg: PlanConfig,
+    machine_cfg: MachineConfig,
+    url: String,
+    secret: TokenSecret,
+    secret_value: SharedSecret,
+    slurm: SlurmClient,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("mode", &self.mode)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks the remediation flags and builds the slurmrestd client.
+pub fn prepare(args: &RunArgs) -> Result<Prepared, Error> {
     let (mode, plan_cfg, machine_cfg) = configs(args);
     let url = args
         .slurmrestd_url
@@ -206,6 +223,35 @@ pub async fn spawn(
     };
     let slurm = SlurmClient::new(url, ca.as_deref(), token, Duration::from_secs(10))
         .map_err(|e| Error::Config(e.to_string()))?;
+    Ok(Prepared {
+        mode,
+        plan_cfg,
+        machine_cfg,
+        url: url.to_string(),
+        secret,
+        secret_value,
+        slurm,
+    })
+}
+
+/// Starts the executor task (remediation `dry-run` or `on`).
+pub async fn spawn(
+    prepared: Prepared,
+    args: &RunArgs,
+    client: kube::Client,
+    shared: Arc<Shared>,
+    snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
+    shutdown: Shutdown,
+) -> Result<JoinHandle<()>, Error> {
+    let Prepared {
+        mode,
+        plan_cfg,
+        machine_cfg,
+        url,
+        secret,
+        secret_value,
+        slurm,
+    } = prepared;
     let evict_client = client_without_retry(args.kubeconfig.as_deref()).await?;
     let recorder = Recorder::new(
         client.clone(),

@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-pub use args::RunArgs;
+pub use args::{RunArgs, Settings};
 pub use auth::{AuthError, ReviewedUser, TokenReviewer};
 pub use eval::EvaluationSnapshot;
 pub use metrics::Metrics;
@@ -70,35 +70,21 @@ impl Controller {
     /// evaluation and Events. Returns once the listeners are bound; the
     /// watches sync in the background ([`Controller::is_ready`]).
     pub async fn start(args: RunArgs) -> Result<Controller, Error> {
+        let Settings {
+            args,
+            tls,
+            engine,
+            remediation,
+        } = Settings::try_from(args)?;
         let key = load_fingerprint_key(args.fingerprint_key_file.as_deref())?;
         let fingerprinter = mountguard_core::Fingerprinter::new(&key)?;
         drop(key);
+        let tls = match tls {
+            Some((cert, key)) => Some(tls::ReloadingCert::load(cert, key)?),
+            None => None,
+        };
         let client =
             client::kube_client(client::kube_config(args.kubeconfig.as_deref(), None).await?)?;
-        let tls = if args.insecure_plaintext_reports {
-            if args.tls_cert_file.is_some() {
-                warn!("--insecure-plaintext-reports given: ignoring the TLS certificate");
-            }
-            None
-        } else {
-            match (&args.tls_cert_file, &args.tls_key_file) {
-                (Some(c), Some(k)) => Some(tls::ReloadingCert::load(c.clone(), k.clone())?),
-                _ => {
-                    return Err(Error::Config(
-                        "the report API needs --tls-cert-file and --tls-key-file \
-                         (or --insecure-plaintext-reports for tests)"
-                            .into(),
-                    ));
-                }
-            }
-        };
-        if args.leader_election && (args.pod_name.is_none() || args.pod_namespace.is_none()) {
-            return Err(Error::Config(
-                "--leader-election needs --pod-name and --pod-namespace \
-                 (MOUNTGUARD_POD_NAME / MOUNTGUARD_POD_NAMESPACE from the downward API)"
-                    .into(),
-            ));
-        }
 
         let metrics = Metrics::new();
         let shared = Arc::new(Shared::new(metrics));
@@ -194,15 +180,7 @@ impl Controller {
                 shutdown.clone(),
             )),
         ));
-        let engine = mountguard_core::Engine::new(
-            mountguard_core::Config {
-                grace: args.grace_signed(),
-                inventory_max_age: jiff::SignedDuration::try_from(args.inventory_max_age)
-                    .unwrap_or(jiff::SignedDuration::MAX),
-                ..Default::default()
-            },
-            fingerprinter,
-        );
+        let engine = mountguard_core::Engine::new(engine, fingerprinter);
         tasks.push((
             "evaluation",
             tokio::spawn(eval::run(
@@ -221,8 +199,9 @@ impl Controller {
                 shutdown.clone(),
             )),
         ));
-        if args.remediation != args::RemediationMode::Off {
+        if let Some(prepared) = remediation {
             let t = executor::spawn(
+                prepared,
                 &args,
                 client.clone(),
                 shared.clone(),
