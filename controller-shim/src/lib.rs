@@ -8,10 +8,12 @@
 //! * [`convert`]: the edge from k8s-openapi types (and raw `kubectl` JSON)
 //!   into the core model.
 //! * [`offline`]: the `verify` command.
+//! * [`cli`]: the command line of every command.
 //! * [`live`]: the running controller (`run`, `status`, `wait`): watches,
 //!   the report API, evaluation, metrics, Events, leader election, the
 //!   slurmrestd client and the remediation executor.
 
+pub mod cli;
 pub mod convert;
 pub mod live;
 pub mod offline;

@@ -4,9 +4,8 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mountguard_controller::live::{
-    Cli, Command, Controller, PluginCli, PluginCommand, args::LogFormat, invoked_as_plugin,
-};
+use mountguard_controller::cli::{Cli, Command, PluginCli, PluginCommand, invoked_as_plugin};
+use mountguard_controller::live::{Controller, args::LogFormat};
 
 fn main() -> ExitCode {
     let as_plugin = std::env::args_os()

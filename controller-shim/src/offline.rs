@@ -505,7 +505,7 @@ fn write_table(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::{Cli, Command};
+    use crate::cli::{Cli, Command};
     use clap::Parser;
     use mountguard_core::testkit::{NodeB, ts};
     use mountguard_inventory::Plugin;

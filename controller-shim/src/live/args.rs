@@ -514,7 +514,7 @@ mod tests {
     /// every duration flag of `run`, `wait` and `verify`.
     #[test]
     fn duration_flags_follow_the_shared_table() {
-        use crate::live::{Cli, Command};
+        use crate::cli::{Cli, Command};
         use clap::Parser;
         let doc: serde_json::Value =
             serde_json::from_str(include_str!("../../../inventory/src/duration_cases.json"))
