@@ -165,26 +165,9 @@ pub enum OutputFormat {
     Json,
 }
 
-/// Parses `250ms`, `60s`, `5m`, `1h` (a bare number is seconds).
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 250ms, 60s, 5m or 1h"))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "" | "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
-        _ => return Err(format!("{s:?}: unknown unit {unit:?}; use ms, s, m or h")),
-    };
-    if d.is_zero() {
-        return Err("a duration must be greater than zero".into());
-    }
-    Ok(d)
-}
+/// Parses `250ms`, `60s`, `5m`, `1h` (a bare number is seconds): the
+/// grammar of every mountguard duration (`mountguard_inventory::duration`).
+pub use mountguard_inventory::parse_duration;
 
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -368,6 +351,33 @@ mod tests {
         assert!(parse_duration("0s").is_err());
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    /// The duration table shared with the controller and the chart, through
+    /// every duration flag of `run`.
+    #[test]
+    fn duration_flags_follow_the_shared_table() {
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../../inventory/src/duration_cases.json")).unwrap();
+        let cases: Vec<(String, Option<u64>)> =
+            serde_json::from_value(doc["cases"].clone()).unwrap();
+        for flag in ["--rescan-interval", "--debounce", "--heartbeat-interval"] {
+            for (s, want) in &cases {
+                let r = Cli::try_parse_from(["mountguard-agent", "run", flag, s.as_str()]);
+                let got = r.ok().map(|cli| {
+                    let Command::Run(args) = cli.command else {
+                        panic!("not run")
+                    };
+                    let d = match flag {
+                        "--rescan-interval" => args.rescan_interval,
+                        "--debounce" => args.debounce,
+                        _ => args.heartbeat_interval,
+                    };
+                    d.as_millis() as u64
+                });
+                assert_eq!(got, *want, "{flag} {s:?}");
+            }
+        }
     }
 
     #[test]

@@ -224,6 +224,27 @@ def test_schema_rejects(bad: dict[str, Any]) -> None:
         render(bad)
 
 
+DURATION_CASES = json.loads((REPO / "inventory" / "src" / "duration_cases.json").read_text())[
+    "cases"
+]
+
+
+@pytest.mark.parametrize(("text", "millis"), DURATION_CASES, ids=lambda v: repr(v))
+def test_durations_follow_the_table_the_binaries_are_tested_on(text: str, millis: int | None) -> None:
+    # The same table is parsed by the agent's and the controller's flags
+    # (inventory/src/duration.rs): the chart accepts exactly what they do.
+    for values in (
+        {"controller": {"grace": text}},
+        {"agent": {"rescanInterval": text}},
+        {"remediation": {"drainTimeout": text}},
+    ):
+        if millis is None:
+            with pytest.raises(helm_python.HelmValuesError):
+                chart().validate_schema(values)
+        else:
+            chart().validate_schema(values)
+
+
 def test_schema_accepts_every_scenario() -> None:
     for name, s in SCENARIOS.items():
         chart().validate_schema(s.values)

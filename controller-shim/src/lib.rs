@@ -8,15 +8,33 @@
 //! * [`convert`]: the edge from k8s-openapi types (and raw `kubectl` JSON)
 //!   into the core model.
 //! * [`offline`]: the `verify` command.
+//! * [`cli`]: the command line of every command.
 //! * [`live`]: the running controller (`run`, `status`, `wait`): watches,
 //!   the report API, evaluation, metrics, Events, leader election, the
 //!   slurmrestd client and the remediation executor.
 
+pub mod cli;
 pub mod convert;
 pub mod live;
 pub mod offline;
+pub mod table;
 
 pub use mountguard_core::READ_AT_START_ANNOTATION;
+
+/// A random fingerprint key of 32 bytes from `/dev/urandom`, for a process
+/// started without `--fingerprint-key-file` (its fingerprints change on
+/// restart).
+pub fn random_fingerprint_key() -> Result<[u8; 32], Error> {
+    use std::io::Read;
+    let mut key = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut key))
+        .map_err(|e| Error::Io {
+            file: "/dev/urandom".into(),
+            source: e,
+        })?;
+    Ok(key)
+}
 
 /// Errors of the controller library.
 #[derive(Debug, thiserror::Error)]
@@ -91,23 +109,6 @@ impl From<mountguard_core::Error> for Error {
     fn from(e: mountguard_core::Error) -> Self {
         match e {
             mountguard_core::Error::Config(m) => Error::Config(m),
-        }
-    }
-}
-
-impl Error {
-    /// A stable, low-cardinality label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Io { .. } => "io",
-            Error::Json { .. } => "json",
-            Error::Object { .. } => "object",
-            Error::Inventory { .. } => "inventory",
-            Error::Config(_) => "config",
-            Error::Kube(_) => "kube",
-            Error::Tls(_) => "tls",
-            Error::NothingToJudge(_) => "nothing_to_judge",
-            Error::Unreachable { .. } => "unreachable",
         }
     }
 }

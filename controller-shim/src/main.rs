@@ -1,12 +1,11 @@
 //! `mountguard-controller`: see the library crate.
 
-use std::io::{IsTerminal, Read};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mountguard_controller::live::{
-    Cli, Command, Controller, PluginCli, PluginCommand, args::LogFormat, invoked_as_plugin,
-};
+use mountguard_controller::cli::{Cli, Command, PluginCli, PluginCommand, invoked_as_plugin};
+use mountguard_controller::live::{Controller, args::LogFormat};
 
 fn main() -> ExitCode {
     let as_plugin = std::env::args_os()
@@ -79,10 +78,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Verify(args) => {
-            let mut key = [0u8; 32];
-            if args.fingerprint_key_file.is_none() {
-                std::fs::File::open("/dev/urandom")?.read_exact(&mut key)?;
-            }
+            let key = match args.fingerprint_key_file {
+                None => mountguard_controller::random_fingerprint_key()?,
+                Some(_) => [0u8; 32],
+            };
             let stdin = std::io::stdin();
             let stdout = std::io::stdout();
             Ok(args.run(

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use mountguard_inventory::{NodeInventory, SCHEMA};
@@ -20,26 +20,6 @@ use mountguard_core::fingerprint::Fingerprinter;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::ObservedNode;
 use mountguard_core::verdict::{Config, Engine, EngineState, Evaluation, State, VerdictView};
-
-/// Command line of `mountguard-controller`.
-#[derive(Debug, Parser)]
-#[command(
-    name = "mountguard-controller",
-    version,
-    about = "mountguard controller"
-)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// Subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Evaluate verdicts offline from an object dump and agent inventories.
-    Verify(VerifyArgs),
-}
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -71,14 +51,11 @@ impl FailOn {
     }
 }
 
+/// A duration of the shared grammar (`mountguard_inventory::duration`) as
+/// the engine's signed type.
 fn parse_duration(s: &str) -> Result<SignedDuration, String> {
-    let d: SignedDuration = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration like 180s or 3m: {e}"))?;
-    if d.is_negative() {
-        return Err(format!("{s:?} is negative"));
-    }
-    Ok(d)
+    let d = mountguard_inventory::parse_duration(s).map_err(|e| e.to_string())?;
+    SignedDuration::try_from(d).map_err(|e| format!("{s:?}: {e}"))
 }
 
 fn parse_time(s: &str) -> Result<Timestamp, String> {
@@ -495,20 +472,7 @@ fn write_table(
         }
     }
     if rows.len() > 1 {
-        let mut widths = [0usize; 8];
-        for r in &rows {
-            for (w, c) in widths.iter_mut().zip(r) {
-                *w = (*w).max(c.chars().count());
-            }
-        }
-        for r in &rows {
-            let line: Vec<String> = r
-                .iter()
-                .zip(widths)
-                .map(|(c, w)| format!("{c:<w$}"))
-                .collect();
-            writeln!(out, "{}", line.join("  ").trim_end())?;
-        }
+        crate::table::write_aligned(&rows, out)?;
         for n in notes {
             writeln!(out, "  {n}")?;
         }
@@ -541,6 +505,8 @@ fn write_table(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
     use mountguard_core::testkit::{NodeB, ts};
     use mountguard_inventory::Plugin;
     use serde_json::json;
@@ -575,7 +541,9 @@ mod tests {
     fn run(args: &[&str], stdin: &str) -> (Result<u8, Error>, String) {
         let mut argv = vec!["mountguard-controller", "verify"];
         argv.extend_from_slice(args);
-        let Command::Verify(v) = Cli::try_parse_from(argv).unwrap().command;
+        let Command::Verify(v) = Cli::try_parse_from(argv).unwrap().command else {
+            unreachable!("verify parses as verify")
+        };
         let mut out = Vec::new();
         let r = v.run(
             ts("2026-11-30T11:00:10Z"),

@@ -5,6 +5,7 @@
 //! [`SCHEMA`]. See `docs/architecture.md` for the exact digest definition.
 
 pub mod digest;
+pub mod duration;
 pub mod layout;
 pub mod report;
 mod types;
@@ -12,6 +13,7 @@ mod types;
 pub mod writer;
 
 pub use digest::{FileDigest, file_digest, volume_digest};
+pub use duration::{DurationError, parse_duration};
 pub use types::*;
 
 /// Schema tag every inventory carries in its `schema` field.

@@ -133,13 +133,10 @@ impl std::str::FromStr for ObjectName {
     }
 }
 
-/// Parses a duration like `180s`, `3m` or `1h30m` (jiff's friendly format).
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let d: SignedDuration = s
-        .parse()
-        .map_err(|e| format!("{s:?} is not a duration like 180s or 3m: {e}"))?;
-    Duration::try_from(d).map_err(|_| format!("{s:?} is negative"))
-}
+/// Parses a duration like `250ms`, `180s`, `180` or `3m`: the grammar of
+/// every mountguard duration (`mountguard_inventory::duration`, shared
+/// with the agent and the chart).
+pub(crate) use mountguard_inventory::parse_duration;
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -368,6 +365,122 @@ impl RunArgs {
     }
 }
 
+/// What `run` starts with: every flag of [`RunArgs`] checked in one place,
+/// before the controller binds a socket or calls the API
+/// ([`Settings::try_from`]).
+#[derive(Debug)]
+pub struct Settings {
+    /// The flags, for the parts the tasks take as given.
+    pub args: RunArgs,
+    /// Certificate and key files of the report API; `None`: plaintext
+    /// (`--insecure-plaintext-reports`).
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// The verdict engine's configuration.
+    pub engine: mountguard_core::Config,
+    /// Remediation, unless `--remediation off`: its configurations and the
+    /// slurmrestd client.
+    pub remediation: Option<super::executor::Prepared>,
+}
+
+impl TryFrom<RunArgs> for Settings {
+    type Error = crate::Error;
+
+    /// Checks every flag. Each is named here, so a new flag cannot be
+    /// added without deciding what it needs checked.
+    fn try_from(args: RunArgs) -> Result<Self, crate::Error> {
+        use crate::Error;
+        let RunArgs {
+            // Checked by clap's parsers (types, durations, sizes, rates,
+            // names), used as given.
+            kubeconfig: _,
+            watch_namespaces: _,
+            pod_selector: _,
+            report_listen: _,
+            metrics_listen: _,
+            token_audience: _,
+            agent_service_account: _,
+            agent_daemonset: _,
+            fingerprint_key_file: _,
+            max_report_bytes: _,
+            report_rate_limit: _,
+            max_connections: _,
+            header_read_timeout: _,
+            idle_timeout: _,
+            lease_name: _,
+            log_format: _,
+            // Checked below.
+            tls_cert_file,
+            tls_key_file,
+            insecure_plaintext_reports,
+            grace,
+            inventory_max_age,
+            leader_election,
+            pod_name,
+            pod_namespace,
+            remediation,
+            log,
+            // Remediation's, checked by `executor::prepare`.
+            slurmrestd_url: _,
+            slurmrestd_ca_file: _,
+            slurm_token_secret: _,
+            slurm_token_key: _,
+            slurm_jwt_key_secret: _,
+            slurm_user: _,
+            remediation_budget_per_nodeset: _,
+            remediation_budget_cluster: _,
+            remediation_delay: _,
+            drain_timeout: _,
+            replacement_timeout: _,
+            eviction_timeout: _,
+            verification_timeout: _,
+            on_failure: _,
+            replace_pinning_pods: _,
+        } = &args;
+        let tls = if *insecure_plaintext_reports {
+            if tls_cert_file.is_some() {
+                tracing::warn!("--insecure-plaintext-reports given: ignoring the TLS certificate");
+            }
+            None
+        } else {
+            match (tls_cert_file, tls_key_file) {
+                (Some(c), Some(k)) => Some((c.clone(), k.clone())),
+                _ => {
+                    return Err(Error::Config(
+                        "the report API needs --tls-cert-file and --tls-key-file \
+                         (or --insecure-plaintext-reports for tests)"
+                            .into(),
+                    ));
+                }
+            }
+        };
+        if *leader_election && (pod_name.is_none() || pod_namespace.is_none()) {
+            return Err(Error::Config(
+                "--leader-election needs --pod-name and --pod-namespace \
+                 (MOUNTGUARD_POD_NAME / MOUNTGUARD_POD_NAMESPACE from the downward API)"
+                    .into(),
+            ));
+        }
+        tracing_subscriber::EnvFilter::try_new(log)
+            .map_err(|e| Error::Config(format!("--log {log:?}: {e}")))?;
+        let engine = mountguard_core::Config {
+            grace: SignedDuration::try_from(*grace).unwrap_or(SignedDuration::MAX),
+            inventory_max_age: SignedDuration::try_from(*inventory_max_age)
+                .unwrap_or(SignedDuration::MAX),
+            ..Default::default()
+        };
+        let remediation = match remediation {
+            RemediationMode::Off => None,
+            _ => Some(super::executor::prepare(&args)?),
+        };
+        Ok(Settings {
+            tls,
+            engine,
+            remediation,
+            args,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,5 +508,160 @@ mod tests {
         assert_eq!(parse_bytes("33554432").unwrap(), 32 << 20);
         assert!(parse_bytes("-1").is_err());
         assert_eq!(parse_duration("3m").unwrap(), Duration::from_secs(180));
+    }
+
+    /// The duration table shared with the agent and the chart, through
+    /// every duration flag of `run`, `wait` and `verify`.
+    #[test]
+    fn duration_flags_follow_the_shared_table() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../../../inventory/src/duration_cases.json"))
+                .unwrap();
+        let cases: Vec<(String, Option<u64>)> =
+            serde_json::from_value(doc["cases"].clone()).unwrap();
+        let run = [
+            "run",
+            "--agent-service-account",
+            "mg:agent",
+            "--agent-daemonset",
+            "a",
+        ];
+        let wait = ["wait", "secret/ns/s"];
+        let verify = ["verify", "--objects", "objects.json"];
+        let flags: &[(&[&str], &str)] = &[
+            (&run, "--grace"),
+            (&run, "--inventory-max-age"),
+            (&run, "--header-read-timeout"),
+            (&run, "--idle-timeout"),
+            (&run, "--remediation-delay"),
+            (&run, "--drain-timeout"),
+            (&run, "--replacement-timeout"),
+            (&run, "--eviction-timeout"),
+            (&run, "--verification-timeout"),
+            (&wait, "--timeout"),
+            (&wait, "--interval"),
+            (&verify, "--grace"),
+            (&verify, "--inventory-max-age"),
+        ];
+        for (command, flag) in flags {
+            for (s, want) in &cases {
+                let mut argv = vec!["mountguard-controller"];
+                argv.extend_from_slice(command);
+                argv.extend_from_slice(&[flag, s.as_str()]);
+                let got = Cli::try_parse_from(argv).ok().map(|cli| {
+                    let d = match (cli.command, *flag) {
+                        (Command::Run(a), "--grace") => a.grace,
+                        (Command::Run(a), "--inventory-max-age") => a.inventory_max_age,
+                        (Command::Run(a), "--header-read-timeout") => a.header_read_timeout,
+                        (Command::Run(a), "--idle-timeout") => a.idle_timeout,
+                        (Command::Run(a), "--remediation-delay") => a.remediation_delay,
+                        (Command::Run(a), "--drain-timeout") => a.drain_timeout,
+                        (Command::Run(a), "--replacement-timeout") => a.replacement_timeout,
+                        (Command::Run(a), "--eviction-timeout") => a.eviction_timeout,
+                        (Command::Run(a), "--verification-timeout") => a.verification_timeout,
+                        (Command::Wait(w), "--timeout") => w.wait.timeout,
+                        (Command::Wait(w), "--interval") => w.wait.interval,
+                        (Command::Verify(v), "--grace") => v.grace.unsigned_abs(),
+                        (Command::Verify(v), "--inventory-max-age") => {
+                            v.inventory_max_age.unsigned_abs()
+                        }
+                        (_, f) => panic!("{f}"),
+                    };
+                    d.as_millis() as u64
+                });
+                assert_eq!(got, *want, "{command:?} {flag} {s:?}");
+            }
+        }
+    }
+
+    /// Every combination of flags `run` refuses is refused by the one
+    /// conversion, before anything is bound or called.
+    #[test]
+    fn settings_check_every_flag_before_start() {
+        let base = || RunArgs::for_test("/dev/null".into(), "mg:agent", "agent");
+        let s = Settings::try_from(base()).unwrap();
+        assert!(s.tls.is_none(), "for_test is plaintext");
+        assert!(s.remediation.is_none());
+        assert_eq!(s.engine.grace, SignedDuration::from_secs(180));
+        assert_eq!(s.engine.inventory_max_age, SignedDuration::from_secs(300));
+        let refused = |change: &dyn Fn(&mut RunArgs), want: &str| {
+            let mut a = base();
+            change(&mut a);
+            let e = Settings::try_from(a).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        };
+        refused(
+            &|a| a.insecure_plaintext_reports = false,
+            "needs --tls-cert-file and --tls-key-file",
+        );
+        refused(
+            &|a| {
+                a.insecure_plaintext_reports = false;
+                a.tls_cert_file = Some("/c".into());
+            },
+            "needs --tls-cert-file and --tls-key-file",
+        );
+        refused(
+            &|a| a.leader_election = true,
+            "--leader-election needs --pod-name and --pod-namespace",
+        );
+        refused(&|a| a.log = "info,[".into(), "--log");
+        refused(
+            &|a| a.remediation = RemediationMode::DryRun,
+            "--remediation needs --slurmrestd-url",
+        );
+        refused(
+            &|a| {
+                a.remediation = RemediationMode::On;
+                a.slurmrestd_url = Some("http://slurm:6820".into());
+            },
+            "exactly one of --slurm-token-secret and --slurm-jwt-key-secret",
+        );
+        let secret: ObjectName = "slurm/token".parse().unwrap();
+        refused(
+            &|a| {
+                a.remediation = RemediationMode::On;
+                a.slurmrestd_url = Some("slurm:6820".into());
+                a.slurm_token_secret = Some(secret.clone());
+            },
+            "--slurmrestd-url",
+        );
+        refused(
+            &|a| {
+                a.remediation = RemediationMode::On;
+                a.slurmrestd_url = Some("https://slurm:6820".into());
+                a.slurm_token_secret = Some(secret.clone());
+                a.slurmrestd_ca_file = Some("/nonexistent/ca.crt".into());
+            },
+            "/nonexistent/ca.crt",
+        );
+        let mut a = base();
+        a.insecure_plaintext_reports = false;
+        a.tls_cert_file = Some("/c".into());
+        a.tls_key_file = Some("/k".into());
+        a.remediation = RemediationMode::DryRun;
+        a.slurmrestd_url = Some("http://slurm:6820".into());
+        a.slurm_jwt_key_secret = Some(secret.clone());
+        let s = Settings::try_from(a).unwrap();
+        assert_eq!(s.tls, Some(("/c".into(), "/k".into())));
+        assert!(s.remediation.is_some());
+    }
+
+    /// A bad flag is reported before the controller reads a kubeconfig or
+    /// binds a socket: here the kubeconfig is unusable and the report port
+    /// is taken, yet the answer names the flag.
+    #[tokio::test]
+    async fn start_refuses_bad_flags_before_anything_else() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = RunArgs::for_test("/nonexistent/kubeconfig".into(), "mg:agent", "agent");
+        a.report_listen = taken.local_addr().unwrap();
+        a.remediation = RemediationMode::On;
+        let e = crate::live::Controller::start(a)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--remediation needs --slurmrestd-url"), "{e}");
     }
 }

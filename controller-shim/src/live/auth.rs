@@ -24,6 +24,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::args::ServiceAccountRef;
 use super::metrics::Metrics;
+use super::shared::TokenBucket;
 
 /// `user.extra` key of the pod name in a projected token.
 pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
@@ -87,42 +88,6 @@ pub trait TokenReviewer: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
         let _ = source;
         self.review(token, audience)
-    }
-}
-
-/// A token bucket: `burst` tokens, refilled at `per_second`.
-#[derive(Debug, Clone, Copy)]
-pub struct TokenBucket {
-    tokens: f64,
-    refilled: Instant,
-}
-
-impl TokenBucket {
-    /// A full bucket.
-    pub fn full(burst: u32, now: Instant) -> Self {
-        Self {
-            tokens: f64::from(burst),
-            refilled: now,
-        }
-    }
-
-    /// Takes one token, or says how many seconds until one is available.
-    pub fn take(&mut self, per_second: f64, burst: u32, now: Instant) -> Result<(), u64> {
-        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * per_second).min(f64::from(burst));
-        self.refilled = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(((1.0 - self.tokens) / per_second).ceil().max(1.0) as u64)
-        }
-    }
-
-    /// Whether the bucket would be full at `now` (nothing to remember).
-    pub fn is_full(&self, per_second: f64, burst: u32, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
-        self.tokens + elapsed * per_second >= f64::from(burst)
     }
 }
 

@@ -10,7 +10,7 @@
 //! resolves from `scheme:name:port` to one ready endpoint of the Service).
 //! The caller needs `get` on `services/proxy` for that Service.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 use serde::de::DeserializeOwned;
@@ -120,32 +120,47 @@ pub struct ProxyArgs {
     pub controller_port: String,
 }
 
+/// The Kubernetes client configuration of every command: the kubeconfig
+/// file `kubeconfig` if given (its `context`, else its current one); else,
+/// with a `context`, that context of the default kubeconfig; else inferred
+/// (KUBECONFIG, ~/.kube/config, or in-cluster).
+pub async fn kube_config(
+    kubeconfig: Option<&Path>,
+    context: Option<&str>,
+) -> Result<kube::Config, Error> {
+    let options = kube::config::KubeConfigOptions {
+        context: context.map(str::to_string),
+        ..Default::default()
+    };
+    match (kubeconfig, context) {
+        (Some(p), _) => {
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .map_err(|e| Error::Kube(format!("reading kubeconfig {}: {e}", p.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &options)
+                .await
+                .map_err(|e| Error::Kube(format!("kubeconfig {}: {e}", p.display())))
+        }
+        (None, Some(_)) => kube::Config::from_kubeconfig(&options)
+            .await
+            .map_err(|e| Error::Kube(format!("kubeconfig: {e}"))),
+        (None, None) => kube::Config::infer().await.map_err(|e| {
+            Error::Kube(format!(
+                "no Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster): {e}"
+            ))
+        }),
+    }
+}
+
+/// A client of `config`.
+pub fn kube_client(config: kube::Config) -> Result<kube::Client, Error> {
+    kube::Client::try_from(config).map_err(|e| Error::Kube(format!("creating the client: {e}")))
+}
+
 impl ProxyArgs {
     /// The endpoint: a client from the kubeconfig and the proxy prefix.
     pub async fn endpoint(&self) -> Result<Endpoint, Error> {
-        let options = kube::config::KubeConfigOptions {
-            context: self.context.clone(),
-            ..Default::default()
-        };
-        let config = match (&self.kubeconfig, &self.context) {
-            (Some(p), _) => {
-                let kc = kube::config::Kubeconfig::read_from(p)
-                    .map_err(|e| Error::Kube(format!("reading kubeconfig {}: {e}", p.display())))?;
-                kube::Config::from_custom_kubeconfig(kc, &options)
-                    .await
-                    .map_err(|e| Error::Kube(format!("kubeconfig {}: {e}", p.display())))?
-            }
-            (None, Some(_)) => kube::Config::from_kubeconfig(&options)
-                .await
-                .map_err(|e| Error::Kube(format!("kubeconfig: {e}")))?,
-            (None, None) => kube::Config::infer().await.map_err(|e| {
-                Error::Kube(format!(
-                    "no Kubernetes configuration (KUBECONFIG, ~/.kube/config or in-cluster): {e}"
-                ))
-            })?,
-        };
-        let client = kube::Client::try_from(config)
-            .map_err(|e| Error::Kube(format!("creating the client: {e}")))?;
+        let config = kube_config(self.kubeconfig.as_deref(), self.context.as_deref()).await?;
+        let client = kube_client(config)?;
         Ok(Endpoint::Proxy {
             client,
             prefix: proxy_prefix(

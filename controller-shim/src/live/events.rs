@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::metrics::Metrics;
-use super::shared::Shutdown;
+use super::shared::{Shutdown, TokenBucket};
 use mountguard_core::verdict::{StaleCause, State, SubjectId};
 
 /// The reporting component of Events.
@@ -180,51 +180,28 @@ impl Tracker {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-}
-
-impl Bucket {
-    fn take(&mut self, now: Instant, per_sec: f64, burst: f64) -> bool {
-        self.tokens =
-            (self.tokens + now.duration_since(self.at).as_secs_f64() * per_sec).min(burst);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 /// Token buckets per pod and for the whole controller (time passed in).
 #[derive(Debug)]
 pub struct RateLimiter {
-    per_pod: HashMap<Arc<str>, Bucket>,
-    global: Bucket,
+    per_pod: HashMap<Arc<str>, TokenBucket>,
+    global: TokenBucket,
     /// Per pod: events per second and burst.
-    pub pod_rate: (f64, f64),
+    pub pod_rate: (f64, u32),
     /// Global: events per second and burst.
-    pub global_rate: (f64, f64),
+    pub global_rate: (f64, u32),
 }
 
 impl RateLimiter {
     /// Per pod 5 Events then one per minute; globally 50 then 10 per second.
     pub fn new(now: Instant) -> Self {
-        Self::with_rates(now, (1.0 / 60.0, 5.0), (10.0, 50.0))
+        Self::with_rates(now, (1.0 / 60.0, 5), (10.0, 50))
     }
 
     /// With explicit rates `(per second, burst)`.
-    pub fn with_rates(now: Instant, pod_rate: (f64, f64), global_rate: (f64, f64)) -> Self {
+    pub fn with_rates(now: Instant, pod_rate: (f64, u32), global_rate: (f64, u32)) -> Self {
         Self {
             per_pod: HashMap::default(),
-            global: Bucket {
-                tokens: global_rate.1,
-                at: now,
-            },
+            global: TokenBucket::full(global_rate.1, now),
             pod_rate,
             global_rate,
         }
@@ -235,25 +212,43 @@ impl RateLimiter {
         let (pr, pb) = self.pod_rate;
         if self.per_pod.len() > 100_000 {
             // Forget full buckets of quiet pods.
-            self.per_pod
-                .retain(|_, b| now.duration_since(b.at).as_secs_f64() * pr + b.tokens < pb);
+            self.per_pod.retain(|_, b| !b.is_full(pr, pb, now));
         }
-        let pod = self.per_pod.entry(uid.clone()).or_insert(Bucket {
-            tokens: pb,
-            at: now,
-        });
+        let pod = self
+            .per_pod
+            .entry(uid.clone())
+            .or_insert(TokenBucket::full(pb, now));
         let mut probe = *pod;
-        if !probe.take(now, pr, pb) {
+        if probe.take(pr, pb, now).is_err() {
             *pod = probe;
             return false;
         }
         let (gr, gb) = self.global_rate;
-        if !self.global.take(now, gr, gb) {
+        if self.global.take(gr, gb, now).is_err() {
             return false;
         }
         *pod = probe;
         true
     }
+}
+
+/// The longest Event note sent, in bytes: under the API server's limit of
+/// 1 KiB (kubernetes `pkg/apis/core/validation/events.go`,
+/// `NoteLengthLimit = 1024`, checked when an `events.k8s.io/v1` Event, as
+/// kube's `Recorder` writes them, is created).
+pub const NOTE_MAX: usize = 1000;
+
+/// `message` as an Event note: cut at a character boundary to at most
+/// [`NOTE_MAX`] bytes, ending in `...` when cut.
+pub fn event_note(message: &str) -> String {
+    if message.len() <= NOTE_MAX {
+        return message.to_string();
+    }
+    let mut cut = NOTE_MAX - 3;
+    while !message.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &message[..cut])
 }
 
 /// An Event to publish.
@@ -300,15 +295,7 @@ pub async fn run_emitter(
             uid: Some(req.uid.clone()),
             ..Default::default()
         };
-        let mut note = req.message.clone();
-        if note.len() > 1000 {
-            let mut cut = 997;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-            note.push_str("...");
-        }
+        let note = event_note(&req.message);
         let ev = Event {
             type_: if req.reason.is_warning() {
                 EventType::Warning
@@ -344,6 +331,24 @@ pub async fn run_emitter(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn notes_are_cut_at_a_character_boundary_under_the_limit() {
+        assert_eq!(event_note("short"), "short");
+        let exact = "a".repeat(NOTE_MAX);
+        assert_eq!(event_note(&exact), exact);
+        for filler in ["a", "\u{e9}", "\u{20ac}", "\u{1f512}"] {
+            let long = filler.repeat(2 * NOTE_MAX);
+            let n = event_note(&long);
+            assert!(n.len() <= NOTE_MAX, "{filler}: {}", n.len());
+            assert!(
+                n.len() > NOTE_MAX - 3 - 4,
+                "{filler}: cut no more than needed"
+            );
+            assert!(n.ends_with("..."));
+            assert!(long.starts_with(n.trim_end_matches("...")));
+        }
+    }
     use mountguard_core::verdict::{FrozenCause, UnverifiableReason};
 
     const FRESH: State = State::Fresh;
@@ -440,7 +445,7 @@ mod tests {
     #[test]
     fn rate_limit_per_pod_and_global() {
         let t0 = Instant::now();
-        let mut r = RateLimiter::with_rates(t0, (1.0, 2.0), (100.0, 3.0));
+        let mut r = RateLimiter::with_rates(t0, (1.0, 2), (100.0, 3));
         let a: Arc<str> = Arc::from("a");
         let b: Arc<str> = Arc::from("b");
         assert!(r.allow(&a, t0));

@@ -27,7 +27,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::watch as tokio_watch;
 use tokio::task::JoinHandle;
@@ -163,14 +163,31 @@ pub fn configs(args: &RunArgs) -> (Mode, PlanConfig, MachineConfig) {
     (mode, plan_cfg, machine_cfg)
 }
 
-/// Starts the executor task (remediation `dry-run` or `on`).
-pub async fn spawn(
-    args: &RunArgs,
-    client: kube::Client,
-    shared: Arc<Shared>,
-    snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
-    shutdown: Shutdown,
-) -> Result<JoinHandle<()>, Error> {
+/// What remediation starts with, checked from the flags before the
+/// controller binds a socket or calls the API: the pure configurations,
+/// the Secret holding the slurmrestd credential, and the slurmrestd client
+/// (its URL and CA file checked; no request is made).
+pub struct Prepared {
+    mode: Mode,
+    plan_cfg: PlanConfig,
+    machine_cfg: MachineConfig,
+    url: String,
+    secret: TokenSecret,
+    secret_value: SharedSecret,
+    slurm: SlurmClient,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("mode", &self.mode)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks the remediation flags and builds the slurmrestd client.
+pub fn prepare(args: &RunArgs) -> Result<Prepared, Error> {
     let (mode, plan_cfg, machine_cfg) = configs(args);
     let url = args
         .slurmrestd_url
@@ -206,6 +223,35 @@ pub async fn spawn(
     };
     let slurm = SlurmClient::new(url, ca.as_deref(), token, Duration::from_secs(10))
         .map_err(|e| Error::Config(e.to_string()))?;
+    Ok(Prepared {
+        mode,
+        plan_cfg,
+        machine_cfg,
+        url: url.to_string(),
+        secret,
+        secret_value,
+        slurm,
+    })
+}
+
+/// Starts the executor task (remediation `dry-run` or `on`).
+pub async fn spawn(
+    prepared: Prepared,
+    args: &RunArgs,
+    client: kube::Client,
+    shared: Arc<Shared>,
+    snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
+    shutdown: Shutdown,
+) -> Result<JoinHandle<()>, Error> {
+    let Prepared {
+        mode,
+        plan_cfg,
+        machine_cfg,
+        url,
+        secret,
+        secret_value,
+        slurm,
+    } = prepared;
     let evict_client = client_without_retry(args.kubeconfig.as_deref()).await?;
     let recorder = Recorder::new(
         client.clone(),
@@ -255,20 +301,9 @@ pub async fn spawn(
 /// A client whose requests are never retried by kube itself: an eviction
 /// refused with 429 is retried by the state machine, later.
 async fn client_without_retry(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, Error> {
-    let mut config = match kubeconfig {
-        Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p)
-                .map_err(|e| Error::Kube(format!("reading kubeconfig {}: {e}", p.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .map_err(|e| Error::Kube(format!("kubeconfig {}: {e}", p.display())))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| Error::Kube(format!("no Kubernetes configuration: {e}")))?,
-    };
+    let mut config = super::client::kube_config(kubeconfig, None).await?;
     config.default_retry = false;
-    kube::Client::try_from(config).map_err(|e| Error::Kube(format!("creating the client: {e}")))
+    super::client::kube_client(config)
 }
 
 async fn run(
@@ -755,7 +790,7 @@ impl Executor {
             }),
             _ => return Ok(()),
         };
-        api.patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        api.patch(node, &super::shared::patch_params(), &Patch::Merge(&patch))
             .await
             .map(|_| ())
     }
@@ -1029,7 +1064,7 @@ impl Executor {
         });
         api.patch(
             &next.nodeset,
-            &PatchParams::default(),
+            &super::shared::patch_params(),
             &Patch::Merge(&patch),
         )
         .await
@@ -1118,15 +1153,7 @@ impl Executor {
         reason: EventReason,
         message: &str,
     ) -> bool {
-        let mut note = message.to_string();
-        if note.len() > 1000 {
-            let mut cut = 997;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-            note.push_str("...");
-        }
+        let note = super::events::event_note(message);
         let ev = Event {
             type_: if reason.warning() {
                 EventType::Warning

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -91,7 +91,7 @@ async fn set_label(client: &kube::Client, cfg: &LeaderConfig, shared: &Shared, o
     for attempt in 0..3 {
         match tokio::time::timeout(
             Duration::from_secs(5),
-            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+            api.patch(name, &super::shared::patch_params(), &Patch::Merge(&patch)),
         )
         .await
         {

@@ -42,7 +42,7 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-pub use args::RunArgs;
+pub use args::{RunArgs, Settings};
 pub use auth::{AuthError, ReviewedUser, TokenReviewer};
 pub use eval::EvaluationSnapshot;
 pub use metrics::Metrics;
@@ -70,34 +70,21 @@ impl Controller {
     /// evaluation and Events. Returns once the listeners are bound; the
     /// watches sync in the background ([`Controller::is_ready`]).
     pub async fn start(args: RunArgs) -> Result<Controller, Error> {
+        let Settings {
+            args,
+            tls,
+            engine,
+            remediation,
+        } = Settings::try_from(args)?;
         let key = load_fingerprint_key(args.fingerprint_key_file.as_deref())?;
         let fingerprinter = mountguard_core::Fingerprinter::new(&key)?;
         drop(key);
-        let client = kube_client(args.kubeconfig.as_deref()).await?;
-        let tls = if args.insecure_plaintext_reports {
-            if args.tls_cert_file.is_some() {
-                warn!("--insecure-plaintext-reports given: ignoring the TLS certificate");
-            }
-            None
-        } else {
-            match (&args.tls_cert_file, &args.tls_key_file) {
-                (Some(c), Some(k)) => Some(tls::ReloadingCert::load(c.clone(), k.clone())?),
-                _ => {
-                    return Err(Error::Config(
-                        "the report API needs --tls-cert-file and --tls-key-file \
-                         (or --insecure-plaintext-reports for tests)"
-                            .into(),
-                    ));
-                }
-            }
+        let tls = match tls {
+            Some((cert, key)) => Some(tls::ReloadingCert::load(cert, key)?),
+            None => None,
         };
-        if args.leader_election && (args.pod_name.is_none() || args.pod_namespace.is_none()) {
-            return Err(Error::Config(
-                "--leader-election needs --pod-name and --pod-namespace \
-                 (MOUNTGUARD_POD_NAME / MOUNTGUARD_POD_NAMESPACE from the downward API)"
-                    .into(),
-            ));
-        }
+        let client =
+            client::kube_client(client::kube_config(args.kubeconfig.as_deref(), None).await?)?;
 
         let metrics = Metrics::new();
         let shared = Arc::new(Shared::new(metrics));
@@ -193,15 +180,7 @@ impl Controller {
                 shutdown.clone(),
             )),
         ));
-        let engine = mountguard_core::Engine::new(
-            mountguard_core::Config {
-                grace: args.grace_signed(),
-                inventory_max_age: jiff::SignedDuration::try_from(args.inventory_max_age)
-                    .unwrap_or(jiff::SignedDuration::MAX),
-                ..Default::default()
-            },
-            fingerprinter,
-        );
+        let engine = mountguard_core::Engine::new(engine, fingerprinter);
         tasks.push((
             "evaluation",
             tokio::spawn(eval::run(
@@ -220,8 +199,9 @@ impl Controller {
                 shutdown.clone(),
             )),
         ));
-        if args.remediation != args::RemediationMode::Off {
+        if let Some(prepared) = remediation {
             let t = executor::spawn(
+                prepared,
                 &args,
                 client.clone(),
                 shared.clone(),
@@ -324,100 +304,7 @@ pub fn load_fingerprint_key(path: Option<&std::path::Path>) -> Result<Vec<u8>, E
             warn!(
                 "no --fingerprint-key-file: using a random key; fingerprints change when the controller restarts"
             );
-            let mut key = vec![0u8; 32];
-            use std::io::Read;
-            std::fs::File::open("/dev/urandom")
-                .and_then(|mut f| f.read_exact(&mut key))
-                .map_err(|e| Error::Io {
-                    file: "/dev/urandom".into(),
-                    source: e,
-                })?;
-            Ok(key)
+            Ok(crate::random_fingerprint_key()?.to_vec())
         }
     }
-}
-
-/// A kube client from `--kubeconfig`, else the inferred configuration.
-pub async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, Error> {
-    let config = match kubeconfig {
-        Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p)
-                .map_err(|e| Error::Kube(format!("reading kubeconfig {}: {e}", p.display())))?;
-            kube::Config::from_custom_kubeconfig(kc, &Default::default())
-                .await
-                .map_err(|e| Error::Kube(format!("kubeconfig {}: {e}", p.display())))?
-        }
-        None => kube::Config::infer().await.map_err(|e| {
-            Error::Kube(format!(
-                "no Kubernetes configuration (in-cluster or KUBECONFIG): {e}"
-            ))
-        })?,
-    };
-    kube::Client::try_from(config).map_err(|e| Error::Kube(format!("creating the client: {e}")))
-}
-
-/// Command line of `mountguard-controller` (all subcommands).
-#[derive(Debug, clap::Parser)]
-#[command(
-    name = "mountguard-controller",
-    version,
-    about = "mountguard controller"
-)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// Command line of `kubectl mountguard` (the same binary, installed or
-/// linked as `kubectl-mountguard`): reaches the controller through the API
-/// server's service proxy with the user's kubeconfig.
-#[derive(Debug, clap::Parser)]
-#[command(
-    name = "kubectl-mountguard",
-    bin_name = "kubectl mountguard",
-    version,
-    about = "mountguard verdicts and rollout gate, through the Kubernetes API server"
-)]
-pub struct PluginCli {
-    /// Cluster and controller Service.
-    #[command(flatten)]
-    pub proxy: client::ProxyArgs,
-    /// What to do.
-    #[command(subcommand)]
-    pub command: PluginCommand,
-}
-
-/// Subcommands of the kubectl plugin.
-#[derive(Debug, clap::Subcommand)]
-pub enum PluginCommand {
-    /// Print the controller's verdicts.
-    Status(status::StatusQuery),
-    /// Wait until every consumer of an object is verified fresh on its
-    /// node for the object's current content (exit 0), or time out (1).
-    Wait(wait::WaitOptions),
-}
-
-/// Whether the program was started as the kubectl plugin (`argv[0]`'s
-/// file name is `kubectl-mountguard`, as kubectl runs plugins found on
-/// `PATH`).
-pub fn invoked_as_plugin(argv0: &std::ffi::OsStr) -> bool {
-    std::path::Path::new(argv0)
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n == "kubectl-mountguard" || n == "kubectl-mountguard.exe")
-}
-
-/// Subcommands.
-#[derive(Debug, clap::Subcommand)]
-pub enum Command {
-    /// Run the controller: watches, report API, verdicts, metrics, Events.
-    Run(Box<RunArgs>),
-    /// Print the verdicts of a running controller.
-    Status(status::StatusArgs),
-    /// Wait until every consumer of an object is verified fresh on its
-    /// node for the object's current content (exit 0), or time out (1).
-    Wait(wait::WaitArgs),
-    /// Evaluate verdicts offline from an object dump and agent inventories.
-    Verify(crate::offline::VerifyArgs),
 }

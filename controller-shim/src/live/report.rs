@@ -29,11 +29,9 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use super::args::{RateLimit, RunArgs, ServiceAccountRef};
-use super::auth::{
-    AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenBucket, TokenReviewer, authorize,
-};
+use super::auth::{AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenReviewer, authorize};
 use super::eval::Input;
-use super::shared::{Shared, Shutdown};
+use super::shared::{Shared, Shutdown, TokenBucket};
 
 /// Limits on what one inventory may contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,6 +13,55 @@ use tokio::sync::watch as tokio_watch;
 use super::metrics::Metrics;
 use super::status::VerdictStore;
 
+/// The field manager of every write of the controller (server-side
+/// bookkeeping of which fields it set: `metadata.managedFields`).
+pub const FIELD_MANAGER: &str = "mountguard-controller";
+
+/// Parameters of every patch the controller sends, naming
+/// [`FIELD_MANAGER`].
+pub fn patch_params() -> kube::api::PatchParams {
+    kube::api::PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..Default::default()
+    }
+}
+
+/// A token bucket: `burst` tokens, refilled at `per_second`.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucket {
+    tokens: f64,
+    refilled: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn full(burst: u32, now: Instant) -> Self {
+        Self {
+            tokens: f64::from(burst),
+            refilled: now,
+        }
+    }
+
+    /// Takes one token, or says how many seconds until one is available.
+    pub fn take(&mut self, per_second: f64, burst: u32, now: Instant) -> Result<(), u64> {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * per_second).min(f64::from(burst));
+        self.refilled = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - self.tokens) / per_second).ceil().max(1.0) as u64)
+        }
+    }
+
+    /// Whether the bucket would be full at `now` (nothing to remember).
+    pub fn is_full(&self, per_second: f64, burst: u32, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens + elapsed * per_second >= f64::from(burst)
+    }
+}
+
 /// One shutdown signal shared by every task.
 #[derive(Debug, Clone)]
 pub struct Shutdown(tokio_watch::Receiver<bool>);
@@ -196,5 +245,17 @@ mod tests {
         assert!(!h.all_listed("nodesets", &listed));
         // Nothing registered: never complete.
         assert!(!Health::default().all_listed("nodesets", &listed));
+    }
+}
+
+#[cfg(test)]
+mod patch_tests {
+    use super::*;
+
+    #[test]
+    fn every_patch_names_the_field_manager() {
+        let p = patch_params();
+        assert_eq!(p.field_manager.as_deref(), Some("mountguard-controller"));
+        assert!(!p.force, "merge patches are never forced");
     }
 }

@@ -107,20 +107,6 @@ impl SlurmError {
                 | SlurmError::Token(_)
         )
     }
-
-    /// A stable, low-cardinality label for metrics.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            SlurmError::Unauthorized { .. } => "unauthorized",
-            SlurmError::NotFound { .. } => "not_found",
-            SlurmError::Transport(_) => "transport",
-            SlurmError::Server { .. } => "server",
-            SlurmError::Rejected { .. } => "rejected",
-            SlurmError::BadResponse { .. } => "bad_response",
-            SlurmError::Token(_) => "token",
-            SlurmError::Config(_) => "config",
-        }
-    }
 }
 
 /// Where the token comes from. Called before every request.

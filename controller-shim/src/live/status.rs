@@ -21,6 +21,7 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
+use crate::table::write_aligned;
 use mountguard_core::Fingerprint;
 use mountguard_core::model::{PodModel, SourceRef};
 use mountguard_core::rollout::{
@@ -213,13 +214,14 @@ pub struct Query {
 }
 
 impl Query {
-    /// Parses a query string (`all=1&namespace=..&node=..&state=..`).
+    /// Parses a query string (`all=1&namespace=..&node=..&state=..`),
+    /// `application/x-www-form-urlencoded` (percent escapes, `+` for a
+    /// space; bytes that are not UTF-8 become U+FFFD).
     pub fn parse(q: Option<&str>) -> Self {
         let mut out = Self::default();
-        for pair in q.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_decode(v);
-            match k {
+        for (k, v) in form_urlencoded::parse(q.unwrap_or("").as_bytes()) {
+            let v = v.into_owned();
+            match &*k {
                 "all" => out.all = matches!(v.as_str(), "" | "1" | "true" | "yes"),
                 "namespace" if !v.is_empty() => out.namespace = Some(v),
                 "node" if !v.is_empty() => out.node = Some(v),
@@ -253,28 +255,6 @@ impl Query {
         }
         true
     }
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => match u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                Ok(x) => {
-                    out.push(x);
-                    i += 3;
-                    continue;
-                }
-                Err(_) => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The sources of verdict `v` with the fingerprints `check` recorded.
@@ -717,31 +697,6 @@ fn write_attempts(attempts: &[AttemptItem], out: &mut dyn Write) -> std::io::Res
     write_aligned(&rows, out)
 }
 
-/// Prints rows as left-aligned columns two spaces apart.
-pub(crate) fn write_aligned<const N: usize>(
-    rows: &[[String; N]],
-    out: &mut dyn Write,
-) -> std::io::Result<()> {
-    let mut widths = [0usize; N];
-    for r in rows {
-        for (i, c) in r.iter().enumerate() {
-            widths[i] = widths[i].max(c.chars().count());
-        }
-    }
-    for r in rows {
-        let mut line = String::new();
-        for (i, c) in r.iter().enumerate() {
-            if i + 1 == N {
-                line.push_str(c);
-            } else {
-                line.push_str(&format!("{c:<w$}  ", w = widths[i]));
-            }
-        }
-        writeln!(out, "{}", line.trim_end())?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -783,6 +738,39 @@ mod tests {
         );
         assert!(!msg.contains("invalid configuration"), "{msg}");
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn query_strings_decode_and_no_byte_sequence_panics() {
+        let q = Query::parse(Some(
+            "all&namespace=slurm%2Dx&node=node+a&state=Stale%2FUnknown",
+        ));
+        assert_eq!(
+            q,
+            Query {
+                all: true,
+                namespace: Some("slurm-x".into()),
+                node: Some("node a".into()),
+                state: Some("Stale/Unknown".into()),
+            }
+        );
+        // A bad escape is kept as written.
+        assert_eq!(
+            Query::parse(Some("node=a%zz")).node.as_deref(),
+            Some("a%zz")
+        );
+        assert_eq!(Query::parse(Some("node=a%4")).node.as_deref(), Some("a%4"));
+        // A multi-byte character right after `%` (a byte offset two past
+        // the `%` falls inside it) and bytes that are not UTF-8.
+        for q in ["node=%1\u{e9}", "node=%\u{e9}1"] {
+            let want = q.strip_prefix("node=");
+            assert_eq!(Query::parse(Some(q)).node.as_deref(), want, "{q}");
+        }
+        assert_eq!(
+            Query::parse(Some("node=%C3")).node.as_deref(),
+            Some("\u{fffd}")
+        );
+        assert_eq!(Query::parse(Some("&&=&node=")), Query::default());
     }
 
     #[test]

@@ -15,8 +15,9 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use super::client::Endpoint;
-use super::status::{StatusOutput, write_aligned};
+use super::status::StatusOutput;
 use crate::Error;
+use crate::table::write_aligned;
 use mountguard_core::rollout::{Progress, RolloutDoc, SourceItem, Target, decide};
 
 /// The condition `wait` waits for.
