@@ -176,9 +176,12 @@ async fn demo_narration_reads_at_a_glance() {
     for l in say.printed() {
         assert!(l.chars().count() <= COLUMNS, "too wide:\n{l}");
     }
-    // Each attempt (one per pod in the demo) drains one Slurm node: its
-    // reason is shown once, whichever of its phases the narration caught
-    // first (a 100 ms poll can miss a short Draining phase).
+    // Each attempt (one per pod in the demo) drains one Slurm node:
+    // mountguard's drain reason is shown once, whichever of its phases the
+    // narration caught first (a 100 ms poll can miss a short Draining
+    // phase). Another reason seen before the drain (slurmctld's "Not
+    // responding" for a slurmd whose key is stale) may be shown too, but no
+    // reason is printed twice in a row for one attempt.
     let attempt_pod = |l: &str| {
         l.split("attempt for ")
             .nth(1)
@@ -190,10 +193,20 @@ async fn demo_narration_reads_at_a_glance() {
         lines.iter().filter_map(|l| attempt_pod(l)).collect();
     assert!(pods.len() >= 2, "{printed}");
     for pod in &pods {
-        let reasons = lines
+        let reasons: Vec<&str> = lines
             .iter()
-            .filter(|l| attempt_pod(l).as_ref() == Some(pod) && l.contains("reason \""))
+            .filter(|l| attempt_pod(l).as_ref() == Some(pod))
+            .filter_map(|l| l.split("reason \"").nth(1))
+            .filter_map(|rest| rest.split('"').next())
+            .collect();
+        let ours = reasons
+            .iter()
+            .filter(|r| r.starts_with("mountguard:"))
             .count();
-        assert_eq!(reasons, 1, "{pod}: {printed}");
+        assert_eq!(ours, 1, "{pod}: {reasons:?}\n{printed}");
+        assert!(
+            reasons.windows(2).all(|w| w[0] != w[1]),
+            "{pod}: a reason repeated: {reasons:?}\n{printed}"
+        );
     }
 }
