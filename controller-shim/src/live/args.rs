@@ -380,6 +380,10 @@ pub struct Settings {
     /// Remediation, unless `--remediation off`: its configurations and the
     /// slurmrestd client.
     pub remediation: Option<super::executor::Prepared>,
+    /// The report handler's configuration.
+    pub report: super::report::ReportConfig,
+    /// Leader election's configuration.
+    pub leader: super::leader::LeaderConfig,
 }
 
 impl TryFrom<RunArgs> for Settings {
@@ -397,17 +401,19 @@ impl TryFrom<RunArgs> for Settings {
             pod_selector: _,
             report_listen: _,
             metrics_listen: _,
-            token_audience: _,
-            agent_service_account: _,
-            agent_daemonset: _,
             fingerprint_key_file: _,
-            max_report_bytes: _,
-            report_rate_limit: _,
             max_connections: _,
             header_read_timeout: _,
             idle_timeout: _,
-            lease_name: _,
             log_format: _,
+            // Taken into the report handler's and leader election's
+            // configurations below.
+            token_audience,
+            agent_service_account,
+            agent_daemonset,
+            max_report_bytes,
+            report_rate_limit,
+            lease_name,
             // Checked below.
             tls_cert_file,
             tls_key_file,
@@ -472,10 +478,26 @@ impl TryFrom<RunArgs> for Settings {
             RemediationMode::Off => None,
             _ => Some(super::executor::prepare(&args)?),
         };
+        let report = super::report::ReportConfig {
+            audience: token_audience.clone(),
+            agent_sa: agent_service_account.clone(),
+            agent_daemonset: agent_daemonset.clone(),
+            max_bytes: *max_report_bytes,
+            rate: *report_rate_limit,
+            limits: super::report::CountLimits::default(),
+        };
+        let leader = super::leader::LeaderConfig {
+            enabled: *leader_election,
+            lease_name: lease_name.clone(),
+            pod_name: pod_name.clone(),
+            pod_namespace: pod_namespace.clone(),
+        };
         Ok(Settings {
             tls,
             engine,
             remediation,
+            report,
+            leader,
             args,
         })
     }
@@ -647,6 +669,33 @@ mod tests {
         let s = Settings::try_from(a).unwrap();
         assert_eq!(s.tls, Some(("/c".into(), "/k".into())));
         assert!(s.remediation.is_some());
+    }
+
+    /// The report handler's and leader election's configurations come out
+    /// of the same conversion, flag for flag.
+    #[test]
+    fn settings_carry_the_report_and_leader_configurations() {
+        let mut a = RunArgs::for_test("/dev/null".into(), "mg:agent", "agent");
+        a.token_audience = "aud".into();
+        a.max_report_bytes = 1234;
+        a.report_rate_limit = "3/s,7".parse().unwrap();
+        a.leader_election = true;
+        a.lease_name = "the-lease".into();
+        a.pod_name = Some("pod-a".into());
+        a.pod_namespace = Some("mg".into());
+        let s = Settings::try_from(a).unwrap();
+        assert_eq!(s.report.audience, "aud");
+        assert_eq!(
+            s.report.agent_sa.username(),
+            "system:serviceaccount:mg:agent"
+        );
+        assert_eq!(s.report.agent_daemonset, "agent");
+        assert_eq!(s.report.max_bytes, 1234);
+        assert_eq!((s.report.rate.per_second, s.report.rate.burst), (3.0, 7));
+        assert!(s.leader.enabled);
+        assert_eq!(s.leader.lease_name, "the-lease");
+        assert_eq!(s.leader.pod_name.as_deref(), Some("pod-a"));
+        assert_eq!(s.leader.pod_namespace.as_deref(), Some("mg"));
     }
 
     /// A bad flag is reported before the controller reads a kubeconfig or

@@ -16,7 +16,6 @@ use kube_lease_manager::LeaseManagerBuilder;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use super::args::RunArgs;
 use super::eval::Input;
 use super::report::ReportHandler;
 use super::shared::{Shared, Shutdown};
@@ -63,18 +62,6 @@ pub struct LeaderConfig {
     pub pod_name: Option<String>,
     /// Own namespace.
     pub pod_namespace: Option<String>,
-}
-
-impl LeaderConfig {
-    /// From the command line.
-    pub fn from_args(a: &RunArgs) -> Self {
-        Self {
-            enabled: a.leader_election,
-            lease_name: a.lease_name.clone(),
-            pod_name: a.pod_name.clone(),
-            pod_namespace: a.pod_namespace.clone(),
-        }
-    }
 }
 
 async fn set_label(client: &kube::Client, cfg: &LeaderConfig, shared: &Shared, on: bool) {

@@ -75,6 +75,8 @@ impl Controller {
             tls,
             engine,
             remediation,
+            report: report_config,
+            leader: leader_config,
         } = Settings::try_from(args)?;
         let key = load_fingerprint_key(args.fingerprint_key_file.as_deref())?;
         let fingerprinter = mountguard_core::Fingerprinter::new(&key)?;
@@ -150,7 +152,7 @@ impl Controller {
             shared.metrics.clone(),
         );
         let handler = Arc::new(report::ReportHandler::new(
-            report::ReportConfig::from_args(&args),
+            report_config,
             shared.clone(),
             reviewer,
             agents.clone(),
@@ -225,7 +227,7 @@ impl Controller {
             "leader",
             tokio::spawn(leader::run(
                 client,
-                leader::LeaderConfig::from_args(&args),
+                leader_config,
                 shared.clone(),
                 handler,
                 input_tx,

@@ -28,7 +28,7 @@ use mountguard_inventory::report::{
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::args::{RateLimit, RunArgs, ServiceAccountRef};
+use super::args::{RateLimit, ServiceAccountRef};
 use super::auth::{AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenReviewer, authorize};
 use super::eval::Input;
 use super::shared::{Shared, Shutdown, TokenBucket};
@@ -72,20 +72,6 @@ pub struct ReportConfig {
     pub rate: RateLimit,
     /// Count limits.
     pub limits: CountLimits,
-}
-
-impl ReportConfig {
-    /// From the command line.
-    pub fn from_args(a: &RunArgs) -> Self {
-        Self {
-            audience: a.token_audience.clone(),
-            agent_sa: a.agent_service_account.clone(),
-            agent_daemonset: a.agent_daemonset.clone(),
-            max_bytes: a.max_report_bytes,
-            rate: a.report_rate_limit,
-            limits: CountLimits::default(),
-        }
-    }
 }
 
 #[derive(Debug)]
