@@ -412,20 +412,27 @@ fn protect_busy_pods(
 }
 
 /// The operator's `syncCordon` ([`crate::operator::sync_cordon`]) for every
-/// running slurmd pod.
-fn sync_cordon(
-    api: &ApiHandle,
-    slurm: &SlurmHandle,
-    started: &std::collections::BTreeMap<String, String>,
-) {
+/// NodeSet pod, as `getNodeSetPods` lists them in `nodeset_sync.go`: every
+/// pod the NodeSet controls, terminating ones included; a pod not bound to
+/// a node yet is skipped (its Node cannot be read: `syncCordonFn` returns).
+/// It reads the Kubernetes node's `spec.unschedulable` only, never its
+/// taints.
+fn sync_cordon(api: &ApiHandle, slurm: &SlurmHandle) {
     use crate::operator::{ANNOTATION_POD_CORDON, PodFacts, SlurmFacts};
-    for (host, uid) in started {
-        let Ok(pod) = api.get(&resources::PODS, SLURM_NAMESPACE, host) else {
+    for pod in api.list_all(&resources::PODS, Some(SLURM_NAMESPACE)) {
+        let controlled = pod["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|o| {
+                o.iter()
+                    .any(|o| o["kind"] == "NodeSet" && o["controller"] == true)
+            });
+        let Some(host) = pod["metadata"]["labels"][LABEL_POD_HOSTNAME].as_str() else {
             continue;
         };
-        if pod["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+        if !controlled {
             continue;
         }
+        let name = pod["metadata"]["name"].as_str().unwrap_or(host);
         let Some(node_name) = pod["spec"]["nodeName"].as_str() else {
             continue;
         };
@@ -436,7 +443,7 @@ fn sync_cordon(
             continue;
         };
         let facts = PodFacts {
-            pod: format!("{SLURM_NAMESPACE}/{host}"),
+            pod: format!("{SLURM_NAMESPACE}/{name}"),
             node: node_name.to_string(),
             node_cordoned: node["spec"]["unschedulable"] == true,
             pod_cordoned: pod["metadata"]["annotations"][ANNOTATION_POD_CORDON] == "true",
@@ -452,7 +459,7 @@ fn sync_cordon(
             let _ = api.merge_patch(
                 &resources::PODS,
                 SLURM_NAMESPACE,
-                host,
+                name,
                 &json!({"metadata": {"annotations": {ANNOTATION_POD_CORDON: "true"}}}),
                 None,
             );
@@ -540,7 +547,7 @@ async fn bridge(
             _ = tick.tick() => {
                 protect_busy_pods(&api, &slurm, &started);
                 if operator_rules {
-                    sync_cordon(&api, &slurm, &started);
+                    sync_cordon(&api, &slurm);
                 }
                 continue;
             }
