@@ -516,17 +516,18 @@ async fn a_pinned_group_on_a_node_never_drains_another_nodeset_worker_on_that_no
     );
     // From Slurm's side: nobody ever drained, downed or wrote to the
     // bystander, and it ends as it started.
-    let s = samples.lock().unwrap();
-    let by: Vec<&NodeView> = s
-        .iter()
-        .filter(|(_, h, _)| *h == bystander)
-        .map(|(_, _, n)| n)
-        .collect();
-    assert!(!by.is_empty());
-    for n in &by {
-        assert!(in_service(n) && n.reason.is_empty(), "bystander: {n:?}");
+    {
+        let s = samples.lock().unwrap();
+        let by: Vec<&NodeView> = s
+            .iter()
+            .filter(|(_, h, _)| *h == bystander)
+            .map(|(_, _, n)| n)
+            .collect();
+        assert!(!by.is_empty());
+        for n in &by {
+            assert!(in_service(n) && n.reason.is_empty(), "bystander: {n:?}");
+        }
     }
-    drop(s);
     let by_writes: Vec<_> = slurm
         .writes()
         .into_iter()
@@ -747,16 +748,17 @@ async fn a_node_an_administrator_drained_before_is_repaired_and_handed_back_with
     assert_eq!(prior.reason, ADMIN_REASON, "{a:?}");
     // From Slurm's side: closed to jobs from the administrator's drain to
     // the end; mountguard's reason in between; theirs again at the end.
-    let s = samples.lock().unwrap();
-    let mine: Vec<&NodeView> = s
-        .iter()
-        .filter(|(_, h, _)| *h == admin)
-        .map(|(_, _, n)| n)
-        .collect();
-    assert!(mine.iter().all(|n| !open_to_jobs(n)), "{mine:?}");
-    assert!(mine.iter().any(|n| n.reason == a.drain_reason), "{mine:?}");
-    assert_eq!(mine.first().unwrap().reason, ADMIN_REASON);
-    drop(s);
+    {
+        let s = samples.lock().unwrap();
+        let mine: Vec<&NodeView> = s
+            .iter()
+            .filter(|(_, h, _)| *h == admin)
+            .map(|(_, _, n)| n)
+            .collect();
+        assert!(mine.iter().all(|n| !open_to_jobs(n)), "{mine:?}");
+        assert!(mine.iter().any(|n| n.reason == a.drain_reason), "{mine:?}");
+        assert_eq!(mine.first().unwrap().reason, ADMIN_REASON);
+    }
     let after = slurm.node(&admin).unwrap();
     assert_eq!(after.reason, ADMIN_REASON, "{after:?}");
     // Their drain is back; the only other difference allowed is the DOWN
