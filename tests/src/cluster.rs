@@ -412,21 +412,28 @@ pub(crate) fn protect_busy_pods<A: crate::objects::Objects + ?Sized>(
 }
 
 /// The operator's `syncCordon` ([`crate::operator::sync_cordon`]) for every
-/// running slurmd pod (through the API double's handle or a client of the
-/// real API server).
-pub(crate) fn sync_cordon<A: crate::objects::Objects + ?Sized>(
-    api: &A,
-    slurm: &SlurmHandle,
-    started: &std::collections::BTreeMap<String, String>,
-) {
+/// NodeSet pod (through the API double's handle or a client of the real
+/// API server), as `getNodeSetPods` lists them in `nodeset_sync.go`: every
+/// pod the NodeSet controls, terminating ones included; a pod not bound to
+/// a node yet is skipped (its Node cannot be read: `syncCordonFn` returns).
+/// It reads the Kubernetes node's `spec.unschedulable` only, never its
+/// taints.
+pub(crate) fn sync_cordon<A: crate::objects::Objects + ?Sized>(api: &A, slurm: &SlurmHandle) {
     use crate::operator::{ANNOTATION_POD_CORDON, PodFacts, SlurmFacts};
-    for (host, uid) in started {
-        let Ok(pod) = api.get(&resources::PODS, SLURM_NAMESPACE, host) else {
+    for pod in api.list_all(&resources::PODS, Some(SLURM_NAMESPACE)) {
+        let controlled = pod["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|o| {
+                o.iter()
+                    .any(|o| o["kind"] == "NodeSet" && o["controller"] == true)
+            });
+        let Some(host) = pod["metadata"]["labels"][LABEL_POD_HOSTNAME].as_str() else {
             continue;
         };
-        if pod["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+        if !controlled {
             continue;
         }
+        let name = pod["metadata"]["name"].as_str().unwrap_or(host);
         let Some(node_name) = pod["spec"]["nodeName"].as_str() else {
             continue;
         };
@@ -437,7 +444,7 @@ pub(crate) fn sync_cordon<A: crate::objects::Objects + ?Sized>(
             continue;
         };
         let facts = PodFacts {
-            pod: format!("{SLURM_NAMESPACE}/{host}"),
+            pod: format!("{SLURM_NAMESPACE}/{name}"),
             node: node_name.to_string(),
             node_cordoned: node["spec"]["unschedulable"] == true,
             pod_cordoned: pod["metadata"]["annotations"][ANNOTATION_POD_CORDON] == "true",
@@ -453,7 +460,7 @@ pub(crate) fn sync_cordon<A: crate::objects::Objects + ?Sized>(
             let _ = api.merge_patch(
                 &resources::PODS,
                 SLURM_NAMESPACE,
-                host,
+                name,
                 &json!({"metadata": {"annotations": {ANNOTATION_POD_CORDON: "true"}}}),
                 None,
             );
@@ -541,7 +548,7 @@ async fn bridge(
             _ = tick.tick() => {
                 protect_busy_pods(&api, &slurm, &started);
                 if operator_rules {
-                    sync_cordon(&api, &slurm, &started);
+                    sync_cordon(&api, &slurm);
                 }
                 continue;
             }

@@ -4,8 +4,13 @@
 //! For each `slinky.slurm.net/v1beta1` NodeSet it keeps `spec.replicas` pods
 //! named `<nodeset>-<ordinal>` from `spec.template` (a PodTemplateSpec),
 //! with the labels and controller ownerReference Slinky sets, one per node
-//! in node-name order, except that a cordoned node (`spec.unschedulable`)
-//! takes no new pod until it is uncordoned (the scheduler's part). A deleted
+//! in node-name order, except that a cordoned node (`spec.unschedulable`),
+//! or one with a `NoSchedule`/`NoExecute` taint the pod template does not
+//! tolerate, takes no new pod until that changes (the scheduler's part:
+//! the `NodeUnschedulable` and `TaintToleration` filter plugins of
+//! kube-scheduler, `pkg/scheduler/framework/plugins/{nodeunschedulable,
+//! tainttoleration}`; toleration matching as `Toleration.ToleratesTaint`
+//! in `k8s.io/api/core/v1/toleration.go`). A deleted
 //! pod is recreated under the same name (with a new UID) only after the old
 //! one is gone from the API. Pods above the replica count are deleted; pods
 //! whose NodeSet is gone are garbage
@@ -124,16 +129,13 @@ fn ready(pod: &Value) -> bool {
 /// client of the real API server.
 pub fn reconcile_all<A: Objects + ?Sized>(api: &A) {
     let nodesets = api.list_all(&resources::NODESETS, None);
-    // (name, schedulable), in name order.
-    let mut nodes: Vec<(String, bool)> = api
+    // (name, the Node), in name order.
+    let mut nodes: Vec<(String, Value)> = api
         .list_all(&resources::NODES, None)
-        .iter()
-        .filter_map(|n| {
-            let name = n["metadata"]["name"].as_str()?.to_string();
-            Some((name, n["spec"]["unschedulable"] != true))
-        })
+        .into_iter()
+        .filter_map(|n| Some((n["metadata"]["name"].as_str()?.to_string(), n)))
         .collect();
-    nodes.sort();
+    nodes.sort_by(|a, b| a.0.cmp(&b.0));
     let live: BTreeSet<&str> = nodesets
         .iter()
         .filter_map(|n| n["metadata"]["uid"].as_str())
@@ -154,7 +156,43 @@ pub fn reconcile_all<A: Objects + ?Sized>(api: &A) {
     }
 }
 
-fn reconcile<A: Objects + ?Sized>(api: &A, nodeset: &Value, nodes: &[(String, bool)]) {
+/// `Toleration.ToleratesTaint` (k8s.io/api/core/v1/toleration.go): an
+/// empty effect or key matches any; `Exists` ignores the value, `Equal`
+/// (or no operator) compares it.
+fn tolerates(t: &Value, taint: &Value) -> bool {
+    let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+    if !s(&t["effect"]).is_empty() && t["effect"] != taint["effect"] {
+        return false;
+    }
+    if !s(&t["key"]).is_empty() && t["key"] != taint["key"] {
+        return false;
+    }
+    match s(&t["operator"]).as_str() {
+        "" | "Equal" => s(&t["value"]) == s(&taint["value"]),
+        "Exists" => true,
+        _ => false,
+    }
+}
+
+/// Whether kube-scheduler may place a pod with `spec` on `node`: the node
+/// is not cordoned (`NodeUnschedulable`) and every `NoSchedule` or
+/// `NoExecute` taint is tolerated (`TaintToleration`'s Filter, which
+/// ignores `PreferNoSchedule`).
+pub fn schedulable(node: &Value, spec: &Value) -> bool {
+    if node["spec"]["unschedulable"] == true {
+        return false;
+    }
+    let none = Vec::new();
+    let tolerations = spec["tolerations"].as_array().unwrap_or(&none);
+    node["spec"]["taints"]
+        .as_array()
+        .unwrap_or(&none)
+        .iter()
+        .filter(|t| t["effect"] == "NoSchedule" || t["effect"] == "NoExecute")
+        .all(|taint| tolerations.iter().any(|t| tolerates(t, taint)))
+}
+
+fn reconcile<A: Objects + ?Sized>(api: &A, nodeset: &Value, nodes: &[(String, Value)]) {
     let ns = nodeset["metadata"]["namespace"].as_str().unwrap_or("");
     let name = nodeset["metadata"]["name"].as_str().unwrap_or("");
     let uid = nodeset["metadata"]["uid"].as_str().unwrap_or("");
@@ -197,10 +235,10 @@ fn reconcile<A: Objects + ?Sized>(api: &A, nodeset: &Value, nodes: &[(String, bo
         }
         spec["hostname"] = json!(pod_name);
         if spec["nodeName"].as_str().is_none_or(str::is_empty) && !nodes.is_empty() {
-            // Playing the scheduler: a cordoned node takes no new pod; the
-            // pod stays Pending until it is uncordoned.
-            let (node, schedulable) = &nodes[ordinal % nodes.len()];
-            if *schedulable {
+            // Playing the scheduler: a cordoned or tainted node takes no new
+            // pod; the pod stays Pending until that changes.
+            let (node, obj) = &nodes[ordinal % nodes.len()];
+            if schedulable(obj, &spec) {
                 spec["nodeName"] = json!(node);
             } else if let Some(m) = spec.as_object_mut() {
                 m.remove("nodeName");
@@ -241,7 +279,7 @@ fn reconcile<A: Objects + ?Sized>(api: &A, nodeset: &Value, nodes: &[(String, bo
             .and_then(|o| o.parse::<usize>().ok());
         if let Some(o) = ordinal
             && !nodes.is_empty()
-            && nodes[o % nodes.len()].1
+            && schedulable(&nodes[o % nodes.len()].1, &p["spec"])
         {
             let node = &nodes[o % nodes.len()].0;
             let _ = api.bind(ns, pname, node);

@@ -11,7 +11,18 @@
 //!   DRAIN and NOT_RESPONDING; `reason`, `reason_set_by_user`,
 //!   `reason_changed_at`.
 //! - A node whose slurmd loaded an auth key other than slurmctld's (or whose
-//!   slurmd is not running) is `["DOWN","NOT_RESPONDING"]`.
+//!   slurmd is not running) is `NOT_RESPONDING` and set DOWN (reason "Not
+//!   responding" unless it has one: `set_node_down_ptr`). The DOWN stays
+//!   once slurmd answers again unless `ReturnToService` returns it
+//!   ([`ReturnToService`], slurm.conf(5); `_node_did_resp` and
+//!   `validate_node_specs` in `src/slurmctld/node_mgr.c`, Slurm 25.11):
+//!   0 never, 1 only a DOWN whose reason is exactly "Not responding", 2 any
+//!   DOWN, the operator's preStop DOWN included. Returning keeps the flags
+//!   (DRAIN, FAIL): only the base state changes.
+//! - The FAIL flag (`state: ["FAIL"]`, a reason required): like DRAIN, no
+//!   new job; setting DRAIN clears FAIL and setting FAIL clears DRAIN (one
+//!   branch of `update_node` in `node_mgr.c`), UNDRAIN leaves it, RESUME
+//!   clears DRAIN, FAIL and DOWN.
 //! - `X-SLURM-USER-TOKEN` is required: a configured static token, or an HS256
 //!   JWT (claims `sun`, `exp`) signed with the configured jwt key; otherwise
 //!   401 with an error envelope.
@@ -54,6 +65,9 @@ pub struct WriteRecord {
     pub user: Option<String>,
     /// HTTP status returned.
     pub status: u16,
+    /// Position among every write and job start, in the order slurmctld
+    /// handled them (see [`SlurmHandle::jobs_started`]).
+    pub seq: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -63,11 +77,29 @@ struct Job {
     ended_at: Option<Instant>,
 }
 
+/// slurm.conf `ReturnToService`: when a DOWN node whose slurmd answers
+/// again is returned to service (slurm.conf(5); `_node_did_resp` and
+/// `validate_node_specs` in `src/slurmctld/node_mgr.c`, Slurm 25.11).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReturnToService {
+    /// 0 (Slurm's default): a DOWN node stays DOWN until an administrator
+    /// resumes it, even once slurmd registers again.
+    Never,
+    /// 1 (the cluster in a box's default): only a node whose reason is
+    /// exactly "Not responding" returns when slurmd answers.
+    #[default]
+    NotResponding,
+    /// 2: any DOWN node returns when slurmd answers, whatever the reason.
+    Always,
+}
+
 #[derive(Debug, Clone)]
 struct Node {
     cpus: u32,
-    admin_down: bool,
+    /// Base state DOWN (set by a request, or for not responding).
+    down: bool,
     drain: bool,
+    fail: bool,
     reason: Option<String>,
     reason_set_by: Option<String>,
     reason_changed_at: i64,
@@ -85,9 +117,13 @@ struct State {
     jwt_key: Option<Vec<u8>>,
     epilog: Duration,
     writes: Vec<WriteRecord>,
+    /// `(seq, node, job)` of every job started.
+    started: Vec<(u64, String, u32)>,
+    seq: u64,
     killed: Vec<u32>,
     last_update: i64,
     cluster: String,
+    return_to_service: ReturnToService,
     /// Node -> reads to answer "not found" after its next accepted write.
     not_found_after_write: HashMap<String, u32>,
     /// Node -> reads still to answer "not found".
@@ -115,6 +151,17 @@ impl NodeView {
                 .state
                 .iter()
                 .any(|s| matches!(s.as_str(), "ALLOCATED" | "MIXED" | "COMPLETING"))
+    }
+}
+
+/// The reason slurmctld gives a node it set DOWN for not answering.
+pub const NOT_RESPONDING: &str = "Not responding";
+
+fn node_responding(n: &Node, controller: Option<&str>) -> bool {
+    match (&n.slurmd_key_digest, controller) {
+        (Some(k), Some(c)) => k == c,
+        (Some(_), None) => true,
+        (None, _) => false,
     }
 }
 
@@ -167,6 +214,11 @@ fn verify_jwt(jwt_key: &[u8], token: &str) -> Option<String> {
 }
 
 impl State {
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
     fn settle(&mut self) {
         let now = Instant::now();
         let epilog = self.epilog;
@@ -176,14 +228,41 @@ impl State {
         if self.jobs.len() != before {
             self.last_update = crate::util::unix_now();
         }
+        let now_unix = crate::util::unix_now();
+        let rts = self.return_to_service;
+        let controller = self.controller_key_digest.clone();
+        for n in self.nodes.values_mut() {
+            let responding = node_responding(n, controller.as_deref());
+            if !responding && !n.down {
+                // ping_nodes.c / set_node_down_ptr: DOWN, and "Not
+                // responding" only when the node has no reason yet.
+                n.down = true;
+                if n.reason.is_none() {
+                    n.reason = Some(NOT_RESPONDING.to_string());
+                    n.reason_set_by = Some("slurm".to_string());
+                    n.reason_changed_at = n.slurmd_start_time;
+                }
+                self.last_update = now_unix;
+            } else if responding && n.down {
+                let back = match rts {
+                    ReturnToService::Never => false,
+                    ReturnToService::NotResponding => n.reason.as_deref() == Some(NOT_RESPONDING),
+                    ReturnToService::Always => true,
+                };
+                if back {
+                    n.down = false;
+                    if n.reason.as_deref() == Some(NOT_RESPONDING) && !n.drain && !n.fail {
+                        n.reason = None;
+                        n.reason_set_by = None;
+                    }
+                    self.last_update = now_unix;
+                }
+            }
+        }
     }
 
     fn responding(&self, n: &Node) -> bool {
-        match (&n.slurmd_key_digest, &self.controller_key_digest) {
-            (Some(k), Some(c)) => k == c,
-            (Some(_), None) => true,
-            (None, _) => false,
-        }
+        node_responding(n, self.controller_key_digest.as_deref())
     }
 
     fn view(&self, name: &str) -> Option<(NodeView, Value)> {
@@ -193,7 +272,7 @@ impl State {
         let completing = jobs.iter().any(|j| j.ended_at.is_some());
         let responding = self.responding(n);
         let mut state = Vec::new();
-        if n.admin_down || !responding {
+        if n.down || !responding {
             state.push("DOWN");
         } else if alloc == 0 {
             state.push("IDLE");
@@ -204,6 +283,9 @@ impl State {
         }
         if n.drain {
             state.push("DRAIN");
+        }
+        if n.fail {
+            state.push("FAIL");
         }
         if completing && responding {
             state.push("COMPLETING");
@@ -218,7 +300,7 @@ impl State {
                 n.reason_changed_at,
             ),
             (None, false) => (
-                "Not responding".to_string(),
+                NOT_RESPONDING.to_string(),
                 "slurm".to_string(),
                 n.slurmd_start_time,
             ),
@@ -318,8 +400,9 @@ impl SlurmHandle {
         let mut s = lock(&self.state);
         s.nodes.entry(name.to_string()).or_insert(Node {
             cpus: cpus.max(1),
-            admin_down: false,
+            down: false,
             drain: false,
+            fail: false,
             reason: None,
             reason_set_by: None,
             reason_changed_at: 0,
@@ -374,19 +457,32 @@ impl SlurmHandle {
 
     /// Starts a job using `cpus` on `node`; returns its id.
     pub fn start_job(&self, node: &str, cpus: u32) -> u32 {
+        insert_job(&mut lock(&self.state), node, cpus)
+    }
+
+    /// Slurm's scheduler for one job: starts it on `node` only if the node
+    /// can take a job now (base state IDLE or MIXED with `cpus` free, and
+    /// none of DRAIN, FAIL, DOWN, NOT_RESPONDING, COMPLETING), in one step
+    /// with reading that state. Returns its id.
+    pub fn start_job_if_open(&self, node: &str, cpus: u32) -> Option<u32> {
         let mut s = lock(&self.state);
-        s.next_job += 1;
-        let id = s.next_job;
-        s.jobs.insert(
-            id,
-            Job {
-                node: node.to_string(),
-                cpus,
-                ended_at: None,
-            },
-        );
-        s.last_update = crate::util::unix_now();
-        id
+        s.settle();
+        let (v, b) = s.view(node)?;
+        let free = b["alloc_idle_cpus"].as_u64().unwrap_or(0) >= u64::from(cpus);
+        let open = matches!(v.state.first().map(String::as_str), Some("IDLE" | "MIXED"))
+            && !v.state.iter().any(|f| {
+                matches!(
+                    f.as_str(),
+                    "DRAIN" | "FAIL" | "DOWN" | "NOT_RESPONDING" | "COMPLETING"
+                )
+            });
+        (open && free).then(|| insert_job(&mut s, node, cpus))
+    }
+
+    /// `(seq, node, job)` of every job started, `seq` ordering them with
+    /// the writes ([`WriteRecord::seq`]).
+    pub fn jobs_started(&self) -> Vec<(u64, String, u32)> {
+        lock(&self.state).started.clone()
     }
 
     /// Ends a job: COMPLETING for the epilog duration, then gone.
@@ -395,6 +491,14 @@ impl SlurmHandle {
         if let Some(j) = s.jobs.get_mut(&id) {
             j.ended_at = Some(Instant::now());
         }
+        s.settle();
+    }
+
+    /// Sets slurm.conf `ReturnToService` (default
+    /// [`ReturnToService::NotResponding`]).
+    pub fn set_return_to_service(&self, rts: ReturnToService) {
+        let mut s = lock(&self.state);
+        s.return_to_service = rts;
         s.settle();
     }
 
@@ -468,11 +572,13 @@ impl SlurmHandle {
         let mut s = lock(&self.state);
         s.settle();
         let (status, _) = update_node(&mut s, node, msg, user);
+        let seq = s.next_seq();
         s.writes.push(WriteRecord {
             node: node.to_string(),
             body: msg.clone(),
             user: Some(user.to_string()),
             status: status.as_u16(),
+            seq,
         });
         status == StatusCode::OK
     }
@@ -511,9 +617,12 @@ impl SlurmrestdDouble {
                 jwt_key: None,
                 epilog: Duration::ZERO,
                 writes: Vec::new(),
+                started: Vec::new(),
+                seq: 0,
                 killed: Vec::new(),
                 last_update: crate::util::unix_now(),
                 cluster: cluster.to_string(),
+                return_to_service: ReturnToService::default(),
                 not_found_after_write: HashMap::new(),
                 not_found: HashMap::new(),
                 not_found_served: 0,
@@ -586,11 +695,13 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
     let Some(user) = user else {
         if is_write {
             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let seq = s.next_seq();
             s.writes.push(WriteRecord {
                 node: node_name.clone().unwrap_or_default(),
                 body,
                 user: None,
                 status: 401,
+                seq,
             });
         }
         let env = envelope(
@@ -669,11 +780,13 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
             {
                 s.not_found.insert(name.clone(), n);
             }
+            let seq = s.next_seq();
             s.writes.push(WriteRecord {
                 node: name,
                 body: parsed.unwrap_or(Value::Null),
                 user: Some(user),
                 status: status.as_u16(),
+                seq,
             });
             http::json(status, &env)
         }
@@ -686,6 +799,23 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
             http::json(StatusCode::NOT_FOUND, &env)
         }
     }
+}
+
+fn insert_job(s: &mut State, node: &str, cpus: u32) -> u32 {
+    s.next_job += 1;
+    let id = s.next_job;
+    let seq = s.next_seq();
+    s.started.push((seq, node.to_string(), id));
+    s.jobs.insert(
+        id,
+        Job {
+            node: node.to_string(),
+            cpus,
+            ended_at: None,
+        },
+    );
+    s.last_update = crate::util::unix_now();
+    id
 }
 
 fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCode, Vec<Value>) {
@@ -716,7 +846,7 @@ fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCod
     let n = s.nodes.get_mut(name).expect("checked above");
     for st in &states {
         match st.as_str() {
-            "DRAIN" | "DOWN" => {
+            "DRAIN" | "DOWN" | "FAIL" => {
                 let Some(r) = &reason else {
                     return (
                         StatusCode::BAD_REQUEST,
@@ -727,10 +857,16 @@ fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCod
                         )],
                     );
                 };
-                if st == "DRAIN" {
-                    n.drain = true;
-                } else {
-                    n.admin_down = true;
+                match st.as_str() {
+                    "DRAIN" => {
+                        n.fail = false;
+                        n.drain = true;
+                    }
+                    "FAIL" => {
+                        n.drain = false;
+                        n.fail = true;
+                    }
+                    _ => n.down = true,
                 }
                 n.reason = Some(r.clone());
                 n.reason_set_by = Some(user.to_string());
@@ -738,14 +874,15 @@ fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCod
             }
             "UNDRAIN" => {
                 n.drain = false;
-                if !n.admin_down {
+                if !n.down && !n.fail {
                     n.reason = None;
                     n.reason_set_by = None;
                 }
             }
             "RESUME" => {
                 n.drain = false;
-                n.admin_down = false;
+                n.fail = false;
+                n.down = false;
                 n.reason = None;
                 n.reason_set_by = None;
             }

@@ -43,7 +43,8 @@ use mountguard_core::remediation::machine::{
 use mountguard_core::remediation::plan::{Candidate, Mode, PlanConfig, plan, summarize};
 use mountguard_core::remediation::recovery::{View, orphan_cordons, recover};
 use mountguard_core::remediation::{
-    ATTEMPTS_ANNOTATION, CORDON_ANNOTATION, REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION,
+    ATTEMPTS_ANNOTATION, CORDON_ANNOTATION, HOLD_TAINT_KEY, REMEDIATE_ANNOTATION,
+    REMEDIATE_ON_ANNOTATION,
 };
 
 use super::args::{ObjectName, OnFailure, RemediationMode, RunArgs};
@@ -512,7 +513,7 @@ impl Executor {
             if !self.may_write(now).await {
                 return;
             }
-            match self.slurm.undrain_if_reason(&rel.node, &rel.reason).await {
+            match self.slurm.release_if_reason(&rel.node, &rel.reason).await {
                 Ok(true) => {
                     info!(node = %rel.node, reason = %rel.reason, "released a mountguard drain without a live attempt")
                 }
@@ -760,34 +761,54 @@ impl Executor {
         }
     }
 
-    /// Cordons `node` for `owner` if it is schedulable now; uncordons it
-    /// (`cordon == false`) only if the annotation still names `owner`. The
-    /// patch carries the resourceVersion read, so a concurrent change wins.
+    /// Holds new pods off `node` for group `owner`: adds the `NoSchedule`
+    /// taint [`HOLD_TAINT_KEY`] (value `owner`) and the annotation naming
+    /// `owner`, unless a taint with that key is there already; with
+    /// `cordon == false`, removes both only if the taint still names
+    /// `owner`. Never touches `spec.unschedulable` (see [`HOLD_TAINT_KEY`]).
+    /// The patch carries the resourceVersion read, so a concurrent change
+    /// of the taints wins (a merge patch replaces the whole list).
     async fn set_cordon(&self, node: &str, owner: &str, cordon: bool) -> Result<(), kube::Error> {
         let api: Api<Node> = Api::all(self.client.clone());
         let n = api.get(node).await?;
-        let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
-        let ours = n
-            .metadata
-            .annotations
+        let taints: Vec<serde_json::Value> = n
+            .spec
             .as_ref()
-            .and_then(|a| a.get(CORDON_ANNOTATION))
-            .is_some_and(|v| v == owner);
-        let patch = match (cordon, unschedulable, ours) {
-            (true, false, _) => serde_json::json!({
-                "metadata": {
-                    "resourceVersion": n.metadata.resource_version,
-                    "annotations": {CORDON_ANNOTATION: owner},
-                },
-                "spec": {"unschedulable": true},
-            }),
-            (false, _, true) => serde_json::json!({
-                "metadata": {
-                    "resourceVersion": n.metadata.resource_version,
-                    "annotations": {CORDON_ANNOTATION: null},
-                },
-                "spec": {"unschedulable": false},
-            }),
+            .and_then(|s| s.taints.as_ref())
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| serde_json::to_value(t).ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let held_by = hold_owner(&n);
+        let patch = match (cordon, held_by.as_deref()) {
+            (true, None) => {
+                let mut taints = taints;
+                taints.push(serde_json::json!({
+                    "key": HOLD_TAINT_KEY, "value": owner, "effect": "NoSchedule",
+                }));
+                serde_json::json!({
+                    "metadata": {
+                        "resourceVersion": n.metadata.resource_version,
+                        "annotations": {CORDON_ANNOTATION: owner},
+                    },
+                    "spec": {"taints": taints},
+                })
+            }
+            (false, Some(o)) if o == owner => {
+                let taints: Vec<serde_json::Value> = taints
+                    .into_iter()
+                    .filter(|t| t["key"] != HOLD_TAINT_KEY)
+                    .collect();
+                serde_json::json!({
+                    "metadata": {
+                        "resourceVersion": n.metadata.resource_version,
+                        "annotations": {CORDON_ANNOTATION: null},
+                    },
+                    "spec": {"taints": if taints.is_empty() { serde_json::Value::Null } else { serde_json::Value::from(taints) }},
+                })
+            }
             _ => return Ok(()),
         };
         api.patch(node, &super::shared::patch_params(), &Patch::Merge(&patch))
@@ -843,7 +864,7 @@ impl Executor {
             if !self.may_write(now).await {
                 return false;
             }
-            match self.slurm.undrain_if_reason(&rel.node, &rel.reason).await {
+            match self.slurm.release_if_reason(&rel.node, &rel.reason).await {
                 Ok(true) => {
                     info!(node = %rel.node, reason = %rel.reason, "released a mountguard drain without a live attempt")
                 }
@@ -864,10 +885,7 @@ impl Executor {
             Ok(l) => l
                 .items
                 .iter()
-                .filter_map(|n| {
-                    let owner = n.metadata.annotations.as_ref()?.get(CORDON_ANNOTATION)?;
-                    Some((n.metadata.name.clone()?, owner.clone()))
-                })
+                .filter_map(|n| Some((n.metadata.name.clone()?, hold_owner(n)?)))
                 .collect(),
             Err(e) => {
                 self.shared.metrics.api_error("list_nodes");
@@ -929,6 +947,8 @@ impl Executor {
                 act,
                 Action::Persist
                     | Action::DrainNode { .. }
+                    | Action::HoldNode { .. }
+                    | Action::RestoreDrain { .. }
                     | Action::UndrainNode { .. }
                     | Action::ResumeNode { .. }
                     | Action::Evict { .. }
@@ -961,6 +981,38 @@ impl Executor {
                     }
                     info!(attempt = %next.id, node, ok = r.is_ok(), "drain requested");
                     self.last_write.insert(next.id.clone(), write_result(r));
+                }
+                Action::HoldNode { node, reason } => {
+                    if self.mode != Mode::On {
+                        continue;
+                    }
+                    wrote = true;
+                    let r = self.slurm.hold(&node, &reason).await;
+                    if r.is_err() {
+                        self.shared.metrics.api_error("slurm_drain");
+                    }
+                    info!(attempt = %next.id, node, ok = r.is_ok(), "FAIL hold requested");
+                    self.last_write.insert(next.id.clone(), write_result(r));
+                }
+                Action::RestoreDrain {
+                    node,
+                    owned_reason,
+                    prior,
+                } => {
+                    if self.mode != Mode::On {
+                        continue;
+                    }
+                    wrote = true;
+                    let r = self
+                        .slurm
+                        .restore_if_reason(&node, &owned_reason, &prior.state, &prior.reason)
+                        .await;
+                    if r.is_err() {
+                        self.shared.metrics.api_error("slurm_undrain");
+                    }
+                    info!(attempt = %next.id, node, result = ?r, "previous drain handed back");
+                    self.last_write
+                        .insert(next.id.clone(), write_result(r.map(|_| ())));
                 }
                 Action::UndrainNode { node, owned_reason } => {
                     if self.mode != Mode::On {
@@ -1238,15 +1290,20 @@ fn write_result(r: Result<(), SlurmError>) -> WriteResult {
     }
 }
 
-/// How group `group` sees node `n`'s cordon.
+/// The group named by node `n`'s [`HOLD_TAINT_KEY`] taint, if any.
+fn hold_owner(n: &Node) -> Option<String> {
+    n.spec
+        .as_ref()?
+        .taints
+        .as_ref()?
+        .iter()
+        .find(|t| t.key == HOLD_TAINT_KEY)
+        .map(|t| t.value.clone().unwrap_or_default())
+}
+
+/// How group `group` sees node `n`'s hold (its [`HOLD_TAINT_KEY`] taint).
 fn node_cordon(n: &Node, group: &str) -> NodeCordon {
-    let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
-    let owner = n
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(CORDON_ANNOTATION));
-    cordon_of(unschedulable, owner.map(String::as_str), group)
+    cordon_of(hold_owner(n).as_deref(), group)
 }
 
 /// What remediation reads of a NodeSet object (none without a namespace

@@ -559,6 +559,21 @@ impl SlurmClient {
         .await
     }
 
+    /// Sets FAIL with `reason` (clears DRAIN: Slurm holds one or the other).
+    pub async fn hold(&self, name: &str, reason: &str) -> Result<(), SlurmError> {
+        if reason.trim().is_empty() {
+            return Err(SlurmError::Config("a FAIL needs a reason".into()));
+        }
+        self.update(
+            name,
+            &UpdateNodeMsg {
+                state: ["FAIL"],
+                reason: Some(reason),
+            },
+        )
+        .await
+    }
+
     /// Clears DRAIN (unconditionally: prefer [`Self::undrain_if_reason`]).
     pub async fn undrain(&self, name: &str) -> Result<(), SlurmError> {
         self.update(
@@ -583,14 +598,62 @@ impl SlurmClient {
         .await
     }
 
-    /// Re-reads the node and resumes it only if it is drained with exactly
-    /// `reason`. Returns whether it resumed.
+    /// Re-reads the node and resumes it only if it is drained (or FAIL)
+    /// with exactly `reason`. Returns whether it resumed.
     pub async fn resume_if_reason(&self, name: &str, reason: &str) -> Result<bool, SlurmError> {
         let n = self.get_node(name).await?;
-        if !(n.state.iter().any(|s| s == "DRAIN") && n.reason == reason) {
+        if !(held(&n.state) && n.reason == reason) {
             return Ok(false);
         }
         self.resume(name).await.map(|_| true)
+    }
+
+    /// Re-reads the node and, only if it is drained (or FAIL) with exactly
+    /// `owned_reason`, sets `state` (`DRAIN` or `FAIL`) with `reason`: a
+    /// drain someone else had set before, handed back. Returns whether it
+    /// wrote.
+    pub async fn restore_if_reason(
+        &self,
+        name: &str,
+        owned_reason: &str,
+        state: &str,
+        reason: &str,
+    ) -> Result<bool, SlurmError> {
+        let n = self.get_node(name).await?;
+        if !(held(&n.state) && n.reason == owned_reason) {
+            return Ok(false);
+        }
+        let state = match state {
+            "FAIL" => "FAIL",
+            _ => "DRAIN",
+        };
+        if reason.trim().is_empty() {
+            return Err(SlurmError::Config("a drain needs a reason".into()));
+        }
+        self.update(
+            name,
+            &UpdateNodeMsg {
+                state: [state],
+                reason: Some(reason),
+            },
+        )
+        .await
+        .map(|_| true)
+    }
+
+    /// Releases an orphaned mountguard drain or FAIL hold whose reason is
+    /// still exactly `reason`: a FAIL first becomes a DRAIN with the same
+    /// reason, then it is undrained (a DOWN stays, as an undrain leaves
+    /// it). Returns whether it released.
+    pub async fn release_if_reason(&self, name: &str, reason: &str) -> Result<bool, SlurmError> {
+        let n = self.get_node(name).await?;
+        if !(held(&n.state) && n.reason == reason) {
+            return Ok(false);
+        }
+        if n.state.iter().any(|s| s == "FAIL") {
+            self.drain(name, reason).await?;
+        }
+        self.undrain(name).await.map(|_| true)
     }
 
     /// Re-reads the node and clears DRAIN only if its reason is still
@@ -603,6 +666,11 @@ impl SlurmClient {
         }
         self.undrain(name).await.map(|_| true)
     }
+}
+
+/// DRAIN or FAIL in a node's state array.
+fn held(state: &[String]) -> bool {
+    state.iter().any(|s| s == "DRAIN" || s == "FAIL")
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -201,6 +201,6 @@ fn bridge_pass(
     }
     crate::cluster::protect_busy_pods(api, slurm, started);
     if operator_rules {
-        crate::cluster::sync_cordon(api, slurm, started);
+        crate::cluster::sync_cordon(api, slurm);
     }
 }

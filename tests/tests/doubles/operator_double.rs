@@ -9,7 +9,7 @@ use mountguard_tests::operator::{
     make_undrain, prestop, sync_cordon,
 };
 use mountguard_tests::scenario::{rotate_auth_key, wait_for_slurmd_pods};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::eventually;
 
@@ -278,4 +278,132 @@ async fn the_cluster_applies_prestop_and_sync_cordon_through_slurmrestd() {
     assert_eq!(slurm.node(&w1).unwrap().reason, before.reason);
     assert_ne!(slurm.node(&w1).unwrap().reason, PRESTOP_REASON);
     c.shutdown().await;
+}
+
+#[tokio::test]
+async fn sync_cordon_reads_the_nodes_cordon_not_its_taints_and_a_taint_holds_new_pods_back() {
+    let mut c = Cluster::builder()
+        .nodes(2)
+        .slinky()
+        .slinky_operator_rules()
+        .start()
+        .await
+        .unwrap();
+    let api = c.api();
+    let slurm = c.slurm();
+    let pods = wait_for_slurmd_pods(&c).await.unwrap();
+    let (w0, w1) = (pods[0].0.clone(), pods[1].0.clone());
+    eventually(15, "both slurmd responding", || {
+        let ok = [&w0, &w1]
+            .iter()
+            .all(|h| slurm.node(h).is_some_and(|n| n.state == ["IDLE"]));
+        async move { ok.then_some(()) }
+    })
+    .await;
+    let taint = json!({"spec": {"taints": [
+        {"key": "mountguard.io/replacing", "value": "g1", "effect": "NoSchedule"}
+    ]}});
+    api.merge_patch(&resources::NODES, "", "node-0", &taint, None)
+        .unwrap();
+    // syncCordon runs for every pod on every pass: once it has drained the
+    // worker of cordoned node-1, it has seen node-0's taint too.
+    api.merge_patch(
+        &resources::NODES,
+        "",
+        "node-1",
+        &json!({"spec": {"unschedulable": true}}),
+        None,
+    )
+    .unwrap();
+    eventually(15, "worker 1 drained for its node's cordon", || {
+        let n = slurm.node(&w1);
+        async move {
+            n.filter(|n| n.state.iter().any(|s| s == "DRAIN"))
+                .map(|_| ())
+        }
+    })
+    .await;
+    let n0 = slurm.node(&w0).unwrap();
+    assert_eq!(n0.state, ["IDLE"], "a taint is not a cordon: {n0:?}");
+    let p0 = api
+        .get(&resources::PODS, cluster::SLURM_NAMESPACE, &w0)
+        .unwrap();
+    assert!(
+        p0["metadata"]["annotations"][ANNOTATION_POD_CORDON].is_null(),
+        "{p0}"
+    );
+    // The untolerated NoSchedule taint keeps the replacement unbound.
+    api.delete(
+        &resources::PODS,
+        cluster::SLURM_NAMESPACE,
+        &w0,
+        &DeleteOptions::default(),
+    )
+    .unwrap();
+    let old = pods[0].1.clone();
+    let pending = eventually(15, "a replacement of worker 0", || {
+        let p = api
+            .get(&resources::PODS, cluster::SLURM_NAMESPACE, &w0)
+            .ok();
+        let old = old.clone();
+        async move { p.filter(|p| p["metadata"]["uid"].as_str() != Some(old.as_str())) }
+    })
+    .await;
+    assert!(pending["spec"]["nodeName"].is_null(), "{pending}");
+    api.merge_patch(
+        &resources::NODES,
+        "",
+        "node-0",
+        &json!({"spec": {"taints": null}}),
+        None,
+    )
+    .unwrap();
+    eventually(15, "the replacement bound to node-0 once untainted", || {
+        let p = api
+            .get(&resources::PODS, cluster::SLURM_NAMESPACE, &w0)
+            .ok();
+        async move { p.filter(|p| p["spec"]["nodeName"] == "node-0").map(|_| ()) }
+    })
+    .await;
+    c.shutdown().await;
+}
+
+#[test]
+fn the_scheduler_double_matches_tolerations_to_taints_as_kubernetes_does() {
+    use mountguard_tests::nodeset::schedulable;
+    let node = |taints: Value| json!({"spec": {"taints": taints}});
+    let spec = |tolerations: Value| json!({"tolerations": tolerations});
+    let ours = json!([{"key": "mountguard.io/replacing", "value": "g1", "effect": "NoSchedule"}]);
+    assert!(schedulable(&node(json!(null)), &spec(json!(null))));
+    assert!(!schedulable(&node(ours.clone()), &spec(json!(null))));
+    // The worker pods' own toleration (worker_app.go) does not cover it.
+    let worker =
+        json!([{"key": "slinky.slurm.net/worker", "operator": "Equal", "effect": "NoExecute"}]);
+    assert!(!schedulable(&node(ours.clone()), &spec(worker)));
+    // Exists with no key tolerates everything; Equal compares the value.
+    assert!(schedulable(
+        &node(ours.clone()),
+        &spec(json!([{"operator": "Exists"}]))
+    ));
+    assert!(schedulable(
+        &node(ours.clone()),
+        &spec(json!([{"key": "mountguard.io/replacing", "value": "g1"}]))
+    ));
+    assert!(!schedulable(
+        &node(ours.clone()),
+        &spec(json!([{"key": "mountguard.io/replacing", "value": "g2"}]))
+    ));
+    assert!(!schedulable(
+        &node(ours),
+        &spec(
+            json!([{"key": "mountguard.io/replacing", "operator": "Exists", "effect": "NoExecute"}])
+        )
+    ));
+    // PreferNoSchedule does not filter; a cordon does.
+    let soft = json!([{"key": "x", "effect": "PreferNoSchedule"}]);
+    assert!(schedulable(&node(soft), &spec(json!(null))));
+    assert!(!schedulable(
+        &json!({"spec": {"unschedulable": true}}),
+        &spec(json!(null))
+    ));
 }

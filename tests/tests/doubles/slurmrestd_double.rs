@@ -7,7 +7,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use mountguard_tests::slurmrestd::{SlurmrestdDouble, mint_token};
+use mountguard_tests::slurmrestd::{ReturnToService, SlurmrestdDouble, mint_token};
 use serde_json::{Value, json};
 
 use crate::eventually;
@@ -298,12 +298,31 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
     let j3 = h.start_job("slinky-0", 1);
     h.slurmd_stopped("slinky-0");
     assert_eq!(h.killed_jobs(), vec![j3]);
-    assert_eq!(state("slinky-0")[0], "DOWN");
+    assert_eq!(state("slinky-0"), ["DOWN", "DRAIN", "NOT_RESPONDING"]);
     h.slurmd_started("slinky-0", b"key-1");
     assert!(
         h.node("slinky-0").unwrap().is_drained(),
         "the killed job is gone"
     );
+    // ReturnToService=1 returns only a DOWN whose reason is "Not
+    // responding": this one carries the drain's reason, so it stays DOWN.
+    assert_eq!(state("slinky-0"), ["DOWN", "DRAIN"]);
+    call(
+        &url,
+        "POST",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        Some(&json!({"state": ["RESUME"]})),
+    )
+    .await;
+    call(
+        &url,
+        "POST",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        Some(&drain),
+    )
+    .await;
 
     // GET /node/{name} shows the same through the API.
     let (st, body) = call(
@@ -364,8 +383,129 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
     // Writes are recorded in order, GETs are not.
     let writes = h.writes();
     let statuses: Vec<u16> = writes.iter().map(|w| w.status).collect();
-    assert_eq!(statuses, [400, 200, 200, 200, 200]);
+    assert_eq!(statuses, [400, 200, 200, 200, 200, 200, 200]);
     assert_eq!(writes[1].body, drain);
+    d.shutdown().await;
+}
+
+#[tokio::test]
+async fn slurmrestd_double_returns_down_nodes_to_service_as_return_to_service_says_and_keeps_fail()
+{
+    let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
+    let h = d.handle();
+    h.add_token(TOKEN, "mountguard");
+    h.set_controller_key(b"key-1");
+    let url = d.url();
+    let post = |node: &'static str, body: Value| {
+        let url = url.clone();
+        async move {
+            call(
+                &url,
+                "POST",
+                &format!("/slurm/v0.0.44/node/{node}"),
+                Some(TOKEN),
+                Some(&body),
+            )
+            .await
+            .0
+        }
+    };
+    let state = |n: &str| h.node(n).unwrap().state;
+    let reason = |n: &str| h.node(n).unwrap().reason;
+    for rts in [
+        ReturnToService::Never,
+        ReturnToService::NotResponding,
+        ReturnToService::Always,
+    ] {
+        h.set_return_to_service(rts);
+        // n-nr: DOWN for not responding (reason "Not responding").
+        // n-dr: the same, then drained with a reason of its own.
+        // n-admin: slurmd answers; set DOWN by a request (the preStop hook).
+        for n in ["n-nr", "n-dr", "n-admin"] {
+            h.add_node(n, 4);
+            h.slurmd_started(n, b"key-1");
+            assert_eq!(post(n, json!({"state": ["RESUME"]})).await, 200);
+            h.slurmd_stopped(n);
+            assert_eq!(state(n), ["DOWN", "NOT_RESPONDING"], "{rts:?} {n}");
+            assert_eq!(reason(n), "Not responding");
+        }
+        let drain = json!({"state": ["DRAIN"], "reason": "mountguard: x attempt 1"});
+        assert_eq!(post("n-dr", drain).await, 200);
+        h.slurmd_started("n-admin", b"key-1");
+        let down = json!({"state": ["DOWN"], "reason": "slurm-operator: Pod is terminating"});
+        assert_eq!(post("n-admin", down).await, 200);
+        h.slurmd_stopped("n-admin");
+        // Every slurmd registers again with the right key.
+        for n in ["n-nr", "n-dr", "n-admin"] {
+            h.slurmd_started(n, b"key-1");
+        }
+        let (nr, dr, admin) = (state("n-nr"), state("n-dr"), state("n-admin"));
+        match rts {
+            ReturnToService::Never => {
+                assert_eq!(nr, ["DOWN"], "{rts:?}");
+                assert_eq!(dr, ["DOWN", "DRAIN"], "{rts:?}");
+                assert_eq!(admin, ["DOWN"], "{rts:?}");
+            }
+            ReturnToService::NotResponding => {
+                assert_eq!(nr, ["IDLE"], "{rts:?}");
+                assert_eq!(reason("n-nr"), "", "the DOWN's reason went with it");
+                assert_eq!(
+                    dr,
+                    ["DOWN", "DRAIN"],
+                    "{rts:?}: its reason is not \"Not responding\""
+                );
+                assert_eq!(admin, ["DOWN"], "{rts:?}");
+            }
+            ReturnToService::Always => {
+                assert_eq!(nr, ["IDLE"], "{rts:?}");
+                assert_eq!(dr, ["IDLE", "DRAIN"], "{rts:?}: the flags stay");
+                assert_eq!(reason("n-dr"), "mountguard: x attempt 1");
+                assert_eq!(admin, ["IDLE"], "{rts:?}: the hook's DOWN is gone");
+            }
+        }
+        assert_eq!(post("n-nr", json!({"state": ["RESUME"]})).await, 200);
+        assert_eq!(state("n-nr"), ["IDLE"], "{rts:?}");
+    }
+    // FAIL: a reason is required; DRAIN and FAIL replace each other; a DOWN
+    // and an UNDRAIN leave FAIL; a registration under ReturnToService=2
+    // keeps it; RESUME clears it.
+    h.set_return_to_service(ReturnToService::NotResponding);
+    h.add_node("n-fail", 4);
+    h.slurmd_started("n-fail", b"key-1");
+    assert_eq!(post("n-fail", json!({"state": ["FAIL"]})).await, 400);
+    let fail = json!({"state": ["FAIL"], "reason": "mountguard: y attempt 2"});
+    assert_eq!(post("n-fail", fail.clone()).await, 200);
+    assert_eq!(state("n-fail"), ["IDLE", "FAIL"]);
+    let drain = json!({"state": ["DRAIN"], "reason": "mountguard: y attempt 2"});
+    assert_eq!(post("n-fail", drain).await, 200);
+    assert_eq!(state("n-fail"), ["IDLE", "DRAIN"]);
+    assert_eq!(post("n-fail", fail).await, 200);
+    assert_eq!(state("n-fail"), ["IDLE", "FAIL"]);
+    let down = json!({"state": ["DOWN"], "reason": "slurm-operator: Pod is terminating"});
+    assert_eq!(post("n-fail", down).await, 200);
+    assert_eq!(
+        post("n-fail", json!({"state": ["UNDRAIN"], "reason": ""})).await,
+        200
+    );
+    assert_eq!(state("n-fail"), ["DOWN", "FAIL"]);
+    h.set_return_to_service(ReturnToService::Always);
+    h.slurmd_stopped("n-fail");
+    h.slurmd_started("n-fail", b"key-1");
+    assert_eq!(state("n-fail"), ["IDLE", "FAIL"], "returned, still FAIL");
+    // The scheduler starts nothing on a FAIL, DRAIN or DOWN node.
+    assert_eq!(h.start_job_if_open("n-fail", 1), None);
+    assert_eq!(post("n-fail", json!({"state": ["RESUME"]})).await, 200);
+    assert_eq!(state("n-fail"), ["IDLE"]);
+    let j = h.start_job_if_open("n-fail", 4).expect("open");
+    assert_eq!(h.start_job_if_open("n-fail", 1), None, "no CPU left");
+    let drain = json!({"state": ["DRAIN"], "reason": "r"});
+    h.end_job(j);
+    assert_eq!(post("n-fail", drain).await, 200);
+    assert_eq!(h.start_job_if_open("n-fail", 1), None);
+    let started = h.jobs_started();
+    assert_eq!(started.len(), 1);
+    let last_write = h.writes().last().unwrap().seq;
+    assert!(started[0].0 < last_write, "ordered with the writes");
     d.shutdown().await;
 }
 

@@ -235,11 +235,12 @@ async fn a_replacement_still_stale_fails_and_keeps_the_node_drained_with_a_reaso
             .is_some_and(|f| f.contains("slurm-etc") && f.contains(PINNING_POD)),
         "{failed:?}"
     );
-    // Kept drained, with our reason, and said so.
+    // Kept closed (by the FAIL hold set before the eviction), with our
+    // reason, and said so.
     let i = pods.iter().position(|p| p.0 == a.pod).unwrap();
     assert_ne!(slurmd_pod(&api, i).map(|p| p.1).as_ref(), Some(&pods[i].1));
     let n = slurm.node(&a.slurm_node).unwrap();
-    assert!(n.state.iter().any(|s| s == "DRAIN"), "{n:?}");
+    assert!(n.state.iter().any(|s| s == "FAIL"), "{n:?}");
     assert!(n.reason.starts_with("mountguard:"), "{n:?}");
     // The attempt is persisted Failed before its Event is written: wait for
     // the Event rather than race it.

@@ -36,9 +36,11 @@ pub fn sample(slurm: SlurmHandle, hosts: Vec<String>) -> (Samples, JoinHandle<()
     (out, task)
 }
 
-/// A job could start: neither DRAIN nor DOWN.
-fn open_to_jobs(n: &NodeView) -> bool {
-    !n.state.iter().any(|s| s == "DRAIN" || s == "DOWN")
+/// A job could start: none of DRAIN, FAIL, DOWN (nor NOT_RESPONDING).
+pub fn open_to_jobs(n: &NodeView) -> bool {
+    !n.state
+        .iter()
+        .any(|s| matches!(s.as_str(), "DRAIN" | "FAIL" | "DOWN" | "NOT_RESPONDING"))
 }
 
 /// Checks one attempt against the samples of its node: from the first

@@ -236,13 +236,15 @@ pub fn group_old_gone<'a>(
         .all(|m| !live.contains(m.pod_uid.as_str()))
 }
 
-/// How group `group` sees a node's cordon: `unschedulable` is the node's
-/// `spec.unschedulable`, `owner` its [`super::CORDON_ANNOTATION`].
-pub fn cordon_of(unschedulable: bool, owner: Option<&str>, group: &str) -> NodeCordon {
-    match (unschedulable, owner) {
-        (false, _) => NodeCordon::Free,
-        (true, Some(o)) if o == group => NodeCordon::Ours,
-        (true, _) => NodeCordon::Foreign,
+/// How group `group` sees a node's hold: `owner` is the value of the node's
+/// [`super::HOLD_TAINT_KEY`] taint, if it has one. Our taint, another
+/// group's, or none; a cordon (`spec.unschedulable`) by someone else does not
+/// count: the taint is added anyway, and their cordon is never lifted.
+pub fn cordon_of(owner: Option<&str>, group: &str) -> NodeCordon {
+    match owner {
+        None => NodeCordon::Free,
+        Some(o) if o == group => NodeCordon::Ours,
+        Some(_) => NodeCordon::Foreign,
     }
 }
 

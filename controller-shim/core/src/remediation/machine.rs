@@ -204,9 +204,16 @@ impl SlurmNodeState {
         self.has("ALLOCATED") || self.has("MIXED") || self.has("COMPLETING") || self.alloc_cpus > 0
     }
 
-    /// Drained in Slurm's sense: DRAIN and no jobs.
+    /// Closed to new jobs by a drain or a FAIL (Slurm sets one or the
+    /// other: `update_node` in `src/slurmctld/node_mgr.c` clears both before
+    /// setting either).
+    pub fn held(&self) -> bool {
+        self.drain() || self.has("FAIL")
+    }
+
+    /// Drained in Slurm's sense (DRAIN, or FAIL, and no jobs).
     pub fn drained(&self) -> bool {
-        self.drain() && !self.busy()
+        self.held() && !self.busy()
     }
 
     /// slurmd responds: none of DOWN, NOT_RESPONDING, FAIL.
@@ -383,6 +390,31 @@ pub enum Action {
         /// The full reason.
         reason: String,
     },
+    /// `POST /node/{node}` `{"state":["FAIL"],"reason":...}`: the hold
+    /// from just before the eviction until the release. Like DRAIN it
+    /// keeps jobs off the node, but nothing the Slinky operator or Slurm
+    /// does on its own clears it: the preStop hook's DOWN keeps the flag,
+    /// syncCordon's undrain does nothing without DRAIN (`MakeNodeUndrain`,
+    /// slurm-operator v1.2.1 slurmcontrol.go), and a node returned to
+    /// service by `ReturnToService` keeps its flags (`_node_did_resp`,
+    /// `validate_node_specs` in Slurm's `src/slurmctld/node_mgr.c`).
+    HoldNode {
+        /// Slurm node name.
+        node: String,
+        /// Our reason.
+        reason: String,
+    },
+    /// Hands the node back to whoever had drained it before mountguard
+    /// acted: `{"state":[prior.state],"reason":prior.reason}`, only if the
+    /// node's reason, re-read right before, still equals `owned_reason`.
+    RestoreDrain {
+        /// Slurm node name.
+        node: String,
+        /// The reason we set.
+        owned_reason: String,
+        /// What was there before.
+        prior: PriorDrain,
+    },
     /// `POST /node/{node}` `{"state":["UNDRAIN"]}`, only if the node's
     /// reason, re-read right before, still equals `owned_reason`.
     UndrainNode {
@@ -444,6 +476,61 @@ pub enum Action {
         to: Phase,
     },
 }
+
+/// A drain (or FAIL, or DOWN) with a reason set by an administrator or
+/// another tool before mountguard acted: handed back at the end, never
+/// silently replaced.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PriorDrain {
+    /// Their reason, exactly.
+    pub reason: String,
+    /// `reason_set_by_user`.
+    #[serde(default)]
+    pub set_by: String,
+    /// The flag written back: `DRAIN`, or `FAIL` when they had set FAIL (a
+    /// DOWN they set comes back as DRAIN: Slurm has no request that sets
+    /// DOWN without ending jobs, and DRAIN keeps the node just as closed).
+    pub state: String,
+    /// The node was DOWN.
+    #[serde(default)]
+    pub down: bool,
+}
+
+impl PriorDrain {
+    /// What `n` holds before mountguard acts, if it is someone else's: a
+    /// reason that is neither mountguard's nor Slurm's own "Not responding",
+    /// on a node that is drained, FAIL or DOWN.
+    pub fn of(n: &SlurmNodeState) -> Option<Self> {
+        let closed = n.held() || n.has("DOWN");
+        if !closed
+            || n.reason.is_empty()
+            || n.reason_is_mountguard()
+            || n.reason == SLURM_NOT_RESPONDING
+        {
+            return None;
+        }
+        Some(Self {
+            reason: n.reason.clone(),
+            set_by: n.reason_set_by_user.clone(),
+            state: if n.has("FAIL") && !n.drain() {
+                "FAIL".into()
+            } else {
+                "DRAIN".into()
+            },
+            down: n.has("DOWN"),
+        })
+    }
+
+    /// Whether `n` shows this drain back in place.
+    pub fn restored(&self, n: &SlurmNodeState) -> bool {
+        n.has(&self.state) && n.reason == self.reason
+    }
+}
+
+/// The reason slurmctld sets on a node it marks DOWN for not answering
+/// (`set_node_down_ptr` in `src/slurmctld/ping_nodes.c`).
+pub const SLURM_NOT_RESPONDING: &str = "Not responding";
 
 /// One failing subject that started the attempt (fingerprints only).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -545,9 +632,17 @@ pub struct Attempt {
     /// Grouped attempts: our cordon is gone (released, or never took).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordon_released: bool,
+    /// Someone else's drain found before mountguard acted: written back at
+    /// the end instead of an undrain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prior_drain: Option<PriorDrain>,
+    /// The FAIL hold was requested (just before the eviction).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold_requested: bool,
     /// After the eviction the Slinky operator's preStop hook set the node
-    /// DOWN with its reason: verification accepts that DOWN (not
-    /// NOT_RESPONDING), and the release is a RESUME.
+    /// DOWN with its reason (informational: verification accepts any DOWN
+    /// while slurmd answers and our hold is in place, and the release of a
+    /// DOWN node is a RESUME).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prestop_down: bool,
     /// slurmrestd has answered "not found" for the node since (cleared by
@@ -604,6 +699,8 @@ impl Attempt {
             kept_drained: false,
             cordon_requested: false,
             cordon_released: false,
+            prior_drain: None,
+            hold_requested: false,
             prestop_down: false,
             not_found_since: None,
             failure: None,
@@ -625,21 +722,21 @@ impl Attempt {
         self.cordon_requested && !self.cordon_released
     }
 
-    /// Whether `node`'s current drain is ours (this attempt's exact reason).
+    /// Whether `node`'s current drain (or FAIL hold) is ours (this
+    /// attempt's exact reason).
     pub fn owns(&self, node: &SlurmNodeState) -> bool {
-        node.drain() && owns_reason(&node.reason, &self.id)
+        node.held() && owns_reason(&node.reason, &self.id)
     }
 
-    /// Whether the replacement's slurmd answers: none of DOWN,
-    /// NOT_RESPONDING, FAIL; a DOWN the operator's preStop hook set after
-    /// our eviction is allowed (it is an administrative state, cleared by
-    /// our RESUME), as long as slurmd responds.
+    /// Whether the replacement's slurmd answers: no NOT_RESPONDING, and no
+    /// FAIL but our own hold. A DOWN is allowed: with `ReturnToService` 0
+    /// or 1 (slurm.conf(5)) a node set DOWN (by the operator's preStop
+    /// hook, or for not answering while its key was stale: our drain
+    /// replaced the "Not responding" reason that `ReturnToService=1` looks
+    /// for) stays DOWN after its slurmd registers again; our RESUME clears
+    /// it, and only after this verification.
     pub fn replacement_responding(&self, n: &SlurmNodeState) -> bool {
-        if self.prestop_down {
-            !(n.has("NOT_RESPONDING") || n.has("FAIL"))
-        } else {
-            n.responding()
-        }
+        !n.has("NOT_RESPONDING") && (!n.has("FAIL") || self.owns(n))
     }
 
     /// Phase names gone through, in order.
@@ -815,17 +912,25 @@ impl Stepper<'_> {
     /// Enters Failed, deciding what happens to our drain.
     fn fail(&mut self, reason: FailReason, detail: String, obs: &Observations) {
         let pod_touched = self.a.evicted_at.is_some();
+        // Someone else's drain from before is always handed back: the node
+        // stays closed to jobs either way, under their reason.
         let release = self.a.drain_requested
-            && match self.cfg.on_failure {
-                FailurePolicy::Auto => !pod_touched,
-                FailurePolicy::KeepDrained => false,
-                FailurePolicy::Undrain => true,
-            };
+            && (self.a.prior_drain.is_some()
+                || match self.cfg.on_failure {
+                    FailurePolicy::Auto => !pod_touched,
+                    FailurePolicy::KeepDrained => false,
+                    FailurePolicy::Undrain => true,
+                });
         self.a.failure = Some(format!("{}: {detail}", reason.as_str()));
         self.a.release_pending = release;
         self.a.kept_drained = self.a.drain_requested && !release;
         self.goto(Phase::Failed(reason));
-        let node_word = if release {
+        let node_word = if let (true, Some(p)) = (release, &self.a.prior_drain) {
+            format!(
+                "handing Slurm node {} back with the drain {:?} had set ({:?})",
+                self.a.slurm_node, p.set_by, p.reason
+            )
+        } else if release {
             format!(
                 "releasing mountguard's drain of Slurm node {}",
                 self.a.slurm_node
@@ -872,9 +977,22 @@ impl Stepper<'_> {
         if self.a.owns(n) {
             if self.a.release_pending && self.due() {
                 self.wrote();
-                self.actions.push(Action::UndrainNode {
-                    node: self.a.slurm_node.clone(),
-                    owned_reason: self.a.drain_reason.clone(),
+                let node = self.a.slurm_node.clone();
+                let owned_reason = self.a.drain_reason.clone();
+                self.actions.push(match &self.a.prior_drain {
+                    Some(prior) => Action::RestoreDrain {
+                        node,
+                        owned_reason,
+                        prior: prior.clone(),
+                    },
+                    // FAIL first becomes our DRAIN, then is undrained: a
+                    // DOWN (a slurmd still not answering) stays, as an
+                    // undrain leaves it.
+                    None if n.has("FAIL") => Action::DrainNode {
+                        node,
+                        reason: owned_reason,
+                    },
+                    None => Action::UndrainNode { node, owned_reason },
                 });
             }
         } else if self.a.release_pending || self.a.kept_drained {
@@ -943,8 +1061,9 @@ impl Stepper<'_> {
 
     /// After the eviction: the Slinky operator's preStop hook replaces our
     /// reason with its own (and sets DOWN), and its syncCordon then
-    /// undrains any node whose reason is its own or empty. Keep the node
-    /// closed until the verification: note the hook's DOWN, and drain it
+    /// undrains any node whose reason is its own or empty (our FAIL hold
+    /// survives both, but the reason is no longer ours). Keep the node
+    /// ours until the verification: note the hook's DOWN, and set the hold
     /// again with our reason (an administrator's reason is left alone).
     /// Returns whether the node is not held by our drain right now (then
     /// nothing is verified this step).
@@ -965,7 +1084,7 @@ impl Stepper<'_> {
         }
         if self.due() {
             self.wrote();
-            self.actions.push(Action::DrainNode {
+            self.actions.push(Action::HoldNode {
                 node: self.a.slurm_node.clone(),
                 reason: self.a.drain_reason.clone(),
             });
@@ -998,15 +1117,37 @@ impl Stepper<'_> {
                     self.wrote();
                     let node = self.a.slurm_node.clone();
                     let owned_reason = self.a.drain_reason.clone();
-                    self.actions.push(if self.a.prestop_down && n.has("DOWN") {
-                        Action::ResumeNode { node, owned_reason }
-                    } else {
-                        Action::UndrainNode { node, owned_reason }
+                    self.actions.push(match &self.a.prior_drain {
+                        Some(prior) => Action::RestoreDrain {
+                            node,
+                            owned_reason,
+                            prior: prior.clone(),
+                        },
+                        None if n.has("DOWN") || n.has("FAIL") => {
+                            Action::ResumeNode { node, owned_reason }
+                        }
+                        None => Action::UndrainNode { node, owned_reason },
                     });
                 }
             }
+            SlurmObservation::Node(n)
+                if self.a.prior_drain.as_ref().is_some_and(|p| p.restored(n)) =>
+            {
+                let p = self.a.prior_drain.clone().unwrap_or_default();
+                self.goto(Phase::Succeeded);
+                let msg = format!(
+                    "remediation {} of {}: replacement verified fresh and Slurm node {} responding; handed back with the drain {:?} had set ({:?}): {:?}",
+                    self.a.id,
+                    self.pod_label(),
+                    self.a.slurm_node,
+                    p.set_by,
+                    p.reason,
+                    n.state
+                );
+                self.event(EventReason::RemediationSucceeded, msg);
+            }
             SlurmObservation::Node(n) => {
-                let left = if n.drain() {
+                let left = if n.held() {
                     self.a.foreign_drain = Some(n.reason.clone());
                     format!(
                         "; Slurm node {} left drained: its reason is now {:?} (set by {:?}), not mountguard's",
@@ -1066,14 +1207,22 @@ pub fn step(
                 );
             } else {
                 match &obs.slurm {
-                    SlurmObservation::Node(n) if n.drain() && !s.a.owns(n) => {
+                    SlurmObservation::Node(n)
+                        if n.held() && !s.a.owns(n) && n.reason_is_mountguard() =>
+                    {
                         let msg = format!(
-                            "Slurm node {slurm_node} is already drained by {:?} ({:?}); mountguard leaves it alone",
-                            n.reason_set_by_user, n.reason
+                            "Slurm node {slurm_node} is already drained by another mountguard attempt ({:?}); mountguard leaves it alone",
+                            n.reason
                         );
                         s.fail(FailReason::NodeDrainedByOthers, msg, obs);
                     }
-                    SlurmObservation::Node(_) => {
+                    SlurmObservation::Node(n) => {
+                        // Someone else's drain: the node is closed to jobs
+                        // already; record it (persisted before our drain
+                        // replaces its reason) to hand it back at the end.
+                        if !s.a.owns(n) {
+                            s.a.prior_drain = PriorDrain::of(n);
+                        }
                         s.a.drain_requested = true;
                         s.a.drain_requested_at = Some(now);
                         s.goto(Phase::Draining);
@@ -1083,8 +1232,14 @@ pub fn step(
                                 f.subject, f.state, f.mounted, f.current
                             )
                         });
+                        let before = s.a.prior_drain.as_ref().map_or(String::new(), |p| {
+                            format!(
+                                " (drained before by {:?}: {:?}; handed back at the end)",
+                                p.set_by, p.reason
+                            )
+                        });
                         let msg = format!(
-                            "remediation {} of {pod_label}{f}: draining Slurm node {slurm_node}",
+                            "remediation {} of {pod_label}{f}: draining Slurm node {slurm_node}{before}",
                             s.a.id
                         );
                         s.event(EventReason::RemediationStarted, msg);
@@ -1113,12 +1268,20 @@ pub fn step(
             } else {
                 match &obs.slurm {
                     SlurmObservation::Node(n) if s.a.owns(n) => s.goto(Phase::Drained),
-                    SlurmObservation::Node(n) if n.drain() => {
+                    SlurmObservation::Node(n) if n.held() && n.reason_is_mountguard() => {
                         let msg = format!(
-                            "Slurm node {slurm_node} was drained by {:?} ({:?}) before mountguard's drain took effect",
-                            n.reason_set_by_user, n.reason
+                            "Slurm node {slurm_node} was drained by another mountguard attempt ({:?}) before this drain took effect",
+                            n.reason
                         );
                         s.fail(FailReason::NodeDrainedByOthers, msg, obs);
+                    }
+                    SlurmObservation::Node(n)
+                        if s.a.prior_drain.is_none() && PriorDrain::of(n).is_some() =>
+                    {
+                        // Drained by someone else before ours took effect:
+                        // record it to hand it back, then drain again.
+                        s.a.prior_drain = PriorDrain::of(n);
+                        s.actions.push(Action::Persist);
                     }
                     SlurmObservation::Node(_) => {
                         let since = s.a.drain_requested_at.unwrap_or(s.a.phase_since);
@@ -1144,7 +1307,7 @@ pub fn step(
             }
         }
         Phase::Drained => match &obs.slurm {
-            SlurmObservation::Node(n) if !n.drain() => {
+            SlurmObservation::Node(n) if !n.held() => {
                 let msg = format!(
                     "the drain of Slurm node {slurm_node} was removed by someone else before the pod was evicted; the pod was not touched"
                 );
@@ -1191,6 +1354,27 @@ pub fn step(
                             s.actions.push(Action::Persist);
                         }
                         _ => {}
+                    }
+                } else if (s.a.group.is_none()
+                    || (obs.group_drained
+                        && (s.a.cordon_released || obs.cordon == NodeCordon::Ours)))
+                    && s.a.owns(n)
+                    && !n.has("FAIL")
+                {
+                    // Just before the eviction, our DRAIN becomes our FAIL
+                    // hold (see [`Action::HoldNode`]): what the preStop hook,
+                    // syncCordon and ReturnToService do next cannot open
+                    // the node.
+                    if !s.a.hold_requested {
+                        s.a.hold_requested = true;
+                        s.actions.push(Action::Persist);
+                    }
+                    if s.due() {
+                        s.wrote();
+                        s.actions.push(Action::HoldNode {
+                            node: slurm_node,
+                            reason: s.a.drain_reason.clone(),
+                        });
                     }
                 } else if s.a.group.is_none()
                     || (obs.group_drained
@@ -1257,7 +1441,7 @@ pub fn step(
                 } else if s.due() {
                     // Never evict a pod whose node is not drained right now.
                     match &obs.slurm {
-                        SlurmObservation::Node(n) if !n.drain() => {
+                        SlurmObservation::Node(n) if !n.held() => {
                             let msg = format!(
                                 "the drain of Slurm node {slurm_node} was removed by someone else before the pod was evicted; the pod was not touched"
                             );
@@ -1366,6 +1550,8 @@ pub fn step(
         matches!(
             a,
             Action::DrainNode { .. }
+                | Action::HoldNode { .. }
+                | Action::RestoreDrain { .. }
                 | Action::UndrainNode { .. }
                 | Action::ResumeNode { .. }
                 | Action::Evict { .. }

@@ -9,6 +9,9 @@ const NEW: &str = "uid-new";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum W {
     Drain,
+    Hold,
+    Restore,
+    Resume,
     Undrain,
     Evict,
     Cordon,
@@ -20,6 +23,9 @@ fn writes(actions: &[Action]) -> Vec<W> {
         .iter()
         .filter_map(|a| match a {
             Action::DrainNode { .. } => Some(W::Drain),
+            Action::HoldNode { .. } => Some(W::Hold),
+            Action::RestoreDrain { .. } => Some(W::Restore),
+            Action::ResumeNode { .. } => Some(W::Resume),
             Action::UndrainNode { .. } => Some(W::Undrain),
             Action::Evict { .. } => Some(W::Evict),
             Action::CordonNode { .. } => Some(W::Cordon),
@@ -162,9 +168,23 @@ fn cases() -> Vec<Case> {
             Phase::Pending,
         ),
         case(
-            "pending leaves a foreign drain alone",
+            "pending takes a foreign drain over, to hand it back at the end",
             Phase::Pending,
             obs(foreign(&["IDLE", "DRAIN"]), Some(OLD)),
+            Phase::Draining,
+        )
+        .writes(&[W::Drain])
+        .events(&[E::RemediationStarted]),
+        case(
+            "pending leaves another mountguard attempt's drain alone",
+            Phase::Pending,
+            obs(
+                SlurmObservation::Node(node(
+                    &["IDLE", "DRAIN"],
+                    "mountguard: slurm/worker-1 volume v stale attempt other1",
+                )),
+                Some(OLD),
+            ),
             Phase::Failed(F::NodeDrainedByOthers),
         )
         .events(&[E::RemediationFailed]),
@@ -220,12 +240,11 @@ fn cases() -> Vec<Case> {
             Phase::Draining,
         ),
         case(
-            "draining: a foreign drain got there first",
+            "draining: a foreign drain got there first: recorded, drained over later",
             Phase::Draining,
             obs(foreign(&["IDLE", "DRAIN"]), Some(OLD)),
-            Phase::Failed(F::NodeDrainedByOthers),
-        )
-        .events(&[E::RemediationFailed]),
+            Phase::Draining,
+        ),
         case(
             "draining: drain rejected",
             Phase::Draining,
@@ -261,9 +280,16 @@ fn cases() -> Vec<Case> {
             Phase::Drained,
         ),
         case(
-            "drained without jobs evicts",
+            "drained without jobs sets the FAIL hold first",
             Phase::Drained,
             obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
+            Phase::Drained,
+        )
+        .writes(&[W::Hold]),
+        case(
+            "drained with our FAIL hold evicts",
+            Phase::Drained,
+            obs(ours(&["IDLE", "FAIL"]), Some(OLD)),
             Phase::Evicting,
         )
         .writes(&[W::Evict])
@@ -271,7 +297,7 @@ fn cases() -> Vec<Case> {
         case(
             "a DOWN stale node without jobs is evicted",
             Phase::Drained,
-            obs(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"]), Some(OLD)),
+            obs(ours(&["DOWN", "FAIL", "NOT_RESPONDING"]), Some(OLD)),
             Phase::Evicting,
         )
         .writes(&[W::Evict])
@@ -423,7 +449,25 @@ fn cases() -> Vec<Case> {
         .policy(FailurePolicy::Undrain)
         .writes(&[W::Undrain])
         .events(&[E::RemediationFailed]),
+        case(
+            "awaiting: a timeout with a FAIL hold and --on-failure undrain drains before undraining",
+            Phase::AwaitingReplacement,
+            obs(ours(&["IDLE", "FAIL"]), None),
+            Phase::Failed(F::ReplacementTimeout),
+        )
+        .after(m(16))
+        .policy(FailurePolicy::Undrain)
+        .writes(&[W::Drain])
+        .events(&[E::RemediationFailed]),
         // Verifying
+        case(
+            "verifying: fresh, responding and DOWN from before (ReturnToService 0/1) resumes",
+            Phase::Verifying,
+            fresh(ours(&["DOWN", "FAIL"])),
+            Phase::Undraining,
+        )
+        .writes(&[W::Resume])
+        .events(&[E::RemediationVerified]),
         case(
             "verifying: fresh and responding undrains",
             Phase::Verifying,
@@ -503,6 +547,13 @@ fn cases() -> Vec<Case> {
             Phase::Undraining,
         ),
         case(
+            "undraining: our FAIL hold is resumed",
+            Phase::Undraining,
+            obs(ours(&["IDLE", "FAIL"]), Some(NEW)),
+            Phase::Undraining,
+        )
+        .writes(&[W::Resume]),
+        case(
             "undraining: rejected keeps drained",
             Phase::Undraining,
             Observations {
@@ -538,7 +589,12 @@ fn every_transition_and_failure_path() {
         let first_write = actions.iter().position(|x| {
             matches!(
                 x,
-                Action::DrainNode { .. } | Action::UndrainNode { .. } | Action::Evict { .. }
+                Action::DrainNode { .. }
+                    | Action::HoldNode { .. }
+                    | Action::RestoreDrain { .. }
+                    | Action::ResumeNode { .. }
+                    | Action::UndrainNode { .. }
+                    | Action::Evict { .. }
             )
         });
         let first_persist = actions.iter().position(|x| *x == Action::Persist);
@@ -626,19 +682,20 @@ fn the_whole_happy_path_with_a_running_job() {
         obs(ours(&["MIXED", "DRAIN"]), Some(OLD)),
         obs(ours(&["IDLE", "DRAIN", "COMPLETING"]), Some(OLD)),
         obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
+        obs(ours(&["IDLE", "FAIL"]), Some(OLD)),
         Observations {
             eviction: Some(EvictionResult::Evicted),
-            ..obs(ours(&["IDLE", "DRAIN"]), Some(OLD))
+            ..obs(ours(&["IDLE", "FAIL"]), Some(OLD))
         },
-        obs(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"]), None),
-        obs(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"]), Some(NEW)),
+        obs(ours(&["DOWN", "FAIL", "NOT_RESPONDING"]), None),
+        obs(ours(&["DOWN", "FAIL", "NOT_RESPONDING"]), Some(NEW)),
         Observations {
             new_pod: NewPodCheck::Fresh,
-            ..obs(ours(&["DOWN", "DRAIN", "NOT_RESPONDING"]), Some(NEW))
+            ..obs(ours(&["DOWN", "FAIL", "NOT_RESPONDING"]), Some(NEW))
         },
         Observations {
             new_pod: NewPodCheck::Fresh,
-            ..obs(ours(&["IDLE", "DRAIN"]), Some(NEW))
+            ..obs(ours(&["DOWN", "FAIL"]), Some(NEW))
         },
         Observations {
             slurm_write: Some(WriteResult::Ok),
@@ -653,7 +710,7 @@ fn the_whole_happy_path_with_a_running_job() {
         phases.push(a.phase);
     }
     assert_eq!(a.phase, Phase::Succeeded);
-    assert_eq!(all_writes, vec![W::Drain, W::Evict, W::Undrain]);
+    assert_eq!(all_writes, vec![W::Drain, W::Hold, W::Evict, W::Resume]);
     assert_eq!(
         a.phase_names(),
         vec![
@@ -922,7 +979,7 @@ fn the_operators_prestop_reason_after_the_eviction_is_drained_over_and_resumed_a
         &cfg,
     );
     assert!(b.prestop_down, "{b:?}");
-    assert_eq!(writes(&actions), vec![W::Drain], "our drain again");
+    assert_eq!(writes(&actions), vec![W::Hold], "our hold again");
     assert_eq!(actions.first(), Some(&Action::Persist), "{actions:?}");
     // The operator undrained the replacement before our drain landed:
     // drained again, never verified in that state.
@@ -938,15 +995,15 @@ fn the_operators_prestop_reason_after_the_eviction_is_drained_over_and_resumed_a
     let undrained = op(&["DOWN"], OPERATOR_PRESTOP_REASON);
     let (c, actions) = step(&v, &fresh(undrained), t0(), &cfg);
     assert_eq!(c.phase, Phase::Verifying);
-    assert_eq!(writes(&actions), vec![W::Drain]);
+    assert_eq!(writes(&actions), vec![W::Hold]);
     let uncordoned = op(&["IDLE"], "");
     let (c, actions) = step(&v, &fresh(uncordoned), t0(), &cfg);
     assert_eq!(
         c.phase,
         Phase::Verifying,
-        "an open node is drained again, not verified"
+        "an open node is held again, not verified"
     );
-    assert_eq!(writes(&actions), vec![W::Drain]);
+    assert_eq!(writes(&actions), vec![W::Hold]);
     // Ours again, DOWN from the hook but slurmd answering: verified, and
     // released with a RESUME (which clears the hook's DOWN too).
     let held = SlurmObservation::Node(node(&["DOWN", "DRAIN"], &v.drain_reason));
@@ -956,15 +1013,21 @@ fn the_operators_prestop_reason_after_the_eviction_is_drained_over_and_resumed_a
         actions.iter().any(|x| matches!(x, Action::ResumeNode { owned_reason, .. } if *owned_reason == v.drain_reason)),
         "{actions:?}"
     );
-    assert!(writes(&actions).is_empty(), "no UNDRAIN: {actions:?}");
+    assert_eq!(writes(&actions), vec![W::Resume], "no UNDRAIN: {actions:?}");
     // Not answering: no verification, DOWN or not.
     let dead = SlurmObservation::Node(node(&["DOWN", "DRAIN", "NOT_RESPONDING"], &v.drain_reason));
     let (e, _) = step(&v, &fresh(dead), t0(), &cfg);
     assert_eq!(e.phase, Phase::Verifying);
-    // Without the hook's DOWN noted, DOWN still fails the check.
+    // Without the hook, a DOWN that ReturnToService 0/1 keeps once slurmd
+    // answers again passes too, and is resumed: the hold is ours.
     let plain_v = attempt_in(Phase::Verifying);
-    let (f, _) = step(&plain_v, &fresh(held), t0(), &cfg);
-    assert_eq!(f.phase, Phase::Verifying);
+    let (f, actions) = step(&plain_v, &fresh(held), t0(), &cfg);
+    assert_eq!(f.phase, Phase::Undraining);
+    assert_eq!(writes(&actions), vec![W::Resume]);
+    // Someone else's FAIL is not ours to verify through.
+    let their_fail = SlurmObservation::Node(node(&["IDLE", "FAIL"], "admin: flaky NIC"));
+    let (f, _) = step(&plain_v, &fresh(their_fail), t0(), &cfg);
+    assert_ne!(f.phase, Phase::Undraining);
     // An administrator's reason after the eviction is theirs: left alone.
     let (g, actions) = step(
         &a,
@@ -1013,15 +1076,22 @@ fn grouped_attempts_wait_for_every_member_to_drain_and_cordon_first() {
     let settled = c.retry.not_before.expect("write settle");
     let (_, actions) = step(&c, &drained(NodeCordon::Free), settled, &cfg);
     assert_eq!(writes(&actions), vec![W::Cordon]);
-    // Our cordon shows: evict.
-    let (d, actions) = step(&c, &drained(NodeCordon::Ours), t0(), &cfg);
+    // Our cordon shows: the FAIL hold, then evict.
+    let (d, actions) = step(&c, &drained(NodeCordon::Ours), settled, &cfg);
+    assert_eq!((d.phase, writes(&actions)), (Phase::Drained, vec![W::Hold]));
+    let failed = |cordon| Observations {
+        group_drained: true,
+        cordon,
+        ..obs(ours(&["IDLE", "FAIL"]), Some(OLD))
+    };
+    let (d, actions) = step(&c, &failed(NodeCordon::Ours), t0(), &cfg);
     assert_eq!(d.phase, Phase::Evicting);
     assert_eq!(writes(&actions), vec![W::Evict]);
     // Someone else's cordon holds replacements back as well, and is never ours.
     let (e, actions) = step(&a, &drained(NodeCordon::Foreign), t0(), &cfg);
     assert!(e.cordon_requested && e.cordon_released && !e.cordon_pending());
     assert!(writes(&actions).is_empty());
-    let (f, actions) = step(&e, &drained(NodeCordon::Foreign), t0(), &cfg);
+    let (f, actions) = step(&e, &failed(NodeCordon::Foreign), t0(), &cfg);
     assert_eq!(f.phase, Phase::Evicting);
     assert_eq!(writes(&actions), vec![W::Evict]);
 }
@@ -1110,4 +1180,156 @@ fn the_record_round_trips_and_keeps_open_attempts() {
     assert!(err.to_string().contains("unsupported version 2"));
     let err = AttemptsRecord::parse("not json").expect_err("bad");
     assert!(err.to_string().contains("remove the annotation"));
+}
+
+#[test]
+fn a_drain_set_before_mountguard_acted_is_handed_back_exactly() {
+    let cfg = MachineConfig::default();
+    let theirs = node(&["IDLE", "DRAIN"], "admin: replace DIMM");
+    let theirs = SlurmNodeState {
+        reason_set_by_user: "root".into(),
+        ..theirs
+    };
+    // Pending: recorded (persisted before our drain replaces its reason).
+    let (b, actions) = step(
+        &attempt(),
+        &obs(SlurmObservation::Node(theirs.clone()), Some(OLD)),
+        t0(),
+        &cfg,
+    );
+    let prior = b.prior_drain.clone().expect("recorded");
+    assert_eq!(
+        (
+            prior.reason.as_str(),
+            prior.set_by.as_str(),
+            prior.state.as_str(),
+            prior.down
+        ),
+        ("admin: replace DIMM", "root", "DRAIN", false)
+    );
+    assert_eq!(writes(&actions), vec![W::Drain]);
+    let persist = actions.iter().position(|x| *x == Action::Persist);
+    let drain = actions
+        .iter()
+        .position(|x| matches!(x, Action::DrainNode { .. }));
+    assert!(persist < drain, "{actions:?}");
+    // Slurm's own "Not responding" and an empty reason are nobody's drain.
+    for n in [
+        node(&["DOWN", "NOT_RESPONDING"], SLURM_NOT_RESPONDING),
+        node(&["IDLE"], ""),
+    ] {
+        let (c, _) = step(
+            &attempt(),
+            &obs(SlurmObservation::Node(n), Some(OLD)),
+            t0(),
+            &cfg,
+        );
+        assert_eq!(c.prior_drain, None);
+    }
+    // An administrator's DOWN comes back as a drain with their reason.
+    let down = node(&["DOWN"], "admin: PSU");
+    assert_eq!(
+        PriorDrain::of(&down).map(|p| (p.state, p.down)),
+        Some(("DRAIN".to_string(), true))
+    );
+    // At the release: their drain is written back instead of a RESUME or
+    // an UNDRAIN, even over the preStop hook's DOWN.
+    let u = Attempt {
+        prior_drain: Some(prior.clone()),
+        ..attempt_in(Phase::Undraining)
+    };
+    let (c, actions) = step(&u, &obs(ours(&["DOWN", "FAIL"]), Some(NEW)), t0(), &cfg);
+    assert_eq!(c.phase, Phase::Undraining);
+    assert_eq!(writes(&actions), vec![W::Restore]);
+    assert!(actions.iter().any(|x| matches!(x,
+        Action::RestoreDrain { owned_reason, prior: p, .. } if *owned_reason == u.drain_reason && *p == prior)));
+    // A transient error restores nothing and releases nothing.
+    let (c, actions) = step(&u, &obs(transient(), Some(NEW)), t0(), &cfg);
+    assert_eq!((c.phase, writes(&actions)), (Phase::Undraining, vec![]));
+    // Theirs again: done, handed back.
+    let back = SlurmObservation::Node(node(&["DOWN", "DRAIN"], "admin: replace DIMM"));
+    let (d, actions) = step(&u, &obs(back, Some(NEW)), t0(), &cfg);
+    assert_eq!(d.phase, Phase::Succeeded);
+    assert!(writes(&actions).is_empty());
+    assert!(
+        actions.iter().any(|x| matches!(x, Action::Event { reason: E::RemediationSucceeded, message } if message.contains("handed back"))),
+        "{actions:?}"
+    );
+    // A failure hands it back too, whatever the policy: never an undrain.
+    for policy in [
+        FailurePolicy::Auto,
+        FailurePolicy::KeepDrained,
+        FailurePolicy::Undrain,
+    ] {
+        let cfg = MachineConfig {
+            on_failure: policy,
+            ..Default::default()
+        };
+        let w = Attempt {
+            prior_drain: Some(prior.clone()),
+            ..attempt_in(Phase::AwaitingReplacement)
+        };
+        let (f, actions) = step(
+            &w,
+            &obs(ours(&["DOWN", "FAIL"]), None),
+            t0() + SignedDuration::from_mins(16),
+            &cfg,
+        );
+        assert_eq!(f.phase, Phase::Failed(F::ReplacementTimeout), "{policy:?}");
+        assert!(f.release_pending && !f.kept_drained, "{policy:?}");
+        assert_eq!(writes(&actions), vec![W::Restore], "{policy:?}");
+    }
+}
+
+#[test]
+fn the_fail_hold_outlasts_the_operator_and_return_to_service_until_the_verification() {
+    use crate::remediation::OPERATOR_PRESTOP_REASON;
+    let cfg = MachineConfig::default();
+    // Drained, no jobs: the hold is requested (persisted first), once per
+    // write settle, and only then is the pod evicted.
+    let a = attempt_in(Phase::Drained);
+    let (b, actions) = step(&a, &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)), t0(), &cfg);
+    assert!(b.hold_requested);
+    assert_eq!(actions.first(), Some(&Action::Persist));
+    assert_eq!(writes(&actions), vec![W::Hold]);
+    let (_, actions) = step(&b, &obs(ours(&["IDLE", "DRAIN"]), Some(OLD)), t0(), &cfg);
+    assert!(
+        writes(&actions).is_empty(),
+        "not again before the write settles"
+    );
+    // Slurm unreadable: no hold, no eviction.
+    let (c, actions) = step(
+        &b,
+        &obs(transient(), Some(OLD)),
+        t0() + cfg.write_settle,
+        &cfg,
+    );
+    assert_eq!((c.phase, writes(&actions)), (Phase::Drained, vec![]));
+    // The hook replaced our reason and set DOWN; syncCordon's undrain does
+    // nothing to a FAIL; a registration under ReturnToService=2 cleared the
+    // DOWN: FAIL is still there, and mountguard puts its reason back.
+    let w = attempt_in(Phase::AwaitingReplacement);
+    for state in [&["DOWN", "FAIL"][..], &["IDLE", "FAIL"][..]] {
+        let hooked = SlurmObservation::Node(node(state, OPERATOR_PRESTOP_REASON));
+        let (d, actions) = step(&w, &obs(hooked, None), t0(), &cfg);
+        assert_eq!(writes(&actions), vec![W::Hold], "{state:?}");
+        assert!(
+            actions
+                .iter()
+                .any(|x| matches!(x, Action::HoldNode { reason, .. } if *reason == w.drain_reason))
+        );
+        assert_eq!(d.prestop_down, state[0] == "DOWN");
+    }
+    // Verified only once the reason is ours again.
+    let v = attempt_in(Phase::Verifying);
+    let fresh = |slurm| Observations {
+        new_pod: NewPodCheck::Fresh,
+        ..obs(slurm, Some(NEW))
+    };
+    let hooked = SlurmObservation::Node(node(&["IDLE", "FAIL"], OPERATOR_PRESTOP_REASON));
+    let (e, _) = step(&v, &fresh(hooked), t0(), &cfg);
+    assert_eq!(e.phase, Phase::Verifying);
+    let (e, actions) = step(&v, &fresh(ours(&["IDLE", "FAIL"])), t0(), &cfg);
+    assert_eq!(e.phase, Phase::Undraining);
+    assert_eq!(writes(&actions), vec![W::Resume]);
 }

@@ -36,9 +36,26 @@ pub const REMEDIATE_ON_ANNOTATION: &str = "mountguard.io/remediate-on";
 pub const ATTEMPTS_ANNOTATION: &str = "mountguard.io/remediation-attempts";
 /// Pod label naming the Slurm node of a NodeSet pod.
 pub const POD_HOSTNAME_LABEL: &str = "nodeset.slinky.slurm.net/pod-hostname";
-/// Node annotation naming the group whose attempts cordoned the node
-/// (`--replace-pinning-pods` only).
+/// Node annotation naming the group whose attempts hold new pods off the
+/// node (`--replace-pinning-pods` only), set and removed together with
+/// [`HOLD_TAINT_KEY`]. A change of a Node's annotations is what makes the
+/// Slinky operator reconcile the NodeSets with pods there (slurm-operator
+/// v1.2.1, internal/controller/nodeset/eventhandler/eventhandler_node.go,
+/// `NodeEventHandler.Update`: `Spec.Unschedulable`, annotations and labels;
+/// a taint alone is not), so a DaemonSet-mode NodeSet recreates its pod as
+/// soon as the hold is lifted.
 pub const CORDON_ANNOTATION: &str = "mountguard.io/cordoned-by";
+/// Key of the `NoSchedule` taint (value: the group id) that holds new pods
+/// off a node while a group's old pods go away (`--replace-pinning-pods`).
+/// A taint, not a cordon: the Slinky operator's syncCordon reads the
+/// node's `spec.unschedulable` only (slurm-operator v1.2.1,
+/// internal/controller/nodeset/nodeset_sync.go, `syncCordon` and
+/// `isNodeCordoned`) and would drain every other NodeSet worker on a
+/// cordoned node; it never reads taints, while kube-scheduler's
+/// TaintToleration filter and the operator's DaemonSet-mode placement
+/// (`PodShouldRunOnNode`, internal/controller/nodeset/utils/utils.go) both
+/// keep new pods off the node and leave running ones alone.
+pub const HOLD_TAINT_KEY: &str = "mountguard.io/replacing";
 /// Prefix of every reason the Slinky operator sets (slurm-operator v1.2.1,
 /// internal/controller/nodeset/slurmcontrol/slurmcontrol.go,
 /// `nodeReasonPrefix` / `FormatNodeReason`); its syncCordon undrains a node

@@ -115,7 +115,7 @@ pub fn recover(
         .collect();
     let release = slurm_nodes
         .iter()
-        .filter(|(_, n)| n.drain() && n.reason_is_mountguard())
+        .filter(|(_, n)| n.held() && n.reason_is_mountguard())
         .filter(|(name, n)| {
             reason_attempt_id(&n.reason).is_none_or(|id| !live.contains(&(name.as_str(), id)))
         })
