@@ -366,6 +366,7 @@ impl RealClusterBuilder {
                 .as_ref()
                 .map(|d| slinky::slurmd_exec_hook(d.handle()));
             let node = NodeDouble::start(config).await?;
+            clear_not_ready_taint(&client, &name).await?;
             cluster.nodes.push(node);
         }
         if let (Some(rules), Some(slurm)) = (self.slinky_doubles, cluster.slurm.as_ref()) {
@@ -874,6 +875,56 @@ pub async fn ensure_namespace(client: &kube::Client, name: &str) -> io::Result<(
         _ => Err(io::Error::other(format!(
             "creating namespace {name}: {code} {body}"
         ))),
+    }
+}
+
+/// Removes the `node.kubernetes.io/not-ready:NoSchedule` taint from a node
+/// double's Node once it reports Ready, as the node lifecycle controller
+/// would (pkg/controller/nodelifecycle/node_lifecycle_controller.go,
+/// `doNoScheduleTaintingPass`: a Ready node keeps no condition taint). The
+/// API server's NodeTaint admission plugin puts it on every new Node
+/// (plugin/pkg/admission/nodetaint/admission.go, `Admit`), and node
+/// lifecycle is disabled in the rig, so without this the taint stays and
+/// kube-scheduler's TaintToleration filter (and the NodeSet double, which
+/// follows it) keeps every pod without a toleration off the node. Done
+/// with the admin client: NodeRestriction lets a node set its taints only
+/// when it registers.
+async fn clear_not_ready_taint(client: &kube::Client, name: &str) -> io::Result<()> {
+    const NOT_READY: &str = "node.kubernetes.io/not-ready";
+    let path = format!("/api/v1/nodes/{name}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = raw(client, "GET", &path, None).await?;
+        if code != 200 {
+            return Err(io::Error::other(format!(
+                "reading node {name}: {code} {body}"
+            )));
+        }
+        let node = body;
+        let taints = node["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if taints.iter().all(|t| t["key"] != NOT_READY) {
+            return Ok(());
+        }
+        let kept: Vec<&Value> = taints.iter().filter(|t| t["key"] != NOT_READY).collect();
+        // The resourceVersion makes this a compare-and-swap: a taint added
+        // meanwhile is not lost, the loop reads again.
+        let patch = json!({
+            "metadata": {"resourceVersion": node["metadata"]["resourceVersion"]},
+            "spec": {"taints": kept},
+        });
+        let (code, body) = raw(client, "PATCH", &path, Some(&patch)).await?;
+        match code {
+            200 => return Ok(()),
+            409 if std::time::Instant::now() < deadline => continue,
+            _ => {
+                return Err(io::Error::other(format!(
+                    "removing the {NOT_READY} taint of node {name}: {code} {body}"
+                )));
+            }
+        }
     }
 }
 
