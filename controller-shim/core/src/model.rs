@@ -638,6 +638,45 @@ impl PodModel {
     }
 }
 
+/// A list that is nearly always empty (read problems, subPath targets):
+/// one pointer, null when empty, instead of a 16-byte boxed slice in every
+/// observed volume and pod. Reads as a slice.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RareList<T>(Option<Box<Box<[T]>>>);
+
+impl<T> Default for RareList<T> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<T> std::ops::Deref for RareList<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        self.0.as_deref().map_or(&[], |b| b)
+    }
+}
+
+impl<T> FromIterator<T> for RareList<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        let items: Box<[T]> = iter.into_iter().collect();
+        Self((!items.is_empty()).then(|| Box::new(items)))
+    }
+}
+
+impl<T> From<Vec<T>> for RareList<T> {
+    fn from(v: Vec<T>) -> Self {
+        v.into_iter().collect()
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for RareList<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// One file the agent could not read, reduced to what the engine needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObservedError {
@@ -659,7 +698,7 @@ pub struct ObservedVolume {
     /// Path -> digest, sorted by path.
     pub files: FileList,
     /// Read problems.
-    pub errors: Box<[ObservedError]>,
+    pub errors: RareList<ObservedError>,
 }
 
 impl ObservedVolume {
@@ -684,7 +723,7 @@ pub struct ObservedSubPath {
     /// Relative path ("" for a single file) -> digest, sorted.
     pub files: FileList,
     /// Read problems.
-    pub errors: Box<[ObservedError]>,
+    pub errors: RareList<ObservedError>,
 }
 
 /// A pod directory as the agent saw it.
@@ -693,9 +732,9 @@ pub struct ObservedPod {
     /// Volumes, sorted by (plugin, name).
     pub volumes: Box<[ObservedVolume]>,
     /// subPath targets.
-    pub sub_paths: Box<[ObservedSubPath]>,
+    pub sub_paths: RareList<ObservedSubPath>,
     /// Problems with the pod directory itself.
-    pub errors: Box<[ObservedError]>,
+    pub errors: RareList<ObservedError>,
 }
 
 impl ObservedPod {
@@ -735,7 +774,7 @@ impl ObservedNode {
                     path: interner.intern(&e.path),
                     kind: e.kind,
                 })
-                .collect::<Box<[_]>>()
+                .collect::<RareList<_>>()
         };
         let pods = inv
             .pods
@@ -794,6 +833,22 @@ pub fn parse_read_at_start(value: &str) -> impl Iterator<Item = &str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rare_list_reads_as_the_slice_it_was_built_from() {
+        let empty: RareList<u32> = Vec::new().into();
+        assert!(empty.is_empty());
+        assert_eq!(empty, RareList::default());
+        assert_eq!(format!("{empty:?}"), "[]");
+        let some: RareList<u32> = [1, 2, 3].into_iter().collect();
+        assert_eq!(&*some, &[1, 2, 3]);
+        assert_eq!(format!("{some:?}"), "[1, 2, 3]");
+        assert_ne!(some, empty);
+        assert_eq!(
+            std::mem::size_of::<RareList<u32>>(),
+            std::mem::size_of::<usize>()
+        );
+    }
 
     #[test]
     fn the_interner_forgets_what_nobody_holds_and_stays_bounded() {

@@ -389,7 +389,8 @@ mod tests {
                 verdict(SubjectId::Volume(1), State::Fresh),
                 verdict(SubjectId::SubPath(0, 0), stale),
                 verdict(SubjectId::SubPath(0, 1), State::Fresh),
-            ],
+            ]
+            .into(),
         }];
         let finding = |subject: &str| Finding {
             // As read back from the persisted record.

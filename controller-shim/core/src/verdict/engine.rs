@@ -332,7 +332,7 @@ impl Engine {
                         node: None,
                         mutable_mounts: 0,
                         stale_mutable_mounts: 0,
-                        subjects: Vec::new(),
+                        subjects: Box::default(),
                     });
                 h.node = pod.node.clone();
                 h.mutable_mounts = p.mutable;
@@ -430,12 +430,12 @@ impl Engine {
                 node: pod.node.clone(),
                 mutable_mounts: p.mutable,
                 stale_mutable_mounts: p.stale,
-                subjects,
+                subjects: subjects.into_boxed_slice(),
             },
         );
         PodVerdicts {
             pod: pod.clone(),
-            verdicts,
+            verdicts: verdicts.into_boxed_slice(),
         }
     }
 

@@ -62,8 +62,9 @@ pub struct PodHistory {
     pub mutable_mounts: u32,
     /// Of those, stale past grace (before the node rule).
     pub stale_mutable_mounts: u32,
-    /// Subjects.
-    pub subjects: Vec<SubjectHistory>,
+    /// Subjects (a boxed slice: its length is fixed once built, and it
+    /// saves a capacity word per pod).
+    pub subjects: Box<[SubjectHistory]>,
 }
 
 /// Per-node counters for the KubeletNotSyncing rule.

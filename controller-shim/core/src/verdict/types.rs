@@ -319,8 +319,9 @@ impl Verdict {
 pub struct PodVerdicts {
     /// The pod as evaluated (shared with the index, not copied).
     pub pod: Arc<PodModel>,
-    /// One verdict per volume, subPath mount and env reference.
-    pub verdicts: Vec<Verdict>,
+    /// One verdict per volume, subPath mount and env reference (a boxed
+    /// slice: fixed once built, one word less per published pod).
+    pub verdicts: Box<[Verdict]>,
 }
 
 impl PodVerdicts {
