@@ -23,6 +23,24 @@ use crate::remediation::{FULL_RUN, attempts, in_service, opt_in, remediation_arg
 use crate::shared::operator::{all_succeeded, assert_closed_until_verified, open_to_jobs, sample};
 use mountguard_core::remediation::{Attempt, Phase};
 
+/// slurmd reads its hooks at start: says so on the NodeSet's template and
+/// on the running pods `hosts`.
+fn hooks_read_at_start(api: &mountguard_tests::apiserver::ApiHandle, hosts: &[String]) {
+    let ann = json!({"metadata": {"annotations": {"mountguard.io/read-at-start": "hooks"}}});
+    api.merge_patch(
+        &resources::NODESETS,
+        SLURM_NAMESPACE,
+        NODESET,
+        &json!({"spec": {"template": ann}}),
+        None,
+    )
+    .unwrap();
+    for h in hosts {
+        api.merge_patch(&resources::PODS, SLURM_NAMESPACE, h, &ann, None)
+            .unwrap();
+    }
+}
+
 async fn start_with_operator(extra: &[&str]) -> System {
     let mut sys = System::start(Options {
         operator_rules: true,
@@ -52,21 +70,7 @@ async fn a_stale_hooks_configmap_read_at_start_is_repaired_against_the_operators
     let api = sys.cluster.api();
     let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
     let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
-    // slurmd reads its hooks at start: say so on the template and on the
-    // running pods.
-    let ann = json!({"metadata": {"annotations": {"mountguard.io/read-at-start": "hooks"}}});
-    api.merge_patch(
-        &resources::NODESETS,
-        SLURM_NAMESPACE,
-        NODESET,
-        &json!({"spec": {"template": ann}}),
-        None,
-    )
-    .unwrap();
-    for h in &hosts {
-        api.merge_patch(&resources::PODS, SLURM_NAMESPACE, h, &ann, None)
-            .unwrap();
-    }
+    hooks_read_at_start(&api, &hosts);
     wait_all_fresh(&sys).await;
     let (samples, sampler) = sample(sys.cluster.slurm(), hosts.clone());
     opt_in(&sys);
@@ -420,19 +424,7 @@ async fn with_return_to_service_2_no_job_starts_between_the_drain_and_the_verifi
     let api = sys.cluster.api();
     let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
     let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
-    let ann = json!({"metadata": {"annotations": {"mountguard.io/read-at-start": "hooks"}}});
-    api.merge_patch(
-        &resources::NODESETS,
-        SLURM_NAMESPACE,
-        NODESET,
-        &json!({"spec": {"template": ann}}),
-        None,
-    )
-    .unwrap();
-    for h in &hosts {
-        api.merge_patch(&resources::PODS, SLURM_NAMESPACE, h, &ann, None)
-            .unwrap();
-    }
+    hooks_read_at_start(&api, &hosts);
     wait_all_fresh(&sys).await;
     let (samples, sampler) = sample(slurm.clone(), hosts.clone());
     let scheduler = schedule_jobs(slurm.clone(), hosts.clone());
@@ -490,19 +482,7 @@ async fn a_node_an_administrator_drained_before_is_repaired_and_handed_back_with
     let slurm = sys.cluster.slurm();
     let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
     let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
-    let ann = json!({"metadata": {"annotations": {"mountguard.io/read-at-start": "hooks"}}});
-    api.merge_patch(
-        &resources::NODESETS,
-        SLURM_NAMESPACE,
-        NODESET,
-        &json!({"spec": {"template": ann}}),
-        None,
-    )
-    .unwrap();
-    for h in &hosts {
-        api.merge_patch(&resources::PODS, SLURM_NAMESPACE, h, &ann, None)
-            .unwrap();
-    }
+    hooks_read_at_start(&api, &hosts);
     wait_all_fresh(&sys).await;
     let admin = hosts[1].clone();
     wait(&sys, "worker 1 idle", Duration::from_secs(30), || {
