@@ -928,6 +928,31 @@ async fn clear_not_ready_taint(client: &kube::Client, name: &str) -> io::Result<
     }
 }
 
+/// Waits (up to 60 s) until the service-account controller has made the
+/// `default` ServiceAccount of `namespace`: the ServiceAccount admission
+/// plugin refuses pods in a namespace without it
+/// (plugin/pkg/admission/serviceaccount/admission.go, `Admit`).
+pub async fn wait_for_default_service_account(
+    client: &kube::Client,
+    namespace: &str,
+) -> io::Result<()> {
+    let path = format!("/api/v1/namespaces/{namespace}/serviceaccounts/default");
+    poll(
+        &format!("the default ServiceAccount of {namespace}"),
+        Duration::from_secs(60),
+        || {
+            let client = client.clone();
+            let path = path.clone();
+            async move {
+                let (code, _) = raw(&client, "GET", &path, None).await.ok()?;
+                (code == 200).then_some(())
+            }
+        },
+    )
+    .await
+    .map(|_| ())
+}
+
 /// The collection path of an object of `kind` (the kinds the rig applies).
 pub fn collection_path(api_version: &str, kind: &str, namespace: Option<&str>) -> Option<String> {
     let plural = match kind {

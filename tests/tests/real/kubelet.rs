@@ -6,7 +6,9 @@ use std::time::Duration;
 use base64::Engine as _;
 use mountguard_tests::mountguard::poll;
 use mountguard_tests::real::kubelet::RealKubelet;
-use mountguard_tests::real::{RealCluster, create, ensure_namespace, raw};
+use mountguard_tests::real::{
+    RealCluster, create, ensure_namespace, raw, wait_for_default_service_account,
+};
 use serde_json::json;
 
 /// The real kubelet registers its Node, runs a pod on the fake runtime
@@ -32,26 +34,9 @@ async fn real_kubelet_runs_a_pod_and_writes_its_secret_volume() {
     )
     .await
     .unwrap();
-    poll(
-        "the default ServiceAccount of t",
-        Duration::from_secs(60),
-        || {
-            let client = client.clone();
-            async move {
-                let (code, _) = raw(
-                    &client,
-                    "GET",
-                    "/api/v1/namespaces/t/serviceaccounts/default",
-                    None,
-                )
-                .await
-                .ok()?;
-                (code == 200).then_some(())
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_for_default_service_account(&client, "t")
+        .await
+        .unwrap();
     let pod = create(
         &client,
         &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "t"},
@@ -157,26 +142,9 @@ async fn real_kubelet_serves_the_old_immutable_secret_while_a_pod_pins_it() {
     };
     let client = cluster.client().await.unwrap();
     ensure_namespace(&client, "t").await.unwrap();
-    poll(
-        "the default ServiceAccount of t",
-        Duration::from_secs(60),
-        || {
-            let client = client.clone();
-            async move {
-                let (code, _) = raw(
-                    &client,
-                    "GET",
-                    "/api/v1/namespaces/t/serviceaccounts/default",
-                    None,
-                )
-                .await
-                .ok()?;
-                (code == 200).then_some(())
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_for_default_service_account(&client, "t")
+        .await
+        .unwrap();
     let (old, new) = (b"old slurm.key\n".to_vec(), b"new slurm.key\n".to_vec());
     create(&client, &immutable_secret(&old)).await.unwrap();
     let served = |uid: &str| {

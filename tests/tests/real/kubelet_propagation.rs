@@ -17,7 +17,9 @@ use std::time::Duration;
 use mountguard_inventory::ReadErrorKind;
 use mountguard_tests::mountguard::{ChildGuard, poll};
 use mountguard_tests::real::kubelet::RealKubelet;
-use mountguard_tests::real::{RealCluster, create, ensure_namespace, raw};
+use mountguard_tests::real::{
+    RealCluster, create, ensure_namespace, raw, wait_for_default_service_account,
+};
 use serde_json::json;
 
 use crate::kubelet_support::{agent_scan, b64};
@@ -72,26 +74,9 @@ async fn real_kubelet_tmpfs_volumes_reach_the_agent_through_host_to_container_pr
 
     let client = cluster.client().await.unwrap();
     ensure_namespace(&client, "t").await.unwrap();
-    poll(
-        "the default ServiceAccount of t",
-        Duration::from_secs(60),
-        || {
-            let client = client.clone();
-            async move {
-                let (code, _) = raw(
-                    &client,
-                    "GET",
-                    "/api/v1/namespaces/t/serviceaccounts/default",
-                    None,
-                )
-                .await
-                .ok()?;
-                (code == 200).then_some(())
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_for_default_service_account(&client, "t")
+        .await
+        .unwrap();
     create(
         &client,
         &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": "t"},
