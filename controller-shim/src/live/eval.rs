@@ -87,6 +87,9 @@ pub struct EvaluationSnapshot {
     pub verdicts: Vec<PodVerdicts>,
     /// Every pod controlled by a NodeSet.
     pub nodeset_pods: Vec<Arc<PodModel>>,
+    /// When the inventory (or the latest heartbeat) of each node running
+    /// one of `nodeset_pods` was scanned.
+    pub scanned_at: HashMap<Arc<str>, Timestamp>,
     /// Every NodeSet (`slinky.slurm.net/v1beta1`), empty when the CRD is
     /// absent.
     pub nodesets: Vec<Arc<DynamicObject>>,
@@ -601,6 +604,21 @@ impl EvalTask {
         );
         if self.snapshots.receiver_count() > 1 {
             let store = self.shared.verdicts.read().unwrap();
+            let nodeset_pods: Vec<Arc<PodModel>> = self
+                .index
+                .pod_ids()
+                .filter_map(|id| self.index.pod(id))
+                .filter(|p| p.nodeset.is_some())
+                .cloned()
+                .collect();
+            let scanned_at = nodeset_pods
+                .iter()
+                .filter_map(|p| p.node.clone())
+                .filter_map(|n| {
+                    let at = self.index.inventory(&n)?.scanned_at;
+                    Some((n, at))
+                })
+                .collect();
             let snap = EvaluationSnapshot {
                 at: Some(now),
                 verdicts: store
@@ -613,13 +631,8 @@ impl EvalTask {
                     })
                     .cloned()
                     .collect(),
-                nodeset_pods: self
-                    .index
-                    .pod_ids()
-                    .filter_map(|id| self.index.pod(id))
-                    .filter(|p| p.nodeset.is_some())
-                    .cloned()
-                    .collect(),
+                nodeset_pods,
+                scanned_at,
                 nodesets: self.nodesets.values().cloned().collect(),
                 nodesets_synced: self
                     .shared

@@ -674,6 +674,7 @@ impl Executor {
                     &snap.verdicts,
                     &snap.nodeset_pods,
                     snap.at,
+                    |node| snap.scanned_at.get(node).copied(),
                     &a,
                     &mut self.fresh_since,
                 ),

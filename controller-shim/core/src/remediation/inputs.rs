@@ -13,7 +13,7 @@ use super::machine::{Attempt, NewPodCheck, NodeCordon};
 use super::plan::{Candidate, CandidateFinding, NodeSetInfo};
 use super::{REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION};
 use crate::Fingerprint;
-use crate::model::PodModel;
+use crate::model::{ContainerKind, PodModel};
 use crate::verdict::{PodVerdicts, State};
 
 /// What remediation reads of a NodeSet (`slinky.slurm.net/v1beta1`).
@@ -159,11 +159,14 @@ pub fn nodeset_infos(
 /// `at`), and a pod is evaluated in the batch that adds it to the index (a
 /// pod without an inventory yet is Unverifiable, hence listed): a known,
 /// scheduled pod (in `nodeset_pods`) absent from the list is Fresh on every
-/// subject.
+/// subject. `scanned_at` gives the time of a node's latest inventory (or
+/// heartbeat): a Stale or Frozen verdict counts only once the replacement
+/// has settled on its node ([`settled`]); before that it is not judged.
 pub fn new_pod_check(
     verdicts: &[PodVerdicts],
     nodeset_pods: &[Arc<PodModel>],
     at: Option<Timestamp>,
+    scanned_at: impl Fn(&str) -> Option<Timestamp>,
     a: &Attempt,
     fresh_since: &mut HashMap<String, Timestamp>,
 ) -> NewPodCheck {
@@ -184,6 +187,7 @@ pub fn new_pod_check(
         return NewPodCheck::Fresh;
     };
     fresh_since.remove(&a.id);
+    let settled = settled(&pv.pod, pv.pod.node.as_deref().and_then(&scanned_at));
     let mut all_fresh = true;
     for f in &a.findings {
         let v = pv
@@ -192,6 +196,7 @@ pub fn new_pod_check(
             .find(|v| pv.subject(v).key() == f.subject);
         match v.map(|v| v.state) {
             Some(State::Fresh) => {}
+            Some(State::Stale(_) | State::Frozen(_)) if !settled => all_fresh = false,
             Some(s @ (State::Stale(_) | State::Frozen(_))) => {
                 let v = v.expect("matched");
                 let pinned = if v.pinned_by().is_empty() {
@@ -217,6 +222,35 @@ pub fn new_pod_check(
         NewPodCheck::Fresh
     } else {
         NewPodCheck::NotYet
+    }
+}
+
+/// Whether an inventory scanned at `scanned_at` shows `pod`'s volumes as
+/// the kubelet set them up for it: every regular container has started,
+/// and the scan is at least one second after the last start (`startedAt`
+/// has second precision: only a scan that late is certainly after it).
+/// The kubelet starts a pod's containers only once every volume of the pod
+/// is mounted and written (pkg/kubelet/kubelet.go `SyncPod`:
+/// `volumeManager.WaitForAttachAndMount` before `containerRuntime.SyncPod`);
+/// before that an agent scan can catch a volume the kubelet is still
+/// writing: an empty tmpfs, or AtomicWriter's `..data` link before the
+/// user-visible links to it (pkg/volume/util/atomic_writer.go, `Write`).
+/// A pod without regular containers never settles.
+pub fn settled(pod: &PodModel, scanned_at: Option<Timestamp>) -> bool {
+    let mut latest: Option<Timestamp> = None;
+    for c in pod
+        .containers
+        .iter()
+        .filter(|c| c.kind == ContainerKind::Regular)
+    {
+        match c.started_at {
+            Some(s) => latest = latest.max(Some(s)),
+            None => return false,
+        }
+    }
+    match (latest, scanned_at) {
+        (Some(started), Some(scanned)) => scanned >= started + jiff::SignedDuration::from_secs(1),
+        _ => false,
     }
 }
 
@@ -416,6 +450,7 @@ mod tests {
                 &verdicts,
                 std::slice::from_ref(&pod),
                 Some(t),
+                |_| Some(t + jiff::SignedDuration::from_secs(1)),
                 &a,
                 &mut HashMap::new(),
             )
@@ -435,5 +470,86 @@ mod tests {
         }
         // A subject the replacement does not have is not judged Fresh.
         assert_eq!(check(vec![finding("volume gone")]), NewPodCheck::NotYet);
+    }
+
+    #[test]
+    fn a_replacement_is_judged_still_stale_only_on_a_scan_after_its_containers_started() {
+        use crate::model::VolumeSource;
+        use crate::remediation::Finding;
+        use crate::testkit::{PodB, obj};
+        use crate::verdict::{StaleCause, SubjectId, Verdict};
+        use jiff::SignedDuration;
+        let started: Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
+        let src = VolumeSource::Object(obj(crate::SourceKind::ConfigMap, "hooks", &[], false));
+        let pod = |start: Option<Timestamp>| {
+            Arc::new(
+                PodB::new("slurm", "worker-0", "uid-new", "node-a")
+                    .volume("hooks", src.clone())
+                    .container("slurmd", start, &[("hooks", "")], vec![])
+                    .build(),
+            )
+        };
+        let check = |pod: Arc<PodModel>, scanned: Option<Timestamp>| {
+            // The kubelet's volume, caught half written: Stale.
+            let verdicts = vec![PodVerdicts {
+                pod: pod.clone(),
+                verdicts: vec![Verdict {
+                    id: SubjectId::Volume(0),
+                    state: State::Stale(StaleCause::Unknown),
+                    expected: None,
+                    observed: None,
+                    since: started,
+                    detail: None,
+                }]
+                .into(),
+            }];
+            let mut a = Attempt::new(
+                "a".into(),
+                "slurm",
+                "worker",
+                "worker-0",
+                "uid-old",
+                "node-a",
+                "worker-0",
+                vec![Finding {
+                    subject: serde_json::from_value(serde_json::json!("volume hooks")).unwrap(),
+                    state: "Frozen/ReadAtStart".into(),
+                    mounted: "-".into(),
+                    current: "-".into(),
+                }],
+                started,
+            );
+            a.new_pod_uid = Some("uid-new".into());
+            new_pod_check(
+                &verdicts,
+                std::slice::from_ref(&pod),
+                Some(started),
+                |node| (node == "node-a").then_some(scanned).flatten(),
+                &a,
+                &mut HashMap::new(),
+            )
+        };
+        let ms = SignedDuration::from_millis;
+        // Not started yet, or no scan after the start: not judged.
+        assert_eq!(
+            check(pod(None), Some(started + ms(10_000))),
+            NewPodCheck::NotYet
+        );
+        assert_eq!(check(pod(Some(started)), None), NewPodCheck::NotYet);
+        assert_eq!(
+            check(pod(Some(started)), Some(started)),
+            NewPodCheck::NotYet
+        );
+        assert_eq!(
+            check(pod(Some(started)), Some(started + ms(999))),
+            NewPodCheck::NotYet
+        );
+        // A scan a full second after the start: still stale.
+        assert!(matches!(
+            check(pod(Some(started)), Some(started + ms(1_000))),
+            NewPodCheck::StillStale { .. }
+        ));
+        assert!(!settled(&pod(Some(started)), Some(started + ms(999))));
+        assert!(settled(&pod(Some(started)), Some(started + ms(1_000))));
     }
 }
