@@ -80,6 +80,9 @@ struct PodRuntime {
     init_started: BTreeMap<String, StartedContainer>,
     next_sync: Instant,
     error: Option<String>,
+    /// The volumes' directories exist but are still empty (see
+    /// [`KubeletHandle::set_volume_setup`]).
+    mounted_empty: bool,
 }
 
 #[derive(Debug)]
@@ -90,6 +93,9 @@ struct State {
     resync_period: Duration,
     jitter: f64,
     syncs: u64,
+    /// How long a new pod's volumes stay mounted and empty before they are
+    /// written (zero: written in the first sync).
+    volume_setup: Duration,
 }
 
 #[derive(Debug)]
@@ -150,6 +156,7 @@ impl KubeletDouble {
                 resync_period: config.resync_period,
                 jitter: config.jitter,
                 syncs: 0,
+                volume_setup: Duration::ZERO,
             }),
             config,
             api,
@@ -302,6 +309,18 @@ impl KubeletHandle {
         }
         drop(s);
         self.inner.kick.notify_one();
+    }
+
+    /// Makes the first sync of each new pod mount its volumes empty and
+    /// write them `d` later, the containers starting only then: the real
+    /// kubelet mounts a Secret, ConfigMap or projected volume (a tmpfs or
+    /// an empty directory) before its AtomicWriter writes the files
+    /// (pkg/volume/secret/secret.go `SetUpAt`), and starts the containers
+    /// once every volume is set up (pkg/kubelet/kubelet.go `SyncPod`,
+    /// `WaitForAttachAndMount`). An agent scan in between sees empty
+    /// volumes of a pod that exists and is not running yet.
+    pub fn set_volume_setup(&self, d: Duration) {
+        lock(&self.inner.state).volume_setup = d;
     }
 
     /// Resyncs every pod now.
@@ -468,6 +487,7 @@ fn pod_changed(inner: &Inner, pod: Value) {
                 init_started: BTreeMap::new(),
                 next_sync: Instant::now(),
                 error: None,
+                mounted_empty: false,
             },
         );
         drop(s);
@@ -504,6 +524,24 @@ fn sync_pod(inner: &Inner, uid: &str) {
     rt.next_sync = Instant::now() + jittered(period.0, period.1);
     let pod = rt.pod.clone();
     let first_start = rt.started.is_empty();
+    if first_start && !rt.mounted_empty && !s.volume_setup.is_zero() {
+        // Mounted, not written yet (see `set_volume_setup`).
+        rt.mounted_empty = true;
+        rt.next_sync = Instant::now() + s.volume_setup;
+        for vol in pod["spec"]["volumes"].as_array().into_iter().flatten() {
+            if let (Some(plugin), Some(name)) = (projection::plugin_dir(vol), vol["name"].as_str())
+            {
+                let dir = layout::pod_dir(&root, uid)
+                    .join(layout::VOLUMES_DIR)
+                    .join(plugin)
+                    .join(name);
+                if let Err(e) = std::fs::create_dir_all(&dir) {
+                    rt.error = Some(format!("mounting volume {name}: {e}"));
+                }
+            }
+        }
+        return;
+    }
     let mut sources = Sources {
         api: &api,
         secrets: &mut s.secrets,

@@ -8,7 +8,9 @@ use std::time::Duration;
 use mountguard_controller::live::slurm::{
     JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource,
 };
-use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
+use mountguard_core::remediation::{
+    ATTEMPTS_ANNOTATION, AttemptsRecord, Phase, REMEDIATE_ANNOTATION,
+};
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{JWT_SECRET, NODESET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;
@@ -392,5 +394,43 @@ async fn pinned_cache_is_reported_not_looped(pin: serde_json::Value, pin_name: &
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
     let sys = start("on", &["--slurm-jwt-key-secret", &jwt]).await;
     crate::shared::remediation::pinned_cache_is_reported_not_looped(&sys, pin, pin_name).await;
+    sys.shutdown().await;
+}
+
+/// The kubelet doubles mount each new pod's volumes empty and write them
+/// 4 s later, starting the containers only then (as the real kubelet sets
+/// volumes up before it starts containers): the agents report the
+/// replacements' empty volumes while their pods exist and do not run yet.
+/// No attempt takes that for a replacement still stale: each waits until
+/// its replacement runs, verifies it and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_seen_while_the_kubelet_still_writes_its_volumes_is_not_judged_stale() {
+    let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
+    let sys = start("on", &["--slurm-jwt-key-secret", &jwt]).await;
+    let api = sys.cluster.api();
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    wait_all_fresh(&sys).await;
+    for i in 0..pods.len() {
+        sys.cluster
+            .kubelet(i)
+            .set_volume_setup(Duration::from_secs(4));
+    }
+    opt_in(&sys);
+    rotate_auth_key(&api).unwrap();
+    let all = wait(
+        &sys,
+        "every attempt closed",
+        Duration::from_secs(180),
+        || {
+            let a = attempts(&sys);
+            let failed = a.iter().any(|a| matches!(a.phase, Phase::Failed(_)));
+            async move { (failed || (a.len() == 3 && a.iter().all(|a| !a.is_open()))).then_some(a) }
+        },
+    )
+    .await;
+    for a in &all {
+        assert_eq!(a.phase, Phase::Succeeded, "{a:?}");
+        assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
+    }
     sys.shutdown().await;
 }
