@@ -45,11 +45,34 @@ fi
 go_version="$("$GO" env GOVERSION)"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
+# fakecri (scripts/fakecri/main.go, a program of ours): the fake CRI runtime
+# the real kubelets run on, built inside the kubelet's module (same k8s.io/*
+# versions) on its own key, so a change to it rebuilds only it.
+fakecri_src="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/fakecri/main.go"
+[ -f "$fakecri_src" ] || { echo "error: $fakecri_src is missing" >&2; exit 1; }
+fakecri_sha="$(sha256sum "$fakecri_src" | cut -c1-16)"
+
+# Builds fakecri into <dir>/bin from the Kubernetes module in <dir>/src/k8s
+# unless <dir>/fakecri.sha says the binary there is from this source.
+build_fakecri() {
+    local dir="$1"
+    if [ "$(cat "$dir/fakecri.sha" 2>/dev/null)" = "$fakecri_sha" ] && [ -x "$dir/bin/fakecri" ]; then
+        return 0
+    fi
+    log "building fakecri ($fakecri_sha)"
+    mkdir -p "$dir/src/k8s/fakecri"
+    cp "$fakecri_src" "$dir/src/k8s/fakecri/main.go"
+    (cd "$dir/src/k8s" && nice -n 10 "$GO" build -trimpath -ldflags "-s -w" -o "$dir/bin/fakecri.new" ./fakecri)
+    mv "$dir/bin/fakecri.new" "$dir/bin/fakecri"
+    echo "$fakecri_sha" > "$dir/fakecri.sha"
+}
+
 root="${MOUNTGUARD_UPSTREAM_DIR:-$HOME/.cache/mountguard-upstream}"
 key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_slinky-${SLINKY_VERSION}_${go_version}_r${RECIPE}"
 out="$root/$key"
 if [ -f "$out/complete" ]; then
     log "upstream programs cached in $out"
+    build_fakecri "$out"
     for e in "$out"/*.error; do
         [ -f "$e" ] || continue
         echo "SKIPPED: $(basename "$e" .error) was not built with these pins:" >&2
@@ -86,44 +109,6 @@ k8s_go="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$k8s_gomod")"
     grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$k8s_gomod" \
         | awk -v v="$staging_version" '{ print "replace " $1 " => " $1 " " v }'
 } > "$out.partial/src/k8s/go.mod"
-# A tiny program of our own (not upstream code): serves upstream's fake CRI
-# runtime (k8s.io/cri-client/pkg/fake) on a unix socket, so a kubelet can run
-# pods without images, cgroups for containers or a network.
-mkdir -p "$out.partial/src/k8s/fakecri"
-cat > "$out.partial/src/k8s/fakecri/main.go" <<'EOF'
-// Command fakecri serves k8s.io/cri-client/pkg/fake's fake remote runtime on
-// the unix socket given as its only argument until it is signalled.
-package main
-
-import (
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
-
-	fake "k8s.io/cri-client/pkg/fake"
-)
-
-func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: fakecri unix:///path/to/cri.sock")
-		os.Exit(2)
-	}
-	rt := fake.NewFakeRemoteRuntime()
-	// Images "pulled" by the fake have this size; the kubelet refuses an
-	// image status without one ("Id or size of image ... is not set").
-	rt.ImageService.SetFakeImageSize(1 << 20)
-	if err := rt.Start(os.Args[1]); err != nil {
-		fmt.Fprintln(os.Stderr, "fakecri: start:", err)
-		os.Exit(1)
-	}
-	fmt.Println("fakecri: serving", os.Args[1])
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
-	<-sig
-	rt.Stop()
-}
-EOF
 ldflags="-s -w"
 for var in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) gitTreeState=clean; do
     ldflags="$ldflags -X k8s.io/component-base/version.$var"
@@ -135,8 +120,7 @@ log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet $
         k8s.io/kubernetes/cmd/kube-apiserver \
         k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler \
-        k8s.io/kubernetes/cmd/kubelet \
-        ./fakecri
+        k8s.io/kubernetes/cmd/kubelet
     nice -n 10 "$GO" build -trimpath -ldflags "-s -w" -o "$out.partial/bin/etcd" go.etcd.io/etcd/server/v3
 )
 
@@ -175,6 +159,7 @@ go.etcd.io/etcd/server/v3 $ETCD_VERSION
 github.com/SlinkyProject/slurm-operator $SLINKY_VERSION
 $go_version
 EOF
+build_fakecri "$out.partial"
 log "built in $((SECONDS - start)) s; $(du -sh "$out.partial/bin" | cut -f1) of binaries"
 touch "$out.partial/complete"
 rm -rf "$out"

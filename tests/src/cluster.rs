@@ -368,7 +368,7 @@ fn slinky_objects(api: &ApiHandle, replicas: usize) -> Result<(), crate::apiserv
     Ok(())
 }
 
-pub(crate) fn decode_key(secret: &Value, key: &str) -> Option<Vec<u8>> {
+pub fn decode_key(secret: &Value, key: &str) -> Option<Vec<u8>> {
     base64::engine::general_purpose::STANDARD
         .decode(secret["data"][key].as_str()?)
         .ok()

@@ -1,9 +1,21 @@
 //! The real kubelet (`k8s.io/kubernetes/cmd/kubelet`, built by
 //! `scripts/upstream.sh`) against the real API server, with upstream's fake
-//! CRI runtime (`k8s.io/cri-client/pkg/fake`, served by the script's small
-//! `fakecri` main) as its container runtime: no images, no containers, no
-//! network. Its volume manager, Secret/ConfigMap managers and AtomicWriter
-//! are the real ones.
+//! CRI runtime (`k8s.io/cri-client/pkg/fake`, served by our small
+//! `scripts/fakecri/main.go`) as its container runtime: no images, no
+//! containers, no network. Its volume manager, Secret/ConfigMap managers
+//! and AtomicWriter are the real ones.
+//!
+//! A container exec (CRI `ExecSync`: the kubelet's exec probes and
+//! postStart/preStop exec hooks) does nothing on the fake runtime, unless
+//! the kubelet is started with an [`ExecHook`]
+//! ([`RealKubelet::start_with_exec`]): then fakecri posts each exec to a
+//! small HTTP server of the rig, which runs the hook with the pod (read
+//! from the API) and its directory under the kubelet's root, as the node
+//! doubles do. The kubelet's own termination path decides when: on a
+//! graceful deletion (a DELETE or an eviction) it runs the preStop hook
+//! before it stops the container (pkg/kubelet/kuberuntime/
+//! kuberuntime_container.go, `killContainer` calling
+//! `executePreStopHook`).
 //!
 //! The KubeletConfiguration turns off what needs a real node
 //! (pkg/kubelet/apis/config/types.go for each field):
@@ -41,7 +53,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use hyper::StatusCode;
+use serde_json::{Value, json};
+
+use super::node::{ExecHook, PreStop};
 use super::{RealCluster, raw};
+use crate::http::{Server, json as json_response, read_body};
 use crate::mountguard::{ChildGuard, free_addr, poll};
 
 /// The kubelet's `syncFrequency` in the rig.
@@ -63,7 +80,22 @@ pub struct RealKubelet {
     cwd: PathBuf,
     log: PathBuf,
     healthz: u16,
+    /// The server fakecri posts container execs to, with an exec hook.
+    exec_server: Option<Server>,
+    /// The execs fakecri posted, in order.
+    exec_calls: ExecCalls,
 }
+
+/// A container exec the kubelet asked the runtime for: pod
+/// `namespace/name`, container, command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecCall {
+    pub pod: String,
+    pub container: String,
+    pub command: Vec<String>,
+}
+
+type ExecCalls = std::sync::Arc<std::sync::Mutex<Vec<ExecCall>>>;
 
 fn spawn_kubelet(
     name: &str,
@@ -81,6 +113,16 @@ impl RealKubelet {
     /// directory under the cluster's; waits until the kubelet registered
     /// the Node and reports it Ready, or fails with the kubelet's log.
     pub async fn start(cluster: &RealCluster, name: &str) -> io::Result<Self> {
+        Self::start_with_exec(cluster, name, None).await
+    }
+
+    /// [`Self::start`], with container execs run by `exec` (see the
+    /// module doc); `None`: execs do nothing.
+    pub async fn start_with_exec(
+        cluster: &RealCluster,
+        name: &str,
+        exec: Option<ExecHook>,
+    ) -> io::Result<Self> {
         let dir = cluster.dir().join(format!("kubelet-{name}"));
         let root = dir.join("root");
         std::fs::create_dir_all(&root)?;
@@ -93,8 +135,24 @@ impl RealKubelet {
         let sock = dir.join("cri.sock");
         let endpoint = format!("unix://{}", sock.display());
         let logs = cluster.logs_dir();
+        let exec_calls = ExecCalls::default();
+        let exec_server = match exec {
+            Some(hook) => Some(
+                exec_server(
+                    cluster.client().await?,
+                    root.clone(),
+                    hook,
+                    exec_calls.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
         let mut cmd = Command::new(cluster.upstream().binary("fakecri")?);
         cmd.arg(&endpoint).current_dir(&cwd);
+        if let Some(s) = &exec_server {
+            cmd.arg(format!("{}/exec", s.url()));
+        }
         let cri = ChildGuard::spawn(
             &format!("fakecri-{name}"),
             cmd,
@@ -157,6 +215,9 @@ impl RealKubelet {
                 kubelet.log_tail(40)
             )));
         }
+        // Node lifecycle does not run in the rig: what it would do once
+        // the node is Ready (see `clear_not_ready_taint`).
+        super::clear_not_ready_taint(&client, name).await?;
         Ok(Self {
             name: name.to_string(),
             root,
@@ -166,6 +227,8 @@ impl RealKubelet {
             cwd,
             log,
             healthz,
+            exec_server,
+            exec_calls,
         })
     }
 
@@ -208,6 +271,15 @@ impl RealKubelet {
         Ok(())
     }
 
+    /// The container execs (probes, exec hooks) this kubelet ran through
+    /// its runtime, when started with an exec hook.
+    pub fn exec_calls(&self) -> Vec<ExecCall> {
+        self.exec_calls
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_default()
+    }
+
     /// Node name.
     pub fn name(&self) -> &str {
         &self.name
@@ -237,6 +309,7 @@ impl RealKubelet {
                 c.kill();
             }
         }
+        self.exec_server.take();
         for m in mounts_under(&self.root) {
             let _ = Command::new("umount").arg("-l").arg(&m).status();
         }
@@ -247,6 +320,86 @@ impl Drop for RealKubelet {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// The server fakecri posts a container exec to (`POST /exec`, the JSON
+/// of scripts/fakecri/main.go `execCall`): runs `hook` with the pod read
+/// from the API by namespace and name (the same UID: a terminating pod is
+/// still there while its preStop hook runs) and its directory under
+/// `root`, and answers exit code 0; an exec of a pod the API no longer
+/// has, or a malformed call, answers exit code 1 with the reason on
+/// stderr (what the kubelet records as a failed hook).
+async fn exec_server(
+    client: kube::Client,
+    root: PathBuf,
+    hook: ExecHook,
+    calls: ExecCalls,
+) -> io::Result<Server> {
+    Server::start(move |req| {
+        let (client, root, hook, calls) =
+            (client.clone(), root.clone(), hook.clone(), calls.clone());
+        async move {
+            let failed = |why: String| {
+                json_response(
+                    StatusCode::OK,
+                    &json!({"exitCode": 1, "stdout": "", "stderr": why}),
+                )
+            };
+            let body = match read_body(req).await {
+                Ok((_, b)) => b,
+                Err(e) => return failed(e),
+            };
+            let call: Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => return failed(format!("not an exec call: {e}")),
+            };
+            let field = |k: &str| call[k].as_str().unwrap_or("").to_string();
+            let (ns, name, uid) = (field("podNamespace"), field("podName"), field("podUid"));
+            let pod = match raw(
+                &client,
+                "GET",
+                &format!("/api/v1/namespaces/{ns}/pods/{name}"),
+                None,
+            )
+            .await
+            {
+                Ok((200, p)) if p["metadata"]["uid"] == uid.as_str() => p,
+                other => return failed(format!("pod {ns}/{name} ({uid}): {other:?}")),
+            };
+            let command: Vec<String> = call["cmd"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|a| a.as_str().map(String::from))
+                .collect();
+            let container = field("container");
+            if let Ok(mut c) = calls.lock() {
+                c.push(ExecCall {
+                    pod: format!("{ns}/{name}"),
+                    container: container.clone(),
+                    command: command.clone(),
+                });
+            }
+            let pod_dir = mountguard_inventory::layout::pod_dir(&root, &uid);
+            let ran = tokio::task::spawn_blocking(move || {
+                (hook.0)(&PreStop {
+                    pod: &pod,
+                    container: &container,
+                    command,
+                    pod_dir,
+                })
+            })
+            .await;
+            match ran {
+                Ok(()) => json_response(
+                    StatusCode::OK,
+                    &json!({"exitCode": 0, "stdout": "", "stderr": ""}),
+                ),
+                Err(e) => failed(format!("the exec hook failed: {e}")),
+            }
+        }
+    })
+    .await
 }
 
 /// Mount points at or under `dir`, deepest first (from /proc/self/mounts;

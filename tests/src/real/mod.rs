@@ -325,6 +325,7 @@ impl RealClusterBuilder {
         let mut cluster = RealCluster {
             slurm,
             slinky: None,
+            slinky_rules: None,
             upstream,
             etcd: None,
             apiserver: None,
@@ -369,18 +370,14 @@ impl RealClusterBuilder {
             clear_not_ready_taint(&client, &name).await?;
             cluster.nodes.push(node);
         }
-        if let (Some(rules), Some(slurm)) = (self.slinky_doubles, cluster.slurm.as_ref()) {
+        cluster.slinky_rules = self.slinky_doubles;
+        if self.slinky_doubles.is_some() && !cluster.nodes.is_empty() {
             let roots = cluster
                 .nodes
                 .iter()
                 .map(|n| (n.name().to_string(), n.root().to_path_buf()))
                 .collect();
-            cluster.slinky = Some(slinky::SlinkyDoubles::start(
-                std::sync::Arc::new(objects::RealObjects::new(client.clone())),
-                slurm.handle(),
-                roots,
-                rules,
-            ));
+            cluster.start_slinky_doubles(roots).await?;
         }
         Ok(cluster)
     }
@@ -391,6 +388,8 @@ impl RealClusterBuilder {
 pub struct RealCluster {
     slurm: Option<crate::slurmrestd::SlurmrestdDouble>,
     slinky: Option<slinky::SlinkyDoubles>,
+    /// `Some(operator_rules)` when built with the Slinky doubles.
+    slinky_rules: Option<bool>,
     upstream: Upstream,
     etcd: Option<ChildGuard>,
     apiserver: Option<ChildGuard>,
@@ -483,6 +482,34 @@ impl RealCluster {
     /// Whether the NodeSet double creates the NodeSet's pods.
     pub fn has_nodeset_double(&self) -> bool {
         self.slinky.is_some()
+    }
+
+    /// Starts the NodeSet double and the slurmd bridge of a cluster built
+    /// with [`RealClusterBuilder::slinky_doubles`] for the nodes in `roots`
+    /// (node name -> kubelet root). The builder does it for its node
+    /// doubles; a cluster whose nodes are real kubelets, started after the
+    /// control plane ([`kubelet::RealKubelet::start`]), calls it once they
+    /// run.
+    pub async fn start_slinky_doubles(
+        &mut self,
+        roots: std::collections::BTreeMap<String, PathBuf>,
+    ) -> io::Result<()> {
+        let (Some(rules), Some(slurm)) = (self.slinky_rules, self.slurm.as_ref()) else {
+            return Err(io::Error::other(
+                "the cluster was built without the Slinky doubles (RealClusterBuilder::slinky_doubles)",
+            ));
+        };
+        if self.slinky.is_some() {
+            return Err(io::Error::other("the Slinky doubles already run"));
+        }
+        let client = self.client().await?;
+        self.slinky = Some(slinky::SlinkyDoubles::start(
+            std::sync::Arc::new(objects::RealObjects::new(client)),
+            slurm.handle(),
+            roots,
+            rules,
+        ));
+        Ok(())
     }
 
     /// An admin client as [`crate::objects::Objects`] (the calls block;
@@ -879,7 +906,7 @@ pub async fn ensure_namespace(client: &kube::Client, name: &str) -> io::Result<(
 }
 
 /// Removes the `node.kubernetes.io/not-ready:NoSchedule` taint from a node
-/// double's Node once it reports Ready, as the node lifecycle controller
+/// double's or a real kubelet's Node once it reports Ready, as the node lifecycle controller
 /// would (pkg/controller/nodelifecycle/node_lifecycle_controller.go,
 /// `doNoScheduleTaintingPass`: a Ready node keeps no condition taint). The
 /// API server's NodeTaint admission plugin puts it on every new Node
@@ -889,7 +916,7 @@ pub async fn ensure_namespace(client: &kube::Client, name: &str) -> io::Result<(
 /// follows it) keeps every pod without a toleration off the node. Done
 /// with the admin client: NodeRestriction lets a node set its taints only
 /// when it registers.
-async fn clear_not_ready_taint(client: &kube::Client, name: &str) -> io::Result<()> {
+pub(crate) async fn clear_not_ready_taint(client: &kube::Client, name: &str) -> io::Result<()> {
     const NOT_READY: &str = "node.kubernetes.io/not-ready";
     let path = format!("/api/v1/nodes/{name}");
     let deadline = std::time::Instant::now() + Duration::from_secs(30);

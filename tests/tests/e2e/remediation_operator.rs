@@ -20,26 +20,10 @@ use tokio::task::JoinHandle;
 
 use crate::harness::{Options, System, wait, wait_all_fresh};
 use crate::remediation::{FULL_RUN, attempts, in_service, opt_in, remediation_args};
-use crate::shared::operator::{all_succeeded, assert_closed_until_verified, open_to_jobs, sample};
+use crate::shared::operator::{
+    assert_closed_until_verified, hooks_read_at_start, open_to_jobs, sample,
+};
 use mountguard_core::remediation::{Attempt, Phase};
-
-/// slurmd reads its hooks at start: says so on the NodeSet's template and
-/// on the running pods `hosts`.
-fn hooks_read_at_start(api: &mountguard_tests::apiserver::ApiHandle, hosts: &[String]) {
-    let ann = json!({"metadata": {"annotations": {"mountguard.io/read-at-start": "hooks"}}});
-    api.merge_patch(
-        &resources::NODESETS,
-        SLURM_NAMESPACE,
-        NODESET,
-        &json!({"spec": {"template": ann}}),
-        None,
-    )
-    .unwrap();
-    for h in hosts {
-        api.merge_patch(&resources::PODS, SLURM_NAMESPACE, h, &ann, None)
-            .unwrap();
-    }
-}
 
 async fn start_with_operator(extra: &[&str]) -> System {
     let mut sys = System::start(Options {
@@ -67,65 +51,8 @@ async fn a_stale_hooks_configmap_read_at_start_is_repaired_against_the_operators
  {
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
     let sys = start_with_operator(&["--slurm-jwt-key-secret", &jwt]).await;
-    let api = sys.cluster.api();
-    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
-    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
-    hooks_read_at_start(&api, &hosts);
-    wait_all_fresh(&sys).await;
-    let (samples, sampler) = sample(sys.cluster.slurm(), hosts.clone());
-    opt_in(&sys);
-    api.merge_patch(
-        &resources::CONFIGMAPS,
-        SLURM_NAMESPACE,
-        HOOKS_CONFIGMAP,
-        &json!({"data": {"99-mountguard.sh": "#!/bin/sh\necho new hooks\n"}}),
-        None,
-    )
-    .unwrap();
-    let all = all_succeeded(&sys, &hosts).await;
-    sampler.abort();
-    for a in &all {
-        assert!(
-            a.findings.iter().any(|f| f.state == "Frozen/ReadAtStart"),
-            "{a:?}"
-        );
-        let reasons = assert_closed_until_verified(&samples, a);
-        assert!(
-            reasons
-                .iter()
-                .all(|r| *r == a.drain_reason || r == PRESTOP_REASON),
-            "only our reason and the hook's: {reasons:?}"
-        );
-        // The hook authenticated (the key is current): mountguard saw its
-        // DOWN and reason replace ours, and drained again with its own.
-        assert!(a.prestop_down, "{a:?}");
-        // Drained, held with FAIL before the eviction, held again after the
-        // hook: each with our reason.
-        let ours = |state: &str| {
-            sys.cluster
-                .slurm()
-                .writes()
-                .iter()
-                .filter(|w| {
-                    w.node == a.slurm_node
-                        && w.body == json!({"state": [state], "reason": a.drain_reason})
-                })
-                .count()
-        };
-        assert_eq!(ours("DRAIN"), 1, "drained once");
-        assert!(ours("FAIL") >= 2, "held, then held again: {}", ours("FAIL"));
-    }
-    // Released by a RESUME after the verification, never by the
-    // operator's UNDRAIN of a node that still carried our reason.
-    let writes = sys.cluster.slurm().writes();
-    for h in &hosts {
-        assert!(
-            writes
-                .iter()
-                .any(|w| w.node == *h && w.body == json!({"state": ["RESUME"]})),
-            "{h}: {writes:?}"
-        );
-    }
+    crate::shared::operator::stale_hooks_read_at_start_are_repaired_through_the_prestop_hook(&sys)
+        .await;
     sys.shutdown().await;
 }
 

@@ -152,13 +152,24 @@ impl RealSystem {
         Self::start_opts(nodes, Nodes::Doubles, Some(operator_rules)).await
     }
 
+    /// The remediation tier with the real kubelet on the fake CRI runtime
+    /// running every node's pods, the NodeSet's included; container execs
+    /// (the slurmd preStop hook, with `operator_rules`) go to the same
+    /// exec hook as the node doubles' (`RealKubelet::start_with_exec`).
+    pub async fn start_remediation_on_real_kubelets(
+        nodes: usize,
+        operator_rules: bool,
+    ) -> RealSystem {
+        Self::start_opts(nodes, Nodes::RealKubelets, Some(operator_rules)).await
+    }
+
     async fn start_opts(nodes: usize, kind: Nodes, slinky: Option<bool>) -> RealSystem {
         for bin in ["mountguard-controller", "mountguard-agent"] {
             if let Err(e) = binary(bin) {
                 panic!("{e}");
             }
         }
-        let cluster = {
+        let mut cluster = {
             let mut b =
                 RealCluster::builder().nodes(if kind == Nodes::Doubles { nodes } else { 0 });
             if let Some(rules) = slinky {
@@ -172,10 +183,22 @@ impl RealSystem {
         let mut kubelets = Vec::new();
         if kind == Nodes::RealKubelets {
             for i in 0..nodes {
-                match RealKubelet::start(&cluster, &format!("node-{i}")).await {
+                let exec = cluster
+                    .slurm()
+                    .map(mountguard_tests::real::slinky::slurmd_exec_hook);
+                match RealKubelet::start_with_exec(&cluster, &format!("node-{i}"), exec).await {
                     Ok(k) => kubelets.push(k),
                     Err(e) => panic!("{e}"),
                 }
+            }
+        }
+        if kind == Nodes::RealKubelets && slinky.is_some() {
+            let roots = kubelets
+                .iter()
+                .map(|k| (k.name().to_string(), k.root().to_path_buf()))
+                .collect();
+            if let Err(e) = cluster.start_slinky_doubles(roots).await {
+                panic!("starting the Slinky doubles: {e}");
             }
         }
         let node_roots: Vec<(String, PathBuf)> = match kind {

@@ -23,6 +23,7 @@ mod kubelet;
 mod kubelet_files;
 mod kubelet_mountguard;
 mod kubelet_propagation;
+mod kubelet_remediation;
 mod kubelet_support;
 mod kubelet_updates;
 mod node_double;

@@ -9,9 +9,14 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use mountguard_core::remediation::{Attempt, Phase};
+use mountguard_tests::apiserver::resources;
+use mountguard_tests::cluster::{HOOKS_CONFIGMAP, NODESET, SLURM_NAMESPACE};
+use mountguard_tests::objects::Objects;
+use mountguard_tests::operator::PRESTOP_REASON;
 use mountguard_tests::rig::{Rig, attempts, opt_in, wait, wait_all_fresh, wait_for_slurmd_pods};
 use mountguard_tests::scenario::rotate_auth_key;
 use mountguard_tests::slurmrestd::{NodeView, SlurmHandle};
+use serde_json::json;
 use tokio::task::JoinHandle;
 
 use super::remediation::{FULL_RUN, in_service};
@@ -85,7 +90,11 @@ pub async fn all_succeeded<R: Rig>(sys: &R, hosts: &[String]) -> Vec<Attempt> {
         Duration::from_secs(300),
         || {
             let a = attempts(sys);
-            async move { (a.len() == 3 && a.iter().all(|a| !a.is_open())).then_some(a) }
+            // A failed attempt ends the wait at once (it may keep its
+            // node drained, and so stay open): the assertions below say
+            // why it failed.
+            let failed = a.iter().any(|a| matches!(a.phase, Phase::Failed(_)));
+            async move { (failed || (a.len() == 3 && a.iter().all(|a| !a.is_open()))).then_some(a) }
         },
     )
     .await;
@@ -190,4 +199,91 @@ pub async fn leader_failover_mid_attempt_finishes_it_once<R: Rig>(sys: &mut R) {
         assert_eq!(sys.evictions_of(&x.pod), 1, "{}: evicted once", x.pod);
     }
     b.kill();
+}
+
+/// slurmd reads its hooks at start: says so on the NodeSet's template and
+/// on the running pods `hosts`.
+pub fn hooks_read_at_start(api: &(impl Objects + ?Sized), hosts: &[String]) {
+    let ann = json!({"metadata": {"annotations": {"mountguard.io/read-at-start": "hooks"}}});
+    api.merge_patch(
+        &resources::NODESETS,
+        SLURM_NAMESPACE,
+        NODESET,
+        &json!({"spec": {"template": ann}}),
+        None,
+    )
+    .unwrap();
+    for h in hosts {
+        api.merge_patch(&resources::PODS, SLURM_NAMESPACE, h, &ann, None)
+            .unwrap();
+    }
+}
+
+/// `sys` runs the operator's rules and the controller with remediation on
+/// (jwt.key Secret): the hooks ConfigMap, read at start, changes; every
+/// worker is `Frozen/ReadAtStart` and repaired. The key is current, so the
+/// slurmd preStop hook, run by whatever runs the node's containers on the
+/// eviction's graceful deletion, authenticates: its DOWN and reason
+/// replace mountguard's drain, which mountguard sees and holds again (FAIL)
+/// with its own reason; no node is open to jobs before its verification,
+/// and each is released with a RESUME, never by the operator's UNDRAIN of
+/// a node that still carried mountguard's reason.
+pub async fn stale_hooks_read_at_start_are_repaired_through_the_prestop_hook<R: Rig>(sys: &R) {
+    let api = sys.objects();
+    let slurm = sys.slurm();
+    let pods = wait_for_slurmd_pods(sys).await;
+    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
+    hooks_read_at_start(&*api, &hosts);
+    wait_all_fresh(sys).await;
+    let (samples, sampler) = sample(slurm.clone(), hosts.clone());
+    opt_in(sys);
+    api.merge_patch(
+        &resources::CONFIGMAPS,
+        SLURM_NAMESPACE,
+        HOOKS_CONFIGMAP,
+        &json!({"data": {"99-mountguard.sh": "#!/bin/sh\necho new hooks\n"}}),
+        None,
+    )
+    .unwrap();
+    let all = all_succeeded(sys, &hosts).await;
+    sampler.abort();
+    for a in &all {
+        assert!(
+            a.findings.iter().any(|f| f.state == "Frozen/ReadAtStart"),
+            "{a:?}"
+        );
+        let reasons = assert_closed_until_verified(&samples, a);
+        assert!(
+            reasons
+                .iter()
+                .all(|r| *r == a.drain_reason || r == PRESTOP_REASON),
+            "only our reason and the hook's: {reasons:?}"
+        );
+        // The hook authenticated (the key is current): mountguard saw its
+        // DOWN and reason replace ours, and drained again with its own.
+        assert!(a.prestop_down, "{a:?}");
+        // Drained, held with FAIL before the eviction, held again after the
+        // hook: each with our reason.
+        let ours = |state: &str| {
+            slurm
+                .writes()
+                .iter()
+                .filter(|w| {
+                    w.node == a.slurm_node
+                        && w.body == json!({"state": [state], "reason": a.drain_reason})
+                })
+                .count()
+        };
+        assert_eq!(ours("DRAIN"), 1, "drained once");
+        assert!(ours("FAIL") >= 2, "held, then held again: {}", ours("FAIL"));
+    }
+    let writes = slurm.writes();
+    for h in &hosts {
+        assert!(
+            writes
+                .iter()
+                .any(|w| w.node == *h && w.body == json!({"state": ["RESUME"]})),
+            "{h}: {writes:?}"
+        );
+    }
 }
