@@ -472,7 +472,7 @@ fn write_table(
         }
     }
     if rows.len() > 1 {
-        crate::table::write_aligned(&rows, out)?;
+        mountguard_inventory::table::write_aligned(&rows, out)?;
         for n in notes {
             writeln!(out, "  {n}")?;
         }

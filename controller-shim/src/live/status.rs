@@ -21,13 +21,13 @@ use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::table::write_aligned;
 use mountguard_core::Fingerprint;
 use mountguard_core::model::{PodModel, SourceRef};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
 use mountguard_core::verdict::{PodVerdicts, State, Verdict};
+use mountguard_inventory::table::write_aligned;
 
 /// What one pod's verdicts were computed against: the node inventory's scan
 /// time and the fingerprint of every source the pod references.

@@ -17,8 +17,8 @@ use serde::Serialize;
 use super::client::Endpoint;
 use super::status::StatusOutput;
 use crate::Error;
-use crate::table::write_aligned;
 use mountguard_core::rollout::{Progress, RolloutDoc, SourceItem, Target, decide};
+use mountguard_inventory::table::write_aligned;
 
 /// The condition `wait` waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
