@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 
+use mountguard_inventory::table::write_aligned;
 use mountguard_inventory::{NodeInventory, ReadError, digest::to_hex};
 
 /// Characters of a digest shown in the table.
@@ -72,29 +73,11 @@ pub fn table(inv: &NodeInventory) -> String {
             }
         }
     }
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let mut line = |cells: &[&str]| {
-        let mut l = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            if i + 1 == cells.len() {
-                l.push_str(cell);
-            } else {
-                let _ = write!(l, "{cell:<w$}  ");
-            }
-        }
-        out.push_str(l.trim_end());
-        out.push('\n');
-    };
-    line(&header);
-    for row in &rows {
-        line(&row.each_ref().map(String::as_str));
-    }
+    let mut table = vec![header.map(String::from)];
+    table.extend_from_slice(&rows);
+    let mut bytes = Vec::new();
+    write_aligned(&table, &mut bytes).expect("writing to a Vec cannot fail");
+    let mut out = String::from_utf8(bytes).expect("the table is built of strings");
     let _ = writeln!(
         out,
         "\nnode {} generation {} scanned at {}: {} pods, {} volumes and subPaths, {} errors",
@@ -121,7 +104,9 @@ pub fn table(inv: &NodeInventory) -> String {
 
 #[cfg(test)]
 mod tests {
-    use mountguard_inventory::{Plugin, PodInventory, Sha256Hex, VolumeInventory};
+    use mountguard_inventory::{
+        Plugin, PodInventory, ReadErrorKind, Sha256Hex, SubPathInventory, VolumeInventory,
+    };
 
     use super::*;
 
@@ -155,5 +140,54 @@ mod tests {
         want.push('\n');
         assert!(out.len() > JSON_BUF);
         assert_eq!(String::from_utf8(out).unwrap(), want);
+    }
+
+    /// The table's bytes, pinned: columns as wide as their widest cell
+    /// (header included), two spaces apart, the last column unpadded,
+    /// subPaths as rows, errors listed below.
+    #[test]
+    fn table_bytes() {
+        let mut inv = NodeInventory::new("n1", "0", jiff::Timestamp::UNIX_EPOCH);
+        inv.generation = 3;
+        let mut v = VolumeInventory {
+            plugin: Plugin::Projected,
+            name: "slurm-etc".into(),
+            data_dir: Some("..2026_12_01_00_00_00.1".into()),
+            written_at: None,
+            digest: Some(Sha256Hex([0xab; 32])),
+            files: Default::default(),
+            modes: Default::default(),
+            errors: Vec::new(),
+        };
+        v.files.insert("slurm.key".into(), Sha256Hex([1; 32]));
+        let mut s = SubPathInventory {
+            volume: "cfg".into(),
+            container: "c".into(),
+            index: 0,
+            files: Default::default(),
+            errors: Vec::new(),
+        };
+        s.errors.push(ReadError {
+            path: String::new(),
+            kind: ReadErrorKind::Permission,
+            message: "denied".into(),
+        });
+        inv.pods.push(PodInventory {
+            uid: "u-1".into(),
+            volumes: vec![v],
+            sub_paths: vec![s],
+            errors: Vec::new(),
+        });
+        assert_eq!(
+            table(&inv),
+            "POD UID  PLUGIN     VOLUME     DATA DIR                 FILES  DIGEST        ERRORS\n\
+             u-1      projected  slurm-etc  ..2026_12_01_00_00_00.1  1      abababababab  0\n\
+             u-1      subPath    cfg/c/0    -                        0      -             1\n\
+             \n\
+             node n1 generation 3 scanned at 1970-01-01T00:00:00Z: 1 pods, 2 volumes and subPaths, 1 errors\n\
+             \n\
+             ERRORS\n\
+             u-1 subPath/cfg/c/0 .: permission: denied\n"
+        );
     }
 }

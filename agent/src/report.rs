@@ -685,15 +685,12 @@ fn jitter() -> f64 {
 #[cfg(test)]
 mod tests {
     use std::collections::VecDeque;
-    use std::convert::Infallible;
     use std::net::SocketAddr;
     use std::sync::Mutex;
 
+    use hyper::Response;
     use hyper::body::Incoming;
-    use hyper::{Response, service::service_fn};
-    use hyper_util::rt::TokioIo;
     use mountguard_inventory::report::HEARTBEAT_SCHEMA;
-    use tokio::net::TcpListener;
 
     use super::*;
 
@@ -733,70 +730,61 @@ mod tests {
     struct TestServer {
         addr: SocketAddr,
         seen: Arc<Mutex<Vec<Seen>>>,
-        task: tokio::task::JoinHandle<()>,
+        _server: mountguard_serve::test_server::TestServer,
     }
 
     impl TestServer {
         async fn start(script: Vec<Reply>) -> Self {
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = listener.local_addr().unwrap();
             let seen = Arc::new(Mutex::new(Vec::new()));
             let script = Arc::new(Mutex::new(VecDeque::from(script)));
             let (seen2, script2) = (seen.clone(), script.clone());
-            let task = tokio::spawn(async move {
-                loop {
-                    let Ok((stream, _)) = listener.accept().await else {
-                        return;
-                    };
+            let server = mountguard_serve::test_server::TestServer::start(
+                move |req: hyper::Request<Incoming>| {
                     let (seen, script) = (seen2.clone(), script2.clone());
-                    tokio::spawn(async move {
-                        let svc = service_fn(move |req: hyper::Request<Incoming>| {
-                            let (seen, script) = (seen.clone(), script.clone());
-                            async move {
-                                let (parts, body) = req.into_parts();
-                                let body = body.collect().await.unwrap().to_bytes().to_vec();
-                                let h = |n: header::HeaderName| {
-                                    parts
-                                        .headers
-                                        .get(n)
-                                        .and_then(|v| v.to_str().ok())
-                                        .unwrap_or("")
-                                        .to_string()
-                                };
-                                seen.lock().unwrap().push(Seen {
-                                    method: parts.method.to_string(),
-                                    path: parts.uri.path().to_string(),
-                                    auth: h(header::AUTHORIZATION),
-                                    content_type: h(header::CONTENT_TYPE),
-                                    body,
-                                    at: Instant::now(),
-                                });
-                                let Reply(code, retry, text) = {
-                                    let mut s = script.lock().unwrap();
-                                    if s.len() > 1 {
-                                        s.pop_front().unwrap()
-                                    } else {
-                                        s.front().cloned().unwrap()
-                                    }
-                                };
-                                let mut resp = Response::builder()
-                                    .status(code)
-                                    .header("content-type", "application/json");
-                                if let Some(r) = retry {
-                                    resp = resp.header("retry-after", r.to_string());
-                                }
-                                Ok::<_, Infallible>(
-                                    resp.body(Full::new(Bytes::from(text))).unwrap(),
-                                )
-                            }
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body = body.collect().await.unwrap().to_bytes().to_vec();
+                        let h = |n: header::HeaderName| {
+                            parts
+                                .headers
+                                .get(n)
+                                .and_then(|v| v.to_str().ok())
+                                .unwrap_or("")
+                                .to_string()
+                        };
+                        seen.lock().unwrap().push(Seen {
+                            method: parts.method.to_string(),
+                            path: parts.uri.path().to_string(),
+                            auth: h(header::AUTHORIZATION),
+                            content_type: h(header::CONTENT_TYPE),
+                            body,
+                            at: Instant::now(),
                         });
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .await;
-                    });
-                }
-            });
-            Self { addr, seen, task }
+                        let Reply(code, retry, text) = {
+                            let mut s = script.lock().unwrap();
+                            if s.len() > 1 {
+                                s.pop_front().unwrap()
+                            } else {
+                                s.front().cloned().unwrap()
+                            }
+                        };
+                        let mut resp = Response::builder()
+                            .status(code)
+                            .header("content-type", "application/json");
+                        if let Some(r) = retry {
+                            resp = resp.header("retry-after", r.to_string());
+                        }
+                        resp.body(Full::new(Bytes::from(text))).unwrap()
+                    }
+                },
+            )
+            .await
+            .unwrap();
+            Self {
+                addr: server.addr(),
+                seen,
+                _server: server,
+            }
         }
 
         fn seen(&self) -> Vec<Seen> {
@@ -813,12 +801,6 @@ mod tests {
                 assert!(Instant::now() < deadline, "only {} requests", s.len());
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-        }
-    }
-
-    impl Drop for TestServer {
-        fn drop(&mut self) {
-            self.task.abort();
         }
     }
 

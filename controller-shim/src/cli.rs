@@ -1,14 +1,24 @@
 //! The command line of `mountguard-controller` and of the kubectl plugin
-//! `kubectl mountguard`: the commands and where each one's flags are
-//! defined (`run`: [`RunArgs`], checked into
-//! [`Settings`](crate::live::Settings); `status`, `wait`: the live
-//! module's `status` and `wait`; `verify`: [`crate::offline`]).
+//! `kubectl mountguard`: every command's flags and the types of their
+//! values, defined here and nowhere else (every flag of `run` also reads
+//! `MOUNTGUARD_<FLAG>`; see `docs/controller.md`).
+//!
+//! The commands take plain settings, not these flags: `run`'s flags are
+//! checked into [`Settings`](crate::live::Settings) by its one conversion;
+//! the other commands' flags convert field for field.
 
-use crate::live::RunArgs;
-use crate::live::client::ProxyArgs;
-use crate::live::status::{StatusArgs, StatusQuery};
-use crate::live::wait::{WaitArgs, WaitOptions};
-use crate::offline::VerifyArgs;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use jiff::{SignedDuration, Timestamp};
+use mountguard_core::rollout::Target;
+
+use crate::live::client::Proxy;
+use crate::live::status::{StatusOutput, StatusQuery};
+use crate::live::wait::{WaitFor, WaitOptions};
+use crate::offline::{FailOn, Output, Verify};
 
 /// Command line of `mountguard-controller` (all subcommands).
 #[derive(Debug, clap::Parser)]
@@ -46,10 +56,10 @@ pub struct PluginCli {
 #[derive(Debug, clap::Subcommand)]
 pub enum PluginCommand {
     /// Print the controller's verdicts.
-    Status(StatusQuery),
+    Status(StatusQueryArgs),
     /// Wait until every consumer of an object is verified fresh on its
     /// node for the object's current content (exit 0), or time out (1).
-    Wait(WaitOptions),
+    Wait(WaitOptionsArgs),
 }
 
 /// Whether the program was started as the kubectl plugin (`argv[0]`'s
@@ -74,4 +84,655 @@ pub enum Command {
     Wait(WaitArgs),
     /// Evaluate verdicts offline from an object dump and agent inventories.
     Verify(VerifyArgs),
+}
+
+/// Remediation mode (executed by the remediation module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum RemediationMode {
+    /// No remediation.
+    #[default]
+    Off,
+    /// Decide and log, write nothing.
+    DryRun,
+    /// Drain, evict and verify.
+    On,
+}
+
+/// What to do with a Slurm node when remediation fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum OnFailure {
+    /// Keep the node drained for an operator.
+    #[default]
+    KeepDrained,
+    /// Resume the node.
+    Undrain,
+}
+
+/// Log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A per-node token bucket: `RATE/s` with an optional burst
+/// (`2/s,5` or `2/s burst 5`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Tokens per second.
+    pub per_second: f64,
+    /// Bucket size.
+    pub burst: u32,
+}
+
+impl std::str::FromStr for RateLimit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a rate like 2/s or 2/s,5 (rate per second, burst)");
+        let s2 = s.trim();
+        let (rate, burst) = match s2.split_once(',') {
+            Some((r, b)) => (r.trim(), Some(b.trim())),
+            None => match s2.split_once("burst") {
+                Some((r, b)) => (r.trim(), Some(b.trim())),
+                None => (s2, None),
+            },
+        };
+        let rate = rate.strip_suffix("/s").unwrap_or(rate).trim();
+        let per_second: f64 = rate.parse().map_err(|_| bad())?;
+        if !(per_second.is_finite() && per_second > 0.0) {
+            return Err(bad());
+        }
+        let burst = match burst {
+            Some(b) => b.parse::<u32>().map_err(|_| bad())?,
+            None => (per_second.ceil() as u32).max(1),
+        };
+        if burst == 0 {
+            return Err(bad());
+        }
+        Ok(Self { per_second, burst })
+    }
+}
+
+/// `<namespace>:<name>` of the agent's ServiceAccount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccountRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ServiceAccountRef {
+    /// The Kubernetes user name of a token of this ServiceAccount.
+    pub fn username(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+}
+
+impl std::str::FromStr for ServiceAccountRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':').or_else(|| s.split_once('/')) {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains(':') => {
+                Ok(Self {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => Err(format!("{s:?} is not <namespace>:<name>")),
+        }
+    }
+}
+
+/// `<namespace>/<name>` of an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectName {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::str::FromStr for ObjectName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => Err(format!("{s:?} is not <namespace>/<name>")),
+        }
+    }
+}
+
+/// Parses a duration like `250ms`, `180s`, `180` or `3m`: the grammar of
+/// every mountguard duration (`mountguard_inventory::duration`, shared
+/// with the agent and the chart).
+pub use mountguard_inventory::parse_duration;
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = [
+        ("Ki", 1u64 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("K", 1000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+    ]
+    .iter()
+    .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n, *m)))
+    .unwrap_or((t, 1));
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size like 33554432 or 32Mi"))?;
+    n.checked_mul(mult)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("{s:?} is out of range"))
+}
+
+/// Arguments of `mountguard-controller run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// kubeconfig file; absent = in-cluster configuration (or the default
+    /// kubeconfig when not in a cluster).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespaces whose pods, Secrets and ConfigMaps are checked (comma
+    /// separated); empty = all.
+    #[arg(long, env = "MOUNTGUARD_WATCH_NAMESPACES", value_delimiter = ',', num_args = 0..)]
+    pub watch_namespaces: Vec<String>,
+    /// Label selector restricting the pods checked.
+    #[arg(long, env = "MOUNTGUARD_POD_SELECTOR")]
+    pub pod_selector: Option<String>,
+    /// Address of the report API.
+    #[arg(long, env = "MOUNTGUARD_REPORT_LISTEN", default_value = "0.0.0.0:8443")]
+    pub report_listen: SocketAddr,
+    /// PEM certificate chain of the report API (reloaded when it changes).
+    #[arg(long, env = "MOUNTGUARD_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the report API (reloaded when it changes).
+    #[arg(long, env = "MOUNTGUARD_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Serve the report API over plain HTTP (only for tests and demos).
+    #[arg(long, env = "MOUNTGUARD_INSECURE_PLAINTEXT_REPORTS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub insecure_plaintext_reports: bool,
+    /// Address of `/metrics`, `/healthz`, `/readyz` and `/v1/verdicts`.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_METRICS_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub metrics_listen: SocketAddr,
+    /// Audience the agents' projected tokens are issued for.
+    #[arg(long, env = "MOUNTGUARD_TOKEN_AUDIENCE", default_value = "mountguard")]
+    pub token_audience: String,
+    /// The agent's ServiceAccount, `<namespace>:<name>`.
+    #[arg(long, env = "MOUNTGUARD_AGENT_SERVICE_ACCOUNT")]
+    pub agent_service_account: ServiceAccountRef,
+    /// Name of the agent DaemonSet (in the ServiceAccount's namespace).
+    #[arg(long, env = "MOUNTGUARD_AGENT_DAEMONSET")]
+    pub agent_daemonset: String,
+    /// Grace period for propagation of changed content.
+    #[arg(long, env = "MOUNTGUARD_GRACE", default_value = "180s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Inventories scanned longer ago than this are too old to judge by.
+    #[arg(long, env = "MOUNTGUARD_INVENTORY_MAX_AGE", default_value = "300s", value_parser = parse_duration)]
+    pub inventory_max_age: Duration,
+    /// File with the installation's fingerprint key (at least 16 bytes);
+    /// absent = a random key per process.
+    #[arg(long, env = "MOUNTGUARD_FINGERPRINT_KEY_FILE")]
+    pub fingerprint_key_file: Option<PathBuf>,
+    /// Largest accepted report body (bytes; `Ki`/`Mi` suffixes allowed).
+    #[arg(long, env = "MOUNTGUARD_MAX_REPORT_BYTES", default_value = "33554432", value_parser = parse_bytes)]
+    pub max_report_bytes: u64,
+    /// Per-node report rate: `RATE/s[,BURST]`.
+    #[arg(long, env = "MOUNTGUARD_REPORT_RATE_LIMIT", default_value = "2/s,5")]
+    pub report_rate_limit: RateLimit,
+    /// Open report API connections at most (lowered to fit the open file
+    /// limit); more are closed at once.
+    #[arg(long, env = "MOUNTGUARD_MAX_CONNECTIONS", default_value = "10000")]
+    pub max_connections: usize,
+    /// Longest wait for a request head, also between requests on a
+    /// kept-alive connection (report and metrics ports).
+    #[arg(long, env = "MOUNTGUARD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// A connection that moves no byte for this long is closed.
+    #[arg(long, env = "MOUNTGUARD_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    /// Elect one acting replica through a Lease.
+    #[arg(long, env = "MOUNTGUARD_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub leader_election: bool,
+    /// Name of the Lease (in `--pod-namespace`).
+    #[arg(
+        long,
+        env = "MOUNTGUARD_LEASE_NAME",
+        default_value = "mountguard-controller"
+    )]
+    pub lease_name: String,
+    /// This replica's pod name (leader identity and leader label).
+    #[arg(long, env = "MOUNTGUARD_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This replica's namespace (Lease and leader label).
+    #[arg(long, env = "MOUNTGUARD_POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// Remediation mode.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_REMEDIATION",
+        value_enum,
+        default_value = "off"
+    )]
+    pub remediation: RemediationMode,
+    /// slurmrestd base URL.
+    #[arg(long, env = "MOUNTGUARD_SLURMRESTD_URL")]
+    pub slurmrestd_url: Option<String>,
+    /// CA certificate (PEM) trusted for slurmrestd.
+    #[arg(long, env = "MOUNTGUARD_SLURMRESTD_CA_FILE")]
+    pub slurmrestd_ca_file: Option<PathBuf>,
+    /// Secret `<namespace>/<name>` holding a slurmrestd token.
+    #[arg(long, env = "MOUNTGUARD_SLURM_TOKEN_SECRET")]
+    pub slurm_token_secret: Option<ObjectName>,
+    /// Key of the token in `--slurm-token-secret`.
+    #[arg(long, env = "MOUNTGUARD_SLURM_TOKEN_KEY", default_value = "SLURM_JWT")]
+    pub slurm_token_key: String,
+    /// Secret `<namespace>/<name>` holding `jwt.key`, to mint short-lived
+    /// HS256 tokens.
+    #[arg(long, env = "MOUNTGUARD_SLURM_JWT_KEY_SECRET")]
+    pub slurm_jwt_key_secret: Option<ObjectName>,
+    /// Slurm user of minted tokens.
+    #[arg(long, env = "MOUNTGUARD_SLURM_USER", default_value = "slurm")]
+    pub slurm_user: String,
+    /// Concurrent remediations per NodeSet.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_REMEDIATION_BUDGET_PER_NODESET",
+        default_value_t = 1
+    )]
+    pub remediation_budget_per_nodeset: u32,
+    /// Concurrent remediations in the cluster.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_REMEDIATION_BUDGET_CLUSTER",
+        default_value_t = 3
+    )]
+    pub remediation_budget_cluster: u32,
+    /// How long a verdict must hold before remediation starts.
+    #[arg(long, env = "MOUNTGUARD_REMEDIATION_DELAY", default_value = "5m", value_parser = parse_duration)]
+    pub remediation_delay: Duration,
+    /// How long to wait for a drain.
+    #[arg(long, env = "MOUNTGUARD_DRAIN_TIMEOUT", default_value = "24h", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    /// How long to wait for a replacement pod.
+    #[arg(long, env = "MOUNTGUARD_REPLACEMENT_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    pub replacement_timeout: Duration,
+    /// How long the Eviction API may keep refusing (PodDisruptionBudget,
+    /// errors) before the attempt fails.
+    #[arg(long, env = "MOUNTGUARD_EVICTION_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    pub eviction_timeout: Duration,
+    /// How long the replacement may take to show fresh on the node and
+    /// responding in Slurm.
+    #[arg(long, env = "MOUNTGUARD_VERIFICATION_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub verification_timeout: Duration,
+    /// What to do with the Slurm node when remediation fails.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_ON_FAILURE",
+        value_enum,
+        default_value = "keep-drained"
+    )]
+    pub on_failure: OnFailure,
+    /// Also replace the pods pinning an immutable cache entry.
+    #[arg(long, env = "MOUNTGUARD_REPLACE_PINNING_PODS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub replace_pinning_pods: bool,
+    /// Log format.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Log filter (`tracing` env-filter syntax).
+    #[arg(long = "log", env = "MOUNTGUARD_LOG", default_value = "info")]
+    pub log: String,
+}
+
+impl RunArgs {
+    /// Arguments for tests and the demo: every default, plaintext reports,
+    /// loopback listeners on ephemeral ports, this kubeconfig and agent
+    /// identity.
+    pub fn for_test(kubeconfig: PathBuf, agent_sa: &str, agent_daemonset: &str) -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct P {
+            #[command(flatten)]
+            a: RunArgs,
+        }
+        let kc = kubeconfig.display().to_string();
+        let mut p = P::try_parse_from([
+            "x",
+            "--kubeconfig",
+            &kc,
+            "--agent-service-account",
+            agent_sa,
+            "--agent-daemonset",
+            agent_daemonset,
+            "--insecure-plaintext-reports",
+            "--report-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .expect("test arguments parse");
+        // Environment variables must not leak into tests.
+        p.a.watch_namespaces.clear();
+        p.a
+    }
+}
+
+/// The controller's metrics port, reached directly (`status`, `wait`).
+#[derive(Debug, Clone, Args)]
+pub struct UrlArgs {
+    /// Base URL of the controller's metrics port, e.g. http://mountguard-controller-metrics:8080.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_STATUS_URL",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub url: String,
+}
+
+/// Arguments of `mountguard-controller status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Where the controller is.
+    #[command(flatten)]
+    pub controller: UrlArgs,
+    /// What to list and how.
+    #[command(flatten)]
+    pub query: StatusQueryArgs,
+}
+
+/// Filters and output of `status` (shared by `mountguard-controller status`
+/// and `kubectl mountguard status`).
+#[derive(Debug, Clone, Args)]
+pub struct StatusQueryArgs {
+    /// Only this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    /// Only this node.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Only this state (`Stale`) or tag (`Stale/ImmutableCachePinned`).
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Include Fresh and Skipped verdicts.
+    #[arg(long)]
+    pub all: bool,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: StatusOutput,
+}
+
+/// What to wait for and how (shared by `mountguard-controller wait` and
+/// `kubectl mountguard wait`).
+#[derive(Debug, Clone, Args)]
+pub struct WaitOptionsArgs {
+    /// `secret/NAMESPACE/NAME`, `configmap/NAMESPACE/NAME`,
+    /// `nodeset/NAMESPACE/NAME` or `pod/NAMESPACE/NAME`.
+    pub target: Target,
+    /// Condition.
+    #[arg(long = "for", value_enum, default_value = "fresh")]
+    pub condition: WaitFor,
+    /// Give up after this long (exit 1), e.g. `10m`.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Time between two requests.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub interval: Duration,
+    /// The UID the Secret or ConfigMap has now (after a delete and
+    /// recreate): until the controller sees this object, the rollout is not
+    /// complete.
+    #[arg(long)]
+    pub uid: Option<String>,
+    /// Output format of the result.
+    #[arg(long, value_enum, default_value = "table")]
+    pub output: StatusOutput,
+}
+
+/// Arguments of `mountguard-controller wait`.
+#[derive(Debug, Clone, Args)]
+pub struct WaitArgs {
+    /// Where the controller is.
+    #[command(flatten)]
+    pub controller: UrlArgs,
+    /// What to wait for.
+    #[command(flatten)]
+    pub wait: WaitOptionsArgs,
+}
+
+/// Flags of the kubectl plugin: which cluster, and which Service of the
+/// controller to reach through the API server.
+#[derive(Debug, Clone, Args)]
+pub struct ProxyArgs {
+    /// kubeconfig file (default: `KUBECONFIG`, else `~/.kube/config`, else
+    /// in-cluster).
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// kubeconfig context (default: the current context).
+    #[arg(long, global = true)]
+    pub context: Option<String>,
+    /// Namespace of the mountguard release.
+    #[arg(
+        long,
+        global = true,
+        env = "MOUNTGUARD_CONTROLLER_NAMESPACE",
+        default_value = "mountguard-system"
+    )]
+    pub controller_namespace: String,
+    /// The controller's metrics Service (the chart's `<release>-controller-metrics`).
+    #[arg(
+        long,
+        global = true,
+        env = "MOUNTGUARD_CONTROLLER_SERVICE",
+        default_value = "mountguard-controller-metrics"
+    )]
+    pub controller_service: String,
+    /// Port of that Service (name or number).
+    #[arg(long, global = true, default_value = "metrics")]
+    pub controller_port: String,
+}
+
+/// Arguments of `verify`.
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// JSON of `kubectl get pods,secrets,configmaps -A -o json` (a v1 List,
+    /// a typed list or a single object); several files allowed, `-` reads
+    /// standard input.
+    #[arg(long, env = "MOUNTGUARD_OBJECTS", required = true, num_args = 1.., value_delimiter = ',')]
+    pub objects: Vec<PathBuf>,
+    /// Agent inventories (`mountguard-agent scan --output json`), one node
+    /// each (a JSON array of inventories is accepted too).
+    #[arg(long, env = "MOUNTGUARD_INVENTORY", num_args = 1.., value_delimiter = ',')]
+    pub inventory: Vec<PathBuf>,
+    /// Evaluation time (RFC 3339); defaults to the current time.
+    #[arg(long, env = "MOUNTGUARD_NOW", value_parser = parse_time)]
+    pub now: Option<Timestamp>,
+    /// Grace period for propagation of changed content.
+    #[arg(long, env = "MOUNTGUARD_GRACE", default_value = "180s", value_parser = parse_signed_duration)]
+    pub grace: SignedDuration,
+    /// Inventories scanned longer ago than this are too old to judge by.
+    #[arg(long, env = "MOUNTGUARD_INVENTORY_MAX_AGE", default_value = "5m", value_parser = parse_signed_duration)]
+    pub inventory_max_age: SignedDuration,
+    /// Minimum number of mutable volume mounts on a node for the
+    /// KubeletNotSyncing rule.
+    #[arg(long, env = "MOUNTGUARD_NOT_SYNCING_MIN_MOUNTS", default_value_t = 3)]
+    pub not_syncing_min_mounts: u32,
+    /// File holding the installation's fingerprint key (at least 16 bytes).
+    /// Without it a one-off random key is used and fingerprints are only
+    /// comparable within one run.
+    #[arg(long, env = "MOUNTGUARD_FINGERPRINT_KEY_FILE")]
+    pub fingerprint_key_file: Option<PathBuf>,
+    /// Output format.
+    #[arg(long, env = "MOUNTGUARD_OUTPUT", value_enum, default_value = "table")]
+    pub output: Output,
+    /// Exit 1 when a verdict matches.
+    #[arg(long, env = "MOUNTGUARD_FAIL_ON", value_enum)]
+    pub fail_on: Option<FailOn>,
+}
+
+/// A duration of the shared grammar (`mountguard_inventory::duration`) as
+/// the engine's signed type.
+fn parse_signed_duration(s: &str) -> Result<SignedDuration, String> {
+    let d = mountguard_inventory::parse_duration(s).map_err(|e| e.to_string())?;
+    SignedDuration::try_from(d).map_err(|e| format!("{s:?}: {e}"))
+}
+
+fn parse_time(s: &str) -> Result<Timestamp, String> {
+    s.parse()
+        .map_err(|e| format!("{s:?} is not an RFC 3339 time like 2026-11-30T10:00:00Z: {e}"))
+}
+
+/// `From<flags> for settings`, field for field. Both sides are written out
+/// in full (no `..`), so a flag added to one and not the other does not
+/// compile.
+macro_rules! field_for_field {
+    ($from:ident => $to:ident { $($field:ident),* $(,)? }) => {
+        impl From<$from> for $to {
+            fn from(flags: $from) -> Self {
+                let $from { $($field),* } = flags;
+                $to { $($field),* }
+            }
+        }
+    };
+}
+
+field_for_field!(StatusQueryArgs => StatusQuery { namespace, node, state, all, output });
+field_for_field!(WaitOptionsArgs => WaitOptions {
+    target, condition, timeout, interval, uid, output,
+});
+field_for_field!(ProxyArgs => Proxy {
+    kubeconfig, context, controller_namespace, controller_service, controller_port,
+});
+field_for_field!(VerifyArgs => Verify {
+    objects, inventory, now, grace, inventory_max_age, not_syncing_min_mounts,
+    fingerprint_key_file, output, fail_on,
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limit_forms() {
+        let r: RateLimit = "2/s,5".parse().unwrap();
+        assert_eq!((r.per_second, r.burst), (2.0, 5));
+        let r: RateLimit = "2/s burst 5".parse().unwrap();
+        assert_eq!((r.per_second, r.burst), (2.0, 5));
+        let r: RateLimit = "0.5/s".parse().unwrap();
+        assert_eq!((r.per_second, r.burst), (0.5, 1));
+        assert!("0/s".parse::<RateLimit>().is_err());
+        assert!("fast".parse::<RateLimit>().is_err());
+        assert!("2/s,0".parse::<RateLimit>().is_err());
+    }
+
+    #[test]
+    fn names_and_sizes() {
+        let sa: ServiceAccountRef = "mg:agent".parse().unwrap();
+        assert_eq!(sa.username(), "system:serviceaccount:mg:agent");
+        assert!("agent".parse::<ServiceAccountRef>().is_err());
+        assert!("a/b/c".parse::<ObjectName>().is_err());
+        assert_eq!(parse_bytes("32Mi").unwrap(), 32 << 20);
+        assert_eq!(parse_bytes("33554432").unwrap(), 32 << 20);
+        assert!(parse_bytes("-1").is_err());
+        assert_eq!(parse_duration("3m").unwrap(), Duration::from_secs(180));
+    }
+
+    /// The duration table shared with the agent and the chart, through
+    /// every duration flag of `run`, `wait` and `verify`.
+    #[test]
+    fn duration_flags_follow_the_shared_table() {
+        use clap::Parser;
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("../../inventory/src/duration_cases.json")).unwrap();
+        let cases: Vec<(String, Option<u64>)> =
+            serde_json::from_value(doc["cases"].clone()).unwrap();
+        let run = [
+            "run",
+            "--agent-service-account",
+            "mg:agent",
+            "--agent-daemonset",
+            "a",
+        ];
+        let wait = ["wait", "secret/ns/s"];
+        let verify = ["verify", "--objects", "objects.json"];
+        let flags: &[(&[&str], &str)] = &[
+            (&run, "--grace"),
+            (&run, "--inventory-max-age"),
+            (&run, "--header-read-timeout"),
+            (&run, "--idle-timeout"),
+            (&run, "--remediation-delay"),
+            (&run, "--drain-timeout"),
+            (&run, "--replacement-timeout"),
+            (&run, "--eviction-timeout"),
+            (&run, "--verification-timeout"),
+            (&wait, "--timeout"),
+            (&wait, "--interval"),
+            (&verify, "--grace"),
+            (&verify, "--inventory-max-age"),
+        ];
+        for (command, flag) in flags {
+            for (s, want) in &cases {
+                let mut argv = vec!["mountguard-controller"];
+                argv.extend_from_slice(command);
+                argv.extend_from_slice(&[flag, s.as_str()]);
+                let got = Cli::try_parse_from(argv).ok().map(|cli| {
+                    let d = match (cli.command, *flag) {
+                        (Command::Run(a), "--grace") => a.grace,
+                        (Command::Run(a), "--inventory-max-age") => a.inventory_max_age,
+                        (Command::Run(a), "--header-read-timeout") => a.header_read_timeout,
+                        (Command::Run(a), "--idle-timeout") => a.idle_timeout,
+                        (Command::Run(a), "--remediation-delay") => a.remediation_delay,
+                        (Command::Run(a), "--drain-timeout") => a.drain_timeout,
+                        (Command::Run(a), "--replacement-timeout") => a.replacement_timeout,
+                        (Command::Run(a), "--eviction-timeout") => a.eviction_timeout,
+                        (Command::Run(a), "--verification-timeout") => a.verification_timeout,
+                        (Command::Wait(w), "--timeout") => w.wait.timeout,
+                        (Command::Wait(w), "--interval") => w.wait.interval,
+                        (Command::Verify(v), "--grace") => v.grace.unsigned_abs(),
+                        (Command::Verify(v), "--inventory-max-age") => {
+                            v.inventory_max_age.unsigned_abs()
+                        }
+                        (_, f) => panic!("{f}"),
+                    };
+                    d.as_millis() as u64
+                });
+                assert_eq!(got, *want, "{command:?} {flag} {s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn duration_and_time_flags_are_validated() {
+        assert_eq!(
+            parse_signed_duration("180s").unwrap(),
+            SignedDuration::from_secs(180)
+        );
+        assert_eq!(
+            parse_signed_duration("3m").unwrap(),
+            SignedDuration::from_secs(180)
+        );
+        assert!(parse_signed_duration("-5s").is_err());
+        assert!(parse_signed_duration("soon").is_err());
+        assert!(parse_time("2026-11-30T10:00:00Z").is_ok());
+        assert!(parse_time("yesterday").unwrap_err().contains("RFC 3339"));
+    }
 }

@@ -17,7 +17,6 @@ pub mod cli;
 pub mod convert;
 pub mod live;
 pub mod offline;
-pub mod table;
 
 pub use mountguard_core::READ_AT_START_ANNOTATION;
 

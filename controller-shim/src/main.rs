@@ -4,8 +4,14 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use mountguard_controller::cli::{Cli, Command, PluginCli, PluginCommand, invoked_as_plugin};
-use mountguard_controller::live::{Controller, args::LogFormat};
+use mountguard_controller::cli::{
+    Cli, Command, LogFormat, PluginCli, PluginCommand, invoked_as_plugin,
+};
+use mountguard_controller::live::Controller;
+use mountguard_controller::live::client::{Endpoint, Proxy};
+use mountguard_controller::live::status::StatusQuery;
+use mountguard_controller::live::wait::WaitOptions;
+use mountguard_controller::offline::Verify;
 
 fn main() -> ExitCode {
     let as_plugin = std::env::args_os()
@@ -41,11 +47,16 @@ fn run_plugin(cli: PluginCli) -> anyhow::Result<u8> {
     let stdout = std::io::stdout();
     let stderr = std::io::stderr();
     runtime()?.block_on(async move {
-        let endpoint = cli.proxy.endpoint().await?;
+        let endpoint = Proxy::from(cli.proxy).endpoint().await?;
         Ok(match cli.command {
-            PluginCommand::Status(q) => q.run(&endpoint, &mut stdout.lock()).await?,
+            PluginCommand::Status(q) => {
+                StatusQuery::from(q)
+                    .run(&endpoint, &mut stdout.lock())
+                    .await?
+            }
             PluginCommand::Wait(w) => {
-                w.run(&endpoint, &mut stdout.lock(), &mut stderr.lock())
+                WaitOptions::from(w)
+                    .run(&endpoint, &mut stdout.lock(), &mut stderr.lock())
                     .await?
             }
         })
@@ -84,7 +95,7 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             };
             let stdin = std::io::stdin();
             let stdout = std::io::stdout();
-            Ok(args.run(
+            Ok(Verify::from(args).run(
                 jiff::Timestamp::now(),
                 key,
                 &mut stdin.lock(),
@@ -121,13 +132,20 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Status(args) => {
             let stdout = std::io::stdout();
-            let code = runtime()?.block_on(args.run(&mut stdout.lock()))?;
+            let query = StatusQuery::from(args.query);
+            let code = runtime()?
+                .block_on(query.run(&Endpoint::Direct(args.controller.url), &mut stdout.lock()))?;
             Ok(code)
         }
         Command::Wait(args) => {
             let stdout = std::io::stdout();
             let stderr = std::io::stderr();
-            let code = runtime()?.block_on(args.run(&mut stdout.lock(), &mut stderr.lock()))?;
+            let wait = WaitOptions::from(args.wait);
+            let code = runtime()?.block_on(wait.run(
+                &Endpoint::Direct(args.controller.url),
+                &mut stdout.lock(),
+                &mut stderr.lock(),
+            ))?;
             Ok(code)
         }
     }

@@ -8,6 +8,7 @@ pub mod digest;
 pub mod duration;
 pub mod layout;
 pub mod report;
+pub mod table;
 mod types;
 #[cfg(feature = "writer")]
 pub mod writer;

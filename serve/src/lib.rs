@@ -18,6 +18,12 @@
 //!
 //! [`raise_nofile_limit`] raises `RLIMIT_NOFILE` to its hard limit; both
 //! binaries call it at start.
+//!
+//! With the feature `test-server`, [`test_server::TestServer`] is the one
+//! plain loopback server of the tests and the test doubles.
+
+#[cfg(feature = "test-server")]
+pub mod test_server;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,18 +1,13 @@
-//! The HTTP plumbing every server double shares: a hyper 1 server bound to
-//! `127.0.0.1:0`, JSON responses, bounded body reads and a clean shutdown.
+//! The HTTP plumbing every server double shares: the shared test server
+//! (bound to `127.0.0.1:0`, stopped cleanly), JSON responses and bounded
+//! body reads.
 
 use std::convert::Infallible;
-use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
 
 use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
 use hyper::body::{Bytes, Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::sync::mpsc;
 
 /// The response body type of every double.
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -55,83 +50,9 @@ pub async fn read_body(req: Request<Incoming>) -> Result<(http::request::Parts, 
     }
 }
 
-/// A running server.
-#[derive(Debug)]
-pub struct Server {
-    addr: SocketAddr,
-    stop: watch::Sender<bool>,
-    task: Option<JoinHandle<()>>,
-}
-
-impl Server {
-    /// Binds `127.0.0.1:0` and serves every connection with `handler`.
-    pub async fn start<H, F>(handler: H) -> std::io::Result<Self>
-    where
-        H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
-        F: Future<Output = Response<Body>> + Send + 'static,
-    {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
-        let addr = listener.local_addr()?;
-        let (stop, mut stopped) = watch::channel(false);
-        let handler = Arc::new(handler);
-        let task = tokio::spawn(async move {
-            let mut conns = JoinSet::new();
-            loop {
-                tokio::select! {
-                    _ = stopped.changed() => break,
-                    accepted = listener.accept() => {
-                        let Ok((stream, _)) = accepted else { continue };
-                        let handler = handler.clone();
-                        conns.spawn(async move {
-                            let service = hyper::service::service_fn(move |req| {
-                                let fut = handler(req);
-                                async move { Ok::<_, Infallible>(fut.await) }
-                            });
-                            let _ = hyper::server::conn::http1::Builder::new()
-                                .serve_connection(TokioIo::new(stream), service)
-                                .await;
-                        });
-                    }
-                    Some(_) = conns.join_next(), if !conns.is_empty() => {}
-                }
-            }
-            conns.abort_all();
-            while conns.join_next().await.is_some() {}
-        });
-        Ok(Self {
-            addr,
-            stop,
-            task: Some(task),
-        })
-    }
-
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// `http://127.0.0.1:<port>`
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// Stops accepting, closes every connection and waits for the tasks.
-    pub async fn shutdown(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
-    }
-}
+/// A running server: the shared loopback test server of
+/// `mountguard-serve` (feature `test-server`).
+pub use mountguard_serve::test_server::TestServer as Server;
 
 /// A plain-text 404.
 pub fn not_found() -> Response<Body> {

@@ -22,9 +22,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use sha2::{Digest as _, Sha256};
 
-use super::args::ServiceAccountRef;
 use super::metrics::Metrics;
 use super::shared::TokenBucket;
+use crate::cli::ServiceAccountRef;
 
 /// `user.extra` key of the pod name in a projected token.
 pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";

@@ -12,7 +12,6 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::Args;
 use serde::de::DeserializeOwned;
 
 use crate::Error;
@@ -88,35 +87,20 @@ impl Endpoint {
     }
 }
 
-/// Flags of the kubectl plugin: which cluster, and which Service of the
-/// controller to reach through the API server.
-#[derive(Debug, Clone, Args)]
-pub struct ProxyArgs {
+/// Where the kubectl plugin reaches the controller: which cluster, and
+/// which Service of the controller through the API server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proxy {
     /// kubeconfig file (default: `KUBECONFIG`, else `~/.kube/config`, else
     /// in-cluster).
-    #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
     /// kubeconfig context (default: the current context).
-    #[arg(long, global = true)]
     pub context: Option<String>,
     /// Namespace of the mountguard release.
-    #[arg(
-        long,
-        global = true,
-        env = "MOUNTGUARD_CONTROLLER_NAMESPACE",
-        default_value = "mountguard-system"
-    )]
     pub controller_namespace: String,
     /// The controller's metrics Service (the chart's `<release>-controller-metrics`).
-    #[arg(
-        long,
-        global = true,
-        env = "MOUNTGUARD_CONTROLLER_SERVICE",
-        default_value = "mountguard-controller-metrics"
-    )]
     pub controller_service: String,
     /// Port of that Service (name or number).
-    #[arg(long, global = true, default_value = "metrics")]
     pub controller_port: String,
 }
 
@@ -156,7 +140,7 @@ pub fn kube_client(config: kube::Config) -> Result<kube::Client, Error> {
     kube::Client::try_from(config).map_err(|e| Error::Kube(format!("creating the client: {e}")))
 }
 
-impl ProxyArgs {
+impl Proxy {
     /// The endpoint: a client from the kubeconfig and the proxy prefix.
     pub async fn endpoint(&self) -> Result<Endpoint, Error> {
         let config = kube_config(self.kubeconfig.as_deref(), self.context.as_deref()).await?;

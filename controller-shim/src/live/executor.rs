@@ -37,8 +37,8 @@ use mountguard_core::remediation::inputs::{
     IntOrString, NodeSetModel, candidates, cordon_of, group_old_gone, new_pod_check, nodeset_infos,
 };
 use mountguard_core::remediation::machine::{
-    Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailurePolicy, MachineConfig,
-    NodeCordon, Observations, Phase, SlurmObservation, WriteResult, step,
+    Action, Attempt, AttemptsRecord, EventReason, EvictionResult, MachineConfig, NodeCordon,
+    Observations, Phase, SlurmObservation, WriteResult, step,
 };
 use mountguard_core::remediation::plan::{Candidate, Mode, PlanConfig, plan, summarize};
 use mountguard_core::remediation::recovery::{View, orphan_cordons, recover};
@@ -47,12 +47,13 @@ use mountguard_core::remediation::{
     REMEDIATE_ON_ANNOTATION,
 };
 
-use super::args::{ObjectName, OnFailure, RemediationMode, RunArgs};
 use super::eval::EvaluationSnapshot;
+use super::leader::LeaderConfig;
 use super::shared::{Shared, Shutdown};
 use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource};
 use super::watch::nodeset_resource;
 use crate::Error;
+use crate::cli::ObjectName;
 
 /// How often open attempts are stepped without a new snapshot.
 pub const TICK: Duration = Duration::from_secs(2);
@@ -90,11 +91,6 @@ enum FenceState {
     Lost,
 }
 
-enum TokenSecret {
-    Token(ObjectName, String),
-    JwtKey(ObjectName),
-}
-
 /// The running executor's state.
 pub struct Executor {
     client: kube::Client,
@@ -104,7 +100,7 @@ pub struct Executor {
     plan_cfg: PlanConfig,
     machine_cfg: MachineConfig,
     slurm: SlurmClient,
-    secret: TokenSecret,
+    secret: SlurmCredential,
     secret_value: SharedSecret,
     secret_read_at: Option<Timestamp>,
     recorder: Recorder,
@@ -135,45 +131,42 @@ impl std::fmt::Debug for Executor {
     }
 }
 
-/// Maps the command line to the pure configurations.
-pub fn configs(args: &RunArgs) -> (Mode, PlanConfig, MachineConfig) {
-    let mode = match args.remediation {
-        RemediationMode::Off => Mode::Off,
-        RemediationMode::DryRun => Mode::DryRun,
-        RemediationMode::On => Mode::On,
-    };
-    let sd = |d: Duration| SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
-    let plan_cfg = PlanConfig {
-        mode,
-        delay: sd(args.remediation_delay),
-        budget_per_nodeset: args.remediation_budget_per_nodeset,
-        budget_cluster: args.remediation_budget_cluster,
-        replace_pinning_pods: args.replace_pinning_pods,
-    };
-    let machine_cfg = MachineConfig {
-        drain_timeout: sd(args.drain_timeout),
-        replacement_timeout: sd(args.replacement_timeout),
-        eviction_timeout: sd(args.eviction_timeout),
-        verification_timeout: sd(args.verification_timeout),
-        on_failure: match args.on_failure {
-            OnFailure::KeepDrained => FailurePolicy::Auto,
-            OnFailure::Undrain => FailurePolicy::Undrain,
-        },
-        ..Default::default()
-    };
-    (mode, plan_cfg, machine_cfg)
+/// Remediation's settings (`--remediation dry-run` or `on`), checked from
+/// the flags by the one conversion
+/// ([`Settings::try_from`](super::settings::Settings)).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemediationSettings {
+    /// The mode.
+    pub mode: Mode,
+    /// The planner's configuration (delay, budgets).
+    pub plan: PlanConfig,
+    /// The state machine's configuration (timeouts, failure policy).
+    pub machine: MachineConfig,
+    /// slurmrestd base URL.
+    pub slurmrestd_url: String,
+    /// The CA bundle (PEM bytes, read from `--slurmrestd-ca-file`) trusted
+    /// for slurmrestd; `None`: the system roots.
+    pub slurmrestd_ca: Option<Vec<u8>>,
+    /// Where the slurmrestd credential is read from.
+    pub credential: SlurmCredential,
+    /// Slurm user of minted tokens.
+    pub slurm_user: String,
 }
 
-/// What remediation starts with, checked from the flags before the
-/// controller binds a socket or calls the API: the pure configurations,
-/// the Secret holding the slurmrestd credential, and the slurmrestd client
-/// (its URL and CA file checked; no request is made).
+/// The Secret holding the slurmrestd credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlurmCredential {
+    /// A token, under this key.
+    Token(ObjectName, String),
+    /// `jwt.key`, to mint short-lived HS256 tokens.
+    JwtKey(ObjectName),
+}
+
+/// What remediation starts with, built from its settings before the
+/// controller binds a socket or calls the API: the settings and the
+/// slurmrestd client (its URL and CA checked; no request is made).
 pub struct Prepared {
-    mode: Mode,
-    plan_cfg: PlanConfig,
-    machine_cfg: MachineConfig,
-    url: String,
-    secret: TokenSecret,
+    settings: RemediationSettings,
     secret_value: SharedSecret,
     slurm: SlurmClient,
 }
@@ -181,84 +174,77 @@ pub struct Prepared {
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prepared")
-            .field("mode", &self.mode)
-            .field("url", &self.url)
+            .field("mode", &self.settings.mode)
+            .field("url", &self.settings.slurmrestd_url)
             .finish_non_exhaustive()
     }
 }
 
-/// Checks the remediation flags and builds the slurmrestd client.
-pub fn prepare(args: &RunArgs) -> Result<Prepared, Error> {
-    let (mode, plan_cfg, machine_cfg) = configs(args);
-    let url = args
-        .slurmrestd_url
-        .as_deref()
-        .ok_or_else(|| Error::Config("--remediation needs --slurmrestd-url".into()))?;
-    let secret = match (&args.slurm_token_secret, &args.slurm_jwt_key_secret) {
-        (Some(s), None) => TokenSecret::Token(s.clone(), args.slurm_token_key.clone()),
-        (None, Some(s)) => TokenSecret::JwtKey(s.clone()),
-        _ => {
-            return Err(Error::Config(
-                "--remediation needs exactly one of --slurm-token-secret and --slurm-jwt-key-secret"
-                    .into(),
-            ));
-        }
-    };
-    let secret_value = SharedSecret::default();
-    let token: Arc<dyn TokenSource> = match &secret {
-        TokenSecret::Token(..) => Arc::new(SecretToken {
-            value: secret_value.clone(),
-        }),
-        TokenSecret::JwtKey(_) => Arc::new(JwtMinter {
-            key: secret_value.clone(),
-            user: args.slurm_user.clone(),
-            ttl: MINTED_TTL,
-        }),
-    };
-    let ca = match &args.slurmrestd_ca_file {
-        Some(p) => Some(std::fs::read(p).map_err(|e| Error::Io {
-            file: p.display().to_string(),
-            source: e,
-        })?),
-        None => None,
-    };
-    let slurm = SlurmClient::new(url, ca.as_deref(), token, Duration::from_secs(10))
+impl Prepared {
+    /// Builds the slurmrestd client of `settings`.
+    pub fn new(settings: RemediationSettings) -> Result<Self, Error> {
+        let secret_value = SharedSecret::default();
+        let token: Arc<dyn TokenSource> = match &settings.credential {
+            SlurmCredential::Token(..) => Arc::new(SecretToken {
+                value: secret_value.clone(),
+            }),
+            SlurmCredential::JwtKey(_) => Arc::new(JwtMinter {
+                key: secret_value.clone(),
+                user: settings.slurm_user.clone(),
+                ttl: MINTED_TTL,
+            }),
+        };
+        let slurm = SlurmClient::new(
+            &settings.slurmrestd_url,
+            settings.slurmrestd_ca.as_deref(),
+            token,
+            Duration::from_secs(10),
+        )
         .map_err(|e| Error::Config(e.to_string()))?;
-    Ok(Prepared {
-        mode,
-        plan_cfg,
-        machine_cfg,
-        url: url.to_string(),
-        secret,
-        secret_value,
-        slurm,
-    })
+        Ok(Self {
+            settings,
+            secret_value,
+            slurm,
+        })
+    }
+
+    /// The settings it was built from.
+    pub fn settings(&self) -> &RemediationSettings {
+        &self.settings
+    }
 }
 
-/// Starts the executor task (remediation `dry-run` or `on`).
+/// Starts the executor task (remediation `dry-run` or `on`); writes are
+/// fenced by the Lease of `leader` when leader election is on.
 pub async fn spawn(
     prepared: Prepared,
-    args: &RunArgs,
+    kubeconfig: Option<&std::path::Path>,
+    leader: &LeaderConfig,
     client: kube::Client,
     shared: Arc<Shared>,
     snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
     shutdown: Shutdown,
 ) -> Result<JoinHandle<()>, Error> {
     let Prepared {
-        mode,
-        plan_cfg,
-        machine_cfg,
-        url,
-        secret,
+        settings:
+            RemediationSettings {
+                mode,
+                plan: plan_cfg,
+                machine: machine_cfg,
+                slurmrestd_url: url,
+                slurmrestd_ca: _,
+                credential: secret,
+                slurm_user: _,
+            },
         secret_value,
         slurm,
     } = prepared;
-    let evict_client = client_without_retry(args.kubeconfig.as_deref()).await?;
+    let evict_client = client_without_retry(kubeconfig).await?;
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
             controller: crate::live::events::REPORTING_COMPONENT.into(),
-            instance: args.pod_name.clone(),
+            instance: leader.pod_name.clone(),
         },
     );
     let client_for_fence = client.clone();
@@ -284,10 +270,10 @@ pub async fn spawn(
         unreadable: HashMap::new(),
         last_sweep: None,
         lost: false,
-        fence: match (&args.pod_name, &args.pod_namespace) {
-            (Some(identity), Some(ns)) if args.leader_election => Some(Fence {
+        fence: match (&leader.pod_name, &leader.pod_namespace) {
+            (Some(identity), Some(ns)) if leader.enabled => Some(Fence {
                 api: Api::namespaced(client_for_fence, ns),
-                name: args.lease_name.clone(),
+                name: leader.lease_name.clone(),
                 identity: identity.clone(),
                 valid_until: None,
                 transitions: None,
@@ -349,8 +335,8 @@ impl Executor {
             return;
         }
         let (obj, key) = match &self.secret {
-            TokenSecret::Token(o, k) => (o, k.as_str()),
-            TokenSecret::JwtKey(o) => (o, "jwt.key"),
+            SlurmCredential::Token(o, k) => (o, k.as_str()),
+            SlurmCredential::JwtKey(o) => (o, "jwt.key"),
         };
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &obj.namespace);
         match api.get_opt(&obj.name).await {
@@ -1388,29 +1374,5 @@ mod tests {
             let model = nodeset_model(&nodeset(spec.clone())).expect("named");
             assert_eq!(max_unavailable(&model), want, "{spec}");
         }
-    }
-
-    #[test]
-    fn flags_map_to_the_pure_configurations() {
-        let mut args = RunArgs::for_test("/dev/null".into(), "mg:agent", "agent");
-        let (mode, p, m) = configs(&args);
-        assert_eq!(mode, Mode::Off);
-        assert_eq!(p, PlanConfig::default());
-        assert_eq!(m.on_failure, FailurePolicy::Auto);
-        assert_eq!(m.drain_timeout, SignedDuration::from_hours(24));
-        assert_eq!(m.replacement_timeout, SignedDuration::from_mins(15));
-        assert_eq!(m.eviction_timeout, SignedDuration::from_mins(30));
-        assert_eq!(m.verification_timeout, SignedDuration::from_mins(10));
-        args.remediation = RemediationMode::DryRun;
-        args.on_failure = OnFailure::Undrain;
-        args.remediation_budget_cluster = 7;
-        args.replace_pinning_pods = true;
-        let (mode, p, m) = configs(&args);
-        assert_eq!(mode, Mode::DryRun);
-        assert_eq!(
-            (p.mode, p.budget_cluster, p.replace_pinning_pods),
-            (Mode::DryRun, 7, true)
-        );
-        assert_eq!(m.on_failure, FailurePolicy::Undrain);
     }
 }

@@ -17,7 +17,6 @@
 //!   core's pure machine and performs them (NodeSet annotations, evictions,
 //!   cordons, Events, and slurmrestd through [`slurm`]).
 
-pub mod args;
 pub mod auth;
 pub mod client;
 pub mod eval;
@@ -27,6 +26,7 @@ mod http;
 pub(crate) mod leader;
 pub mod metrics;
 pub mod report;
+pub mod settings;
 pub mod shared;
 pub mod slurm;
 pub mod status;
@@ -42,10 +42,11 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-pub use args::{RunArgs, Settings};
+pub use crate::cli::RunArgs;
 pub use auth::{AuthError, ReviewedUser, TokenReviewer};
 pub use eval::EvaluationSnapshot;
 pub use metrics::Metrics;
+pub use settings::{ServeSettings, Settings};
 pub use shared::{Shared, Shutdown};
 
 use crate::Error;
@@ -70,23 +71,29 @@ impl Controller {
     /// evaluation and Events. Returns once the listeners are bound; the
     /// watches sync in the background ([`Controller::is_ready`]).
     pub async fn start(args: RunArgs) -> Result<Controller, Error> {
+        Self::start_with(Settings::try_from(args)?).await
+    }
+
+    /// [`Controller::start`] with flags already checked.
+    pub async fn start_with(settings: Settings) -> Result<Controller, Error> {
         let Settings {
-            args,
-            tls,
+            kubeconfig,
+            fingerprint_key_file,
+            serve,
             engine,
-            remediation,
+            watch: watch_settings,
             report: report_config,
             leader: leader_config,
-        } = Settings::try_from(args)?;
-        let key = load_fingerprint_key(args.fingerprint_key_file.as_deref())?;
+            remediation,
+        } = settings;
+        let key = load_fingerprint_key(fingerprint_key_file.as_deref())?;
         let fingerprinter = mountguard_core::Fingerprinter::new(&key)?;
         drop(key);
-        let tls = match tls {
+        let tls = match serve.tls {
             Some((cert, key)) => Some(tls::ReloadingCert::load(cert, key)?),
             None => None,
         };
-        let client =
-            client::kube_client(client::kube_config(args.kubeconfig.as_deref(), None).await?)?;
+        let client = client::kube_client(client::kube_config(kubeconfig.as_deref(), None).await?)?;
 
         let metrics = Metrics::new();
         let shared = Arc::new(Shared::new(metrics));
@@ -101,16 +108,16 @@ impl Controller {
         }
         let fds = mountguard_serve::nofile_limit();
         let metrics_limits = mountguard_serve::Limits {
-            header_read_timeout: args.header_read_timeout,
-            idle_timeout: args.idle_timeout,
+            header_read_timeout: serve.header_read_timeout,
+            idle_timeout: serve.idle_timeout,
             ..mountguard_serve::Limits::small()
         }
         .fit_in(fds / 4, 0);
         // Room for the metrics port, the API client, watches and files.
         let report_limits = mountguard_serve::Limits {
-            header_read_timeout: args.header_read_timeout,
-            idle_timeout: args.idle_timeout,
-            max_connections: args.max_connections,
+            header_read_timeout: serve.header_read_timeout,
+            idle_timeout: serve.idle_timeout,
+            max_connections: serve.max_connections,
             ..mountguard_serve::Limits::small()
         }
         .fit_in(fds, metrics_limits.max_connections as u64 + 256);
@@ -119,16 +126,16 @@ impl Controller {
             metrics_max_connections = metrics_limits.max_connections,
             "connection caps"
         );
-        let report_listener = tokio::net::TcpListener::bind(args.report_listen)
+        let report_listener = tokio::net::TcpListener::bind(serve.report_listen)
             .await
             .map_err(|e| Error::Io {
-                file: format!("report listener {}", args.report_listen),
+                file: format!("report listener {}", serve.report_listen),
                 source: e,
             })?;
-        let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        let metrics_listener = tokio::net::TcpListener::bind(serve.metrics_listen)
             .await
             .map_err(|e| Error::Io {
-                file: format!("metrics listener {}", args.metrics_listen),
+                file: format!("metrics listener {}", serve.metrics_listen),
                 source: e,
             })?;
         let report_addr = report_listener.local_addr().map_err(|e| Error::Io {
@@ -148,7 +155,7 @@ impl Controller {
         ));
         let fetcher = auth::KubePodFetcher::new(
             client.clone(),
-            args.agent_service_account.namespace.clone(),
+            report_config.agent_sa.namespace.clone(),
             shared.metrics.clone(),
         );
         let handler = Arc::new(report::ReportHandler::new(
@@ -195,7 +202,7 @@ impl Controller {
             "events",
             tokio::spawn(events::run_emitter(
                 client.clone(),
-                args.pod_name.clone(),
+                leader_config.pod_name.clone(),
                 shared.metrics.clone(),
                 event_rx,
                 shutdown.clone(),
@@ -204,7 +211,8 @@ impl Controller {
         if let Some(prepared) = remediation {
             let t = executor::spawn(
                 prepared,
-                &args,
+                kubeconfig.as_deref(),
+                &leader_config,
                 client.clone(),
                 shared.clone(),
                 snapshots.clone(),
@@ -215,7 +223,7 @@ impl Controller {
         }
         for (name, t) in watch::spawn_all(
             &client,
-            &args,
+            &watch_settings,
             shared.clone(),
             agents,
             input_tx.clone(),

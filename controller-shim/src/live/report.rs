@@ -28,10 +28,10 @@ use mountguard_inventory::report::{
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::args::{RateLimit, ServiceAccountRef};
 use super::auth::{AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenReviewer, authorize};
 use super::eval::Input;
 use super::shared::{Shared, Shutdown, TokenBucket};
+use crate::cli::{RateLimit, ServiceAccountRef};
 
 /// Limits on what one inventory may contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

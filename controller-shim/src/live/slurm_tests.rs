@@ -3,10 +3,8 @@
 use std::sync::Mutex;
 
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use mountguard_serve::test_server::TestServer;
 use serde_json::{Value, json};
-use tokio::net::TcpListener;
 
 use super::*;
 
@@ -44,73 +42,60 @@ type Reply = (u16, String);
 struct Server {
     url: String,
     seen: Arc<Mutex<Vec<Seen>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _server: TestServer,
 }
 
 async fn server(replies: Vec<Reply>) -> Server {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", listener.local_addr().expect("addr"));
     let seen = Arc::new(Mutex::new(Vec::new()));
     let replies = Arc::new(Mutex::new(replies.into_iter()));
     let s2 = seen.clone();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
+    let server = TestServer::start(move |req: Request<Incoming>| {
+        let seen = s2.clone();
+        let replies = replies.clone();
+        async move {
+            let method = req.method().to_string();
+            let path = req.uri().path().to_string();
+            let h = |n: &str| {
+                req.headers()
+                    .get(n)
+                    .and_then(|v| v.to_str().ok())
+                    .map(String::from)
             };
-            let seen = s2.clone();
-            let replies = replies.clone();
-            tokio::spawn(async move {
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let seen = seen.clone();
-                    let replies = replies.clone();
-                    async move {
-                        let method = req.method().to_string();
-                        let path = req.uri().path().to_string();
-                        let h = |n: &str| {
-                            req.headers()
-                                .get(n)
-                                .and_then(|v| v.to_str().ok())
-                                .map(String::from)
-                        };
-                        let token = h(TOKEN_HEADER);
-                        let content_type = h("content-type");
-                        let bytes = req.into_body().collect().await?.to_bytes();
-                        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                        seen.lock().expect("lock").push(Seen {
-                            method,
-                            path,
-                            token,
-                            content_type,
-                            body,
-                        });
-                        let (status, body) = replies
-                            .lock()
-                            .expect("lock")
-                            .next()
-                            .unwrap_or((500, "{}".into()));
-                        Ok::<_, hyper::Error>(
-                            hyper::Response::builder()
-                                .status(status)
-                                .header("content-type", "application/json")
-                                .body(Full::new(Bytes::from(body)))
-                                .expect("response"),
-                        )
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), svc)
-                    .await;
+            let token = h(TOKEN_HEADER);
+            let content_type = h("content-type");
+            let bytes = req
+                .into_body()
+                .collect()
+                .await
+                .expect("request body")
+                .to_bytes();
+            let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            seen.lock().expect("lock").push(Seen {
+                method,
+                path,
+                token,
+                content_type,
+                body,
             });
+            let (status, body) = replies
+                .lock()
+                .expect("lock")
+                .next()
+                .unwrap_or((500, "{}".into()));
+            hyper::Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .expect("response")
         }
-    });
-    Server { url, seen, task }
+    })
+    .await
+    .expect("bind");
+    Server {
+        url: server.url(),
+        seen,
+        _server: server,
+    }
 }
 
 fn ok_envelope() -> String {
@@ -263,7 +248,9 @@ async fn error_classes() {
 #[tokio::test]
 async fn unreachable_and_tokenless_are_transient_and_send_nothing() {
     // A port that was just free.
-    let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let url = format!("http://{}", l.local_addr().expect("addr"));
     drop(l);
     let e = client(&url, static_token("t"))

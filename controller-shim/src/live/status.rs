@@ -17,17 +17,17 @@ use foldhash::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
-use clap::{Args, ValueEnum};
+use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::table::write_aligned;
 use mountguard_core::Fingerprint;
 use mountguard_core::model::{PodModel, SourceRef};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
 use mountguard_core::verdict::{PodVerdicts, State, Verdict};
+use mountguard_inventory::table::write_aligned;
 
 /// What one pod's verdicts were computed against: the node inventory's scan
 /// time and the fingerprint of every source the pod references.
@@ -477,49 +477,20 @@ pub enum StatusOutput {
     Json,
 }
 
-/// Arguments of `mountguard-controller status`.
-#[derive(Debug, Clone, Args)]
-pub struct StatusArgs {
-    /// Base URL of the controller's metrics port, e.g. http://mountguard-controller-metrics:8080.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_STATUS_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
-    pub url: String,
-    /// What to list and how.
-    #[command(flatten)]
-    pub query: StatusQuery,
-}
-
 /// Filters and output of `status` (shared by `mountguard-controller status`
 /// and `kubectl mountguard status`).
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusQuery {
     /// Only this namespace.
-    #[arg(long)]
     pub namespace: Option<String>,
     /// Only this node.
-    #[arg(long)]
     pub node: Option<String>,
     /// Only this state (`Stale`) or tag (`Stale/ImmutableCachePinned`).
-    #[arg(long)]
     pub state: Option<String>,
     /// Include Fresh and Skipped verdicts.
-    #[arg(long)]
     pub all: bool,
     /// Output format.
-    #[arg(long, value_enum, default_value = "table")]
     pub output: StatusOutput,
-}
-
-impl StatusArgs {
-    /// Fetches the document from `--url` and prints it; see
-    /// [`StatusQuery::run`].
-    pub async fn run(self, out: &mut dyn Write) -> Result<u8, Error> {
-        let endpoint = super::client::Endpoint::Direct(self.url);
-        self.query.run(&endpoint, out).await
-    }
 }
 
 impl StatusQuery {
@@ -711,21 +682,25 @@ mod tests {
             .local_addr()
             .unwrap()
             .port();
-        #[derive(clap::Parser)]
-        struct Status {
-            #[command(flatten)]
-            args: StatusArgs,
-        }
         let url = format!("http://127.0.0.1:{port}");
-        let args = <Status as clap::Parser>::try_parse_from(["status", "--url", &url])
-            .unwrap()
-            .args;
+        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from([
+            "mountguard-controller",
+            "status",
+            "--url",
+            &url,
+        ])
+        .unwrap();
+        let crate::cli::Command::Status(args) = cli.command else {
+            unreachable!("status parses as status")
+        };
+        let endpoint = super::super::client::Endpoint::Direct(args.controller.url);
+        let query = StatusQuery::from(args.query);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let mut out = Vec::new();
-        let e = rt.block_on(args.run(&mut out)).unwrap_err();
+        let e = rt.block_on(query.run(&endpoint, &mut out)).unwrap_err();
         assert!(matches!(e, Error::Unreachable { .. }), "{e}");
         let msg = e.to_string();
         assert!(

@@ -11,14 +11,14 @@
 use std::io::Write;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::ValueEnum;
 use serde::Serialize;
 
 use super::client::Endpoint;
 use super::status::StatusOutput;
 use crate::Error;
-use crate::table::write_aligned;
 use mountguard_core::rollout::{Progress, RolloutDoc, SourceItem, Target, decide};
+use mountguard_inventory::table::write_aligned;
 
 /// The condition `wait` waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
@@ -30,52 +30,23 @@ pub enum WaitFor {
 
 /// What to wait for and how (shared by `mountguard-controller wait` and
 /// `kubectl mountguard wait`).
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone)]
 pub struct WaitOptions {
     /// `secret/NAMESPACE/NAME`, `configmap/NAMESPACE/NAME`,
     /// `nodeset/NAMESPACE/NAME` or `pod/NAMESPACE/NAME`.
     pub target: Target,
     /// Condition.
-    #[arg(long = "for", value_enum, default_value = "fresh")]
     pub condition: WaitFor,
     /// Give up after this long (exit 1), e.g. `10m`.
-    #[arg(long, default_value = "10m", value_parser = super::args::parse_duration)]
     pub timeout: Duration,
     /// Time between two requests.
-    #[arg(long, default_value = "2s", value_parser = super::args::parse_duration)]
     pub interval: Duration,
     /// The UID the Secret or ConfigMap has now (after a delete and
     /// recreate): until the controller sees this object, the rollout is not
     /// complete.
-    #[arg(long)]
     pub uid: Option<String>,
     /// Output format of the result.
-    #[arg(long, value_enum, default_value = "table")]
     pub output: StatusOutput,
-}
-
-/// Arguments of `mountguard-controller wait`.
-#[derive(Debug, Clone, Args)]
-pub struct WaitArgs {
-    /// Base URL of the controller's metrics port.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_STATUS_URL",
-        default_value = "http://127.0.0.1:8080"
-    )]
-    pub url: String,
-    /// What to wait for.
-    #[command(flatten)]
-    pub wait: WaitOptions,
-}
-
-impl WaitArgs {
-    /// Waits through `--url`; see [`WaitOptions::run`].
-    pub async fn run(self, out: &mut dyn Write, progress: &mut dyn Write) -> Result<u8, Error> {
-        self.wait
-            .run(&Endpoint::Direct(self.url), out, progress)
-            .await
-    }
 }
 
 /// The JSON result of `wait --output json`.

@@ -36,7 +36,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use super::args::RunArgs;
 use super::auth::{AgentPod, AgentPods};
 use super::eval::Input;
 use super::shared::{Shared, Shutdown};
@@ -390,29 +389,37 @@ pub fn nodeset_resource() -> ApiResource {
     )
 }
 
+/// What the watches watch, checked from the flags by the one conversion
+/// ([`Settings::try_from`](super::settings::Settings)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchSettings {
+    /// The namespaces whose pods, Secrets, ConfigMaps and NodeSets are
+    /// watched, one watch each; `[None]`: every namespace.
+    pub namespaces: Vec<Option<String>>,
+    /// Label selector restricting the pods watched.
+    pub pod_selector: Option<String>,
+    /// Namespace of the agent's ServiceAccount and DaemonSet.
+    pub agent_namespace: String,
+    /// Name of the agent DaemonSet.
+    pub agent_daemonset: String,
+}
+
 /// Starts every watch.
 pub fn spawn_all(
     client: &kube::Client,
-    args: &RunArgs,
+    settings: &WatchSettings,
     shared: Arc<Shared>,
     agents: Arc<AgentPods>,
     tx: mpsc::Sender<Input>,
     shutdown: Shutdown,
 ) -> Vec<(&'static str, JoinHandle<()>)> {
     let mut out = Vec::new();
-    let namespaces: Vec<Option<String>> = {
-        let v: Vec<String> = args
-            .watch_namespaces
-            .iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
-        if v.is_empty() {
-            vec![None]
-        } else {
-            v.into_iter().map(Some).collect()
-        }
-    };
+    let WatchSettings {
+        namespaces,
+        pod_selector,
+        agent_namespace,
+        agent_daemonset,
+    } = settings;
     let wc = || watcher::Config::default();
     let suffix = |ns: &Option<String>| ns.as_deref().map(|n| format!("/{n}")).unwrap_or_default();
     // Every watch is registered before any starts: readiness (and with it
@@ -420,7 +427,7 @@ pub fn spawn_all(
     // NodeSet watches take part: remediation's recovery reads its persisted
     // attempts from the NodeSets, and an incomplete list would make it take
     // live drains for orphans.
-    for ns in &namespaces {
+    for ns in namespaces {
         for kind in ["pods", "secrets", "configmaps", "nodesets"] {
             shared
                 .health
@@ -430,13 +437,9 @@ pub fn spawn_all(
     shared.health.register("nodes", true);
     shared.health.register("agents", true);
     shared.health.register("agent-daemonset", true);
-    for ns in &namespaces {
+    for ns in namespaces {
         let mut pc = wc();
-        if let Some(sel) = args
-            .pod_selector
-            .as_deref()
-            .filter(|s| !s.trim().is_empty())
-        {
+        if let Some(sel) = pod_selector {
             pc = pc.labels(sel);
         }
         let name = format!("pods{}", suffix(ns));
@@ -510,13 +513,13 @@ pub fn spawn_all(
     out.push((
         "watch-agent-daemonset",
         tokio::spawn(run_watch(
-            Api::<DaemonSet>::namespaced(client.clone(), &args.agent_service_account.namespace),
-            wc().fields(&format!("metadata.name={}", args.agent_daemonset)),
+            Api::<DaemonSet>::namespaced(client.clone(), agent_namespace),
+            wc().fields(&format!("metadata.name={agent_daemonset}")),
             "agent-daemonset".into(),
             "agent_daemonset",
             DaemonSetEdge {
                 agents: agents.clone(),
-                daemonset: args.agent_daemonset.clone(),
+                daemonset: agent_daemonset.clone(),
             },
             shared.clone(),
             tx.clone(),
@@ -526,13 +529,13 @@ pub fn spawn_all(
     out.push((
         "watch-agents",
         tokio::spawn(run_watch(
-            Api::<Pod>::namespaced(client.clone(), &args.agent_service_account.namespace),
+            Api::<Pod>::namespaced(client.clone(), agent_namespace),
             wc(),
             "agents".into(),
             "agent_pods",
             AgentEdge {
                 agents,
-                daemonset: args.agent_daemonset.clone(),
+                daemonset: agent_daemonset.clone(),
             },
             shared,
             tx,
