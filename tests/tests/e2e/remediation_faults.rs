@@ -142,13 +142,21 @@ async fn an_eviction_refused_until_the_timeout_fails_and_releases_the_untouched_
         async move { (!n.state.iter().any(|s| s == "DRAIN")).then_some(()) }
     })
     .await;
-    let ev = recorded_events(&api);
-    assert!(
-        ev.iter().any(|e| e.reason == "RemediationFailed"
-            && e.message.contains("EvictionTimeout")
-            && e.message.contains("releasing")),
-        "{ev:?}"
-    );
+    // The Event is posted by the events task after the record is written.
+    wait(
+        &sys,
+        "a RemediationFailed Event for the eviction timeout",
+        Duration::from_secs(30),
+        || {
+            let found = recorded_events(&api).iter().any(|e| {
+                e.reason == "RemediationFailed"
+                    && e.message.contains("EvictionTimeout")
+                    && e.message.contains("releasing")
+            });
+            async move { found.then_some(()) }
+        },
+    )
+    .await;
     let text = http_get(&format!("{}/metrics", sys.metrics_base()))
         .await
         .unwrap();
