@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use crate::harness::{Options, System, wait, wait_all_fresh};
 use crate::remediation::{FULL_RUN, attempts, in_service, opt_in, remediation_args};
 use crate::shared::operator::{
-    assert_closed_until_verified, hooks_read_at_start, open_to_jobs, sample,
+    assert_closed_until_verified, change_hooks, hooks_read_at_start, open_to_jobs, sample,
 };
 use mountguard_core::remediation::{Attempt, Phase};
 
@@ -356,14 +356,7 @@ async fn with_return_to_service_2_no_job_starts_between_the_drain_and_the_verifi
     let (samples, sampler) = sample(slurm.clone(), hosts.clone());
     let scheduler = schedule_jobs(slurm.clone(), hosts.clone());
     opt_in(&sys);
-    api.merge_patch(
-        &resources::CONFIGMAPS,
-        SLURM_NAMESPACE,
-        HOOKS_CONFIGMAP,
-        &json!({"data": {"99-mountguard.sh": "#!/bin/sh\necho new hooks\n"}}),
-        None,
-    )
-    .unwrap();
+    change_hooks(&api);
     let all = wait(
         &sys,
         "every worker repaired",
@@ -422,14 +415,7 @@ async fn a_node_an_administrator_drained_before_is_repaired_and_handed_back_with
     assert_eq!(before.state, ["IDLE", "DRAIN"]);
     let (samples, sampler) = sample(slurm.clone(), hosts.clone());
     opt_in(&sys);
-    api.merge_patch(
-        &resources::CONFIGMAPS,
-        SLURM_NAMESPACE,
-        HOOKS_CONFIGMAP,
-        &json!({"data": {"99-mountguard.sh": "#!/bin/sh\necho new hooks\n"}}),
-        None,
-    )
-    .unwrap();
+    change_hooks(&api);
     let all = wait(
         &sys,
         "every worker repaired",

@@ -474,6 +474,23 @@ impl RealSystem {
             .collect()
     }
 
+    /// The pods the controller evicted through the Eviction API (answered
+    /// 201), in order, from the audit log; panics if the controller ever
+    /// deleted a pod itself (remediation evicts, never deletes).
+    pub fn evicted_never_deleted(&self) -> Vec<String> {
+        let reqs = self.controller_requests();
+        assert!(
+            !reqs
+                .iter()
+                .any(|r| r.verb == "delete" && r.resource == "pods"),
+            "no pod DELETE by the controller: {reqs:?}"
+        );
+        reqs.into_iter()
+            .filter(|r| r.resource == "pods" && r.subresource == "eviction" && r.code == 201)
+            .map(|r| r.name)
+            .collect()
+    }
+
     pub async fn shutdown(mut self) {
         for a in &mut self.agent_procs {
             a.kill();

@@ -219,6 +219,18 @@ pub fn hooks_read_at_start(api: &(impl Objects + ?Sized), hosts: &[String]) {
     }
 }
 
+/// Changes the (mutable) hooks ConfigMap's script.
+pub fn change_hooks(api: &(impl Objects + ?Sized)) {
+    api.merge_patch(
+        &resources::CONFIGMAPS,
+        SLURM_NAMESPACE,
+        HOOKS_CONFIGMAP,
+        &json!({"data": {"99-mountguard.sh": "#!/bin/sh\necho new hooks\n"}}),
+        None,
+    )
+    .unwrap();
+}
+
 /// `sys` runs the operator's rules and the controller with remediation on
 /// (jwt.key Secret): the hooks ConfigMap, read at start, changes; every
 /// worker is `Frozen/ReadAtStart` and repaired. The key is current, so the
@@ -237,14 +249,7 @@ pub async fn stale_hooks_read_at_start_are_repaired_through_the_prestop_hook<R: 
     wait_all_fresh(sys).await;
     let (samples, sampler) = sample(slurm.clone(), hosts.clone());
     opt_in(sys);
-    api.merge_patch(
-        &resources::CONFIGMAPS,
-        SLURM_NAMESPACE,
-        HOOKS_CONFIGMAP,
-        &json!({"data": {"99-mountguard.sh": "#!/bin/sh\necho new hooks\n"}}),
-        None,
-    )
-    .unwrap();
+    change_hooks(&*api);
     let all = all_succeeded(sys, &hosts).await;
     sampler.abort();
     for a in &all {

@@ -390,10 +390,38 @@ mod tests {
         assert!(!group_old_gone([&a, &d], "g", &live));
     }
 
+    /// An attempt on `worker-0` (old UID `uid-old`, node `node-a`) whose
+    /// replacement is `uid-new`, recorded with `findings` on `subjects`
+    /// (as read back from the persisted record).
+    fn replaced_attempt(subjects: &[&str], state: &str, at: Timestamp) -> Attempt {
+        use crate::remediation::Finding;
+        let findings = subjects
+            .iter()
+            .map(|s| Finding {
+                subject: serde_json::from_value(serde_json::json!(s)).unwrap(),
+                state: state.into(),
+                mounted: "-".into(),
+                current: "-".into(),
+            })
+            .collect();
+        let mut a = Attempt::new(
+            "a".into(),
+            "slurm",
+            "worker",
+            "worker-0",
+            "uid-old",
+            "node-a",
+            "worker-0",
+            findings,
+            at,
+        );
+        a.new_pod_uid = Some("uid-new".into());
+        a
+    }
+
     #[test]
     fn the_replacement_is_checked_on_the_subjects_recorded_by_key() {
         use crate::model::VolumeSource;
-        use crate::remediation::Finding;
         use crate::testkit::{PodB, obj};
         use crate::verdict::{StaleCause, SubjectId, Verdict};
         let t = Timestamp::now();
@@ -426,26 +454,8 @@ mod tests {
             ]
             .into(),
         }];
-        let finding = |subject: &str| Finding {
-            // As read back from the persisted record.
-            subject: serde_json::from_value(serde_json::json!(subject)).unwrap(),
-            state: "Stale/Unknown".into(),
-            mounted: "-".into(),
-            current: "-".into(),
-        };
-        let check = |findings: Vec<Finding>| {
-            let mut a = Attempt::new(
-                "a".into(),
-                "slurm",
-                "worker",
-                "worker-0",
-                "uid-old",
-                "node-a",
-                "worker-0",
-                findings,
-                t,
-            );
-            a.new_pod_uid = Some("uid-new".into());
+        let check = |subjects: &[&str]| {
+            let a = replaced_attempt(subjects, "Stale/Unknown", t);
             new_pod_check(
                 &verdicts,
                 std::slice::from_ref(&pod),
@@ -455,11 +465,8 @@ mod tests {
                 &mut HashMap::new(),
             )
         };
-        assert_eq!(
-            check(vec![finding("subPath c/1"), finding("volume etc")]),
-            NewPodCheck::Fresh
-        );
-        match check(vec![finding("subPath c/0")]) {
+        assert_eq!(check(&["subPath c/1", "volume etc"]), NewPodCheck::Fresh);
+        match check(&["subPath c/0"]) {
             NewPodCheck::StillStale { message } => {
                 assert!(
                     message.starts_with("subPath c/0 Stale/Unknown"),
@@ -469,13 +476,12 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // A subject the replacement does not have is not judged Fresh.
-        assert_eq!(check(vec![finding("volume gone")]), NewPodCheck::NotYet);
+        assert_eq!(check(&["volume gone"]), NewPodCheck::NotYet);
     }
 
     #[test]
     fn a_replacement_is_judged_still_stale_only_on_a_scan_after_its_containers_started() {
         use crate::model::VolumeSource;
-        use crate::remediation::Finding;
         use crate::testkit::{PodB, obj};
         use crate::verdict::{StaleCause, SubjectId, Verdict};
         use jiff::SignedDuration;
@@ -503,23 +509,7 @@ mod tests {
                 }]
                 .into(),
             }];
-            let mut a = Attempt::new(
-                "a".into(),
-                "slurm",
-                "worker",
-                "worker-0",
-                "uid-old",
-                "node-a",
-                "worker-0",
-                vec![Finding {
-                    subject: serde_json::from_value(serde_json::json!("volume hooks")).unwrap(),
-                    state: "Frozen/ReadAtStart".into(),
-                    mounted: "-".into(),
-                    current: "-".into(),
-                }],
-                started,
-            );
-            a.new_pod_uid = Some("uid-new".into());
+            let a = replaced_attempt(&["volume hooks"], "Frozen/ReadAtStart", started);
             new_pod_check(
                 &verdicts,
                 std::slice::from_ref(&pod),
