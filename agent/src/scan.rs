@@ -181,6 +181,14 @@ type CacheKey = (u64, u64);
 /// Unchanged volumes of a pod: (index in its volumes, cache key).
 type Deferred = Vec<(usize, CacheKey)>;
 
+/// Whether [`Scanner::pod_entry`] first tries to confirm the pod from
+/// metadata, or reads it (already checked, and changed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Confirm {
+    Try,
+    No,
+}
+
 /// One pod of a scan before the inventory is (maybe) rebuilt.
 enum Draft<'a> {
     /// Read (in part from the cache): the volumes confirmed unchanged are
@@ -325,6 +333,89 @@ fn settled(id: &Ident, now: Timestamp) -> bool {
     })
 }
 
+/// Above this many pod directories a full scan confirms unchanged pods
+/// on several threads ([`Scanner::confirm_all`]): each confirmation is
+/// a handful of `fstatat` calls, the wall-time floor of a full rescan.
+const PARALLEL_CONFIRM_MIN_PODS: usize = 256;
+/// At most this many threads confirm pods (fewer when the process may use
+/// fewer CPUs: `available_parallelism` follows the cgroup CPU quota).
+const CONFIRM_THREADS: usize = 4;
+
+/// What [`Scanner::confirm_all`] found: per `pods` entry, `None` or the
+/// range of its volumes' cache keys in `keys`, the volumes reused and the
+/// plugin listings reused.
+#[derive(Default)]
+struct Confirmations {
+    keys: Vec<CacheKey>,
+    pods: Vec<Option<(std::ops::Range<usize>, u64, u64)>>,
+}
+
+/// Confirms from metadata alone that pod directory `name`, read before as
+/// `state`, is unchanged: one stat of the pod directory (its entries), one
+/// of each plugin directory (its volumes) and one of each volume directory
+/// (`..data` renames), each compared with what the last read saw, all
+/// settled. Nothing is opened and nothing is written but `path` (a
+/// scratch buffer) and `keys`. The stats name paths below `pods/`, so a
+/// component swapped for a symlink meanwhile could be followed: only an
+/// identity equal to the cached one (the very directory read safely
+/// before) is accepted, anything else falls back to the read of
+/// [`Scanner::scan_pod`]. On success the cache keys of the pod's volumes
+/// are pushed to `keys` (on failure some may be: the caller truncates) and
+/// the counts of reused volumes and listings are returned.
+fn confirm_pod(
+    pods_dir: &OwnedFd,
+    name: &CStr,
+    state: &PodState,
+    path: &mut Vec<u8>,
+    keys: &mut Vec<CacheKey>,
+) -> Option<(u64, u64)> {
+    let st = fstatat(pods_dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+    if !is_dir(&st) || state.ident != Some(ident(&st)) || !state.settled || !state.clean {
+        return None;
+    }
+    let pod_name = name.to_bytes();
+    let (mut reused, mut listings) = (0, 0);
+    for plugin in Plugin::ALL {
+        let listing = &state.listings[plugin_index(plugin)];
+        path.clear();
+        path.extend_from_slice(pod_name);
+        path.push(b'/');
+        path.extend_from_slice(VOLUMES_DIR.as_bytes());
+        path.push(b'/');
+        path.extend_from_slice(plugin.dir_name().as_bytes());
+        let plugin_len = path.len();
+        path.push(0);
+        let c = CStr::from_bytes_with_nul(path).ok()?;
+        let l = match (
+            fstatat(pods_dir.as_fd(), c, AtFlags::AT_SYMLINK_NOFOLLOW),
+            listing,
+        ) {
+            (Err(Errno::ENOENT), None) => continue,
+            (Ok(st), Some(l)) if is_dir(&st) && ident(&st) == l.ident && l.settled => l,
+            _ => return None,
+        };
+        listings += 1;
+        for (entry, confirmed) in l.entries.iter().zip(&l.volumes) {
+            let Some(want) = confirmed else {
+                return None;
+            };
+            path.truncate(plugin_len);
+            path.push(b'/');
+            path.extend_from_slice(entry.bytes());
+            path.push(0);
+            let c = CStr::from_bytes_with_nul(path).ok()?;
+            let st = fstatat(pods_dir.as_fd(), c, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
+            let id = ident(&st);
+            if !is_dir(&st) || id != *want {
+                return None;
+            }
+            keys.push((id.dev, id.ino));
+            reused += 1;
+        }
+    }
+    Some((reused, listings))
+}
+
 fn cstr(s: &str) -> CString {
     // Only called with constant names without NUL bytes.
     CString::new(s).unwrap_or_default()
@@ -438,16 +529,30 @@ impl Scanner {
         // nothing at all was read again, the last inventory is reused as is.
         let mut drafts: Vec<Draft<'_>> = Vec::with_capacity(entries.len());
         let mut keys = Vec::with_capacity(self.cache.len());
-        for entry in entries.iter() {
+        let confirmed = self.confirm_all(&pods_dir, &entries);
+        for (i, entry) in entries.iter().enumerate() {
             let kind = entry_type(&pods_dir, entry);
-            if let Some(d) = self.pod_entry(
-                &pods_dir,
-                &entry.name,
-                kind,
-                &pods_path,
-                &mut keys,
-                &mut stats,
-            ) {
+            let pre = match &confirmed {
+                Some(c) => match (&kind, &c.pods[i]) {
+                    (Ok(Type::Directory), Some((range, reused, listings))) => {
+                        let start = keys.len();
+                        keys.extend_from_slice(&c.keys[range.clone()]);
+                        if let Some(state) = self.pods.get_mut(entry.bytes()) {
+                            state.seen = self.scans;
+                        }
+                        stats.reused += reused;
+                        stats.listings_reused += listings;
+                        drafts.push(Draft::Confirmed(entry.bytes(), start..keys.len()));
+                        continue;
+                    }
+                    // Checked already: read it.
+                    _ => Confirm::No,
+                },
+                None => Confirm::Try,
+            };
+            if let Some(d) =
+                self.pod_entry(&pods_dir, &entry.name, kind, pre, &mut keys, &mut stats)
+            {
                 drafts.push(d);
             }
         }
@@ -543,7 +648,7 @@ impl Scanner {
             )
             .map(|st| type_of_mode(st.st_mode));
             if let Some(d) =
-                self.pod_entry(&pods_dir, cname, kind, &pods_path, &mut keys, &mut stats)
+                self.pod_entry(&pods_dir, cname, kind, Confirm::Try, &mut keys, &mut stats)
             {
                 if let Draft::Confirmed(name, _) = &d {
                     let mut dirs = std::mem::take(&mut stats.watch_dirs);
@@ -581,7 +686,7 @@ impl Scanner {
         pods_dir: &OwnedFd,
         name: &'a CStr,
         kind: Result<Type, Errno>,
-        pods_path: &Path,
+        confirm: Confirm,
         keys: &mut Vec<CacheKey>,
         stats: &mut ScanStats,
     ) -> Option<Draft<'a>> {
@@ -620,12 +725,16 @@ impl Scanner {
             }
         }
         let start = keys.len();
-        if self.pod_unchanged(pods_dir, name, keys, stats).is_some() {
+        if confirm == Confirm::Try && self.pod_unchanged(pods_dir, name, keys, stats).is_some() {
             return Some(Draft::Confirmed(name.to_bytes(), start..keys.len()));
         }
         keys.truncate(start);
         self.pending.clear();
-        let pod_path = pods_path.join(OsStr::from_bytes(name.to_bytes()));
+        let pod_path = self
+            .opts
+            .kubelet_root
+            .join(PODS_DIR)
+            .join(OsStr::from_bytes(name.to_bytes()));
         let pod = self.scan_pod(pods_dir, name, &pod_path, stats)?;
         Some(Draft::Read(pod, std::mem::take(&mut self.pending)))
     }
@@ -736,17 +845,9 @@ impl Scanner {
         }
     }
 
-    /// Confirms from metadata alone that a pod read before is unchanged:
-    /// one stat of the pod directory (its entries), one of each plugin
-    /// directory (its volumes) and one of each volume directory (`..data`
-    /// renames), each compared with what the last read saw, all settled.
-    /// Nothing is opened. The stats name paths below `pods/`, so a component
-    /// swapped for a symlink meanwhile could be followed: only an identity
-    /// equal to the cached one (the very directory read safely before) is
-    /// accepted, anything else falls back to the read of
-    /// [`scan_pod`](Self::scan_pod). On success the cache keys of the pod's
-    /// volumes are pushed to `keys` (on failure some may be: the caller
-    /// truncates).
+    /// Confirms from metadata alone that a pod read before is unchanged
+    /// ([`confirm_pod`]); on success marks it seen and counts what was
+    /// reused.
     fn pod_unchanged(
         &mut self,
         pods_dir: &OwnedFd,
@@ -754,58 +855,68 @@ impl Scanner {
         keys: &mut Vec<CacheKey>,
         stats: &mut ScanStats,
     ) -> Option<()> {
-        let scans = self.scans;
         // A pod never read (the first scan) costs no stat here.
         let state = self.pods.get_mut(name.to_bytes())?;
-        let st = fstatat(pods_dir.as_fd(), name, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
-        if !is_dir(&st) || state.ident != Some(ident(&st)) || !state.settled || !state.clean {
-            return None;
-        }
-        let pod_name = name.to_bytes();
-        let (mut reused, mut listings) = (0, 0);
-        let path = &mut self.path;
-        for plugin in Plugin::ALL {
-            let listing = &state.listings[plugin_index(plugin)];
-            path.clear();
-            path.extend_from_slice(pod_name);
-            path.push(b'/');
-            path.extend_from_slice(VOLUMES_DIR.as_bytes());
-            path.push(b'/');
-            path.extend_from_slice(plugin.dir_name().as_bytes());
-            let plugin_len = path.len();
-            path.push(0);
-            let c = CStr::from_bytes_with_nul(path).ok()?;
-            let l = match (
-                fstatat(pods_dir.as_fd(), c, AtFlags::AT_SYMLINK_NOFOLLOW),
-                listing,
-            ) {
-                (Err(Errno::ENOENT), None) => continue,
-                (Ok(st), Some(l)) if is_dir(&st) && ident(&st) == l.ident && l.settled => l,
-                _ => return None,
-            };
-            listings += 1;
-            for (entry, confirmed) in l.entries.iter().zip(&l.volumes) {
-                let Some(want) = confirmed else {
-                    return None;
-                };
-                path.truncate(plugin_len);
-                path.push(b'/');
-                path.extend_from_slice(entry.bytes());
-                path.push(0);
-                let c = CStr::from_bytes_with_nul(path).ok()?;
-                let st = fstatat(pods_dir.as_fd(), c, AtFlags::AT_SYMLINK_NOFOLLOW).ok()?;
-                let id = ident(&st);
-                if !is_dir(&st) || id != *want {
-                    return None;
-                }
-                keys.push((id.dev, id.ino));
-                reused += 1;
-            }
-        }
-        state.seen = scans;
+        let (reused, listings) = confirm_pod(pods_dir, name, state, &mut self.path, keys)?;
+        state.seen = self.scans;
         stats.reused += reused;
         stats.listings_reused += listings;
         Some(())
+    }
+
+    /// [`confirm_pod`] for every entry of the `pods` listing, on up to
+    /// [`CONFIRM_THREADS`] threads when there are at least
+    /// [`PARALLEL_CONFIRM_MIN_PODS`] entries (read-only: the cache is not
+    /// touched); `None` when it is not worth it. Entry `i`'s result, if it
+    /// was confirmed, is the range of its volumes' keys in the returned
+    /// key list and the counts of what was reused.
+    fn confirm_all(&self, pods_dir: &OwnedFd, entries: &[Entry]) -> Option<Confirmations> {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(CONFIRM_THREADS);
+        if threads < 2 || entries.len() < PARALLEL_CONFIRM_MIN_PODS || self.pods.is_empty() {
+            return None;
+        }
+        let chunk = entries.len().div_ceil(threads);
+        let pods = &self.pods;
+        let parts: Vec<Confirmations> = std::thread::scope(|scope| {
+            let handles: Vec<_> = entries
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        let mut out = Confirmations::default();
+                        let mut path = Vec::with_capacity(256);
+                        for entry in part {
+                            let start = out.keys.len();
+                            let r = pods.get(entry.bytes()).and_then(|state| {
+                                confirm_pod(pods_dir, &entry.name, state, &mut path, &mut out.keys)
+                            });
+                            if r.is_none() {
+                                out.keys.truncate(start);
+                            }
+                            out.pods.push(r.map(|(v, l)| (start..out.keys.len(), v, l)));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join())
+                .collect::<Result<_, _>>()
+        })
+        .ok()?;
+        let mut all = Confirmations::default();
+        for part in parts {
+            let base = all.keys.len();
+            all.keys.extend_from_slice(&part.keys);
+            all.pods.extend(
+                part.pods
+                    .into_iter()
+                    .map(|r| r.map(|(keys, v, l)| (keys.start + base..keys.end + base, v, l))),
+            );
+        }
+        Some(all)
     }
 
     /// The directories to watch of a pod confirmed by
@@ -1704,6 +1815,82 @@ mod tests {
             expected(&[("k", b"new")])
         );
         assert_eq!(grown.inventory.pod("a").unwrap().sub_paths.len(), 1);
+    }
+
+    #[test]
+    fn with_many_pods_the_parallel_confirmation_still_reads_every_change() {
+        // Enough pods for the full scan to confirm them on several threads
+        // (when this machine lets the process use more than one CPU).
+        let n = PARALLEL_CONFIRM_MIN_PODS + 44;
+        let r = root();
+        let uid = |i: usize| format!("pod-{i:04}");
+        for i in 0..n {
+            writer(r.path(), &uid(i), Plugin::Secret, "s")
+                .write(&payload(&[("k", format!("v{i}").as_bytes())]))
+                .unwrap();
+        }
+        age(r.path());
+        let mut s = scanner(r.path());
+        let first = s.scan().unwrap();
+        s.scan().unwrap();
+        let settled = s.scan().unwrap();
+        assert!(!settled.changed);
+        assert!(Arc::ptr_eq(&settled.inventory, &first.inventory));
+        assert_eq!(
+            (settled.stats.rehashed, settled.stats.reused),
+            (0, n as u64)
+        );
+        assert_eq!(settled.stats.listings_reused, n as u64);
+
+        // A swap in one pod of the first thread's share and one of the
+        // last's, a new volume in a third, a removed pod: each read, the
+        // rest confirmed.
+        writer(r.path(), &uid(3), Plugin::Secret, "s")
+            .write(&payload(&[("k", b"swapped-3")]))
+            .unwrap();
+        writer(r.path(), &uid(n - 2), Plugin::Secret, "s")
+            .write(&payload(&[("k", b"swapped-last")]))
+            .unwrap();
+        writer(r.path(), &uid(n / 2), Plugin::Configmap, "c")
+            .write(&payload(&[("k", b"new")]))
+            .unwrap();
+        std::fs::remove_dir_all(r.path().join(PODS_DIR).join(uid(7))).unwrap();
+        let changed = s.scan().unwrap();
+        assert!(changed.changed);
+        assert_eq!(changed.stats.rehashed, 3, "{:?}", changed.stats);
+        // All but the removed pod's and the two swapped volumes (the new
+        // volume's pod keeps its other one).
+        assert_eq!(changed.stats.reused, (n - 3) as u64);
+        let inv = &changed.inventory;
+        assert_eq!(
+            volume(inv, &uid(3), Plugin::Secret, "s").files,
+            expected(&[("k", b"swapped-3")])
+        );
+        assert_eq!(
+            volume(inv, &uid(n - 2), Plugin::Secret, "s").files,
+            expected(&[("k", b"swapped-last")])
+        );
+        assert_eq!(
+            volume(inv, &uid(n / 2), Plugin::Configmap, "c").files,
+            expected(&[("k", b"new")])
+        );
+        assert!(inv.pod(&uid(7)).is_none());
+        assert_eq!(inv.pods.len(), n - 1);
+        // Every other pod as before.
+        for i in [100, n - 10] {
+            assert_eq!(
+                volume(inv, &uid(i), Plugin::Secret, "s").files,
+                expected(&[("k", format!("v{i}").as_bytes())])
+            );
+        }
+        // A pod entry replaced by a symlink is reported, never followed.
+        let pods = r.path().join(PODS_DIR);
+        std::fs::remove_dir_all(pods.join(uid(9))).unwrap();
+        std::os::unix::fs::symlink(pods.join(uid(10)), pods.join(uid(9))).unwrap();
+        let linked = s.scan().unwrap();
+        let p9 = linked.inventory.pod(&uid(9)).unwrap();
+        assert!(p9.volumes.is_empty(), "{p9:?}");
+        assert_eq!(kinds(&p9.errors), [ReadErrorKind::SymlinkEscape]);
     }
 
     #[test]
