@@ -19,8 +19,11 @@ use serde::{Deserialize, Serialize};
 /// A raw SHA-256 digest.
 pub type Digest = [u8; 32];
 
-/// A sorted list of (path, digest) pairs, shared between equal lists.
-pub type FileList = Arc<[(Arc<str>, Digest)]>;
+/// A sorted list of (path, digest) pairs, shared between equal lists. The
+/// slice is boxed inside the `Arc` so the list is one word (a thin pointer)
+/// in every observed volume and subPath that holds it, not two: lists are
+/// interned, so the extra box is paid once per distinct list.
+pub type FileList = Arc<Box<[(Arc<str>, Digest)]>>;
 
 /// Interns strings, volume sources and observed file lists, so equal values
 /// (the same ConfigMap mounted by thousands of pods) share one allocation.
@@ -126,10 +129,11 @@ impl Interner {
             .map(|(p, d)| (self.intern(p), *d))
             .collect();
         list.sort_by(|a, b| a.0.cmp(&b.0));
-        if let Some(a) = self.file_lists.get(list.as_slice()) {
+        let list = list.into_boxed_slice();
+        if let Some(a) = self.file_lists.get(&list) {
             return a.clone();
         }
-        let a: FileList = list.into();
+        let a: FileList = Arc::new(list);
         self.file_lists.insert(a.clone());
         self.inserted();
         a
