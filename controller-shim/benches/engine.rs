@@ -231,8 +231,8 @@ fn main() {
                     mounts,
                     env,
                 }]),
-                image_pull_secrets: Box::new([]),
-                other_refs: Box::new([]),
+                image_pull_secrets: Default::default(),
+                other_refs: Default::default(),
             };
             ix.apply_pod(pod);
 

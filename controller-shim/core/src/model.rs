@@ -550,13 +550,15 @@ pub struct PodModel {
     /// Containers.
     pub containers: Box<[ContainerModel]>,
     /// `spec.imagePullSecrets` names (the kubelet registers these too).
-    pub image_pull_secrets: Box<[Arc<str>]>,
+    /// (A [`RareList`]: nearly always empty, one pointer in every pod.)
+    pub image_pull_secrets: RareList<Arc<str>>,
     /// References the kubelet registers that get no verdict of their own:
     /// the Secrets named by volumes of other types (CSI
     /// `nodePublishSecretRef`, azureFile, cephfs, cinder, flexVolume, iscsi,
     /// rbd, scaleIO, storageOS) and the env references of ephemeral
     /// containers that have exited (they never run again).
-    pub other_refs: Box<[(SourceKind, Arc<str>)]>,
+    /// (A [`RareList`], like `image_pull_secrets`.)
+    pub other_refs: RareList<(SourceKind, Arc<str>)>,
 }
 
 impl PodModel {
@@ -642,9 +644,10 @@ impl PodModel {
     }
 }
 
-/// A list that is nearly always empty (read problems, subPath targets):
-/// one pointer, null when empty, instead of a 16-byte boxed slice in every
-/// observed volume and pod. Reads as a slice.
+/// A list that is nearly always empty (read problems, subPath targets, a
+/// pod's image pull secrets and other references): one pointer, null when
+/// empty, instead of a 16-byte boxed slice in every observed volume and
+/// pod. Reads as a slice.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RareList<T>(Option<Box<Box<[T]>>>);
 

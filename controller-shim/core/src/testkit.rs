@@ -15,7 +15,7 @@ use mountguard_inventory::{
 use crate::index::ClusterIndex;
 use crate::model::{
     ContainerKind, ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel,
-    ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
+    ProjectedSource, RareList, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
     VolumeModel, VolumeSource,
 };
 
@@ -142,8 +142,8 @@ impl PodB {
                 slurm_node: None,
                 volumes: Box::new([]),
                 containers: Box::new([]),
-                image_pull_secrets: Box::new([]),
-                other_refs: Box::new([]),
+                image_pull_secrets: RareList::default(),
+                other_refs: RareList::default(),
             },
         }
     }
@@ -241,7 +241,7 @@ impl PodB {
 
     /// `imagePullSecrets`.
     pub fn image_pull_secret(mut self, name: &str) -> Self {
-        let mut v = self.pod.image_pull_secrets.into_vec();
+        let mut v = self.pod.image_pull_secrets.to_vec();
         v.push(a(name));
         self.pod.image_pull_secrets = v.into();
         self
@@ -250,7 +250,7 @@ impl PodB {
     /// A reference with no verdict of its own (e.g. a CSI
     /// `nodePublishSecretRef`).
     pub fn other_ref(mut self, kind: SourceKind, name: &str) -> Self {
-        let mut v = self.pod.other_refs.into_vec();
+        let mut v = self.pod.other_refs.to_vec();
         v.push((kind, a(name)));
         self.pod.other_refs = v.into();
         self
