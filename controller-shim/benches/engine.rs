@@ -218,7 +218,7 @@ fn main() {
                 node: Some(it.intern(&node_name)),
                 terminated: false,
                 terminating: false,
-                synced_at: Some(started),
+                synced_at: Some(started.into()),
                 ready: true,
                 nodeset: None,
                 slurm_node: None,

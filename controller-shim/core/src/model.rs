@@ -536,7 +536,7 @@ pub struct PodModel {
     /// `SyncPod` of the pod, right before it registers the pod's Secret and
     /// ConfigMap references (see [`PodModel::registered`]). `None`: the
     /// kubelet has not synced the pod yet.
-    pub synced_at: Option<Timestamp>,
+    pub synced_at: Option<CompactTime>,
     /// The `Ready` condition is `True` (counts towards a NodeSet's
     /// availability when budgeting remediation).
     pub ready: bool,
@@ -644,6 +644,43 @@ impl PodModel {
     }
 }
 
+/// A [`Timestamp`] in 12 bytes with a niche, so that an optional one takes
+/// 16 bytes where an `Option<Timestamp>` takes 24: for the times held per
+/// pod and per observed volume. Lossless for every `Timestamp`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CompactTime {
+    second: i64,
+    /// `subsec_nanosecond() + 1_000_000_000`, in `1..2_000_000_000` (the
+    /// nanoseconds of a negative timestamp are negative), so never zero.
+    nanosecond: std::num::NonZeroU32,
+}
+
+impl CompactTime {
+    const SHIFT: i32 = 1_000_000_000;
+
+    /// The timestamp.
+    pub fn get(self) -> Timestamp {
+        let ns = self.nanosecond.get() as i64 - i64::from(Self::SHIFT);
+        Timestamp::new(self.second, ns as i32).expect("a CompactTime holds a valid Timestamp")
+    }
+}
+
+impl From<Timestamp> for CompactTime {
+    fn from(t: Timestamp) -> Self {
+        let ns = (t.subsec_nanosecond() + Self::SHIFT) as u32;
+        Self {
+            second: t.as_second(),
+            nanosecond: std::num::NonZeroU32::new(ns).expect("shifted nanoseconds are positive"),
+        }
+    }
+}
+
+impl fmt::Debug for CompactTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.get(), f)
+    }
+}
+
 /// A list that is nearly always empty (read problems, subPath targets, a
 /// pod's image pull secrets and other references): one pointer, null when
 /// empty, instead of a 16-byte boxed slice in every observed volume and
@@ -701,7 +738,7 @@ pub struct ObservedVolume {
     /// Volume name.
     pub name: Arc<str>,
     /// When the kubelet published the content now served.
-    pub written_at: Option<Timestamp>,
+    pub written_at: Option<CompactTime>,
     /// Path -> digest, sorted by path.
     pub files: FileList,
     /// Read problems.
@@ -793,7 +830,7 @@ impl ObservedNode {
                     .map(|v| ObservedVolume {
                         plugin: v.plugin,
                         name: interner.intern(&v.name),
-                        written_at: v.written_at,
+                        written_at: v.written_at.map(CompactTime::from),
                         files: interner
                             .intern_files(v.files.iter().map(|(k, d)| (k.as_str(), &d.0))),
                         errors: errs(&v.errors, interner),
@@ -840,6 +877,24 @@ pub fn parse_read_at_start(value: &str) -> impl Iterator<Item = &str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_compact_time_gives_back_the_timestamp_it_was_made_of() {
+        for t in [
+            Timestamp::UNIX_EPOCH,
+            Timestamp::MIN,
+            Timestamp::MAX,
+            "2026-11-30T10:00:00.123456789Z".parse().unwrap(),
+            "1969-12-31T23:59:59.5Z".parse().unwrap(),
+            Timestamp::new(-1, -1).unwrap(),
+            Timestamp::new(0, 999_999_999).unwrap(),
+        ] {
+            let c = CompactTime::from(t);
+            assert_eq!(c.get(), t);
+            assert_eq!(format!("{c:?}"), format!("{t:?}"));
+        }
+        assert_eq!(std::mem::size_of::<Option<CompactTime>>(), 16);
+    }
 
     #[test]
     fn a_rare_list_reads_as_the_slice_it_was_built_from() {

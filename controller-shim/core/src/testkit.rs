@@ -136,7 +136,7 @@ impl PodB {
                 node: Some(a(node)),
                 terminated: false,
                 terminating: false,
-                synced_at: Some(ts("2026-01-01T00:00:00Z")),
+                synced_at: Some(ts("2026-01-01T00:00:00Z").into()),
                 ready: true,
                 nodeset: None,
                 slurm_node: None,
@@ -258,7 +258,7 @@ impl PodB {
 
     /// `status.startTime` (`None`: the kubelet has not synced the pod).
     pub fn synced_at(mut self, t: Option<Timestamp>) -> Self {
-        self.pod.synced_at = t;
+        self.pod.synced_at = t.map(Into::into);
         self
     }
 

@@ -505,7 +505,7 @@ impl EvalTask {
                 .node
                 .as_ref()
                 .and_then(|n| self.index.inventory(n))
-                .map(|i| i.scanned_at),
+                .map(|i| i.scanned_at.into()),
             fingerprints: pv
                 .pod
                 .references()
@@ -803,7 +803,7 @@ pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &super::status::PodCh
         m.push_str(&format!("; source content {}", source_fps.join(", ")));
     }
     if let Some(t) = check.scanned_at {
-        m.push_str(&format!("; node scanned at {t}"));
+        m.push_str(&format!("; node scanned at {}", t.get()));
     }
     if !view.pinned_by.is_empty() {
         m.push_str(&format!(

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::Error;
 use crate::table::write_aligned;
 use mountguard_core::Fingerprint;
-use mountguard_core::model::{PodModel, SourceRef};
+use mountguard_core::model::{CompactTime, PodModel, SourceRef};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
@@ -34,7 +34,8 @@ use mountguard_core::verdict::{PodVerdicts, State, Verdict};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodCheck {
     /// Scan time of the node inventory (none: no inventory).
-    pub scanned_at: Option<jiff::Timestamp>,
+    /// (Compact: 16 bytes instead of 24 in every published pod.)
+    pub scanned_at: Option<CompactTime>,
     /// Keyed fingerprint of each source the pod references, in the order
     /// of [`PodModel::references`] (`None`: absent). The references are
     /// the pod's own, so they are not stored again.
@@ -395,7 +396,9 @@ pub fn item(pv: &PodVerdicts, v: &Verdict, check: Option<&PodCheck>) -> StatusIt
         } else {
             Vec::new()
         },
-        verified_at: check.and_then(|c| c.scanned_at).map(|t| t.to_string()),
+        verified_at: check
+            .and_then(|c| c.scanned_at)
+            .map(|t| t.get().to_string()),
         differing_paths: view.differing_paths.iter().map(|s| s.to_string()).collect(),
         since: view.since.to_string(),
         message: view.message.map(str::to_string),
@@ -489,7 +492,9 @@ impl VerdictStore {
                     subject: pv.subject(v).text(),
                     state: v.state.tag(),
                     sources,
-                    verified_at: check.and_then(|c| c.scanned_at).map(|t| t.to_string()),
+                    verified_at: check
+                        .and_then(|c| c.scanned_at)
+                        .map(|t| t.get().to_string()),
                     node_reporting: pod
                         .node
                         .as_ref()
