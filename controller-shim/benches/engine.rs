@@ -179,7 +179,7 @@ fn main() {
                     paths: Box::new([it.intern("namespace")]),
                 },
             ]));
-            let volumes = Box::new([
+            let volumes = vec![
                 VolumeModel {
                     name: it.intern("creds"),
                     source: it.intern_volume_source(creds),
@@ -195,7 +195,8 @@ fn main() {
                     source: it.intern_volume_source(kaa_src),
                     read_at_start: false,
                 },
-            ]);
+            ];
+            let volumes = it.intern_volumes(volumes);
             let mounts = vec![MountModel {
                 index: 1,
                 volume: 1,

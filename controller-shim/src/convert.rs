@@ -376,7 +376,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
                 .map(|h| interner.intern(h))
         }),
         nodeset,
-        volumes: volumes.into(),
+        volumes: interner.intern_volumes(volumes),
         containers: containers.into(),
         image_pull_secrets: spec
             .image_pull_secrets

@@ -36,6 +36,7 @@ pub type FileList = Arc<Box<[(Arc<str>, Digest)]>>;
 pub struct Interner {
     set: HashSet<Arc<str>>,
     volume_sources: HashSet<Arc<VolumeSource>>,
+    volumes: HashSet<Arc<[VolumeModel]>>,
     mounts: HashSet<Arc<[MountModel]>>,
     envs: HashSet<Arc<[EnvRef]>>,
     file_lists: HashSet<FileList>,
@@ -52,6 +53,7 @@ impl Interner {
         let before = self.held();
         // Composite values first: they hold strings and sources.
         self.file_lists.retain(|a| Arc::strong_count(a) > 1);
+        self.volumes.retain(|a| Arc::strong_count(a) > 1);
         self.mounts.retain(|a| Arc::strong_count(a) > 1);
         self.envs.retain(|a| Arc::strong_count(a) > 1);
         self.volume_sources.retain(|a| Arc::strong_count(a) > 1);
@@ -63,6 +65,7 @@ impl Interner {
     pub fn held(&self) -> usize {
         self.set.len()
             + self.volume_sources.len()
+            + self.volumes.len()
             + self.mounts.len()
             + self.envs.len()
             + self.file_lists.len()
@@ -93,6 +96,17 @@ impl Interner {
         }
         let a = Arc::new(v);
         self.volume_sources.insert(a.clone());
+        self.inserted();
+        a
+    }
+
+    /// The shared copy of a pod's verified volumes.
+    pub fn intern_volumes(&mut self, v: Vec<VolumeModel>) -> Arc<[VolumeModel]> {
+        if let Some(a) = self.volumes.get(v.as_slice()) {
+            return a.clone();
+        }
+        let a: Arc<[VolumeModel]> = v.into();
+        self.volumes.insert(a.clone());
         self.inserted();
         a
     }
@@ -401,7 +415,7 @@ impl VolumeSource {
 }
 
 /// A volume of the pod spec that the engine verifies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VolumeModel {
     /// Volume name.
     pub name: Arc<str>,
@@ -546,7 +560,9 @@ pub struct PodModel {
     /// `nodeset.slinky.slurm.net/pod-hostname`).
     pub slurm_node: Option<Arc<str>>,
     /// Verified volumes (secret, configMap, projected).
-    pub volumes: Box<[VolumeModel]>,
+    /// (Shared between pods with the same volumes: the pods of one
+    /// workload have the same list.)
+    pub volumes: Arc<[VolumeModel]>,
     /// Containers.
     pub containers: Box<[ContainerModel]>,
     /// `spec.imagePullSecrets` names (the kubelet registers these too).
@@ -877,6 +893,37 @@ pub fn parse_read_at_start(value: &str) -> impl Iterator<Item = &str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pods_with_the_same_volumes_share_one_list_until_none_holds_it() {
+        let mut ix = Interner::default();
+        let vols = |ix: &mut Interner, name: &str| {
+            let name = ix.intern(name);
+            let source = ix.intern_volume_source(VolumeSource::Object(SourceProjection {
+                kind: SourceKind::ConfigMap,
+                name,
+                items: None,
+                optional: false,
+            }));
+            vec![VolumeModel {
+                name: ix.intern("cfg"),
+                source,
+                read_at_start: false,
+            }]
+        };
+        let v = vols(&mut ix, "a");
+        let a = ix.intern_volumes(v);
+        let v = vols(&mut ix, "a");
+        let b = ix.intern_volumes(v);
+        let v = vols(&mut ix, "b");
+        let c = ix.intern_volumes(v);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(*a, *vols(&mut ix, "a"));
+        drop((a, b, c));
+        ix.prune();
+        assert_eq!(ix.held(), 0, "nothing is held once no pod holds it");
+    }
 
     #[test]
     fn a_compact_time_gives_back_the_timestamp_it_was_made_of() {

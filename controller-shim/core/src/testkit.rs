@@ -140,7 +140,7 @@ impl PodB {
                 ready: true,
                 nodeset: None,
                 slurm_node: None,
-                volumes: Box::new([]),
+                volumes: Arc::new([]),
                 containers: Box::new([]),
                 image_pull_secrets: RareList::default(),
                 other_refs: RareList::default(),
@@ -149,7 +149,7 @@ impl PodB {
     }
 
     pub fn volume(mut self, name: &str, source: VolumeSource) -> Self {
-        let mut v = self.pod.volumes.into_vec();
+        let mut v = self.pod.volumes.to_vec();
         v.push(VolumeModel {
             name: a(name),
             source: Arc::new(source),
@@ -160,11 +160,13 @@ impl PodB {
     }
 
     pub fn read_at_start(mut self, volume: &str) -> Self {
-        for v in self.pod.volumes.iter_mut() {
+        let mut vols = self.pod.volumes.to_vec();
+        for v in vols.iter_mut() {
             if &*v.name == volume {
                 v.read_at_start = true;
             }
         }
+        self.pod.volumes = vols.into();
         self
     }
 
