@@ -44,6 +44,20 @@ pub struct Interner {
     prune_at: usize,
 }
 
+/// The copy of `v` that `set` holds, inserted if there is none; and
+/// whether it was inserted.
+fn shared_slice<T: Eq + std::hash::Hash>(
+    set: &mut HashSet<Arc<[T]>>,
+    v: Vec<T>,
+) -> (Arc<[T]>, bool) {
+    if let Some(a) = set.get(v.as_slice()) {
+        return (a.clone(), false);
+    }
+    let a: Arc<[T]> = v.into();
+    set.insert(a.clone());
+    (a, true)
+}
+
 impl Interner {
     /// Below this many held values the interner never prunes by itself.
     pub const MIN_PRUNE: usize = 4096;
@@ -102,34 +116,28 @@ impl Interner {
 
     /// The shared copy of a pod's verified volumes.
     pub fn intern_volumes(&mut self, v: Vec<VolumeModel>) -> Arc<[VolumeModel]> {
-        if let Some(a) = self.volumes.get(v.as_slice()) {
-            return a.clone();
+        let (a, new) = shared_slice(&mut self.volumes, v);
+        if new {
+            self.inserted();
         }
-        let a: Arc<[VolumeModel]> = v.into();
-        self.volumes.insert(a.clone());
-        self.inserted();
         a
     }
 
     /// The shared copy of a container's relevant mounts.
     pub fn intern_mounts(&mut self, v: Vec<MountModel>) -> Arc<[MountModel]> {
-        if let Some(a) = self.mounts.get(v.as_slice()) {
-            return a.clone();
+        let (a, new) = shared_slice(&mut self.mounts, v);
+        if new {
+            self.inserted();
         }
-        let a: Arc<[MountModel]> = v.into();
-        self.mounts.insert(a.clone());
-        self.inserted();
         a
     }
 
     /// The shared copy of a container's environment references.
     pub fn intern_env(&mut self, v: Vec<EnvRef>) -> Arc<[EnvRef]> {
-        if let Some(a) = self.envs.get(v.as_slice()) {
-            return a.clone();
+        let (a, new) = shared_slice(&mut self.envs, v);
+        if new {
+            self.inserted();
         }
-        let a: Arc<[EnvRef]> = v.into();
-        self.envs.insert(a.clone());
-        self.inserted();
         a
     }
 
