@@ -179,7 +179,7 @@ fn main() {
                     paths: Box::new([it.intern("namespace")]),
                 },
             ]));
-            let volumes = Box::new([
+            let volumes = vec![
                 VolumeModel {
                     name: it.intern("creds"),
                     source: it.intern_volume_source(creds),
@@ -195,7 +195,8 @@ fn main() {
                     source: it.intern_volume_source(kaa_src),
                     read_at_start: false,
                 },
-            ]);
+            ];
+            let volumes = it.intern_volumes(volumes);
             let mounts = vec![MountModel {
                 index: 1,
                 volume: 1,
@@ -218,7 +219,7 @@ fn main() {
                 node: Some(it.intern(&node_name)),
                 terminated: false,
                 terminating: false,
-                synced_at: Some(started),
+                synced_at: Some(started.into()),
                 ready: true,
                 nodeset: None,
                 slurm_node: None,
@@ -231,8 +232,8 @@ fn main() {
                     mounts,
                     env,
                 }]),
-                image_pull_secrets: Box::new([]),
-                other_refs: Box::new([]),
+                image_pull_secrets: Default::default(),
+                other_refs: Default::default(),
             };
             ix.apply_pod(pod);
 

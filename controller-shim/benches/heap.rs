@@ -207,10 +207,7 @@ fn live_pass(c: Cluster) {
     println!("  teardown:");
     let pods = std::mem::take(&mut shared.verdicts.write().unwrap().pods);
     drop(pods);
-    m.step("  published verdicts (VerdictStore.pods)");
-    let checks = std::mem::take(&mut shared.verdicts.write().unwrap().checks);
-    drop(checks);
-    m.step("  what they were computed against (VerdictStore.checks)");
+    m.step("  published pods: verdicts and checks (VerdictStore.pods)");
     let sources = std::mem::take(&mut shared.verdicts.write().unwrap().sources);
     drop(sources);
     m.step("  published sources (VerdictStore.sources)");
@@ -226,7 +223,7 @@ fn live_pass(c: Cluster) {
 /// Sizes of the per-pod, per-volume and per-verdict types (their own
 /// bytes; what they point to is counted by the passes).
 fn sizes() {
-    use mountguard_controller::live::status::PodCheck;
+    use mountguard_controller::live::status::{PodCheck, PublishedPod};
     use mountguard_core::model::{
         ContainerModel, ObservedPod, ObservedVolume, PodModel, SourceRef, VolumeModel,
     };
@@ -235,7 +232,7 @@ fn sizes() {
     println!(
         "type sizes (bytes): PodModel {}, VolumeModel {}, ContainerModel {}, ObservedPod {}, \
          ObservedVolume {}, Verdict {}, PodVerdicts {}, PodHistory {}, SubjectHistory {}, \
-         PodCheck {}, SourceRef {}, Timestamp {}, Option<Timestamp> {}",
+         PodCheck {}, PublishedPod {}, SourceRef {}, Timestamp {}, Option<Timestamp> {}",
         size_of::<PodModel>(),
         size_of::<VolumeModel>(),
         size_of::<ContainerModel>(),
@@ -246,6 +243,7 @@ fn sizes() {
         size_of::<PodHistory>(),
         size_of::<SubjectHistory>(),
         size_of::<PodCheck>(),
+        size_of::<PublishedPod>(),
         size_of::<SourceRef>(),
         size_of::<Timestamp>(),
         size_of::<Option<Timestamp>>(),

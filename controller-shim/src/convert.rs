@@ -365,7 +365,9 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         node: spec.node_name.as_deref().map(|n| interner.intern(n)),
         terminated,
         terminating: meta.deletion_timestamp.is_some(),
-        synced_at: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+        synced_at: status
+            .and_then(|s| s.start_time.as_ref())
+            .map(|t| t.0.into()),
         ready,
         slurm_node: nodeset.as_ref().and_then(|_| {
             meta.labels
@@ -374,7 +376,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
                 .map(|h| interner.intern(h))
         }),
         nodeset,
-        volumes: volumes.into(),
+        volumes: interner.intern_volumes(volumes),
         containers: containers.into(),
         image_pull_secrets: spec
             .image_pull_secrets
@@ -505,7 +507,7 @@ pub fn describe_item(item: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mountguard_core::model::{Interner, VolumeSource};
+    use mountguard_core::model::{CompactTime, Interner, VolumeSource};
     use mountguard_inventory::file_digest;
     use serde_json::json;
 
@@ -802,7 +804,10 @@ mod tests {
         assert_eq!(cs, [("live", ContainerKind::Ephemeral)]);
         let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
         assert_eq!(refs, ["Secret/ns/a", "ConfigMap/ns/b"]);
-        assert_eq!(m.synced_at, Some("2026-11-30T10:00:00Z".parse().unwrap()));
+        assert_eq!(
+            m.synced_at.map(CompactTime::get),
+            Some("2026-11-30T10:00:00Z".parse().unwrap())
+        );
         assert!(!m.terminating);
         let mut deleting = raw.clone();
         deleting["metadata"]["deletionTimestamp"] = json!("2026-11-30T11:00:00Z");

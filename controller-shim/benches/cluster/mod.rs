@@ -123,12 +123,12 @@ impl Cluster {
                     );
                 }
                 let mut pod = b.build();
-                let mut vols = pod.volumes.into_vec();
+                let mut vols = pod.volumes.to_vec();
                 for v in vols.iter_mut() {
                     v.source = ix.intern_volume_source((*v.source).clone());
                     v.name = ix.intern(&v.name);
                 }
-                pod.volumes = vols.into();
+                pod.volumes = ix.intern_volumes(vols);
                 pod.namespace = ix.intern(NS);
                 pod.node = pod.node.map(|n| ix.intern(&n));
                 pod

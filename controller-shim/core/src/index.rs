@@ -8,6 +8,7 @@
 //! re-evaluates only those.
 
 use foldhash::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use crate::model::{Interner, ObservedNode, PodModel, SourceContent, SourceRef};
@@ -23,11 +24,24 @@ pub struct ClusterIndex {
     pub interner: Interner,
     pods: Vec<Option<Arc<PodModel>>>,
     free: Vec<u32>,
-    by_uid: HashMap<Arc<str>, PodId>,
+    /// Slots by the UID of their pod model: a table of bare slots (4 bytes
+    /// each) hashed and compared through the model's UID, so no key is
+    /// stored beside them.
+    by_uid: hashbrown::HashTable<u32>,
+    uid_hasher: foldhash::fast::RandomState,
     by_source: HashMap<SourceRef, Vec<PodId>>,
     by_node: HashMap<Arc<str>, Vec<PodId>>,
     sources: HashMap<SourceRef, SourceContent>,
     nodes: HashMap<Arc<str>, ObservedNode>,
+}
+
+/// The pod in `slot`, which `by_uid` lists: a listed slot always holds a
+/// pod (slots are listed after their pod is stored and unlisted before it
+/// is taken).
+fn slot_pod(pods: &[Option<Arc<PodModel>>], slot: u32) -> &PodModel {
+    pods[slot as usize]
+        .as_deref()
+        .expect("a slot listed by UID holds a pod")
 }
 
 impl ClusterIndex {
@@ -36,9 +50,13 @@ impl ClusterIndex {
         Self::default()
     }
 
+    fn uid_hash(&self, uid: &str) -> u64 {
+        self.uid_hasher.hash_one(uid)
+    }
+
     /// Inserts or replaces a pod (by UID).
     pub fn apply_pod(&mut self, pod: PodModel) -> PodId {
-        if let Some(old) = self.by_uid.get(&pod.uid).copied() {
+        if let Some(old) = self.pod_id(&pod.uid) {
             self.unlink(old);
             self.link(old, &pod);
             self.pods[old.0 as usize] = Some(Arc::new(pod));
@@ -52,14 +70,24 @@ impl ClusterIndex {
             }
         };
         self.link(id, &pod);
-        self.by_uid.insert(pod.uid.clone(), id);
+        let hash = self.uid_hash(&pod.uid);
         self.pods[id.0 as usize] = Some(Arc::new(pod));
+        let (pods, hasher) = (&self.pods, &self.uid_hasher);
+        self.by_uid.insert_unique(hash, id.0, |slot| {
+            hasher.hash_one(&*slot_pod(pods, *slot).uid)
+        });
         id
     }
 
     /// Removes a pod; returns it if it was present.
     pub fn delete_pod(&mut self, uid: &str) -> Option<Arc<PodModel>> {
-        let id = self.by_uid.remove(uid)?;
+        let hash = self.uid_hash(uid);
+        let pods = &self.pods;
+        let entry = self
+            .by_uid
+            .find_entry(hash, |slot| *slot_pod(pods, *slot).uid == *uid)
+            .ok()?;
+        let id = PodId(entry.remove().0);
         self.unlink(id);
         self.free.push(id.0);
         self.pods[id.0 as usize].take()
@@ -116,16 +144,21 @@ impl ClusterIndex {
     pub fn apply_inventory(&mut self, mut node: ObservedNode) {
         // Key the observed pods by the pod models' UIDs where there are
         // models, so each UID is held once.
+        let model_uid = |ix: &Self, uid: &str| -> Option<Arc<str>> {
+            ix.pod_id(uid)
+                .and_then(|id| ix.pod(id))
+                .map(|p| p.uid.clone())
+        };
         if node.pods.keys().any(|uid| {
-            self.by_uid
-                .get_key_value(uid)
-                .is_some_and(|(k, _)| !Arc::ptr_eq(k, uid))
+            self.pod_id(uid)
+                .and_then(|id| self.pod(id))
+                .is_some_and(|p| !Arc::ptr_eq(&p.uid, uid))
         }) {
             node.pods = node
                 .pods
                 .into_iter()
-                .map(|(uid, pod)| match self.by_uid.get_key_value(&uid) {
-                    Some((k, _)) => (k.clone(), pod),
+                .map(|(uid, pod)| match model_uid(self, &uid) {
+                    Some(k) => (k, pod),
                     None => (uid, pod),
                 })
                 .collect();
@@ -145,7 +178,11 @@ impl ClusterIndex {
 
     /// The slot of the pod with this UID.
     pub fn pod_id(&self, uid: &str) -> Option<PodId> {
-        self.by_uid.get(uid).copied()
+        self.by_uid
+            .find(self.uid_hash(uid), |slot| {
+                *slot_pod(&self.pods, *slot).uid == *uid
+            })
+            .map(|slot| PodId(*slot))
     }
 
     /// Every pod slot in use.

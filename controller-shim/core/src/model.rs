@@ -19,8 +19,11 @@ use serde::{Deserialize, Serialize};
 /// A raw SHA-256 digest.
 pub type Digest = [u8; 32];
 
-/// A sorted list of (path, digest) pairs, shared between equal lists.
-pub type FileList = Arc<[(Arc<str>, Digest)]>;
+/// A sorted list of (path, digest) pairs, shared between equal lists. The
+/// slice is boxed inside the `Arc` so the list is one word (a thin pointer)
+/// in every observed volume and subPath that holds it, not two: lists are
+/// interned, so the extra box is paid once per distinct list.
+pub type FileList = Arc<Box<[(Arc<str>, Digest)]>>;
 
 /// Interns strings, volume sources and observed file lists, so equal values
 /// (the same ConfigMap mounted by thousands of pods) share one allocation.
@@ -33,11 +36,26 @@ pub type FileList = Arc<[(Arc<str>, Digest)]>;
 pub struct Interner {
     set: HashSet<Arc<str>>,
     volume_sources: HashSet<Arc<VolumeSource>>,
+    volumes: HashSet<Arc<[VolumeModel]>>,
     mounts: HashSet<Arc<[MountModel]>>,
     envs: HashSet<Arc<[EnvRef]>>,
     file_lists: HashSet<FileList>,
     /// Prune once this many values are held (0: [`Self::MIN_PRUNE`]).
     prune_at: usize,
+}
+
+/// The copy of `v` that `set` holds, inserted if there is none; and
+/// whether it was inserted.
+fn shared_slice<T: Eq + std::hash::Hash>(
+    set: &mut HashSet<Arc<[T]>>,
+    v: Vec<T>,
+) -> (Arc<[T]>, bool) {
+    if let Some(a) = set.get(v.as_slice()) {
+        return (a.clone(), false);
+    }
+    let a: Arc<[T]> = v.into();
+    set.insert(a.clone());
+    (a, true)
 }
 
 impl Interner {
@@ -49,6 +67,7 @@ impl Interner {
         let before = self.held();
         // Composite values first: they hold strings and sources.
         self.file_lists.retain(|a| Arc::strong_count(a) > 1);
+        self.volumes.retain(|a| Arc::strong_count(a) > 1);
         self.mounts.retain(|a| Arc::strong_count(a) > 1);
         self.envs.retain(|a| Arc::strong_count(a) > 1);
         self.volume_sources.retain(|a| Arc::strong_count(a) > 1);
@@ -60,6 +79,7 @@ impl Interner {
     pub fn held(&self) -> usize {
         self.set.len()
             + self.volume_sources.len()
+            + self.volumes.len()
             + self.mounts.len()
             + self.envs.len()
             + self.file_lists.len()
@@ -94,25 +114,30 @@ impl Interner {
         a
     }
 
+    /// The shared copy of a pod's verified volumes.
+    pub fn intern_volumes(&mut self, v: Vec<VolumeModel>) -> Arc<[VolumeModel]> {
+        let (a, new) = shared_slice(&mut self.volumes, v);
+        if new {
+            self.inserted();
+        }
+        a
+    }
+
     /// The shared copy of a container's relevant mounts.
     pub fn intern_mounts(&mut self, v: Vec<MountModel>) -> Arc<[MountModel]> {
-        if let Some(a) = self.mounts.get(v.as_slice()) {
-            return a.clone();
+        let (a, new) = shared_slice(&mut self.mounts, v);
+        if new {
+            self.inserted();
         }
-        let a: Arc<[MountModel]> = v.into();
-        self.mounts.insert(a.clone());
-        self.inserted();
         a
     }
 
     /// The shared copy of a container's environment references.
     pub fn intern_env(&mut self, v: Vec<EnvRef>) -> Arc<[EnvRef]> {
-        if let Some(a) = self.envs.get(v.as_slice()) {
-            return a.clone();
+        let (a, new) = shared_slice(&mut self.envs, v);
+        if new {
+            self.inserted();
         }
-        let a: Arc<[EnvRef]> = v.into();
-        self.envs.insert(a.clone());
-        self.inserted();
         a
     }
 
@@ -126,10 +151,11 @@ impl Interner {
             .map(|(p, d)| (self.intern(p), *d))
             .collect();
         list.sort_by(|a, b| a.0.cmp(&b.0));
-        if let Some(a) = self.file_lists.get(list.as_slice()) {
+        let list = list.into_boxed_slice();
+        if let Some(a) = self.file_lists.get(&list) {
             return a.clone();
         }
-        let a: FileList = list.into();
+        let a: FileList = Arc::new(list);
         self.file_lists.insert(a.clone());
         self.inserted();
         a
@@ -397,7 +423,7 @@ impl VolumeSource {
 }
 
 /// A volume of the pod spec that the engine verifies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VolumeModel {
     /// Volume name.
     pub name: Arc<str>,
@@ -532,7 +558,7 @@ pub struct PodModel {
     /// `SyncPod` of the pod, right before it registers the pod's Secret and
     /// ConfigMap references (see [`PodModel::registered`]). `None`: the
     /// kubelet has not synced the pod yet.
-    pub synced_at: Option<Timestamp>,
+    pub synced_at: Option<CompactTime>,
     /// The `Ready` condition is `True` (counts towards a NodeSet's
     /// availability when budgeting remediation).
     pub ready: bool,
@@ -542,17 +568,21 @@ pub struct PodModel {
     /// `nodeset.slinky.slurm.net/pod-hostname`).
     pub slurm_node: Option<Arc<str>>,
     /// Verified volumes (secret, configMap, projected).
-    pub volumes: Box<[VolumeModel]>,
+    /// (Shared between pods with the same volumes: the pods of one
+    /// workload have the same list.)
+    pub volumes: Arc<[VolumeModel]>,
     /// Containers.
     pub containers: Box<[ContainerModel]>,
     /// `spec.imagePullSecrets` names (the kubelet registers these too).
-    pub image_pull_secrets: Box<[Arc<str>]>,
+    /// (A [`RareList`]: nearly always empty, one pointer in every pod.)
+    pub image_pull_secrets: RareList<Arc<str>>,
     /// References the kubelet registers that get no verdict of their own:
     /// the Secrets named by volumes of other types (CSI
     /// `nodePublishSecretRef`, azureFile, cephfs, cinder, flexVolume, iscsi,
     /// rbd, scaleIO, storageOS) and the env references of ephemeral
     /// containers that have exited (they never run again).
-    pub other_refs: Box<[(SourceKind, Arc<str>)]>,
+    /// (A [`RareList`], like `image_pull_secrets`.)
+    pub other_refs: RareList<(SourceKind, Arc<str>)>,
 }
 
 impl PodModel {
@@ -638,9 +668,47 @@ impl PodModel {
     }
 }
 
-/// A list that is nearly always empty (read problems, subPath targets):
-/// one pointer, null when empty, instead of a 16-byte boxed slice in every
-/// observed volume and pod. Reads as a slice.
+/// A [`Timestamp`] in 12 bytes with a niche, so that an optional one takes
+/// 16 bytes where an `Option<Timestamp>` takes 24: for the times held per
+/// pod and per observed volume. Lossless for every `Timestamp`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CompactTime {
+    second: i64,
+    /// `subsec_nanosecond() + 1_000_000_000`, in `1..2_000_000_000` (the
+    /// nanoseconds of a negative timestamp are negative), so never zero.
+    nanosecond: std::num::NonZeroU32,
+}
+
+impl CompactTime {
+    const SHIFT: i32 = 1_000_000_000;
+
+    /// The timestamp.
+    pub fn get(self) -> Timestamp {
+        let ns = self.nanosecond.get() as i64 - i64::from(Self::SHIFT);
+        Timestamp::new(self.second, ns as i32).expect("a CompactTime holds a valid Timestamp")
+    }
+}
+
+impl From<Timestamp> for CompactTime {
+    fn from(t: Timestamp) -> Self {
+        let ns = (t.subsec_nanosecond() + Self::SHIFT) as u32;
+        Self {
+            second: t.as_second(),
+            nanosecond: std::num::NonZeroU32::new(ns).expect("shifted nanoseconds are positive"),
+        }
+    }
+}
+
+impl fmt::Debug for CompactTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.get(), f)
+    }
+}
+
+/// A list that is nearly always empty (read problems, subPath targets, a
+/// pod's image pull secrets and other references): one pointer, null when
+/// empty, instead of a 16-byte boxed slice in every observed volume and
+/// pod. Reads as a slice.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RareList<T>(Option<Box<Box<[T]>>>);
 
@@ -694,7 +762,7 @@ pub struct ObservedVolume {
     /// Volume name.
     pub name: Arc<str>,
     /// When the kubelet published the content now served.
-    pub written_at: Option<Timestamp>,
+    pub written_at: Option<CompactTime>,
     /// Path -> digest, sorted by path.
     pub files: FileList,
     /// Read problems.
@@ -786,7 +854,7 @@ impl ObservedNode {
                     .map(|v| ObservedVolume {
                         plugin: v.plugin,
                         name: interner.intern(&v.name),
-                        written_at: v.written_at,
+                        written_at: v.written_at.map(CompactTime::from),
                         files: interner
                             .intern_files(v.files.iter().map(|(k, d)| (k.as_str(), &d.0))),
                         errors: errs(&v.errors, interner),
@@ -833,6 +901,55 @@ pub fn parse_read_at_start(value: &str) -> impl Iterator<Item = &str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pods_with_the_same_volumes_share_one_list_until_none_holds_it() {
+        let mut ix = Interner::default();
+        let vols = |ix: &mut Interner, name: &str| {
+            let name = ix.intern(name);
+            let source = ix.intern_volume_source(VolumeSource::Object(SourceProjection {
+                kind: SourceKind::ConfigMap,
+                name,
+                items: None,
+                optional: false,
+            }));
+            vec![VolumeModel {
+                name: ix.intern("cfg"),
+                source,
+                read_at_start: false,
+            }]
+        };
+        let v = vols(&mut ix, "a");
+        let a = ix.intern_volumes(v);
+        let v = vols(&mut ix, "a");
+        let b = ix.intern_volumes(v);
+        let v = vols(&mut ix, "b");
+        let c = ix.intern_volumes(v);
+        assert!(Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert_eq!(*a, *vols(&mut ix, "a"));
+        drop((a, b, c));
+        ix.prune();
+        assert_eq!(ix.held(), 0, "nothing is held once no pod holds it");
+    }
+
+    #[test]
+    fn a_compact_time_gives_back_the_timestamp_it_was_made_of() {
+        for t in [
+            Timestamp::UNIX_EPOCH,
+            Timestamp::MIN,
+            Timestamp::MAX,
+            "2026-11-30T10:00:00.123456789Z".parse().unwrap(),
+            "1969-12-31T23:59:59.5Z".parse().unwrap(),
+            Timestamp::new(-1, -1).unwrap(),
+            Timestamp::new(0, 999_999_999).unwrap(),
+        ] {
+            let c = CompactTime::from(t);
+            assert_eq!(c.get(), t);
+            assert_eq!(format!("{c:?}"), format!("{t:?}"));
+        }
+        assert_eq!(std::mem::size_of::<Option<CompactTime>>(), 16);
+    }
 
     #[test]
     fn a_rare_list_reads_as_the_slice_it_was_built_from() {

@@ -15,7 +15,7 @@ use mountguard_inventory::{
 use crate::index::ClusterIndex;
 use crate::model::{
     ContainerKind, ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel,
-    ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
+    ProjectedSource, RareList, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
     VolumeModel, VolumeSource,
 };
 
@@ -136,20 +136,20 @@ impl PodB {
                 node: Some(a(node)),
                 terminated: false,
                 terminating: false,
-                synced_at: Some(ts("2026-01-01T00:00:00Z")),
+                synced_at: Some(ts("2026-01-01T00:00:00Z").into()),
                 ready: true,
                 nodeset: None,
                 slurm_node: None,
-                volumes: Box::new([]),
+                volumes: Arc::new([]),
                 containers: Box::new([]),
-                image_pull_secrets: Box::new([]),
-                other_refs: Box::new([]),
+                image_pull_secrets: RareList::default(),
+                other_refs: RareList::default(),
             },
         }
     }
 
     pub fn volume(mut self, name: &str, source: VolumeSource) -> Self {
-        let mut v = self.pod.volumes.into_vec();
+        let mut v = self.pod.volumes.to_vec();
         v.push(VolumeModel {
             name: a(name),
             source: Arc::new(source),
@@ -160,11 +160,13 @@ impl PodB {
     }
 
     pub fn read_at_start(mut self, volume: &str) -> Self {
-        for v in self.pod.volumes.iter_mut() {
+        let mut vols = self.pod.volumes.to_vec();
+        for v in vols.iter_mut() {
             if &*v.name == volume {
                 v.read_at_start = true;
             }
         }
+        self.pod.volumes = vols.into();
         self
     }
 
@@ -241,7 +243,7 @@ impl PodB {
 
     /// `imagePullSecrets`.
     pub fn image_pull_secret(mut self, name: &str) -> Self {
-        let mut v = self.pod.image_pull_secrets.into_vec();
+        let mut v = self.pod.image_pull_secrets.to_vec();
         v.push(a(name));
         self.pod.image_pull_secrets = v.into();
         self
@@ -250,7 +252,7 @@ impl PodB {
     /// A reference with no verdict of its own (e.g. a CSI
     /// `nodePublishSecretRef`).
     pub fn other_ref(mut self, kind: SourceKind, name: &str) -> Self {
-        let mut v = self.pod.other_refs.into_vec();
+        let mut v = self.pod.other_refs.to_vec();
         v.push((kind, a(name)));
         self.pod.other_refs = v.into();
         self
@@ -258,7 +260,7 @@ impl PodB {
 
     /// `status.startTime` (`None`: the kubelet has not synced the pod).
     pub fn synced_at(mut self, t: Option<Timestamp>) -> Self {
-        self.pod.synced_at = t;
+        self.pod.synced_at = t.map(Into::into);
         self
     }
 

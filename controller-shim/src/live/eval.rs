@@ -25,6 +25,7 @@ use tracing::{debug, info};
 use super::events::{EventRequest, RateLimiter, Tracker};
 use super::metrics::{MountLabels, MountSeries, StateCounts};
 use super::shared::{Shared, Shutdown};
+use super::status::PublishedPod;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceContent, SourceRef};
 use mountguard_core::verdict::{
@@ -302,8 +303,9 @@ impl EvalTask {
                     let Some(p) = self.index.pod(*id) else {
                         continue;
                     };
-                    let settled = store.pods.get(&p.uid).is_some_and(|pv| {
-                        pv.verdicts
+                    let settled = store.pods.get(&p.uid).is_some_and(|pp| {
+                        pp.pv
+                            .verdicts
                             .iter()
                             .all(|v| matches!(v.state, State::Fresh | State::Skipped(_)))
                     });
@@ -423,7 +425,6 @@ impl EvalTask {
         self.evaluated = false;
         let mut store = self.shared.verdicts.write().unwrap();
         store.pods.clear();
-        store.checks.clear();
         store.sources.clear();
         store.reporting.clear();
         store.unscheduled.clear();
@@ -507,7 +508,7 @@ impl EvalTask {
                 .node
                 .as_ref()
                 .and_then(|n| self.index.inventory(n))
-                .map(|i| i.scanned_at),
+                .map(|i| i.scanned_at.into()),
             fingerprints: pv
                 .pod
                 .references()
@@ -558,17 +559,18 @@ impl EvalTask {
             let old = store
                 .pods
                 .get(&pv.pod.uid)
-                .map(counts_of)
+                .map(|p| counts_of(&p.pv))
                 .unwrap_or_default();
             let check = self.pod_check(&pv);
             self.publish_pod(&pv, &check, &old, &mut requests);
-            store.checks.insert(pv.pod.uid.clone(), check);
-            store.pods.insert(pv.pod.uid.clone(), pv);
+            store.pods.insert(PublishedPod {
+                pv,
+                check: Some(check),
+            });
         }
         for uid in &removed {
-            store.checks.remove(uid);
             let old = store.pods.remove(uid);
-            let old = old.as_ref().map(counts_of).unwrap_or_default();
+            let old = old.as_ref().map(|p| counts_of(&p.pv)).unwrap_or_default();
             self.series
                 .update(&self.shared.metrics, uid, Vec::new(), &old, &[]);
             self.tracker.forget(uid);
@@ -624,6 +626,7 @@ impl EvalTask {
                 verdicts: store
                     .pods
                     .values()
+                    .map(|p| &p.pv)
                     .filter(|pv| {
                         pv.verdicts
                             .iter()
@@ -813,7 +816,7 @@ pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &super::status::PodCh
         m.push_str(&format!("; source content {}", source_fps.join(", ")));
     }
     if let Some(t) = check.scanned_at {
-        m.push_str(&format!("; node scanned at {t}"));
+        m.push_str(&format!("; node scanned at {}", t.get()));
     }
     if !view.pinned_by.is_empty() {
         m.push_str(&format!(
@@ -985,7 +988,7 @@ mod tests {
                 .unwrap()
                 .pods
                 .get("u1")
-                .map(|pv| pv.verdicts[0].state.tag())
+                .map(|p| p.pv.verdicts[0].state.tag())
         };
         assert_eq!(
             state(&shared).as_deref(),
@@ -1093,8 +1096,9 @@ mod tests {
         // Event notes carry the source's fingerprint and the scan time.
         {
             let store = r.shared.verdicts.read().unwrap();
-            let pv = &store.pods["u2"];
-            let m = event_message(pv, &pv.verdicts[0], &store.checks["u2"]);
+            let p = &store.pods["u2"];
+            let pv = &p.pv;
+            let m = event_message(pv, &pv.verdicts[0], p.check.as_ref().unwrap());
             assert!(
                 m.contains(&format!("source content Secret auth {new_fp}"))
                     && m.contains("node scanned at 2026-11-30T10:05:20Z"),
@@ -1266,7 +1270,7 @@ mod tests {
             ts("2026-11-30T10:10:00Z"),
         );
         let tag = |r: &Rig| {
-            r.shared.verdicts.read().unwrap().pods["u1"].verdicts[0]
+            r.shared.verdicts.read().unwrap().pods["u1"].pv.verdicts[0]
                 .state
                 .tag()
         };

@@ -119,6 +119,9 @@ pub struct Tracker {
 }
 
 impl Tracker {
+    /// Below this many entries the table is never shrunk.
+    const KEEP: usize = 1024;
+
     /// Feeds the new state of a subject; `baselined` says whether the pod's
     /// node had its first inventory evaluated before (a subject first seen
     /// on such a node starts `Clear`, else `Unknown`).
@@ -147,6 +150,7 @@ impl Tracker {
                 v.retain(|(s, _)| *s != id);
                 if v.is_empty() {
                     self.subjects.remove(uid);
+                    self.shrink();
                 }
             }
         } else if next != prev || prev == default {
@@ -171,7 +175,22 @@ impl Tracker {
 
     /// Forgets a pod.
     pub fn forget(&mut self, uid: &str) {
-        self.subjects.remove(uid);
+        if self.subjects.remove(uid).is_some() {
+            self.shrink();
+        }
+    }
+
+    /// Gives back the table's room once it is mostly empty: a hash table
+    /// keeps its capacity when entries are removed, and the first
+    /// evaluation stores an entry for every pod (`Unknown` until its node
+    /// reports), so without this a cluster whose pods all turned Fresh
+    /// kept a table sized for every pod (about 80 bytes per pod at
+    /// 550,000 pods). Shrinking when the table is under a quarter full
+    /// costs amortized constant time per removal.
+    fn shrink(&mut self) {
+        if self.subjects.capacity() > 4 * self.subjects.len().max(Self::KEEP) {
+            self.subjects.shrink_to_fit();
+        }
     }
 
     /// Forgets everything (new leader).
@@ -440,6 +459,36 @@ mod tests {
         assert_eq!(t.observe(&uid, v, &STALE, true), Some(Reason::StaleMount));
         t.clear();
         assert_eq!(t.observe(&uid, v, &STALE, false), None);
+    }
+
+    #[test]
+    fn tracker_gives_back_its_room_once_the_pods_turn_fresh() {
+        let mut t = Tracker::default();
+        let v = SubjectId::Volume(0);
+        let nodata = State::Unverifiable(UnverifiableReason::NoInventory);
+        let uids: Vec<Arc<str>> = (0..100_000).map(|i| Arc::from(format!("u{i}"))).collect();
+        // The first evaluation: no node has reported, every pod is stored.
+        for u in &uids {
+            assert_eq!(t.observe(u, v, &nodata, false), None);
+        }
+        assert_eq!(t.len(), uids.len());
+        let full = t.subjects.capacity();
+        // The nodes report and every pod is Fresh; one pod is deleted.
+        for u in &uids[1..] {
+            assert_eq!(t.observe(u, v, &FRESH, true), None);
+        }
+        t.forget(&uids[0]);
+        assert!(t.is_empty());
+        assert!(
+            t.subjects.capacity() <= 4 * Tracker::KEEP,
+            "{} of {full} slots kept for no entry",
+            t.subjects.capacity()
+        );
+        // Still tracks as before.
+        assert_eq!(
+            t.observe(&uids[1], v, &STALE, true),
+            Some(Reason::StaleMount)
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use foldhash::HashMap;
+use foldhash::{HashMap, HashSet};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 use mountguard_core::Fingerprint;
-use mountguard_core::model::{PodModel, SourceRef};
+use mountguard_core::model::{CompactTime, PodModel, SourceRef};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
@@ -34,7 +34,8 @@ use mountguard_inventory::table::write_aligned;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodCheck {
     /// Scan time of the node inventory (none: no inventory).
-    pub scanned_at: Option<jiff::Timestamp>,
+    /// (Compact: 16 bytes instead of 24 in every published pod.)
+    pub scanned_at: Option<CompactTime>,
     /// Keyed fingerprint of each source the pod references, in the order
     /// of [`PodModel::references`] (`None`: absent). The references are
     /// the pod's own, so they are not stored again.
@@ -50,18 +51,112 @@ impl PodCheck {
     }
 }
 
+/// One evaluated pod as published: its verdicts and what they were
+/// computed against, in one record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedPod {
+    /// The pod's verdicts.
+    pub pv: PodVerdicts,
+    /// What they were computed against (`None`: not recorded).
+    pub check: Option<PodCheck>,
+}
+
+/// A [`PublishedPod`] in [`PublishedPods`]' table: equal to and hashed as
+/// its pod's UID, so the table needs no key of its own.
+#[derive(Debug)]
+struct ByUid(PublishedPod);
+
+impl PartialEq for ByUid {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.pv.pod.uid == other.0.pv.pod.uid
+    }
+}
+
+impl Eq for ByUid {}
+
+impl std::hash::Hash for ByUid {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        // As `str` hashes, so a lookup by `&str` finds it (`Borrow`).
+        (*self.0.pv.pod.uid).hash(h)
+    }
+}
+
+impl std::borrow::Borrow<str> for ByUid {
+    fn borrow(&self) -> &str {
+        &self.0.pv.pod.uid
+    }
+}
+
+/// The published pods by UID: one table entry per pod (the verdicts, the
+/// check and the UID in the pod model, which is the key: no second map and
+/// no key stored beside the value).
+#[derive(Debug, Default)]
+pub struct PublishedPods(HashSet<ByUid>);
+
+impl PublishedPods {
+    /// The pod with this UID.
+    pub fn get(&self, uid: &str) -> Option<&PublishedPod> {
+        self.0.get(uid).map(|e| &e.0)
+    }
+
+    /// Whether a pod with this UID is published.
+    pub fn contains_key(&self, uid: &str) -> bool {
+        self.0.contains(uid)
+    }
+
+    /// Publishes `p`, replacing the pod with the same UID; returns that.
+    pub fn insert(&mut self, p: PublishedPod) -> Option<PublishedPod> {
+        self.0.replace(ByUid(p)).map(|e| e.0)
+    }
+
+    /// Removes the pod with this UID; returns it.
+    pub fn remove(&mut self, uid: &str) -> Option<PublishedPod> {
+        self.0.take(uid).map(|e| e.0)
+    }
+
+    /// Every published pod, in no order.
+    pub fn values(&self) -> impl Iterator<Item = &PublishedPod> {
+        self.0.iter().map(|e| &e.0)
+    }
+
+    /// The UIDs of every published pod, in no order.
+    pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.0.iter().map(|e| &e.0.pv.pod.uid)
+    }
+
+    /// Number of published pods.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether none is published.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Forgets every pod.
+    pub fn clear(&mut self) {
+        self.0.clear()
+    }
+}
+
+impl std::ops::Index<&str> for PublishedPods {
+    type Output = PublishedPod;
+    fn index(&self, uid: &str) -> &PublishedPod {
+        self.get(uid).expect("no published pod with this UID")
+    }
+}
+
 /// The published verdicts of every evaluated pod.
 #[derive(Debug, Default)]
 pub struct VerdictStore {
-    /// Per pod UID.
-    pub pods: HashMap<Arc<str>, PodVerdicts>,
+    /// Per pod UID: the verdicts and what they were computed against.
+    pub pods: PublishedPods,
     /// Whether the controller evaluated at least once (acting and synced).
     pub evaluated: bool,
     /// Remediation attempts (open ones, then recent closed ones), as the
     /// executor last published them.
     pub attempts: Vec<AttemptItem>,
-    /// Per pod UID: what its verdicts were computed against.
-    pub checks: HashMap<Arc<str>, PodCheck>,
     /// Every source the controller sees, with its current fingerprint.
     pub sources: HashMap<SourceRef, SourceItem>,
     /// Per node with pods: whether its agent reports.
@@ -301,7 +396,9 @@ pub fn item(pv: &PodVerdicts, v: &Verdict, check: Option<&PodCheck>) -> StatusIt
         } else {
             Vec::new()
         },
-        verified_at: check.and_then(|c| c.scanned_at).map(|t| t.to_string()),
+        verified_at: check
+            .and_then(|c| c.scanned_at)
+            .map(|t| t.get().to_string()),
         differing_paths: view.differing_paths.iter().map(|s| s.to_string()).collect(),
         since: view.since.to_string(),
         message: view.message.map(str::to_string),
@@ -313,11 +410,12 @@ impl VerdictStore {
     pub fn document(&self, q: &Query, acting: bool, ready: bool) -> StatusDoc {
         let mut by_state = BTreeMap::new();
         let mut verdicts = Vec::new();
-        for pv in self.pods.values() {
+        for p in self.pods.values() {
+            let pv = &p.pv;
             for v in &pv.verdicts {
                 *by_state.entry(v.state.tag()).or_insert(0) += 1;
                 if q.matches(pv, v) {
-                    verdicts.push(item(pv, v, self.checks.get(&pv.pod.uid)));
+                    verdicts.push(item(pv, v, p.check.as_ref()));
                 }
             }
         }
@@ -356,7 +454,8 @@ impl VerdictStore {
         let mut referenced: Vec<SourceRef> = wanted.iter().cloned().collect();
         let mut pods_in_ns: std::collections::HashSet<&str> = Default::default();
         let mut consumer_pods: std::collections::HashSet<&str> = Default::default();
-        for pv in self.pods.values() {
+        for p in self.pods.values() {
+            let pv = &p.pv;
             let pod = &pv.pod;
             if *pod.namespace != *ns {
                 continue;
@@ -370,7 +469,7 @@ impl VerdictStore {
             if !pod_selected {
                 continue;
             }
-            let check = self.checks.get(&pod.uid);
+            let check = p.check.as_ref();
             for v in &pv.verdicts {
                 let srcs = pv.sources(v);
                 if let Some(w) = &wanted
@@ -393,7 +492,9 @@ impl VerdictStore {
                     subject: pv.subject(v).text(),
                     state: v.state.tag(),
                     sources,
-                    verified_at: check.and_then(|c| c.scanned_at).map(|t| t.to_string()),
+                    verified_at: check
+                        .and_then(|c| c.scanned_at)
+                        .map(|t| t.get().to_string()),
                     node_reporting: pod
                         .node
                         .as_ref()
@@ -787,7 +888,7 @@ mod tests {
         let ev = engine.evaluate_all(&ix, &mut st, ts("2026-11-30T10:00:01Z"));
         let mut store = VerdictStore::default();
         for pv in ev.pods {
-            store.pods.insert(pv.pod.uid.clone(), pv);
+            store.pods.insert(PublishedPod { pv, check: None });
         }
         let doc = store.document(&Query::parse(Some("")), true, true);
         assert_eq!(doc.verdicts.len(), 1, "{doc:?}");

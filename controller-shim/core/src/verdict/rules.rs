@@ -25,7 +25,7 @@ use super::types::{
 };
 use crate::fingerprint::Fingerprint;
 use crate::index::{ClusterIndex, PodId};
-use crate::model::{Digest, ObservedError, PodModel, SkipReason, SourceRef};
+use crate::model::{CompactTime, Digest, ObservedError, PodModel, SkipReason, SourceRef};
 use crate::projection::{ExpectedSubPath, ExpectedVolume, project_env, sub_path_skip};
 
 pub(super) struct Ctx<'a> {
@@ -272,7 +272,7 @@ impl Ctx<'_> {
             .pods_on_node(self.node)
             .iter()
             .filter_map(|id| self.index.pod(*id))
-            .any(|p| p.pins(r) && p.synced_at.is_some_and(|t| t < changed))
+            .any(|p| p.pins(r) && p.synced_at.is_some_and(|t| t.get() < changed))
     }
 
     pub(super) fn unverifiable_for(&self, view: &NodeView<'_>) -> Option<State> {
@@ -463,7 +463,7 @@ impl Ctx<'_> {
                 detail,
             );
         }
-        let written_at = ov.written_at.unwrap_or(node.scanned_at);
+        let written_at = ov.written_at.map_or(node.scanned_at, CompactTime::get);
         if cmp.differing.is_empty() {
             if vol.read_at_start {
                 let mut late: Vec<Arc<str>> = self
