@@ -638,10 +638,24 @@ CONTROLLER_CONTRACT = {
 }
 
 
+# The controller's allocator settings (controller-shim/src/main.rs): read by
+# mimalloc, not flags.
+ALLOCATOR_ENV = {"MIMALLOC_PURGE_DELAY": "0", "MIMALLOC_ARENA_EAGER_COMMIT": "0"}
+
+
+def test_controller_allocator_settings() -> None:
+    main = (REPO / "controller-shim" / "src" / "main.rs").read_text()
+    assert "static ALLOC: mimalloc::MiMalloc" in main
+    for name in SCENARIOS:
+        env = controller_env(render_scenario(name))
+        assert {k: env.get(k) for k in ALLOCATOR_ENV} == ALLOCATOR_ENV, name
+
+
 def test_controller_environment_names_are_controller_flags() -> None:
     used: set[str] = set()
     for name in SCENARIOS:
         used |= set(controller_env(render_scenario(name))) - extra_env_names(name)
+    used -= set(ALLOCATOR_ENV)
     assert used - CONTROLLER_CONTRACT == set(), "not a controller flag"
     declared = set()
     for src in (REPO / "controller-shim" / "src").rglob("*.rs"):

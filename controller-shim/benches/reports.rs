@@ -164,6 +164,12 @@ fn client(addr: SocketAddr, cluster: Cluster, rounds: usize) {
 
 // ---------------------------------------------------------------- server
 
+/// The controller binary's allocator (src/main.rs), so the figures are the
+/// shipped program's; run with the chart's `MIMALLOC_*` settings (see
+/// docs/performance.md).
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     if let Ok(addr) = std::env::var("MOUNTGUARD_BENCH_CLIENT") {
         client(addr.parse().unwrap(), cluster_arg(), arg("--rounds", 3));
