@@ -8,9 +8,7 @@ use std::time::Duration;
 use mountguard_controller::live::slurm::{
     JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource,
 };
-use mountguard_core::remediation::{
-    ATTEMPTS_ANNOTATION, AttemptsRecord, Phase, REMEDIATE_ANNOTATION,
-};
+use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{JWT_SECRET, NODESET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;
@@ -417,20 +415,6 @@ async fn a_replacement_seen_while_the_kubelet_still_writes_its_volumes_is_not_ju
     }
     opt_in(&sys);
     rotate_auth_key(&api).unwrap();
-    let all = wait(
-        &sys,
-        "every attempt closed",
-        Duration::from_secs(180),
-        || {
-            let a = attempts(&sys);
-            let failed = a.iter().any(|a| matches!(a.phase, Phase::Failed(_)));
-            async move { (failed || (a.len() == 3 && a.iter().all(|a| !a.is_open()))).then_some(a) }
-        },
-    )
-    .await;
-    for a in &all {
-        assert_eq!(a.phase, Phase::Succeeded, "{a:?}");
-        assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
-    }
+    crate::shared::operator::every_attempt_succeeded(&sys).await;
     sys.shutdown().await;
 }

@@ -81,9 +81,10 @@ pub fn assert_closed_until_verified(samples: &Samples, a: &Attempt) -> Vec<Strin
     reasons
 }
 
-/// Waits until every worker's attempt is closed: each Succeeded with every
-/// phase, every node back in service, no job killed.
-pub async fn all_succeeded<R: Rig>(sys: &R, hosts: &[String]) -> Vec<Attempt> {
+/// Waits until every worker's attempt (one per node of the 3-node rigs)
+/// is closed, or until one failed, and asserts that each Succeeded with
+/// every phase.
+pub async fn every_attempt_succeeded<R: Rig>(sys: &R) -> Vec<Attempt> {
     let all = wait(
         sys,
         "every worker repaired",
@@ -102,6 +103,13 @@ pub async fn all_succeeded<R: Rig>(sys: &R, hosts: &[String]) -> Vec<Attempt> {
         assert_eq!(a.phase, Phase::Succeeded, "{a:?}\n{}", sys.logs());
         assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
     }
+    all
+}
+
+/// [`every_attempt_succeeded`], then every node `hosts` back in service
+/// and no job killed.
+pub async fn all_succeeded<R: Rig>(sys: &R, hosts: &[String]) -> Vec<Attempt> {
+    let all = every_attempt_succeeded(sys).await;
     let slurm = sys.slurm();
     wait(
         sys,
