@@ -98,8 +98,9 @@ pub struct ReportHandler {
     inflight: Arc<tokio::sync::Semaphore>,
 }
 
-/// Parsed inventories handed to the evaluation and not yet applied, at
-/// most (each may hold megabytes until converted).
+/// Parsed inventories, at most: from the parse until the evaluation has
+/// applied them (each may hold megabytes until converted; a report waits
+/// for its turn with only its body read, a few times smaller).
 pub const MAX_INFLIGHT_INVENTORIES: usize = 32;
 
 type Resp = Response<Full<Bytes>>;
@@ -417,6 +418,10 @@ impl ReportHandler {
         node: &str,
         body: &[u8],
     ) -> Result<(ReportStatus, Option<u64>), Reject> {
+        // The permit covers the parsed form from its parse on: taken after
+        // the parse, every connection could hold a parsed inventory while
+        // it waits.
+        let permit = self.inflight.clone().acquire_owned().await.ok();
         let mut inv = NodeInventory::from_json(body)
             .map_err(|e| Reject::bad(format!("invalid inventory: {e}")))?;
         if inv.node != node {
@@ -467,7 +472,6 @@ impl ReportHandler {
                 Ok((ReportStatus::Unchanged, Some(generation)))
             }
             Ok(true) => {
-                let permit = self.inflight.clone().acquire_owned().await.ok();
                 self.send(Input::Inventory(Box::new(inv), permit)).await?;
                 Ok((ReportStatus::Accepted, Some(generation)))
             }
@@ -957,6 +961,30 @@ mod tests {
         assert_eq!(counter(&r, "accepted"), 1);
         assert_eq!(counter(&r, "conflict"), 1);
         assert_eq!(counter(&r, "resend"), 3);
+    }
+
+    /// The bound on parsed inventories holds from the parse on: with every
+    /// permit held, a report is not even parsed (a malformed one is not
+    /// answered) until one is released.
+    #[tokio::test(start_paused = true)]
+    async fn an_inventory_is_parsed_only_within_the_in_flight_bound() {
+        let r = rig(1 << 20, "100/s,100".parse().unwrap());
+        let held = r
+            .handler
+            .inflight
+            .clone()
+            .acquire_many_owned(MAX_INFLIGHT_INVENTORIES as u32)
+            .await
+            .unwrap();
+        let bad = || req(INV_A, Some("tok-a"), b"{not json".to_vec());
+        let waited = tokio::time::timeout(Duration::from_secs(5), call(&r, bad())).await;
+        assert!(waited.is_err(), "parsed beyond the bound: {waited:?}");
+        drop(held);
+        let (s, b, _) = call(&r, bad()).await;
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("badRequest"))
+        );
     }
 
     #[tokio::test]
