@@ -75,6 +75,20 @@ impl TokenReviewer for Reviewer {
     }
 }
 
+/// This process's resident and peak resident memory now, in MiB
+/// (`VmRSS`, `VmHWM` of `/proc/self/status`).
+fn memory_mib() -> (f64, f64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map_or(0.0, |kb| kb / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
 fn cpu_seconds() -> f64 {
     let u = getrusage(UsageWho::RUSAGE_SELF).expect("getrusage");
     let t = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
@@ -235,6 +249,7 @@ async fn server(cluster: Cluster, rounds: usize) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let load_secs = t.elapsed().as_secs_f64();
+    let load_mem = memory_mib();
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -302,6 +317,7 @@ async fn server(cluster: Cluster, rounds: usize) {
     let inv_cpu_start = cpu_seconds();
     let mut inv_cpu = 0.0;
     let mut inv_eval_secs = 0.0;
+    let mut inv_mem = (0.0, 0.0);
     let mut hb_cpu_start = 0.0;
     let mut hb = (0.0, 0.0);
     while let Some((line, cpu)) = lrx.recv().await {
@@ -322,6 +338,7 @@ async fn server(cluster: Cluster, rounds: usize) {
                 }
                 inv_eval_secs = inv_secs + t.elapsed().as_secs_f64();
                 inv_cpu = cpu_seconds() - inv_cpu_start;
+                inv_mem = memory_mib();
                 writeln!(child_stdin, "go").unwrap();
                 child_stdin.flush().unwrap();
             }
@@ -361,7 +378,10 @@ async fn server(cluster: Cluster, rounds: usize) {
         "controller report benchmark: {nodes} nodes x {} pods x 3 volumes ({pods} pods), 2 worker threads",
         cluster.pods_per_node
     );
-    println!("  load pods+sources and first full evaluation: {load_secs:.2} s");
+    println!(
+        "  load pods+sources and first full evaluation: {load_secs:.2} s; then RSS {:.0} MiB, peak so far {:.0} MiB",
+        load_mem.0, load_mem.1
+    );
     println!(
         "  inventories: {nodes} accepted in {inv_secs:.2} s ({:.0}/s), all evaluated after {inv_eval_secs:.2} s (target < 10 s); controller CPU {inv_cpu:.2} s",
         nodes as f64 / inv_secs
@@ -378,6 +398,10 @@ async fn server(cluster: Cluster, rounds: usize) {
         propagating() - before
     );
     println!("  evaluation batches: {evals}");
+    println!(
+        "  RSS once every inventory is evaluated: {:.0} MiB, peak so far {:.0} MiB",
+        inv_mem.0, inv_mem.1
+    );
     let target = if pods > 150_000 { 512 } else { 200 };
     println!(
         "  peak RSS (controller process): {:.0} MiB (target < {target} MiB at this size)",

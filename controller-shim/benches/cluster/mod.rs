@@ -84,9 +84,11 @@ impl Cluster {
         self.nodes * self.pods_per_node
     }
 
-    /// UID of pod `j` of node `n`.
+    /// UID of pod `j` of node `n`: shaped as the API server's (a
+    /// 36-character UUID), so each pod's UID string costs what a real one
+    /// does.
     pub fn pod_uid(&self, n: usize, j: usize) -> String {
-        format!("uid-{n:05}-{j:03}")
+        format!("{n:08x}-{j:04x}-4000-8000-000000000000")
     }
 
     /// The three sources of pod (n, j).
