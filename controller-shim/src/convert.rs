@@ -14,8 +14,8 @@ use serde_json::Value;
 
 use crate::READ_AT_START_ANNOTATION;
 use mountguard_core::model::{
-    ContainerKind, ContainerModel, EnvRef, Interner, KeyToPath, MountModel, PodModel,
-    ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
+    ContainerKind, ContainerModel, EnvRef, Interner, KeyToPath, MountModel, NodeSetMember,
+    PodModel, ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
     VolumeModel, VolumeSource, parse_read_at_start,
 };
 
@@ -369,13 +369,14 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             .and_then(|s| s.start_time.as_ref())
             .map(|t| t.0.into()),
         ready,
-        slurm_node: nodeset.as_ref().and_then(|_| {
-            meta.labels
+        slinky: nodeset.and_then(|nodeset| {
+            let slurm_node = meta
+                .labels
                 .as_ref()
                 .and_then(|l| l.get(mountguard_core::remediation::POD_HOSTNAME_LABEL))
-                .map(|h| interner.intern(h))
+                .map(|h| interner.intern(h));
+            NodeSetMember::boxed(nodeset, slurm_node)
         }),
-        nodeset,
         volumes: interner.intern_volumes(volumes),
         containers: containers.into(),
         image_pull_secrets: spec
@@ -479,7 +480,7 @@ fn container(
     ContainerModel {
         name: interner.intern(c.name),
         kind,
-        started_at,
+        started: started_at.map(Into::into),
         finished,
         mounts: interner.intern_mounts(mounts),
         env: interner.intern_env(env),
@@ -585,8 +586,8 @@ mod tests {
             ("slurm", "worker-0", "u-0")
         );
         assert_eq!(m.node.as_deref(), Some("node-a"));
-        assert_eq!(m.nodeset.as_deref(), Some("gpu"));
-        assert_eq!(m.slurm_node.as_deref(), Some("gpu-0"));
+        assert_eq!(m.nodeset(), Some("gpu"));
+        assert_eq!(m.slurm_node(), Some("gpu-0"));
         assert!(!m.terminated);
         assert!(m.ready);
         let mut not_ready = raw.clone();
@@ -620,7 +621,7 @@ mod tests {
         let cs: Vec<(&str, ContainerKind, bool, Option<Timestamp>)> = m
             .containers
             .iter()
-            .map(|c| (&*c.name, c.kind, c.finished, c.started_at))
+            .map(|c| (&*c.name, c.kind, c.finished, c.started_at()))
             .collect();
         let t = |s: &str| Some(s.parse::<Timestamp>().unwrap());
         assert_eq!(
@@ -648,7 +649,7 @@ mod tests {
         );
         let slurmd = &m.containers[0];
         assert_eq!(
-            slurmd.started_at,
+            slurmd.started_at(),
             Some("2026-11-30T10:00:00Z".parse().unwrap())
         );
         // Mount indexes are positions in volumeMounts: slurm-etc (read at

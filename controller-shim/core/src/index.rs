@@ -154,14 +154,7 @@ impl ClusterIndex {
                 .and_then(|id| self.pod(id))
                 .is_some_and(|p| !Arc::ptr_eq(&p.uid, uid))
         }) {
-            node.pods = node
-                .pods
-                .into_iter()
-                .map(|(uid, pod)| match model_uid(self, &uid) {
-                    Some(k) => (k, pod),
-                    None => (uid, pod),
-                })
-                .collect();
+            node.pods.rekey(|uid| model_uid(self, uid));
         }
         self.nodes.insert(node.node.clone(), node);
     }

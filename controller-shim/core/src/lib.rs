@@ -37,6 +37,7 @@ pub mod model;
 pub mod projection;
 pub mod remediation;
 pub mod rollout;
+pub mod table;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod verdict;

@@ -138,8 +138,7 @@ impl PodB {
                 terminating: false,
                 synced_at: Some(ts("2026-01-01T00:00:00Z").into()),
                 ready: true,
-                nodeset: None,
-                slurm_node: None,
+                slinky: None,
                 volumes: Arc::new([]),
                 containers: Box::new([]),
                 image_pull_secrets: RareList::default(),
@@ -232,7 +231,7 @@ impl PodB {
         c.push(ContainerModel {
             name: a(name),
             kind,
-            started_at,
+            started: started_at.map(Into::into),
             finished,
             mounts,
             env: env.into(),

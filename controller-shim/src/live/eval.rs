@@ -501,7 +501,19 @@ impl EvalTask {
     }
 
     /// What `pv`'s verdicts were computed against.
-    fn pod_check(&self, pv: &PodVerdicts) -> super::status::PodCheck {
+    fn pod_check(&mut self, pv: &PodVerdicts) -> super::status::PodCheck {
+        let fingerprints: Vec<Option<mountguard_core::Fingerprint>> = pv
+            .pod
+            .references()
+            .iter()
+            .map(|r| {
+                self.index
+                    .source(r)
+                    .and(self.state.sources.get(r))
+                    .and_then(|h| h.fingerprint.as_deref())
+                    .and_then(parse_fingerprint)
+            })
+            .collect();
         super::status::PodCheck {
             scanned_at: pv
                 .pod
@@ -509,18 +521,7 @@ impl EvalTask {
                 .as_ref()
                 .and_then(|n| self.index.inventory(n))
                 .map(|i| i.scanned_at.into()),
-            fingerprints: pv
-                .pod
-                .references()
-                .iter()
-                .map(|r| {
-                    self.index
-                        .source(r)
-                        .and(self.state.sources.get(r))
-                        .and_then(|h| h.fingerprint.as_deref())
-                        .and_then(parse_fingerprint)
-                })
-                .collect(),
+            fingerprints: self.index.interner.intern_fingerprints(fingerprints),
         }
     }
 
@@ -610,7 +611,7 @@ impl EvalTask {
                 .index
                 .pod_ids()
                 .filter_map(|id| self.index.pod(id))
-                .filter(|p| p.nodeset.is_some())
+                .filter(|p| p.nodeset().is_some())
                 .cloned()
                 .collect();
             let scanned_at = nodeset_pods
@@ -660,7 +661,7 @@ impl EvalTask {
             .as_ref()
             .is_some_and(|n| self.baselined.contains(n));
         let mut labels: Vec<MountLabels> = Vec::new();
-        for v in &pv.verdicts {
+        for v in pv.verdicts.iter() {
             if has_series(&v.state) {
                 labels.push(mount_labels(pv, v));
             }
@@ -730,7 +731,7 @@ fn parse_fingerprint(hex_text: &str) -> Option<mountguard_core::Fingerprint> {
 /// Subjects per state name of one pod.
 pub fn counts_of(pv: &PodVerdicts) -> StateCounts {
     let mut counts: StateCounts = Vec::new();
-    for v in &pv.verdicts {
+    for v in pv.verdicts.iter() {
         let name = v.state.name();
         match counts.iter_mut().find(|(s, _)| *s == name) {
             Some(c) => c.1 += 1,

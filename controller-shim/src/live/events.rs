@@ -19,6 +19,7 @@
 //! suppressed Events count `mountguard_events_suppressed_total`.
 
 use foldhash::HashMap;
+use mountguard_core::table::{Keyed, KeyedTable};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -112,10 +113,25 @@ pub fn decide(prev: Tracked, new: &State) -> (Tracked, Option<Reason>) {
     (next, event)
 }
 
-/// Tracked alarms of every subject.
+/// One pod's stored subjects.
+#[derive(Debug)]
+struct TrackedPod {
+    uid: Arc<str>,
+    subjects: Vec<(SubjectId, Tracked)>,
+}
+
+impl Keyed for TrackedPod {
+    fn key(&self) -> &str {
+        &self.uid
+    }
+}
+
+/// Tracked alarms of every subject. A dense table: the first evaluation
+/// stores every pod, and as the pods turn Fresh their entries go and the
+/// memory with them (a hash map keeps its buckets until it is shrunk).
 #[derive(Debug, Default)]
 pub struct Tracker {
-    subjects: HashMap<Arc<str>, Vec<(SubjectId, Tracked)>>,
+    subjects: KeyedTable<TrackedPod>,
 }
 
 impl Tracker {
@@ -142,22 +158,25 @@ impl Tracker {
         let prev = self
             .subjects
             .get(uid)
-            .and_then(|v| v.iter().find(|(s, _)| *s == id))
+            .and_then(|p| p.subjects.iter().find(|(s, _)| *s == id))
             .map_or(default, |(_, t)| *t);
         let (next, ev) = decide(prev, state);
         if next == Tracked::Clear {
-            if let Some(v) = self.subjects.get_mut(uid) {
-                v.retain(|(s, _)| *s != id);
-                if v.is_empty() {
+            if let Some(p) = self.subjects.get_mut(uid) {
+                p.subjects.retain(|(s, _)| *s != id);
+                if p.subjects.is_empty() {
                     self.subjects.remove(uid);
                     self.shrink();
                 }
             }
         } else if next != prev || prev == default {
-            let v = self.subjects.entry(uid.clone()).or_default();
-            match v.iter_mut().find(|(s, _)| *s == id) {
+            let p = self.subjects.get_or_insert_with(uid, || TrackedPod {
+                uid: uid.clone(),
+                subjects: Vec::new(),
+            });
+            match p.subjects.iter_mut().find(|(s, _)| *s == id) {
                 Some(slot) => slot.1 = next,
-                None => v.push((id, next)),
+                None => p.subjects.push((id, next)),
             }
         }
         ev
@@ -180,13 +199,12 @@ impl Tracker {
         }
     }
 
-    /// Gives back the table's room once it is mostly empty: a hash table
+    /// Gives back the position table's room once it is mostly empty: it
     /// keeps its capacity when entries are removed, and the first
     /// evaluation stores an entry for every pod (`Unknown` until its node
     /// reports), so without this a cluster whose pods all turned Fresh
-    /// kept a table sized for every pod (about 80 bytes per pod at
-    /// 550,000 pods). Shrinking when the table is under a quarter full
-    /// costs amortized constant time per removal.
+    /// kept positions for every pod. Shrinking when the table is under a
+    /// quarter full costs amortized constant time per removal.
     fn shrink(&mut self) {
         if self.subjects.capacity() > 4 * self.subjects.len().max(Self::KEEP) {
             self.subjects.shrink_to_fit();

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use foldhash::{HashMap, HashSet};
+use foldhash::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 
@@ -26,6 +26,7 @@ use mountguard_core::model::{CompactTime, PodModel, SourceRef};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
+use mountguard_core::table::{Keyed, KeyedTable};
 use mountguard_core::verdict::{PodVerdicts, State, Verdict};
 use mountguard_inventory::table::write_aligned;
 
@@ -39,7 +40,8 @@ pub struct PodCheck {
     /// Keyed fingerprint of each source the pod references, in the order
     /// of [`PodModel::references`] (`None`: absent). The references are
     /// the pod's own, so they are not stored again.
-    pub fingerprints: Box<[Option<Fingerprint>]>,
+    /// (Interned: pods referencing the same sources share the list.)
+    pub fingerprints: Arc<[Option<Fingerprint>]>,
 }
 
 impl PodCheck {
@@ -61,67 +63,47 @@ pub struct PublishedPod {
     pub check: Option<PodCheck>,
 }
 
-/// A [`PublishedPod`] in [`PublishedPods`]' table: equal to and hashed as
-/// its pod's UID, so the table needs no key of its own.
-#[derive(Debug)]
-struct ByUid(PublishedPod);
-
-impl PartialEq for ByUid {
-    fn eq(&self, other: &Self) -> bool {
-        self.0.pv.pod.uid == other.0.pv.pod.uid
+impl Keyed for PublishedPod {
+    fn key(&self) -> &str {
+        &self.pv.pod.uid
     }
 }
 
-impl Eq for ByUid {}
-
-impl std::hash::Hash for ByUid {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        // As `str` hashes, so a lookup by `&str` finds it (`Borrow`).
-        (*self.0.pv.pod.uid).hash(h)
-    }
-}
-
-impl std::borrow::Borrow<str> for ByUid {
-    fn borrow(&self) -> &str {
-        &self.0.pv.pod.uid
-    }
-}
-
-/// The published pods by UID: one table entry per pod (the verdicts, the
-/// check and the UID in the pod model, which is the key: no second map and
-/// no key stored beside the value).
+/// The published pods by UID: one dense table entry per pod (the verdicts,
+/// the check and the UID in the pod model, which is the key: no second map
+/// and no key stored beside the value).
 #[derive(Debug, Default)]
-pub struct PublishedPods(HashSet<ByUid>);
+pub struct PublishedPods(KeyedTable<PublishedPod>);
 
 impl PublishedPods {
     /// The pod with this UID.
     pub fn get(&self, uid: &str) -> Option<&PublishedPod> {
-        self.0.get(uid).map(|e| &e.0)
+        self.0.get(uid)
     }
 
     /// Whether a pod with this UID is published.
     pub fn contains_key(&self, uid: &str) -> bool {
-        self.0.contains(uid)
+        self.0.contains_key(uid)
     }
 
     /// Publishes `p`, replacing the pod with the same UID; returns that.
     pub fn insert(&mut self, p: PublishedPod) -> Option<PublishedPod> {
-        self.0.replace(ByUid(p)).map(|e| e.0)
+        self.0.insert(p)
     }
 
     /// Removes the pod with this UID; returns it.
     pub fn remove(&mut self, uid: &str) -> Option<PublishedPod> {
-        self.0.take(uid).map(|e| e.0)
+        self.0.remove(uid)
     }
 
     /// Every published pod, in no order.
     pub fn values(&self) -> impl Iterator<Item = &PublishedPod> {
-        self.0.iter().map(|e| &e.0)
+        self.0.iter()
     }
 
     /// The UIDs of every published pod, in no order.
     pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
-        self.0.iter().map(|e| &e.0.pv.pod.uid)
+        self.0.iter().map(|p| &p.pv.pod.uid)
     }
 
     /// Number of published pods.
@@ -412,7 +394,7 @@ impl VerdictStore {
         let mut verdicts = Vec::new();
         for p in self.pods.values() {
             let pv = &p.pv;
-            for v in &pv.verdicts {
+            for v in pv.verdicts.iter() {
                 *by_state.entry(v.state.tag()).or_insert(0) += 1;
                 if q.matches(pv, v) {
                     verdicts.push(item(pv, v, p.check.as_ref()));
@@ -463,14 +445,14 @@ impl VerdictStore {
             pods_in_ns.insert(&pod.name);
             let pod_selected = match target {
                 Target::Source { .. } => true,
-                Target::NodeSet { name, .. } => pod.nodeset.as_deref() == Some(name.as_str()),
+                Target::NodeSet { name, .. } => pod.nodeset() == Some(name.as_str()),
                 Target::Pod { name, .. } => *pod.name == **name,
             };
             if !pod_selected {
                 continue;
             }
             let check = p.check.as_ref();
-            for v in &pv.verdicts {
+            for v in pv.verdicts.iter() {
                 let srcs = pv.sources(v);
                 if let Some(w) = &wanted
                     && !srcs.contains(w)
@@ -488,7 +470,7 @@ impl VerdictStore {
                     namespace: pod.namespace.to_string(),
                     pod: pod.name.to_string(),
                     node: pod.node.as_deref().map(str::to_string),
-                    nodeset: pod.nodeset.as_deref().map(str::to_string),
+                    nodeset: pod.nodeset().map(str::to_string),
                     subject: pv.subject(v).text(),
                     state: v.state.tag(),
                     sources,
@@ -551,7 +533,7 @@ impl VerdictStore {
             .filter(|p| *p.namespace == *ns)
             .filter(|p| match target {
                 Target::Source { .. } => wanted.as_ref().is_some_and(|w| p.references_source(w)),
-                Target::NodeSet { name, .. } => p.nodeset.as_deref() == Some(name.as_str()),
+                Target::NodeSet { name, .. } => p.nodeset() == Some(name.as_str()),
                 Target::Pod { name, .. } => *p.name == **name,
             })
             .map(|p| format!("{}/{}", p.namespace, p.name))
@@ -679,7 +661,7 @@ pub fn write_table(doc: &StatusDoc, out: &mut dyn Write) -> std::io::Result<()> 
         "MOUNTED/CURRENT".into(),
     ]];
     let mut notes = Vec::new();
-    for v in &doc.verdicts {
+    for v in doc.verdicts.iter() {
         let mut cause = v.cause.clone().unwrap_or_default();
         if !v.pinned_by.is_empty() {
             cause.push_str(&format!(" (pinned by {})", v.pinned_by.join(",")));

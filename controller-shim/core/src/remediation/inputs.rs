@@ -50,14 +50,14 @@ fn fp(f: Option<Fingerprint>) -> String {
 pub fn candidates(verdicts: &[PodVerdicts]) -> Vec<Candidate> {
     verdicts
         .iter()
-        .filter(|pv| pv.pod.nodeset.is_some())
+        .filter(|pv| pv.pod.nodeset().is_some())
         .map(|pv| Candidate {
             namespace: pv.pod.namespace.to_string(),
             name: pv.pod.name.to_string(),
             uid: pv.pod.uid.to_string(),
             node: pv.pod.node.as_deref().map(String::from),
-            nodeset: pv.pod.nodeset.as_deref().map(String::from),
-            slurm_node: pv.pod.slurm_node.as_deref().map(String::from),
+            nodeset: pv.pod.nodeset().map(String::from),
+            slurm_node: pv.pod.slurm_node().map(String::from),
             terminated: pv.pod.terminated,
             findings: pv
                 .verdicts
@@ -113,7 +113,7 @@ pub fn unavailable(
         .collect();
     let members: Vec<&PodModel> = pods
         .iter()
-        .filter(|p| &*p.namespace == namespace && p.nodeset.as_deref() == Some(name))
+        .filter(|p| &*p.namespace == namespace && p.nodeset() == Some(name))
         .map(|p| &**p)
         .collect();
     let not_ready = members
@@ -243,7 +243,7 @@ pub fn settled(pod: &PodModel, scanned_at: Option<Timestamp>) -> bool {
         .iter()
         .filter(|c| c.kind == ContainerKind::Regular)
     {
-        match c.started_at {
+        match c.started_at() {
             Some(s) => latest = latest.max(Some(s)),
             None => return false,
         }
@@ -297,7 +297,7 @@ mod tests {
         };
         let pod = |name: &str, ready: bool| {
             let mut p = PodB::new("slurm", name, &format!("uid-{name}"), "node-a").build();
-            p.nodeset = Some("worker".into());
+            p.slinky = crate::model::NodeSetMember::boxed("worker".into(), None);
             p.ready = ready;
             Arc::new(p)
         };
@@ -314,7 +314,7 @@ mod tests {
         assert_eq!(unavailable(&set, &some, &none), 2);
         // Pods of another NodeSet do not count.
         let mut other = PodB::new("slurm", "x-0", "uid-x", "node-a").build();
-        other.nodeset = Some("other".into());
+        other.slinky = crate::model::NodeSetMember::boxed("other".into(), None);
         other.ready = false;
         let mut with_other = some.clone();
         with_other.push(Arc::new(other));
@@ -438,6 +438,7 @@ mod tests {
         let verdict = |id, state| Verdict {
             id,
             state,
+            underlying: state,
             expected: None,
             observed: None,
             since: t,
@@ -502,6 +503,7 @@ mod tests {
                 verdicts: vec![Verdict {
                     id: SubjectId::Volume(0),
                     state: State::Stale(StaleCause::Unknown),
+                    underlying: State::Stale(StaleCause::Unknown),
                     expected: None,
                     observed: None,
                     since: started,

@@ -12,9 +12,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use super::cache::{CachedVolume, EvalCache};
-use super::history::{
-    EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory, SubjectHistory,
-};
+use super::history::{EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory};
 use super::rules::{Ctx, api_rule, counts_for_node_rule, node_rule, terminating_pod};
 use super::subject::SubjectId;
 use super::types::{ApiHealth, Config, Evaluation, PodVerdicts, StaleCause, State, Verdict};
@@ -277,12 +275,12 @@ impl Engine {
                     }
                 }
                 None => {
-                    if let Some((k, h)) = state.pods.remove_entry(*uid) {
-                        if let Some(node) = &h.node {
+                    if let Some(h) = state.pods.remove(uid) {
+                        if let Some(node) = h.node() {
                             self.sub_counts(state, node, &h);
                             touched_nodes.insert(node.clone());
                         }
-                        out.removed.push(k);
+                        out.removed.push(h.uid().clone());
                     }
                 }
             }
@@ -312,7 +310,7 @@ impl Engine {
                 };
                 let pod = index.pod(id).expect("queued pods exist");
                 if let Some(h) = state.pods.get(&pod.uid).cloned()
-                    && let Some(node) = &h.node
+                    && let Some(node) = h.node()
                 {
                     self.sub_counts(state, node, &h);
                     touched_nodes.insert(node.clone());
@@ -325,16 +323,16 @@ impl Engine {
                 }
                 // Record the counts now so a second pass over the same pod
                 // (node flip) subtracts exactly what was added.
-                let h = state
-                    .pods
-                    .entry(pod.uid.clone())
-                    .or_insert_with(|| PodHistory {
-                        node: None,
-                        mutable_mounts: 0,
-                        stale_mutable_mounts: 0,
-                        subjects: Box::default(),
-                    });
-                h.node = pod.node.clone();
+                let h = state.pods.get_or_insert_with(&pod.uid, || PodHistory {
+                    last: PodVerdicts {
+                        pod: pod.clone(),
+                        verdicts: Arc::default(),
+                    },
+                    mutable_mounts: 0,
+                    stale_mutable_mounts: 0,
+                });
+                // The pod as evaluated now, with its verdicts until then.
+                h.last.pod = pod.clone();
                 h.mutable_mounts = p.mutable;
                 h.stale_mutable_mounts = p.stale;
                 prelims.push(p);
@@ -401,42 +399,34 @@ impl Engine {
             .as_ref()
             .and_then(|n| state.nodes.get(n))
             .is_some_and(|n| n.not_syncing);
-        let mut subjects = Vec::with_capacity(p.verdicts.len());
         let mut verdicts = Vec::with_capacity(p.verdicts.len());
         for pre in p.verdicts {
             let mut v = pre.verdict;
             v.state = node_rule(not_syncing, pre.mutable_mount, v.state);
             let tag = v.state;
-            let since = prev
+            v.since = prev
                 .as_ref()
-                .and_then(|h| h.subjects.iter().find(|s| s.id == v.id))
-                .filter(|s| s.state == tag)
-                .map(|s| s.since)
+                .and_then(|h| h.subject(v.id))
+                .filter(|(s, _)| *s == tag)
+                .map(|(_, since)| since)
                 .unwrap_or(pre.estimate.min(now));
-            v.since = since;
-            subjects.push(SubjectHistory {
-                id: v.id,
-                state: tag,
-                since,
-            });
-            // After the history: the state underneath keeps its `since`
-            // while the API is unavailable.
+            // The history keeps the state before the API rule: the state
+            // underneath keeps its `since` while the API is unavailable.
+            v.underlying = tag;
             v.state = api_rule(self.api, v.state);
             verdicts.push(v);
         }
-        state.pods.insert(
-            pod.uid.clone(),
-            PodHistory {
-                node: pod.node.clone(),
-                mutable_mounts: p.mutable,
-                stale_mutable_mounts: p.stale,
-                subjects: subjects.into_boxed_slice(),
-            },
-        );
-        PodVerdicts {
+        // The published verdicts and the history share one record.
+        let pv = PodVerdicts {
             pod: pod.clone(),
-            verdicts: verdicts.into_boxed_slice(),
-        }
+            verdicts: verdicts.into(),
+        };
+        state.pods.insert(PodHistory {
+            last: pv.clone(),
+            mutable_mounts: p.mutable,
+            stale_mutable_mounts: p.stale,
+        });
+        pv
     }
 
     /// Verdicts of one pod before the node rule; `None` for pods that are
@@ -464,13 +454,9 @@ impl Engine {
             _ => None,
         };
         let prev_since = |sid: SubjectId| -> Option<(bool, Timestamp)> {
-            prev.and_then(|h| h.subjects.iter().find(|s| s.id == sid))
-                .map(|s| {
-                    (
-                        matches!(s.state, State::Propagating | State::Stale(_)),
-                        s.since,
-                    )
-                })
+            prev.and_then(|h| h.subject(sid)).map(|(state, since)| {
+                (matches!(state, State::Propagating | State::Stale(_)), since)
+            })
         };
         let ctx = Ctx {
             engine: self,

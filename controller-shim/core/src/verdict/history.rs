@@ -11,9 +11,10 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::subject::SubjectId;
-use super::types::State;
+use super::types::{PodVerdicts, State, Verdict};
 use crate::index::ClusterIndex;
-use crate::model::SourceRef;
+use crate::model::{PodModel, RareList, SourceRef};
+use crate::table::{Keyed, KeyedTable};
 
 /// History of one source as the engine saw it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,19 +53,137 @@ pub struct SubjectHistory {
     pub since: Timestamp,
 }
 
-/// History of one pod.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// History of one pod: the pod as last evaluated and its verdicts then,
+/// shared with the published [`PodVerdicts`] instead of copied, and the
+/// node rule's counters.
+///
+/// Each subject's state (before the API rule) and `since` are read from
+/// those verdicts; only those fields of them, and only the pod's UID and
+/// node, count here (a history read back from its serialized form holds
+/// nothing else). Serialized under its UID: `node`, the counters and
+/// `subjects`, one [`SubjectHistory`] each.
+#[derive(Debug, Clone)]
 pub struct PodHistory {
-    /// The node the pod ran on when last evaluated.
-    pub node: Option<Arc<str>>,
+    /// The pod as last evaluated and its verdicts then.
+    pub last: PodVerdicts,
     /// Verifiable volume mounts of only mutable sources.
     pub mutable_mounts: u32,
     /// Of those, stale past grace (before the node rule).
     pub stale_mutable_mounts: u32,
-    /// Subjects (a boxed slice: its length is fixed once built, and it
-    /// saves a capacity word per pod).
-    pub subjects: Box<[SubjectHistory]>,
+}
+
+/// Equal when what the history holds is: the UID, the node, the counters
+/// and each subject's id, state and `since`.
+impl PartialEq for PodHistory {
+    fn eq(&self, other: &Self) -> bool {
+        self.uid() == other.uid()
+            && self.node() == other.node()
+            && self.mutable_mounts == other.mutable_mounts
+            && self.stale_mutable_mounts == other.stale_mutable_mounts
+            && self.subjects().eq(other.subjects())
+    }
+}
+
+impl Eq for PodHistory {}
+
+impl Keyed for PodHistory {
+    fn key(&self) -> &str {
+        self.uid()
+    }
+}
+
+impl PodHistory {
+    /// The pod's UID.
+    pub fn uid(&self) -> &Arc<str> {
+        &self.last.pod.uid
+    }
+
+    /// The node the pod ran on when last evaluated.
+    pub fn node(&self) -> Option<&Arc<str>> {
+        self.last.pod.node.as_ref()
+    }
+
+    /// Subject `id`'s state (before the API rule) and since when.
+    pub fn subject(&self, id: SubjectId) -> Option<(State, Timestamp)> {
+        self.last
+            .verdicts
+            .iter()
+            .find(|v| v.id == id)
+            .map(|v| (v.underlying, v.since))
+    }
+
+    /// Every subject's history, in the order of the verdicts.
+    pub fn subjects(&self) -> impl Iterator<Item = SubjectHistory> + '_ {
+        self.last.verdicts.iter().map(|v| SubjectHistory {
+            id: v.id,
+            state: v.underlying,
+            since: v.since,
+        })
+    }
+}
+
+/// [`PodHistory`] as it is serialized.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct PodHistoryWire {
+    node: Option<Arc<str>>,
+    mutable_mounts: u32,
+    stale_mutable_mounts: u32,
+    subjects: Vec<SubjectHistory>,
+}
+
+impl PodHistory {
+    /// A history read back: the pod is a model with only its UID and node
+    /// (all the history uses of it), the verdicts only their id, state and
+    /// `since`.
+    fn from_wire(uid: Arc<str>, w: PodHistoryWire) -> Self {
+        let pod = PodModel {
+            uid,
+            namespace: Arc::from(""),
+            name: Arc::from(""),
+            node: w.node,
+            terminated: false,
+            terminating: false,
+            synced_at: None,
+            ready: false,
+            slinky: None,
+            volumes: Arc::new([]),
+            containers: Box::new([]),
+            image_pull_secrets: RareList::default(),
+            other_refs: RareList::default(),
+        };
+        Self {
+            last: PodVerdicts {
+                pod: Arc::new(pod),
+                verdicts: w
+                    .subjects
+                    .into_iter()
+                    .map(|s| Verdict {
+                        id: s.id,
+                        state: s.state,
+                        underlying: s.state,
+                        expected: None,
+                        observed: None,
+                        since: s.since,
+                        detail: None,
+                    })
+                    .collect(),
+            },
+            mutable_mounts: w.mutable_mounts,
+            stale_mutable_mounts: w.stale_mutable_mounts,
+        }
+    }
+}
+
+impl From<PodHistory> for PodHistoryWire {
+    fn from(h: PodHistory) -> Self {
+        Self {
+            subjects: h.subjects().collect(),
+            node: h.node().cloned(),
+            mutable_mounts: h.mutable_mounts,
+            stale_mutable_mounts: h.stale_mutable_mounts,
+        }
+    }
 }
 
 /// Per-node counters for the KubeletNotSyncing rule.
@@ -91,7 +210,7 @@ pub(super) struct SourceEntry {
 #[serde(rename_all = "camelCase")]
 pub(super) struct StateWire {
     pub(super) sources: Vec<SourceEntry>,
-    pub(super) pods: HashMap<Arc<str>, PodHistory>,
+    pub(super) pods: HashMap<Arc<str>, PodHistoryWire>,
     pub(super) nodes: HashMap<Arc<str>, NodeHistory>,
 }
 
@@ -103,8 +222,9 @@ pub(super) struct StateWire {
 pub struct EngineState {
     /// Per source: content fingerprint and when it last changed.
     pub sources: HashMap<SourceRef, SourceHistory>,
-    /// Per pod UID: subjects' states and since when.
-    pub pods: HashMap<Arc<str>, PodHistory>,
+    /// Per pod UID: subjects' states and since when (a dense table: one
+    /// entry per pod at this size costs half what a hash map's does).
+    pub pods: KeyedTable<PodHistory>,
     /// Per node: counters of the KubeletNotSyncing rule.
     pub nodes: HashMap<Arc<str>, NodeHistory>,
 }
@@ -117,7 +237,11 @@ impl From<StateWire> for EngineState {
                 .into_iter()
                 .map(|e| (e.source, e.history))
                 .collect(),
-            pods: w.pods,
+            pods: w
+                .pods
+                .into_iter()
+                .map(|(uid, h)| PodHistory::from_wire(uid, h))
+                .collect(),
             nodes: w.nodes,
         }
     }
@@ -133,7 +257,11 @@ impl From<EngineState> for StateWire {
         sources.sort_by(|a, b| a.source.cmp(&b.source));
         Self {
             sources,
-            pods: s.pods,
+            pods: s
+                .pods
+                .into_iter()
+                .map(|h| (h.uid().clone(), h.into()))
+                .collect(),
             nodes: s.nodes,
         }
     }

@@ -61,6 +61,7 @@ impl Ctx<'_> {
             verdict: Verdict {
                 id,
                 state,
+                underlying: state,
                 expected: None,
                 observed: None,
                 since: self.now,
@@ -373,6 +374,7 @@ impl Ctx<'_> {
             verdict: Verdict {
                 id,
                 state,
+                underlying: state,
                 expected: fps.0,
                 observed: fps.1,
                 since: self.now,
@@ -477,7 +479,7 @@ impl Ctx<'_> {
                         })
                     })
                     .filter(|c| {
-                        c.started_at.is_some_and(|s| {
+                        c.started_at().is_some_and(|s| {
                             // startedAt has second precision: only a write at
                             // least one second after it is certainly later.
                             written_at >= s + SignedDuration::from_secs(1)
@@ -576,7 +578,7 @@ impl Ctx<'_> {
         let NodeView::Usable(node) = view else {
             unreachable!("handled above")
         };
-        let Some(started_at) = c.started_at else {
+        let Some(started_at) = c.started_at() else {
             let state = State::Unverifiable(UnverifiableReason::ContainerNotRunning);
             return self.unobserved(id, state, None, expected_fp);
         };
@@ -674,7 +676,7 @@ impl Ctx<'_> {
                 State::SourceMissing,
                 Some(format!("{m}: the kubelet refuses to start the container")),
             )
-        } else if let Some(started_at) = c.started_at {
+        } else if let Some(started_at) = c.started_at() {
             // A `valueFrom` key changes only when that key does; `envFrom`
             // with the object.
             let changed_at = match e {
@@ -828,6 +830,7 @@ pub(super) fn terminating_pod(id: PodId, pod: &PodModel, now: Timestamp) -> PodP
         verdict: Verdict {
             id: sid,
             state: State::Skipped(SkipReason::PodTerminating),
+            underlying: State::Skipped(SkipReason::PodTerminating),
             expected: None,
             observed: None,
             since: now,

@@ -281,6 +281,12 @@ pub struct Verdict {
     pub id: SubjectId,
     /// The verdict.
     pub state: State,
+    /// The verdict before the API rule: what the engine's history keeps
+    /// (see [`super::PodHistory`]), so the state underneath keeps its
+    /// `since` while the Secret and ConfigMap watches are unavailable.
+    /// Equal to `state` while they are healthy. (It fits in what would
+    /// otherwise be padding: a verdict stays 48 bytes.)
+    pub underlying: State,
     /// Fingerprint of the expected content.
     pub expected: Option<Fingerprint>,
     /// Fingerprint of the observed content.
@@ -319,9 +325,10 @@ impl Verdict {
 pub struct PodVerdicts {
     /// The pod as evaluated (shared with the index, not copied).
     pub pod: Arc<PodModel>,
-    /// One verdict per volume, subPath mount and env reference (a boxed
-    /// slice: fixed once built, one word less per published pod).
-    pub verdicts: Box<[Verdict]>,
+    /// One verdict per volume, subPath mount and env reference. Shared
+    /// (not copied) with the engine's history of the pod, which reads each
+    /// subject's `underlying` state and `since` from it.
+    pub verdicts: Arc<[Verdict]>,
 }
 
 impl PodVerdicts {
@@ -494,7 +501,7 @@ impl Verdict {
             pod: &p.name,
             uid: &p.uid,
             node: p.node.as_deref(),
-            nodeset: p.nodeset.as_deref(),
+            nodeset: p.nodeset(),
             subject,
             volume,
             container,
