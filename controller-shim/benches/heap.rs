@@ -36,10 +36,10 @@ use mountguard_core::{Config, Engine, EngineState, Fingerprinter};
 use stats_alloc::{INSTRUMENTED_SYSTEM, StatsAlloc};
 
 use cluster::Cluster;
-use common::arg;
+use common::{arg, status_mib};
 
 mod cluster;
-// Only the flag parser and peak memory are used here; the HTTP helpers
+// Only the flag parser and the memory readers are used here; the HTTP helpers
 // serve the report-API benchmarks.
 #[allow(dead_code)]
 mod common;
@@ -56,21 +56,6 @@ fn live() -> (i64, i64) {
         s.bytes_allocated as i64 - s.bytes_deallocated as i64,
         s.allocations as i64 - s.deallocations as i64,
     )
-}
-
-fn vm(field: &str) -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with(field)).and_then(|l| {
-                l[field.len() + 1..]
-                    .trim()
-                    .trim_end_matches(" kB")
-                    .parse()
-                    .ok()
-            })
-        })
-        .map_or(0.0, |kb: f64| kb / 1024.0)
 }
 
 /// Prints heap changes since the last step.
@@ -198,8 +183,8 @@ fn live_pass(c: Cluster) {
         task.apply_batch(batch, at());
     }
     m.step("every inventory applied and evaluated (published)");
-    let peak_rss = vm("VmHWM");
-    let rss = vm("VmRSS");
+    let peak_rss = status_mib("VmHWM");
+    let rss = status_mib("VmRSS");
     {
         let store = shared.verdicts.read().unwrap();
         assert_eq!(store.pods.len(), c.pods());

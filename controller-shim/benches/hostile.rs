@@ -35,21 +35,9 @@ use mountguard_inventory::NodeInventory;
 use mountguard_inventory::report::Heartbeat;
 use tokio::io::AsyncWriteExt;
 
-use common::{arg, connect, node_name, peak_rss_mib, put};
+use common::{arg, connect, node_name, peak_rss_mib, put, status_mib};
 
 mod common;
-
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<f64>().ok())
-        })
-        .map_or(0.0, |kb| kb / 1024.0)
-}
 
 #[derive(Debug)]
 struct Reviewer;
@@ -307,14 +295,14 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize) {
         let mut parts = line.split_whitespace();
         match parts.next() {
             Some("inventories") => {
-                rss_calm = rss_mib();
+                rss_calm = status_mib("VmRSS");
                 writeln!(stdin, "go").unwrap();
                 stdin.flush().unwrap();
             }
             Some("hostile-open") => {
                 opened = parts.next().unwrap().parse().unwrap();
                 tokio::time::sleep(Duration::from_secs(2)).await;
-                rss_attack = rss_mib();
+                rss_attack = status_mib("VmRSS");
                 server_open = metrics
                     .connections_open
                     .with_label_values(&["report"])

@@ -41,7 +41,7 @@ use mountguard_inventory::report::Heartbeat;
 use nix::sys::resource::{UsageWho, getrusage};
 
 use cluster::Cluster;
-use common::{arg, connect, node_name, peak_rss_mib, put};
+use common::{arg, connect, node_name, peak_rss_mib, put, status_mib};
 
 mod cluster;
 mod common;
@@ -75,18 +75,9 @@ impl TokenReviewer for Reviewer {
     }
 }
 
-/// This process's resident and peak resident memory now, in MiB
-/// (`VmRSS`, `VmHWM` of `/proc/self/status`).
+/// This process's resident and peak resident memory now, in MiB.
 fn memory_mib() -> (f64, f64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-            .map_or(0.0, |kb| kb / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
+    (status_mib("VmRSS"), status_mib("VmHWM"))
 }
 
 fn cpu_seconds() -> f64 {

@@ -1,6 +1,6 @@
 //! What the report-API benchmarks (`reports`, `hostile`) share: node
-//! names, their flags, the controller's peak memory and the load
-//! generator's HTTP client.
+//! names, their flags, the controller's memory and the load generator's
+//! HTTP client.
 
 use std::net::SocketAddr;
 
@@ -21,6 +21,19 @@ pub fn arg(name: &str, default: usize) -> usize {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// A memory field of this process's `/proc/self/status` (`VmRSS`,
+/// `VmHWM`), in MiB; 0 when it cannot be read.
+pub fn status_mib(field: &str) -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
 }
 
 /// This process's peak RSS in MiB.

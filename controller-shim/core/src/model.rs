@@ -855,16 +855,6 @@ pub struct ObservedVolume {
 }
 
 impl ObservedVolume {
-    /// Plugin directory.
-    pub fn plugin(&self) -> Plugin {
-        self.id.plugin
-    }
-
-    /// Volume name.
-    pub fn name(&self) -> &Arc<str> {
-        &self.id.name
-    }
-
     /// Digest of `path`, if the file was seen.
     pub fn file(&self, path: &str) -> Option<&Digest> {
         self.files
@@ -956,11 +946,6 @@ impl ObservedPods {
     /// The UIDs, sorted.
     pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
         self.0.iter().map(|(k, _)| k)
-    }
-
-    /// Every pod with its UID, sorted by UID.
-    pub fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &ObservedPod)> {
-        self.0.iter().map(|(k, v)| (k, v))
     }
 
     /// Number of pods.

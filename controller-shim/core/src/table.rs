@@ -83,10 +83,33 @@ impl<T: Keyed> KeyedTable<T> {
     }
 
     fn position(&self, key: &str) -> Option<u32> {
+        self.position_hashed(self.hash(key), key)
+    }
+
+    fn position_hashed(&self, hash: u64, key: &str) -> Option<u32> {
         let chunks = &self.chunks;
         self.positions
-            .find(self.hash(key), |p| at(chunks, *p).key() == key)
+            .find(hash, |p| at(chunks, *p).key() == key)
             .copied()
+    }
+
+    /// Appends `value`, whose key (hashed to `hash`) is not in the table;
+    /// returns its position.
+    fn push_new(&mut self, hash: u64, value: T) -> usize {
+        let pos = self.len;
+        let pos32 = u32::try_from(pos).expect("fewer than 2^32 values in a table");
+        if self.chunks.last().is_none_or(|c| c.len() == CHUNK) {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        self.chunks
+            .last_mut()
+            .expect("a chunk with room")
+            .push(value);
+        self.len += 1;
+        let (chunks, hasher) = (&self.chunks, &self.hasher);
+        self.positions
+            .insert_unique(hash, pos32, |p| hasher.hash_one(at(chunks, *p).key()));
+        pos
     }
 
     /// The value with this key.
@@ -107,39 +130,28 @@ impl<T: Keyed> KeyedTable<T> {
 
     /// Stores `value`, replacing the value with the same key; returns that.
     pub fn insert(&mut self, value: T) -> Option<T> {
-        if let Some(p) = self.position(value.key()) {
+        let hash = self.hash(value.key());
+        if let Some(p) = self.position_hashed(hash, value.key()) {
             let p = p as usize;
             return Some(std::mem::replace(
                 &mut self.chunks[p / CHUNK][p % CHUNK],
                 value,
             ));
         }
-        let pos = u32::try_from(self.len).expect("fewer than 2^32 values in a table");
-        let hash = self.hash(value.key());
-        if self.chunks.last().is_none_or(|c| c.len() == CHUNK) {
-            self.chunks.push(Vec::with_capacity(CHUNK));
-        }
-        self.chunks
-            .last_mut()
-            .expect("a chunk with room")
-            .push(value);
-        self.len += 1;
-        let (chunks, hasher) = (&self.chunks, &self.hasher);
-        self.positions
-            .insert_unique(hash, pos, |p| hasher.hash_one(at(chunks, *p).key()));
+        self.push_new(hash, value);
         None
     }
 
     /// The value with this key, or `make()` stored first (its key must be
     /// `key`).
     pub fn get_or_insert_with(&mut self, key: &str, make: impl FnOnce() -> T) -> &mut T {
-        let p = match self.position(key) {
+        let hash = self.hash(key);
+        let p = match self.position_hashed(hash, key) {
             Some(p) => p as usize,
             None => {
                 let value = make();
                 assert_eq!(value.key(), key, "a value made for a key has that key");
-                self.insert(value);
-                self.len - 1
+                self.push_new(hash, value)
             }
         };
         &mut self.chunks[p / CHUNK][p % CHUNK]

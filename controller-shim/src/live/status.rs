@@ -661,7 +661,7 @@ pub fn write_table(doc: &StatusDoc, out: &mut dyn Write) -> std::io::Result<()> 
         "MOUNTED/CURRENT".into(),
     ]];
     let mut notes = Vec::new();
-    for v in doc.verdicts.iter() {
+    for v in &doc.verdicts {
         let mut cause = v.cause.clone().unwrap_or_default();
         if !v.pinned_by.is_empty() {
             cause.push_str(&format!(" (pinned by {})", v.pinned_by.join(",")));
