@@ -59,6 +59,9 @@ PINNING_RULES = {("cluster", "", "nodes", "patch")}
 LEADER_RULES = {
     (NAMESPACE, "coordination.k8s.io", "leases", v) for v in ("get", "create", "patch")
 }
+# Only with controller.statusAuth=kubernetes (the default): the status API's
+# SubjectAccessReviews.
+STATUS_AUTH_RULES = {("cluster", "authorization.k8s.io", "subjectaccessreviews", "create")}
 
 
 def scenario_ids() -> list[str]:
@@ -601,6 +604,7 @@ def test_chart_defaults_are_the_controller_defaults() -> None:
     assert defaults["MOUNTGUARD_MAX_CONNECTIONS"] == str(c["maxConnections"])
     assert defaults["MOUNTGUARD_HEADER_READ_TIMEOUT"] == c["headerReadTimeout"]
     assert defaults["MOUNTGUARD_IDLE_TIMEOUT"] == c["idleTimeout"]
+    assert defaults["MOUNTGUARD_STATUS_AUTH"] == c["statusAuth"]
     env = controller_env(render())
     assert env["MOUNTGUARD_MAX_CONNECTIONS"] == "10000"
     assert env["MOUNTGUARD_HEADER_READ_TIMEOUT"] == "10s"
@@ -628,7 +632,7 @@ def test_watch_namespaces_are_joined() -> None:
 CONTROLLER_CONTRACT = {
     "MOUNTGUARD_" + f.upper().replace("-", "_")
     for f in """watch-namespaces pod-selector report-listen tls-cert-file tls-key-file
-    insecure-plaintext-reports metrics-listen token-audience agent-service-account
+    insecure-plaintext-reports metrics-listen status-auth token-audience agent-service-account
     agent-daemonset grace inventory-max-age fingerprint-key-file max-report-bytes
     leader-election lease-name pod-name pod-namespace remediation slurmrestd-url
     slurmrestd-ca-file slurm-token-secret slurm-token-key slurm-jwt-key-secret slurm-user
@@ -669,19 +673,24 @@ def test_controller_environment_names_are_controller_flags() -> None:
 
 
 READER_ROLE = f"{RELEASE}-mountguard-reader"
+STATUS_READER = f"{RELEASE}-mountguard-status-reader"
 
 
 def granted(r: Any) -> set[tuple[str, str, str, str]]:
     # The reader ClusterRole is for people (bound by the operator), not
     # the controller: see test_reader_role_grants_only_the_metrics_service_proxy.
+    # So is the status reader's (test_status_reader_may_only_get_verdicts).
+    people = {READER_ROLE, STATUS_READER}
     roles = {
         ("cluster", o["metadata"]["name"]): o
         for o in r.of_kind("ClusterRole")
-        if o["metadata"]["name"] != READER_ROLE
+        if o["metadata"]["name"] not in people
     }
     roles |= {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in r.of_kind("Role")}
     out = set()
     for b in r.of_kind("ClusterRoleBinding") + r.of_kind("RoleBinding"):
+        if b["metadata"]["name"] == STATUS_READER:
+            continue
         assert b["subjects"] == [
             {"kind": "ServiceAccount", "name": CONTROLLER_SA, "namespace": NAMESPACE}
         ], b
@@ -711,6 +720,8 @@ def test_rbac_is_exactly_the_documented_list(scenario: tuple[str, Any]) -> None:
             expected |= PINNING_RULES
     if dep["spec"]["replicas"] > 1:
         expected |= LEADER_RULES
+    if env["MOUNTGUARD_STATUS_AUTH"] == "kubernetes":
+        expected |= STATUS_AUTH_RULES
     assert granted(r) == expected
 
 
@@ -731,13 +742,47 @@ def test_reader_role_grants_only_the_metrics_service_proxy() -> None:
             "resources": ["services/proxy"],
             "resourceNames": [metrics_svc],
             "verbs": ["get"],
-        }
+        },
+        # What the status API's SubjectAccessReview asks for, in the
+        # namespace a request reads.
+        {"apiGroups": ["mountguard.io"], "resources": ["verdicts"], "verbs": ["get"]},
     ]
     port_names = [p["name"] for p in r.one("Service", metrics_svc)["spec"]["ports"]]
     assert port_names == ["metrics"], "the plugin's default --controller-port"
     # No binding: the operator binds it to people.
     for b in r.of_kind("ClusterRoleBinding") + r.of_kind("RoleBinding"):
         assert b["roleRef"]["name"] != READER_ROLE, b
+
+
+def test_status_reader_may_only_get_verdicts() -> None:
+    r = render()
+    sa = r.one("ServiceAccount", STATUS_READER)
+    assert sa["automountServiceAccountToken"] is False
+    role = r.one("ClusterRole", STATUS_READER)
+    assert role["rules"] == [
+        {"apiGroups": ["mountguard.io"], "resources": ["verdicts"], "verbs": ["get"]}
+    ]
+    b = r.one("ClusterRoleBinding", STATUS_READER)
+    assert b["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": STATUS_READER,
+    }
+    assert b["subjects"] == [
+        {"kind": "ServiceAccount", "name": STATUS_READER, "namespace": NAMESPACE}
+    ]
+    # The plugin derives the name from the metrics Service's
+    # (controller-shim/src/live/client.rs, status_reader_account).
+    assert r.one("Service", f"{RELEASE}-mountguard-controller-metrics")
+    for values in (
+        {"controller": {"statusAuth": "none"}},
+        {"rbac": {"statusReader": {"create": False}}},
+    ):
+        names = {o["metadata"]["name"] for o in render(values).objects}
+        assert STATUS_READER not in names, values
+    env = controller_env(render({"controller": {"statusAuth": "none"}}))
+    assert env["MOUNTGUARD_STATUS_AUTH"] == "none"
+    assert controller_env(render())["MOUNTGUARD_STATUS_AUTH"] == "kubernetes"
 
 
 def test_documented_rbac_list_matches_the_tests() -> None:
@@ -756,6 +801,7 @@ def test_documented_rbac_list_matches_the_tests() -> None:
         | {(g, res, v, "remediation") for _, g, res, v in REMEDIATION_RULES}
         | {(g, res, v, "leader") for _, g, res, v in LEADER_RULES}
         | {(g, res, v, "replacePinningPods") for _, g, res, v in PINNING_RULES}
+        | {(g, res, v, "statusAuth") for _, g, res, v in STATUS_AUTH_RULES}
     )
     assert rows == everything
 

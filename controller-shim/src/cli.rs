@@ -98,6 +98,17 @@ pub enum RemediationMode {
     On,
 }
 
+/// Who may read the status API (`--status-auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum StatusAuthMode {
+    /// A bearer token of a user allowed to `get` `verdicts.mountguard.io`
+    /// in the namespace read (TokenReview, SubjectAccessReview).
+    #[default]
+    Kubernetes,
+    /// Anyone who reaches the port.
+    None,
+}
+
 /// What to do with a Slurm node when remediation fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum OnFailure {
@@ -271,6 +282,17 @@ pub struct RunArgs {
         default_value = "0.0.0.0:8080"
     )]
     pub metrics_listen: SocketAddr,
+    /// Who may read `/v1/verdicts` and `/v1/rollouts/...` on the metrics
+    /// port: `kubernetes` (a bearer token, checked with a TokenReview and a
+    /// SubjectAccessReview for `get` on `verdicts.mountguard.io`) or `none`
+    /// (anyone who reaches the port; docs/security.md).
+    #[arg(
+        long,
+        env = "MOUNTGUARD_STATUS_AUTH",
+        value_enum,
+        default_value = "kubernetes"
+    )]
+    pub status_auth: StatusAuthMode,
     /// Audience the agents' projected tokens are issued for.
     #[arg(long, env = "MOUNTGUARD_TOKEN_AUDIENCE", default_value = "mountguard")]
     pub token_audience: String,
@@ -448,6 +470,14 @@ pub struct UrlArgs {
         default_value = "http://127.0.0.1:8080"
     )]
     pub url: String,
+    /// Bearer token of a reader allowed to `get` `verdicts.mountguard.io`
+    /// (the status API's default `--status-auth kubernetes`).
+    #[arg(long, env = "MOUNTGUARD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// File holding that token (e.g. a pod's
+    /// `/var/run/secrets/kubernetes.io/serviceaccount/token`).
+    #[arg(long, env = "MOUNTGUARD_TOKEN_FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
 }
 
 /// Arguments of `mountguard-controller status`.
@@ -549,6 +579,18 @@ pub struct ProxyArgs {
     /// Port of that Service (name or number).
     #[arg(long, global = true, default_value = "metrics")]
     pub controller_port: String,
+    /// Bearer token of a reader allowed to `get` `verdicts.mountguard.io`
+    /// (default: the kubeconfig user's token, when it has a plain one).
+    #[arg(long, global = true, env = "MOUNTGUARD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// File holding that token.
+    #[arg(
+        long,
+        global = true,
+        env = "MOUNTGUARD_TOKEN_FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<PathBuf>,
 }
 
 /// Arguments of `verify`.
@@ -620,7 +662,8 @@ field_for_field!(WaitOptionsArgs => WaitOptions {
     target, condition, timeout, interval, uid, output,
 });
 field_for_field!(ProxyArgs => Proxy {
-    kubeconfig, context, controller_namespace, controller_service, controller_port,
+    kubeconfig, context, controller_namespace, controller_service, controller_port, token,
+    token_file,
 });
 field_for_field!(VerifyArgs => Verify {
     objects, inventory, now, grace, inventory_max_age, not_syncing_min_mounts,

@@ -141,19 +141,19 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Status(args) => {
             let stdout = std::io::stdout();
             let query = StatusQuery::from(args.query);
-            let code = runtime()?
-                .block_on(query.run(&Endpoint::Direct(args.controller.url), &mut stdout.lock()))?;
+            let c = args.controller;
+            let endpoint = Endpoint::direct(c.url, c.token, c.token_file.as_deref())?;
+            let code = runtime()?.block_on(query.run(&endpoint, &mut stdout.lock()))?;
             Ok(code)
         }
         Command::Wait(args) => {
             let stdout = std::io::stdout();
             let stderr = std::io::stderr();
             let wait = WaitOptions::from(args.wait);
-            let code = runtime()?.block_on(wait.run(
-                &Endpoint::Direct(args.controller.url),
-                &mut stdout.lock(),
-                &mut stderr.lock(),
-            ))?;
+            let c = args.controller;
+            let endpoint = Endpoint::direct(c.url, c.token, c.token_file.as_deref())?;
+            let code =
+                runtime()?.block_on(wait.run(&endpoint, &mut stdout.lock(), &mut stderr.lock()))?;
             Ok(code)
         }
     }

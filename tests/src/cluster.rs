@@ -127,6 +127,24 @@ impl ClusterBuilder {
         for ns in &self.namespaces {
             handle.ensure_namespace(ns).map_err(io)?;
         }
+        // The status API's reader, as the chart's reader ClusterRole bound
+        // cluster-wide would make it.
+        handle.add_token(
+            crate::mountguard::STATUS_READER_TOKEN,
+            crate::apiserver::TokenUser {
+                username: crate::mountguard::STATUS_READER_USER.into(),
+                uid: "rig-status-reader-uid".into(),
+                groups: vec![crate::mountguard::STATUS_READER_GROUP.into()],
+                ..Default::default()
+            },
+        );
+        handle.grant(crate::apiserver::AccessGrant {
+            subject: format!("group:{}", crate::mountguard::STATUS_READER_GROUP),
+            verb: "get".into(),
+            group: "mountguard.io".into(),
+            resource: "verdicts".into(),
+            namespace: None,
+        });
         let mut kubelets = Vec::new();
         for i in 0..self.nodes {
             let root = dir.path().join(format!("node-{i}")).join("kubelet");
@@ -206,7 +224,9 @@ impl Cluster {
         self.api.url()
     }
 
-    /// A kubeconfig file pointing at the API double (no credentials).
+    /// A kubeconfig file pointing at the API double, with the rig's status
+    /// reader token as its user's (the double checks no request's token;
+    /// the kubectl plugin hands it on to the status API).
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
     }
@@ -280,7 +300,8 @@ impl Drop for Cluster {
 
 fn kubeconfig(url: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {url}\ncontexts:\n- name: double\n  context:\n    cluster: double\n    user: double\n    namespace: default\ncurrent-context: double\nusers:\n- name: double\n  user: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {url}\ncontexts:\n- name: double\n  context:\n    cluster: double\n    user: double\n    namespace: default\ncurrent-context: double\nusers:\n- name: double\n  user:\n    token: {token}\n",
+        token = crate::mountguard::STATUS_READER_TOKEN
     )
 }
 

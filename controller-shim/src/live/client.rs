@@ -9,34 +9,106 @@
 //! `pkg/registry/core/service/storage/storage.go` `ResourceLocation`
 //! resolves from `scheme:name:port` to one ready endpoint of the Service).
 //! The caller needs `get` on `services/proxy` for that Service.
+//!
+//! The status API answers authorized readers only (`status_auth.rs`):
+//! every request carries the reader's bearer token, in `Authorization`
+//! when direct, in `X-Mountguard-Authorization` through the service proxy
+//! (the API server removes `Authorization` once it authenticated the
+//! caller, `staging/src/k8s.io/apiserver/pkg/endpoints/filters/authentication.go`
+//! `WithAuthentication`, and passes the other headers on).
 
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 
+use super::status_auth::PROXY_AUTH_HEADER;
 use crate::Error;
 
 /// Where the controller's metrics port is.
 #[derive(Clone)]
 pub enum Endpoint {
     /// `http://host:port` of the metrics port.
-    Direct(String),
+    Direct {
+        /// The base URL.
+        url: String,
+        /// The reader's bearer token.
+        token: Option<String>,
+    },
     /// Through the API server's service proxy.
     Proxy {
         /// A client from the user's kubeconfig.
         client: kube::Client,
         /// `/api/v1/namespaces/{ns}/services/{scheme}:{svc}:{port}/proxy`.
         prefix: String,
+        /// The reader's bearer token for the controller.
+        token: Option<String>,
     },
 }
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
         match self {
-            Endpoint::Direct(u) => write!(f, "Direct({u})"),
+            Endpoint::Direct { url, .. } => write!(f, "Direct({url})"),
             Endpoint::Proxy { prefix, .. } => write!(f, "Proxy({prefix})"),
         }
     }
+}
+
+impl Endpoint {
+    /// The metrics port at `url`, with the token of `--token` or
+    /// `--token-file`.
+    pub fn direct(
+        url: String,
+        token: Option<String>,
+        token_file: Option<&Path>,
+    ) -> Result<Self, Error> {
+        Ok(Endpoint::Direct {
+            url,
+            token: read_token(token, token_file)?,
+        })
+    }
+}
+
+/// The status API token of `status`, `wait` and the plugin: `--token`, else
+/// the first line of `--token-file`; `None` when neither is given.
+pub fn read_token(
+    token: Option<String>,
+    token_file: Option<&Path>,
+) -> Result<Option<String>, Error> {
+    if let Some(t) = token.filter(|t| !t.trim().is_empty()) {
+        return Ok(Some(t.trim().to_string()));
+    }
+    let Some(p) = token_file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(p).map_err(|e| Error::Io {
+        file: format!("token file {}", p.display()),
+        source: e,
+    })?;
+    match text.lines().next().map(str::trim).filter(|t| !t.is_empty()) {
+        Some(t) => Ok(Some(t.to_string())),
+        None => Err(Error::Config(format!(
+            "token file {} is empty",
+            p.display()
+        ))),
+    }
+}
+
+/// The bearer token a kubeconfig user authenticates with, when it is a
+/// plain one (`token` or `tokenFile`); `None` for client certificates and
+/// exec plugins (pass `--token` then).
+pub fn kubeconfig_token(config: &kube::Config) -> Option<String> {
+    use secrecy::ExposeSecret;
+    let a = &config.auth_info;
+    if let Some(t) = &a.token {
+        return Some(t.expose_secret().trim().to_string()).filter(|t| !t.is_empty());
+    }
+    a.token_file
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
 }
 
 /// The service proxy path prefix of a Service port (`scheme` `http`, a
@@ -49,7 +121,7 @@ impl Endpoint {
     /// Where requests go, for messages.
     pub fn describe(&self) -> String {
         match self {
-            Endpoint::Direct(u) => u.clone(),
+            Endpoint::Direct { url, .. } => url.clone(),
             Endpoint::Proxy { prefix, .. } => format!("the API server's service proxy {prefix}"),
         }
     }
@@ -58,12 +130,24 @@ impl Endpoint {
     /// answer.
     pub async fn get(&self, path: &str) -> Result<Vec<u8>, Error> {
         match self {
-            Endpoint::Direct(base) => {
-                http_get(&format!("{}{path}", base.trim_end_matches('/'))).await
+            Endpoint::Direct { url, token } => {
+                http_get(
+                    &format!("{}{path}", url.trim_end_matches('/')),
+                    token.as_deref(),
+                )
+                .await
             }
-            Endpoint::Proxy { client, prefix } => {
+            Endpoint::Proxy {
+                client,
+                prefix,
+                token,
+            } => {
                 let uri = format!("{prefix}{path}");
-                let req = http::Request::get(&uri)
+                let mut req = http::Request::get(&uri);
+                if let Some(t) = token {
+                    req = req.header(PROXY_AUTH_HEADER, format!("Bearer {t}"));
+                }
+                let req = req
                     .body(Vec::new())
                     .map_err(|e| Error::Kube(format!("GET {uri}: {e}")))?;
                 client
@@ -102,6 +186,11 @@ pub struct Proxy {
     pub controller_service: String,
     /// Port of that Service (name or number).
     pub controller_port: String,
+    /// The reader's token for the status API (`None`, with no
+    /// `token_file`: the kubeconfig user's, when it is a plain token).
+    pub token: Option<String>,
+    /// File holding that token.
+    pub token_file: Option<PathBuf>,
 }
 
 /// The Kubernetes client configuration of every command: the kubeconfig
@@ -144,9 +233,16 @@ impl Proxy {
     /// The endpoint: a client from the kubeconfig and the proxy prefix.
     pub async fn endpoint(&self) -> Result<Endpoint, Error> {
         let config = kube_config(self.kubeconfig.as_deref(), self.context.as_deref()).await?;
+        let token = read_token(self.token.clone(), self.token_file.as_deref())?
+            .or_else(|| kubeconfig_token(&config));
         let client = kube_client(config)?;
+        let token = match token {
+            Some(t) => Some(t),
+            None => self.reader_token(&client).await,
+        };
         Ok(Endpoint::Proxy {
             client,
+            token,
             prefix: proxy_prefix(
                 &self.controller_namespace,
                 &self.controller_service,
@@ -157,8 +253,44 @@ impl Proxy {
     }
 }
 
+/// The chart's status reader ServiceAccount beside the controller's
+/// metrics Service: `<release>-status-reader` for
+/// `<release>-controller-metrics` (charts/mountguard/templates/_helpers.tpl
+/// `mountguard.controller.metricsService`, `status-reader.yaml`).
+pub fn status_reader_account(controller_service: &str) -> Option<String> {
+    controller_service
+        .strip_suffix("-controller-metrics")
+        .filter(|p| !p.is_empty())
+        .map(|p| format!("{p}-status-reader"))
+}
+
+impl Proxy {
+    /// A short-lived token of the chart's status reader ServiceAccount
+    /// (`POST .../serviceaccounts/{name}/token`, a TokenRequest the user's
+    /// RBAC must allow); `None` when it cannot be had: the status API then
+    /// answers 401 with what to do.
+    async fn reader_token(&self, client: &kube::Client) -> Option<String> {
+        let sa = status_reader_account(&self.controller_service)?;
+        let path = format!(
+            "/api/v1/namespaces/{}/serviceaccounts/{sa}/token",
+            self.controller_namespace
+        );
+        let body = serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 600},
+        });
+        let req = http::Request::post(&path)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(serde_json::to_vec(&body).ok()?)
+            .ok()?;
+        let out: serde_json::Value = client.request(req).await.ok()?;
+        out["status"]["token"].as_str().map(str::to_string)
+    }
+}
+
 /// One plain-HTTP `GET` (the metrics port speaks HTTP).
-async fn http_get(url: &str) -> Result<Vec<u8>, Error> {
+async fn http_get(url: &str, token: Option<&str>) -> Result<Vec<u8>, Error> {
     use http_body_util::BodyExt;
     let err = |m: String| Error::Config(format!("GET {url}: {m}"));
     let uri: http::Uri = url.parse().map_err(|e| err(format!("{e}")))?;
@@ -181,8 +313,12 @@ async fn http_get(url: &str) -> Result<Vec<u8>, Error> {
             .await
             .map_err(|e| unreachable(e.to_string()))?;
     tokio::spawn(conn);
-    let req = http::Request::get(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
-        .header(http::header::HOST, host)
+    let mut req = http::Request::get(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+        .header(http::header::HOST, host);
+    if let Some(t) = token {
+        req = req.header(http::header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    let req = req
         .body(http_body_util::Empty::<hyper::body::Bytes>::new())
         .map_err(|e| err(e.to_string()))?;
     let resp = send
@@ -208,6 +344,42 @@ async fn http_get(url: &str) -> Result<Vec<u8>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_status_reader_follows_the_charts_names() {
+        assert_eq!(
+            status_reader_account("mountguard-controller-metrics").as_deref(),
+            Some("mountguard-status-reader")
+        );
+        assert_eq!(
+            status_reader_account("prod-mountguard-controller-metrics").as_deref(),
+            Some("prod-mountguard-status-reader")
+        );
+        assert_eq!(status_reader_account("-controller-metrics"), None);
+        assert_eq!(status_reader_account("custom"), None);
+    }
+
+    #[test]
+    fn a_token_comes_from_the_flag_else_the_files_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("t");
+        std::fs::write(&f, "  abc \nrest\n").unwrap();
+        assert_eq!(read_token(None, Some(&f)).unwrap().as_deref(), Some("abc"));
+        assert_eq!(
+            read_token(Some(" x ".into()), Some(&f)).unwrap().as_deref(),
+            Some("x")
+        );
+        assert_eq!(read_token(None, None).unwrap(), None);
+        std::fs::write(&f, "\n").unwrap();
+        assert!(
+            read_token(None, Some(&f))
+                .unwrap_err()
+                .to_string()
+                .contains("empty")
+        );
+        let missing = dir.path().join("missing");
+        assert!(read_token(None, Some(&missing)).is_err());
+    }
 
     #[test]
     fn proxy_prefix_follows_the_api_server_path_form() {

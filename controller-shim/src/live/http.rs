@@ -1,5 +1,7 @@
 //! The metrics and status server: `/metrics`, `/healthz`, `/readyz`,
 //! `GET /v1/verdicts`, `GET /v1/rollouts/{kind}/{namespace}/{name}`.
+//! The `/v1/` paths answer only readers the status gate lets in
+//! (`status_auth.rs`); the others answer everybody (Prometheus, probes).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use hyper::body::Bytes;
 use super::report::json_response;
 use super::shared::{Shared, Shutdown};
 use super::status::Query;
+use super::status_auth::{StatusGate, scope_of};
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
     Response::builder()
@@ -75,19 +78,64 @@ pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {
     }
 }
 
+/// Answers one request after the status gate for the `/v1/` paths.
+pub async fn answer<B>(
+    shared: &Shared,
+    gate: &StatusGate,
+    req: &Request<B>,
+) -> Response<Full<Bytes>> {
+    let path = req.uri().path();
+    if path.starts_with("/v1/") && (req.method() == Method::GET || req.method() == Method::HEAD) {
+        let scope = scope_of(path, &Query::parse(req.uri().query()));
+        match gate.check(req.headers(), scope).await {
+            Ok(_) => {
+                shared
+                    .metrics
+                    .status_requests
+                    .with_label_values(&["allowed"])
+                    .inc();
+            }
+            Err(r) => {
+                shared
+                    .metrics
+                    .status_requests
+                    .with_label_values(&[r.result()])
+                    .inc();
+                tracing::debug!(path, result = r.result(), "status request refused");
+                let mut resp = Response::builder()
+                    .status(r.status())
+                    .header(header::CONTENT_TYPE, "text/plain; charset=utf-8");
+                if r.status() == StatusCode::UNAUTHORIZED {
+                    resp = resp.header(header::WWW_AUTHENTICATE, "Bearer");
+                }
+                if r.status() == StatusCode::SERVICE_UNAVAILABLE {
+                    resp = resp.header(header::RETRY_AFTER, "1");
+                }
+                return resp
+                    .body(Full::new(Bytes::from(format!("{}\n", r.message()))))
+                    .expect("static response parts are valid");
+            }
+        }
+    }
+    route(shared, req)
+}
+
 /// Serves until shutdown, with the shared bounded loop.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
+    gate: Arc<StatusGate>,
     limits: mountguard_serve::Limits,
     metrics: mountguard_serve::ServeMetrics,
     mut shutdown: Shutdown,
 ) {
     let make = move |_peer| {
         let s = shared.clone();
+        let gate = gate.clone();
         hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
             let s = s.clone();
-            async move { Ok::<_, Infallible>(route(&s, &req)) }
+            let gate = gate.clone();
+            async move { Ok::<_, Infallible>(answer(&s, &gate, &req).await) }
         })
     };
     mountguard_serve::serve(

@@ -41,6 +41,8 @@ pub struct Metrics {
     pub nodes: IntGaugeVec,
     /// `mountguard_report_requests_total{result}`.
     pub report_requests: IntCounterVec,
+    /// `mountguard_status_requests_total{result}`.
+    pub status_requests: IntCounterVec,
     /// `mountguard_tokenreview_duration_seconds`.
     pub tokenreview_duration: Histogram,
     /// `mountguard_evaluation_duration_seconds`.
@@ -82,6 +84,9 @@ pub struct Metrics {
     /// `mountguard_connections_timed_out_total{listener}`.
     pub connections_timed_out: IntCounterVec,
 }
+
+/// Values of `mountguard_status_requests_total{result}`.
+pub const STATUS_RESULTS: [&str; 4] = ["allowed", "unauthenticated", "forbidden", "unavailable"];
 
 /// Values of `mountguard_report_requests_total{result}`.
 pub const REPORT_RESULTS: [&str; 11] = [
@@ -302,6 +307,20 @@ impl Metrics {
         for r in REPORT_RESULTS {
             report_requests.with_label_values(&[r]);
         }
+        let status_requests = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "status_requests_total",
+                    "Status API requests (/v1/verdicts, /v1/rollouts) by authorization result",
+                ),
+                &["result"],
+            )
+            .unwrap(),
+        );
+        for s in STATUS_RESULTS {
+            status_requests.with_label_values(&[s]);
+        }
         for s in ["true", "false"] {
             nodes.with_label_values(&[s]).set(0);
         }
@@ -368,6 +387,7 @@ impl Metrics {
             node_agent_reporting,
             nodes,
             report_requests,
+            status_requests,
             tokenreview_duration,
             evaluation_duration,
             watch_restarts,

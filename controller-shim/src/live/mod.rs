@@ -30,6 +30,7 @@ pub mod settings;
 pub mod shared;
 pub mod slurm;
 pub mod status;
+pub mod status_auth;
 pub mod tls;
 pub mod wait;
 pub mod watch;
@@ -167,6 +168,19 @@ impl Controller {
             input_tx.clone(),
         ));
 
+        let status_gate = Arc::new(match serve.status_auth {
+            crate::cli::StatusAuthMode::Kubernetes => status_auth::StatusGate::kubernetes(
+                Arc::new(status_auth::KubeAccessReviewer::new(client.clone())),
+                status_auth::StatusAuthLimits::default(),
+            ),
+            crate::cli::StatusAuthMode::None => {
+                warn!(
+                    "--status-auth none: /v1/verdicts and /v1/rollouts answer anyone who reaches the metrics port"
+                );
+                status_auth::StatusGate::open()
+            }
+        });
+
         let mut tasks: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
         tasks.push((
             "report-server",
@@ -184,6 +198,7 @@ impl Controller {
             tokio::spawn(http::serve(
                 metrics_listener,
                 shared.clone(),
+                status_gate,
                 metrics_limits,
                 shared.metrics.serve("metrics"),
                 shutdown.clone(),

@@ -59,6 +59,8 @@ pub struct ServeSettings {
     pub header_read_timeout: Duration,
     /// A connection idle this long is closed (both ports).
     pub idle_timeout: Duration,
+    /// Who may read the status API.
+    pub status_auth: crate::cli::StatusAuthMode,
 }
 
 /// A duration flag as the engine's signed type (saturating).
@@ -81,6 +83,7 @@ impl TryFrom<RunArgs> for Settings {
             tls_key_file,
             insecure_plaintext_reports,
             metrics_listen,
+            status_auth,
             token_audience,
             agent_service_account,
             agent_daemonset,
@@ -244,6 +247,7 @@ impl TryFrom<RunArgs> for Settings {
                 max_connections,
                 header_read_timeout,
                 idle_timeout,
+                status_auth,
             },
             engine,
             watch,

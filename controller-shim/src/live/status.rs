@@ -776,7 +776,8 @@ mod tests {
         let crate::cli::Command::Status(args) = cli.command else {
             unreachable!("status parses as status")
         };
-        let endpoint = super::super::client::Endpoint::Direct(args.controller.url);
+        let endpoint =
+            super::super::client::Endpoint::direct(args.controller.url, None, None).unwrap();
         let query = StatusQuery::from(args.query);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

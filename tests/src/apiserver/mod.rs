@@ -45,6 +45,49 @@ pub struct TokenUser {
     pub audiences: Vec<String>,
 }
 
+/// One permission for SubjectAccessReviews, as an RBAC binding gives it:
+/// `namespace: None` is a ClusterRoleBinding (every namespace and the
+/// cluster scope), `Some(ns)` a RoleBinding in `ns`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AccessGrant {
+    /// A user name, or `group:<name>` for a group.
+    pub subject: String,
+    /// Verb (`*` for any).
+    pub verb: String,
+    /// API group (`*` for any).
+    pub group: String,
+    /// Resource (`*` for any).
+    pub resource: String,
+    /// Where the binding applies.
+    pub namespace: Option<String>,
+}
+
+impl AccessGrant {
+    /// Whether this grant allows the request (RBAC's rules, written from
+    /// `plugin/pkg/auth/authorizer/rbac/rbac.go` `RBACAuthorizer.Authorize`
+    /// visiting ClusterRoleBindings everywhere and RoleBindings only in the
+    /// request's namespace, and `pkg/apis/rbac/v1/evaluation_helpers.go`
+    /// `VerbMatches`, `APIGroupMatches`, `ResourceMatches` with `*`).
+    fn allows(&self, user: &str, groups: &[String], attrs: &Value) -> bool {
+        let subject = match self.subject.strip_prefix("group:") {
+            Some(g) => groups.iter().any(|x| x == g),
+            None => self.subject == user,
+        };
+        let field = |k: &str| attrs[k].as_str().unwrap_or("");
+        let m = |rule: &str, want: &str| rule == "*" || rule == want;
+        let ns = field("namespace");
+        let scope = match &self.namespace {
+            None => true,
+            Some(b) => !ns.is_empty() && b == ns,
+        };
+        subject
+            && scope
+            && m(&self.verb, field("verb"))
+            && m(&self.group, field("group"))
+            && m(&self.resource, field("resource"))
+    }
+}
+
 /// How many requests [`ApiHandle::requests`] keeps (the oldest half is
 /// dropped when full).
 pub const MAX_RECORDED_REQUESTS: usize = 100_000;
@@ -73,6 +116,7 @@ struct Inner {
     expire_watches: watch::Sender<u64>,
     faults: Mutex<Faults>,
     tokens: Mutex<HashMap<String, TokenUser>>,
+    grants: Mutex<Vec<AccessGrant>>,
     requests: Mutex<Vec<RequestRecord>>,
     bookmark_interval: Mutex<Duration>,
     url: Mutex<String>,
@@ -213,6 +257,11 @@ impl ApiHandle {
         lock(&self.inner.tokens).insert(token.to_string(), user);
     }
 
+    /// Makes SubjectAccessReviews allow what `grant` allows.
+    pub fn grant(&self, grant: AccessGrant) {
+        lock(&self.inner.grants).push(grant);
+    }
+
     /// Forgets a token.
     pub fn remove_token(&self, token: &str) {
         lock(&self.inner.tokens).remove(token);
@@ -343,6 +392,7 @@ impl ApiServerDouble {
             expire_watches: watch::channel(0).0,
             faults: Mutex::new(Faults::default()),
             tokens: Mutex::new(HashMap::new()),
+            grants: Mutex::new(Vec::new()),
             requests: Mutex::new(Vec::new()),
             bookmark_interval: Mutex::new(config.bookmark_interval),
             url: Mutex::new(String::new()),
@@ -586,6 +636,12 @@ async fn route(
             let body = json_body(req).await?;
             if t.rt == resources::TOKEN_REVIEWS {
                 return Ok(http::json(StatusCode::CREATED, &token_review(h, body)));
+            }
+            if t.rt == resources::SUBJECT_ACCESS_REVIEWS {
+                return Ok(http::json(
+                    StatusCode::CREATED,
+                    &subject_access_review(h, body),
+                ));
             }
             if dry_run(&q) {
                 return Err(ApiError::bad_request(
@@ -968,6 +1024,37 @@ fn token_review(h: &ApiHandle, body: Value) -> Value {
         "metadata": {"creationTimestamp": null},
         "spec": body["spec"].clone(),
         "status": status,
+    })
+}
+
+/// A SubjectAccessReview answered from the grants (resource attributes
+/// only; a request for a non-resource URL is not allowed).
+fn subject_access_review(h: &ApiHandle, body: Value) -> Value {
+    let spec = &body["spec"];
+    let user = spec["user"].as_str().unwrap_or("");
+    let groups: Vec<String> = spec["groups"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|g| g.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    let attrs = &spec["resourceAttributes"];
+    let allowed = attrs.is_object()
+        && lock(&h.inner.grants)
+            .iter()
+            .any(|g| g.allows(user, &groups, attrs));
+    json!({
+        "kind": "SubjectAccessReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {"creationTimestamp": null},
+        "spec": spec.clone(),
+        "status": if allowed {
+            json!({"allowed": true, "reason": "granted by the API server double"})
+        } else {
+            json!({"allowed": false})
+        },
     })
 }
 

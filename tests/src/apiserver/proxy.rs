@@ -13,7 +13,13 @@
 //!   endpoints available for service" when there is none);
 //! * `pkg/registry/core/service/proxy.go` `ProxyREST.Connect`: the part
 //!   after `proxy` is appended to that location, the query passed on, and
-//!   the backend's answer returned as it is.
+//!   the backend's answer returned as it is;
+//! * the request's headers go on to the backend but `Authorization`, which
+//!   the API server deletes once it authenticated the caller
+//!   (`staging/src/k8s.io/apiserver/pkg/endpoints/filters/authentication.go`
+//!   `WithAuthentication`), and the hop-by-hop headers a reverse proxy
+//!   drops (`staging/src/k8s.io/apimachinery/pkg/util/proxy/upgradeaware.go`
+//!   `ServeHTTP` hands the request to `net/http/httputil.ReverseProxy`).
 //!
 //! The double dials plain HTTP only (the rig's metrics ports); it picks
 //! the first matching address where the real server picks one at random.
@@ -139,6 +145,28 @@ pub fn resolve(h: &ApiHandle, t: &ProxyTarget) -> Result<String, ApiError> {
     Err(none())
 }
 
+/// Headers the proxy does not pass on: the caller's credentials and the
+/// hop-by-hop ones (`net/http/httputil` `hopHeaders`), and the framing and
+/// host, which belong to the new request.
+fn dropped_header(name: &hyper::header::HeaderName) -> bool {
+    const HOP: [&str; 9] = [
+        "connection",
+        "proxy-connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    let n = name.as_str();
+    name == hyper::header::AUTHORIZATION
+        || name == hyper::header::HOST
+        || name == hyper::header::CONTENT_LENGTH
+        || HOP.contains(&n)
+}
+
 /// Answers a service proxy request.
 pub async fn serve(
     h: &ApiHandle,
@@ -165,10 +193,16 @@ pub async fn serve(
             .await
             .map_err(|e| unavailable(format!("error trying to reach service: {e}")))?;
     tokio::spawn(conn);
-    let out = Request::builder()
+    let mut out = Request::builder()
         .method(parts.method)
         .uri(format!("{}{query}", t.path))
-        .header(hyper::header::HOST, backend.as_str())
+        .header(hyper::header::HOST, backend.as_str());
+    for (name, value) in &parts.headers {
+        if !dropped_header(name) {
+            out = out.header(name, value);
+        }
+    }
+    let out = out
         .body(http_body_util::Full::new(body))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let resp = send

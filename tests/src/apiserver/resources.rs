@@ -241,6 +241,22 @@ pub const TOKEN_REVIEWS: ResourceType = ResourceType {
     )
 };
 
+/// authorization.k8s.io/v1 subjectaccessreviews (create only).
+pub const SUBJECT_ACCESS_REVIEWS: ResourceType = ResourceType {
+    create_only: true,
+    ..rt!(
+        "authorization.k8s.io",
+        "v1",
+        "subjectaccessreviews",
+        "subjectaccessreview",
+        "SubjectAccessReview",
+        false,
+        &[],
+        false,
+        true
+    )
+};
+
 /// Every served type.
 pub const ALL: &[ResourceType] = &[
     PODS,
@@ -258,6 +274,7 @@ pub const ALL: &[ResourceType] = &[
     NODESETS,
     DAEMONSETS,
     TOKEN_REVIEWS,
+    SUBJECT_ACCESS_REVIEWS,
 ];
 
 /// Finds a type by group, version and plural.

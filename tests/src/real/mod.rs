@@ -282,6 +282,19 @@ impl RealClusterBuilder {
         std::fs::write(p("sa.key"), sa_key.serialize_pem())?;
         std::fs::write(p("sa.pub"), sa_key.public_key_pem())?;
         std::fs::write(p("audit-policy.yaml"), AUDIT_POLICY)?;
+        // The rig's status API reader, a static token (`--token-auth-file`,
+        // CSV `token,user,uid,"group,..."`:
+        // staging/src/k8s.io/apiserver/plugin/pkg/authenticator/token/tokenfile/tokenfile.go
+        // `NewCSV`); the rig binds its group to the chart's reader role.
+        std::fs::write(
+            p("static-tokens.csv"),
+            format!(
+                "{},{},rig-status-reader-uid,\"{}\"\n",
+                crate::mountguard::STATUS_READER_TOKEN,
+                crate::mountguard::STATUS_READER_USER,
+                crate::mountguard::STATUS_READER_GROUP
+            ),
+        )?;
         let etcd_client = free_addr()?;
         let etcd_peer = free_addr()?;
         let api_addr = free_addr()?;
@@ -648,6 +661,8 @@ impl RealCluster {
             .arg(p("sa.pub"))
             .arg("--service-account-signing-key-file")
             .arg(p("sa.key"))
+            .arg("--token-auth-file")
+            .arg(p("static-tokens.csv"))
             .arg("--audit-policy-file")
             .arg(p("audit-policy.yaml"))
             .arg("--audit-log-path")

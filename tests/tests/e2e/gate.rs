@@ -312,6 +312,7 @@ async fn rotation_gate_times_out_naming_the_node_and_the_pin_nobody_may_release(
     let started = Instant::now();
     let out = command(&binary("mountguard-controller").unwrap())
         .args(["wait", TARGET, "--uid", &uid, "--url", &sys.metrics_base()])
+        .args(["--token", mountguard_tests::mountguard::STATUS_READER_TOKEN])
         .args(["--timeout", "20s", "--interval", "500ms"])
         .output()
         .await

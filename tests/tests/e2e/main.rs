@@ -24,4 +24,5 @@ mod remediation_operator;
 mod remediation_transient;
 mod restart;
 mod seed;
+mod status_api;
 mod tls;

@@ -259,6 +259,31 @@ impl RealSystem {
                 _ => {}
             }
         }
+        // The rig's status reader (the real API server's static token): the
+        // chart's status reader ClusterRole, bound cluster-wide to its group.
+        let reader_role = rendered
+            .iter()
+            .find(|o| {
+                o["kind"] == "ClusterRole"
+                    && o["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.ends_with("-status-reader"))
+            })
+            .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+            .expect("the chart renders the status reader ClusterRole");
+        create(
+            &client,
+            &json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "rig-status-readers"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader_role},
+                "subjects": [{"kind": "Group", "apiGroup": "rbac.authorization.k8s.io",
+                              "name": mountguard_tests::mountguard::STATUS_READER_GROUP}],
+            }),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("binding the rig's status reader: {e}"));
         let deployment = deployment.expect("the chart renders the controller Deployment");
         let key_file = cluster.dir().join("fingerprint.key");
         std::fs::write(

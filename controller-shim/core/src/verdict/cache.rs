@@ -1,6 +1,6 @@
 //! Memoization for one evaluation call: a volume's expected content,
-//! subPath projections and fingerprints, shared by every pod with the same
-//! volume spec in the same namespace.
+//! subPath projections, fingerprint scope and fingerprints, shared by every
+//! pod with the same volume spec in the same namespace.
 
 use foldhash::HashMap;
 use std::cell::RefCell;
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use mountguard_inventory::volume_digest;
 
-use crate::fingerprint::{Fingerprint, Fingerprinter};
+use crate::fingerprint::{Fingerprint, Fingerprinter, Scope};
 use crate::index::ClusterIndex;
 use crate::model::Digest;
 use crate::projection::{ExpectedSubPath, ExpectedVolume, project_sub_path, project_volume};
@@ -38,6 +38,9 @@ impl<T: ?Sized> std::hash::Hash for ByPtr<T> {
 pub(super) struct CachedVolume {
     pub(super) ev: ExpectedVolume,
     pub(super) triples: Vec<(Arc<str>, Digest, u16)>,
+    /// What this volume's fingerprints (volume, files, subPaths) are
+    /// keyed to: the pod's namespace and the volume's sources.
+    pub(super) scope: Scope,
     pub(super) fp: Fingerprint,
 }
 
@@ -55,18 +58,9 @@ pub(super) type SubPathKey = (VolumeKey, ByPtr<str>);
 pub(super) struct EvalCache {
     pub(super) volumes: RefCell<HashMap<VolumeKey, Rc<CachedVolume>>>,
     pub(super) sub_paths: RefCell<HashMap<SubPathKey, Rc<CachedSubPath>>>,
-    pub(super) fps: RefCell<HashMap<Digest, Fingerprint>>,
 }
 
 impl EvalCache {
-    pub(super) fn fp(&self, f: &Fingerprinter, d: &Digest) -> Fingerprint {
-        *self
-            .fps
-            .borrow_mut()
-            .entry(*d)
-            .or_insert_with(|| f.fingerprint(d))
-    }
-
     pub(super) fn volume(
         &self,
         f: &Fingerprinter,
@@ -84,15 +78,20 @@ impl EvalCache {
             .iter()
             .map(|f| (f.path.clone(), f.digest, f.source))
             .collect();
-        let fp = self.fp(f, &ev.digest());
-        let c = Rc::new(CachedVolume { ev, triples, fp });
+        let scope = f.volume(namespace, source);
+        let fp = scope.fingerprint(&ev.digest());
+        let c = Rc::new(CachedVolume {
+            ev,
+            triples,
+            scope,
+            fp,
+        });
         self.volumes.borrow_mut().insert(key, c.clone());
         c
     }
 
     pub(super) fn sub_path(
         &self,
-        f: &Fingerprinter,
         namespace: &Arc<str>,
         source: &Arc<crate::model::VolumeSource>,
         cv: &CachedVolume,
@@ -107,9 +106,10 @@ impl EvalCache {
         }
         let files = project_sub_path(&cv.ev, sub_path);
         let fp = match &files {
-            ExpectedSubPath::Files(files) => {
-                Some(self.fp(f, &volume_digest(files.iter().map(|(p, d, _)| (&**p, d)))))
-            }
+            ExpectedSubPath::Files(files) => Some(
+                sub_path_scope(cv, sub_path)
+                    .fingerprint(&volume_digest(files.iter().map(|(p, d, _)| (&**p, d)))),
+            ),
             ExpectedSubPath::Skipped(_) => None,
         };
         let c = Rc::new(CachedSubPath { files, fp });
@@ -118,6 +118,7 @@ impl EvalCache {
     }
 }
 
-pub(super) fn fp_opt(f: &Fingerprinter, d: Option<&Digest>) -> Option<Fingerprint> {
-    d.map(|d| f.fingerprint(d))
+/// The scope of a subPath's combined content: a part of its volume's.
+pub(super) fn sub_path_scope(cv: &CachedVolume, sub_path: &str) -> Scope {
+    cv.scope.part("subPath", sub_path)
 }

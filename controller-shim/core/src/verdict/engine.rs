@@ -93,20 +93,13 @@ impl Engine {
         now: Timestamp,
     ) {
         let content = index.source(r);
-        let fp = content.map(|c| {
-            self.fingerprinter
-                .fingerprint(&c.content_digest)
-                .to_string()
-        });
+        // Keyed to this object: its versions compare, other objects' not.
+        let scope = self.fingerprinter.source(r);
+        let fp = content.map(|c| scope.fingerprint(&c.content_digest).to_string());
         let key_fps = |c: &crate::model::SourceContent| -> Vec<(Arc<str>, String)> {
             c.keys
                 .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        self.fingerprinter.fingerprint(&v.digest).to_string(),
-                    )
-                })
+                .map(|(k, v)| (k.clone(), scope.key(k).fingerprint(&v.digest).to_string()))
                 .collect()
         };
         match state.sources.get_mut(r) {

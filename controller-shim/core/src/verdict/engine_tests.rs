@@ -5,7 +5,7 @@ use jiff::{SignedDuration, Timestamp};
 use mountguard_inventory::Plugin;
 
 use crate::index::ClusterIndex;
-use crate::model::VolumeSource;
+use crate::model::{SourceRef, VolumeSource};
 use crate::testkit::*;
 use crate::verdict::{ApiHealth, EngineState, StaleCause, State, UnverifiableReason};
 
@@ -244,4 +244,87 @@ fn incremental_evaluation_matches_full_and_follows_node_flips() {
     assert_eq!(gone.removed, vec![a("uid-3")]);
     assert!(!state.pods.contains_key("uid-3"));
     assert_eq!(state.nodes[&a("node-a")].mutable_mounts, 3);
+}
+
+/// The guess attack on the history (what the rollout gate and the status
+/// API show per source): equal content in two objects must give unrelated
+/// fingerprints, while one object's versions stay comparable.
+#[test]
+fn fingerprint_oracle_source_history_is_keyed_per_object() {
+    let mut ix = ClusterIndex::new();
+    let t0 = ts("2026-11-30T09:00:00Z");
+    let prod = put_source(
+        &mut ix,
+        SECRET,
+        "prod",
+        "db",
+        &[("password", b"4711")],
+        true,
+        Some(t0),
+    );
+    let tenant = put_source(
+        &mut ix,
+        SECRET,
+        "tenant",
+        "db",
+        &[("password", b"4711")],
+        true,
+        Some(t0),
+    );
+    let other = put_source(
+        &mut ix,
+        SECRET,
+        "tenant",
+        "guess",
+        &[("password", b"4711")],
+        true,
+        Some(t0),
+    );
+    let e = engine();
+    let mut state = EngineState::default();
+    for r in [&prod, &tenant, &other] {
+        e.observe_source(&ix, &mut state, r, t0);
+    }
+    let fp = |state: &EngineState, r: &SourceRef| state.sources[r].fingerprint.clone().unwrap();
+    let key_fp =
+        |state: &EngineState, r: &SourceRef| state.sources[r].keys["password"].fingerprint.clone();
+    assert_ne!(fp(&state, &prod), fp(&state, &tenant));
+    assert_ne!(fp(&state, &prod), fp(&state, &other));
+    assert_ne!(fp(&state, &tenant), fp(&state, &other));
+    assert_ne!(key_fp(&state, &prod), key_fp(&state, &tenant));
+    assert_ne!(key_fp(&state, &prod), key_fp(&state, &other));
+    assert_ne!(
+        key_fp(&state, &prod),
+        fp(&state, &prod),
+        "a key's value is its own scope"
+    );
+
+    // Recreated with the same content: the same fingerprint, no change.
+    let before = fp(&state, &prod);
+    let t1 = ts("2026-11-30T10:00:00Z");
+    put_source(
+        &mut ix,
+        SECRET,
+        "prod",
+        "db",
+        &[("password", b"4711")],
+        true,
+        Some(t1),
+    );
+    e.observe_source(&ix, &mut state, &prod, t1);
+    assert_eq!(fp(&state, &prod), before);
+    assert_eq!(state.sources[&prod].content_changed_at, Some(t0));
+    // A new value: a new fingerprint.
+    put_source(
+        &mut ix,
+        SECRET,
+        "prod",
+        "db",
+        &[("password", b"4710")],
+        true,
+        Some(t1),
+    );
+    e.observe_source(&ix, &mut state, &prod, t1);
+    assert_ne!(fp(&state, &prod), before);
+    assert_eq!(state.sources[&prod].content_changed_at, Some(t1));
 }

@@ -15,7 +15,7 @@ use jiff::{SignedDuration, Timestamp};
 use mountguard_inventory::layout::{SUBPATHS_DIR, VOLUMES_DIR};
 use mountguard_inventory::volume_digest;
 
-use super::cache::{CachedVolume, EvalCache, fp_opt};
+use super::cache::{CachedVolume, EvalCache, sub_path_scope};
 use super::engine::{Engine, NodeView, PodPrelim, Prelim};
 use super::history::{EngineState, NodeHistory};
 use super::subject::SubjectId;
@@ -23,7 +23,7 @@ use super::types::{
     ApiHealth, FileState, FileVerdict, FrozenCause, StaleCause, State, UnverifiableReason, Verdict,
     VerdictDetail,
 };
-use crate::fingerprint::Fingerprint;
+use crate::fingerprint::{Fingerprint, Scope};
 use crate::index::{ClusterIndex, PodId};
 use crate::model::{CompactTime, Digest, ObservedError, PodModel, SkipReason, SourceRef};
 use crate::projection::{ExpectedSubPath, ExpectedVolume, project_env, sub_path_skip};
@@ -52,10 +52,6 @@ pub(super) struct Comparison {
 }
 
 impl Ctx<'_> {
-    pub(super) fn fp(&self, d: &Digest) -> Fingerprint {
-        self.cache.fp(&self.engine.fingerprinter, d)
-    }
-
     pub(super) fn simple(&self, id: SubjectId, state: State, message: Option<String>) -> Prelim {
         Prelim {
             verdict: Verdict {
@@ -78,9 +74,12 @@ impl Ctx<'_> {
     }
 
     /// Compares expected files (path, digest, source) with observed ones.
-    /// `skip` says whether an observed path is exempt.
+    /// `skip` says whether an observed path is exempt; `scope` keys the
+    /// files' fingerprints (their volume's).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn compare(
         &self,
+        scope: &Scope,
         expected: &[(Arc<str>, Digest, u16)],
         observed: &[(Arc<str>, Digest)],
         errors: &[ObservedError],
@@ -131,8 +130,8 @@ impl Ctx<'_> {
                             } else {
                                 FileState::Differs
                             },
-                            expected: Some(self.fp(&e.1)),
-                            observed: Some(self.fp(&o.1)),
+                            expected: Some(scope.fingerprint(&e.1)),
+                            observed: Some(scope.fingerprint(&o.1)),
                         });
                     }
                     i += 1;
@@ -152,7 +151,7 @@ impl Ctx<'_> {
                         } else {
                             FileState::Missing
                         },
-                        expected: Some(self.fp(&e.1)),
+                        expected: Some(scope.fingerprint(&e.1)),
                         observed: None,
                     });
                     i += 1;
@@ -176,7 +175,7 @@ impl Ctx<'_> {
                             path: o.0.clone(),
                             state: FileState::Unexpected,
                             expected: None,
-                            observed: Some(self.fp(&o.1)),
+                            observed: Some(scope.fingerprint(&o.1)),
                         });
                     }
                     j += 1;
@@ -353,9 +352,13 @@ impl Ctx<'_> {
 
     /// The fingerprint of what the agent saw: the expected one when the
     /// comparison found the same files.
-    fn observed_fp(&self, cmp: &Comparison, expected: Option<Fingerprint>) -> Option<Fingerprint> {
+    fn observed_fp(
+        scope: &Scope,
+        cmp: &Comparison,
+        expected: Option<Fingerprint>,
+    ) -> Option<Fingerprint> {
         match &cmp.observed_digest {
-            Some(d) => Some(self.fp(d)),
+            Some(d) => Some(scope.fingerprint(d)),
             None => expected,
         }
     }
@@ -428,6 +431,7 @@ impl Ctx<'_> {
             return self.not_observed(id, &pod_errors, expected_fp);
         };
         let mut cmp = self.compare(
+            &cv.scope,
             &cv.triples,
             &ov.files,
             &ov.errors,
@@ -443,7 +447,7 @@ impl Ctx<'_> {
             files: std::mem::take(&mut cmp.files),
             ..Default::default()
         };
-        let fps = (expected_fp, self.observed_fp(&cmp, expected_fp));
+        let fps = (expected_fp, Self::observed_fp(&cv.scope, &cmp, expected_fp));
         if !cmp.unreadable.is_empty() {
             detail.message = Some(format!(
                 "the agent could not read {}",
@@ -558,13 +562,9 @@ impl Ctx<'_> {
         if let Some(p) = self.source_verdict(id, ev, None) {
             return p;
         }
-        let csp = self.cache.sub_path(
-            &self.engine.fingerprinter,
-            &self.pod.namespace,
-            &vol.source,
-            cv,
-            sp,
-        );
+        let csp = self
+            .cache
+            .sub_path(&self.pod.namespace, &vol.source, cv, sp);
         let files = match &csp.files {
             ExpectedSubPath::Skipped(r) => {
                 return self.simple(id, State::Skipped(*r), None);
@@ -589,6 +589,7 @@ impl Ctx<'_> {
             return self.not_observed(id, &pod_errors, expected_fp);
         };
         let mut cmp = self.compare(
+            &cv.scope,
             files,
             &os.files,
             &os.errors,
@@ -599,7 +600,10 @@ impl Ctx<'_> {
         for e in pod_errors {
             cmp.unreadable.push(Arc::from(e));
         }
-        let fps = (expected_fp, self.observed_fp(&cmp, expected_fp));
+        let fps = (
+            expected_fp,
+            Self::observed_fp(&sub_path_scope(cv, sp), &cmp, expected_fp),
+        );
         let involved = Self::involved(ev, &cmp);
         let mut detail = VerdictDetail {
             files: cmp.files,
@@ -669,7 +673,14 @@ impl Ctx<'_> {
         e: &crate::model::EnvRef,
     ) -> Prelim {
         let ee = project_env(&self.pod.namespace, e, |r| self.index.source(r));
-        let expected = fp_opt(&self.engine.fingerprinter, ee.digest.as_ref());
+        // Keyed to the referenced object: a `valueFrom` value as that key's
+        // value, an `envFrom` set as a part of the object.
+        let source = self.engine.fingerprinter.source(&ee.source);
+        let scope = match e {
+            crate::model::EnvRef::Key { key, .. } => source.key(key),
+            crate::model::EnvRef::From { prefix, .. } => source.part("envFrom", prefix),
+        };
+        let expected = ee.digest.as_ref().map(|d| scope.fingerprint(d));
         let mut p = if let Some(m) = &ee.missing {
             self.simple(
                 id,

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use mountguard_inventory::{Plugin, ReadErrorKind, volume_digest};
 
-use crate::fingerprint::Fingerprinter;
 use crate::index::ClusterIndex;
 use crate::model::{ProjectedSource, SkipReason, VolumeSource};
 use crate::testkit::*;
@@ -73,7 +72,7 @@ fn volume_state_table() {
         let eval = engine().evaluate_all(&ix, &mut EngineState::default(), now);
         let v = verdict(&eval, "p", vol("v"));
         assert_eq!(v.state, want, "{name}");
-        let f = Fingerprinter::new(KEY).unwrap();
+        let f = volume_scope(&eval, "p", "v");
         assert_eq!(
             v.expected,
             Some(f.fingerprint(&volume_digest([("k", &d(current))]))),
@@ -406,8 +405,7 @@ fn kube_api_access_verifies_only_ca_crt() {
         assert_eq!(
             v.observed,
             Some(
-                Fingerprinter::new(KEY)
-                    .unwrap()
+                volume_scope(&eval, "p", "kube-api-access-x7k2p")
                     .fingerprint(&volume_digest([("ca.crt", &d(ca))]))
             )
         );
@@ -709,7 +707,13 @@ fn pods_sharing_a_volume_spec_in_different_namespaces_get_their_own_projection()
     let v2 = verdict(&eval, "p2", vol("v"));
     assert_eq!(v2.state, State::Stale(StaleCause::Unknown));
     assert_ne!(v2.expected, verdict(&eval, "p1", vol("v")).expected);
-    assert_eq!(v2.observed, verdict(&eval, "p1", vol("v")).observed);
+    // The same bytes on disk in two namespaces: fingerprints keyed to each
+    // pod's volume, so one tenant cannot match another's content.
+    assert_ne!(v2.observed, verdict(&eval, "p1", vol("v")).observed);
+    assert_eq!(
+        v2.observed,
+        Some(volume_scope(&eval, "p2", "v").fingerprint(&volume_digest([("k", &d(b"in-ns"))])))
+    );
 }
 
 #[test]

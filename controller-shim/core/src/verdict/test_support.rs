@@ -6,7 +6,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use mountguard_inventory::{Plugin, file_digest};
 
-use crate::fingerprint::Fingerprinter;
+use crate::fingerprint::{Fingerprinter, Scope};
 use crate::index::ClusterIndex;
 use crate::model::{SourceKind, VolumeSource};
 use crate::testkit::*;
@@ -49,6 +49,24 @@ pub(crate) fn verdict<'a>(
         .find(|(p, v)| &*p.pod.name == pod && want(&p.subject(v)))
         .map(|(_, v)| v)
         .unwrap_or_else(|| panic!("no verdict for {pod}: {eval:#?}"))
+}
+
+/// The fingerprint scope of `pod`'s volume `volume` under [`KEY`], as the
+/// fingerprinter defines it (the pod's namespace and the volume's sources).
+pub(crate) fn volume_scope(eval: &Evaluation, pod: &str, volume: &str) -> Scope {
+    let (p, _) = eval
+        .iter()
+        .find(|(p, _)| &*p.pod.name == pod)
+        .unwrap_or_else(|| panic!("no pod {pod}"));
+    let v = p
+        .pod
+        .volumes
+        .iter()
+        .find(|v| &*v.name == volume)
+        .unwrap_or_else(|| panic!("no volume {volume} in {pod}"));
+    Fingerprinter::new(KEY)
+        .unwrap()
+        .volume(&p.pod.namespace, &v.source)
 }
 
 pub(crate) fn vol(name: &'static str) -> impl Fn(&Subject) -> bool {
