@@ -480,6 +480,13 @@ pub struct StatusQueryArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub output: StatusOutput,
+    /// The request, from connecting to the last byte of the answer, must
+    /// end within this (exit 2 otherwise).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Largest answer accepted (exit 2 beyond it), e.g. `256Mi`.
+    #[arg(long, default_value = "256Mi", value_parser = parse_bytes)]
+    pub max_response_size: u64,
 }
 
 /// What to wait for and how (shared by `mountguard-controller wait` and
@@ -506,6 +513,14 @@ pub struct WaitOptionsArgs {
     /// Output format of the result.
     #[arg(long, value_enum, default_value = "table")]
     pub output: StatusOutput,
+    /// Each request, from connecting to the last byte of the answer, must
+    /// end within this (a request failing after the first is retried); no
+    /// request outlasts `--timeout`.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Largest answer accepted (exit 2 beyond it), e.g. `256Mi`.
+    #[arg(long, default_value = "256Mi", value_parser = parse_bytes)]
+    pub max_response_size: u64,
 }
 
 /// Arguments of `mountguard-controller wait`.
@@ -615,9 +630,11 @@ macro_rules! field_for_field {
     };
 }
 
-field_for_field!(StatusQueryArgs => StatusQuery { namespace, node, state, all, output });
+field_for_field!(StatusQueryArgs => StatusQuery {
+    namespace, node, state, all, output, request_timeout, max_response_size,
+});
 field_for_field!(WaitOptionsArgs => WaitOptions {
-    target, condition, timeout, interval, uid, output,
+    target, condition, timeout, interval, uid, output, request_timeout, max_response_size,
 });
 field_for_field!(ProxyArgs => Proxy {
     kubeconfig, context, controller_namespace, controller_service, controller_port,
@@ -657,7 +674,7 @@ mod tests {
     }
 
     /// The duration table shared with the agent and the chart, through
-    /// every duration flag of `run`, `wait` and `verify`.
+    /// every duration flag of `run`, `status`, `wait` and `verify`.
     #[test]
     fn duration_flags_follow_the_shared_table() {
         use clap::Parser;
@@ -673,6 +690,7 @@ mod tests {
             "a",
         ];
         let wait = ["wait", "secret/ns/s"];
+        let status = ["status"];
         let verify = ["verify", "--objects", "objects.json"];
         let flags: &[(&[&str], &str)] = &[
             (&run, "--grace"),
@@ -686,6 +704,8 @@ mod tests {
             (&run, "--verification-timeout"),
             (&wait, "--timeout"),
             (&wait, "--interval"),
+            (&wait, "--request-timeout"),
+            (&status, "--request-timeout"),
             (&verify, "--grace"),
             (&verify, "--inventory-max-age"),
         ];
@@ -707,6 +727,8 @@ mod tests {
                         (Command::Run(a), "--verification-timeout") => a.verification_timeout,
                         (Command::Wait(w), "--timeout") => w.wait.timeout,
                         (Command::Wait(w), "--interval") => w.wait.interval,
+                        (Command::Wait(w), "--request-timeout") => w.wait.request_timeout,
+                        (Command::Status(s), "--request-timeout") => s.query.request_timeout,
                         (Command::Verify(v), "--grace") => v.grace.unsigned_abs(),
                         (Command::Verify(v), "--inventory-max-age") => {
                             v.inventory_max_age.unsigned_abs()

@@ -102,6 +102,30 @@ pub enum Error {
         /// Why the connection failed.
         message: String,
     },
+    /// A request of `status` or `wait` was not answered completely in time.
+    #[error(
+        "{request}: no complete answer within {budget:?} ({flag}): the controller, or the \
+         way to it, accepted the request and did not finish answering"
+    )]
+    Deadline {
+        /// `GET <url>`.
+        request: String,
+        /// The time allowed.
+        budget: std::time::Duration,
+        /// The flag that allowed it.
+        flag: &'static str,
+    },
+    /// An answer of the controller was larger than allowed.
+    #[error(
+        "{request}: the answer is larger than {max_bytes} bytes (--max-response-size); \
+         narrow the query (--namespace, --node, --state) or raise the limit"
+    )]
+    TooLarge {
+        /// `GET <url>`.
+        request: String,
+        /// The limit.
+        max_bytes: u64,
+    },
 }
 
 impl From<mountguard_core::Error> for Error {

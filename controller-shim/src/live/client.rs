@@ -11,6 +11,7 @@
 //! The caller needs `get` on `services/proxy` for that Service.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
@@ -55,29 +56,67 @@ impl Endpoint {
     }
 
     /// `GET path` (path and query, starting with `/`); the body of a 2xx
-    /// answer.
-    pub async fn get(&self, path: &str) -> Result<Vec<u8>, Error> {
+    /// answer, complete (connect, headers and body) by `limits.deadline`
+    /// and at most `limits.max_bytes` long.
+    pub async fn get(&self, path: &str, limits: &Limits) -> Result<Vec<u8>, Error> {
+        match tokio::time::timeout_at(limits.deadline, self.get_capped(path, limits.max_bytes))
+            .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(Error::Deadline {
+                request: format!("GET {}", self.url(path)),
+                budget: limits.budget,
+                flag: limits.flag,
+            }),
+        }
+    }
+
+    /// Where `path` goes, for messages.
+    fn url(&self, path: &str) -> String {
+        match self {
+            Endpoint::Direct(base) => format!("{}{path}", base.trim_end_matches('/')),
+            Endpoint::Proxy { prefix, .. } => format!("{prefix}{path} (service proxy)"),
+        }
+    }
+
+    async fn get_capped(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, Error> {
         match self {
             Endpoint::Direct(base) => {
-                http_get(&format!("{}{path}", base.trim_end_matches('/'))).await
+                http_get(&format!("{}{path}", base.trim_end_matches('/')), max_bytes).await
             }
             Endpoint::Proxy { client, prefix } => {
                 let uri = format!("{prefix}{path}");
+                let what = self.url(path);
                 let req = http::Request::get(&uri)
-                    .body(Vec::new())
+                    .body(kube::client::Body::empty())
                     .map_err(|e| Error::Kube(format!("GET {uri}: {e}")))?;
-                client
-                    .request_text(req)
+                let resp = client
+                    .send(req)
                     .await
-                    .map(String::into_bytes)
-                    .map_err(|e| Error::Kube(format!("GET {uri} (service proxy): {e}")))
+                    .map_err(|e| Error::Kube(format!("GET {what}: {e}")))?;
+                let status = resp.status();
+                let body = read_capped(resp.into_body(), max_bytes, &what, |e| {
+                    Error::Kube(format!("GET {what}: {e}"))
+                })
+                .await?;
+                if !status.is_success() {
+                    return Err(Error::Kube(format!(
+                        "GET {what}: HTTP {status}: {}",
+                        String::from_utf8_lossy(&body[..body.len().min(500)]).trim()
+                    )));
+                }
+                Ok(body)
             }
         }
     }
 
     /// `GET path`, parsed as JSON.
-    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
-        let body = self.get(path).await?;
+    pub async fn get_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        limits: &Limits,
+    ) -> Result<T, Error> {
+        let body = self.get(path, limits).await?;
         serde_json::from_slice(&body).map_err(|e| Error::Json {
             file: format!("{} {path}", self.describe()),
             line: e.line(),
@@ -85,6 +124,75 @@ impl Endpoint {
             message: e.to_string(),
         })
     }
+}
+
+/// The bound on one request of `status` or `wait`: answered completely
+/// (connect, headers and body) by `deadline`, in at most `max_bytes`
+/// bytes. A server that accepts and never answers, trickles, or streams
+/// without end fails the request (exit 2) instead of holding the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// When the answer must be complete.
+    pub deadline: tokio::time::Instant,
+    /// The time the flag allowed, for messages.
+    pub budget: Duration,
+    /// The flag that set `budget` (`--timeout`, `--request-timeout`).
+    pub flag: &'static str,
+    /// Largest body accepted (`--max-response-size`).
+    pub max_bytes: u64,
+}
+
+impl Limits {
+    /// `budget` from now.
+    pub fn from_now(budget: Duration, flag: &'static str, max_bytes: u64) -> Self {
+        Self {
+            deadline: tokio::time::Instant::now() + budget,
+            budget,
+            flag,
+            max_bytes,
+        }
+    }
+
+    /// The earlier of `self` and `other` (the size cap of `self`).
+    pub fn min(self, other: Self) -> Self {
+        if other.deadline < self.deadline {
+            Self {
+                max_bytes: self.max_bytes,
+                ..other
+            }
+        } else {
+            self
+        }
+    }
+}
+
+/// Reads `body` to its end, refusing more than `max_bytes` (the
+/// Content-Length is not trusted: a chunked body has none).
+async fn read_capped<B, E>(
+    body: B,
+    max_bytes: u64,
+    what: &str,
+    err: impl Fn(E) -> Error,
+) -> Result<Vec<u8>, Error>
+where
+    B: hyper::body::Body<Data = hyper::body::Bytes, Error = E>,
+{
+    use http_body_util::BodyExt;
+    let mut body = std::pin::pin!(body);
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(&err)?.into_data() else {
+            continue;
+        };
+        if (out.len() + data.len()) as u64 > max_bytes {
+            return Err(Error::TooLarge {
+                request: format!("GET {what}"),
+                max_bytes,
+            });
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out)
 }
 
 /// Where the kubectl plugin reaches the controller: which cluster, and
@@ -157,9 +265,9 @@ impl Proxy {
     }
 }
 
-/// One plain-HTTP `GET` (the metrics port speaks HTTP).
-async fn http_get(url: &str) -> Result<Vec<u8>, Error> {
-    use http_body_util::BodyExt;
+/// One plain-HTTP `GET` (the metrics port speaks HTTP), its body at most
+/// `max_bytes` long.
+async fn http_get(url: &str, max_bytes: u64) -> Result<Vec<u8>, Error> {
     let err = |m: String| Error::Config(format!("GET {url}: {m}"));
     let uri: http::Uri = url.parse().map_err(|e| err(format!("{e}")))?;
     if uri.scheme_str() != Some("http") {
@@ -190,19 +298,14 @@ async fn http_get(url: &str) -> Result<Vec<u8>, Error> {
         .await
         .map_err(|e| err(e.to_string()))?;
     let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| err(e.to_string()))?
-        .to_bytes();
+    let body = read_capped(resp.into_body(), max_bytes, url, |e| err(e.to_string())).await?;
     if !status.is_success() {
         return Err(err(format!(
             "HTTP {status}: {}",
             String::from_utf8_lossy(&body[..body.len().min(500)])
         )));
     }
-    Ok(body.to_vec())
+    Ok(body)
 }
 
 #[cfg(test)]

@@ -574,6 +574,10 @@ pub struct StatusQuery {
     pub all: bool,
     /// Output format.
     pub output: StatusOutput,
+    /// The request, connect to last byte, must end within this.
+    pub request_timeout: std::time::Duration,
+    /// Largest answer accepted, in bytes.
+    pub max_response_size: u64,
 }
 
 impl StatusQuery {
@@ -606,7 +610,12 @@ impl StatusQuery {
         endpoint: &super::client::Endpoint,
         out: &mut dyn Write,
     ) -> Result<u8, Error> {
-        let doc: StatusDoc = endpoint.get_json(&self.path()).await?;
+        let limits = super::client::Limits::from_now(
+            self.request_timeout,
+            "--request-timeout",
+            self.max_response_size,
+        );
+        let doc: StatusDoc = endpoint.get_json(&self.path(), &limits).await?;
         let io = |e: std::io::Error| Error::Io {
             file: "<stdout>".into(),
             source: e,
@@ -919,6 +928,8 @@ mod tests {
             state: Some("Stale/ImmutableCache".into()),
             all: true,
             output: StatusOutput::Json,
+            request_timeout: std::time::Duration::from_secs(1),
+            max_response_size: 1,
         };
         assert_eq!(
             args.path(),
