@@ -599,9 +599,17 @@ pub struct VerifyArgs {
     /// Output format.
     #[arg(long, env = "MOUNTGUARD_OUTPUT", value_enum, default_value = "table")]
     pub output: Output,
-    /// Exit 1 when a verdict matches.
+    /// Exit 1 when a verdict matches, or when a subject cannot be verified
+    /// (Unverifiable: the gate fails closed).
     #[arg(long, env = "MOUNTGUARD_FAIL_ON", value_enum)]
     pub fail_on: Option<FailOn>,
+    /// With --fail-on, let Unverifiable subjects pass.
+    #[arg(long, env = "MOUNTGUARD_ALLOW_UNVERIFIABLE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_unverifiable: bool,
+    /// Judge without inventories: only what the objects alone show
+    /// (without it, no --inventory is a usage error).
+    #[arg(long, env = "MOUNTGUARD_SPEC_ONLY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub spec_only: bool,
 }
 
 /// A duration of the shared grammar (`mountguard_inventory::duration`) as
@@ -641,7 +649,7 @@ field_for_field!(ProxyArgs => Proxy {
 });
 field_for_field!(VerifyArgs => Verify {
     objects, inventory, now, grace, inventory_max_age, not_syncing_min_mounts,
-    fingerprint_key_file, output, fail_on,
+    fingerprint_key_file, output, fail_on, allow_unverifiable, spec_only,
 });
 
 #[cfg(test)]

@@ -76,6 +76,9 @@ pub enum Error {
         /// The inventory crate's error.
         source: mountguard_inventory::Error,
     },
+    /// The command line asks for something that cannot be done as asked.
+    #[error("{0}")]
+    Usage(String),
     /// A configuration value is out of range or malformed.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -103,11 +103,13 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             };
             let stdin = std::io::stdin();
             let stdout = std::io::stdout();
+            let stderr = std::io::stderr();
             Ok(Verify::from(args).run(
                 jiff::Timestamp::now(),
                 key,
                 &mut stdin.lock(),
                 &mut stdout.lock(),
+                &mut stderr.lock(),
             )?)
         }
         Command::Run(args) => {
