@@ -524,6 +524,9 @@ fn write_table(
         if let Some(m) = view.message {
             notes.push(format!("{who}: {m}"));
         }
+        if let Some(a) = &view.advice {
+            notes.push(format!("{who}: {a}"));
+        }
         if !view.differing_paths.is_empty() {
             notes.push(format!(
                 "{who}: differing paths: {}",
@@ -787,6 +790,28 @@ mod tests {
         );
         assert!(out.contains("differing paths: a.conf"), "{out}");
         assert!(out.contains("Stale/Unknown=1"), "{out}");
+        // The advice (issue 31 §2) in the table and the JSON.
+        let advice = "n/p volume cfg: Replace the pod so the kubelet sets the volume up again";
+        assert!(out.contains(advice), "{out}");
+        let (_, json_out) = run(
+            &[
+                "--objects",
+                "-",
+                "--inventory",
+                &inv_old,
+                "--output",
+                "json",
+            ],
+            &objs,
+        );
+        let doc: Value = serde_json::from_str(&json_out).unwrap();
+        assert!(
+            doc["verdicts"][0]["advice"]
+                .as_str()
+                .unwrap()
+                .starts_with("Replace the pod"),
+            "{json_out}"
+        );
 
         let (code, out) = run(
             &[

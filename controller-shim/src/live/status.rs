@@ -257,6 +257,9 @@ pub struct StatusItem {
     /// Explanation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// What to do, in one sentence (`mountguard_core::verdict::advice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advice: Option<String>,
 }
 
 /// The endpoint's document.
@@ -384,6 +387,7 @@ pub fn item(pv: &PodVerdicts, v: &Verdict, check: Option<&PodCheck>) -> StatusIt
         differing_paths: view.differing_paths.iter().map(|s| s.to_string()).collect(),
         since: view.since.to_string(),
         message: view.message.map(str::to_string),
+        advice: view.advice,
     }
 }
 
@@ -694,6 +698,9 @@ pub fn write_table(doc: &StatusDoc, out: &mut dyn Write) -> std::io::Result<()> 
                 v.namespace, v.pod, v.subject, v.since
             ));
         }
+        if let Some(a) = &v.advice {
+            notes.push(format!("{}/{} {}: {a}", v.namespace, v.pod, v.subject));
+        }
     }
     if rows.len() == 1 {
         writeln!(out, "no verdict needs attention")?;
@@ -917,6 +924,17 @@ mod tests {
         write_table(&doc, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("Stale  Unknown"), "{text}");
+        // The advice (issue 31 §2): in the item, the table and the Event.
+        let advice = doc.verdicts[0].advice.clone().unwrap();
+        assert!(advice.starts_with("Replace the pod"), "{advice}");
+        assert!(
+            text.contains(&format!("ns/p1 volume cfg: {advice}")),
+            "{text}"
+        );
+        let p = &store.pods["u1"];
+        let note =
+            super::super::eval::event_message(&p.pv, &p.pv.verdicts[0], &PodCheck::default());
+        assert!(note.ends_with(&advice), "{note}");
         assert!(text.contains("ns/p1"), "{text}");
         assert!(text.contains("verdicts: Stale/Unknown=1"), "{text}");
         // JSON round trip for the status command.
