@@ -68,6 +68,15 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A file is not what its flag takes (YAML, a table, the other flag's
+    /// file): what it looks like and the command that makes the right one.
+    #[error("{file}: {message}")]
+    WrongInput {
+        /// The file (or `-` for standard input).
+        file: String,
+        /// What it looks like and what to do.
+        message: String,
+    },
     /// A node inventory is not valid.
     #[error("{file}: {source}")]
     Inventory {

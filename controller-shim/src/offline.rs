@@ -145,9 +145,76 @@ fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, Error> {
     })
 }
 
+/// The command that makes what `--objects` takes.
+const OBJECTS_HOWTO: &str =
+    "--objects takes JSON: `kubectl get pods,secrets,configmaps -A -o json > objects.json`";
+/// The command that makes what `--inventory` takes.
+const INVENTORY_HOWTO: &str = "--inventory takes the JSON inventory of a node: \
+     `mountguard-agent scan --output json > NODE.json` on that node";
+
+/// What text that is not JSON looks like, when it looks like something
+/// people pass by mistake: YAML, a `kubectl get` table, the table of
+/// `mountguard-agent scan`.
+fn looks_like(bytes: &[u8]) -> Option<&'static str> {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(4096)]);
+    let first = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    if first.starts_with('{') || first.starts_with('[') {
+        return None;
+    }
+    if first.starts_with("POD UID") {
+        return Some("the table of `mountguard-agent scan` (without --output json)");
+    }
+    if first.starts_with("NAME ") || first.starts_with("NAMESPACE ") {
+        return Some("a `kubectl get` table (without -o json)");
+    }
+    if first == "---"
+        || text
+            .lines()
+            .any(|l| l.starts_with("apiVersion:") || l.starts_with("kind:"))
+        || first.starts_with("schema:")
+    {
+        return Some("YAML (-o yaml), not JSON");
+    }
+    None
+}
+
+/// Parses `bytes` of `file` given to `flag`; when it is not JSON but looks
+/// like something else, says what and how to make the right file.
+fn parse_input(file: &str, bytes: &[u8], howto: &str) -> Result<Value, Error> {
+    parse_json(file, bytes).map_err(|e| match looks_like(bytes) {
+        Some(what) => Error::WrongInput {
+            file: file.to_string(),
+            message: format!("this looks like {what}; {howto}"),
+        },
+        None => e,
+    })
+}
+
+/// Whether `doc` is a node inventory (or an array of them).
+fn is_inventory(doc: &Value) -> bool {
+    let one = |v: &Value| {
+        v.get("schema")
+            .and_then(Value::as_str)
+            .is_some_and(|s| s.starts_with("mountguard.io/node-inventory"))
+    };
+    match doc {
+        Value::Array(items) => items.first().is_some_and(one),
+        v => one(v),
+    }
+}
+
 /// Adds the objects of one document (list or single object) to the index.
 pub fn load_objects(file: &str, bytes: &[u8], loaded: &mut Loaded) -> Result<(), Error> {
-    let doc = parse_json(file, bytes)?;
+    let doc = parse_input(file, bytes, OBJECTS_HOWTO)?;
+    if is_inventory(&doc) {
+        return Err(Error::WrongInput {
+            file: file.to_string(),
+            message: format!(
+                "this is a node inventory (`mountguard-agent scan --output json`), not an \
+                 object dump: pass it with --inventory; {OBJECTS_HOWTO}"
+            ),
+        });
+    }
     let obj_err = |place: String, message: String| Error::Object {
         file: file.to_string(),
         place,
@@ -238,7 +305,17 @@ fn load_item(item: &Value, loaded: &mut Loaded) -> Result<(), String> {
 
 /// Parses one inventory file (an inventory, or an array of them).
 pub fn parse_inventories(file: &str, bytes: &[u8]) -> Result<Vec<NodeInventory>, Error> {
-    let doc = parse_json(file, bytes)?;
+    let doc = parse_input(file, bytes, INVENTORY_HOWTO)?;
+    if doc.get("items").is_some() || doc.get("kind").and_then(Value::as_str).is_some() {
+        return Err(Error::WrongInput {
+            file: file.to_string(),
+            message: format!(
+                "this is a Kubernetes object dump ({}), not a node inventory: pass it with \
+                 --objects; {INVENTORY_HOWTO}",
+                doc.get("kind").and_then(Value::as_str).unwrap_or("a list")
+            ),
+        });
+    }
     let one = |v: Value, place: String| -> Result<NodeInventory, Error> {
         let inv: NodeInventory = serde_json::from_value(v).map_err(|e| Error::Object {
             file: file.to_string(),
@@ -763,6 +840,72 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// issue 31 §3: a file that is not what its flag takes says which file
+    /// it is, what it looks like and the command that makes the right one.
+    #[test]
+    fn error_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let inv = write(dir.path(), "inv.json", &inventory(b"new"));
+        let objs = write(dir.path(), "objs.json", &objects().to_string());
+        let yaml = write(
+            dir.path(),
+            "objs.yaml",
+            "apiVersion: v1\nitems:\n- apiVersion: v1\n  kind: Pod\nkind: List\n",
+        );
+        let table = write(
+            dir.path(),
+            "pods.txt",
+            "NAMESPACE   NAME    READY   STATUS    RESTARTS   AGE\nslurm       w-0     1/1     Running   0          3d\n",
+        );
+        let scan_table = write(
+            dir.path(),
+            "scan.txt",
+            "POD UID  PLUGIN     VOLUME     DATA DIR  FILES  DIGEST  ERRORS\n",
+        );
+        let objects_fix = "kubectl get pods,secrets,configmaps -A -o json";
+        let inventory_fix = "mountguard-agent scan --output json";
+        // (objects, inventory, the file named, what it looks like, the fix)
+        let cases = [
+            (&yaml, &inv, &yaml, "YAML", objects_fix),
+            (&table, &inv, &table, "a `kubectl get` table", objects_fix),
+            (
+                &inv,
+                &objs,
+                &inv,
+                "node inventory",
+                "pass it with --inventory",
+            ),
+            (
+                &objs,
+                &objs,
+                &objs,
+                "object dump (List)",
+                "pass it with --objects",
+            ),
+            (
+                &objs,
+                &scan_table,
+                &scan_table,
+                "the table of `mountguard-agent scan`",
+                inventory_fix,
+            ),
+            (&objs, &yaml, &yaml, "YAML", inventory_fix),
+        ];
+        for (o, i, file, looks, fix) in cases {
+            let (r, out) = run(&["--objects", o, "--inventory", i], "");
+            let e = r.unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, Error::WrongInput { .. }), "{o} {i}: {msg}");
+            assert!(msg.starts_with(&format!("{file}: ")), "{msg}");
+            assert!(msg.contains(looks), "{looks}: {msg}");
+            assert!(msg.contains(fix), "{fix}: {msg}");
+            assert!(out.is_empty());
+        }
+        // The swapped pair also tells the inventory side's command.
+        let (r, _) = run(&["--objects", &inv, "--inventory", &objs], "");
+        assert!(r.unwrap_err().to_string().contains(objects_fix));
     }
 
     #[test]

@@ -75,8 +75,8 @@ fn kubeconfig(dir: &Path, port: u16) -> PathBuf {
         &p,
         format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: \
-             http://127.0.0.1:{port}\ncontexts:\n- name: t\n  context:\n    cluster: t\n    \
-             user: t\ncurrent-context: t\nusers:\n- name: t\n  user: {{}}\n"
+             http://127.0.0.1:{port}\ncontexts:\n- name: loopback-ctx\n  context:\n    cluster: t\n    \
+             user: t\ncurrent-context: loopback-ctx\nusers:\n- name: t\n  user: {{}}\n"
         ),
     )
     .unwrap();
@@ -227,4 +227,30 @@ fn client_deadline_endless_chunked_body_hits_the_size_cap() {
         Duration::from_secs(3),
         "larger than 1048576 bytes (--max-response-size)",
     );
+}
+
+/// issue 31 §3: the plugin against an API server nobody listens at names
+/// the server and the kubeconfig context (exit 2).
+#[test]
+fn error_hint_plugin_names_the_server_and_the_context() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let kc = kubeconfig(dir.path(), port).display().to_string();
+    let out = Command::new(plugin(dir.path()))
+        .args(["--kubeconfig", &kc, "status"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    for part in [
+        format!("API server http://127.0.0.1:{port}"),
+        "kubeconfig context loopback-ctx".to_string(),
+        "--context".to_string(),
+    ] {
+        assert!(stderr.contains(&part), "{part}: {stderr}");
+    }
 }

@@ -28,6 +28,9 @@ pub enum Endpoint {
         client: kube::Client,
         /// `/api/v1/namespaces/{ns}/services/{scheme}:{svc}:{port}/proxy`.
         prefix: String,
+        /// The API server and kubeconfig context, for messages
+        /// (`API server https://...:6443, kubeconfig context kind-a`).
+        server: String,
     },
 }
 
@@ -75,7 +78,9 @@ impl Endpoint {
     fn url(&self, path: &str) -> String {
         match self {
             Endpoint::Direct(base) => format!("{}{path}", base.trim_end_matches('/')),
-            Endpoint::Proxy { prefix, .. } => format!("{prefix}{path} (service proxy)"),
+            Endpoint::Proxy { prefix, server, .. } => {
+                format!("{prefix}{path} (service proxy of the {server})")
+            }
         }
     }
 
@@ -84,16 +89,18 @@ impl Endpoint {
             Endpoint::Direct(base) => {
                 http_get(&format!("{}{path}", base.trim_end_matches('/')), max_bytes).await
             }
-            Endpoint::Proxy { client, prefix } => {
+            Endpoint::Proxy { client, prefix, .. } => {
                 let uri = format!("{prefix}{path}");
                 let what = self.url(path);
                 let req = http::Request::get(&uri)
                     .body(kube::client::Body::empty())
                     .map_err(|e| Error::Kube(format!("GET {uri}: {e}")))?;
-                let resp = client
-                    .send(req)
-                    .await
-                    .map_err(|e| Error::Kube(format!("GET {what}: {e}")))?;
+                let resp = client.send(req).await.map_err(|e| {
+                    Error::Kube(format!(
+                        "GET {what}: {e}; is the API server reachable from here, and are \
+                         --context and --kubeconfig the cluster's?"
+                    ))
+                })?;
                 let status = resp.status();
                 let body = read_capped(resp.into_body(), max_bytes, &what, |e| {
                     Error::Kube(format!("GET {what}: {e}"))
@@ -252,9 +259,25 @@ impl Proxy {
     /// The endpoint: a client from the kubeconfig and the proxy prefix.
     pub async fn endpoint(&self) -> Result<Endpoint, Error> {
         let config = kube_config(self.kubeconfig.as_deref(), self.context.as_deref()).await?;
+        let context = match &self.context {
+            Some(c) => c.clone(),
+            None => {
+                let kc = match &self.kubeconfig {
+                    Some(p) => kube::config::Kubeconfig::read_from(p).ok(),
+                    None => kube::config::Kubeconfig::read().ok(),
+                };
+                kc.and_then(|k| k.current_context)
+                    .unwrap_or_else(|| "(none: in-cluster configuration)".into())
+            }
+        };
+        let server = format!(
+            "API server {}, kubeconfig context {context}",
+            config.cluster_url
+        );
         let client = kube_client(config)?;
         Ok(Endpoint::Proxy {
             client,
+            server,
             prefix: proxy_prefix(
                 &self.controller_namespace,
                 &self.controller_service,
