@@ -75,9 +75,9 @@ pub struct CommonArgs {
     #[arg(long, visible_alias = "node-name", env = "MOUNTGUARD_NODE_NAME")]
     pub node: Option<String>,
 
-    /// Files larger than this many bytes are not hashed; they are reported
-    /// as `tooLarge` errors.
-    #[arg(long, env = "MOUNTGUARD_MAX_FILE_SIZE", default_value_t = DEFAULT_MAX_FILE_SIZE)]
+    /// Files larger than this are not hashed; they are reported as
+    /// `tooLarge` errors. Sizes: `16777216`, `16Mi`, `16MiB` (the controller's grammar).
+    #[arg(long, env = "MOUNTGUARD_MAX_FILE_SIZE", default_value_t = DEFAULT_MAX_FILE_SIZE, value_parser = parse_size)]
     pub max_file_size: u64,
 }
 
@@ -126,7 +126,7 @@ pub struct RunArgs {
     pub no_watch: bool,
 
     /// The controller's report URL, e.g.
-    /// `https://mountguard-controller.mountguard.svc:8443`. Absent: the
+    /// `https://mountguard-controller.mountguard-system.svc:8443`. Absent: the
     /// inventory is only logged (summary, no content).
     #[arg(long, env = "MOUNTGUARD_CONTROLLER_URL")]
     pub controller_url: Option<http::Uri>,
@@ -168,6 +168,32 @@ pub enum OutputFormat {
 /// Parses `250ms`, `60s`, `5m`, `1h` (a bare number is seconds): the
 /// grammar of every mountguard duration (`mountguard_inventory::duration`).
 pub use mountguard_inventory::parse_duration;
+
+/// A size of the shared grammar (`mountguard_inventory::size`: `16777216`,
+/// `16Mi`, `16MiB`), as the controller's.
+pub fn parse_size(s: &str) -> Result<u64, mountguard_inventory::SizeError> {
+    mountguard_inventory::parse_size(s)
+}
+
+/// The flags of the command line that take a duration (for the duration
+/// message when the shell split a value: `--debounce 100 ms`).
+pub fn duration_flags() -> Vec<String> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let mut out = Vec::new();
+    let mut stack = vec![&cmd];
+    while let Some(c) = stack.pop() {
+        for a in c.get_arguments() {
+            if a.get_value_parser().type_id() == std::any::TypeId::of::<Duration>()
+                && let Some(l) = a.get_long()
+            {
+                out.push(l.to_string());
+            }
+        }
+        stack.extend(c.get_subcommands());
+    }
+    out
+}
 
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -216,26 +216,30 @@ impl std::str::FromStr for ObjectName {
 /// with the agent and the chart).
 pub use mountguard_inventory::parse_duration;
 
+/// A size of the shared grammar (`mountguard_inventory::size`, the same
+/// as the agent's `--max-file-size`).
 fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = [
-        ("Ki", 1u64 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("K", 1000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-    ]
-    .iter()
-    .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n, *m)))
-    .unwrap_or((t, 1));
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like 33554432 or 32Mi"))?;
-    n.checked_mul(mult)
-        .filter(|v| *v > 0)
-        .ok_or_else(|| format!("{s:?} is out of range"))
+    mountguard_inventory::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// The flags of `cmd` and its subcommands that take a duration (for the
+/// duration message when the shell split a value: `--timeout 10 minutes`).
+pub fn duration_flags(cmd: &clap::Command) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![cmd];
+    while let Some(c) = stack.pop() {
+        for a in c.get_arguments() {
+            let t = a.get_value_parser().type_id();
+            if (t == std::any::TypeId::of::<Duration>()
+                || t == std::any::TypeId::of::<SignedDuration>())
+                && let Some(l) = a.get_long()
+            {
+                out.push(l.to_string());
+            }
+        }
+        stack.extend(c.get_subcommands());
+    }
+    out
 }
 
 /// Arguments of `mountguard-controller run`.
@@ -553,7 +557,8 @@ pub struct ProxyArgs {
         default_value = "mountguard-system"
     )]
     pub controller_namespace: String,
-    /// The controller's metrics Service (the chart's `<release>-controller-metrics`).
+    /// The controller's metrics Service (the chart's `<fullname>-controller-metrics`:
+    /// `mountguard-controller-metrics` for the release `mountguard`).
     #[arg(
         long,
         global = true,
@@ -748,6 +753,21 @@ mod tests {
                 assert_eq!(got, *want, "{command:?} {flag} {s:?}");
             }
         }
+    }
+
+    /// The plugin's default Service and namespace are the chart's names for
+    /// the README's release (`mountguard_inventory::names`, checked against
+    /// a render in `tests/tests/chart.rs` `hint_names`).
+    #[test]
+    fn hint_names_plugin_defaults() {
+        use clap::Parser;
+        use mountguard_inventory::names;
+        let cli = PluginCli::try_parse_from(["kubectl-mountguard", "status"]).unwrap();
+        assert_eq!(
+            cli.proxy.controller_service,
+            names::controller_metrics_service(names::RELEASE)
+        );
+        assert_eq!(cli.proxy.controller_namespace, names::NAMESPACE);
     }
 
     #[test]

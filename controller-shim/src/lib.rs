@@ -104,9 +104,16 @@ pub enum Error {
     /// The controller's metrics port could not be reached (`status`).
     #[error(
         "cannot reach the controller at {url}: {message}. Is --url the controller's metrics \
-         port? From outside the cluster, forward it first: `kubectl -n <namespace> port-forward \
-         svc/<release>-mountguard-controller-metrics 8080` (the chart's NOTES print the exact \
-         command), then `mountguard-controller status --url http://127.0.0.1:8080`"
+         port? From outside the cluster, forward it first: `kubectl -n {ns} port-forward \
+         svc/{svc} 8080` (the release `{release}` in `{ns}`, as the docs install it; the chart \
+         names the Service `<release>-mountguard-controller-metrics` for a release whose name \
+         does not contain `mountguard`, and its NOTES print the exact command), then \
+         `mountguard-controller status --url http://127.0.0.1:8080`",
+        ns = mountguard_inventory::names::NAMESPACE,
+        release = mountguard_inventory::names::RELEASE,
+        svc = mountguard_inventory::names::controller_metrics_service(
+            mountguard_inventory::names::RELEASE
+        ),
     )]
     Unreachable {
         /// The URL that was tried.

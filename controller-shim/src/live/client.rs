@@ -213,7 +213,8 @@ pub struct Proxy {
     pub context: Option<String>,
     /// Namespace of the mountguard release.
     pub controller_namespace: String,
-    /// The controller's metrics Service (the chart's `<release>-controller-metrics`).
+    /// The controller's metrics Service (the chart's `<fullname>-controller-metrics`:
+    /// `mountguard-controller-metrics` for the release `mountguard`).
     pub controller_service: String,
     /// Port of that Service (name or number).
     pub controller_port: String,

@@ -807,7 +807,9 @@ mod tests {
             "{msg}"
         );
         assert!(
-            msg.contains("kubectl -n <namespace> port-forward svc/<release>-mountguard-controller-metrics 8080"),
+            msg.contains(
+                "kubectl -n mountguard-system port-forward svc/mountguard-controller-metrics 8080"
+            ),
             "{msg}"
         );
         assert!(!msg.contains("invalid configuration"), "{msg}");
