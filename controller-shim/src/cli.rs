@@ -755,6 +755,51 @@ mod tests {
         }
     }
 
+    /// What the README says: every flag of `run` and `verify` reads an
+    /// environment variable; of `status`, `wait` and the plugin only these.
+    #[test]
+    fn environment_variables_are_where_the_docs_say() {
+        use clap::CommandFactory;
+        let with_env = |c: &clap::Command| -> Vec<String> {
+            c.get_arguments()
+                .filter(|a| a.get_env().is_some())
+                .map(|a| a.get_id().to_string())
+                .collect()
+        };
+        let cmd = Cli::command();
+        for sub in cmd.get_subcommands() {
+            let flags: Vec<&clap::Arg> = sub
+                .get_arguments()
+                .filter(|a| {
+                    !a.is_positional() && !["help", "version"].contains(&a.get_id().as_str())
+                })
+                .collect();
+            match sub.get_name() {
+                "run" | "verify" => {
+                    for a in flags {
+                        // --kubeconfig reads KUBECONFIG through the client.
+                        assert!(
+                            a.get_env().is_some() || a.get_id() == "kubeconfig",
+                            "{} --{} has no environment variable",
+                            sub.get_name(),
+                            a.get_id()
+                        );
+                    }
+                }
+                "status" | "wait" => assert_eq!(with_env(sub), ["url"], "{}", sub.get_name()),
+                other => panic!("{other}: say in the README which flags read the environment"),
+            }
+        }
+        let plugin = PluginCli::command();
+        assert_eq!(
+            with_env(&plugin),
+            ["controller_namespace", "controller_service"]
+        );
+        for sub in plugin.get_subcommands() {
+            assert!(with_env(sub).is_empty(), "{}", sub.get_name());
+        }
+    }
+
     /// The plugin's default Service and namespace are the chart's names for
     /// the README's release (`mountguard_inventory::names`, checked against
     /// a render in `tests/tests/chart.rs` `hint_names`).
