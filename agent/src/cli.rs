@@ -435,6 +435,66 @@ mod tests {
         assert_eq!(args.heartbeat_interval, Duration::from_secs(5));
     }
 
+    /// The docs check: the flags, environment variables and defaults of
+    /// `docs/agent.md`'s table are the ones `--help` prints (the same clap
+    /// definitions), and every flag is in it.
+    #[test]
+    fn docs_list_the_flags_and_defaults_of_help() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let mut args: Vec<clap::Arg> = cmd.get_arguments().cloned().collect();
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            args.extend(sub.get_arguments().cloned());
+        }
+        let find = |long: &str| args.iter().find(|a| a.get_long() == Some(long));
+        let ticks = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        let md = include_str!("../../docs/agent.md");
+        let table = md
+            .split("| flag | environment | default | meaning |")
+            .nth(1)
+            .unwrap()
+            .split("\n\n")
+            .next()
+            .unwrap();
+        let mut documented = std::collections::BTreeSet::new();
+        for row in table.lines().skip(2) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let flag = ticks(cells[0]).remove(0);
+            let long = flag.trim_start_matches("--");
+            let a = find(long).unwrap_or_else(|| {
+                panic!("docs/agent.md lists {flag}, which the agent does not have")
+            });
+            documented.insert(long.to_string());
+            let env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(ticks(cells[1]).first(), env.as_ref(), "{flag}: environment");
+            let help: Vec<String> = a
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            if let Some(d) = ticks(cells[2]).first() {
+                assert_eq!(
+                    help.join(","),
+                    *d,
+                    "{flag}: docs default {d}, --help {help:?}"
+                );
+            }
+        }
+        for a in &args {
+            if let Some(l) = a.get_long()
+                && !["help", "version"].contains(&l)
+            {
+                assert!(documented.contains(l), "--{l} is not in docs/agent.md");
+            }
+        }
+    }
+
     #[test]
     fn every_flag_has_an_environment_variable() {
         use clap::CommandFactory;

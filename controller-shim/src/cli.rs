@@ -800,6 +800,146 @@ mod tests {
         }
     }
 
+    /// The docs check: the flags and defaults `docs/controller.md` lists
+    /// for `run` (its table) and for `status` and `wait` (their synopsis,
+    /// `[--flag DEFAULT]`), and `docs/verdicts.md` for `verify`, are the
+    /// ones `--help` prints (the same clap definitions).
+    #[test]
+    fn docs_list_the_flags_and_defaults_of_help() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let sub = |n: &str| cmd.find_subcommand(n).unwrap().clone();
+        let default_of = |c: &clap::Command, long: &str| -> Option<String> {
+            let a = c.get_arguments().find(|a| a.get_long() == Some(long))?;
+            let v: Vec<String> = a
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            (!v.is_empty()).then(|| v.join(","))
+        };
+        // Two defaults agree when they are the same string or the same
+        // duration or size.
+        let same = |doc: &str, help: &str| {
+            doc == help
+                || matches!((parse_duration(doc), parse_duration(help)), (Ok(a), Ok(b)) if a == b)
+                || matches!((parse_bytes(doc), parse_bytes(help)), (Ok(a), Ok(b)) if a == b)
+        };
+        let ticks = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        let controller_md = include_str!("../../docs/controller.md");
+        // run: the table under "## Flags".
+        let run = sub("run");
+        let table = controller_md
+            .split("| flag | default | meaning |")
+            .nth(1)
+            .unwrap()
+            .split("\n\n")
+            .next()
+            .unwrap();
+        let mut documented = std::collections::BTreeSet::new();
+        for row in table.lines().skip(2) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let flags: Vec<String> = ticks(cells[0])
+                .into_iter()
+                .filter(|f| f.starts_with("--"))
+                .collect();
+            let doc_default = ticks(cells[1]).into_iter().next();
+            for f in &flags {
+                let long = f.trim_start_matches("--");
+                assert!(
+                    run.get_arguments().any(|a| a.get_long() == Some(long)),
+                    "docs/controller.md lists {f}, which run does not have"
+                );
+                documented.insert(long.to_string());
+                if flags.len() == 1
+                    && let (Some(d), Some(h)) = (&doc_default, default_of(&run, long))
+                {
+                    assert!(same(d, &h), "{f}: docs say {d}, --help says {h}");
+                }
+            }
+        }
+        for a in run.get_arguments() {
+            if let Some(l) = a.get_long()
+                && !a.is_hide_set()
+                && l != "help"
+            {
+                assert!(
+                    documented.contains(l),
+                    "run --{l} is not in docs/controller.md"
+                );
+            }
+        }
+        // status and wait: `[--flag VALUE]` in the synopsis.
+        let synopsis = |text: &str, start: &str| -> Vec<(String, String)> {
+            let from = text.find(start).unwrap();
+            let block: String = text[from..]
+                .lines()
+                .take_while(|l| !l.trim().is_empty() && !l.starts_with("```"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let block = block
+                .split(" mountguard-controller ")
+                .next()
+                .unwrap()
+                .to_string();
+            block
+                .split('[')
+                .skip(1)
+                .filter_map(|s| {
+                    let inner = s.split(']').next()?;
+                    let mut it = inner.split_whitespace();
+                    let f = it.next()?.strip_prefix("--")?.to_string();
+                    Some((f, it.next().unwrap_or("").to_string()))
+                })
+                .collect()
+        };
+        for (name, start) in [
+            ("status", "mountguard-controller status --url"),
+            ("wait", "mountguard-controller wait secret/"),
+        ] {
+            let c = sub(name);
+            let listed = synopsis(controller_md, start);
+            assert!(!listed.is_empty(), "{name}");
+            for (f, v) in listed {
+                let has = c.get_arguments().any(|a| a.get_long() == Some(f.as_str()));
+                assert!(
+                    has,
+                    "docs/controller.md lists {name} --{f}, which it does not have"
+                );
+                if let Some(h) = default_of(&c, &f)
+                    && !v.contains('|')
+                    && !v.chars().all(|ch| ch.is_ascii_uppercase() || ch == '.')
+                {
+                    assert!(same(&v, &h), "{name} --{f}: docs say {v}, --help says {h}");
+                }
+            }
+        }
+        let verdicts_md = include_str!("../../docs/verdicts.md");
+        let verify = sub("verify");
+        let listed = synopsis(verdicts_md, "mountguard-controller verify --objects");
+        assert!(listed.len() >= 8, "{listed:?}");
+        for (f, v) in listed {
+            assert!(
+                verify
+                    .get_arguments()
+                    .any(|a| a.get_long() == Some(f.as_str())),
+                "docs/verdicts.md lists verify --{f}, which it does not have"
+            );
+            if let Some(h) = default_of(&verify, &f)
+                && !v.contains('|')
+                && !v.chars().all(|ch| ch.is_ascii_lowercase())
+            {
+                assert!(same(&v, &h), "verify --{f}: docs say {v}, --help says {h}");
+            }
+        }
+    }
+
     /// The plugin's default Service and namespace are the chart's names for
     /// the README's release (`mountguard_inventory::names`, checked against
     /// a render in `tests/tests/chart.rs` `hint_names`).
