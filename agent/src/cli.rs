@@ -75,9 +75,9 @@ pub struct CommonArgs {
     #[arg(long, visible_alias = "node-name", env = "MOUNTGUARD_NODE_NAME")]
     pub node: Option<String>,
 
-    /// Files larger than this many bytes are not hashed; they are reported
-    /// as `tooLarge` errors.
-    #[arg(long, env = "MOUNTGUARD_MAX_FILE_SIZE", default_value_t = DEFAULT_MAX_FILE_SIZE)]
+    /// Files larger than this are not hashed; they are reported as
+    /// `tooLarge` errors. Sizes: `16777216`, `16Mi`, `16MiB` (the controller's grammar).
+    #[arg(long, env = "MOUNTGUARD_MAX_FILE_SIZE", default_value_t = DEFAULT_MAX_FILE_SIZE, value_parser = parse_size)]
     pub max_file_size: u64,
 }
 
@@ -126,7 +126,7 @@ pub struct RunArgs {
     pub no_watch: bool,
 
     /// The controller's report URL, e.g.
-    /// `https://mountguard-controller.mountguard.svc:8443`. Absent: the
+    /// `https://mountguard-controller.mountguard-system.svc:8443`. Absent: the
     /// inventory is only logged (summary, no content).
     #[arg(long, env = "MOUNTGUARD_CONTROLLER_URL")]
     pub controller_url: Option<http::Uri>,
@@ -168,6 +168,32 @@ pub enum OutputFormat {
 /// Parses `250ms`, `60s`, `5m`, `1h` (a bare number is seconds): the
 /// grammar of every mountguard duration (`mountguard_inventory::duration`).
 pub use mountguard_inventory::parse_duration;
+
+/// A size of the shared grammar (`mountguard_inventory::size`: `16777216`,
+/// `16Mi`, `16MiB`), as the controller's.
+pub fn parse_size(s: &str) -> Result<u64, mountguard_inventory::SizeError> {
+    mountguard_inventory::parse_size(s)
+}
+
+/// The flags of the command line that take a duration (for the duration
+/// message when the shell split a value: `--debounce 100 ms`).
+pub fn duration_flags() -> Vec<String> {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let mut out = Vec::new();
+    let mut stack = vec![&cmd];
+    while let Some(c) = stack.pop() {
+        for a in c.get_arguments() {
+            if a.get_value_parser().type_id() == std::any::TypeId::of::<Duration>()
+                && let Some(l) = a.get_long()
+            {
+                out.push(l.to_string());
+            }
+        }
+        stack.extend(c.get_subcommands());
+    }
+    out
+}
 
 fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -407,6 +433,66 @@ mod tests {
         assert_eq!(args.token_file, PathBuf::from(DEFAULT_TOKEN_FILE));
         assert_eq!(args.ca_file, Some(PathBuf::from("/etc/mountguard/ca.crt")));
         assert_eq!(args.heartbeat_interval, Duration::from_secs(5));
+    }
+
+    /// The docs check: the flags, environment variables and defaults of
+    /// `docs/agent.md`'s table are the ones `--help` prints (the same clap
+    /// definitions), and every flag is in it.
+    #[test]
+    fn docs_list_the_flags_and_defaults_of_help() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let mut args: Vec<clap::Arg> = cmd.get_arguments().cloned().collect();
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            args.extend(sub.get_arguments().cloned());
+        }
+        let find = |long: &str| args.iter().find(|a| a.get_long() == Some(long));
+        let ticks = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        let md = include_str!("../../docs/agent.md");
+        let table = md
+            .split("| flag | environment | default | meaning |")
+            .nth(1)
+            .unwrap()
+            .split("\n\n")
+            .next()
+            .unwrap();
+        let mut documented = std::collections::BTreeSet::new();
+        for row in table.lines().skip(2) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let flag = ticks(cells[0]).remove(0);
+            let long = flag.trim_start_matches("--");
+            let a = find(long).unwrap_or_else(|| {
+                panic!("docs/agent.md lists {flag}, which the agent does not have")
+            });
+            documented.insert(long.to_string());
+            let env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(ticks(cells[1]).first(), env.as_ref(), "{flag}: environment");
+            let help: Vec<String> = a
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            if let Some(d) = ticks(cells[2]).first() {
+                assert_eq!(
+                    help.join(","),
+                    *d,
+                    "{flag}: docs default {d}, --help {help:?}"
+                );
+            }
+        }
+        for a in &args {
+            if let Some(l) = a.get_long()
+                && !["help", "version"].contains(&l)
+            {
+                assert!(documented.contains(l), "--{l} is not in docs/agent.md");
+            }
+        }
     }
 
     #[test]

@@ -156,9 +156,14 @@ impl Metrics {
         ] {
             registry.register(c)?;
         }
+        // Every series users alert on exists from the start, at 0 (an
+        // absent series makes `rate()` and `increase()` alerts silent).
         for r in ["ok", "error"] {
             scans.with_label_values(&[r]);
             publishes.with_label_values(&[r]);
+        }
+        for k in ["change", "error"] {
+            watch_events.with_label_values(&[k]);
         }
         for r in ["rehashed", "reused"] {
             volume_reads.with_label_values(&[r]);
@@ -232,4 +237,23 @@ impl Metrics {
 
 fn clamp(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    /// issue 31 §4: every labelled series users alert on is exported at 0
+    /// before its first event.
+    #[test]
+    fn series_exist_before_the_first_event() {
+        let m = super::Metrics::new().unwrap();
+        let text = String::from_utf8(m.encode()).unwrap();
+        for series in [
+            "mountguard_agent_watch_events_total{kind=\"change\"} 0",
+            "mountguard_agent_watch_events_total{kind=\"error\"} 0",
+            "mountguard_agent_scans_total{result=\"error\"} 0",
+            "mountguard_agent_publishes_total{result=\"error\"} 0",
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+    }
 }

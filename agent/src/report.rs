@@ -286,7 +286,9 @@ impl HttpSink {
         } = cfg;
         let bad_url = |reason: &str| {
             Error::ReportConfig(format!(
-                "--controller-url {controller_url}: {reason}; use e.g. https://mountguard-controller.mountguard.svc:8443"
+                "--controller-url {controller_url}: {reason}; use e.g. https://{}.{}.svc:8443",
+                mountguard_inventory::names::controller(mountguard_inventory::names::RELEASE),
+                mountguard_inventory::names::NAMESPACE
             ))
         };
         let scheme = controller_url

@@ -1038,3 +1038,13 @@ def test_notes_tell_what_to_check() -> None:
     assert "report_requests_total" in notes
     assert "Remediation: off" in notes
     assert "WARNING" in render_scenario("plaintext").notes
+
+
+def test_error_hint_a_bad_duration_says_what_a_duration_is() -> None:
+    # issue 31 §3: Helm prints only the pattern of a value that does not
+    # match; the pattern's group name spells out the grammar.
+    with pytest.raises(helm_python.HelmValuesError) as e:
+        chart().validate_schema({"agent": {"rescanInterval": "5 minutes"}})
+    msg = str(e.value)
+    assert "/agent/rescanInterval" in msg and "'5 minutes'" in msg, msg
+    assert "whole_number_then_ms_s_m_or_h__like_250ms_60s_5m_1h" in msg, msg

@@ -227,26 +227,30 @@ impl std::str::FromStr for ObjectName {
 /// with the agent and the chart).
 pub use mountguard_inventory::parse_duration;
 
+/// A size of the shared grammar (`mountguard_inventory::size`, the same
+/// as the agent's `--max-file-size`).
 fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = [
-        ("Ki", 1u64 << 10),
-        ("Mi", 1 << 20),
-        ("Gi", 1 << 30),
-        ("K", 1000),
-        ("M", 1_000_000),
-        ("G", 1_000_000_000),
-    ]
-    .iter()
-    .find_map(|(suf, m)| t.strip_suffix(suf).map(|n| (n, *m)))
-    .unwrap_or((t, 1));
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size like 33554432 or 32Mi"))?;
-    n.checked_mul(mult)
-        .filter(|v| *v > 0)
-        .ok_or_else(|| format!("{s:?} is out of range"))
+    mountguard_inventory::parse_size(s).map_err(|e| e.to_string())
+}
+
+/// The flags of `cmd` and its subcommands that take a duration (for the
+/// duration message when the shell split a value: `--timeout 10 minutes`).
+pub fn duration_flags(cmd: &clap::Command) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![cmd];
+    while let Some(c) = stack.pop() {
+        for a in c.get_arguments() {
+            let t = a.get_value_parser().type_id();
+            if (t == std::any::TypeId::of::<Duration>()
+                || t == std::any::TypeId::of::<SignedDuration>())
+                && let Some(l) = a.get_long()
+            {
+                out.push(l.to_string());
+            }
+        }
+        stack.extend(c.get_subcommands());
+    }
+    out
 }
 
 /// Arguments of `mountguard-controller run`.
@@ -510,6 +514,13 @@ pub struct StatusQueryArgs {
     /// Output format.
     #[arg(long, value_enum, default_value = "table")]
     pub output: StatusOutput,
+    /// The request, from connecting to the last byte of the answer, must
+    /// end within this (exit 2 otherwise).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Largest answer accepted (exit 2 beyond it), e.g. `256Mi`.
+    #[arg(long, default_value = "256Mi", value_parser = parse_bytes)]
+    pub max_response_size: u64,
 }
 
 /// What to wait for and how (shared by `mountguard-controller wait` and
@@ -536,6 +547,14 @@ pub struct WaitOptionsArgs {
     /// Output format of the result.
     #[arg(long, value_enum, default_value = "table")]
     pub output: StatusOutput,
+    /// Each request, from connecting to the last byte of the answer, must
+    /// end within this (a request failing after the first is retried); no
+    /// request outlasts `--timeout`.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub request_timeout: Duration,
+    /// Largest answer accepted (exit 2 beyond it), e.g. `256Mi`.
+    #[arg(long, default_value = "256Mi", value_parser = parse_bytes)]
+    pub max_response_size: u64,
 }
 
 /// Arguments of `mountguard-controller wait`.
@@ -568,7 +587,8 @@ pub struct ProxyArgs {
         default_value = "mountguard-system"
     )]
     pub controller_namespace: String,
-    /// The controller's metrics Service (the chart's `<release>-controller-metrics`).
+    /// The controller's metrics Service (the chart's `<fullname>-controller-metrics`:
+    /// `mountguard-controller-metrics` for the release `mountguard`).
     #[arg(
         long,
         global = true,
@@ -626,9 +646,17 @@ pub struct VerifyArgs {
     /// Output format.
     #[arg(long, env = "MOUNTGUARD_OUTPUT", value_enum, default_value = "table")]
     pub output: Output,
-    /// Exit 1 when a verdict matches.
+    /// Exit 1 when a verdict matches, or when a subject cannot be verified
+    /// (Unverifiable: the gate fails closed).
     #[arg(long, env = "MOUNTGUARD_FAIL_ON", value_enum)]
     pub fail_on: Option<FailOn>,
+    /// With --fail-on, let Unverifiable subjects pass.
+    #[arg(long, env = "MOUNTGUARD_ALLOW_UNVERIFIABLE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_unverifiable: bool,
+    /// Judge without inventories: only what the objects alone show
+    /// (without it, no --inventory is a usage error).
+    #[arg(long, env = "MOUNTGUARD_SPEC_ONLY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub spec_only: bool,
 }
 
 /// A duration of the shared grammar (`mountguard_inventory::duration`) as
@@ -657,9 +685,11 @@ macro_rules! field_for_field {
     };
 }
 
-field_for_field!(StatusQueryArgs => StatusQuery { namespace, node, state, all, output });
+field_for_field!(StatusQueryArgs => StatusQuery {
+    namespace, node, state, all, output, request_timeout, max_response_size,
+});
 field_for_field!(WaitOptionsArgs => WaitOptions {
-    target, condition, timeout, interval, uid, output,
+    target, condition, timeout, interval, uid, output, request_timeout, max_response_size,
 });
 field_for_field!(ProxyArgs => Proxy {
     kubeconfig, context, controller_namespace, controller_service, controller_port, token,
@@ -667,7 +697,7 @@ field_for_field!(ProxyArgs => Proxy {
 });
 field_for_field!(VerifyArgs => Verify {
     objects, inventory, now, grace, inventory_max_age, not_syncing_min_mounts,
-    fingerprint_key_file, output, fail_on,
+    fingerprint_key_file, output, fail_on, allow_unverifiable, spec_only,
 });
 
 #[cfg(test)]
@@ -700,7 +730,7 @@ mod tests {
     }
 
     /// The duration table shared with the agent and the chart, through
-    /// every duration flag of `run`, `wait` and `verify`.
+    /// every duration flag of `run`, `status`, `wait` and `verify`.
     #[test]
     fn duration_flags_follow_the_shared_table() {
         use clap::Parser;
@@ -716,6 +746,7 @@ mod tests {
             "a",
         ];
         let wait = ["wait", "secret/ns/s"];
+        let status = ["status"];
         let verify = ["verify", "--objects", "objects.json"];
         let flags: &[(&[&str], &str)] = &[
             (&run, "--grace"),
@@ -729,6 +760,8 @@ mod tests {
             (&run, "--verification-timeout"),
             (&wait, "--timeout"),
             (&wait, "--interval"),
+            (&wait, "--request-timeout"),
+            (&status, "--request-timeout"),
             (&verify, "--grace"),
             (&verify, "--inventory-max-age"),
         ];
@@ -750,6 +783,8 @@ mod tests {
                         (Command::Run(a), "--verification-timeout") => a.verification_timeout,
                         (Command::Wait(w), "--timeout") => w.wait.timeout,
                         (Command::Wait(w), "--interval") => w.wait.interval,
+                        (Command::Wait(w), "--request-timeout") => w.wait.request_timeout,
+                        (Command::Status(s), "--request-timeout") => s.query.request_timeout,
                         (Command::Verify(v), "--grace") => v.grace.unsigned_abs(),
                         (Command::Verify(v), "--inventory-max-age") => {
                             v.inventory_max_age.unsigned_abs()
@@ -761,6 +796,216 @@ mod tests {
                 assert_eq!(got, *want, "{command:?} {flag} {s:?}");
             }
         }
+    }
+
+    /// What the README says: every flag of `run` and `verify` reads an
+    /// environment variable; of `status`, `wait` and the plugin only these.
+    #[test]
+    fn environment_variables_are_where_the_docs_say() {
+        use clap::CommandFactory;
+        let with_env = |c: &clap::Command| -> Vec<String> {
+            c.get_arguments()
+                .filter(|a| a.get_env().is_some())
+                .map(|a| a.get_id().to_string())
+                .collect()
+        };
+        let cmd = Cli::command();
+        for sub in cmd.get_subcommands() {
+            let flags: Vec<&clap::Arg> = sub
+                .get_arguments()
+                .filter(|a| {
+                    !a.is_positional() && !["help", "version"].contains(&a.get_id().as_str())
+                })
+                .collect();
+            match sub.get_name() {
+                "run" | "verify" => {
+                    for a in flags {
+                        // --kubeconfig reads KUBECONFIG through the client.
+                        assert!(
+                            a.get_env().is_some() || a.get_id() == "kubeconfig",
+                            "{} --{} has no environment variable",
+                            sub.get_name(),
+                            a.get_id()
+                        );
+                    }
+                }
+                "status" | "wait" => assert_eq!(
+                    with_env(sub),
+                    ["url", "token", "token_file"],
+                    "{}",
+                    sub.get_name()
+                ),
+                other => panic!("{other}: say in the README which flags read the environment"),
+            }
+        }
+        let plugin = PluginCli::command();
+        assert_eq!(
+            with_env(&plugin),
+            [
+                "controller_namespace",
+                "controller_service",
+                "token",
+                "token_file"
+            ]
+        );
+        for sub in plugin.get_subcommands() {
+            assert!(with_env(sub).is_empty(), "{}", sub.get_name());
+        }
+    }
+
+    /// The docs check: the flags and defaults `docs/controller.md` lists
+    /// for `run` (its table) and for `status` and `wait` (their synopsis,
+    /// `[--flag DEFAULT]`), and `docs/verdicts.md` for `verify`, are the
+    /// ones `--help` prints (the same clap definitions).
+    #[test]
+    fn docs_list_the_flags_and_defaults_of_help() {
+        use clap::CommandFactory;
+        let cmd = Cli::command();
+        let sub = |n: &str| cmd.find_subcommand(n).unwrap().clone();
+        let default_of = |c: &clap::Command, long: &str| -> Option<String> {
+            let a = c.get_arguments().find(|a| a.get_long() == Some(long))?;
+            let v: Vec<String> = a
+                .get_default_values()
+                .iter()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect();
+            (!v.is_empty()).then(|| v.join(","))
+        };
+        // Two defaults agree when they are the same string or the same
+        // duration or size.
+        let same = |doc: &str, help: &str| {
+            doc == help
+                || matches!((parse_duration(doc), parse_duration(help)), (Ok(a), Ok(b)) if a == b)
+                || matches!((parse_bytes(doc), parse_bytes(help)), (Ok(a), Ok(b)) if a == b)
+        };
+        let ticks = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        let controller_md = include_str!("../../docs/controller.md");
+        // run: the table under "## Flags".
+        let run = sub("run");
+        let table = controller_md
+            .split("| flag | default | meaning |")
+            .nth(1)
+            .unwrap()
+            .split("\n\n")
+            .next()
+            .unwrap();
+        let mut documented = std::collections::BTreeSet::new();
+        for row in table.lines().skip(2) {
+            let cells: Vec<&str> = row.split(" | ").collect();
+            let flags: Vec<String> = ticks(cells[0])
+                .into_iter()
+                .filter(|f| f.starts_with("--"))
+                .collect();
+            let doc_default = ticks(cells[1]).into_iter().next();
+            for f in &flags {
+                let long = f.trim_start_matches("--");
+                assert!(
+                    run.get_arguments().any(|a| a.get_long() == Some(long)),
+                    "docs/controller.md lists {f}, which run does not have"
+                );
+                documented.insert(long.to_string());
+                if flags.len() == 1
+                    && let (Some(d), Some(h)) = (&doc_default, default_of(&run, long))
+                {
+                    assert!(same(d, &h), "{f}: docs say {d}, --help says {h}");
+                }
+            }
+        }
+        for a in run.get_arguments() {
+            if let Some(l) = a.get_long()
+                && !a.is_hide_set()
+                && l != "help"
+            {
+                assert!(
+                    documented.contains(l),
+                    "run --{l} is not in docs/controller.md"
+                );
+            }
+        }
+        // status and wait: `[--flag VALUE]` in the synopsis.
+        let synopsis = |text: &str, start: &str| -> Vec<(String, String)> {
+            let from = text.find(start).unwrap();
+            let block: String = text[from..]
+                .lines()
+                .take_while(|l| !l.trim().is_empty() && !l.starts_with("```"))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let block = block
+                .split(" mountguard-controller ")
+                .next()
+                .unwrap()
+                .to_string();
+            block
+                .split('[')
+                .skip(1)
+                .filter_map(|s| {
+                    let inner = s.split(']').next()?;
+                    let mut it = inner.split_whitespace();
+                    let f = it.next()?.strip_prefix("--")?.to_string();
+                    Some((f, it.next().unwrap_or("").to_string()))
+                })
+                .collect()
+        };
+        for (name, start) in [
+            ("status", "mountguard-controller status --url"),
+            ("wait", "mountguard-controller wait secret/"),
+        ] {
+            let c = sub(name);
+            let listed = synopsis(controller_md, start);
+            assert!(!listed.is_empty(), "{name}");
+            for (f, v) in listed {
+                let has = c.get_arguments().any(|a| a.get_long() == Some(f.as_str()));
+                assert!(
+                    has,
+                    "docs/controller.md lists {name} --{f}, which it does not have"
+                );
+                if let Some(h) = default_of(&c, &f)
+                    && !v.contains('|')
+                    && !v.chars().all(|ch| ch.is_ascii_uppercase() || ch == '.')
+                {
+                    assert!(same(&v, &h), "{name} --{f}: docs say {v}, --help says {h}");
+                }
+            }
+        }
+        let verdicts_md = include_str!("../../docs/verdicts.md");
+        let verify = sub("verify");
+        let listed = synopsis(verdicts_md, "mountguard-controller verify --objects");
+        assert!(listed.len() >= 8, "{listed:?}");
+        for (f, v) in listed {
+            assert!(
+                verify
+                    .get_arguments()
+                    .any(|a| a.get_long() == Some(f.as_str())),
+                "docs/verdicts.md lists verify --{f}, which it does not have"
+            );
+            if let Some(h) = default_of(&verify, &f)
+                && !v.contains('|')
+                && !v.chars().all(|ch| ch.is_ascii_lowercase())
+            {
+                assert!(same(&v, &h), "verify --{f}: docs say {v}, --help says {h}");
+            }
+        }
+    }
+
+    /// The plugin's default Service and namespace are the chart's names for
+    /// the README's release (`mountguard_inventory::names`, checked against
+    /// a render in `tests/tests/chart.rs` `hint_names`).
+    #[test]
+    fn hint_names_plugin_defaults() {
+        use clap::Parser;
+        use mountguard_inventory::names;
+        let cli = PluginCli::try_parse_from(["kubectl-mountguard", "status"]).unwrap();
+        assert_eq!(
+            cli.proxy.controller_service,
+            names::controller_metrics_service(names::RELEASE)
+        );
+        assert_eq!(cli.proxy.controller_namespace, names::NAMESPACE);
     }
 
     #[test]

@@ -68,6 +68,15 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A file is not what its flag takes (YAML, a table, the other flag's
+    /// file): what it looks like and the command that makes the right one.
+    #[error("{file}: {message}")]
+    WrongInput {
+        /// The file (or `-` for standard input).
+        file: String,
+        /// What it looks like and what to do.
+        message: String,
+    },
     /// A node inventory is not valid.
     #[error("{file}: {source}")]
     Inventory {
@@ -76,6 +85,9 @@ pub enum Error {
         /// The inventory crate's error.
         source: mountguard_inventory::Error,
     },
+    /// The command line asks for something that cannot be done as asked.
+    #[error("{0}")]
+    Usage(String),
     /// A configuration value is out of range or malformed.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -92,15 +104,46 @@ pub enum Error {
     /// The controller's metrics port could not be reached (`status`).
     #[error(
         "cannot reach the controller at {url}: {message}. Is --url the controller's metrics \
-         port? From outside the cluster, forward it first: `kubectl -n <namespace> port-forward \
-         svc/<release>-mountguard-controller-metrics 8080` (the chart's NOTES print the exact \
-         command), then `mountguard-controller status --url http://127.0.0.1:8080`"
+         port? From outside the cluster, forward it first: `kubectl -n {ns} port-forward \
+         svc/{svc} 8080` (the release `{release}` in `{ns}`, as the docs install it; the chart \
+         names the Service `<release>-mountguard-controller-metrics` for a release whose name \
+         does not contain `mountguard`, and its NOTES print the exact command), then \
+         `mountguard-controller status --url http://127.0.0.1:8080`",
+        ns = mountguard_inventory::names::NAMESPACE,
+        release = mountguard_inventory::names::RELEASE,
+        svc = mountguard_inventory::names::controller_metrics_service(
+            mountguard_inventory::names::RELEASE
+        ),
     )]
     Unreachable {
         /// The URL that was tried.
         url: String,
         /// Why the connection failed.
         message: String,
+    },
+    /// A request of `status` or `wait` was not answered completely in time.
+    #[error(
+        "{request}: no complete answer within {budget:?} ({flag}): the controller, or the \
+         way to it, accepted the request and did not finish answering"
+    )]
+    Deadline {
+        /// `GET <url>`.
+        request: String,
+        /// The time allowed.
+        budget: std::time::Duration,
+        /// The flag that allowed it.
+        flag: &'static str,
+    },
+    /// An answer of the controller was larger than allowed.
+    #[error(
+        "{request}: the answer is larger than {max_bytes} bytes (--max-response-size); \
+         narrow the query (--namespace, --node, --state) or raise the limit"
+    )]
+    TooLarge {
+        /// `GET <url>`.
+        request: String,
+        /// The limit.
+        max_bytes: u64,
     },
 }
 

@@ -3,7 +3,7 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use mountguard_controller::cli::{
     Cli, Command, LogFormat, PluginCli, PluginCommand, invoked_as_plugin,
 };
@@ -28,12 +28,12 @@ fn main() -> ExitCode {
     let result = if as_plugin {
         match PluginCli::try_parse() {
             Ok(c) => run_plugin(c),
-            Err(e) => return usage_error(e),
+            Err(e) => return usage_error(e, &PluginCli::command()),
         }
     } else {
         match Cli::try_parse() {
             Ok(c) => run(c),
-            Err(e) => return usage_error(e),
+            Err(e) => return usage_error(e, &Cli::command()),
         }
     };
     match result {
@@ -45,7 +45,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn usage_error(e: clap::Error) -> ExitCode {
+fn usage_error(e: clap::Error, cmd: &clap::Command) -> ExitCode {
+    // A duration the shell split (`--timeout 10 minutes`) or one starting
+    // with `-` gets the duration message, not clap's "unexpected argument".
+    if e.use_stderr() {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let flags = mountguard_controller::cli::duration_flags(cmd);
+        if let Some((flag, d)) =
+            mountguard_inventory::split_duration_hint(&args, |f| flags.iter().any(|x| x == f))
+        {
+            eprintln!("error: invalid value for '{flag}': {d}");
+            return ExitCode::from(2);
+        }
+    }
     let _ = e.print();
     ExitCode::from(if e.use_stderr() { 2 } else { 0 })
 }
@@ -103,11 +115,13 @@ fn run(cli: Cli) -> anyhow::Result<u8> {
             };
             let stdin = std::io::stdin();
             let stdout = std::io::stdout();
+            let stderr = std::io::stderr();
             Ok(Verify::from(args).run(
                 jiff::Timestamp::now(),
                 key,
                 &mut stdin.lock(),
                 &mut stdout.lock(),
+                &mut stderr.lock(),
             )?)
         }
         Command::Run(args) => {

@@ -1,7 +1,10 @@
 //! `mountguard-controller verify`: the engine run offline on a `kubectl get
 //! pods,secrets,configmaps -A -o json` dump and agent inventories.
 //!
-//! Exit codes: 0 all fine, 1 a verdict matched `--fail-on`, 2 bad input.
+//! Exit codes: 0 all fine, 1 a verdict matched `--fail-on` (or, with
+//! `--fail-on`, a subject could not be verified: the gate fails closed
+//! unless `--allow-unverifiable`), 2 bad input (no `--inventory` without
+//! `--spec-only` among it).
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -78,6 +81,37 @@ pub struct Verify {
     pub output: Output,
     /// Exit 1 when a verdict matches.
     pub fail_on: Option<FailOn>,
+    /// With `--fail-on`, Unverifiable subjects do not fail the gate.
+    pub allow_unverifiable: bool,
+    /// No inventories: judge only what the objects alone show; the
+    /// subjects no inventory can vouch for (`Unverifiable/NoInventory`) do
+    /// not fail the gate.
+    pub spec_only: bool,
+}
+
+/// Whether `s` fails a `--fail-on f` gate. The gate fails closed: a subject
+/// it cannot verify fails it like one it judged, unless the user allowed
+/// that (`--allow-unverifiable`) or asked for the checks the objects alone
+/// can make (`--spec-only`, for `Unverifiable/NoInventory`).
+pub fn fails_gate(f: FailOn, s: &State, allow_unverifiable: bool, spec_only: bool) -> bool {
+    use mountguard_core::verdict::UnverifiableReason;
+    if f.matches(s) {
+        return true;
+    }
+    match s {
+        State::Unverifiable(UnverifiableReason::NoInventory) if spec_only => false,
+        State::Unverifiable(_) => !allow_unverifiable,
+        _ => false,
+    }
+}
+
+/// `492` seconds as `8m12s`.
+fn age_text(secs: i64) -> String {
+    match (secs / 3600, secs % 3600 / 60, secs % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s}s"),
+        (h, m, s) => format!("{h}h{m}m{s}s"),
+    }
 }
 
 /// What the command read, before evaluation.
@@ -111,9 +145,76 @@ fn parse_json(file: &str, bytes: &[u8]) -> Result<Value, Error> {
     })
 }
 
+/// The command that makes what `--objects` takes.
+const OBJECTS_HOWTO: &str =
+    "--objects takes JSON: `kubectl get pods,secrets,configmaps -A -o json > objects.json`";
+/// The command that makes what `--inventory` takes.
+const INVENTORY_HOWTO: &str = "--inventory takes the JSON inventory of a node: \
+     `mountguard-agent scan --output json > NODE.json` on that node";
+
+/// What text that is not JSON looks like, when it looks like something
+/// people pass by mistake: YAML, a `kubectl get` table, the table of
+/// `mountguard-agent scan`.
+fn looks_like(bytes: &[u8]) -> Option<&'static str> {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(4096)]);
+    let first = text.lines().map(str::trim).find(|l| !l.is_empty())?;
+    if first.starts_with('{') || first.starts_with('[') {
+        return None;
+    }
+    if first.starts_with("POD UID") {
+        return Some("the table of `mountguard-agent scan` (without --output json)");
+    }
+    if first.starts_with("NAME ") || first.starts_with("NAMESPACE ") {
+        return Some("a `kubectl get` table (without -o json)");
+    }
+    if first == "---"
+        || text
+            .lines()
+            .any(|l| l.starts_with("apiVersion:") || l.starts_with("kind:"))
+        || first.starts_with("schema:")
+    {
+        return Some("YAML (-o yaml), not JSON");
+    }
+    None
+}
+
+/// Parses `bytes` of `file` given to `flag`; when it is not JSON but looks
+/// like something else, says what and how to make the right file.
+fn parse_input(file: &str, bytes: &[u8], howto: &str) -> Result<Value, Error> {
+    parse_json(file, bytes).map_err(|e| match looks_like(bytes) {
+        Some(what) => Error::WrongInput {
+            file: file.to_string(),
+            message: format!("this looks like {what}; {howto}"),
+        },
+        None => e,
+    })
+}
+
+/// Whether `doc` is a node inventory (or an array of them).
+fn is_inventory(doc: &Value) -> bool {
+    let one = |v: &Value| {
+        v.get("schema")
+            .and_then(Value::as_str)
+            .is_some_and(|s| s.starts_with("mountguard.io/node-inventory"))
+    };
+    match doc {
+        Value::Array(items) => items.first().is_some_and(one),
+        v => one(v),
+    }
+}
+
 /// Adds the objects of one document (list or single object) to the index.
 pub fn load_objects(file: &str, bytes: &[u8], loaded: &mut Loaded) -> Result<(), Error> {
-    let doc = parse_json(file, bytes)?;
+    let doc = parse_input(file, bytes, OBJECTS_HOWTO)?;
+    if is_inventory(&doc) {
+        return Err(Error::WrongInput {
+            file: file.to_string(),
+            message: format!(
+                "this is a node inventory (`mountguard-agent scan --output json`), not an \
+                 object dump: pass it with --inventory; {OBJECTS_HOWTO}"
+            ),
+        });
+    }
     let obj_err = |place: String, message: String| Error::Object {
         file: file.to_string(),
         place,
@@ -204,7 +305,17 @@ fn load_item(item: &Value, loaded: &mut Loaded) -> Result<(), String> {
 
 /// Parses one inventory file (an inventory, or an array of them).
 pub fn parse_inventories(file: &str, bytes: &[u8]) -> Result<Vec<NodeInventory>, Error> {
-    let doc = parse_json(file, bytes)?;
+    let doc = parse_input(file, bytes, INVENTORY_HOWTO)?;
+    if doc.get("items").is_some() || doc.get("kind").and_then(Value::as_str).is_some() {
+        return Err(Error::WrongInput {
+            file: file.to_string(),
+            message: format!(
+                "this is a Kubernetes object dump ({}), not a node inventory: pass it with \
+                 --objects; {INVENTORY_HOWTO}",
+                doc.get("kind").and_then(Value::as_str).unwrap_or("a list")
+            ),
+        });
+    }
     let one = |v: Value, place: String| -> Result<NodeInventory, Error> {
         let inv: NodeInventory = serde_json::from_value(v).map_err(|e| Error::Object {
             file: file.to_string(),
@@ -254,12 +365,14 @@ struct JsonOut<'a> {
 impl Verify {
     /// Runs the command; `now` is used when `--now` is absent and `random_key`
     /// when no key file is given. Returns the exit code.
+    /// Notes on what the verdicts cannot vouch for go to `err`.
     pub fn run(
         self,
         now: Timestamp,
         random_key: [u8; 32],
         stdin: &mut dyn Read,
         out: &mut dyn Write,
+        err: &mut dyn Write,
     ) -> Result<u8, Error> {
         let Self {
             objects,
@@ -271,7 +384,19 @@ impl Verify {
             fingerprint_key_file,
             output,
             fail_on,
+            allow_unverifiable,
+            spec_only,
         } = self;
+        if inventory.is_empty() && !spec_only {
+            return Err(Error::Usage(
+                "no --inventory: without the agents' scans nothing mounted on a node is \
+                 verified and every mount would be Unverifiable/NoInventory. Pass the scans \
+                 (`mountguard-agent scan --output json > NODE.json` on each node, then \
+                 --inventory NODE.json,...), or --spec-only to check only what the objects \
+                 alone show"
+                    .into(),
+            ));
+        }
         let now = now_arg.unwrap_or(now);
         let key = match &fingerprint_key_file {
             Some(p) => read_input(p, stdin)?,
@@ -286,16 +411,36 @@ impl Verify {
             load_objects(&path.display().to_string(), &bytes, &mut loaded)?;
         }
         let mut by_node: BTreeMap<String, NodeInventory> = BTreeMap::new();
+        let mut file_of: BTreeMap<String, String> = BTreeMap::new();
         for path in &inventory {
             let bytes = read_input(path, stdin)?;
-            for inv in parse_inventories(&path.display().to_string(), &bytes)? {
+            let file = path.display().to_string();
+            for inv in parse_inventories(&file, &bytes)? {
                 // Several scans of one node: the newest wins.
                 match by_node.get(&inv.node) {
                     Some(old) if old.scanned_at >= inv.scanned_at => {}
                     _ => {
+                        file_of.insert(inv.node.clone(), file.clone());
                         by_node.insert(inv.node.clone(), inv);
                     }
                 }
+            }
+        }
+        // An inventory past --inventory-max-age judges nothing: say so,
+        // with its age and the flag that changes it.
+        for (node, inv) in &by_node {
+            let age = now.duration_since(inv.scanned_at);
+            if age > inventory_max_age {
+                let secs = age.as_secs();
+                let _ = writeln!(
+                    err,
+                    "warning: {}: the inventory of node {node} was scanned at {} ({} before the evaluation time), older than --inventory-max-age {}: its mounts are Unverifiable/InventoryTooOld; scan again, or pass --inventory-max-age {}m to judge by it",
+                    file_of[node],
+                    inv.scanned_at,
+                    age_text(secs),
+                    age_text(inventory_max_age.as_secs()),
+                    (secs + 59) / 60
+                );
             }
         }
         // An empty dump, or scans of nodes the dump has no pod on, would
@@ -337,6 +482,7 @@ impl Verify {
         eval.pods
             .sort_by(|a, b| (&a.pod.namespace, &a.pod.name).cmp(&(&b.pod.namespace, &b.pod.name)));
 
+        let mut unverifiable = 0usize;
         let mut summary = Summary {
             pods: eval.pods.len(),
             verdicts: eval.len(),
@@ -349,9 +495,25 @@ impl Verify {
                 None => v.state.name().to_string(),
             };
             *summary.by_state.entry(key).or_default() += 1;
-            if fail_on.is_some_and(|f| f.matches(&v.state)) {
+            if let Some(f) = fail_on
+                && fails_gate(f, &v.state, allow_unverifiable, spec_only)
+            {
                 summary.failing += 1;
+                if !f.matches(&v.state) {
+                    unverifiable += 1;
+                }
             }
+        }
+        if unverifiable > 0 {
+            let _ = writeln!(
+                err,
+                "error: {unverifiable} subject(s) could not be verified (Unverifiable): --fail-on fails closed; pass --allow-unverifiable to let them pass{}",
+                if inventory.is_empty() {
+                    ""
+                } else {
+                    ", --spec-only to judge without inventories"
+                }
+            );
         }
         let io = |e: std::io::Error| Error::Io {
             file: "<stdout>".into(),
@@ -439,6 +601,9 @@ fn write_table(
         if let Some(m) = view.message {
             notes.push(format!("{who}: {m}"));
         }
+        if let Some(a) = &view.advice {
+            notes.push(format!("{who}: {a}"));
+        }
         if !view.differing_paths.is_empty() {
             notes.push(format!(
                 "{who}: differing paths: {}",
@@ -518,6 +683,12 @@ mod tests {
     }
 
     fn run(args: &[&str], stdin: &str) -> (Result<u8, Error>, String) {
+        let (r, out, _) = run_err(args, stdin);
+        (r, out)
+    }
+
+    /// `run`, with what went to standard error.
+    fn run_err(args: &[&str], stdin: &str) -> (Result<u8, Error>, String, String) {
         let mut argv = vec!["mountguard-controller", "verify"];
         argv.extend_from_slice(args);
         let Command::Verify(v) = Cli::try_parse_from(argv).unwrap().command else {
@@ -525,13 +696,19 @@ mod tests {
         };
         let v = Verify::from(v);
         let mut out = Vec::new();
+        let mut err = Vec::new();
         let r = v.run(
             ts("2026-11-30T11:00:10Z"),
             [9u8; 32],
             &mut stdin.as_bytes(),
             &mut out,
+            &mut err,
         );
-        (r, String::from_utf8(out).unwrap())
+        (
+            r,
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        )
     }
 
     fn write(dir: &Path, name: &str, content: &str) -> String {
@@ -580,6 +757,157 @@ mod tests {
         assert_eq!(r.unwrap(), 0);
     }
 
+    /// issue 31 §1: a gate fails closed. An inventory aged past
+    /// --inventory-max-age fails `--fail-on stale` (and says so on stderr
+    /// with its age and the flag), unless --allow-unverifiable; no
+    /// --inventory is a usage error unless --spec-only.
+    #[test]
+    fn fails_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let inv = write(dir.path(), "inv.json", &inventory(b"new"));
+        let objs = objects().to_string();
+        let gate = ["--objects", "-", "--fail-on", "stale"];
+        let with = |extra: &[&str]| -> Vec<String> {
+            gate.iter().chain(extra).map(|s| s.to_string()).collect()
+        };
+        let call = |extra: &[&str]| {
+            let argv = with(extra);
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            run_err(&argv, &objs)
+        };
+
+        // Fresh and young: passes, nothing on stderr.
+        let (r, out, err) = call(&["--inventory", &inv]);
+        assert_eq!(r.unwrap(), 0, "{out}");
+        assert_eq!(err, "");
+
+        // The same scan eight minutes later: every verdict is
+        // Unverifiable/InventoryTooOld, and the gate fails.
+        let later = ["--inventory", &inv, "--now", "2026-11-30T11:08:00Z"];
+        let (r, out, err) = call(&later);
+        assert_eq!(r.unwrap(), 1, "{out}");
+        assert!(out.contains("Unverifiable/InventoryTooOld=1"), "{out}");
+        let warning: Vec<&str> = err.lines().filter(|l| l.contains("node-a")).collect();
+        assert_eq!(warning.len(), 1, "{err}");
+        for part in [
+            "inv.json",
+            "8m0s",
+            "older than --inventory-max-age 5m",
+            "--inventory-max-age 8m",
+        ] {
+            assert!(warning[0].contains(part), "{part}: {err}");
+        }
+        assert!(err.contains("--allow-unverifiable"), "{err}");
+        // ...unless the user says otherwise.
+        let (r, _, _) = call(&[&later[..], &["--allow-unverifiable"]].concat());
+        assert_eq!(r.unwrap(), 0);
+        let (r, _, _) = call(&[&later[..], &["--inventory-max-age", "9m"]].concat());
+        assert_eq!(r.unwrap(), 0);
+
+        // No inventory at all: a usage error naming the way out.
+        let (r, out, _) = call(&[]);
+        let e = r.unwrap_err();
+        assert!(matches!(e, Error::Usage(_)), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("--inventory")
+                && msg.contains("mountguard-agent scan --output json")
+                && msg.contains("--spec-only"),
+            "{msg}"
+        );
+        assert!(out.is_empty());
+        // Spec-only checks: what no inventory can vouch for does not fail.
+        let (r, out, _) = call(&["--spec-only"]);
+        assert_eq!(r.unwrap(), 0, "{out}");
+        assert!(out.contains("Unverifiable/NoInventory=1"), "{out}");
+
+        // The rule, state by state: Unverifiable fails every gate unless
+        // allowed; NoInventory passes a spec-only gate.
+        use mountguard_core::verdict::UnverifiableReason as U;
+        for s in State::all() {
+            for f in [FailOn::Stale, FailOn::Frozen, FailOn::Any] {
+                let unverifiable = matches!(s, State::Unverifiable(_));
+                assert_eq!(
+                    fails_gate(f, &s, false, false),
+                    f.matches(&s) || unverifiable,
+                    "{s:?} {f:?}"
+                );
+                assert_eq!(fails_gate(f, &s, true, false), f.matches(&s), "{s:?}");
+                assert_eq!(
+                    fails_gate(f, &s, false, true),
+                    f.matches(&s) || (unverifiable && s != State::Unverifiable(U::NoInventory)),
+                    "{s:?}"
+                );
+            }
+        }
+    }
+
+    /// issue 31 §3: a file that is not what its flag takes says which file
+    /// it is, what it looks like and the command that makes the right one.
+    #[test]
+    fn error_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let inv = write(dir.path(), "inv.json", &inventory(b"new"));
+        let objs = write(dir.path(), "objs.json", &objects().to_string());
+        let yaml = write(
+            dir.path(),
+            "objs.yaml",
+            "apiVersion: v1\nitems:\n- apiVersion: v1\n  kind: Pod\nkind: List\n",
+        );
+        let table = write(
+            dir.path(),
+            "pods.txt",
+            "NAMESPACE   NAME    READY   STATUS    RESTARTS   AGE\nslurm       w-0     1/1     Running   0          3d\n",
+        );
+        let scan_table = write(
+            dir.path(),
+            "scan.txt",
+            "POD UID  PLUGIN     VOLUME     DATA DIR  FILES  DIGEST  ERRORS\n",
+        );
+        let objects_fix = "kubectl get pods,secrets,configmaps -A -o json";
+        let inventory_fix = "mountguard-agent scan --output json";
+        // (objects, inventory, the file named, what it looks like, the fix)
+        let cases = [
+            (&yaml, &inv, &yaml, "YAML", objects_fix),
+            (&table, &inv, &table, "a `kubectl get` table", objects_fix),
+            (
+                &inv,
+                &objs,
+                &inv,
+                "node inventory",
+                "pass it with --inventory",
+            ),
+            (
+                &objs,
+                &objs,
+                &objs,
+                "object dump (List)",
+                "pass it with --objects",
+            ),
+            (
+                &objs,
+                &scan_table,
+                &scan_table,
+                "the table of `mountguard-agent scan`",
+                inventory_fix,
+            ),
+            (&objs, &yaml, &yaml, "YAML", inventory_fix),
+        ];
+        for (o, i, file, looks, fix) in cases {
+            let (r, out) = run(&["--objects", o, "--inventory", i], "");
+            let e = r.unwrap_err();
+            let msg = e.to_string();
+            assert!(matches!(e, Error::WrongInput { .. }), "{o} {i}: {msg}");
+            assert!(msg.starts_with(&format!("{file}: ")), "{msg}");
+            assert!(msg.contains(looks), "{looks}: {msg}");
+            assert!(msg.contains(fix), "{fix}: {msg}");
+            assert!(out.is_empty());
+        }
+        // The swapped pair also tells the inventory side's command.
+        let (r, _) = run(&["--objects", &inv, "--inventory", &objs], "");
+        assert!(r.unwrap_err().to_string().contains(objects_fix));
+    }
+
     #[test]
     fn verify_reports_stale_content_and_exit_codes_follow_fail_on() {
         let dir = tempfile::tempdir().unwrap();
@@ -605,6 +933,28 @@ mod tests {
         );
         assert!(out.contains("differing paths: a.conf"), "{out}");
         assert!(out.contains("Stale/Unknown=1"), "{out}");
+        // The advice (issue 31 §2) in the table and the JSON.
+        let advice = "n/p volume cfg: Replace the pod so the kubelet sets the volume up again";
+        assert!(out.contains(advice), "{out}");
+        let (_, json_out) = run(
+            &[
+                "--objects",
+                "-",
+                "--inventory",
+                &inv_old,
+                "--output",
+                "json",
+            ],
+            &objs,
+        );
+        let doc: Value = serde_json::from_str(&json_out).unwrap();
+        assert!(
+            doc["verdicts"][0]["advice"]
+                .as_str()
+                .unwrap()
+                .starts_with("Replace the pod"),
+            "{json_out}"
+        );
 
         let (code, out) = run(
             &[
@@ -767,10 +1117,19 @@ mod tests {
 
         // A key file that is too short.
         let key = write(dir.path(), "key", "short");
-        let msg = run(&["--objects", &objs, "--fingerprint-key-file", &key], "")
-            .0
-            .unwrap_err()
-            .to_string();
+        let msg = run(
+            &[
+                "--objects",
+                &objs,
+                "--fingerprint-key-file",
+                &key,
+                "--spec-only",
+            ],
+            "",
+        )
+        .0
+        .unwrap_err()
+        .to_string();
         assert!(msg.contains("at least 16"), "{msg}");
     }
 

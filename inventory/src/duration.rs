@@ -29,6 +29,45 @@ pub struct DurationError {
     pub reason: &'static str,
 }
 
+/// The duration message for a command line a parser refused because a
+/// duration flag's value was split by the shell (`--timeout 10 minutes`)
+/// or starts with `-` (`--debounce -1s`, taken for a flag): the flag and
+/// why its value is not a duration. `is_duration_flag(name)`: whether
+/// `--name` takes a duration.
+pub fn split_duration_hint(
+    args: &[String],
+    is_duration_flag: impl Fn(&str) -> bool,
+) -> Option<(String, DurationError)> {
+    for (i, a) in args.iter().enumerate() {
+        let Some(name) = a.strip_prefix("--") else {
+            continue;
+        };
+        let (name, value, next) = match name.split_once('=') {
+            Some((n, v)) => (n, Some(v), args.get(i + 1)),
+            None => (name, args.get(i + 1).map(String::as_str), args.get(i + 2)),
+        };
+        let Some(value) = value else { continue };
+        if !is_duration_flag(name) {
+            continue;
+        }
+        if value.starts_with('-')
+            && value[1..].starts_with(|c: char| c.is_ascii_digit())
+            && let Err(e) = parse_duration(value)
+        {
+            return Some((format!("--{name}"), e));
+        }
+        if parse_duration(value).is_ok()
+            && let Some(word) = next
+            && !word.is_empty()
+            && word.chars().all(|c| c.is_ascii_alphabetic())
+            && let Err(e) = parse_duration(&format!("{value} {word}"))
+        {
+            return Some((format!("--{name}"), e));
+        }
+    }
+    None
+}
+
 /// Parses a duration of the grammar above.
 pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let err = |reason| DurationError {

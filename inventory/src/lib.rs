@@ -7,14 +7,17 @@
 pub mod digest;
 pub mod duration;
 pub mod layout;
+pub mod names;
 pub mod report;
+pub mod size;
 pub mod table;
 mod types;
 #[cfg(feature = "writer")]
 pub mod writer;
 
 pub use digest::{FileDigest, file_digest, volume_digest};
-pub use duration::{DurationError, parse_duration};
+pub use duration::{DurationError, parse_duration, split_duration_hint};
+pub use size::{SizeError, parse_size};
 pub use types::*;
 
 /// Schema tag every inventory carries in its `schema` field.

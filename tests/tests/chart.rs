@@ -649,3 +649,70 @@ fn exposition_parser_reads_families_and_samples() {
     }
     assert!(!names.contains("HELP"));
 }
+
+/// issue 31 §4: every hint the binaries print names the objects a render
+/// of the chart has, by the chart's own naming rule
+/// (`mountguard_inventory::names`, mirroring `_helpers.tpl`): rendered
+/// for the README's release `mountguard`, a short one and one containing
+/// the chart name.
+#[test]
+fn hint_names() {
+    use mountguard_inventory::names;
+    let script = "import json, sys; sys.path.insert(0, sys.argv[1]); import render; \
+                  r = render.render({'dashboard': {'enabled': True}, \
+                  'rbac': {'readerRole': {'create': True}}}, name=sys.argv[2], \
+                  namespace=sys.argv[3]); \
+                  print(json.dumps({'notes': r.notes, 'objects': \
+                  [[o['kind'], o['metadata']['name']] for o in r.objects]}))";
+    for release in [names::RELEASE, "mg", "prod-mountguard"] {
+        let out = Command::new("python3")
+            .args(["-c", script])
+            .arg(repo().join("charts/tests"))
+            .args([release, names::NAMESPACE])
+            .output()
+            .expect("python3 must be installed");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let objects: BTreeSet<(String, String)> = doc["objects"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| (o[0].as_str().unwrap().into(), o[1].as_str().unwrap().into()))
+            .collect();
+        let has = |kind: &str, name: String| {
+            assert!(
+                objects.contains(&(kind.to_string(), name.clone())),
+                "{release}: no {kind} {name} in {objects:?}"
+            );
+        };
+        has("Service", names::controller(release));
+        has("Service", names::controller_metrics_service(release));
+        has("Deployment", names::controller(release));
+        has("ConfigMap", names::dashboard(release));
+        has(
+            "ClusterRole",
+            format!("{}-reader", names::fullname(release)),
+        );
+        if release == names::RELEASE {
+            // The port-forward the status hint gives is the one the
+            // chart's NOTES print for the README's install.
+            let hint = mountguard_controller::Error::Unreachable {
+                url: "http://127.0.0.1:8080".into(),
+                message: "refused".into(),
+            }
+            .to_string();
+            let forward = format!(
+                "kubectl -n {} port-forward svc/{} 8080",
+                names::NAMESPACE,
+                names::controller_metrics_service(release)
+            );
+            assert!(hint.contains(&forward), "{hint}");
+            let notes = doc["notes"].as_str().unwrap();
+            assert!(notes.contains(&forward), "{notes}");
+        }
+    }
+}

@@ -397,9 +397,17 @@ pub fn decide(doc: &RolloutDoc, target: &Target, expect_uid: Option<&str>) -> Pr
             });
         }
         if !c.node_reporting {
+            // Fails closed, like `verify --fail-on`: no fresh inventory,
+            // no verified consumer; say how old the last one is and what
+            // decides "fresh".
             why.push(format!(
-                "the agent on node {} does not report",
-                c.node.as_deref().unwrap_or("-")
+                "the agent on node {} does not report (last inventory {}; the controller \
+                 judges only inventories younger than its --inventory-max-age)",
+                c.node.as_deref().unwrap_or("-"),
+                match &c.verified_at {
+                    Some(t) => format!("scanned at {t}"),
+                    None => "none".to_string(),
+                }
             ));
         }
         for vs in &c.sources {
@@ -663,7 +671,8 @@ mod tests {
                 0,
                 1,
                 false,
-                "does not report",
+                "does not report (last inventory scanned at 2026-12-01T08:00:00Z; the controller \
+                 judges only inventories younger than its --inventory-max-age)",
             ),
             (
                 "skipped references do not count",

@@ -18,6 +18,7 @@
 //! `WithAuthentication`, and passes the other headers on).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
@@ -40,8 +41,13 @@ pub enum Endpoint {
         client: kube::Client,
         /// `/api/v1/namespaces/{ns}/services/{scheme}:{svc}:{port}/proxy`.
         prefix: String,
-        /// The reader's bearer token for the controller.
-        token: Option<String>,
+        /// The reader's bearer token for the controller: given, or a
+        /// short-lived one of the chart's status reader asked for at the
+        /// first request (within its deadline), then reused.
+        token: ProxyToken,
+        /// The API server and kubeconfig context, for messages
+        /// (`API server https://...:6443, kubeconfig context kind-a`).
+        server: String,
     },
 }
 
@@ -67,6 +73,45 @@ impl Endpoint {
             url,
             token: read_token(token, token_file)?,
         })
+    }
+}
+
+/// The plugin's token for the status API.
+#[derive(Clone)]
+pub enum ProxyToken {
+    /// `--token`, `--token-file` or the kubeconfig user's.
+    Given(Option<String>),
+    /// A TokenRequest for this ServiceAccount (namespace, name), made once.
+    Reader {
+        /// Namespace and name of the ServiceAccount.
+        account: (String, String),
+        /// The answer, once asked (`None`: it could not be had).
+        got: std::sync::Arc<tokio::sync::OnceCell<Option<String>>>,
+    },
+}
+
+impl std::fmt::Debug for ProxyToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        match self {
+            ProxyToken::Given(t) => {
+                write!(f, "Given({})", if t.is_some() { "..." } else { "none" })
+            }
+            ProxyToken::Reader { account, .. } => write!(f, "Reader({}/{})", account.0, account.1),
+        }
+    }
+}
+
+impl ProxyToken {
+    /// The token, asking for the reader's at the first call.
+    async fn get(&self, client: &kube::Client) -> Option<String> {
+        match self {
+            ProxyToken::Given(t) => t.clone(),
+            ProxyToken::Reader { account, got } => got
+                .get_or_init(|| reader_token(client, &account.0, &account.1))
+                .await
+                .clone(),
+        }
     }
 }
 
@@ -127,13 +172,38 @@ impl Endpoint {
     }
 
     /// `GET path` (path and query, starting with `/`); the body of a 2xx
-    /// answer.
-    pub async fn get(&self, path: &str) -> Result<Vec<u8>, Error> {
+    /// answer, complete (connect, headers and body) by `limits.deadline`
+    /// and at most `limits.max_bytes` long.
+    pub async fn get(&self, path: &str, limits: &Limits) -> Result<Vec<u8>, Error> {
+        match tokio::time::timeout_at(limits.deadline, self.get_capped(path, limits.max_bytes))
+            .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(Error::Deadline {
+                request: format!("GET {}", self.url(path)),
+                budget: limits.budget,
+                flag: limits.flag,
+            }),
+        }
+    }
+
+    /// Where `path` goes, for messages.
+    fn url(&self, path: &str) -> String {
+        match self {
+            Endpoint::Direct { url, .. } => format!("{}{path}", url.trim_end_matches('/')),
+            Endpoint::Proxy { prefix, server, .. } => {
+                format!("{prefix}{path} (service proxy of the {server})")
+            }
+        }
+    }
+
+    async fn get_capped(&self, path: &str, max_bytes: u64) -> Result<Vec<u8>, Error> {
         match self {
             Endpoint::Direct { url, token } => {
                 http_get(
                     &format!("{}{path}", url.trim_end_matches('/')),
                     token.as_deref(),
+                    max_bytes,
                 )
                 .await
             }
@@ -141,27 +211,46 @@ impl Endpoint {
                 client,
                 prefix,
                 token,
+                ..
             } => {
                 let uri = format!("{prefix}{path}");
+                let what = self.url(path);
                 let mut req = http::Request::get(&uri);
-                if let Some(t) = token {
+                if let Some(t) = token.get(client).await {
                     req = req.header(PROXY_AUTH_HEADER, format!("Bearer {t}"));
                 }
                 let req = req
-                    .body(Vec::new())
+                    .body(kube::client::Body::empty())
                     .map_err(|e| Error::Kube(format!("GET {uri}: {e}")))?;
-                client
-                    .request_text(req)
-                    .await
-                    .map(String::into_bytes)
-                    .map_err(|e| Error::Kube(format!("GET {uri} (service proxy): {e}")))
+                let resp = client.send(req).await.map_err(|e| {
+                    Error::Kube(format!(
+                        "GET {what}: {e}; is the API server reachable from here, and are \
+                         --context and --kubeconfig the cluster's?"
+                    ))
+                })?;
+                let status = resp.status();
+                let body = read_capped(resp.into_body(), max_bytes, &what, |e| {
+                    Error::Kube(format!("GET {what}: {e}"))
+                })
+                .await?;
+                if !status.is_success() {
+                    return Err(Error::Kube(format!(
+                        "GET {what}: HTTP {status}: {}",
+                        String::from_utf8_lossy(&body[..body.len().min(500)]).trim()
+                    )));
+                }
+                Ok(body)
             }
         }
     }
 
     /// `GET path`, parsed as JSON.
-    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
-        let body = self.get(path).await?;
+    pub async fn get_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        limits: &Limits,
+    ) -> Result<T, Error> {
+        let body = self.get(path, limits).await?;
         serde_json::from_slice(&body).map_err(|e| Error::Json {
             file: format!("{} {path}", self.describe()),
             line: e.line(),
@@ -169,6 +258,75 @@ impl Endpoint {
             message: e.to_string(),
         })
     }
+}
+
+/// The bound on one request of `status` or `wait`: answered completely
+/// (connect, headers and body) by `deadline`, in at most `max_bytes`
+/// bytes. A server that accepts and never answers, trickles, or streams
+/// without end fails the request (exit 2) instead of holding the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// When the answer must be complete.
+    pub deadline: tokio::time::Instant,
+    /// The time the flag allowed, for messages.
+    pub budget: Duration,
+    /// The flag that set `budget` (`--timeout`, `--request-timeout`).
+    pub flag: &'static str,
+    /// Largest body accepted (`--max-response-size`).
+    pub max_bytes: u64,
+}
+
+impl Limits {
+    /// `budget` from now.
+    pub fn from_now(budget: Duration, flag: &'static str, max_bytes: u64) -> Self {
+        Self {
+            deadline: tokio::time::Instant::now() + budget,
+            budget,
+            flag,
+            max_bytes,
+        }
+    }
+
+    /// The earlier of `self` and `other` (the size cap of `self`).
+    pub fn min(self, other: Self) -> Self {
+        if other.deadline < self.deadline {
+            Self {
+                max_bytes: self.max_bytes,
+                ..other
+            }
+        } else {
+            self
+        }
+    }
+}
+
+/// Reads `body` to its end, refusing more than `max_bytes` (the
+/// Content-Length is not trusted: a chunked body has none).
+async fn read_capped<B, E>(
+    body: B,
+    max_bytes: u64,
+    what: &str,
+    err: impl Fn(E) -> Error,
+) -> Result<Vec<u8>, Error>
+where
+    B: hyper::body::Body<Data = hyper::body::Bytes, Error = E>,
+{
+    use http_body_util::BodyExt;
+    let mut body = std::pin::pin!(body);
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(&err)?.into_data() else {
+            continue;
+        };
+        if (out.len() + data.len()) as u64 > max_bytes {
+            return Err(Error::TooLarge {
+                request: format!("GET {what}"),
+                max_bytes,
+            });
+        }
+        out.extend_from_slice(&data);
+    }
+    Ok(out)
 }
 
 /// Where the kubectl plugin reaches the controller: which cluster, and
@@ -182,7 +340,8 @@ pub struct Proxy {
     pub context: Option<String>,
     /// Namespace of the mountguard release.
     pub controller_namespace: String,
-    /// The controller's metrics Service (the chart's `<release>-controller-metrics`).
+    /// The controller's metrics Service (the chart's `<fullname>-controller-metrics`:
+    /// `mountguard-controller-metrics` for the release `mountguard`).
     pub controller_service: String,
     /// Port of that Service (name or number).
     pub controller_port: String,
@@ -235,14 +394,33 @@ impl Proxy {
         let config = kube_config(self.kubeconfig.as_deref(), self.context.as_deref()).await?;
         let token = read_token(self.token.clone(), self.token_file.as_deref())?
             .or_else(|| kubeconfig_token(&config));
+        let context = match &self.context {
+            Some(c) => c.clone(),
+            None => {
+                let kc = match &self.kubeconfig {
+                    Some(p) => kube::config::Kubeconfig::read_from(p).ok(),
+                    None => kube::config::Kubeconfig::read().ok(),
+                };
+                kc.and_then(|k| k.current_context)
+                    .unwrap_or_else(|| "(none: in-cluster configuration)".into())
+            }
+        };
+        let server = format!(
+            "API server {}, kubeconfig context {context}",
+            config.cluster_url
+        );
         let client = kube_client(config)?;
-        let token = match token {
-            Some(t) => Some(t),
-            None => self.reader_token(&client).await,
+        let token = match (token, status_reader_account(&self.controller_service)) {
+            (None, Some(sa)) => ProxyToken::Reader {
+                account: (self.controller_namespace.clone(), sa),
+                got: Default::default(),
+            },
+            (t, _) => ProxyToken::Given(t),
         };
         Ok(Endpoint::Proxy {
             client,
             token,
+            server,
             prefix: proxy_prefix(
                 &self.controller_namespace,
                 &self.controller_service,
@@ -264,34 +442,38 @@ pub fn status_reader_account(controller_service: &str) -> Option<String> {
         .map(|p| format!("{p}-status-reader"))
 }
 
-impl Proxy {
-    /// A short-lived token of the chart's status reader ServiceAccount
-    /// (`POST .../serviceaccounts/{name}/token`, a TokenRequest the user's
-    /// RBAC must allow); `None` when it cannot be had: the status API then
-    /// answers 401 with what to do.
-    async fn reader_token(&self, client: &kube::Client) -> Option<String> {
-        let sa = status_reader_account(&self.controller_service)?;
-        let path = format!(
-            "/api/v1/namespaces/{}/serviceaccounts/{sa}/token",
-            self.controller_namespace
-        );
-        let body = serde_json::json!({
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 600},
-        });
-        let req = http::Request::post(&path)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(serde_json::to_vec(&body).ok()?)
-            .ok()?;
-        let out: serde_json::Value = client.request(req).await.ok()?;
-        out["status"]["token"].as_str().map(str::to_string)
+/// A short-lived token of the chart's status reader ServiceAccount
+/// `namespace/sa` (`POST .../serviceaccounts/{name}/token`, a TokenRequest
+/// the user's RBAC must allow); `None` when it cannot be had: the status API
+/// then answers 401 with what to do.
+async fn reader_token(client: &kube::Client, namespace: &str, sa: &str) -> Option<String> {
+    let path = format!("/api/v1/namespaces/{namespace}/serviceaccounts/{sa}/token");
+    let body = serde_json::json!({
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"expirationSeconds": 600},
+    });
+    let req = http::Request::post(&path)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(kube::client::Body::from(serde_json::to_vec(&body).ok()?))
+        .ok()?;
+    let resp = client.send(req).await.ok()?;
+    if !resp.status().is_success() {
+        return None;
     }
+    // A TokenRequest answer is a few KiB: anything longer is not one.
+    let body = read_capped(resp.into_body(), 64 << 10, &path, |_| {
+        Error::Kube(String::new())
+    })
+    .await
+    .ok()?;
+    let out: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    out["status"]["token"].as_str().map(str::to_string)
 }
 
-/// One plain-HTTP `GET` (the metrics port speaks HTTP).
-async fn http_get(url: &str, token: Option<&str>) -> Result<Vec<u8>, Error> {
-    use http_body_util::BodyExt;
+/// One plain-HTTP `GET` (the metrics port speaks HTTP) with the reader's
+/// `token`, its body at most `max_bytes` long.
+async fn http_get(url: &str, token: Option<&str>, max_bytes: u64) -> Result<Vec<u8>, Error> {
     let err = |m: String| Error::Config(format!("GET {url}: {m}"));
     let uri: http::Uri = url.parse().map_err(|e| err(format!("{e}")))?;
     if uri.scheme_str() != Some("http") {
@@ -326,19 +508,14 @@ async fn http_get(url: &str, token: Option<&str>) -> Result<Vec<u8>, Error> {
         .await
         .map_err(|e| err(e.to_string()))?;
     let status = resp.status();
-    let body = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| err(e.to_string()))?
-        .to_bytes();
+    let body = read_capped(resp.into_body(), max_bytes, url, |e| err(e.to_string())).await?;
     if !status.is_success() {
         return Err(err(format!(
             "HTTP {status}: {}",
             String::from_utf8_lossy(&body[..body.len().min(500)])
         )));
     }
-    Ok(body.to_vec())
+    Ok(body)
 }
 
 #[cfg(test)]

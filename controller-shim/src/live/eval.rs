@@ -781,7 +781,7 @@ pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
 /// The Event note of a verdict: subject, sources, fingerprints (of the
 /// projected content, and of each source's content the verdict was
 /// computed against), the node scan it was verified from, pinning pods,
-/// the engine's explanation.
+/// the engine's explanation, and the advice.
 pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &super::status::PodCheck) -> String {
     let view = v.view(pv);
     let mut m = format!("{} is {}", pv.subject(v).text(), v.state.tag());
@@ -832,6 +832,10 @@ pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &super::status::PodCh
     if let Some(msg) = view.message {
         m.push_str("; ");
         m.push_str(msg);
+    }
+    if let Some(a) = &view.advice {
+        m.push_str(". ");
+        m.push_str(a);
     }
     m
 }

@@ -257,6 +257,9 @@ pub struct StatusItem {
     /// Explanation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// What to do, in one sentence (`mountguard_core::verdict::advice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advice: Option<String>,
 }
 
 /// The endpoint's document.
@@ -384,6 +387,7 @@ pub fn item(pv: &PodVerdicts, v: &Verdict, check: Option<&PodCheck>) -> StatusIt
         differing_paths: view.differing_paths.iter().map(|s| s.to_string()).collect(),
         since: view.since.to_string(),
         message: view.message.map(str::to_string),
+        advice: view.advice,
     }
 }
 
@@ -574,6 +578,10 @@ pub struct StatusQuery {
     pub all: bool,
     /// Output format.
     pub output: StatusOutput,
+    /// The request, connect to last byte, must end within this.
+    pub request_timeout: std::time::Duration,
+    /// Largest answer accepted, in bytes.
+    pub max_response_size: u64,
 }
 
 impl StatusQuery {
@@ -606,7 +614,12 @@ impl StatusQuery {
         endpoint: &super::client::Endpoint,
         out: &mut dyn Write,
     ) -> Result<u8, Error> {
-        let doc: StatusDoc = endpoint.get_json(&self.path()).await?;
+        let limits = super::client::Limits::from_now(
+            self.request_timeout,
+            "--request-timeout",
+            self.max_response_size,
+        );
+        let doc: StatusDoc = endpoint.get_json(&self.path(), &limits).await?;
         let io = |e: std::io::Error| Error::Io {
             file: "<stdout>".into(),
             source: e,
@@ -684,6 +697,9 @@ pub fn write_table(doc: &StatusDoc, out: &mut dyn Write) -> std::io::Result<()> 
                 "{}/{} {}: {m} (since {})",
                 v.namespace, v.pod, v.subject, v.since
             ));
+        }
+        if let Some(a) = &v.advice {
+            notes.push(format!("{}/{} {}: {a}", v.namespace, v.pod, v.subject));
         }
     }
     if rows.len() == 1 {
@@ -792,7 +808,9 @@ mod tests {
             "{msg}"
         );
         assert!(
-            msg.contains("kubectl -n <namespace> port-forward svc/<release>-mountguard-controller-metrics 8080"),
+            msg.contains(
+                "kubectl -n mountguard-system port-forward svc/mountguard-controller-metrics 8080"
+            ),
             "{msg}"
         );
         assert!(!msg.contains("invalid configuration"), "{msg}");
@@ -909,6 +927,17 @@ mod tests {
         write_table(&doc, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         assert!(text.contains("Stale  Unknown"), "{text}");
+        // The advice (issue 31 §2): in the item, the table and the Event.
+        let advice = doc.verdicts[0].advice.clone().unwrap();
+        assert!(advice.starts_with("Replace the pod"), "{advice}");
+        assert!(
+            text.contains(&format!("ns/p1 volume cfg: {advice}")),
+            "{text}"
+        );
+        let p = &store.pods["u1"];
+        let note =
+            super::super::eval::event_message(&p.pv, &p.pv.verdicts[0], &PodCheck::default());
+        assert!(note.ends_with(&advice), "{note}");
         assert!(text.contains("ns/p1"), "{text}");
         assert!(text.contains("verdicts: Stale/Unknown=1"), "{text}");
         // JSON round trip for the status command.
@@ -920,6 +949,8 @@ mod tests {
             state: Some("Stale/ImmutableCache".into()),
             all: true,
             output: StatusOutput::Json,
+            request_timeout: std::time::Duration::from_secs(1),
+            max_response_size: 1,
         };
         assert_eq!(
             args.path(),

@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::ValueEnum;
 use serde::Serialize;
 
-use super::client::Endpoint;
+use super::client::{Endpoint, Limits};
 use super::status::StatusOutput;
 use crate::Error;
 use mountguard_core::rollout::{Progress, RolloutDoc, SourceItem, Target, decide};
@@ -47,6 +47,11 @@ pub struct WaitOptions {
     pub uid: Option<String>,
     /// Output format of the result.
     pub output: StatusOutput,
+    /// Each request, connect to last byte, must end within this (and
+    /// within `timeout`).
+    pub request_timeout: Duration,
+    /// Largest answer accepted, in bytes.
+    pub max_response_size: u64,
 }
 
 /// The JSON result of `wait --output json`.
@@ -84,7 +89,20 @@ impl WaitOptions {
         let mut last_err: Option<Error> = None;
         let mut last_line = String::new();
         loop {
-            match endpoint.get_json::<RolloutDoc>(&path).await {
+            // No request outlives the timeout: a controller that accepts and
+            // does not answer ends the wait at the deadline, not later.
+            let limits = Limits {
+                deadline,
+                budget: self.timeout,
+                flag: "--timeout",
+                max_bytes: self.max_response_size,
+            }
+            .min(Limits::from_now(
+                self.request_timeout,
+                "--request-timeout",
+                self.max_response_size,
+            ));
+            match endpoint.get_json::<RolloutDoc>(&path, &limits).await {
                 Ok(doc) => {
                     reached = true;
                     last_err.take();
@@ -114,6 +132,11 @@ impl WaitOptions {
                 break;
             }
             tokio::time::sleep(self.interval.min(deadline - now)).await;
+            if tokio::time::Instant::now() >= deadline {
+                // A request now would have no time left: the last answer
+                // is the result.
+                break;
+            }
         }
         if let Some(e) = last_err {
             return Err(e);

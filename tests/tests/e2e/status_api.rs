@@ -125,7 +125,11 @@ async fn fingerprint_oracle_equal_secrets_in_two_namespaces_show_unrelated_finge
         assert!(!mounted.is_empty(), "{name}: {verdicts}");
         seen.extend(mounted.iter().map(|s| s.to_string()));
     }
-    assert_eq!(seen.len(), 6, "three sources and their three mounts: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        6,
+        "three sources and their three mounts: {seen:?}"
+    );
     let mut distinct = seen.clone();
     distinct.sort();
     distinct.dedup();

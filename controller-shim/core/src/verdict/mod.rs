@@ -6,12 +6,14 @@
 //! rebuild from scratch.
 //!
 //! * [`types`]: configuration, states, verdicts, the output view;
+//! * [`advice`]: one sentence of what to do per verdict;
 //! * [`subject`]: what a verdict is about and how it is written;
 //! * [`history`]: the engine state;
 //! * `cache`: memoization within one evaluation;
 //! * `engine`: the loop over nodes and pods;
 //! * `rules`: how each verdict is decided (one file, top to bottom).
 
+pub mod advice;
 mod cache;
 mod engine;
 pub mod history;
@@ -22,6 +24,7 @@ pub mod types;
 #[cfg(test)]
 pub(crate) mod test_support;
 
+pub use advice::{SubjectKind, advice};
 pub use engine::Engine;
 pub use history::{
     EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory, SubjectHistory,

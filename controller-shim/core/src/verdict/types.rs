@@ -470,11 +470,16 @@ pub struct VerdictView<'a> {
     /// Explanation.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<&'a str>,
+    /// What to do, in one sentence ([`super::advice()`]); none for Fresh,
+    /// Propagating and Skipped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advice: Option<String>,
 }
 
 impl Verdict {
     /// The output view of this verdict of `pod`.
     pub fn view<'a>(&'a self, pod: &'a PodVerdicts) -> VerdictView<'a> {
+        let advice = self.advice(pod);
         let (subject, volume, container, sub_path, env) = match pod.subject(self) {
             Subject::Volume { volume } => ("volume", Some(volume), None, None, None),
             Subject::SubPath {
@@ -523,7 +528,47 @@ impl Verdict {
             pinned_by: self.pinned_by(),
             since: self.since,
             message: self.message(),
+            advice,
         }
+    }
+
+    /// What to do about this verdict of `pod`, in one sentence
+    /// ([`super::advice()`]).
+    pub fn advice(&self, pod: &PodVerdicts) -> Option<String> {
+        use super::advice::{Container, SubjectKind};
+        let p = &pod.pod;
+        fn container(c: &crate::model::ContainerModel) -> Container<'_> {
+            Container {
+                name: &c.name,
+                finished_init: c.finished,
+            }
+        }
+        fn by_name<'a>(p: &'a PodModel, n: &'a Arc<str>) -> Container<'a> {
+            p.containers
+                .iter()
+                .find(|c| c.name == *n)
+                .map(container)
+                .unwrap_or(Container {
+                    name: n,
+                    finished_init: false,
+                })
+        }
+        let containers: Vec<Container<'_>> = match (self.state, self.id) {
+            (State::Frozen(FrozenCause::ReadAtStart), _) => self
+                .detail
+                .as_deref()
+                .map(|d| d.containers.iter().map(|n| by_name(p, n)).collect())
+                .unwrap_or_default(),
+            (_, SubjectId::SubPath(ci, _) | SubjectId::Env(ci, _)) => p
+                .containers
+                .get(ci as usize)
+                .map(container)
+                .into_iter()
+                .collect(),
+            _ => Vec::new(),
+        };
+        let kind = SubjectKind::of(&pod.subject(self));
+        super::advice::advice(&self.state, kind, &containers, self.pinned_by())
     }
 }
 
