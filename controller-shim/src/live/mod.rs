@@ -148,11 +148,14 @@ impl Controller {
         })?;
 
         let agents = Arc::new(auth::AgentPods::default());
-        let reviewer: Arc<dyn TokenReviewer> = Arc::new(auth::CachedReviewer::new(
-            auth::KubeTokenReviewer::new(client.clone()),
-            shared.metrics.clone(),
-            10_000,
-        ));
+        let reviewer: Arc<dyn TokenReviewer> = Arc::new(
+            auth::CachedReviewer::new(
+                auth::KubeTokenReviewer::new(client.clone()),
+                shared.metrics.clone(),
+                10_000,
+            )
+            .for_agent(report_config.agent_sa.username()),
+        );
         let fetcher = auth::KubePodFetcher::new(
             client.clone(),
             report_config.agent_sa.namespace.clone(),
