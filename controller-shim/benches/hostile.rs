@@ -236,18 +236,23 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize) {
             max_bytes: 32 << 20,
             rate: "100/s,100".parse().unwrap(),
             limits: CountLimits::default(),
+            body_timeout: Duration::from_secs(10),
+            node_in_flight: report::NODE_IN_FLIGHT,
         },
         shared.clone(),
         // Every simulated agent connects from 127.0.0.1: no per-source limit.
-        Arc::new(CachedReviewer::with_limits(
-            Reviewer,
-            metrics.clone(),
-            100_000,
-            ReviewLimits {
-                per_source_burst: u32::MAX,
-                ..ReviewLimits::default()
-            },
-        )),
+        Arc::new(
+            CachedReviewer::with_limits(
+                Reviewer,
+                metrics.clone(),
+                100_000,
+                ReviewLimits {
+                    per_source_burst: u32::MAX,
+                    ..ReviewLimits::default()
+                },
+            )
+            .for_agent("system:serviceaccount:mg:agent"),
+        ),
         agents,
         None,
         tx,

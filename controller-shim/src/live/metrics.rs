@@ -84,7 +84,7 @@ pub struct Metrics {
 }
 
 /// Values of `mountguard_report_requests_total{result}`.
-pub const REPORT_RESULTS: [&str; 11] = [
+pub const REPORT_RESULTS: [&str; 12] = [
     "accepted",
     "unchanged",
     "resend",
@@ -93,6 +93,7 @@ pub const REPORT_RESULTS: [&str; 11] = [
     "forbidden",
     "conflict",
     "too_large",
+    "body_timeout",
     "rate_limited",
     "error",
     "not_leader",

@@ -118,6 +118,10 @@ impl Controller {
             header_read_timeout: serve.header_read_timeout,
             idle_timeout: serve.idle_timeout,
             max_connections: serve.max_connections,
+            // At the cap, refused and unproven connections go before the
+            // agents' (see `report`'s order of checks).
+            shed_unproven: true,
+            per_identity: report::NODE_IN_FLIGHT,
             ..mountguard_serve::Limits::small()
         }
         .fit_in(fds, metrics_limits.max_connections as u64 + 256);
