@@ -7,7 +7,7 @@
 //!
 //! Then the slow-body attack, on a second listener of the same handler
 //! whose connection cap (`--slow-cap`, default half of `--hostile`) the
-//! attacker exceeds: `--hostile` connections with node 0's valid token,
+//! attacker exceeds: `--hostile` connections from 127.0.0.2 with node 0's valid token,
 //! each trickling a chunked heartbeat body one byte a second, reopened 50
 //! ms after the server closes it. Meanwhile every other node sends
 //! `--rounds` heartbeats, each on a new connection (as an agent does once
@@ -108,7 +108,11 @@ async fn slow_body(
 ) {
     use tokio::io::AsyncReadExt;
     while !stop.load(Ordering::Relaxed) {
-        let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
+        // The attacker is one node: its own address (the agents' heartbeats
+        // come from 127.0.0.1).
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let Ok(mut s) = sock.connect(addr).await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };

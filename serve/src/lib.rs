@@ -14,8 +14,10 @@
 //!   [`Limits::shed_unproven`], a connection already open is shed in its
 //!   place when one can be spared: first one the service [`Standing::demote`]d
 //!   (refused, or over its identity's limit), then the oldest one no
-//!   request has proven yet; one the service vouched for is never shed
-//!   for a newcomer;
+//!   request has proven yet from the newcomer's own address, then (only
+//!   for an address with none) the oldest one not proven yet from any: a
+//!   source opening connections in a flood competes with itself. One the
+//!   service vouched for is never shed for a newcomer;
 //! - a limit on the connections one identity holds
 //!   ([`Limits::per_identity`], counted by [`Standing::vouch`]);
 //! - a small read buffer (`max_buf_size`), which bounds the request head;
@@ -149,6 +151,7 @@ enum Class {
 
 #[derive(Debug)]
 struct Entry {
+    source: std::net::IpAddr,
     class: Class,
     identity: Option<Arc<str>>,
     kill: Arc<tokio::sync::Notify>,
@@ -162,18 +165,22 @@ struct Registry {
     conns: HashMap<u64, Entry>,
     /// Ids by class, oldest first.
     unproven: BTreeSet<u64>,
+    /// Unproven ids by source address.
+    unproven_from: HashMap<std::net::IpAddr, BTreeSet<u64>>,
     demoted: BTreeSet<u64>,
     per_identity: HashMap<Arc<str>, usize>,
 }
 
 impl Registry {
-    fn open(&mut self) -> (u64, Arc<tokio::sync::Notify>) {
+    fn open(&mut self, source: std::net::IpAddr) -> (u64, Arc<tokio::sync::Notify>) {
         let id = self.next;
         self.next += 1;
         let kill = Arc::new(tokio::sync::Notify::new());
+        self.unproven_from.entry(source).or_default().insert(id);
         self.conns.insert(
             id,
             Entry {
+                source,
                 class: Class::Unproven,
                 identity: None,
                 kill: kill.clone(),
@@ -191,6 +198,12 @@ impl Registry {
         match e.class {
             Class::Unproven => {
                 self.unproven.remove(&id);
+                if let Some(set) = self.unproven_from.get_mut(&e.source) {
+                    set.remove(&id);
+                    if set.is_empty() {
+                        self.unproven_from.remove(&e.source);
+                    }
+                }
             }
             Class::Demoted => {
                 self.demoted.remove(&id);
@@ -248,12 +261,21 @@ impl Registry {
         true
     }
 
-    /// Closes the connection most worth shedding, if any may be.
-    fn shed_one(&mut self) -> bool {
+    /// Closes the connection most worth shedding for a newcomer from
+    /// `source`, if any may be: the oldest demoted one; else the oldest
+    /// unproven one from `source`; else, when `source` has none, the
+    /// oldest unproven one.
+    fn shed_one(&mut self, source: std::net::IpAddr) -> bool {
+        let own = self.unproven_from.get(&source).and_then(|s| s.first());
         let Some(id) = self
             .demoted
             .first()
-            .or_else(|| self.unproven.first())
+            .or(own)
+            .or_else(|| {
+                (!self.unproven_from.contains_key(&source))
+                    .then(|| self.unproven.first())
+                    .flatten()
+            })
             .copied()
         else {
             return false;
@@ -508,7 +530,7 @@ pub async fn serve<H, M, S, B>(
         let opened = {
             let mut reg = registry.lock().unwrap();
             if reg.conns.len() >= cap {
-                if limits.shed_unproven && reg.shed_one() {
+                if limits.shed_unproven && reg.shed_one(peer.ip()) {
                     metrics.shed.inc();
                     tracing::debug!(listener = name, %peer, "connection cap reached; an unproven or demoted connection shed for a newcomer");
                 } else {
@@ -516,7 +538,7 @@ pub async fn serve<H, M, S, B>(
                     tracing::debug!(listener = name, %peer, "connection cap reached; closed at once");
                 }
             }
-            (reg.conns.len() < cap).then(|| reg.open())
+            (reg.conns.len() < cap).then(|| reg.open(peer.ip()))
         };
         let Some((id, kill)) = opened else {
             drop(stream);
@@ -820,6 +842,53 @@ mod tests {
                 "a vouched connection was shed"
             );
         }
+    }
+
+    async fn connect_from(ip: &str, addr: SocketAddr) -> TcpStream {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        s.connect(addr).await.unwrap()
+    }
+
+    /// At the cap, a newcomer from an address that has unproven
+    /// connections sheds its own oldest one, not another address's: an
+    /// attacker flooding connections from one address cannot push out a
+    /// node's connection that is still sending its request.
+    #[tokio::test]
+    async fn slow_body_flood_from_one_address_sheds_its_own_connections() {
+        let (addr, m, _stop) = start_ranked(Limits {
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 4,
+            shed_unproven: true,
+            per_identity: 2,
+            ..Limits::small()
+        })
+        .await;
+        let mut agent = connect_from("127.0.0.1", addr).await;
+        agent.write_all(b"GET / HTTP/1.1\r\nhost").await.unwrap();
+        wait_open(&m, 1).await;
+        let mut flood = Vec::new();
+        for _ in 0..3 {
+            flood.push(connect_from("127.0.0.2", addr).await);
+            wait_open(&m, flood.len() as i64 + 1).await;
+        }
+        // Three more from the flooding address: each sheds its own oldest.
+        for i in 0..3 {
+            flood.push(connect_from("127.0.0.2", addr).await);
+            assert!(
+                closed_within(&mut flood[i], Duration::from_secs(2)).await,
+                "{i}"
+            );
+        }
+        assert_eq!(m.shed.get(), 3);
+        agent.write_all(b": x\r\nx-id: a\r\n\r\n").await.unwrap();
+        let mut buf = vec![0u8; 256];
+        let n = agent.read(&mut buf).await.unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).contains("200"),
+            "the node's connection was shed"
+        );
     }
 
     #[tokio::test]
