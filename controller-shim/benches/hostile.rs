@@ -10,9 +10,11 @@
 //! attacker exceeds: `--hostile` connections from 127.0.0.2 with node 0's valid token,
 //! each trickling a chunked heartbeat body one byte a second, reopened 50
 //! ms after the server closes it. Meanwhile every other node sends
-//! `--rounds` heartbeats, each on a new connection (as an agent does once
-//! the header-read timeout closed its kept-alive one). Prints the other
-//! nodes' heartbeats answered and shed, their rate and latency.
+//! `--rounds` heartbeats, and more rounds until `--slow-secs` (default 12,
+//! past the 10 s body deadline) have passed, each on a new connection from
+//! the node's own address (127.1.x.y; as an agent does once the
+//! header-read timeout closed its kept-alive one). Prints the other nodes'
+//! heartbeats answered and shed, their rate and latency.
 //!
 //! The controller side (the real report handler and TokenReview cache,
 //! the shared bounded serve loop with its default limits) runs in this
@@ -145,7 +147,14 @@ async fn slow_body(
 async fn fresh_heartbeat(addr: SocketAddr, n: usize) -> Option<Duration> {
     use http_body_util::BodyExt;
     let t = Instant::now();
-    let s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    // Each node its own address, as in a cluster.
+    let sock = tokio::net::TcpSocket::new_v4().ok()?;
+    sock.bind(std::net::SocketAddr::from((
+        [127, 1, (n / 256) as u8, (n % 256) as u8],
+        0,
+    )))
+    .ok()?;
+    let s = sock.connect(addr).await.ok()?;
     let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(s))
         .await
         .ok()?;
@@ -165,6 +174,7 @@ async fn fresh_heartbeat(addr: SocketAddr, n: usize) -> Option<Duration> {
 }
 
 async fn slow_body_phase(addr: SocketAddr, nodes: usize, hostiles: usize, rounds: usize) {
+    let min = Duration::from_secs(arg("--slow-secs", 12) as u64);
     let out = std::io::stdout();
     let open = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -182,7 +192,9 @@ async fn slow_body_phase(addr: SocketAddr, nodes: usize, hostiles: usize, rounds
     for c in 0..CONNS {
         tasks.push(tokio::spawn(async move {
             let (mut lat, mut shed) = (Vec::new(), 0usize);
-            for _ in 0..rounds {
+            let mut round = 0;
+            while round < rounds || t.elapsed() < min {
+                round += 1;
                 let mut n = 1 + c;
                 while n < nodes {
                     match fresh_heartbeat(addr, n).await {
@@ -442,6 +454,8 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
             &hostiles.to_string(),
             "--rounds",
             &rounds.to_string(),
+            "--slow-secs",
+            &arg("--slow-secs", 12).to_string(),
         ])
         .stdout(std::process::Stdio::piped())
         .stdin(std::process::Stdio::piped())
