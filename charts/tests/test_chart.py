@@ -605,6 +605,7 @@ def test_chart_defaults_are_the_controller_defaults() -> None:
     assert defaults["MOUNTGUARD_HEADER_READ_TIMEOUT"] == c["headerReadTimeout"]
     assert defaults["MOUNTGUARD_IDLE_TIMEOUT"] == c["idleTimeout"]
     assert defaults["MOUNTGUARD_STATUS_AUTH"] == c["statusAuth"]
+    assert defaults["MOUNTGUARD_REPORT_BODY_TIMEOUT"] == c["reportBodyTimeout"]
     env = controller_env(render())
     assert env["MOUNTGUARD_MAX_CONNECTIONS"] == "10000"
     assert env["MOUNTGUARD_HEADER_READ_TIMEOUT"] == "10s"
@@ -638,7 +639,8 @@ CONTROLLER_CONTRACT = {
     slurmrestd-ca-file slurm-token-secret slurm-token-key slurm-jwt-key-secret slurm-user
     remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
     replacement-timeout eviction-timeout verification-timeout on-failure replace-pinning-pods
-    report-rate-limit max-connections header-read-timeout idle-timeout log log-format""".split()
+    report-rate-limit report-body-timeout max-connections header-read-timeout idle-timeout
+    log log-format""".split()
 }
 
 

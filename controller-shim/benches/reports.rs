@@ -252,6 +252,8 @@ async fn server(cluster: Cluster, rounds: usize) {
             max_bytes: 32 << 20,
             rate: "100/s,100".parse().unwrap(),
             limits: CountLimits::default(),
+            body_timeout: Duration::from_secs(10),
+            node_in_flight: report::NODE_IN_FLIGHT,
         },
         shared.clone(),
         // Every simulated agent connects from 127.0.0.1: no per-source limit.

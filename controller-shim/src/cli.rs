@@ -322,6 +322,10 @@ pub struct RunArgs {
     /// Per-node report rate: `RATE/s[,BURST]`.
     #[arg(long, env = "MOUNTGUARD_REPORT_RATE_LIMIT", default_value = "2/s,5")]
     pub report_rate_limit: RateLimit,
+    /// Longest time a report body may take to arrive, plus one second per
+    /// 64 KiB received; a slower one is answered 408.
+    #[arg(long, env = "MOUNTGUARD_REPORT_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub report_body_timeout: Duration,
     /// Open report API connections at most (lowered to fit the open file
     /// limit); more are closed at once.
     #[arg(long, env = "MOUNTGUARD_MAX_CONNECTIONS", default_value = "10000")]
@@ -753,6 +757,7 @@ mod tests {
             (&run, "--inventory-max-age"),
             (&run, "--header-read-timeout"),
             (&run, "--idle-timeout"),
+            (&run, "--report-body-timeout"),
             (&run, "--remediation-delay"),
             (&run, "--drain-timeout"),
             (&run, "--replacement-timeout"),
@@ -776,6 +781,7 @@ mod tests {
                         (Command::Run(a), "--inventory-max-age") => a.inventory_max_age,
                         (Command::Run(a), "--header-read-timeout") => a.header_read_timeout,
                         (Command::Run(a), "--idle-timeout") => a.idle_timeout,
+                        (Command::Run(a), "--report-body-timeout") => a.report_body_timeout,
                         (Command::Run(a), "--remediation-delay") => a.remediation_delay,
                         (Command::Run(a), "--drain-timeout") => a.drain_timeout,
                         (Command::Run(a), "--replacement-timeout") => a.replacement_timeout,

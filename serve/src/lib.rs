@@ -10,7 +10,16 @@
 //!   for that long is closed, whatever it is doing (a stalled body, a
 //!   client that never reads its answer);
 //! - a cap on open connections: a connection over the cap is closed at
-//!   once (shed), before anything is read from it;
+//!   once (shed), before anything is read from it. With
+//!   [`Limits::shed_unproven`], a connection already open is shed in its
+//!   place when one can be spared: first one the service [`Standing::demote`]d
+//!   (refused, or over its identity's limit), then the oldest one no
+//!   request has proven yet from the newcomer's own address, then (only
+//!   for an address with none) the oldest one not proven yet from any: a
+//!   source opening connections in a flood competes with itself. One the
+//!   service vouched for is never shed for a newcomer;
+//! - a limit on the connections one identity holds
+//!   ([`Limits::per_identity`], counted by [`Standing::vouch`]);
 //! - a small read buffer (`max_buf_size`), which bounds the request head;
 //! - a bounded handshake (TLS) and a bounded graceful drain at shutdown;
 //! - accept errors (e.g. `EMFILE`) logged at most once per
@@ -25,13 +34,14 @@
 #[cfg(feature = "test-server")]
 pub mod test_server;
 
+use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -72,6 +82,12 @@ pub struct Limits {
     pub max_headers: usize,
     /// How long open connections may finish after shutdown starts.
     pub drain: Duration,
+    /// At the cap, shed a demoted or not yet proven connection for a
+    /// newcomer instead of the newcomer (see [`Standing`]).
+    pub shed_unproven: bool,
+    /// Connections one identity may hold that a request vouched for
+    /// ([`Standing::vouch`]); 0: no limit.
+    pub per_identity: usize,
 }
 
 impl Limits {
@@ -85,6 +101,8 @@ impl Limits {
             max_buf_size: 16 * 1024,
             max_headers: 64,
             drain: Duration::from_secs(5),
+            shed_unproven: false,
+            per_identity: 0,
         }
     }
 
@@ -117,6 +135,204 @@ impl ServeMetrics {
             shed: prometheus::IntCounter::new("shed", "shed").expect("valid"),
             timed_out: prometheus::IntCounter::new("timed_out", "timed out").expect("valid"),
         }
+    }
+}
+
+/// What a request has shown of its connection's client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// Nothing yet: shed (oldest first) when a newcomer needs the room.
+    Unproven,
+    /// A request the service vouched for: never shed for a newcomer.
+    Vouched,
+    /// Refused, or over its identity's limit: shed first.
+    Demoted,
+}
+
+#[derive(Debug)]
+struct Entry {
+    source: std::net::IpAddr,
+    class: Class,
+    identity: Option<Arc<str>>,
+    kill: Arc<tokio::sync::Notify>,
+}
+
+/// The open connections of one listener, by how much they are worth
+/// keeping.
+#[derive(Debug, Default)]
+struct Registry {
+    next: u64,
+    conns: HashMap<u64, Entry>,
+    /// Ids by class, oldest first.
+    unproven: BTreeSet<u64>,
+    /// Unproven ids by source address.
+    unproven_from: HashMap<std::net::IpAddr, BTreeSet<u64>>,
+    demoted: BTreeSet<u64>,
+    per_identity: HashMap<Arc<str>, usize>,
+}
+
+impl Registry {
+    fn open(&mut self, source: std::net::IpAddr) -> (u64, Arc<tokio::sync::Notify>) {
+        let id = self.next;
+        self.next += 1;
+        let kill = Arc::new(tokio::sync::Notify::new());
+        self.unproven_from.entry(source).or_default().insert(id);
+        self.conns.insert(
+            id,
+            Entry {
+                source,
+                class: Class::Unproven,
+                identity: None,
+                kill: kill.clone(),
+            },
+        );
+        self.unproven.insert(id);
+        (id, kill)
+    }
+
+    /// Forgets `id`'s class and identity.
+    fn unclass(&mut self, id: u64) {
+        let Some(e) = self.conns.get_mut(&id) else {
+            return;
+        };
+        match e.class {
+            Class::Unproven => {
+                self.unproven.remove(&id);
+                if let Some(set) = self.unproven_from.get_mut(&e.source) {
+                    set.remove(&id);
+                    if set.is_empty() {
+                        self.unproven_from.remove(&e.source);
+                    }
+                }
+            }
+            Class::Demoted => {
+                self.demoted.remove(&id);
+            }
+            Class::Vouched => {}
+        }
+        if let Some(who) = e.identity.take()
+            && let Some(n) = self.per_identity.get_mut(&who)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.per_identity.remove(&who);
+            }
+        }
+    }
+
+    fn close(&mut self, id: u64) {
+        self.unclass(id);
+        self.conns.remove(&id);
+    }
+
+    fn demote(&mut self, id: u64) {
+        if self
+            .conns
+            .get(&id)
+            .is_none_or(|e| e.class == Class::Demoted)
+        {
+            return;
+        }
+        self.unclass(id);
+        if let Some(e) = self.conns.get_mut(&id) {
+            e.class = Class::Demoted;
+            self.demoted.insert(id);
+        }
+    }
+
+    fn vouch(&mut self, id: u64, identity: &str, limit: usize) -> bool {
+        let Some(e) = self.conns.get(&id) else {
+            return false;
+        };
+        if e.class == Class::Vouched && e.identity.as_deref() == Some(identity) {
+            return true;
+        }
+        let held = self.per_identity.get(identity).copied().unwrap_or(0);
+        if limit > 0 && held >= limit {
+            self.demote(id);
+            return false;
+        }
+        self.unclass(id);
+        let who: Arc<str> = Arc::from(identity);
+        *self.per_identity.entry(who.clone()).or_insert(0) += 1;
+        let e = self.conns.get_mut(&id).expect("checked above");
+        e.class = Class::Vouched;
+        e.identity = Some(who);
+        true
+    }
+
+    /// Closes the connection most worth shedding for a newcomer from
+    /// `source`, if any may be: the oldest demoted one; else the oldest
+    /// unproven one from `source`; else, when `source` has none, the
+    /// oldest unproven one.
+    fn shed_one(&mut self, source: std::net::IpAddr) -> bool {
+        let own = self.unproven_from.get(&source).and_then(|s| s.first());
+        let Some(id) = self
+            .demoted
+            .first()
+            .or(own)
+            .or_else(|| {
+                (!self.unproven_from.contains_key(&source))
+                    .then(|| self.unproven.first())
+                    .flatten()
+            })
+            .copied()
+        else {
+            return false;
+        };
+        if let Some(e) = self.conns.get(&id) {
+            e.kill.notify_one();
+        }
+        self.close(id);
+        true
+    }
+}
+
+/// The standing of the connection a request came on (a request extension
+/// set by [`serve`]): the service tells the accept loop what the request
+/// proved, which decides what is shed when the cap is reached.
+#[derive(Debug, Clone)]
+pub struct Standing {
+    registry: Arc<Mutex<Registry>>,
+    id: u64,
+    per_identity: usize,
+}
+
+impl Standing {
+    /// The request proved its client to be `identity` (e.g. an
+    /// authenticated node): the connection is kept over newcomers. Returns
+    /// false, and demotes the connection instead, when `identity` already
+    /// holds [`Limits::per_identity`] vouched connections.
+    pub fn vouch(&self, identity: &str) -> bool {
+        self.registry
+            .lock()
+            .unwrap()
+            .vouch(self.id, identity, self.per_identity)
+    }
+
+    /// The request was refused: the connection is the first to be shed.
+    pub fn demote(&self) {
+        self.registry.lock().unwrap().demote(self.id);
+    }
+}
+
+/// A service that hands each request its connection's [`Standing`].
+#[derive(Debug, Clone)]
+struct WithStanding<S> {
+    inner: S,
+    standing: Standing,
+}
+
+impl<S, R> Service<http::Request<Incoming>> for WithStanding<S>
+where
+    S: Service<http::Request<Incoming>, Response = R>,
+{
+    type Response = R;
+    type Error = S::Error;
+    type Future = S::Future;
+    fn call(&self, mut req: http::Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.standing.clone());
+        self.inner.call(req)
     }
 }
 
@@ -236,6 +452,18 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 }
 
+/// A connection's place in the registry, given up when its task ends.
+struct Slot {
+    registry: Arc<Mutex<Registry>>,
+    id: u64,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.registry.lock().unwrap().close(self.id);
+    }
+}
+
 /// Resolves once `last` has not moved for `idle`.
 async fn idle_for(epoch: Instant, last: Arc<AtomicU64>, idle: Duration) {
     loop {
@@ -271,7 +499,8 @@ pub async fn serve<H, M, S, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let cap = limits.max_connections.max(1);
+    let registry = Arc::new(Mutex::new(Registry::default()));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut errors = AcceptErrors {
         name,
@@ -298,25 +527,46 @@ pub async fn serve<H, M, S, B>(
                 }
             },
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            metrics.shed.inc();
-            tracing::debug!(listener = name, %peer, "connection cap reached; closed at once");
+        let opened = {
+            let mut reg = registry.lock().unwrap();
+            if reg.conns.len() >= cap {
+                if limits.shed_unproven && reg.shed_one(peer.ip()) {
+                    metrics.shed.inc();
+                    tracing::debug!(listener = name, %peer, "connection cap reached; an unproven or demoted connection shed for a newcomer");
+                } else {
+                    metrics.shed.inc();
+                    tracing::debug!(listener = name, %peer, "connection cap reached; closed at once");
+                }
+            }
+            (reg.conns.len() < cap).then(|| reg.open(peer.ip()))
+        };
+        let Some((id, kill)) = opened else {
             drop(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let svc = make(peer);
+        let standing = Standing {
+            registry: registry.clone(),
+            id,
+            per_identity: limits.per_identity,
+        };
+        let svc = WithStanding {
+            inner: make(peer),
+            standing,
+        };
+        let registry = registry.clone();
         let handshake = handshake.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let metrics = metrics.clone();
         metrics.open.inc();
         tokio::spawn(async move {
-            let _permit = permit;
-            let io =
-                match tokio::time::timeout(limits.handshake_timeout, handshake.handshake(stream))
-                    .await
-                {
+            let _slot = Slot { registry, id };
+            let killed = kill.notified();
+            let mut killed = std::pin::pin!(killed);
+            killed.as_mut().enable();
+            let io = tokio::select! {
+                r = tokio::time::timeout(limits.handshake_timeout, handshake.handshake(stream)) => match r {
                     Ok(Ok(io)) => io,
                     Ok(Err(e)) => {
                         tracing::debug!(listener = name, %peer, error = %e, "handshake failed");
@@ -328,7 +578,12 @@ pub async fn serve<H, M, S, B>(
                         metrics.open.dec();
                         return;
                     }
-                };
+                },
+                () = killed.as_mut() => {
+                    metrics.open.dec();
+                    return;
+                }
+            };
             let epoch = Instant::now();
             let last = Arc::new(AtomicU64::new(0));
             let io = Tracked {
@@ -349,6 +604,9 @@ pub async fn serve<H, M, S, B>(
                 () = idle_for(epoch, last, limits.idle_timeout) => {
                     metrics.timed_out.inc();
                     tracing::debug!(listener = name, %peer, "connection idle too long; closed");
+                }
+                () = killed => {
+                    tracing::debug!(listener = name, %peer, "connection shed for a newcomer");
                 }
             }
             metrics.open.dec();
@@ -470,6 +728,167 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert!(get(addr).await.unwrap().contains("200 OK"));
+    }
+
+    /// A server whose service vouches for `x-id: <who>` (answering 429
+    /// when `who` is over its limit) and demotes on `x-bad`.
+    async fn start_ranked(
+        limits: Limits,
+    ) -> (SocketAddr, ServeMetrics, tokio::sync::oneshot::Sender<()>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let metrics = ServeMetrics::unregistered();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(serve(
+            "test",
+            listener,
+            limits,
+            Plain,
+            metrics.clone(),
+            |_| {
+                hyper::service::service_fn(|req: http::Request<Incoming>| async move {
+                    let standing = req.extensions().get::<Standing>().unwrap().clone();
+                    let mut status = http::StatusCode::OK;
+                    if let Some(who) = req.headers().get("x-id") {
+                        if !standing.vouch(who.to_str().unwrap()) {
+                            status = http::StatusCode::TOO_MANY_REQUESTS;
+                        }
+                    } else if req.headers().contains_key("x-bad") {
+                        standing.demote();
+                        status = http::StatusCode::UNAUTHORIZED;
+                    }
+                    let mut resp = http::Response::new(Full::new(Bytes::from_static(b"ok")));
+                    *resp.status_mut() = status;
+                    Ok::<_, Infallible>(resp)
+                })
+            },
+            async {
+                let _ = rx.await;
+            },
+        ));
+        (addr, metrics, tx)
+    }
+
+    /// One keep-alive request on `s`; returns the status line.
+    async fn ask(s: &mut TcpStream, header: &str) -> String {
+        s.write_all(format!("GET / HTTP/1.1\r\nhost: x\r\n{header}\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        String::from_utf8_lossy(&buf[..n])
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_string()
+    }
+
+    async fn wait_open(m: &ServeMetrics, n: i64) {
+        for _ in 0..200 {
+            if m.open.get() == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{} open, expected {n}", m.open.get());
+    }
+
+    /// The cap full of connections that trickle, idle or were refused: a
+    /// newcomer (another node's heartbeat) gets in and one of those is
+    /// shed, the refused one first; connections that were vouched for are
+    /// never shed for it; one identity holds at most its limit.
+    #[tokio::test]
+    async fn slow_body_connections_are_shed_before_proven_ones() {
+        let (addr, m, _stop) = start_ranked(Limits {
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 4,
+            shed_unproven: true,
+            per_identity: 2,
+            ..Limits::small()
+        })
+        .await;
+        // Two connections of one identity, vouched for; a third is over
+        // the limit (and demoted).
+        let mut a1 = TcpStream::connect(addr).await.unwrap();
+        let mut a2 = TcpStream::connect(addr).await.unwrap();
+        let mut a3 = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut a1, "x-id: a").await.contains("200"));
+        assert!(ask(&mut a2, "x-id: a").await.contains("200"));
+        assert!(ask(&mut a3, "x-id: a").await.contains("429"));
+        // An unproven connection sending a slow head.
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"PUT / HTTP/1.1\r\nhost").await.unwrap();
+        wait_open(&m, 4).await;
+        // A newcomer: the demoted one goes first.
+        let mut b = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut b, "x-id: b").await.contains("200"));
+        assert!(closed_within(&mut a3, Duration::from_secs(2)).await);
+        // The next one: the unproven slow connection goes.
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut c, "x-id: c").await.contains("200"));
+        assert!(closed_within(&mut slow, Duration::from_secs(2)).await);
+        assert_eq!(m.shed.get(), 2);
+        // Only vouched connections are left: a newcomer is closed at once.
+        let mut d = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut d, Duration::from_secs(2)).await);
+        assert_eq!(m.shed.get(), 3);
+        for s in [&mut a1, &mut a2, &mut b, &mut c] {
+            assert!(
+                ask(s, "x-ping: 1").await.contains("200"),
+                "a vouched connection was shed"
+            );
+        }
+    }
+
+    async fn connect_from(ip: &str, addr: SocketAddr) -> TcpStream {
+        let s = tokio::net::TcpSocket::new_v4().unwrap();
+        s.bind(format!("{ip}:0").parse().unwrap()).unwrap();
+        s.connect(addr).await.unwrap()
+    }
+
+    /// At the cap, a newcomer from an address that has unproven
+    /// connections sheds its own oldest one, not another address's: an
+    /// attacker flooding connections from one address cannot push out a
+    /// node's connection that is still sending its request.
+    #[tokio::test]
+    async fn slow_body_flood_from_one_address_sheds_its_own_connections() {
+        let (addr, m, _stop) = start_ranked(Limits {
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 4,
+            shed_unproven: true,
+            per_identity: 2,
+            ..Limits::small()
+        })
+        .await;
+        let mut agent = connect_from("127.0.0.1", addr).await;
+        agent.write_all(b"GET / HTTP/1.1\r\nhost").await.unwrap();
+        wait_open(&m, 1).await;
+        let mut flood = Vec::new();
+        for _ in 0..3 {
+            flood.push(connect_from("127.0.0.2", addr).await);
+            wait_open(&m, flood.len() as i64 + 1).await;
+        }
+        // Three more from the flooding address: each sheds its own oldest.
+        for i in 0..3 {
+            flood.push(connect_from("127.0.0.2", addr).await);
+            assert!(
+                closed_within(&mut flood[i], Duration::from_secs(2)).await,
+                "{i}"
+            );
+        }
+        assert_eq!(m.shed.get(), 3);
+        agent.write_all(b": x\r\nx-id: a\r\n\r\n").await.unwrap();
+        let mut buf = vec![0u8; 256];
+        let n = agent.read(&mut buf).await.unwrap();
+        assert!(
+            String::from_utf8_lossy(&buf[..n]).contains("200"),
+            "the node's connection was shed"
+        );
     }
 
     #[tokio::test]

@@ -215,14 +215,31 @@ type CacheEntry = (Result<ReviewedUser, AuthError>, Instant);
 /// token itself): successes until the token's `exp` (else
 /// [`DEFAULT_TTL`]), rejections for [`NEGATIVE_TTL`]; at most `capacity`
 /// entries.
+///
+/// With [`CachedReviewer::for_agent`], only the agent ServiceAccount's
+/// answers go to that cache. A token that authenticates as anyone else (a
+/// tenant's token with the right audience: refused by the authorization
+/// anyway) is kept apart, in a small cache of its own
+/// ([`others_capacity`]) where it can only displace its like, and a hit on
+/// it is charged to its source as a miss is: a tenant flooding valid
+/// tokens neither evicts nor crowds out the agents' entries, whose tokens
+/// rotate hourly.
 pub struct CachedReviewer<R> {
     inner: R,
     metrics: Metrics,
     capacity: usize,
     cache: Mutex<HashMap<CacheKey, CacheEntry>>,
+    agent_user: Option<String>,
+    others: Mutex<HashMap<CacheKey, CacheEntry>>,
     limits: ReviewLimits,
     in_flight: tokio::sync::Semaphore,
     sources: Mutex<HashMap<std::net::IpAddr, TokenBucket>>,
+}
+
+/// Entries of the cache of users that are not the agent, for a main cache
+/// of `capacity`.
+pub fn others_capacity(capacity: usize) -> usize {
+    (capacity / 16).clamp(16, 1024)
 }
 
 impl<R> std::fmt::Debug for CachedReviewer<R> {
@@ -246,10 +263,43 @@ impl<R: TokenReviewer> CachedReviewer<R> {
             metrics,
             capacity: capacity.max(1),
             cache: Mutex::new(HashMap::new()),
+            agent_user: None,
+            others: Mutex::new(HashMap::new()),
             in_flight: tokio::sync::Semaphore::new(limits.in_flight.max(1)),
             limits,
             sources: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Keeps the main cache for `username` (the agent ServiceAccount's
+    /// user name): every other authenticated user is cached apart.
+    pub fn for_agent(mut self, username: impl Into<String>) -> Self {
+        self.agent_user = Some(username.into());
+        self
+    }
+
+    /// Whether an answer belongs in the main cache.
+    fn is_agent(&self, r: &Result<ReviewedUser, AuthError>) -> bool {
+        match (r, &self.agent_user) {
+            (Ok(u), Some(agent)) => u.username == *agent,
+            _ => true,
+        }
+    }
+
+    /// Stores the answer of a user that is not the agent: expired entries
+    /// go first, then any one other entry (never an agent's).
+    fn store_other(&self, key: CacheKey, entry: CacheEntry, now: Instant) {
+        let mut others = self.others.lock().unwrap();
+        let cap = others_capacity(self.capacity);
+        if others.len() >= cap && !others.contains_key(&key) {
+            others.retain(|_, (_, until)| *until > now);
+            if others.len() >= cap
+                && let Some(k) = others.keys().next().copied()
+            {
+                others.remove(&k);
+            }
+        }
+        others.insert(key, entry);
     }
 
     /// Charges one review to `source`, or says when to retry.
@@ -287,9 +337,9 @@ impl<R: TokenReviewer> CachedReviewer<R> {
         cache.insert(key, entry);
     }
 
-    /// Number of cached entries.
+    /// Number of cached entries (both caches).
     pub fn len(&self) -> usize {
-        self.cache.lock().unwrap().len()
+        self.cache.lock().unwrap().len() + self.others.lock().unwrap().len()
     }
 
     /// Whether the cache is empty.
@@ -349,8 +399,16 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
             {
                 return r.clone();
             }
+            let other = self
+                .others
+                .lock()
+                .unwrap()
+                .get(&key)
+                .filter(|(_, until)| *until > now)
+                .map(|(r, _)| r.clone());
             // A miss costs a TokenReview: charged to the source, then
-            // bounded in flight across all sources.
+            // bounded in flight across all sources. A user that is not the
+            // agent is charged on a hit too.
             if let Some(ip) = source
                 && let Err(wait) = self.charge(ip, now)
             {
@@ -359,6 +417,9 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
                     format!("too many unknown tokens from {ip}; retry after {wait}s"),
                     wait,
                 ));
+            }
+            if let Some(r) = other {
+                return r;
             }
             let Ok(Ok(_permit)) =
                 tokio::time::timeout(self.limits.queue_timeout, self.in_flight.acquire()).await
@@ -381,7 +442,11 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
                 Err(AuthError::Throttled(..)) => return r,
             };
             if !ttl.is_zero() {
-                self.store(key, (r.clone(), now + ttl), now);
+                if self.is_agent(&r) {
+                    self.store(key, (r.clone(), now + ttl), now);
+                } else {
+                    self.store_other(key, (r.clone(), now + ttl), now);
+                }
             }
             r
         })
@@ -974,6 +1039,78 @@ pub(crate) mod tests {
             before,
             "a live answer was evicted by rejections"
         );
+    }
+
+    /// 1,000 valid tokens of another ServiceAccount with the audience, 20
+    /// from each of 50 addresses (within the per-source burst): the
+    /// agents' entries stay, a rotated agent token costs one review for
+    /// five reports, and replaying a tenant token is charged to its source.
+    #[tokio::test]
+    async fn token_review_cache_flush() {
+        let mut f = FakeReviewer::default();
+        let tenant = |i: usize| ReviewedUser {
+            username: "system:serviceaccount:tenant:default".into(),
+            uid: format!("t{i}"),
+            extra: BTreeMap::new(),
+        };
+        for i in 0..1000 {
+            f.tokens.insert(format!("tenant-{i}"), tenant(i));
+        }
+        for t in ["agent-old", "agent-new"] {
+            f.tokens.insert(t.into(), agent_user("agent-a", "ua", None));
+        }
+        let c = CachedReviewer::with_limits(
+            f,
+            Metrics::new(),
+            100,
+            ReviewLimits {
+                per_source_rate: 0.001,
+                per_source_burst: 20,
+                ..ReviewLimits::default()
+            },
+        )
+        .for_agent(sa().username());
+        let agent_ip: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+        assert!(
+            c.review_from("agent-old", "mountguard", Some(agent_ip))
+                .await
+                .is_ok()
+        );
+        for i in 0..1000 {
+            let ip = std::net::IpAddr::from([127, 0, 1, (i / 20) as u8]);
+            let r = c
+                .review_from(&format!("tenant-{i}"), "mountguard", Some(ip))
+                .await;
+            assert_eq!(r.map(|u| u.uid), Ok(format!("t{i}")));
+        }
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 1001);
+        assert!(c.len() <= 100 + others_capacity(100), "{}", c.len());
+        // The agent's cached token was not evicted.
+        assert!(
+            c.review_from("agent-old", "mountguard", Some(agent_ip))
+                .await
+                .is_ok()
+        );
+        assert_eq!(c.inner.calls.load(Ordering::SeqCst), 1001);
+        // The rotated token: one review, then cached.
+        for _ in 0..5 {
+            assert!(
+                c.review_from("agent-new", "mountguard", Some(agent_ip))
+                    .await
+                    .is_ok()
+            );
+        }
+        assert_eq!(
+            c.inner.calls.load(Ordering::SeqCst),
+            1002,
+            "a rotated agent token cost more than one review"
+        );
+        // A tenant token replayed from its exhausted source: throttled.
+        let last = std::net::IpAddr::from([127, 0, 1, 49]);
+        assert!(matches!(
+            c.review_from("tenant-999", "mountguard", Some(last)).await,
+            Err(AuthError::Throttled(..))
+        ));
     }
 
     /// A reviewer that takes time and records the most reviews at once.

@@ -89,7 +89,7 @@ pub struct Metrics {
 pub const STATUS_RESULTS: [&str; 4] = ["allowed", "unauthenticated", "forbidden", "unavailable"];
 
 /// Values of `mountguard_report_requests_total{result}`.
-pub const REPORT_RESULTS: [&str; 11] = [
+pub const REPORT_RESULTS: [&str; 12] = [
     "accepted",
     "unchanged",
     "resend",
@@ -98,6 +98,7 @@ pub const REPORT_RESULTS: [&str; 11] = [
     "forbidden",
     "conflict",
     "too_large",
+    "body_timeout",
     "rate_limited",
     "error",
     "not_leader",

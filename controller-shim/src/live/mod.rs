@@ -119,6 +119,10 @@ impl Controller {
             header_read_timeout: serve.header_read_timeout,
             idle_timeout: serve.idle_timeout,
             max_connections: serve.max_connections,
+            // At the cap, refused and unproven connections go before the
+            // agents' (see `report`'s order of checks).
+            shed_unproven: true,
+            per_identity: report::NODE_IN_FLIGHT,
             ..mountguard_serve::Limits::small()
         }
         .fit_in(fds, metrics_limits.max_connections as u64 + 256);
@@ -149,11 +153,14 @@ impl Controller {
         })?;
 
         let agents = Arc::new(auth::AgentPods::default());
-        let reviewer: Arc<dyn TokenReviewer> = Arc::new(auth::CachedReviewer::new(
-            auth::KubeTokenReviewer::new(client.clone()),
-            shared.metrics.clone(),
-            10_000,
-        ));
+        let reviewer: Arc<dyn TokenReviewer> = Arc::new(
+            auth::CachedReviewer::new(
+                auth::KubeTokenReviewer::new(client.clone()),
+                shared.metrics.clone(),
+                10_000,
+            )
+            .for_agent(report_config.agent_sa.username()),
+        );
         let fetcher = auth::KubePodFetcher::new(
             client.clone(),
             report_config.agent_sa.namespace.clone(),

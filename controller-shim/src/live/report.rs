@@ -3,12 +3,21 @@
 //!
 //! Order of checks (each failure answers at once, counts
 //! `mountguard_report_requests_total{result}`, logs the node and the reason
-//! but never the token, and changes nothing): acting replica (503
+//! but never the token - at most one line per result per
+//! [`REFUSAL_LOG_EVERY`], with the count not logged - and changes nothing): acting replica (503
 //! `notLeader`), initial lists done (503 `notReady`), method and path (404 /
-//! 405), bearer token (401), authorization for the node (403), per-node rate
-//! limit (429 + `Retry-After`), body size (413; an oversized body is read
-//! and discarded up to a bound so the client sees the answer), strict parse and limits (400), node in the
-//! body equals the path (400), generation (409 when older than held). Only
+//! 405), bearer token (401), authorization for the node (403), reports of
+//! the node in flight (429 + `Retry-After` beyond
+//! [`ReportConfig::node_in_flight`]) and connections it holds (the same
+//! 429, through the serve loop's [`mountguard_serve::Standing`]; the
+//! connection is then vouched for, and a refused one demoted, so it is
+//! shed first), per-node rate limit (429 + `Retry-After`), body size (413;
+//! an oversized body is read and discarded up to a bound so the client
+//! sees the answer), body deadline (408 `bodyTimeout` when the body has
+//! not arrived within `--report-body-timeout` plus 1 s per
+//! [`MIN_BODY_RATE`] bytes received), strict parse and limits (400), node
+//! in the body equals the path (400), generation (409 when older than
+//! held). Only
 //! then is the held generation updated and the inventory handed to the
 //! evaluation task.
 
@@ -72,7 +81,21 @@ pub struct ReportConfig {
     pub rate: RateLimit,
     /// Count limits.
     pub limits: CountLimits,
+    /// Longest time a body may take to arrive, plus one second per
+    /// [`MIN_BODY_RATE`] bytes received (`--report-body-timeout`).
+    pub body_timeout: Duration,
+    /// Reports of one node handled at once at most (and connections one
+    /// node holds, with the serve loop's [`mountguard_serve::Standing`]).
+    pub node_in_flight: usize,
 }
+
+/// Default of [`ReportConfig::node_in_flight`]: an agent sends one report
+/// at a time.
+pub const NODE_IN_FLIGHT: usize = 4;
+
+/// The rate a body must keep up beyond the body timeout: each this many
+/// bytes received extend its deadline by one second.
+pub const MIN_BODY_RATE: u64 = 64 << 10;
 
 #[derive(Debug)]
 struct NodeBook {
@@ -96,6 +119,74 @@ pub struct ReportHandler {
     inputs: mpsc::Sender<Input>,
     book: Mutex<HashMap<String, NodeBook>>,
     inflight: Arc<tokio::sync::Semaphore>,
+    refusals: Mutex<RefusalLog>,
+    node_in_flight: Mutex<HashMap<String, usize>>,
+}
+
+/// One report of a node being handled (released on drop).
+struct NodeSlot<'a> {
+    map: &'a Mutex<HashMap<String, usize>>,
+    node: String,
+}
+
+impl Drop for NodeSlot<'_> {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap();
+        if let Some(n) = map.get_mut(&self.node) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.node);
+            }
+        }
+    }
+}
+
+/// At most one warning line per refusal result is written per this
+/// period; the next line carries the count of those not logged.
+pub const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Which refusals get a warning line: at most one per result label per
+/// [`REFUSAL_LOG_EVERY`] (pure: time is passed in). An attacker sets how
+/// many refusals there are, not how many lines they write; the counters
+/// (`mountguard_report_requests_total{result}`) still count each.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    by_result: HashMap<&'static str, RefusalSlot>,
+}
+
+#[derive(Debug)]
+struct RefusalSlot {
+    logged: Instant,
+    not_logged: u64,
+}
+
+impl RefusalLog {
+    /// Records a refusal with `result` at `now`: `Some(n)` when it is to
+    /// be logged, `n` refusals with that result having gone unlogged since
+    /// the last line; `None` when it is only counted.
+    pub fn admit(&mut self, result: &'static str, now: Instant) -> Option<u64> {
+        match self.by_result.get_mut(result) {
+            Some(s) if now.saturating_duration_since(s.logged) < REFUSAL_LOG_EVERY => {
+                s.not_logged += 1;
+                None
+            }
+            Some(s) => {
+                let n = std::mem::take(&mut s.not_logged);
+                s.logged = now;
+                Some(n)
+            }
+            None => {
+                self.by_result.insert(
+                    result,
+                    RefusalSlot {
+                        logged: now,
+                        not_logged: 0,
+                    },
+                );
+                Some(0)
+            }
+        }
+    }
 }
 
 /// Parsed inventories, at most: from the parse until the evaluation has
@@ -112,6 +203,8 @@ struct Reject {
     result: &'static str,
     message: String,
     retry_after: Option<u64>,
+    /// Close the connection after the answer.
+    close: bool,
 }
 
 impl Reject {
@@ -127,6 +220,7 @@ impl Reject {
             result,
             message: message.into(),
             retry_after: None,
+            close: false,
         }
     }
     fn bad(message: impl Into<String>) -> Self {
@@ -174,6 +268,8 @@ impl ReportHandler {
             inputs,
             book: Mutex::new(HashMap::new()),
             inflight: Arc::new(tokio::sync::Semaphore::new(MAX_INFLIGHT_INVENTORIES)),
+            refusals: Mutex::new(RefusalLog::default()),
+            node_in_flight: Mutex::new(HashMap::new()),
         }
     }
 
@@ -216,7 +312,11 @@ impl ReportHandler {
             Kind::Inventory => "inventory",
             Kind::Heartbeat => "heartbeat",
         };
-        let resp = match self.handle_inner(req, kind, &node).await {
+        let standing = req
+            .extensions()
+            .get::<mountguard_serve::Standing>()
+            .cloned();
+        let resp = match self.handle_inner(req, kind, &node, standing.as_ref()).await {
             Ok((status, generation)) => {
                 self.shared.metrics.report(match status {
                     ReportStatus::Accepted => "accepted",
@@ -228,8 +328,35 @@ impl ReportHandler {
             }
             Err(r) => {
                 self.shared.metrics.report(r.result);
-                if r.status != StatusCode::SERVICE_UNAVAILABLE {
-                    warn!(node, kind = kind_label, result = r.result, reason = %r.message, "report rejected");
+                // A refused caller's connection is the first to be shed
+                // when the connection cap is reached.
+                if let Some(st) = &standing
+                    && matches!(
+                        r.status,
+                        StatusCode::UNAUTHORIZED
+                            | StatusCode::FORBIDDEN
+                            | StatusCode::TOO_MANY_REQUESTS
+                            | StatusCode::REQUEST_TIMEOUT
+                            | StatusCode::PAYLOAD_TOO_LARGE
+                    )
+                {
+                    st.demote();
+                }
+                if r.status != StatusCode::SERVICE_UNAVAILABLE
+                    && let Some(not_logged) = self
+                        .refusals
+                        .lock()
+                        .unwrap()
+                        .admit(r.result, Instant::now())
+                {
+                    warn!(
+                        node,
+                        kind = kind_label,
+                        result = r.result,
+                        reason = %r.message,
+                        not_logged_since_last = not_logged,
+                        "report rejected (at most one such line per result per 10 s)"
+                    );
                 }
                 let mut resp = json_response(
                     r.status,
@@ -241,6 +368,12 @@ impl ReportHandler {
                 if let Some(s) = r.retry_after {
                     resp.headers_mut()
                         .insert(header::RETRY_AFTER, header::HeaderValue::from(s));
+                }
+                if r.close {
+                    resp.headers_mut().insert(
+                        header::CONNECTION,
+                        header::HeaderValue::from_static("close"),
+                    );
                 }
                 resp
             }
@@ -258,6 +391,7 @@ impl ReportHandler {
         req: Request<B>,
         kind: Kind,
         node: &str,
+        standing: Option<&mountguard_serve::Standing>,
     ) -> Result<(ReportStatus, Option<u64>), Reject>
     where
         B: Body<Data = Bytes>,
@@ -288,6 +422,20 @@ impl ReportHandler {
             ));
         }
         self.authenticate(&req, node).await?;
+        let _slot = self.enter(node)?;
+        if let Some(st) = standing
+            && !st.vouch(node)
+        {
+            let mut r = Reject::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rateLimited",
+                "rate_limited",
+                format!("node {node} holds too many connections; use one"),
+            );
+            r.retry_after = Some(1);
+            r.close = true;
+            return Err(r);
+        }
         self.take_token(node)?;
 
         let declared = req
@@ -301,9 +449,24 @@ impl ReportHandler {
             // may see the connection close while it is still writing).
             return Err(too_large(max));
         }
-        let body = match read_bounded(req.into_body(), max).await {
+        let timeout = self.config.body_timeout;
+        let body = match read_bounded(req.into_body(), max, timeout).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => return Err(too_large(max)),
+            Err(BodyError::TimedOut) => {
+                let mut r = Reject::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "bodyTimeout",
+                    "body_timeout",
+                    format!(
+                        "the body did not arrive within {}s plus 1s per {} KiB (--report-body-timeout)",
+                        timeout.as_secs_f64(),
+                        MIN_BODY_RATE >> 10
+                    ),
+                );
+                r.close = true;
+                return Err(r);
+            }
             Err(BodyError::Read(e)) => {
                 return Err(Reject::bad(format!("reading the body failed: {e}")));
             }
@@ -389,6 +552,30 @@ impl ReportHandler {
                 "forbidden",
                 format!("not allowed to report for node {node}: {d}"),
             )
+        })
+    }
+
+    /// Counts a report of `node` in flight, or refuses it when the node
+    /// has [`ReportConfig::node_in_flight`] already.
+    fn enter(&self, node: &str) -> Result<NodeSlot<'_>, Reject> {
+        let limit = self.config.node_in_flight.max(1);
+        let mut map = self.node_in_flight.lock().unwrap();
+        let n = map.entry(node.to_string()).or_insert(0);
+        if *n >= limit {
+            let mut r = Reject::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rateLimited",
+                "rate_limited",
+                format!("node {node} has {limit} reports in flight; retry after 1s"),
+            );
+            r.retry_after = Some(1);
+            r.close = true;
+            return Err(r);
+        }
+        *n += 1;
+        Ok(NodeSlot {
+            map: &self.node_in_flight,
+            node: node.to_string(),
         })
     }
 
@@ -572,13 +759,26 @@ const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 enum BodyError {
     TooLarge,
+    TimedOut,
     Read(Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// Reads a body of at most `max` bytes. A longer body is read on (and
-/// thrown away) up to [`drain_cap`] bytes or [`DRAIN_TIMEOUT`] so the 413
-/// reaches the client, then reported as too large.
-async fn read_bounded<B>(body: B, max: u64) -> Result<Bytes, BodyError>
+/// When a body that started at `start` must have arrived, `seen` bytes of
+/// it received: `timeout` after the start, one second later per
+/// [`MIN_BODY_RATE`] bytes (pure).
+pub fn body_deadline(
+    start: tokio::time::Instant,
+    timeout: Duration,
+    seen: u64,
+) -> tokio::time::Instant {
+    start + timeout + Duration::from_secs_f64(seen as f64 / MIN_BODY_RATE as f64)
+}
+
+/// Reads a body of at most `max` bytes by its [`body_deadline`]. A longer
+/// body is read on (and thrown away) up to [`drain_cap`] bytes or
+/// [`DRAIN_TIMEOUT`] so the 413 reaches the client, then reported as too
+/// large.
+async fn read_bounded<B>(body: B, max: u64, timeout: Duration) -> Result<Bytes, BodyError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -586,11 +786,14 @@ where
     let mut body = std::pin::pin!(body);
     let mut buf: Vec<u8> = Vec::new();
     let mut seen: u64 = 0;
+    let start = tokio::time::Instant::now();
     loop {
-        let frame = match body.frame().await {
-            None => break,
-            Some(Ok(f)) => f,
-            Some(Err(e)) => return Err(BodyError::Read(e.into())),
+        let next = tokio::time::timeout_at(body_deadline(start, timeout, seen), body.frame());
+        let frame = match next.await {
+            Err(_) => return Err(BodyError::TimedOut),
+            Ok(None) => break,
+            Ok(Some(Ok(f))) => f,
+            Ok(Some(Err(e))) => return Err(BodyError::Read(e.into())),
         };
         if let Ok(data) = frame.into_data() {
             seen = seen.saturating_add(data.len() as u64);
@@ -846,6 +1049,8 @@ mod tests {
                     pods: 3,
                     ..Default::default()
                 },
+                body_timeout: Duration::from_secs(10),
+                node_in_flight: NODE_IN_FLIGHT,
             },
             shared.clone(),
             Arc::new(f),
@@ -913,7 +1118,171 @@ mod tests {
     }
 
     const INV_A: &str = "/v1/nodes/node-a/inventory";
+
+    /// A writer into a shared buffer, for capturing log lines.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn lines(&self, containing: &str) -> usize {
+            String::from_utf8_lossy(&self.0.lock().unwrap())
+                .lines()
+                .filter(|l| l.contains(containing))
+                .count()
+        }
+    }
+
+    /// 48 unauthenticated and 48 rate-limited requests write one warning
+    /// line each result, not 96; every refusal is still counted.
+    #[tokio::test]
+    async fn refusal_log_rate() {
+        let out = Captured::default();
+        let w = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let r = rig(1 << 20, "0.001/s,1".parse().unwrap());
+        for i in 0..48 {
+            let (s, _, _) = call(&r, req(INV_A, Some(&format!("bad-{i}")), vec![])).await;
+            assert_eq!(s, StatusCode::UNAUTHORIZED);
+        }
+        let (s, _, _) = call(&r, req(HB_A, Some("tok-a"), heartbeat("node-a", 1))).await;
+        assert_eq!(s, StatusCode::OK);
+        for _ in 0..48 {
+            let (s, _, _) = call(&r, req(HB_A, Some("tok-a"), heartbeat("node-a", 1))).await;
+            assert_eq!(s, StatusCode::TOO_MANY_REQUESTS);
+        }
+        assert_eq!(counter(&r, "unauthenticated"), 48);
+        assert_eq!(counter(&r, "rate_limited"), 48);
+        assert_eq!(
+            out.lines("report rejected"),
+            2,
+            "{}",
+            String::from_utf8_lossy(&out.0.lock().unwrap())
+        );
+        assert_eq!(out.lines("result=\"unauthenticated\""), 1);
+        assert_eq!(out.lines("result=\"rate_limited\""), 1);
+    }
+
+    /// One line per result per period; the next line says how many were
+    /// not logged.
+    #[test]
+    fn refusal_lines_summarize_what_they_did_not_log() {
+        let mut log = RefusalLog::default();
+        let t0 = Instant::now();
+        assert_eq!(log.admit("unauthenticated", t0), Some(0));
+        for i in 1..=47 {
+            assert_eq!(
+                log.admit("unauthenticated", t0 + Duration::from_millis(i * 100)),
+                None
+            );
+        }
+        assert_eq!(log.admit("forbidden", t0 + Duration::from_secs(1)), Some(0));
+        assert_eq!(
+            log.admit("unauthenticated", t0 + REFUSAL_LOG_EVERY),
+            Some(47)
+        );
+        assert_eq!(log.admit("unauthenticated", t0 + REFUSAL_LOG_EVERY), None);
+        assert_eq!(
+            log.admit("unauthenticated", t0 + REFUSAL_LOG_EVERY * 3),
+            Some(1)
+        );
+    }
     const HB_A: &str = "/v1/nodes/node-a/heartbeat";
+
+    /// A body that sends one byte a second, forever (a chunked body).
+    fn trickle(
+        path: &str,
+        token: &str,
+    ) -> Request<impl Body<Data = Bytes, Error = std::io::Error> + use<>> {
+        let stream = futures::stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Some((
+                Ok::<_, std::io::Error>(hyper::body::Frame::data(Bytes::from_static(b" "))),
+                (),
+            ))
+        });
+        Request::put(path)
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(http_body_util::StreamBody::new(stream))
+            .unwrap()
+    }
+
+    /// A node's valid token trickling bodies a byte a second: each is
+    /// answered 408 at the body deadline, and the node holds at most
+    /// [`NODE_IN_FLIGHT`] of them; another node's heartbeat is answered
+    /// meanwhile.
+    #[tokio::test(start_paused = true)]
+    async fn slow_body() {
+        let mut r = rig(1 << 20, "100/s,100".parse().unwrap());
+        let t0 = tokio::time::Instant::now();
+        let held = futures::future::join_all(
+            (0..NODE_IN_FLIGHT).map(|_| r.handler.handle(trickle(HB_A, "tok-a"))),
+        );
+        let probe = async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let over = call(&r, req(HB_A, Some("tok-a"), heartbeat("node-a", 1))).await;
+            let other = call(
+                &r,
+                req(
+                    "/v1/nodes/node-b/heartbeat",
+                    Some("tok-b"),
+                    heartbeat("node-b", 1),
+                ),
+            )
+            .await;
+            (over, other, t0.elapsed())
+        };
+        let (held, ((s, b, retry), (other, _, _), probed)) =
+            tokio::time::timeout(Duration::from_secs(60), async { tokio::join!(held, probe) })
+                .await
+                .expect("a trickled body held its report past the deadline");
+        assert_eq!(
+            (s, b["error"].as_str()),
+            (StatusCode::TOO_MANY_REQUESTS, Some("rateLimited"))
+        );
+        assert_eq!(retry.as_deref(), Some("1"));
+        assert_eq!(other, StatusCode::OK);
+        assert!(probed < Duration::from_secs(3), "{probed:?}");
+        for resp in &held {
+            assert_eq!(resp.status(), StatusCode::REQUEST_TIMEOUT);
+            assert_eq!(resp.headers()[header::CONNECTION], "close");
+        }
+        let took = t0.elapsed();
+        assert!(took <= Duration::from_secs(11), "{took:?}");
+        assert_eq!(counter(&r, "body_timeout"), NODE_IN_FLIGHT as u64);
+        assert_eq!(counter(&r, "rate_limited"), 1);
+        no_input(&mut r);
+        // The slots are free again.
+        let (s, _, _) = call(&r, req(HB_A, Some("tok-a"), heartbeat("node-a", 1))).await;
+        assert_eq!(s, StatusCode::OK);
+    }
+
+    /// A body that keeps up the minimum rate is not cut off at the body
+    /// timeout: its deadline moves one second per 64 KiB.
+    #[test]
+    fn the_body_deadline_moves_with_the_bytes_received() {
+        let t0 = tokio::time::Instant::now();
+        let d = Duration::from_secs(10);
+        assert_eq!(body_deadline(t0, d, 0), t0 + d);
+        assert_eq!(
+            body_deadline(t0, d, MIN_BODY_RATE * 5),
+            t0 + d + Duration::from_secs(5)
+        );
+    }
 
     #[tokio::test]
     async fn accepts_then_unchanged_then_conflict_and_resend() {
@@ -1065,7 +1434,7 @@ mod tests {
                 Ok::<_, std::io::Error>(hyper::body::Frame::data(Bytes::from(vec![b' '; 1 << 20])))
             })));
         assert!(matches!(
-            read_bounded(body, 1 << 20).await,
+            read_bounded(body, 1 << 20, Duration::from_secs(10)).await,
             Err(BodyError::TooLarge)
         ));
         // Read to the 8 MiB cap so the answer reaches the client, no further.
@@ -1073,7 +1442,7 @@ mod tests {
         assert!((8..=10).contains(&n), "{n} frames read");
         // A body exactly at the limit is kept whole.
         let body = Full::new(Bytes::from(vec![b'x'; 1 << 20]));
-        match read_bounded(body, 1 << 20).await {
+        match read_bounded(body, 1 << 20, Duration::from_secs(10)).await {
             Ok(b) => assert_eq!(b.len(), 1 << 20),
             Err(_) => panic!("a body at the limit was refused"),
         }

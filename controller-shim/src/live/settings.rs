@@ -92,6 +92,7 @@ impl TryFrom<RunArgs> for Settings {
             fingerprint_key_file,
             max_report_bytes,
             report_rate_limit,
+            report_body_timeout,
             max_connections,
             header_read_timeout,
             idle_timeout,
@@ -230,6 +231,8 @@ impl TryFrom<RunArgs> for Settings {
             max_bytes: max_report_bytes,
             rate: report_rate_limit,
             limits: CountLimits::default(),
+            body_timeout: report_body_timeout,
+            node_in_flight: super::report::NODE_IN_FLIGHT,
         };
         let leader = LeaderConfig {
             enabled: leader_election,
@@ -344,6 +347,7 @@ mod tests {
         a.token_audience = "aud".into();
         a.max_report_bytes = 1234;
         a.report_rate_limit = "3/s,7".parse().unwrap();
+        a.report_body_timeout = Duration::from_secs(7);
         a.leader_election = true;
         a.lease_name = "the-lease".into();
         a.pod_name = Some("pod-a".into());
@@ -357,6 +361,11 @@ mod tests {
         assert_eq!(s.report.agent_daemonset, "agent");
         assert_eq!(s.report.max_bytes, 1234);
         assert_eq!((s.report.rate.per_second, s.report.rate.burst), (3.0, 7));
+        assert_eq!(s.report.body_timeout, Duration::from_secs(7));
+        assert_eq!(
+            s.report.node_in_flight,
+            super::super::report::NODE_IN_FLIGHT
+        );
         assert!(s.leader.enabled);
         assert_eq!(s.leader.lease_name, "the-lease");
         assert_eq!(s.leader.pod_name.as_deref(), Some("pod-a"));
