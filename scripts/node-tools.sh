@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the programs of the real-node tier that scripts/upstream.sh does not:
 # kube-proxy (the same Kubernetes release and module recipe as upstream.sh's
-# kubelet), the Helm CLI and CoreDNS, each pinned, from the Go module proxy,
+# kubelet) and the Helm CLI, each pinned, from the Go module proxy,
 # into the same cache (nothing of upstream's committed):
 #
 #   bash scripts/node-tools.sh     # build what is missing; last stdout line: the bin dir
@@ -11,7 +11,6 @@ set -euo pipefail
 K8S_VERSION=v1.33.13      # as scripts/upstream.sh
 ETCD_VERSION=v3.5.21      # as scripts/upstream.sh (same go.mod, shared build cache)
 HELM_VERSION=v3.22.0
-COREDNS_VERSION=v1.14.7
 RECIPE=1
 
 log() { printf '==> %s\n' "$*" >&2; }
@@ -24,7 +23,7 @@ if [ -z "$GO" ]; then
 fi
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 root="${MOUNTGUARD_UPSTREAM_DIR:-$HOME/.cache/mountguard-upstream}"
-out="$root/node-tools_k8s-${K8S_VERSION}_helm-${HELM_VERSION}_coredns-${COREDNS_VERSION}_$("$GO" env GOVERSION)_r${RECIPE}"
+out="$root/node-tools_k8s-${K8S_VERSION}_helm-${HELM_VERSION}_$("$GO" env GOVERSION)_r${RECIPE}"
 mkdir -p "$out/bin" "$out/src"
 
 # kube-proxy: the module scripts/upstream.sh writes (same go.mod, so the
@@ -75,6 +74,5 @@ build_module() {
 }
 build_module helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
     "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
-build_module coredns github.com/coredns/coredns "$COREDNS_VERSION" github.com/coredns/coredns "-s -w"
 "$out/bin/helm" version --short >&2
 echo "$out/bin"

@@ -18,7 +18,7 @@ use std::process::Command;
 
 use super::containerd::{Containerd, Unavailable};
 use super::kubelet::RealKubelet;
-use super::services::{ApiForwarder, CoreDns, KubeProxy, publish_kubernetes_endpoint};
+use super::services::{ApiForwarder, ClusterDns, KubeProxy, publish_kubernetes_endpoint};
 use super::{RealCluster, repo};
 
 /// The node's name.
@@ -95,7 +95,7 @@ impl Images {
     }
 }
 
-/// The directory of kube-proxy, helm and coredns: `$MOUNTGUARD_NODE_TOOLS_BIN`
+/// The directory of kube-proxy and helm: `$MOUNTGUARD_NODE_TOOLS_BIN`
 /// or what scripts/node-tools.sh prints (it builds what its cache lacks).
 pub fn node_tools() -> Result<PathBuf, Unavailable> {
     if let Some(d) = std::env::var_os("MOUNTGUARD_NODE_TOOLS_BIN") {
@@ -122,7 +122,7 @@ pub struct RealNode {
     /// The kubelet (dropped first).
     pub kubelet: RealKubelet,
     /// Cluster DNS.
-    pub dns: CoreDns,
+    pub dns: ClusterDns,
     /// kube-proxy.
     pub proxy: KubeProxy,
     /// Service `kubernetes`'s endpoint on the bridge.
@@ -206,17 +206,9 @@ impl RealNode {
             Ok(p) => p,
             Err(e) => return Ok(Err(Unavailable(format!("kube-proxy: {e}")))),
         };
-        let dns = match CoreDns::start(
-            &cluster,
-            &tools.join("coredns"),
-            gateway_ip,
-            &dir.path().join("coredns"),
-        )
-        .await
-        {
-            Ok(d) => d,
-            Err(e) => return Ok(Err(Unavailable(format!("CoreDNS: {e}")))),
-        };
+        let dns = ClusterDns::start(client.clone(), gateway_ip)
+            .await
+            .map_err(|e| io::Error::other(format!("cluster DNS on {gateway_ip}:53: {e}")))?;
         let extra = format!("clusterDNS: [{gateway}]\nclusterDomain: cluster.local\n");
         let kubelet =
             match RealKubelet::start_on_cri(&cluster, NODE, &runtime.endpoint(), &extra).await {
@@ -243,7 +235,7 @@ impl RealNode {
     /// The kubelet's, the runtime's and the control plane's last log lines.
     pub fn logs(&self, lines: usize) -> String {
         format!(
-            "{}--- containerd ---\n{}\n--- kube-proxy ---\n{}\n--- coredns ---\n{}\n{}",
+            "{}--- containerd ---\n{}\n--- kube-proxy ---\n{}\n--- cluster DNS queries ---\n{}\n{}",
             self.kubelet.logs(lines),
             self.runtime.log_tail(lines),
             self.proxy.log_tail(lines),

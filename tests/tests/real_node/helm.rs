@@ -60,6 +60,19 @@ impl Helm {
             .expect("helm runs")
     }
 
+    /// `helm <args>`, which must succeed; returns its stdout.
+    pub fn ok_stdout(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "helm {}: {}\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// `helm <args>`, which must succeed; returns its stdout and stderr.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
