@@ -47,8 +47,10 @@ pub struct Containerd {
     bridge: String,
     subnet: String,
     gateway: String,
-    /// cgroup v1 directories (`<hierarchy>/k8s.io`) this runtime created.
-    created_cgroups: Vec<PathBuf>,
+    /// The cgroup v1 directories `<hierarchy>/k8s.io` that existed before
+    /// this runtime started (runc creates the others for the first pod;
+    /// they are removed at the end).
+    preexisting_cgroups: Vec<PathBuf>,
     pause_image: String,
     /// `net.ipv4.ip_forward` before the start (the bridge plugin with
     /// `isGateway` sets it to 1; restored at the end).
@@ -204,10 +206,7 @@ impl Containerd {
             bridge,
             subnet,
             gateway,
-            created_cgroups: k8s_cgroups()
-                .into_iter()
-                .filter(|p| !before.contains(p))
-                .collect(),
+            preexisting_cgroups: before,
             pause_image: pause_image.to_string(),
             ip_forward: ip_forward.trim().to_string(),
         })
@@ -349,8 +348,10 @@ impl Containerd {
         if !self.ip_forward.is_empty() {
             let _ = std::fs::write(IP_FORWARD, &self.ip_forward);
         }
-        for cg in &self.created_cgroups {
-            remove_cgroup_tree(cg);
+        for cg in k8s_cgroups() {
+            if cg.exists() && !self.preexisting_cgroups.contains(&cg) {
+                remove_cgroup_tree(&cg);
+            }
         }
     }
 

@@ -128,8 +128,7 @@ impl RealKubelet {
 
     /// A kubelet for node `name` on the real container runtime at
     /// `endpoint` (a CRI socket, e.g. [`super::containerd::Containerd`]'s),
-    /// with `--node-ip 127.0.0.1` (the API server reaches it for logs
-    /// and exec on loopback) and image garbage collection off (the
+    /// with image garbage collection off (the
     /// runtime's images are imported locally, there is no registry to pull
     /// them back from: `imageGCHighThresholdPercent: 100`,
     /// pkg/kubelet/images/image_gc_manager.go `GarbageCollect`).
@@ -221,9 +220,6 @@ impl RealKubelet {
             name.into(),
             "--v=2".into(),
         ]);
-        if real_cri.is_some() {
-            argv.extend(["--node-ip".into(), "127.0.0.1".into()]);
-        }
         let log = logs.join(format!("kubelet-{name}.log"));
         let mut kubelet = spawn_kubelet(name, &argv, &cwd, &log)?;
         let client = cluster.client().await?;
