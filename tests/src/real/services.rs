@@ -110,6 +110,45 @@ pub struct KubeProxy {
     child: Option<ChildGuard>,
     binary: std::path::PathBuf,
     config: std::path::PathBuf,
+    /// `KUBE-*` chains (tool, table, chain) that existed before it started.
+    preexisting: Vec<(String, String, String)>,
+}
+
+const IPTABLES: [&str; 2] = ["iptables", "ip6tables"];
+
+/// `(tool, table, chain)` of every `KUBE-*` chain, and the rules of the
+/// built-in chains that jump to one, as `(tool, table, rule args)`.
+fn kube_chains() -> (
+    Vec<(String, String, String)>,
+    Vec<(String, String, Vec<String>)>,
+) {
+    let (mut chains, mut jumps) = (Vec::new(), Vec::new());
+    for tool in IPTABLES {
+        let Ok(out) = Command::new(format!("{tool}-save")).output() else {
+            continue;
+        };
+        let mut table = String::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                table = t.to_string();
+            } else if let Some(c) = line.strip_prefix(':') {
+                let name = c.split(' ').next().unwrap_or("");
+                if name.starts_with("KUBE-") {
+                    chains.push((tool.to_string(), table.clone(), name.to_string()));
+                }
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                let args: Vec<String> = rule.split_whitespace().map(String::from).collect();
+                let builtin = !args.first().is_some_and(|c| c.starts_with("KUBE-"));
+                let jumps_kube = args
+                    .windows(2)
+                    .any(|w| w[0] == "-j" && w[1].starts_with("KUBE-"));
+                if builtin && jumps_kube {
+                    jumps.push((tool.to_string(), table.clone(), args));
+                }
+            }
+        }
+    }
+    (chains, jumps)
 }
 
 impl KubeProxy {
@@ -155,6 +194,7 @@ conntrack:
                 kc = kubeconfig.display()
             ),
         )?;
+        let preexisting = kube_chains().0;
         let mut cmd = Command::new(binary);
         cmd.arg("--config").arg(&config).arg("--v=2");
         let mut child = ChildGuard::spawn(
@@ -184,6 +224,7 @@ conntrack:
             child: Some(child),
             binary: binary.to_path_buf(),
             config,
+            preexisting,
         })
     }
 
@@ -207,6 +248,36 @@ impl Drop for KubeProxy {
                 .arg(&self.config)
                 .arg("--cleanup")
                 .output();
+            // What `--cleanup` leaves (KUBE-FIREWALL, KUBE-MARK-MASQ and
+            // the canary chains, in both families): the jumps to the new
+            // chains first, then the chains.
+            let (chains, jumps) = kube_chains();
+            let new: Vec<_> = chains
+                .into_iter()
+                .filter(|c| !self.preexisting.contains(c))
+                .collect();
+            for (tool, table, args) in jumps {
+                let target = args
+                    .windows(2)
+                    .find(|w| w[0] == "-j")
+                    .map(|w| w[1].clone())
+                    .unwrap_or_default();
+                if new
+                    .iter()
+                    .any(|(t, tb, c)| *t == tool && *tb == table && *c == target)
+                {
+                    let _ = Command::new(&tool)
+                        .args(["-t", &table, "-D"])
+                        .args(&args)
+                        .output();
+                }
+            }
+            for (tool, table, chain) in &new {
+                let _ = Command::new(tool).args(["-t", table, "-F", chain]).output();
+            }
+            for (tool, table, chain) in &new {
+                let _ = Command::new(tool).args(["-t", table, "-X", chain]).output();
+            }
         }
     }
 }
