@@ -345,6 +345,18 @@ impl Containerd {
         let _ = Command::new("ip")
             .args(["link", "delete", &self.bridge])
             .output();
+        // containerd 1.6 keeps shim sockets and fifos under /run/containerd
+        // whatever its state directory (pkg/shim `SocketAddress`,
+        // defaults.DefaultFIFODir): the directories, when empty, go too.
+        for d in [
+            "/run/containerd/s",
+            "/run/containerd/fifo",
+            "/run/containerd/runc/k8s.io",
+            "/run/containerd/runc",
+            "/run/containerd",
+        ] {
+            let _ = std::fs::remove_dir(d);
+        }
         if !self.ip_forward.is_empty() {
             let _ = std::fs::write(IP_FORWARD, &self.ip_forward);
         }
