@@ -409,7 +409,7 @@ fn shim_pids(sock: &Path) -> Vec<u32> {
             let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
             args.first()
                 .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
-                && args.iter().any(|a| *a == want.as_bytes())
+                && args.contains(&want.as_bytes())
         })
         .collect()
 }

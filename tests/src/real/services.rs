@@ -111,17 +111,19 @@ pub struct KubeProxy {
     binary: std::path::PathBuf,
     config: std::path::PathBuf,
     /// `KUBE-*` chains (tool, table, chain) that existed before it started.
-    preexisting: Vec<(String, String, String)>,
+    preexisting: Vec<Chain>,
 }
 
 const IPTABLES: [&str; 2] = ["iptables", "ip6tables"];
 
+/// `(tool, table, chain)`.
+type Chain = (String, String, String);
+/// `(tool, table, rule arguments)`.
+type Jump = (String, String, Vec<String>);
+
 /// `(tool, table, chain)` of every `KUBE-*` chain, and the rules of the
 /// built-in chains that jump to one, as `(tool, table, rule args)`.
-fn kube_chains() -> (
-    Vec<(String, String, String)>,
-    Vec<(String, String, Vec<String>)>,
-) {
+fn kube_chains() -> (Vec<Chain>, Vec<Jump>) {
     let (mut chains, mut jumps) = (Vec::new(), Vec::new());
     for tool in IPTABLES {
         let Ok(out) = Command::new(format!("{tool}-save")).output() else {
