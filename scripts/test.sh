@@ -9,6 +9,7 @@
 #   MOUNTGUARD_SKIP_REAL=1    skip the tests against the real control plane
 #   MOUNTGUARD_SKIP_ARM64=1   skip the arm64 cross-build and qemu test run
 #   MOUNTGUARD_SKIP_STATIC=1  skip the static (musl) release builds of the images' binaries
+#   MOUNTGUARD_SKIP_NODE=1    skip the real-node tier (kubelet on containerd, helm install)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -159,3 +160,47 @@ if [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ]; then
     done
 fi
 # --- end static release binaries ---------------------------------------------
+
+# --- Real node (tests/tests/real_node) ---------------------------------------
+# The real kubelet on containerd + runc (Debian), kube-proxy, CoreDNS and the
+# Helm CLI (scripts/node-tools.sh, Go module proxy, cached beside the other
+# upstream programs), the images built from the static binaries above by
+# scripts/images.sh and imported into the runtime; then the chart installed
+# with `helm install`. When the runtime or a program cannot be had here, the
+# tier is SKIPPED, loudly, with the exact error; a failing test fails.
+skip_node() {
+    printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
+    printf '!!! SKIPPED: real-node tier: %s\n' "$1"
+    printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n'
+}
+if [ "${MOUNTGUARD_SKIP_NODE:-0}" != 1 ] && [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 ] \
+    && [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ] && [ -n "${upstream_bin:-}" ]; then
+    log "real node: containerd, runc, CNI plugins, iptables (Debian); kube-proxy, CoreDNS, helm (cached)"
+    node_start=$SECONDS
+    node_log="$(mktemp)"
+    if [ "$(id -u)" != 0 ]; then
+        skip_node "needs root (containers, mounts, a bridge); uid $(id -u)"
+    elif ! apt_install containerd runc containernetworking-plugins iptables iproute2 musl-tools >"$node_log" 2>&1; then
+        skip_node "apt-get install failed: $(tail -n 3 "$node_log" | tr '\n' ' ')"
+    elif ! bash scripts/node-tools.sh >"$node_log" 2>&1; then
+        skip_node "scripts/node-tools.sh failed: $(grep -v '^go: downloading' "$node_log" | tail -n 5 | tr '\n' ' ')"
+    else
+        node_tools="$(tail -n 1 "$node_log")"
+        images_dir="$PWD/target/images"
+        bash scripts/images.sh "$images_dir"
+        echo "real node: packages, tools and images: $((SECONDS - node_start)) s"
+        tests_start=$SECONDS
+        set +e
+        MOUNTGUARD_UPSTREAM_BIN="$upstream_bin" MOUNTGUARD_NODE_TOOLS_BIN="$node_tools" \
+            MOUNTGUARD_IMAGES_DIR="$images_dir" \
+            cargo nextest run -p mountguard-tests --features real-upstream --test real_node \
+                --no-fail-fast --no-capture 2>&1 | tee "$node_log"
+        node_rc=${PIPESTATUS[0]}
+        set -e
+        grep '^SKIPPED: ' "$node_log" | sort -u | sed 's/^/!!! /' || true
+        echo "real node tier: $((SECONDS - node_start)) s (tests $((SECONDS - tests_start)) s)"
+        [ "$node_rc" = 0 ] || exit "$node_rc"
+    fi
+    rm -f "$node_log"
+fi
+# --- end real node -------------------------------------------------------------

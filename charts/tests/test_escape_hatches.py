@@ -41,6 +41,22 @@ def test_extra_env_args_volumes_and_mounts(r: Any, comp: str) -> None:
     assert spec["volumes"][: len(default["volumes"])] == default["volumes"]
 
 
+@pytest.mark.parametrize(
+    ("comp", "name"),
+    [("agent", "MOUNTGUARD_CONTROLLER_URL"), ("controller", "MOUNTGUARD_LOG")],
+)
+def test_extra_env_replaces_a_variable_the_chart_sets(comp: str, name: str) -> None:
+    """One entry per name (server-side apply refuses a second one: "duplicate
+    entries for key"); the user's value wins, the other variables stay."""
+    default = pods(render())[comp]["spec"]["containers"][0]["env"]
+    mine = {"name": name, "value": "http://10.0.0.9:8443"}
+    (c,) = pods(render({comp: {"extraEnv": [mine]}}))[comp]["spec"]["containers"]
+    names = [e["name"] for e in c["env"]]
+    assert len(names) == len(set(names)), names
+    assert [e for e in c["env"] if e["name"] == name] == [mine]
+    assert [e for e in c["env"] if e["name"] != name] == [e for e in default if e["name"] != name]
+
+
 def test_security_context_overrides_replace_single_keys(r: Any) -> None:
     agent = pods(r)["agent"]["spec"]
     (a,) = agent["containers"]

@@ -123,6 +123,32 @@ impl RealKubelet {
         name: &str,
         exec: Option<ExecHook>,
     ) -> io::Result<Self> {
+        Self::start_inner(cluster, name, exec, None).await
+    }
+
+    /// A kubelet for node `name` on the real container runtime at
+    /// `endpoint` (a CRI socket, e.g. [`super::containerd::Containerd`]'s),
+    /// with image garbage collection off (the
+    /// runtime's images are imported locally, there is no registry to pull
+    /// them back from: `imageGCHighThresholdPercent: 100`,
+    /// pkg/kubelet/images/image_gc_manager.go `GarbageCollect`).
+    /// `extra_config` is appended to the KubeletConfiguration (e.g.
+    /// `clusterDNS`).
+    pub async fn start_on_cri(
+        cluster: &RealCluster,
+        name: &str,
+        endpoint: &str,
+        extra_config: &str,
+    ) -> io::Result<Self> {
+        Self::start_inner(cluster, name, None, Some((endpoint, extra_config))).await
+    }
+
+    async fn start_inner(
+        cluster: &RealCluster,
+        name: &str,
+        exec: Option<ExecHook>,
+        real_cri: Option<(&str, &str)>,
+    ) -> io::Result<Self> {
         let dir = cluster.dir().join(format!("kubelet-{name}"));
         let root = dir.join("root");
         std::fs::create_dir_all(&root)?;
@@ -148,27 +174,38 @@ impl RealKubelet {
             ),
             None => None,
         };
-        let mut cmd = Command::new(cluster.upstream().binary("fakecri")?);
-        cmd.arg(&endpoint).current_dir(&cwd);
-        if let Some(s) = &exec_server {
-            cmd.arg(format!("{}/exec", s.url()));
-        }
-        let cri = ChildGuard::spawn(
-            &format!("fakecri-{name}"),
-            cmd,
-            &logs.join(format!("fakecri-{name}.log")),
-        )?;
-        poll("the fake CRI socket", Duration::from_secs(20), || {
-            let sock = sock.clone();
-            async move { sock.exists().then_some(()) }
-        })
-        .await?;
+        let (endpoint, cri) = match real_cri {
+            Some((e, _)) => (e.to_string(), None),
+            None => {
+                let mut cmd = Command::new(cluster.upstream().binary("fakecri")?);
+                cmd.arg(&endpoint).current_dir(&cwd);
+                if let Some(s) = &exec_server {
+                    cmd.arg(format!("{}/exec", s.url()));
+                }
+                let cri = ChildGuard::spawn(
+                    &format!("fakecri-{name}"),
+                    cmd,
+                    &logs.join(format!("fakecri-{name}.log")),
+                )?;
+                poll("the fake CRI socket", Duration::from_secs(20), || {
+                    let sock = sock.clone();
+                    async move { sock.exists().then_some(()) }
+                })
+                .await?;
+                (endpoint, Some(cri))
+            }
+        };
         let kubeconfig = cluster.node_kubeconfig(name)?;
         let ca = cluster.dir().join("ca.crt");
         let port = free_addr()?.port();
         let healthz = free_addr()?.port();
         let config = dir.join("kubelet-config.yaml");
-        std::fs::write(&config, kubelet_config(&endpoint, &ca, port, healthz))?;
+        let mut text = kubelet_config(&endpoint, &ca, port, healthz);
+        if let Some((_, extra)) = real_cri {
+            text.push_str(REAL_RUNTIME_CONFIG);
+            text.push_str(extra);
+        }
+        std::fs::write(&config, text)?;
         let mut argv: Vec<std::ffi::OsString> = vec![cluster.upstream().binary("kubelet")?.into()];
         argv.extend([
             "--config".into(),
@@ -221,7 +258,7 @@ impl RealKubelet {
         Ok(Self {
             name: name.to_string(),
             root,
-            cri: Some(cri),
+            cri,
             kubelet: Some(kubelet),
             argv,
             cwd,
@@ -404,7 +441,7 @@ async fn exec_server(
 
 /// Mount points at or under `dir`, deepest first (from /proc/self/mounts;
 /// octal escapes as the kernel writes them).
-fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     let mut out: Vec<PathBuf> = text
         .lines()
@@ -416,6 +453,15 @@ fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     out.dedup();
     out
 }
+
+/// Appended to [`kubelet_config`] on a real runtime: no image garbage
+/// collection (see [`RealKubelet::start_on_cri`]); a short runtime request
+/// timeout so a wedged runtime shows in the log quickly.
+const REAL_RUNTIME_CONFIG: &str = "imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+runtimeRequestTimeout: 2m
+serializeImagePulls: false
+";
 
 fn kubelet_config(endpoint: &str, ca: &Path, port: u16, healthz: u16) -> String {
     format!(

@@ -23,9 +23,13 @@
 //! # Ok(()) }
 //! ```
 
+pub mod containerd;
 pub mod kubelet;
 pub mod node;
 pub mod objects;
+pub mod prometheus;
+pub mod real_node;
+pub mod services;
 pub mod slinky;
 
 use std::io;
@@ -44,6 +48,10 @@ use serde_json::{Value, json};
 
 use crate::mountguard::{ChildGuard, free_addr, http_get, poll};
 use node::{NodeDouble, NodeDoubleConfig};
+
+/// The ClusterIP of Service `default/kubernetes` (first address of the
+/// API server's `--service-cluster-ip-range` 10.0.0.0/24).
+pub const KUBERNETES_SERVICE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
 
 /// The service-account token issuer of the real API server.
 pub const ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
@@ -152,6 +160,16 @@ impl Pki {
         .map_err(io::Error::other)?;
         p.subject_alt_names
             .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
+        // The `kubernetes` Service's ClusterIP (the first address of
+        // `--service-cluster-ip-range`): what in-cluster clients dial on the
+        // real-node tier, where kube-proxy forwards it to the API server.
+        p.subject_alt_names
+            .push(SanType::IpAddress(IpAddr::V4(KUBERNETES_SERVICE_IP)));
+        p.subject_alt_names.push(SanType::DnsName(
+            "kubernetes.default.svc.cluster.local"
+                .try_into()
+                .map_err(io::Error::other)?,
+        ));
         p.distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
         p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
@@ -552,6 +570,45 @@ impl RealCluster {
             ),
         )?;
         Ok(path)
+    }
+
+    /// Writes a kubeconfig `<file>.kubeconfig` with a client certificate of
+    /// user `cn` in groups `orgs`; returns its path.
+    pub fn user_kubeconfig(&self, file: &str, cn: &str, orgs: &[&str]) -> io::Result<PathBuf> {
+        let (c, k) = self.pki.client(cn, orgs)?;
+        let path = self.path(&format!("{file}.kubeconfig"));
+        std::fs::write(
+            &path,
+            kubeconfig_yaml(
+                &self.server,
+                &self.ca_pem,
+                &KubeconfigUser::Cert { cert: &c, key: &k },
+            ),
+        )?;
+        Ok(path)
+    }
+
+    /// `(cert PEM, key PEM)` of a serving certificate for `dns_names`,
+    /// signed by the rig's CA ([`Self::ca_pem`]).
+    pub fn serving_cert(&self, dns_names: &[&str]) -> io::Result<(String, String)> {
+        let mut p =
+            CertificateParams::new(dns_names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .map_err(io::Error::other)?;
+        p.distinguished_name.push(
+            DnType::CommonName,
+            dns_names.first().copied().unwrap_or("rig"),
+        );
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let key = KeyPair::generate().map_err(io::Error::other)?;
+        let cert = p
+            .signed_by(&key, &self.pki.issuer)
+            .map_err(io::Error::other)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    /// The API server's address (loopback).
+    pub fn api_addr(&self) -> std::net::SocketAddr {
+        self.api_addr
     }
 
     /// Writes a kubeconfig with `token` as bearer token; returns its path.

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Builds the programs of the real-node tier that scripts/upstream.sh does not:
+# kube-proxy (the same Kubernetes release and module recipe as upstream.sh's
+# kubelet) and the Helm CLI, each pinned, from the Go module proxy,
+# into the same cache (nothing of upstream's committed):
+#
+#   bash scripts/node-tools.sh     # build what is missing; last stdout line: the bin dir
+#
+# Environment: MOUNTGUARD_UPSTREAM_DIR (default ~/.cache/mountguard-upstream), GO.
+set -euo pipefail
+K8S_VERSION=v1.33.13      # as scripts/upstream.sh
+ETCD_VERSION=v3.5.21      # as scripts/upstream.sh (same go.mod, shared build cache)
+HELM_VERSION=v3.22.0
+RECIPE=1
+
+log() { printf '==> %s\n' "$*" >&2; }
+GO="${GO:-}"
+if [ -z "$GO" ]; then
+    if command -v go >/dev/null 2>&1; then GO=go
+    elif [ -x /usr/local/go/bin/go ]; then GO=/usr/local/go/bin/go
+    else echo "error: no Go toolchain (go on PATH or /usr/local/go/bin/go)" >&2; exit 1
+    fi
+fi
+export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+root="${MOUNTGUARD_UPSTREAM_DIR:-$HOME/.cache/mountguard-upstream}"
+out="$root/node-tools_k8s-${K8S_VERSION}_helm-${HELM_VERSION}_$("$GO" env GOVERSION)_r${RECIPE}"
+mkdir -p "$out/bin" "$out/src"
+
+# kube-proxy: the module scripts/upstream.sh writes (same go.mod, so the
+# Go build cache it filled is reused).
+if [ ! -x "$out/bin/kube-proxy" ]; then
+    log "building kube-proxy $K8S_VERSION"
+    start=$SECONDS
+    k8s_gomod="$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
+        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    staging_version="v0.${K8S_VERSION#v1.}"
+    mkdir -p "$out/src/k8s"
+    {
+        echo "module mountguard.invalid/upstream-k8s"
+        echo
+        echo "go $(sed -n 's/^go \([0-9.]*\)$/\1/p' "$k8s_gomod")"
+        echo
+        echo "require ("
+        echo "    k8s.io/kubernetes $K8S_VERSION"
+        echo "    go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+        echo ")"
+        echo
+        grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$k8s_gomod" \
+            | awk -v v="$staging_version" '{ print "replace " $1 " => " $1 " " v }'
+    } > "$out/src/k8s/go.mod"
+    ldflags="-s -w"
+    for var in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) gitTreeState=clean; do
+        ldflags="$ldflags -X k8s.io/component-base/version.$var"
+    done
+    (cd "$out/src/k8s" && nice -n 10 "$GO" build -trimpath -ldflags "$ldflags" \
+        -o "$out/bin/kube-proxy.new" k8s.io/kubernetes/cmd/kube-proxy)
+    mv "$out/bin/kube-proxy.new" "$out/bin/kube-proxy"
+    log "kube-proxy built in $((SECONDS - start)) s"
+fi
+
+# A program from a module of its own: build_module NAME MODULE VERSION PACKAGE LDFLAGS
+build_module() {
+    local name="$1" module="$2" version="$3" pkg="$4" ldflags="$5"
+    [ -x "$out/bin/$name" ] && return 0
+    log "building $name ($module $version)"
+    local start=$SECONDS
+    mkdir -p "$out/src/$name"
+    printf 'module mountguard.invalid/upstream-%s\n\ngo 1.25\n\nrequire %s %s\n' \
+        "$name" "$module" "$version" > "$out/src/$name/go.mod"
+    (cd "$out/src/$name" && nice -n 10 "$GO" build -trimpath -ldflags "$ldflags" \
+        -o "$out/bin/$name.new" "$pkg")
+    mv "$out/bin/$name.new" "$out/bin/$name"
+    log "$name built in $((SECONDS - start)) s"
+}
+build_module helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
+    "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+"$out/bin/helm" version --short >&2
+echo "$out/bin"

@@ -1,0 +1,492 @@
+//! A real container runtime for the real kubelet: containerd with runc and
+//! the CNI `bridge` and `loopback` plugins, all from Debian's packages
+//! (`containerd`, `runc`, `containernetworking-plugins`), started from a
+//! configuration generated into the rig's temporary directory. Nothing is
+//! written into the host's /etc; the runtime's root, state, runc state,
+//! network namespaces, CNI configuration and IPAM leases all live under that
+//! directory. What outlives it is removed by [`Containerd::stop`] (also on
+//! drop): every container and sandbox, the shims, the mounts under the
+//! directory, the bridge, the `k8s.io` cgroups it created.
+//!
+//! Configuration (containerd 1.6 `pkg/cri/config/config.go`, the CRI
+//! plugin's `PluginConfig`):
+//! - `restrict_oom_score_adj = true`: the kubelet asks for a negative
+//!   `oomScoreAdj` for the sandbox and for system-node-critical pods, and
+//!   runc refuses to lower it without CAP_SYS_RESOURCE, which root lacks in
+//!   this VM ("write /proc/self/oom_score_adj: permission denied");
+//!   containerd then clamps it to its own value
+//!   (`pkg/cri/server/container_create_linux.go`, `restrictOOMScoreAdj`);
+//! - `SystemdCgroup = false`: cgroupfs (the kubelet's `cgroupDriver`);
+//! - `sandbox_image`: the pause image built by scripts/images.sh, imported
+//!   before the first pod (no registry is reachable);
+//! - `netns_mounts_under_state_dir = true`: the pods' network namespaces
+//!   under the state directory, not /var/run/netns;
+//! - `disable_apparmor = true`: no AppArmor in this kernel.
+//!
+//! The pod network is one Linux bridge of this rig's own (`mgbr<n>`) with a
+//! /24 of 10.213.0.0/16, host-local IPAM with its data in the temporary
+//! directory, the bridge as the pods' gateway and no masquerading: pod
+//! traffic stays on the machine.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use crate::mountguard::{ChildGuard, poll};
+
+/// The containerd namespace of the CRI plugin.
+pub const CRI_NAMESPACE: &str = "k8s.io";
+
+/// A running containerd (see the module doc).
+#[derive(Debug)]
+pub struct Containerd {
+    dir: PathBuf,
+    sock: PathBuf,
+    child: Option<ChildGuard>,
+    bridge: String,
+    subnet: String,
+    gateway: String,
+    /// The cgroup v1 directories `<hierarchy>/k8s.io` that existed before
+    /// this runtime started (runc creates the others for the first pod;
+    /// they are removed at the end).
+    preexisting_cgroups: Vec<PathBuf>,
+    pause_image: String,
+    /// `net.ipv4.ip_forward` before the start (the bridge plugin with
+    /// `isGateway` sets it to 1; restored at the end).
+    ip_forward: String,
+}
+
+const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
+
+/// Why the runtime cannot run here: a missing program, not root, or
+/// containerd failing to start; the tests report these as SKIPPED.
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The CNI plugin directory of Debian's containernetworking-plugins.
+pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+fn k8s_cgroups() -> Vec<PathBuf> {
+    let Ok(rd) = std::fs::read_dir(CGROUP_ROOT) else {
+        return Vec::new();
+    };
+    let mut out: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("cgroup.procs").exists())
+        .map(|p| p.join(CRI_NAMESPACE))
+        .collect();
+    out.sort();
+    out
+}
+
+impl Containerd {
+    /// Checks the prerequisites and starts containerd in `dir`, logging
+    /// to `log`; `pause_image` is the sandbox image reference (imported by
+    /// the caller with [`Self::import`] before the first pod).
+    pub async fn start(dir: &Path, log: &Path, pause_image: &str) -> Result<Self, Unavailable> {
+        // The effective uid, from /proc (no libc binding here).
+        let uid = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("Uid:"))
+                    .and_then(|l| l.split_whitespace().nth(2).map(String::from))
+            })
+            .unwrap_or_default();
+        if uid != "0" {
+            return Err(Unavailable(format!(
+                "the real-node tier needs root (containers, mounts, a bridge); effective uid {uid}"
+            )));
+        }
+        for prog in ["containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip"] {
+            if which(prog).is_none() {
+                return Err(Unavailable(format!(
+                    "{prog} not found on PATH (Debian packages containerd, runc, iproute2)"
+                )));
+            }
+        }
+        for plugin in ["bridge", "loopback", "host-local"] {
+            if !Path::new(CNI_BIN_DIR).join(plugin).is_file() {
+                return Err(Unavailable(format!(
+                    "{CNI_BIN_DIR}/{plugin} not found (Debian package containernetworking-plugins)"
+                )));
+            }
+        }
+        let n = std::process::id() % 250 + 1;
+        let bridge = format!("mgbr{n}");
+        let subnet = format!("10.213.{n}.0/24");
+        let gateway = format!("10.213.{n}.1");
+        let cfg = |e: io::Error| Unavailable(format!("writing the containerd configuration: {e}"));
+        for d in ["root", "state", "runc", "cni/conf", "cni/ipam", "opt"] {
+            std::fs::create_dir_all(dir.join(d)).map_err(cfg)?;
+        }
+        let sock = dir.join("containerd.sock");
+        let config = dir.join("config.toml");
+        std::fs::write(&config, config_toml(dir, &sock, pause_image)).map_err(cfg)?;
+        std::fs::write(
+            dir.join("cni/conf/10-mountguard.conflist"),
+            cni_conflist(&bridge, &subnet, &gateway, &dir.join("cni/ipam")),
+        )
+        .map_err(cfg)?;
+        // The bridge up front, with the gateway address, so the rig can
+        // listen on it before the first pod (the CNI bridge plugin adopts
+        // an existing bridge: plugins/main/bridge/bridge.go `setupBridge`).
+        for args in [
+            vec!["link", "add", "name", &bridge, "type", "bridge"],
+            vec!["addr", "add", &format!("{gateway}/24"), "dev", &bridge],
+            vec!["link", "set", &bridge, "up"],
+        ] {
+            let out = Command::new("ip")
+                .args(&args)
+                .output()
+                .map_err(|e| Unavailable(format!("ip {}: {e}", args.join(" "))))?;
+            if !out.status.success() {
+                let _ = Command::new("ip")
+                    .args(["link", "delete", &bridge])
+                    .output();
+                return Err(Unavailable(format!(
+                    "ip {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+        }
+        let ip_forward = std::fs::read_to_string(IP_FORWARD).unwrap_or_default();
+        let before: Vec<PathBuf> = k8s_cgroups().into_iter().filter(|p| p.exists()).collect();
+        let mut cmd = Command::new("containerd");
+        cmd.arg("--config").arg(&config);
+        let mut child = ChildGuard::spawn("containerd", cmd, log)
+            .map_err(|e| Unavailable(format!("starting containerd: {e}")))?;
+        let ready = poll("containerd's socket", Duration::from_secs(30), || {
+            let sock = sock.clone();
+            let exited = child.exited();
+            async move {
+                if exited.is_some() {
+                    return Some(false);
+                }
+                let ok = Command::new("ctr")
+                    .arg("--address")
+                    .arg(&sock)
+                    .arg("version")
+                    .output()
+                    .map(|o| o.status.success())
+                    .unwrap_or(false);
+                ok.then_some(true)
+            }
+        })
+        .await;
+        if !matches!(ready, Ok(true)) {
+            return Err(Unavailable(format!(
+                "containerd did not start ({ready:?}, exit {:?}):\n{}",
+                child.exited(),
+                child.log_tail(20)
+            )));
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            sock,
+            child: Some(child),
+            bridge,
+            subnet,
+            gateway,
+            preexisting_cgroups: before,
+            pause_image: pause_image.to_string(),
+            ip_forward: ip_forward.trim().to_string(),
+        })
+    }
+
+    /// The CRI endpoint (`unix://...`) for the kubelet.
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.sock.display())
+    }
+
+    /// The pod network's bridge, subnet and gateway address.
+    pub fn network(&self) -> (&str, &str, &str) {
+        (&self.bridge, &self.subnet, &self.gateway)
+    }
+
+    /// The sandbox image reference.
+    pub fn pause_image(&self) -> &str {
+        &self.pause_image
+    }
+
+    /// `ctr` against this containerd, in the CRI namespace.
+    pub fn ctr(&self, args: &[&str]) -> io::Result<Output> {
+        Command::new("ctr")
+            .arg("--address")
+            .arg(&self.sock)
+            .args(["--namespace", CRI_NAMESPACE])
+            .args(args)
+            .output()
+    }
+
+    fn ctr_ok(&self, args: &[&str]) -> io::Result<String> {
+        let out = self.ctr(args)?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(io::Error::other(format!(
+                "ctr {}: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )))
+        }
+    }
+
+    /// Imports an OCI image archive (scripts/images.sh) and, with
+    /// `repository` and `digest`, names it `repository@digest` as well: the
+    /// CRI plugin resolves a reference only among image names
+    /// (containerd 1.6 `pkg/cri/store/image/image.go`, `Store.Resolve`),
+    /// and a pull by digest would have recorded that name.
+    pub fn import(&self, archive: &Path, digested: Option<(&str, &str)>) -> io::Result<()> {
+        let archive = archive.to_string_lossy();
+        let out = self.ctr_ok(&["images", "import", "--all-platforms", &archive])?;
+        if let Some((repo, digest)) = digested {
+            let name = out
+                .lines()
+                .find_map(|l| l.strip_prefix("unpacking "))
+                .and_then(|l| l.split(' ').next())
+                .ok_or_else(|| io::Error::other(format!("ctr import printed no image: {out}")))?
+                .to_string();
+            self.ctr_ok(&[
+                "images",
+                "tag",
+                "--force",
+                &name,
+                &format!("{repo}@{digest}"),
+            ])?;
+        }
+        Ok(())
+    }
+
+    /// Runs `cmd` in the running container `id` (a new process in its
+    /// namespaces, cgroups and security profile: `ctr tasks exec`, what
+    /// the CRI's ExecSync does).
+    pub fn exec(&self, id: &str, cmd: &[&str]) -> io::Result<Output> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let exec_id = format!("mg-exec-{}-{n}", std::process::id());
+        let mut args = vec!["tasks", "exec", "--exec-id", &exec_id, id];
+        args.extend_from_slice(cmd);
+        self.ctr(&args)
+    }
+
+    /// The host PID of container `id`'s init process.
+    pub fn task_pid(&self, id: &str) -> io::Result<u32> {
+        let out = self.ctr_ok(&["tasks", "ls"])?;
+        out.lines()
+            .skip(1)
+            .find_map(|l| {
+                let mut f = l.split_whitespace();
+                (f.next()? == id).then(|| f.next()?.parse().ok())?
+            })
+            .ok_or_else(|| io::Error::other(format!("no task {id} in\n{out}")))
+    }
+
+    /// The last lines of containerd's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.child
+            .as_ref()
+            .map(|c| c.log_tail(lines))
+            .unwrap_or_default()
+    }
+
+    /// Removes every container and sandbox (tasks killed, containers
+    /// deleted), stops containerd and the shims it started, unmounts what is
+    /// left under the directory, deletes the bridge and the cgroups it made.
+    pub fn stop(&mut self) {
+        if self.child.is_none() {
+            return;
+        }
+        if let Ok(list) = self.ctr_ok(&["containers", "ls", "-q"]) {
+            for id in list.lines().filter(|l| !l.is_empty()) {
+                let _ = self.ctr(&["tasks", "kill", "--all", "--signal", "SIGKILL", id]);
+            }
+            for id in list.lines().filter(|l| !l.is_empty()) {
+                let _ = poll_blocking(Duration::from_secs(5), || {
+                    self.ctr(&["tasks", "delete", "--force", id])
+                        .map(|o| o.status.success())
+                        .unwrap_or(true)
+                        || !self.has_task(id)
+                });
+                let _ = self.ctr(&["containers", "delete", id]);
+            }
+        }
+        let shims = shim_pids(&self.sock);
+        if let Some(mut c) = self.child.take() {
+            c.kill();
+        }
+        for pid in shims {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
+        for m in super::kubelet::mounts_under(&self.dir) {
+            let _ = Command::new("umount").arg("-l").arg(&m).status();
+        }
+        let _ = Command::new("ip")
+            .args(["link", "delete", &self.bridge])
+            .output();
+        // containerd 1.6 keeps shim sockets and fifos under /run/containerd
+        // whatever its state directory (pkg/shim `SocketAddress`,
+        // defaults.DefaultFIFODir): the directories, when empty, go too.
+        for d in [
+            "/run/containerd/s",
+            "/run/containerd/fifo",
+            "/run/containerd/runc/k8s.io",
+            "/run/containerd/runc",
+            "/run/containerd",
+        ] {
+            let _ = std::fs::remove_dir(d);
+        }
+        if !self.ip_forward.is_empty() {
+            let _ = std::fs::write(IP_FORWARD, &self.ip_forward);
+        }
+        for cg in k8s_cgroups() {
+            if cg.exists() && !self.preexisting_cgroups.contains(&cg) {
+                remove_cgroup_tree(&cg);
+            }
+        }
+    }
+
+    fn has_task(&self, id: &str) -> bool {
+        self.ctr_ok(&["tasks", "ls"])
+            .map(|o| {
+                o.lines()
+                    .skip(1)
+                    .any(|l| l.split_whitespace().next() == Some(id))
+            })
+            .unwrap_or(false)
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn poll_blocking(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    false
+}
+
+/// The shims of the containerd listening on `sock` (their command line
+/// names its address).
+fn shim_pids(sock: &Path) -> Vec<u32> {
+    let want = sock.to_string_lossy().into_owned();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            args.first()
+                .is_some_and(|a| a.ends_with(b"containerd-shim-runc-v2"))
+                && args.contains(&want.as_bytes())
+        })
+        .collect()
+}
+
+/// Removes an (empty of processes) cgroup v1 directory and its children,
+/// deepest first.
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_cgroup_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
+
+fn config_toml(dir: &Path, sock: &Path, pause_image: &str) -> String {
+    let d = dir.display();
+    let s = sock.display();
+    format!(
+        r#"version = 2
+root = "{d}/root"
+state = "{d}/state"
+[grpc]
+  address = "{s}"
+[ttrpc]
+  address = "{s}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause_image}"
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "{d}/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "{d}/cni/conf"
+    max_conf_num = 1
+"#
+    )
+}
+
+fn cni_conflist(bridge: &str, subnet: &str, gateway: &str, ipam_dir: &Path) -> String {
+    serde_json::to_string_pretty(&serde_json::json!({
+        "cniVersion": "0.4.0",
+        "name": "mountguard-real-node",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": true,
+                "ipMasq": false,
+                "hairpinMode": true,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": ipam_dir,
+                    "ranges": [[{"subnet": subnet, "gateway": gateway}]],
+                    "routes": [{"dst": "0.0.0.0/0"}]
+                }
+            },
+            {"type": "loopback"}
+        ]
+    }))
+    .unwrap_or_default()
+}

@@ -1,0 +1,271 @@
+//! The real-node tier's rig: the real control plane ([`RealCluster`], the
+//! same startup as the other real tests), one real kubelet on a real
+//! container runtime ([`Containerd`]) and the mountguard images built here
+//! by scripts/images.sh and imported into that runtime (no registry), so a
+//! pod is processes under containerd's shim with the kubelet's volumes bind
+//! mounted into its mount namespace.
+//!
+//! [`RealNode::start`] answers `Ok(Err(Unavailable))` when the runtime
+//! cannot run on this machine (not root, a package missing, containerd or
+//! the kubelet failing to start on it): the tests print a loud
+//! `SKIPPED: <reason>` line and pass. Everything after a successful start is
+//! asserted. Dropping a [`RealNode`] stops the kubelet, then the runtime
+//! (containers, shims, mounts, bridge, cgroups), then the control plane.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::containerd::{Containerd, Unavailable};
+use super::kubelet::RealKubelet;
+use super::services::{ApiForwarder, ClusterDns, KubeProxy, publish_kubernetes_endpoint};
+use super::{RealCluster, repo};
+
+/// The node's name.
+pub const NODE: &str = "node-0";
+
+/// The images of scripts/images.sh (its `images.env`).
+#[derive(Debug, Clone)]
+pub struct Images {
+    /// The directory of the archives.
+    pub dir: PathBuf,
+    /// The chart's appVersion.
+    pub version: String,
+    /// `(repository, index digest)` of the agent image.
+    pub agent: (String, String),
+    /// `(repository, index digest)` of the controller image.
+    pub controller: (String, String),
+    /// The pause image reference (`repository:tag`).
+    pub pause: String,
+}
+
+impl Images {
+    /// Reads `dir/images.env`.
+    pub fn read(dir: &Path) -> io::Result<Self> {
+        let text = std::fs::read_to_string(dir.join("images.env"))?;
+        let get = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{k}=")))
+                .map(str::to_string)
+                .ok_or_else(|| io::Error::other(format!("{k} missing in images.env")))
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            version: get("VERSION")?,
+            agent: (get("AGENT_IMAGE")?, get("AGENT_DIGEST")?),
+            controller: (get("CONTROLLER_IMAGE")?, get("CONTROLLER_DIGEST")?),
+            pause: format!("{}:{}", get("PAUSE_IMAGE")?, get("PAUSE_TAG")?),
+        })
+    }
+
+    /// `$MOUNTGUARD_IMAGES_DIR` (set by scripts/test.sh, which ran
+    /// scripts/images.sh), else scripts/images.sh run into `out`.
+    pub fn get(out: &Path) -> Result<Self, Unavailable> {
+        if let Some(dir) = std::env::var_os("MOUNTGUARD_IMAGES_DIR") {
+            return Self::read(Path::new(&dir)).map_err(|e| {
+                Unavailable(format!(
+                    "MOUNTGUARD_IMAGES_DIR={}: {e}",
+                    Path::new(&dir).display()
+                ))
+            });
+        }
+        let res = Command::new("bash")
+            .arg(repo().join("scripts/images.sh"))
+            .arg(out)
+            .output()
+            .map_err(|e| Unavailable(format!("running scripts/images.sh: {e}")))?;
+        if !res.status.success() {
+            return Err(Unavailable(format!(
+                "scripts/images.sh failed ({}): {}",
+                res.status,
+                String::from_utf8_lossy(&res.stderr).trim()
+            )));
+        }
+        Self::read(out).map_err(|e| Unavailable(format!("scripts/images.sh: {e}")))
+    }
+
+    /// `repository@digest` of the agent image.
+    pub fn agent_ref(&self) -> String {
+        format!("{}@{}", self.agent.0, self.agent.1)
+    }
+
+    /// `repository@digest` of the controller image.
+    pub fn controller_ref(&self) -> String {
+        format!("{}@{}", self.controller.0, self.controller.1)
+    }
+}
+
+/// The directory of kube-proxy and helm: `$MOUNTGUARD_NODE_TOOLS_BIN`
+/// or what scripts/node-tools.sh prints (it builds what its cache lacks).
+pub fn node_tools() -> Result<PathBuf, Unavailable> {
+    if let Some(d) = std::env::var_os("MOUNTGUARD_NODE_TOOLS_BIN") {
+        return Ok(PathBuf::from(d));
+    }
+    let out = Command::new("bash")
+        .arg(repo().join("scripts/node-tools.sh"))
+        .output()
+        .map_err(|e| Unavailable(format!("running scripts/node-tools.sh: {e}")))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match stdout.lines().last() {
+        Some(l) if out.status.success() => Ok(PathBuf::from(l.trim())),
+        _ => Err(Unavailable(format!(
+            "scripts/node-tools.sh failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+/// The control plane, one kubelet on containerd, the images imported.
+#[derive(Debug)]
+pub struct RealNode {
+    /// The kubelet (dropped first).
+    pub kubelet: RealKubelet,
+    /// Cluster DNS.
+    pub dns: ClusterDns,
+    /// kube-proxy.
+    pub proxy: KubeProxy,
+    /// Service `kubernetes`'s endpoint on the bridge.
+    pub forwarder: ApiForwarder,
+    /// The runtime (dropped after the kubelet).
+    pub runtime: Containerd,
+    /// The control plane (dropped last).
+    pub cluster: RealCluster,
+    /// The imported images.
+    pub images: Images,
+    // Dropped after the runtime: its state lives here.
+    _dir: tempfile::TempDir,
+}
+
+impl RealNode {
+    /// Starts everything; `Ok(Err(_))` when the runtime cannot run here.
+    pub async fn start() -> io::Result<Result<Self, Unavailable>> {
+        let cluster = RealCluster::builder()
+            .nodes(0)
+            .without_slinky_crds()
+            .start()
+            .await?;
+        let dir = tempfile::Builder::new()
+            .prefix("mountguard-node-")
+            .tempdir()?;
+        let tools = match node_tools() {
+            Ok(t) => t,
+            Err(e) => return Ok(Err(e)),
+        };
+        let images = match Images::get(&dir.path().join("images")) {
+            Ok(i) => i,
+            Err(e) => return Ok(Err(e)),
+        };
+        let runtime = match Containerd::start(
+            &dir.path().join("containerd"),
+            &cluster.logs_dir().join("containerd.log"),
+            &images.pause,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => return Ok(Err(e)),
+        };
+        let import = |name: &str, digested: Option<(&str, &str)>| {
+            runtime
+                .import(&images.dir.join(name), digested)
+                .map_err(|e| Unavailable(format!("importing {name}: {e}")))
+        };
+        for r in [
+            import("pause.tar", None),
+            import(
+                "mountguard-agent.tar",
+                Some((&images.agent.0, &images.agent.1)),
+            ),
+            import(
+                "mountguard-controller.tar",
+                Some((&images.controller.0, &images.controller.1)),
+            ),
+        ] {
+            if let Err(e) = r {
+                return Ok(Err(e));
+            }
+        }
+        let (_, subnet, gateway) = runtime.network();
+        let (subnet, gateway) = (subnet.to_string(), gateway.to_string());
+        let gateway_ip: std::net::Ipv4Addr = gateway
+            .parse()
+            .map_err(|e| io::Error::other(format!("gateway {gateway}: {e}")))?;
+        let client = cluster.client().await?;
+        let forwarder = ApiForwarder::start(gateway_ip, cluster.api_addr()).await?;
+        publish_kubernetes_endpoint(&client, forwarder.addr()).await?;
+        let proxy = match KubeProxy::start(
+            &cluster,
+            &tools.join("kube-proxy"),
+            NODE,
+            &subnet,
+            &dir.path().join("kube-proxy"),
+        )
+        .await
+        {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(Unavailable(format!("kube-proxy: {e}")))),
+        };
+        let dns = ClusterDns::start(client.clone(), gateway_ip)
+            .await
+            .map_err(|e| io::Error::other(format!("cluster DNS on {gateway_ip}:53: {e}")))?;
+        let extra = format!("clusterDNS: [{gateway}]\nclusterDomain: cluster.local\n");
+        let kubelet =
+            match RealKubelet::start_on_cri(&cluster, NODE, &runtime.endpoint(), &extra).await {
+                Ok(k) => k,
+                Err(e) => {
+                    return Ok(Err(Unavailable(format!(
+                        "the kubelet did not come up on containerd: {e}\n--- containerd ---\n{}",
+                        runtime.log_tail(20)
+                    ))));
+                }
+            };
+        Ok(Ok(Self {
+            kubelet,
+            dns,
+            proxy,
+            forwarder,
+            runtime,
+            cluster,
+            images,
+            _dir: dir,
+        }))
+    }
+
+    /// The kubelet's, the runtime's and the control plane's last log lines.
+    pub fn logs(&self, lines: usize) -> String {
+        format!(
+            "{}--- containerd ---\n{}\n--- kube-proxy ---\n{}\n--- cluster DNS queries ---\n{}\n{}",
+            self.kubelet.logs(lines),
+            self.runtime.log_tail(lines),
+            self.proxy.log_tail(lines),
+            self.dns.log_tail(lines),
+            self.cluster.logs(lines)
+        )
+    }
+}
+
+/// Starts a [`RealNode`], or prints `SKIPPED: <reason>` and returns `None`.
+#[macro_export]
+macro_rules! real_node_or_skip {
+    ($what:expr) => {
+        match $crate::real::real_node::RealNode::start().await {
+            Ok(Ok(node)) => node,
+            Ok(Err(why)) => {
+                eprintln!(
+                    "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+                );
+                eprintln!(
+                    "!!! SKIPPED: {}: the real-node runtime cannot run here: {}",
+                    $what, why
+                );
+                eprintln!(
+                    "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+                );
+                println!("SKIPPED: {}: {}", $what, why);
+                return;
+            }
+            Err(e) => panic!("the real control plane did not start: {e}"),
+        }
+    };
+}

@@ -1,0 +1,248 @@
+//! The chart installed as docs/install.md tells a user: the real Helm CLI,
+//! the namespace with its Pod Security labels, the images by digest; the
+//! agent DaemonSet's pod and the controller's pod run as real containers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use mountguard_tests::mountguard::{http_get, parse_metrics, poll};
+use mountguard_tests::real::raw;
+use mountguard_tests::real::real_node::{RealNode, node_tools};
+use serde_json::{Value, json};
+
+/// The release and its namespace (docs/install.md).
+pub const RELEASE: &str = "mountguard";
+/// The release namespace.
+pub const NAMESPACE: &str = "mountguard-system";
+/// The chart's agent DaemonSet / ServiceAccount.
+pub const AGENT: &str = "mountguard-agent";
+/// The chart's controller Deployment / ServiceAccount / Service.
+pub const CONTROLLER: &str = "mountguard-controller";
+/// The report API's certificate Secret (`tls.existingSecret`).
+pub const TLS_SECRET: &str = "mountguard-report-tls";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The Helm CLI of scripts/node-tools.sh against the rig's API server.
+pub struct Helm {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl Helm {
+    pub fn new(node: &RealNode) -> Self {
+        let bin = node_tools().expect("node tools").join("helm");
+        Self {
+            bin,
+            kubeconfig: node.cluster.kubeconfig_path().to_path_buf(),
+            home: tempfile::tempdir().expect("helm home"),
+        }
+    }
+
+    /// `helm <args>` (with its own cache, config and data directories).
+    pub fn run(&self, args: &[&str]) -> Output {
+        let h = self.home.path();
+        Command::new(&self.bin)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env("HELM_CACHE_HOME", h.join("cache"))
+            .env("HELM_CONFIG_HOME", h.join("config"))
+            .env("HELM_DATA_HOME", h.join("data"))
+            .output()
+            .expect("helm runs")
+    }
+
+    /// `helm <args>`, which must succeed; returns its stdout.
+    pub fn ok_stdout(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "helm {}: {}\n{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `helm <args>`, which must succeed; returns its stdout and stderr.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "helm {}: {}\n{text}",
+            args.join(" "),
+            out.status
+        );
+        text
+    }
+}
+
+/// The namespace as docs/install.md creates it (Pod Security: enforce
+/// privileged, warn and audit restricted) and the report API's certificate
+/// for the controller Service's name, signed by the rig's CA.
+pub async fn prepare_namespace(node: &RealNode) {
+    let client = node.cluster.client().await.expect("client");
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": NAMESPACE, "labels": {
+            "pod-security.kubernetes.io/enforce": "privileged",
+            "pod-security.kubernetes.io/warn": "restricted",
+            "pod-security.kubernetes.io/audit": "restricted"}}});
+    let (code, body) = raw(&client, "POST", "/api/v1/namespaces", Some(&ns))
+        .await
+        .expect("namespace");
+    assert_eq!(code, 201, "{body}");
+    let svc = format!("{CONTROLLER}.{NAMESPACE}.svc");
+    let (cert, key) = node
+        .cluster
+        .serving_cert(&[&svc, &format!("{svc}.cluster.local")])
+        .expect("certificate");
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+        "metadata": {"name": TLS_SECRET, "namespace": NAMESPACE},
+        "stringData": {"tls.crt": cert, "tls.key": key, "ca.crt": node.cluster.ca_pem()}});
+    let (code, body) = raw(
+        &client,
+        "POST",
+        &format!("/api/v1/namespaces/{NAMESPACE}/secrets"),
+        Some(&secret),
+    )
+    .await
+    .expect("secret");
+    assert_eq!(code, 201, "{body}");
+}
+
+/// The values of the install: the images by digest, the kubelet's root
+/// directory of this node, the certificate, short intervals for the test.
+pub fn install_args(node: &RealNode) -> Vec<String> {
+    let root = node.kubelet.root().to_string_lossy().into_owned();
+    let i = &node.images;
+    [
+        format!("agent.image.repository={}", i.agent.0),
+        format!("agent.image.digest={}", i.agent.1),
+        format!("controller.image.repository={}", i.controller.0),
+        format!("controller.image.digest={}", i.controller.1),
+        "image.pullPolicy=Never".to_string(),
+        format!("agent.kubeletRootDir={root}"),
+        "tls.certManager.enabled=false".to_string(),
+        format!("tls.existingSecret={TLS_SECRET}"),
+        "agent.rescanInterval=5s".to_string(),
+        "agent.heartbeatInterval=5s".to_string(),
+    ]
+    .into_iter()
+    .flat_map(|v| ["--set".to_string(), v])
+    .collect()
+}
+
+/// Waits until the pod of `component` in the release namespace is Running
+/// and Ready; returns it.
+pub async fn component_pod(node: &RealNode, component: &str, timeout: Duration) -> Value {
+    let client = node.cluster.client().await.expect("client");
+    let path = format!(
+        "/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=app.kubernetes.io%2Fcomponent%3D{component}"
+    );
+    let r = poll(
+        &format!("the {component} pod Running and Ready"),
+        timeout,
+        || {
+            let (client, path) = (client.clone(), path.clone());
+            async move {
+                let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
+                list["items"].as_array()?.iter().find_map(|p| {
+                    let ready = p["status"]["conditions"]
+                        .as_array()?
+                        .iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                    (p["status"]["phase"] == "Running"
+                        && ready
+                        && p["metadata"]["deletionTimestamp"].is_null())
+                    .then(|| p.clone())
+                })
+            }
+        },
+    )
+    .await;
+    match r {
+        Ok(p) => p,
+        Err(e) => {
+            let list = raw(&client, "GET", &path, None)
+                .await
+                .map(|p| p.1)
+                .unwrap_or_default();
+            let events = raw(
+                &client,
+                "GET",
+                &format!("/api/v1/namespaces/{NAMESPACE}/events"),
+                None,
+            )
+            .await
+            .map(|p| p.1)
+            .unwrap_or_default();
+            let events: Vec<String> = events["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    format!(
+                        "{} {} {}",
+                        e["involvedObject"]["name"], e["reason"], e["message"]
+                    )
+                })
+                .collect();
+            panic!(
+                "{e}\npods: {:#}\nevents:\n{}\n{}",
+                list["items"],
+                events.join("\n"),
+                node.logs(30)
+            );
+        }
+    }
+}
+
+/// A metric's value on `url` (sum over the series matching `labels`).
+pub async fn metric(url: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let text = http_get(url).await.ok()?;
+    let samples = parse_metrics(&text);
+    let matching: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.label(k) == Some(*v)))
+        .map(|s| s.value)
+        .collect();
+    (!matching.is_empty()).then(|| matching.iter().sum())
+}
+
+/// The chart's directory.
+pub fn chart() -> String {
+    repo()
+        .join("charts/mountguard")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Installs the chart (docs/install.md) and waits until the agent and the
+/// controller are Running and Ready; returns `(agent pod, controller pod)`.
+pub async fn install(node: &RealNode, helm: &Helm, extra: &[&str]) -> (Value, Value) {
+    prepare_namespace(node).await;
+    let chart = chart();
+    let mut args = vec!["install", RELEASE, &chart, "--namespace", NAMESPACE];
+    let values = install_args(node);
+    args.extend(values.iter().map(String::as_str));
+    args.extend_from_slice(extra);
+    let out = helm.ok(&args);
+    assert!(out.contains("STATUS: deployed"), "helm install:\n{out}");
+    let agent = component_pod(node, "agent", Duration::from_secs(180)).await;
+    let controller = component_pod(node, "controller", Duration::from_secs(180)).await;
+    (agent, controller)
+}

@@ -1,0 +1,220 @@
+//! `helm install` on the real node: the agent and the controller as the
+//! chart's own containers.
+
+use std::time::Duration;
+
+use mountguard_tests::mountguard::poll;
+use mountguard_tests::real::real_node::NODE;
+use mountguard_tests::real::real_node::RealNode;
+use mountguard_tests::real::{create, ensure_namespace, wait_for_default_service_account};
+use mountguard_tests::real_node_or_skip;
+use serde_json::{Value, json};
+
+use crate::harness::{container_id, wait_pod_ready};
+use crate::helm::{AGENT, CONTROLLER, Helm, NAMESPACE, install, metric};
+
+fn cmdline(pid: u32) -> String {
+    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
+        .replace('\0', " ")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_helm_install_runs_agent_and_controller_ready_as_containers() {
+    let node =
+        real_node_or_skip!("real_node_helm_install_runs_agent_and_controller_ready_as_containers");
+    let helm = Helm::new(&node);
+    let (agent, controller) = install(&node, &helm, &[]).await;
+
+    // Their processes are this host's, the images' entrypoints.
+    let agent_pid = node
+        .runtime
+        .task_pid(&container_id(&agent, "agent"))
+        .expect("agent task");
+    assert!(
+        cmdline(agent_pid).starts_with("/mountguard-agent run"),
+        "agent process {agent_pid}: {}",
+        cmdline(agent_pid)
+    );
+    let controller_pid = node
+        .runtime
+        .task_pid(&container_id(&controller, "controller"))
+        .expect("controller task");
+    assert!(
+        cmdline(controller_pid).starts_with("/mountguard-controller run"),
+        "controller process {controller_pid}: {}",
+        cmdline(controller_pid)
+    );
+
+    // The agent's reports, with its projected token, reach the controller
+    // by the chart's Service name (cluster DNS, kube-proxy) and are
+    // accepted.
+    let controller_ip = controller["status"]["podIP"]
+        .as_str()
+        .expect("controller IP");
+    let url = format!("http://{controller_ip}:8080/metrics");
+    let accepted = poll("an accepted agent report", Duration::from_secs(120), || {
+        let url = url.clone();
+        async move {
+            metric(
+                &url,
+                "mountguard_report_requests_total",
+                &[("result", "accepted")],
+            )
+            .await
+            .filter(|v| *v >= 1.0)
+        }
+    })
+    .await;
+    if let Err(e) = accepted {
+        let body = mountguard_tests::mountguard::http_get(&url)
+            .await
+            .unwrap_or_default();
+        let lines: Vec<&str> = body.lines().filter(|l| l.contains("report")).collect();
+        panic!("{e}\n{}\n{}", lines.join("\n"), node.logs(30));
+    }
+
+    // The controller reads the cluster with the chart's RBAC only: no
+    // request of its ServiceAccount was refused.
+    let user = format!("system:serviceaccount:{NAMESPACE}:{CONTROLLER}");
+    let refused: Vec<String> = node
+        .cluster
+        .audit_events()
+        .iter()
+        .filter(|e| e["user"]["username"] == user.as_str())
+        .filter(|e| matches!(e["responseStatus"]["code"].as_u64(), Some(401 | 403)))
+        .map(|e| {
+            format!(
+                "{} {} {}",
+                e["verb"], e["requestURI"], e["responseStatus"]["code"]
+            )
+        })
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "the controller was refused: {refused:#?}"
+    );
+    let agent_user = format!("system:serviceaccount:{NAMESPACE}:{AGENT}");
+    assert!(
+        !node
+            .cluster
+            .audit_events()
+            .iter()
+            .any(|e| e["user"]["username"] == agent_user.as_str()),
+        "the agent called the API (it should only hold its report token)"
+    );
+}
+
+/// The chart installed with the probe on the kubelet's root, then a Secret
+/// volume mounted after the agent started: `(agent pod, agent container,
+/// probe path, the volume's file)`.
+async fn agent_and_a_later_volume(node: &RealNode) -> (Value, String, String, String) {
+    let root = node.kubelet.root().to_path_buf();
+    // The probe (no shell in the image): on the kubelet's root, which the
+    // agent's container mounts read-only at the same path.
+    let probe = root.join("mountguard-probe");
+    std::fs::copy(node.images.dir.join("probe"), &probe).expect("probe");
+    let helm = Helm::new(node);
+    let (agent, _) = install(node, &helm, &[]).await;
+    let agent_id = container_id(&agent, "agent");
+
+    // A Secret volume mounted after the agent started.
+    let client = node.cluster.client().await.expect("client");
+    ensure_namespace(&client, "demo").await.expect("namespace");
+    wait_for_default_service_account(&client, "demo")
+        .await
+        .expect("sa");
+    create(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "later", "namespace": "demo"},
+        "stringData": {"key": "after the agent"}}),
+    )
+    .await
+    .expect("secret");
+    create(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "later", "namespace": "demo"},
+        "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+            "containers": [{"name": "c", "image": node.images.pause, "imagePullPolicy": "Never",
+                "volumeMounts": [{"name": "s", "mountPath": "/s", "readOnly": true}]}],
+            "volumes": [{"name": "s", "secret": {"secretName": "later"}}]}}),
+    )
+    .await
+    .expect("pod");
+    let pod = wait_pod_ready(node, "demo", "later", Duration::from_secs(120)).await;
+    let uid = pod["metadata"]["uid"].as_str().expect("uid");
+    let file = root.join(format!("pods/{uid}/volumes/kubernetes.io~secret/s/key"));
+    let (probe, file) = (probe.to_string_lossy(), file.to_string_lossy());
+
+    (agent, agent_id, probe.into_owned(), file.into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_agent_sees_volumes_mounted_after_it_started_and_enforces_landlock() {
+    let node = real_node_or_skip!(
+        "real_node_agent_sees_volumes_mounted_after_it_started_and_enforces_landlock"
+    );
+    let (agent, agent_id, probe, file) = agent_and_a_later_volume(&node).await;
+    // Seen from inside the agent's container (HostToContainer)...
+    let read = node
+        .runtime
+        .exec(&agent_id, &[&probe, "read", &file])
+        .expect("exec read");
+    assert_eq!(
+        String::from_utf8_lossy(&read.stdout),
+        "after the agent",
+        "read inside the agent container: {read:?}"
+    );
+    // Landlock is enforced in the agent's process.
+    let ip = agent["status"]["podIP"].as_str().expect("agent IP");
+    let url = format!("http://{ip}:9808/metrics");
+    let landlock = poll(
+        "mountguard_agent_landlock_enforced",
+        Duration::from_secs(30),
+        || {
+            let url = url.clone();
+            async move { metric(&url, "mountguard_agent_landlock_enforced", &[]).await }
+        },
+    )
+    .await
+    .expect("landlock metric");
+    assert_eq!(landlock, 1.0);
+}
+
+/// Finding of this tier (kubelet v1.33, containerd 1.6.20, runc 1.1.5): a
+/// tmpfs the kubelet mounts under its root after the agent started reaches
+/// the agent's container through HostToContainer propagation with the
+/// host's flags, read-write; the container's `readOnly: true` makes only
+/// the bind mount of the root read-only, not mounts propagated into it
+/// later (`recursiveReadOnly` cannot be combined with propagation). The
+/// agent's own process is held by its Landlock ruleset (the test above),
+/// but another process in the container, running as root like the agent,
+/// changes the volume (the file is root's). Kept to show the gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: volumes mounted after the agent started are writable from inside its container (see the doc)"]
+async fn real_node_agent_container_cannot_write_volumes_mounted_after_it_started() {
+    let node = real_node_or_skip!(
+        "real_node_agent_container_cannot_write_volumes_mounted_after_it_started"
+    );
+    let (_, agent_id, probe, file) = agent_and_a_later_volume(&node).await;
+    // ...and every change refused there.
+    let write = node
+        .runtime
+        .exec(&agent_id, &[&probe, "write", &file])
+        .expect("exec write");
+    let text = String::from_utf8_lossy(&write.stdout);
+    assert!(
+        write.status.success() && !text.contains("ALLOWED"),
+        "write inside the agent container: {write:?}\n{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("refused ")).count(),
+        6,
+        "{text}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(std::path::Path::new(&file)).expect("file"),
+        "after the agent"
+    );
+}
