@@ -547,7 +547,13 @@ impl Audited {
         matches!(
             self.verb.as_str(),
             "create" | "update" | "patch" | "delete" | "deletecollection"
-        ) && self.resource != "tokenreviews"
+        ) && !matches!(
+            // Reviews are `create`s that persist nothing: the report API's
+            // TokenReviews, the status API's TokenReviews and
+            // SubjectAccessReviews.
+            self.resource.as_str(),
+            "tokenreviews" | "subjectaccessreviews"
+        )
     }
 
     /// The refused ones.
