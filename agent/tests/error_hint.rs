@@ -5,11 +5,25 @@
 
 use std::process::Command;
 
-fn agent(args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_mountguard-agent"))
-        .args(args)
+/// Whether this test binary runs under user-mode emulation (the arm64 run
+/// under qemu-aarch64 on an x86_64 host), as `it.rs` tells it.
+fn emulated() -> bool {
+    Command::new("uname")
+        .arg("-m")
         .output()
-        .unwrap();
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() != std::env::consts::ARCH)
+}
+
+fn agent(args: &[&str]) -> (Option<i32>, String) {
+    let bin = env!("CARGO_BIN_EXE_mountguard-agent");
+    let mut cmd = if emulated() {
+        let mut c = Command::new("qemu-aarch64");
+        c.args(["-L", "/usr/aarch64-linux-gnu", bin]);
+        c
+    } else {
+        Command::new(bin)
+    };
+    let out = cmd.args(args).output().unwrap();
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
