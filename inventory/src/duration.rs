@@ -68,20 +68,28 @@ pub fn split_duration_hint(
     None
 }
 
+/// Splits `s` into its leading number (digits, greater than zero, no
+/// leading zero) and the unit after it; the reason when it has none. Shared
+/// by the duration and size grammars.
+pub(crate) fn number_and_unit(s: &str) -> Result<(&str, &str), &'static str> {
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    if num.is_empty() {
+        return Err("it does not start with a number");
+    }
+    if num.starts_with('0') {
+        return Err("it must be greater than zero, without leading zero");
+    }
+    Ok((num, unit))
+}
+
 /// Parses a duration of the grammar above.
 pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let err = |reason| DurationError {
         input: s.to_string(),
         reason,
     };
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(err("it does not start with a number"));
-    }
-    if num.starts_with('0') {
-        return Err(err("it must be greater than zero, without leading zero"));
-    }
+    let (num, unit) = number_and_unit(s).map_err(err)?;
     if num.len() > MAX_DIGITS {
         return Err(err("the number has more than 12 digits"));
     }

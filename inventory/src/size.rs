@@ -23,14 +23,7 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
         input: s.to_string(),
         reason,
     };
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        return Err(err("it does not start with a number"));
-    }
-    if num.starts_with('0') {
-        return Err(err("it must be greater than zero, without leading zero"));
-    }
+    let (num, unit) = crate::duration::number_and_unit(s).map_err(err)?;
     let mult: u64 = match unit {
         "" | "B" => 1,
         "Ki" | "KiB" => 1 << 10,

@@ -253,33 +253,18 @@ fn incremental_evaluation_matches_full_and_follows_node_flips() {
 fn fingerprint_oracle_source_history_is_keyed_per_object() {
     let mut ix = ClusterIndex::new();
     let t0 = ts("2026-11-30T09:00:00Z");
-    let prod = put_source(
-        &mut ix,
-        SECRET,
-        "prod",
-        "db",
-        &[("password", b"4711")],
-        true,
-        Some(t0),
-    );
-    let tenant = put_source(
-        &mut ix,
-        SECRET,
-        "tenant",
-        "db",
-        &[("password", b"4711")],
-        true,
-        Some(t0),
-    );
-    let other = put_source(
-        &mut ix,
-        SECRET,
-        "tenant",
-        "guess",
-        &[("password", b"4711")],
-        true,
-        Some(t0),
-    );
+    let [prod, tenant, other] =
+        [("prod", "db"), ("tenant", "db"), ("tenant", "guess")].map(|(ns, name)| {
+            put_source(
+                &mut ix,
+                SECRET,
+                ns,
+                name,
+                &[("password", b"4711")],
+                true,
+                Some(t0),
+            )
+        });
     let e = engine();
     let mut state = EngineState::default();
     for r in [&prod, &tenant, &other] {
