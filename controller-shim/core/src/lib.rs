@@ -29,8 +29,12 @@
 //! * [`rollout`]: the rollout gate's decision (`wait`): is an object's
 //!   current content verified on every node, and what is missing.
 //! * [`remediation`]: the remediation state machine, planner and recovery.
+//! * [`admission`]: the admission webhook's decision: what to tell a caller
+//!   deleting or re-creating a Secret or ConfigMap whose name nodes keep
+//!   serving from their kubelet's cache.
 //! * `testkit` (feature `testkit`): builders for tests and benchmarks.
 
+pub mod admission;
 pub mod fingerprint;
 pub mod index;
 pub mod model;
