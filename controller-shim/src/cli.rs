@@ -422,6 +422,9 @@ pub struct RunArgs {
     /// Also replace the pods pinning an immutable cache entry.
     #[arg(long, env = "MOUNTGUARD_REPLACE_PINNING_PODS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub replace_pinning_pods: bool,
+    /// The admission webhook.
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
     /// Log format.
     #[arg(
         long,
@@ -466,6 +469,57 @@ impl RunArgs {
         p.a.watch_namespaces.clear();
         p.a
     }
+}
+
+/// What the admission webhook does with a create that a node's kubelet
+/// cache would not see (`--admission-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum AdmissionMode {
+    /// Allow, with warnings the caller sees.
+    #[default]
+    Warn,
+    /// Refuse a create under a name nodes still serve an immutable
+    /// predecessor of (deletes are only warned about).
+    Deny,
+    /// Allow everything, say nothing.
+    Off,
+}
+
+/// Flags of the admission webhook (`run`).
+#[derive(Debug, Clone, Args)]
+pub struct AdmissionArgs {
+    /// Serve the validating admission webhook (HTTPS, `POST /v1/admission`)
+    /// on this address; absent: no webhook.
+    #[arg(long, env = "MOUNTGUARD_ADMISSION_LISTEN")]
+    pub admission_listen: Option<SocketAddr>,
+    /// `warn` (allow with warnings), `deny` (refuse a create under a pinned
+    /// name) or `off`.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_ADMISSION_MODE",
+        value_enum,
+        default_value = "warn"
+    )]
+    pub admission_mode: AdmissionMode,
+    /// PEM certificate chain of the webhook (reloaded when it changes);
+    /// default: the report API's `--tls-cert-file`.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_ADMISSION_TLS_CERT_FILE",
+        requires = "admission_tls_key_file"
+    )]
+    pub admission_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the webhook; default: `--tls-key-file`.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_ADMISSION_TLS_KEY_FILE",
+        requires = "admission_tls_cert_file"
+    )]
+    pub admission_tls_key_file: Option<PathBuf>,
+    /// Longest wait for the in-memory view; past it the call is allowed
+    /// without a word (keep it under the webhook's `timeoutSeconds`).
+    #[arg(long, env = "MOUNTGUARD_ADMISSION_ANSWER_TIMEOUT", default_value = "1500ms", value_parser = parse_duration)]
+    pub admission_answer_timeout: Duration,
 }
 
 /// The controller's metrics port, reached directly (`status`, `wait`).
@@ -758,6 +812,7 @@ mod tests {
             (&run, "--header-read-timeout"),
             (&run, "--idle-timeout"),
             (&run, "--report-body-timeout"),
+            (&run, "--admission-answer-timeout"),
             (&run, "--remediation-delay"),
             (&run, "--drain-timeout"),
             (&run, "--replacement-timeout"),
@@ -781,6 +836,9 @@ mod tests {
                         (Command::Run(a), "--inventory-max-age") => a.inventory_max_age,
                         (Command::Run(a), "--header-read-timeout") => a.header_read_timeout,
                         (Command::Run(a), "--idle-timeout") => a.idle_timeout,
+                        (Command::Run(a), "--admission-answer-timeout") => {
+                            a.admission.admission_answer_timeout
+                        }
                         (Command::Run(a), "--report-body-timeout") => a.report_body_timeout,
                         (Command::Run(a), "--remediation-delay") => a.remediation_delay,
                         (Command::Run(a), "--drain-timeout") => a.drain_timeout,

@@ -76,6 +76,9 @@ pub enum Input {
     },
     /// Forget every report and history (leadership changed).
     Reset,
+    /// The admission webhook asks what the view knows of a name; answered
+    /// as it arrives, after the inputs before it were applied.
+    Admission(super::admission::Query),
 }
 
 /// What remediation sees after each evaluation batch of the acting
@@ -121,6 +124,12 @@ pub struct EvalTask {
     reporting: HashMap<Arc<str>, bool>,
     evaluated: bool,
     pending: Pending,
+    /// Immutable Secrets and ConfigMaps that went away (deleted, or
+    /// replaced by an object with a new UID) while registered pods
+    /// referenced them, and when: nodes of those pods keep serving them
+    /// (`admission`). Dropped once no pod registered before then holds
+    /// the name.
+    gone_immutable: HashMap<SourceRef, Timestamp>,
 }
 
 /// What the inputs received since the last evaluation touched.
@@ -162,6 +171,7 @@ impl EvalTask {
             reporting: HashMap::default(),
             evaluated: false,
             pending: Pending::default(),
+            gone_immutable: HashMap::default(),
         }
     }
 
@@ -213,6 +223,15 @@ impl EvalTask {
                 dirty.insert(uid);
             }
             Input::Source(r, c) => {
+                if self
+                    .index
+                    .source(&r)
+                    .is_some_and(|o| o.immutable && o.uid.is_some() && o.uid != c.uid)
+                {
+                    // Re-created while this watch was away (a re-list
+                    // shows only the new object).
+                    self.gone_immutable.insert(r.clone(), now);
+                }
                 let differs = self.index.source(&r).is_none_or(|o| {
                     o.content_digest != c.content_digest
                         || o.uid != c.uid
@@ -232,6 +251,11 @@ impl EvalTask {
             }
             Input::SourceDeleted(r) => {
                 pend.touched_sources.push(r.clone());
+                if self.index.source(&r).is_some_and(|o| o.immutable)
+                    && !self.index.pods_referencing(&r).is_empty()
+                {
+                    self.gone_immutable.insert(r.clone(), now);
+                }
                 if self.index.delete_source(&r) {
                     self.engine
                         .observe_source(&self.index, &mut self.state, &r, now);
@@ -318,7 +342,55 @@ impl EvalTask {
                 self.reset();
                 pend.full = true;
             }
+            Input::Admission(q) => {
+                let _ = q.reply.send(self.name_view(&q.source, q.operation));
+            }
         }
+    }
+
+    /// What the view knows of `r` for an admission review of `operation`
+    /// (see [`mountguard_core::admission`]): for a delete, every registered
+    /// pod referencing the name; for a create, whether the previous object
+    /// under the name was immutable (still in the view, or gone while held)
+    /// and the pods holding it.
+    fn name_view(
+        &self,
+        r: &SourceRef,
+        operation: mountguard_core::admission::Operation,
+    ) -> mountguard_core::admission::NameView {
+        use mountguard_core::admission::{NameView, Operation, holders};
+        let current_immutable = self.index.source(r).map(|c| c.immutable);
+        match operation {
+            Operation::Delete => NameView {
+                holders: holders(&self.index, r, None),
+                previous_immutable: current_immutable == Some(true),
+            },
+            Operation::Create => match (current_immutable, self.gone_immutable.get(r)) {
+                // Still in the view: the create raced the watch's delete
+                // event (or the object exists, and the create fails).
+                (Some(true), _) => NameView {
+                    holders: holders(&self.index, r, None),
+                    previous_immutable: true,
+                },
+                (_, Some(gone)) => NameView {
+                    holders: holders(&self.index, r, Some(*gone)),
+                    previous_immutable: true,
+                },
+                _ => NameView::default(),
+            },
+        }
+    }
+
+    /// Forgets the immutable objects that went away and that no pod
+    /// registered before then still holds.
+    fn prune_gone_immutable(&mut self) {
+        if self.gone_immutable.is_empty() {
+            return;
+        }
+        let index = &self.index;
+        self.gone_immutable.retain(|r, gone| {
+            !mountguard_core::admission::holders(index, r, Some(*gone)).is_empty()
+        });
     }
 
     /// Evaluates what the inputs received since the last batch touched, at
@@ -330,6 +402,7 @@ impl EvalTask {
             reported,
             touched_sources,
         } = std::mem::take(&mut self.pending);
+        self.prune_gone_immutable();
         if !self.shared.is_ready() || !self.shared.is_acting() {
             return;
         }
@@ -953,6 +1026,130 @@ mod tests {
     }
 
     use mountguard_core::model::Interner;
+
+    fn ask(
+        task: &mut EvalTask,
+        r: &SourceRef,
+        operation: mountguard_core::admission::Operation,
+    ) -> (Vec<String>, bool) {
+        let (reply, mut rx) = tokio::sync::oneshot::channel();
+        task.receive(
+            Input::Admission(super::super::admission::Query {
+                source: r.clone(),
+                operation,
+                reply,
+            }),
+            ts("2026-11-30T12:00:00Z"),
+        );
+        let v = rx.try_recv().expect("answered as it arrives");
+        (
+            v.holders
+                .iter()
+                .map(|h| format!("{}/{}", h.node, h.pod))
+                .collect(),
+            v.previous_immutable,
+        )
+    }
+
+    /// The admission view: a delete sees every registered pod referencing
+    /// the name; after an immutable Secret goes away, a create sees it as
+    /// the previous immutable object held by the pods registered before
+    /// that (not by one registered later); once those are gone the name is
+    /// forgotten. A mutable object's deletion leaves nothing behind.
+    #[test]
+    fn the_admission_view_remembers_an_immutable_object_held_after_it_went_away() {
+        use mountguard_core::admission::Operation::{Create, Delete};
+        let mut r = rig();
+        let mut ix = Interner::default();
+        let t0 = ts("2026-11-30T10:00:00Z");
+        r.task.apply_batch(
+            vec![secret(&mut ix, b"k", "s1"), pod("u1", "w-0", "n1")],
+            t0,
+        );
+        let auth = SourceRef::new(SourceKind::Secret, ix.intern("slurm"), ix.intern("auth"));
+        assert_eq!(
+            ask(&mut r.task, &auth, Delete),
+            (vec!["n1/w-0".into()], true)
+        );
+        let t1 = ts("2026-11-30T10:10:00Z");
+        r.task
+            .apply_batch(vec![Input::SourceDeleted(auth.clone())], t1);
+        // Registered after the Secret went away, on another node.
+        let Input::Pod(mut late) = pod("u2", "w-1", "n2") else {
+            unreachable!()
+        };
+        late.synced_at = Some(ts("2026-11-30T10:20:00Z").into());
+        r.task.apply_batch(vec![Input::Pod(late)], t1);
+        assert_eq!(
+            ask(&mut r.task, &auth, Create),
+            (vec!["n1/w-0".into()], true)
+        );
+        // The holder goes: the name is forgotten.
+        r.task
+            .apply_batch(vec![Input::PodDeleted(Arc::from("u1"))], t1);
+        assert_eq!(ask(&mut r.task, &auth, Create), (vec![], false));
+        // A mutable ConfigMap deleted while referenced: nothing held.
+        let cm = SourceRef::new(
+            SourceKind::ConfigMap,
+            ix.intern("slurm"),
+            ix.intern("hooks"),
+        );
+        let content = SourceContent::from_plain(
+            &mut ix,
+            false,
+            [("hook.sh", &b"x"[..], false)],
+            Some("c1"),
+            None,
+        );
+        let user = PodB::new("slurm", "w-2", "u3", "n1")
+            .volume(
+                "hooks",
+                VolumeSource::Object(obj(SourceKind::ConfigMap, "hooks", &[], false)),
+            )
+            .build();
+        r.task.apply_batch(
+            vec![
+                Input::Source(cm.clone(), content),
+                Input::Pod(Box::new(user)),
+                Input::SourceDeleted(cm.clone()),
+            ],
+            t1,
+        );
+        assert_eq!(ask(&mut r.task, &cm, Create), (vec![], false));
+        assert_eq!(
+            ask(&mut r.task, &cm, Delete),
+            (vec!["n1/w-2".into()], false)
+        );
+    }
+
+    /// An immutable Secret replaced while the watch was away (a re-list
+    /// shows the object with a new UID) counts as gone at that moment.
+    #[test]
+    fn the_admission_view_sees_a_replacement_found_by_a_relist() {
+        use mountguard_core::admission::Operation::Create;
+        let mut r = rig();
+        let mut ix = Interner::default();
+        let t0 = ts("2026-11-30T10:00:00Z");
+        r.task.apply_batch(
+            vec![secret(&mut ix, b"k", "s1"), pod("u1", "w-0", "n1")],
+            t0,
+        );
+        r.task.apply_batch(vec![secret(&mut ix, b"k2", "s2")], t0);
+        let auth = SourceRef::new(SourceKind::Secret, ix.intern("slurm"), ix.intern("auth"));
+        assert_eq!(r.task.gone_immutable.get(&auth), Some(&t0));
+        // The same object again (same UID): nothing went away.
+        let mut r = rig();
+        r.task.apply_batch(
+            vec![secret(&mut ix, b"k", "s1"), pod("u1", "w-0", "n1")],
+            t0,
+        );
+        r.task.apply_batch(vec![secret(&mut ix, b"k", "s1")], t0);
+        assert!(r.task.gone_immutable.is_empty());
+        assert_eq!(
+            ask(&mut r.task, &auth, Create),
+            (vec!["n1/w-0".into()], true)
+        );
+    }
 
     /// An inventory's in-flight permit goes back as soon as the task has
     /// the inventory, not when the coalescing window closes: report

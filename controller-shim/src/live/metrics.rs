@@ -43,6 +43,10 @@ pub struct Metrics {
     pub report_requests: IntCounterVec,
     /// `mountguard_status_requests_total{result}`.
     pub status_requests: IntCounterVec,
+    /// `mountguard_admission_requests_total{operation,result}`.
+    pub admission_requests: IntCounterVec,
+    /// `mountguard_admission_answer_seconds{operation}`.
+    pub admission_answer: HistogramVec,
     /// `mountguard_tokenreview_duration_seconds`.
     pub tokenreview_duration: Histogram,
     /// `mountguard_evaluation_duration_seconds`.
@@ -87,6 +91,23 @@ pub struct Metrics {
 
 /// Values of `mountguard_status_requests_total{result}`.
 pub const STATUS_RESULTS: [&str; 4] = ["allowed", "unauthenticated", "forbidden", "unavailable"];
+
+/// Values of `mountguard_admission_requests_total{result}`: `allowed`
+/// (nothing to say), `warned`, `denied`, `not_ready` (allowed: the view is
+/// not synced), `busy` (allowed: the view did not answer in time),
+/// `invalid` (the request could not be read; answered 400, which the
+/// API server's `Ignore` policy lets through).
+pub const ADMISSION_RESULTS: [&str; 6] = [
+    "allowed",
+    "warned",
+    "denied",
+    "not_ready",
+    "busy",
+    "invalid",
+];
+
+/// Values of `mountguard_admission_requests_total{operation}`.
+pub const ADMISSION_OPERATIONS: [&str; 3] = ["create", "delete", "other"];
 
 /// Values of `mountguard_report_requests_total{result}`.
 pub const REPORT_RESULTS: [&str; 12] = [
@@ -322,6 +343,36 @@ impl Metrics {
         for s in STATUS_RESULTS {
             status_requests.with_label_values(&[s]);
         }
+        let admission_requests = reg(
+            &r,
+            IntCounterVec::new(
+                o(
+                    "admission_requests_total",
+                    "Admission reviews of Secret and ConfigMap creates and deletes by operation and answer",
+                ),
+                &["operation", "result"],
+            )
+            .unwrap(),
+        );
+        for op in ADMISSION_OPERATIONS {
+            for res in ADMISSION_RESULTS {
+                admission_requests.with_label_values(&[op, res]);
+            }
+        }
+        let admission_answer = reg(
+            &r,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    "mountguard_admission_answer_seconds",
+                    "Time from an admission review's arrival to its answer, by operation",
+                )
+                .buckets(vec![
+                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0,
+                ]),
+                &["operation"],
+            )
+            .unwrap(),
+        );
         for s in ["true", "false"] {
             nodes.with_label_values(&[s]).set(0);
         }
@@ -389,6 +440,8 @@ impl Metrics {
             nodes,
             report_requests,
             status_requests,
+            admission_requests,
+            admission_answer,
             tokenreview_duration,
             evaluation_duration,
             watch_restarts,

@@ -15,8 +15,12 @@
 //!   election ([`leader`]);
 //! * remediation (opt-in, [`executor`]): plans and steps attempts with the
 //!   core's pure machine and performs them (NodeSet annotations, evictions,
-//!   cordons, Events, and slurmrestd through [`slurm`]).
+//!   cordons, Events, and slurmrestd through [`slurm`]);
+//! * the admission webhook (opt-in, [`admission`]): warns about deletes and
+//!   re-creations of immutable Secrets and ConfigMaps that nodes keep
+//!   serving from their kubelet's cache, from the evaluation task's view.
 
+pub mod admission;
 pub mod auth;
 pub mod client;
 pub mod eval;
@@ -60,6 +64,7 @@ pub const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
 pub struct Controller {
     report_addr: SocketAddr,
     metrics_addr: SocketAddr,
+    admission_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     trigger: tokio_watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
@@ -86,6 +91,7 @@ impl Controller {
             report: report_config,
             leader: leader_config,
             remediation,
+            admission,
         } = settings;
         let key = load_fingerprint_key(fingerprint_key_file.as_deref())?;
         let fingerprinter = mountguard_core::Fingerprinter::new(&key)?;
@@ -152,6 +158,28 @@ impl Controller {
             source: e,
         })?;
 
+        let admission = match admission {
+            Some(a) => {
+                let cert = tls::ReloadingCert::load(a.tls.0.clone(), a.tls.1.clone())?;
+                let listener =
+                    tokio::net::TcpListener::bind(a.listen)
+                        .await
+                        .map_err(|e| Error::Io {
+                            file: format!("admission listener {}", a.listen),
+                            source: e,
+                        })?;
+                Some((a, cert, listener))
+            }
+            None => None,
+        };
+        let admission_addr = match &admission {
+            Some((_, _, l)) => Some(l.local_addr().map_err(|e| Error::Io {
+                file: "admission listener".into(),
+                source: e,
+            })?),
+            None => None,
+        };
+
         let agents = Arc::new(auth::AgentPods::default());
         let reviewer: Arc<dyn TokenReviewer> = Arc::new(
             auth::CachedReviewer::new(
@@ -211,6 +239,25 @@ impl Controller {
                 shutdown.clone(),
             )),
         ));
+        if let Some((a, cert, listener)) = admission {
+            info!(mode = ?a.mode, addr = ?admission_addr, "admission webhook");
+            let handler = Arc::new(admission::AdmissionHandler::new(
+                a,
+                shared.clone(),
+                input_tx.clone(),
+            ));
+            tasks.push((
+                "admission-server",
+                tokio::spawn(admission::serve(
+                    listener,
+                    cert,
+                    handler,
+                    metrics_limits,
+                    shared.metrics.serve("admission"),
+                    shutdown.clone(),
+                )),
+            ));
+        }
         let engine = mountguard_core::Engine::new(engine, fingerprinter);
         tasks.push((
             "evaluation",
@@ -268,6 +315,7 @@ impl Controller {
         Ok(Controller {
             report_addr,
             metrics_addr,
+            admission_addr,
             shared,
             trigger,
             tasks,
@@ -283,6 +331,11 @@ impl Controller {
     /// Bound address of the metrics and status server.
     pub fn metrics_addr(&self) -> SocketAddr {
         self.metrics_addr
+    }
+
+    /// Bound address of the admission webhook, when served.
+    pub fn admission_addr(&self) -> Option<SocketAddr> {
+        self.admission_addr
     }
 
     /// Whether every watch finished its initial list.

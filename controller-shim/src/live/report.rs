@@ -949,17 +949,6 @@ pub fn enforce_limits(inv: &mut NodeInventory, l: &CountLimits) -> Result<usize,
     Ok(marked)
 }
 
-/// The TLS handshake of the report API.
-#[derive(Clone)]
-struct Tls(tokio_rustls::TlsAcceptor);
-
-impl mountguard_serve::Handshake for Tls {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    async fn handshake(&self, tcp: tokio::net::TcpStream) -> std::io::Result<Self::Io> {
-        self.0.accept(tcp).await
-    }
-}
-
 /// Serves the report API until shutdown: TLS when `tls` is given, else
 /// plain HTTP/1.1, with the shared bounded loop (timeouts, connection
 /// cap; see `mountguard-serve`). Open connections get a bounded graceful
@@ -1000,7 +989,7 @@ pub async fn serve(
                 "report",
                 listener,
                 limits,
-                Tls(acceptor),
+                super::tls::Handshake(acceptor),
                 metrics,
                 make,
                 stop,

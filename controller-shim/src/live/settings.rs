@@ -11,12 +11,13 @@ use jiff::SignedDuration;
 use mountguard_core::remediation::machine::{FailurePolicy, MachineConfig};
 use mountguard_core::remediation::plan::{Mode, PlanConfig};
 
+use super::admission::AdmissionSettings;
 use super::executor::{Prepared, RemediationSettings, SlurmCredential};
 use super::leader::LeaderConfig;
 use super::report::{CountLimits, ReportConfig};
 use super::watch::WatchSettings;
 use crate::Error;
-use crate::cli::{OnFailure, RemediationMode, RunArgs};
+use crate::cli::{AdmissionArgs, AdmissionMode, OnFailure, RemediationMode, RunArgs};
 
 /// What `run` starts with: every flag of [`RunArgs`], checked, as the
 /// settings of the part that uses it.
@@ -40,6 +41,8 @@ pub struct Settings {
     /// Remediation, unless `--remediation off`: its settings and the
     /// slurmrestd client.
     pub remediation: Option<Prepared>,
+    /// The admission webhook, when `--admission-listen` is given.
+    pub admission: Option<AdmissionSettings>,
 }
 
 /// The two listeners and their connection limits.
@@ -116,11 +119,17 @@ impl TryFrom<RunArgs> for Settings {
             verification_timeout,
             on_failure,
             replace_pinning_pods,
+            admission,
             // The log flags are the binary's: it sets up logging before
             // anything else; the filter is checked here too.
             log_format: _,
             log,
         } = args;
+        let admission = admission_settings(
+            admission,
+            tls_cert_file.as_ref().zip(tls_key_file.as_ref()),
+            remediation == RemediationMode::On,
+        )?;
         let tls = if insecure_plaintext_reports {
             if tls_cert_file.is_some() {
                 tracing::warn!("--insecure-plaintext-reports given: ignoring the TLS certificate");
@@ -257,8 +266,61 @@ impl TryFrom<RunArgs> for Settings {
             report,
             leader,
             remediation,
+            admission,
         })
     }
+}
+
+/// The admission flags, checked: a listener needs a certificate (its own,
+/// or the report API's), and the answer must come before the webhook's
+/// longest `timeoutSeconds` (30 s, `admissionregistration/v1`).
+fn admission_settings(
+    args: AdmissionArgs,
+    report_tls: Option<(&PathBuf, &PathBuf)>,
+    remediation: bool,
+) -> Result<Option<AdmissionSettings>, Error> {
+    let AdmissionArgs {
+        admission_listen,
+        admission_mode,
+        admission_tls_cert_file,
+        admission_tls_key_file,
+        admission_answer_timeout,
+    } = args;
+    let Some(listen) = admission_listen else {
+        return Ok(None);
+    };
+    let tls = match (admission_tls_cert_file, admission_tls_key_file) {
+        (Some(c), Some(k)) => (c, k),
+        _ => match report_tls {
+            Some((c, k)) => (c.clone(), k.clone()),
+            None => {
+                return Err(Error::Config(
+                    "the admission webhook is served over HTTPS only: give \
+                     --admission-tls-cert-file and --admission-tls-key-file (or \
+                     --tls-cert-file and --tls-key-file, which it then shares)"
+                        .into(),
+                ));
+            }
+        },
+    };
+    if admission_answer_timeout.is_zero() || admission_answer_timeout > Duration::from_secs(29) {
+        return Err(Error::Config(format!(
+            "--admission-answer-timeout {admission_answer_timeout:?}: give more than 0 and less \
+             than the webhook's 30 s limit (keep it under the chart's timeoutSeconds)"
+        )));
+    }
+    let mode = match admission_mode {
+        AdmissionMode::Warn => mountguard_core::admission::Mode::Warn,
+        AdmissionMode::Deny => mountguard_core::admission::Mode::Deny,
+        AdmissionMode::Off => mountguard_core::admission::Mode::Off,
+    };
+    Ok(Some(AdmissionSettings {
+        listen,
+        tls,
+        mode,
+        answer_timeout: admission_answer_timeout,
+        remediation,
+    }))
 }
 
 #[cfg(test)]

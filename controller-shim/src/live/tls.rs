@@ -1,8 +1,8 @@
-//! TLS of the report API: a certificate resolver that reloads the PEM
-//! certificate chain and key when their files change (checked on a
-//! handshake at most once per second, by modification time and size), so a
-//! rotated cert-manager Secret takes effect without a restart. A broken new
-//! pair is logged and the previous one kept.
+//! TLS of the report API and the admission webhook: a certificate
+//! resolver that reloads the PEM certificate chain and key when their files
+//! change (checked on a handshake at most once per second, by modification
+//! time and size), so a rotated cert-manager Secret takes effect without a
+//! restart. A broken new pair is logged and the previous one kept.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -128,6 +128,23 @@ impl ReloadingCert {
 impl ResolvesServerCert for ReloadingCert {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         Some(self.current())
+    }
+}
+
+/// The TLS handshake of the report API and the admission webhook.
+#[derive(Clone)]
+pub struct Handshake(pub tokio_rustls::TlsAcceptor);
+
+impl std::fmt::Debug for Handshake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Handshake(TlsAcceptor)")
+    }
+}
+
+impl mountguard_serve::Handshake for Handshake {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    async fn handshake(&self, tcp: tokio::net::TcpStream) -> std::io::Result<Self::Io> {
+        self.0.accept(tcp).await
     }
 }
 

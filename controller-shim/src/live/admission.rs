@@ -1,0 +1,352 @@
+//! The validating admission webhook (`POST /v1/admission`, HTTPS): warns
+//! the caller who deletes an immutable Secret or ConfigMap that registered
+//! pods still reference, or creates one under a name whose previous
+//! immutable object nodes still serve (refused with `--admission-mode
+//! deny`). The decision is the core's ([`mountguard_core::admission`]).
+//!
+//! Never a dependency of the API: the chart registers the webhook with
+//! `failurePolicy: Ignore` and `timeoutSeconds: 2`; this server answers
+//! "allowed" at once while the watches have not synced, and "allowed"
+//! without a word when the evaluation task has not answered within
+//! `--admission-answer-timeout`. An answer reads only the evaluation
+//! task's in-memory view ([`Input::Admission`]): no API call per request.
+//! The object in the review (a Secret's data included) is dropped as soon
+//! as its kind, name and `immutable` field are read.
+//!
+//! Every replica answers (the evaluation task indexes on replicas that do
+//! not act too).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Bytes};
+use kube::api::DynamicObject;
+use kube::core::admission::{
+    AdmissionRequest, AdmissionResponse, AdmissionReview, Operation as KubeOperation,
+};
+use mountguard_core::admission::{self, Answer, Call, Mode, NameView, Operation};
+use mountguard_core::model::{SourceKind, SourceRef};
+use tokio::sync::{mpsc, oneshot};
+use tracing::debug;
+
+use super::eval::Input;
+use super::shared::{Shared, Shutdown};
+
+/// The path the webhook is served on.
+pub const PATH: &str = "/v1/admission";
+
+/// Largest AdmissionReview accepted: a Secret or ConfigMap may hold about
+/// 1 MiB (`etcd`'s default request limit) and a delete's review carries
+/// the old object; room for both and the envelope.
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// Longest time the review body may take to arrive.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The webhook's settings (`run`'s admission flags, checked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdmissionSettings {
+    /// Address of the webhook.
+    pub listen: SocketAddr,
+    /// Certificate and key files.
+    pub tls: (PathBuf, PathBuf),
+    /// What to do with a pin-making call.
+    pub mode: Mode,
+    /// Longest wait for the evaluation task's view.
+    pub answer_timeout: Duration,
+    /// Remediation is on (the advice says it may replace pods).
+    pub remediation: bool,
+}
+
+/// A question to the evaluation task: what does the view know of this
+/// name for this operation.
+#[derive(Debug)]
+pub struct Query {
+    /// The object.
+    pub source: SourceRef,
+    /// The operation.
+    pub operation: Operation,
+    /// Where the answer goes.
+    pub reply: oneshot::Sender<NameView>,
+}
+
+/// Answers admission reviews.
+#[derive(Debug)]
+pub struct AdmissionHandler {
+    settings: AdmissionSettings,
+    shared: Arc<Shared>,
+    inputs: mpsc::Sender<Input>,
+}
+
+/// What one review became, for the metrics and the answer.
+struct Outcome {
+    operation: &'static str,
+    result: &'static str,
+    response: Response<Full<Bytes>>,
+}
+
+impl AdmissionHandler {
+    /// A handler asking the evaluation task on `inputs`.
+    pub fn new(
+        settings: AdmissionSettings,
+        shared: Arc<Shared>,
+        inputs: mpsc::Sender<Input>,
+    ) -> Self {
+        Self {
+            settings,
+            shared,
+            inputs,
+        }
+    }
+
+    /// Handles one HTTP request.
+    pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>>
+    where
+        B: Body,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let started = Instant::now();
+        let out = self.outcome(req, started).await;
+        let m = &self.shared.metrics;
+        m.admission_requests
+            .with_label_values(&[out.operation, out.result])
+            .inc();
+        m.admission_answer
+            .with_label_values(&[out.operation])
+            .observe(started.elapsed().as_secs_f64());
+        out.response
+    }
+
+    async fn outcome<B>(&self, req: Request<B>, started: Instant) -> Outcome
+    where
+        B: Body,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let invalid = |code: StatusCode, msg: String| Outcome {
+            operation: "other",
+            result: "invalid",
+            response: text(code, msg),
+        };
+        if req.uri().path() != PATH {
+            return invalid(
+                StatusCode::NOT_FOUND,
+                format!("not found; the webhook is {PATH}"),
+            );
+        }
+        if req.method() != Method::POST {
+            return invalid(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "POST an AdmissionReview".into(),
+            );
+        }
+        let body = match tokio::time::timeout(
+            BODY_TIMEOUT,
+            Limited::new(req.into_body(), MAX_BODY).collect(),
+        )
+        .await
+        {
+            Err(_) => {
+                return invalid(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!("the review did not arrive within {BODY_TIMEOUT:?}"),
+                );
+            }
+            Ok(Err(e)) => {
+                return invalid(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("reading the review (at most {MAX_BODY} bytes): {e}"),
+                );
+            }
+            Ok(Ok(b)) => b.to_bytes(),
+        };
+        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
+            Ok(r) => r,
+            Err(e) => {
+                return invalid(
+                    StatusCode::BAD_REQUEST,
+                    format!("not an admission.k8s.io/v1 AdmissionReview: {e}"),
+                );
+            }
+        };
+        drop(body);
+        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+            Ok(r) => r,
+            Err(e) => {
+                return invalid(
+                    StatusCode::BAD_REQUEST,
+                    format!("an AdmissionReview without a request: {e}"),
+                );
+            }
+        };
+        let reviewed = Reviewed::read(&request);
+        let response = AdmissionResponse::from(&request);
+        // The objects (a Secret's data) go now.
+        drop(request);
+        let Some(reviewed) = reviewed else {
+            return answer("other", "allowed", response);
+        };
+        let operation = reviewed.operation.as_str();
+        if self.settings.mode == Mode::Off {
+            return answer(operation, "allowed", response);
+        }
+        if !self.shared.is_ready() {
+            return answer(operation, "not_ready", response);
+        }
+        let deadline = started + self.settings.answer_timeout;
+        let view = match self.ask(&reviewed, deadline).await {
+            Some(v) => v,
+            None => {
+                debug!(
+                    operation,
+                    object = %reviewed.source.name,
+                    "the view did not answer in time: allowed without a word"
+                );
+                return answer(operation, "busy", response);
+            }
+        };
+        let call = Call {
+            operation: reviewed.operation,
+            source: &reviewed.source,
+            immutable: reviewed.immutable,
+            remediation: self.settings.remediation,
+        };
+        match admission::decide(self.settings.mode, &call, &view) {
+            Answer::Allow => answer(operation, "allowed", response),
+            Answer::Warn(w) => {
+                let mut response = response;
+                response.warnings = Some(w);
+                answer(operation, "warned", response)
+            }
+            Answer::Deny {
+                code,
+                reason,
+                message,
+            } => {
+                let mut response = response.deny(message);
+                response.result.code = code;
+                response.result.reason = reason.to_string();
+                answer(operation, "denied", response)
+            }
+        }
+    }
+
+    /// The evaluation task's view of the name, or `None` past `deadline`.
+    async fn ask(&self, r: &Reviewed, deadline: Instant) -> Option<NameView> {
+        let (reply, rx) = oneshot::channel();
+        let q = Input::Admission(Query {
+            source: r.source.clone(),
+            operation: r.operation,
+            reply,
+        });
+        let deadline = tokio::time::Instant::from_std(deadline);
+        tokio::time::timeout_at(deadline, self.inputs.send(q))
+            .await
+            .ok()?
+            .ok()?;
+        tokio::time::timeout_at(deadline, rx).await.ok()?.ok()
+    }
+}
+
+/// What a review is about, read from the request (the objects dropped).
+struct Reviewed {
+    operation: Operation,
+    source: SourceRef,
+    immutable: bool,
+}
+
+impl Reviewed {
+    /// `None`: not a create or delete of a Secret or ConfigMap (the chart's
+    /// rules send only those; anything else is allowed).
+    fn read(req: &AdmissionRequest<DynamicObject>) -> Option<Self> {
+        let kind = match (req.kind.group.as_str(), req.kind.kind.as_str()) {
+            ("", "Secret") => SourceKind::Secret,
+            ("", "ConfigMap") => SourceKind::ConfigMap,
+            _ => return None,
+        };
+        let (operation, object) = match req.operation {
+            KubeOperation::Create => (Operation::Create, req.object.as_ref()),
+            KubeOperation::Delete => (Operation::Delete, req.old_object.as_ref()),
+            _ => return None,
+        };
+        let namespace = req.namespace.clone()?;
+        // A create with `generateName` has no name in the request, only in
+        // the object; a new generated name cannot be held by anyone.
+        let name = if req.name.is_empty() {
+            object.and_then(|o| o.metadata.name.clone())?
+        } else {
+            req.name.clone()
+        };
+        // A delete's review has no oldObject when the API server could not
+        // read it; the object is then taken as immutable (the warning is
+        // then about pods that reference it, which is still true).
+        let immutable = object.map_or(operation == Operation::Delete, |o| {
+            o.data.get("immutable").and_then(|v| v.as_bool()) == Some(true)
+        });
+        Some(Reviewed {
+            operation,
+            source: SourceRef::new(kind, namespace.into(), name.into()),
+            immutable,
+        })
+    }
+}
+
+fn answer(operation: &'static str, result: &'static str, response: AdmissionResponse) -> Outcome {
+    let review = response.into_review();
+    let body = serde_json::to_vec(&review).expect("an AdmissionReview serializes");
+    Outcome {
+        operation,
+        result,
+        response: Response::builder()
+            .status(StatusCode::OK)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("static response parts"),
+    }
+}
+
+fn text(code: StatusCode, msg: String) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(msg + "\n")))
+        .expect("static response parts")
+}
+
+/// Serves the webhook over TLS until shutdown, with the shared bounded
+/// loop (timeouts, connection cap; see `mountguard-serve`).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    cert: super::tls::ReloadingCert,
+    handler: Arc<AdmissionHandler>,
+    limits: mountguard_serve::Limits,
+    metrics: mountguard_serve::ServeMetrics,
+    mut shutdown: Shutdown,
+) {
+    let make = move |_peer: SocketAddr| {
+        let h = handler.clone();
+        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+            let h = h.clone();
+            async move { Ok::<_, Infallible>(h.handle(req).await) }
+        })
+    };
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cert.server_config()));
+    mountguard_serve::serve(
+        "admission",
+        listener,
+        limits,
+        super::tls::Handshake(acceptor),
+        metrics,
+        make,
+        async move { shutdown.wait().await },
+    )
+    .await
+}
+
+#[cfg(test)]
+#[path = "admission_tests.rs"]
+mod tests;
