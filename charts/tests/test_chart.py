@@ -640,7 +640,8 @@ CONTROLLER_CONTRACT = {
     remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
     replacement-timeout eviction-timeout verification-timeout on-failure replace-pinning-pods
     report-rate-limit report-body-timeout max-connections header-read-timeout idle-timeout
-    log log-format""".split()
+    admission-listen admission-mode admission-tls-cert-file admission-tls-key-file
+    admission-answer-timeout log log-format""".split()
 }
 
 
@@ -858,7 +859,7 @@ def test_user_secret_replaces_cert_manager() -> None:
 
 def test_cluster_issuer_is_used_without_a_private_ca() -> None:
     r = render_scenario("tls-cluster-issuer")
-    (cert,) = r.of_kind("Certificate")
+    cert = r.one("Certificate", f"{RELEASE}-mountguard-controller")
     assert cert["spec"]["issuerRef"] == {
         "name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"
     }
@@ -1010,7 +1011,7 @@ def test_every_object_is_namespaced_to_the_release_or_cluster_scoped(
     scenario: tuple[str, Any],
 ) -> None:
     _, r = scenario
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"}
     for o in r.objects:
         md = o["metadata"]
         if o["kind"] in cluster_scoped:

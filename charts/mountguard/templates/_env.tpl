@@ -89,6 +89,18 @@ refused by server-side apply as "duplicate entries for key").
 {{- end }}
 - name: MOUNTGUARD_METRICS_LISTEN
   value: {{ printf "0.0.0.0:%d" (int .Values.controller.metricsPort) | quote }}
+{{- if eq (include "mountguard.admission.enabled" .) "true" }}
+- name: MOUNTGUARD_ADMISSION_LISTEN
+  value: {{ printf "0.0.0.0:%d" (int .Values.admission.port) | quote }}
+- name: MOUNTGUARD_ADMISSION_MODE
+  value: {{ .Values.admission.mode | quote }}
+- name: MOUNTGUARD_ADMISSION_TLS_CERT_FILE
+  value: /var/run/mountguard/admission-tls/tls.crt
+- name: MOUNTGUARD_ADMISSION_TLS_KEY_FILE
+  value: /var/run/mountguard/admission-tls/tls.key
+- name: MOUNTGUARD_ADMISSION_ANSWER_TIMEOUT
+  value: {{ .Values.admission.answerTimeout | quote }}
+{{- end }}
 - name: MOUNTGUARD_STATUS_AUTH
   value: {{ .Values.controller.statusAuth | quote }}
 - name: MOUNTGUARD_TOKEN_AUDIENCE

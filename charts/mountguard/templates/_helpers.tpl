@@ -144,3 +144,12 @@ are replaced whole, not merged, so dropping a default is possible.
 {{- fail "tls: set either tls.certManager.enabled or tls.existingSecret, not both" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The admission webhook: its Service, Secret and whether it is on. */}}
+{{- define "mountguard.admission.fullname" -}}{{ include "mountguard.fullname" . }}-admission{{- end -}}
+{{- define "mountguard.admission.enabled" -}}
+{{- if ne .Values.admission.mode "off" -}}true{{- else -}}false{{- end -}}
+{{- end -}}
+{{- define "mountguard.admission.certManager" -}}
+{{- if and (eq (include "mountguard.admission.enabled" .) "true") .Values.tls.certManager.enabled (eq (include "mountguard.tlsEnabled" .) "true") -}}true{{- else -}}false{{- end -}}
+{{- end -}}
