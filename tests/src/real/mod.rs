@@ -927,6 +927,31 @@ pub async fn raw(
     raw_with(client, method, path, bytes, ctype).await
 }
 
+/// [`raw`] that also returns the texts of the response's `Warning`
+/// headers (what kubectl prints as `Warning: ...`; admission webhooks'
+/// warnings arrive this way).
+pub async fn raw_warned(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> io::Result<(u16, Value, Vec<String>)> {
+    let bytes = body
+        .map(|b| serde_json::to_vec(b).unwrap_or_default())
+        .unwrap_or_default();
+    send(client, method, path, bytes, "application/json").await
+}
+
+/// `299 - "text"` -> `text`: the warning header's quoted text, unescaped
+/// (`k8s.io/apimachinery/pkg/util/net/http.go`: `NewWarningHeader` quotes
+/// the text with `makeQuotedString`, which escapes `"` and `\`).
+fn warning_text(h: &str) -> String {
+    let t = h.strip_prefix("299 - ").unwrap_or(h);
+    let t = t.strip_prefix('"').unwrap_or(t);
+    let t = t.strip_suffix('"').unwrap_or(t);
+    t.replace("\\\"", "\"").replace("\\\\", "\\")
+}
+
 /// [`raw`] with an explicit body and content type.
 pub async fn raw_with(
     client: &kube::Client,
@@ -935,6 +960,19 @@ pub async fn raw_with(
     body: Vec<u8>,
     content_type: &str,
 ) -> io::Result<(u16, Value)> {
+    let (code, v, _) = send(client, method, path, body, content_type).await?;
+    Ok((code, v))
+}
+
+/// One request: status, body (JSON, or the text as a JSON string when it
+/// is not JSON) and the `Warning` headers' texts; 30 s at most.
+async fn send(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    body: Vec<u8>,
+    content_type: &str,
+) -> io::Result<(u16, Value, Vec<String>)> {
     let req = http::Request::builder()
         .method(method)
         .uri(path)
@@ -945,6 +983,12 @@ pub async fn raw_with(
     let fut = async {
         let resp = client.send(req).await.map_err(io::Error::other)?;
         let code = resp.status().as_u16();
+        let warnings = resp
+            .headers()
+            .get_all("warning")
+            .iter()
+            .map(|v| warning_text(v.to_str().unwrap_or_default()))
+            .collect();
         let bytes = resp
             .into_body()
             .collect()
@@ -953,7 +997,7 @@ pub async fn raw_with(
             .to_bytes();
         let v = serde_json::from_slice(&bytes)
             .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        Ok::<_, io::Error>((code, v))
+        Ok::<_, io::Error>((code, v, warnings))
     };
     tokio::time::timeout(Duration::from_secs(30), fut)
         .await
@@ -1070,6 +1114,7 @@ pub fn collection_path(api_version: &str, kind: &str, namespace: Option<&str>) -
         "Deployment" => "deployments",
         "NodeSet" => "nodesets",
         "Lease" => "leases",
+        "ValidatingWebhookConfiguration" => "validatingwebhookconfigurations",
         _ => return None,
     };
     let group = if api_version == "v1" {
@@ -1077,7 +1122,10 @@ pub fn collection_path(api_version: &str, kind: &str, namespace: Option<&str>) -
     } else {
         format!("/apis/{api_version}")
     };
-    let cluster_scoped = matches!(kind, "Namespace" | "ClusterRole" | "ClusterRoleBinding");
+    let cluster_scoped = matches!(
+        kind,
+        "Namespace" | "ClusterRole" | "ClusterRoleBinding" | "ValidatingWebhookConfiguration"
+    );
     Some(match (cluster_scoped, namespace) {
         (false, Some(ns)) => format!("{group}/namespaces/{ns}/{plural}"),
         _ => format!("{group}/{plural}"),

@@ -17,6 +17,7 @@ mod harness;
 #[path = "../shared/mod.rs"]
 mod shared;
 
+mod admission;
 mod control_plane;
 mod controller;
 mod kubelet;

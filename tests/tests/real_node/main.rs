@@ -13,6 +13,7 @@
 //! `SKIPPED: <reason>` and passes (see
 //! `mountguard_tests::real::real_node`).
 
+mod admission;
 mod alert;
 mod harness;
 mod helm;
