@@ -153,3 +153,27 @@ def test_the_network_policy_admits_the_api_server_to_the_webhook() -> None:
     assert all(
         p["port"] != "admission" for i in np["spec"]["ingress"] for p in i.get("ports", [])
     )
+
+
+def test_a_client_ca_config_map_is_mounted_and_passed_on() -> None:
+    r = render({"admission": {"clientCA": {"configMap": "apiserver-webhook-client-ca"}}})
+    env = controller_env(r)
+    assert env["MOUNTGUARD_ADMISSION_CLIENT_CA_FILE"] == (
+        "/var/run/mountguard/admission-client-ca/ca.crt"
+    )
+    spec = r.one("Deployment")["spec"]["template"]["spec"]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols["admission-client-ca"]["configMap"] == {
+        "name": "apiserver-webhook-client-ca",
+        "items": [{"key": "ca.crt", "path": "ca.crt"}],
+    }
+    assert "MOUNTGUARD_ADMISSION_CLIENT_CA_FILE" not in controller_env(render())
+
+
+def test_the_network_policy_may_narrow_who_calls_the_webhook() -> None:
+    peers = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    r = render({"networkPolicy": {"enabled": True, "admissionFrom": peers}})
+    np = r.one("NetworkPolicy", f"{RELEASE}-mountguard-controller")
+    rules = [i for i in np["spec"]["ingress"] if i.get("ports") == [
+        {"port": "admission", "protocol": "TCP"}]]
+    assert rules == [{"ports": [{"port": "admission", "protocol": "TCP"}], "from": peers}]

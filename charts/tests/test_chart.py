@@ -641,7 +641,7 @@ CONTROLLER_CONTRACT = {
     replacement-timeout eviction-timeout verification-timeout on-failure replace-pinning-pods
     report-rate-limit report-body-timeout max-connections header-read-timeout idle-timeout
     admission-listen admission-mode admission-tls-cert-file admission-tls-key-file
-    admission-answer-timeout log log-format""".split()
+    admission-answer-timeout admission-client-ca-file log log-format""".split()
 }
 
 

@@ -516,6 +516,11 @@ pub struct AdmissionArgs {
         requires = "admission_tls_cert_file"
     )]
     pub admission_tls_key_file: Option<PathBuf>,
+    /// PEM file of the CA that signs the API server's webhook client
+    /// certificate (its AdmissionConfiguration kubeconfig): when given,
+    /// clients without such a certificate are refused in the handshake.
+    #[arg(long, env = "MOUNTGUARD_ADMISSION_CLIENT_CA_FILE")]
+    pub admission_client_ca_file: Option<PathBuf>,
     /// Longest wait for the in-memory view; past it the call is allowed
     /// without a word (keep it under the webhook's `timeoutSeconds`).
     #[arg(long, env = "MOUNTGUARD_ADMISSION_ANSWER_TIMEOUT", default_value = "1500ms", value_parser = parse_duration)]

@@ -100,6 +100,10 @@ refused by server-side apply as "duplicate entries for key").
   value: /var/run/mountguard/admission-tls/tls.key
 - name: MOUNTGUARD_ADMISSION_ANSWER_TIMEOUT
   value: {{ .Values.admission.answerTimeout | quote }}
+{{- if .Values.admission.clientCA.configMap }}
+- name: MOUNTGUARD_ADMISSION_CLIENT_CA_FILE
+  value: /var/run/mountguard/admission-client-ca/ca.crt
+{{- end }}
 {{- end }}
 - name: MOUNTGUARD_STATUS_AUTH
   value: {{ .Values.controller.statusAuth | quote }}

@@ -61,6 +61,9 @@ pub struct AdmissionSettings {
     pub answer_timeout: Duration,
     /// Remediation is on (the advice says it may replace pods).
     pub remediation: bool,
+    /// When set, only clients with a certificate chaining to this CA (the
+    /// API server's webhook client certificate) are served.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// A question to the evaluation task: what does the view know of this
@@ -317,11 +320,12 @@ fn text(code: StatusCode, msg: String) -> Response<Full<Bytes>> {
         .expect("static response parts")
 }
 
-/// Serves the webhook over TLS until shutdown, with the shared bounded
+/// Serves the webhook over TLS (`config`: with or without client
+/// certificates) until shutdown, with the shared bounded
 /// loop (timeouts, connection cap; see `mountguard-serve`).
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    cert: super::tls::ReloadingCert,
+    config: rustls::ServerConfig,
     handler: Arc<AdmissionHandler>,
     limits: mountguard_serve::Limits,
     metrics: mountguard_serve::ServeMetrics,
@@ -334,7 +338,7 @@ pub async fn serve(
             async move { Ok::<_, Infallible>(h.handle(req).await) }
         })
     };
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cert.server_config()));
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     mountguard_serve::serve(
         "admission",
         listener,

@@ -15,6 +15,7 @@ fn settings(mode: Mode, answer_timeout: Duration) -> AdmissionSettings {
         mode,
         answer_timeout,
         remediation: false,
+        client_ca: None,
     }
 }
 

@@ -161,6 +161,10 @@ impl Controller {
         let admission = match admission {
             Some(a) => {
                 let cert = tls::ReloadingCert::load(a.tls.0.clone(), a.tls.1.clone())?;
+                let cert = match &a.client_ca {
+                    Some(ca) => cert.server_config_verifying_clients(ca)?,
+                    None => cert.server_config(),
+                };
                 let listener =
                     tokio::net::TcpListener::bind(a.listen)
                         .await

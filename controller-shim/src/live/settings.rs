@@ -284,6 +284,7 @@ fn admission_settings(
         admission_mode,
         admission_tls_cert_file,
         admission_tls_key_file,
+        admission_client_ca_file,
         admission_answer_timeout,
     } = args;
     let Some(listen) = admission_listen else {
@@ -320,6 +321,7 @@ fn admission_settings(
         mode,
         answer_timeout: admission_answer_timeout,
         remediation,
+        client_ca: admission_client_ca_file,
     }))
 }
 

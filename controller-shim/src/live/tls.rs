@@ -123,6 +123,38 @@ impl ReloadingCert {
         c.alpn_protocols = vec![b"http/1.1".to_vec()];
         c
     }
+
+    /// [`Self::server_config`] that also requires a client certificate
+    /// chaining to a CA in the PEM file `client_ca` (read once).
+    pub fn server_config_verifying_clients(
+        &self,
+        client_ca: &std::path::Path,
+    ) -> Result<rustls::ServerConfig, Error> {
+        let tls = |m: String| Error::Tls(format!("{}: {m}", client_ca.display()));
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(client_ca).map_err(|e| tls(e.to_string()))? {
+            roots
+                .add(c.map_err(|e| tls(e.to_string()))?)
+                .map_err(|e| tls(e.to_string()))?;
+        }
+        if roots.is_empty() {
+            return Err(tls("no PEM certificate found".into()));
+        }
+        let provider = Arc::new(ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| tls(e.to_string()))?;
+        let mut c = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_client_cert_verifier(verifier)
+            .with_cert_resolver(Arc::new(self.clone()));
+        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(c)
+    }
 }
 
 impl ResolvesServerCert for ReloadingCert {
@@ -222,5 +254,87 @@ mod tests {
         r.check_now();
         assert_eq!(connect(der2).await.unwrap(), b"ok");
         server.await.unwrap();
+    }
+
+    /// With a client CA, a client without a certificate, or with one of
+    /// another CA, is refused in the handshake; one with a certificate of
+    /// that CA is served.
+    #[tokio::test]
+    async fn a_client_ca_refuses_clients_without_its_certificate() {
+        use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let (c, k, server_der) = write_pair(dir.path(), "localhost");
+        let ca = |name: &str| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p.distinguished_name.push(rcgen::DnType::CommonName, name);
+            let key = KeyPair::generate().unwrap();
+            let cert = p.self_signed(&key).unwrap();
+            (cert.pem(), Issuer::new(p, key))
+        };
+        let (ca_pem, issuer) = ca("api-server-client-ca");
+        let (_, other) = ca("someone-else");
+        let client_cert = |issuer: &Issuer<'static, KeyPair>| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name
+                .push(rcgen::DnType::CommonName, "kube-apiserver");
+            let key = KeyPair::generate().unwrap();
+            let cert = p.signed_by(&key, issuer).unwrap();
+            (
+                CertificateDer::from(cert.der().to_vec()),
+                PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+            )
+        };
+        let ca_file = dir.path().join("client-ca.crt");
+        std::fs::write(&ca_file, ca_pem).unwrap();
+        let r = ReloadingCert::load(c, k).unwrap();
+        assert!(
+            r.server_config_verifying_clients(&dir.path().join("absent"))
+                .is_err()
+        );
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(
+            r.server_config_verifying_clients(&ca_file).unwrap(),
+        ));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = listener.accept().await.unwrap();
+                if let Ok(mut t) = acceptor.accept(s).await {
+                    t.write_all(b"ok").await.unwrap();
+                    t.shutdown().await.unwrap();
+                }
+            }
+        });
+        let connect = |identity: Option<(CertificateDer<'static>, PrivateKeyDer<'static>)>| {
+            let server_der = server_der.clone();
+            async move {
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add(CertificateDer::from(server_der)).unwrap();
+                let b =
+                    rustls::ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+                        .with_safe_default_protocol_versions()
+                        .unwrap()
+                        .with_root_certificates(roots);
+                let cfg = match identity {
+                    Some((c, k)) => b.with_client_auth_cert(vec![c], k).unwrap(),
+                    None => b.with_no_client_auth(),
+                };
+                let conn = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+                let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                let mut t = conn.connect(name, s).await?;
+                let mut buf = Vec::new();
+                t.read_to_end(&mut buf).await?;
+                Ok::<_, std::io::Error>(buf)
+            }
+        };
+        assert!(connect(None).await.is_err(), "no client certificate");
+        assert!(
+            connect(Some(client_cert(&other))).await.is_err(),
+            "a certificate of another CA"
+        );
+        assert_eq!(connect(Some(client_cert(&issuer))).await.unwrap(), b"ok");
     }
 }
