@@ -851,6 +851,18 @@ impl AttemptsRecord {
     }
 }
 
+/// How [`Stepper::hand_back`] releases our drain of a node Slurm shows in
+/// FAIL (our hold) when there is no earlier drain to restore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailHandling {
+    /// After a failure: FAIL first becomes our DRAIN, then is undrained; a
+    /// DOWN (a slurmd still not answering) stays, as an undrain leaves it.
+    DrainFirst,
+    /// After a verified replacement (Undraining): a node in DOWN or FAIL is
+    /// resumed, any other undrained.
+    Resume,
+}
+
 struct Stepper<'c> {
     a: Attempt,
     actions: Vec<Action>,
@@ -975,25 +987,8 @@ impl Stepper<'_> {
             return;
         };
         if self.a.owns(n) {
-            if self.a.release_pending && self.due() {
-                self.wrote();
-                let node = self.a.slurm_node.clone();
-                let owned_reason = self.a.drain_reason.clone();
-                self.actions.push(match &self.a.prior_drain {
-                    Some(prior) => Action::RestoreDrain {
-                        node,
-                        owned_reason,
-                        prior: prior.clone(),
-                    },
-                    // FAIL first becomes our DRAIN, then is undrained: a
-                    // DOWN (a slurmd still not answering) stays, as an
-                    // undrain leaves it.
-                    None if n.has("FAIL") => Action::DrainNode {
-                        node,
-                        reason: owned_reason,
-                    },
-                    None => Action::UndrainNode { node, owned_reason },
-                });
+            if self.a.release_pending {
+                self.hand_back(n, FailHandling::DrainFirst);
             }
         } else if self.a.release_pending || self.a.kept_drained {
             // Released (by us or by an operator): nothing of ours remains.
@@ -1001,6 +996,35 @@ impl Stepper<'_> {
             self.a.kept_drained = false;
             self.actions.push(Action::Persist);
         }
+    }
+
+    /// Hands the node we hold back, when due: the drain someone had set
+    /// before ours is restored; otherwise our drain is released, a node in
+    /// FAIL as `on_fail` says.
+    fn hand_back(&mut self, n: &SlurmNodeState, on_fail: FailHandling) {
+        if !self.due() {
+            return;
+        }
+        self.wrote();
+        let node = self.a.slurm_node.clone();
+        let owned_reason = self.a.drain_reason.clone();
+        self.actions.push(match &self.a.prior_drain {
+            Some(prior) => Action::RestoreDrain {
+                node,
+                owned_reason,
+                prior: prior.clone(),
+            },
+            None => match on_fail {
+                FailHandling::DrainFirst if n.has("FAIL") => Action::DrainNode {
+                    node,
+                    reason: owned_reason,
+                },
+                FailHandling::Resume if n.has("DOWN") || n.has("FAIL") => {
+                    Action::ResumeNode { node, owned_reason }
+                }
+                _ => Action::UndrainNode { node, owned_reason },
+            },
+        });
     }
 
     /// Releases our cordon (grouped attempts), or notices it is gone.
@@ -1112,24 +1136,7 @@ impl Stepper<'_> {
             return;
         }
         match &obs.slurm {
-            SlurmObservation::Node(n) if self.a.owns(n) => {
-                if self.due() {
-                    self.wrote();
-                    let node = self.a.slurm_node.clone();
-                    let owned_reason = self.a.drain_reason.clone();
-                    self.actions.push(match &self.a.prior_drain {
-                        Some(prior) => Action::RestoreDrain {
-                            node,
-                            owned_reason,
-                            prior: prior.clone(),
-                        },
-                        None if n.has("DOWN") || n.has("FAIL") => {
-                            Action::ResumeNode { node, owned_reason }
-                        }
-                        None => Action::UndrainNode { node, owned_reason },
-                    });
-                }
-            }
+            SlurmObservation::Node(n) if self.a.owns(n) => self.hand_back(n, FailHandling::Resume),
             SlurmObservation::Node(n)
                 if self.a.prior_drain.as_ref().is_some_and(|p| p.restored(n)) =>
             {
