@@ -584,8 +584,8 @@ def test_report_rate_limit_reaches_the_controller() -> None:
 
 def run_arg_defaults() -> dict[str, str]:
     """MOUNTGUARD_* env name -> default of `mountguard-controller run`."""
-    # The flags of `run` are defined in the controller's one CLI file.
-    src = (REPO / "controller-shim" / "src" / "cli.rs").read_text()
+    # The flags of `run` are defined beside their conversion into settings.
+    src = (REPO / "controller-shim" / "src" / "live" / "settings.rs").read_text()
     out = {}
     for attr in re.findall(r"#\[arg\((.*?)\)\]\s*pub ", src, re.S):
         env = re.search(r'env = "(MOUNTGUARD_[A-Z_]+)"', attr)

@@ -1,21 +1,23 @@
 //! The command line of `mountguard-controller` and of the kubectl plugin
-//! `kubectl mountguard`: every command's flags and the types of their
-//! values, defined here and nowhere else (every flag of `run` also reads
-//! `MOUNTGUARD_<FLAG>`; see `docs/controller.md`).
+//! `kubectl mountguard`: the command tree, and the flags of `status`,
+//! `wait`, `verify` and the plugin with the types of their values (see
+//! `docs/controller.md`). This module only parses: it depends on the
+//! commands, never they on it.
 //!
-//! The commands take plain settings, not these flags: `run`'s flags are
-//! checked into [`Settings`](crate::live::Settings) by its one conversion;
-//! the other commands' flags convert field for field.
+//! `run`'s flags, [`RunArgs`] (each also read from `MOUNTGUARD_<FLAG>`),
+//! sit with the one conversion that checks them into
+//! [`Settings`](crate::live::Settings), in `live/settings.rs`; the other
+//! commands' flags convert field for field into their settings.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 use jiff::{SignedDuration, Timestamp};
 use mountguard_core::rollout::Target;
 
 use crate::live::client::Proxy;
+use crate::live::settings::{RunArgs, parse_bytes};
 use crate::live::status::{StatusOutput, StatusQuery};
 use crate::live::wait::{WaitFor, WaitOptions};
 use crate::offline::{FailOn, Output, Verify};
@@ -86,152 +88,10 @@ pub enum Command {
     Verify(VerifyArgs),
 }
 
-/// Remediation mode (executed by the remediation module).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum RemediationMode {
-    /// No remediation.
-    #[default]
-    Off,
-    /// Decide and log, write nothing.
-    DryRun,
-    /// Drain, evict and verify.
-    On,
-}
-
-/// Who may read the status API (`--status-auth`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum StatusAuthMode {
-    /// A bearer token of a user allowed to `get` `verdicts.mountguard.io`
-    /// in the namespace read (TokenReview, SubjectAccessReview).
-    #[default]
-    Kubernetes,
-    /// Anyone who reaches the port.
-    None,
-}
-
-/// What to do with a Slurm node when remediation fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum OnFailure {
-    /// Keep the node drained for an operator.
-    #[default]
-    KeepDrained,
-    /// Resume the node.
-    Undrain,
-}
-
-/// Log format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-/// A per-node token bucket: `RATE/s` with an optional burst
-/// (`2/s,5` or `2/s burst 5`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RateLimit {
-    /// Tokens per second.
-    pub per_second: f64,
-    /// Bucket size.
-    pub burst: u32,
-}
-
-impl std::str::FromStr for RateLimit {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?} is not a rate like 2/s or 2/s,5 (rate per second, burst)");
-        let s2 = s.trim();
-        let (rate, burst) = match s2.split_once(',') {
-            Some((r, b)) => (r.trim(), Some(b.trim())),
-            None => match s2.split_once("burst") {
-                Some((r, b)) => (r.trim(), Some(b.trim())),
-                None => (s2, None),
-            },
-        };
-        let rate = rate.strip_suffix("/s").unwrap_or(rate).trim();
-        let per_second: f64 = rate.parse().map_err(|_| bad())?;
-        if !(per_second.is_finite() && per_second > 0.0) {
-            return Err(bad());
-        }
-        let burst = match burst {
-            Some(b) => b.parse::<u32>().map_err(|_| bad())?,
-            None => (per_second.ceil() as u32).max(1),
-        };
-        if burst == 0 {
-            return Err(bad());
-        }
-        Ok(Self { per_second, burst })
-    }
-}
-
-/// `<namespace>:<name>` of the agent's ServiceAccount.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServiceAccountRef {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-}
-
-impl ServiceAccountRef {
-    /// The Kubernetes user name of a token of this ServiceAccount.
-    pub fn username(&self) -> String {
-        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
-    }
-}
-
-impl std::str::FromStr for ServiceAccountRef {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.split_once(':').or_else(|| s.split_once('/')) {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains(':') => {
-                Ok(Self {
-                    namespace: ns.to_string(),
-                    name: name.to_string(),
-                })
-            }
-            _ => Err(format!("{s:?} is not <namespace>:<name>")),
-        }
-    }
-}
-
-/// `<namespace>/<name>` of an object.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObjectName {
-    /// Namespace.
-    pub namespace: String,
-    /// Name.
-    pub name: String,
-}
-
-impl std::str::FromStr for ObjectName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.split_once('/') {
-            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
-                Ok(Self {
-                    namespace: ns.to_string(),
-                    name: name.to_string(),
-                })
-            }
-            _ => Err(format!("{s:?} is not <namespace>/<name>")),
-        }
-    }
-}
-
 /// Parses a duration like `250ms`, `180s`, `180` or `3m`: the grammar of
 /// every mountguard duration (`mountguard_inventory::duration`, shared
 /// with the agent and the chart).
 pub use mountguard_inventory::parse_duration;
-
-/// A size of the shared grammar (`mountguard_inventory::size`, the same
-/// as the agent's `--max-file-size`).
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    mountguard_inventory::parse_size(s).map_err(|e| e.to_string())
-}
 
 /// The flags of `cmd` and its subcommands that take a duration (for the
 /// duration message when the shell split a value: `--timeout 10 minutes`).
@@ -251,280 +111,6 @@ pub fn duration_flags(cmd: &clap::Command) -> Vec<String> {
         stack.extend(c.get_subcommands());
     }
     out
-}
-
-/// Arguments of `mountguard-controller run`.
-#[derive(Debug, Clone, Args)]
-pub struct RunArgs {
-    /// kubeconfig file; absent = in-cluster configuration (or the default
-    /// kubeconfig when not in a cluster).
-    #[arg(long, env = "KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
-    /// Namespaces whose pods, Secrets and ConfigMaps are checked (comma
-    /// separated); empty = all.
-    #[arg(long, env = "MOUNTGUARD_WATCH_NAMESPACES", value_delimiter = ',', num_args = 0..)]
-    pub watch_namespaces: Vec<String>,
-    /// Label selector restricting the pods checked.
-    #[arg(long, env = "MOUNTGUARD_POD_SELECTOR")]
-    pub pod_selector: Option<String>,
-    /// Address of the report API.
-    #[arg(long, env = "MOUNTGUARD_REPORT_LISTEN", default_value = "0.0.0.0:8443")]
-    pub report_listen: SocketAddr,
-    /// PEM certificate chain of the report API (reloaded when it changes).
-    #[arg(long, env = "MOUNTGUARD_TLS_CERT_FILE", requires = "tls_key_file")]
-    pub tls_cert_file: Option<PathBuf>,
-    /// PEM private key of the report API (reloaded when it changes).
-    #[arg(long, env = "MOUNTGUARD_TLS_KEY_FILE", requires = "tls_cert_file")]
-    pub tls_key_file: Option<PathBuf>,
-    /// Serve the report API over plain HTTP (only for tests and demos).
-    #[arg(long, env = "MOUNTGUARD_INSECURE_PLAINTEXT_REPORTS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub insecure_plaintext_reports: bool,
-    /// Address of `/metrics`, `/healthz`, `/readyz` and `/v1/verdicts`.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_METRICS_LISTEN",
-        default_value = "0.0.0.0:8080"
-    )]
-    pub metrics_listen: SocketAddr,
-    /// Who may read `/v1/verdicts` and `/v1/rollouts/...` on the metrics
-    /// port: `kubernetes` (a bearer token, checked with a TokenReview and a
-    /// SubjectAccessReview for `get` on `verdicts.mountguard.io`) or `none`
-    /// (anyone who reaches the port; docs/security.md).
-    #[arg(
-        long,
-        env = "MOUNTGUARD_STATUS_AUTH",
-        value_enum,
-        default_value = "kubernetes"
-    )]
-    pub status_auth: StatusAuthMode,
-    /// Audience the agents' projected tokens are issued for.
-    #[arg(long, env = "MOUNTGUARD_TOKEN_AUDIENCE", default_value = "mountguard")]
-    pub token_audience: String,
-    /// The agent's ServiceAccount, `<namespace>:<name>`.
-    #[arg(long, env = "MOUNTGUARD_AGENT_SERVICE_ACCOUNT")]
-    pub agent_service_account: ServiceAccountRef,
-    /// Name of the agent DaemonSet (in the ServiceAccount's namespace).
-    #[arg(long, env = "MOUNTGUARD_AGENT_DAEMONSET")]
-    pub agent_daemonset: String,
-    /// Grace period for propagation of changed content.
-    #[arg(long, env = "MOUNTGUARD_GRACE", default_value = "180s", value_parser = parse_duration)]
-    pub grace: Duration,
-    /// Inventories scanned longer ago than this are too old to judge by.
-    #[arg(long, env = "MOUNTGUARD_INVENTORY_MAX_AGE", default_value = "300s", value_parser = parse_duration)]
-    pub inventory_max_age: Duration,
-    /// File with the installation's fingerprint key (at least 16 bytes);
-    /// absent = a random key per process.
-    #[arg(long, env = "MOUNTGUARD_FINGERPRINT_KEY_FILE")]
-    pub fingerprint_key_file: Option<PathBuf>,
-    /// Largest accepted report body (bytes; `Ki`/`Mi` suffixes allowed).
-    #[arg(long, env = "MOUNTGUARD_MAX_REPORT_BYTES", default_value = "33554432", value_parser = parse_bytes)]
-    pub max_report_bytes: u64,
-    /// Per-node report rate: `RATE/s[,BURST]`.
-    #[arg(long, env = "MOUNTGUARD_REPORT_RATE_LIMIT", default_value = "2/s,5")]
-    pub report_rate_limit: RateLimit,
-    /// Longest time a report body may take to arrive, plus one second per
-    /// 64 KiB received; a slower one is answered 408.
-    #[arg(long, env = "MOUNTGUARD_REPORT_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub report_body_timeout: Duration,
-    /// Open report API connections at most (lowered to fit the open file
-    /// limit); more are closed at once.
-    #[arg(long, env = "MOUNTGUARD_MAX_CONNECTIONS", default_value = "10000")]
-    pub max_connections: usize,
-    /// Longest wait for a request head, also between requests on a
-    /// kept-alive connection (report and metrics ports).
-    #[arg(long, env = "MOUNTGUARD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
-    pub header_read_timeout: Duration,
-    /// A connection that moves no byte for this long is closed.
-    #[arg(long, env = "MOUNTGUARD_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
-    pub idle_timeout: Duration,
-    /// Elect one acting replica through a Lease.
-    #[arg(long, env = "MOUNTGUARD_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub leader_election: bool,
-    /// Name of the Lease (in `--pod-namespace`).
-    #[arg(
-        long,
-        env = "MOUNTGUARD_LEASE_NAME",
-        default_value = "mountguard-controller"
-    )]
-    pub lease_name: String,
-    /// This replica's pod name (leader identity and leader label).
-    #[arg(long, env = "MOUNTGUARD_POD_NAME")]
-    pub pod_name: Option<String>,
-    /// This replica's namespace (Lease and leader label).
-    #[arg(long, env = "MOUNTGUARD_POD_NAMESPACE")]
-    pub pod_namespace: Option<String>,
-    /// Remediation mode.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_REMEDIATION",
-        value_enum,
-        default_value = "off"
-    )]
-    pub remediation: RemediationMode,
-    /// slurmrestd base URL.
-    #[arg(long, env = "MOUNTGUARD_SLURMRESTD_URL")]
-    pub slurmrestd_url: Option<String>,
-    /// CA certificate (PEM) trusted for slurmrestd.
-    #[arg(long, env = "MOUNTGUARD_SLURMRESTD_CA_FILE")]
-    pub slurmrestd_ca_file: Option<PathBuf>,
-    /// Secret `<namespace>/<name>` holding a slurmrestd token.
-    #[arg(long, env = "MOUNTGUARD_SLURM_TOKEN_SECRET")]
-    pub slurm_token_secret: Option<ObjectName>,
-    /// Key of the token in `--slurm-token-secret`.
-    #[arg(long, env = "MOUNTGUARD_SLURM_TOKEN_KEY", default_value = "SLURM_JWT")]
-    pub slurm_token_key: String,
-    /// Secret `<namespace>/<name>` holding `jwt.key`, to mint short-lived
-    /// HS256 tokens.
-    #[arg(long, env = "MOUNTGUARD_SLURM_JWT_KEY_SECRET")]
-    pub slurm_jwt_key_secret: Option<ObjectName>,
-    /// Slurm user of minted tokens.
-    #[arg(long, env = "MOUNTGUARD_SLURM_USER", default_value = "slurm")]
-    pub slurm_user: String,
-    /// Concurrent remediations per NodeSet.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_REMEDIATION_BUDGET_PER_NODESET",
-        default_value_t = 1
-    )]
-    pub remediation_budget_per_nodeset: u32,
-    /// Concurrent remediations in the cluster.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_REMEDIATION_BUDGET_CLUSTER",
-        default_value_t = 3
-    )]
-    pub remediation_budget_cluster: u32,
-    /// How long a verdict must hold before remediation starts.
-    #[arg(long, env = "MOUNTGUARD_REMEDIATION_DELAY", default_value = "5m", value_parser = parse_duration)]
-    pub remediation_delay: Duration,
-    /// How long to wait for a drain.
-    #[arg(long, env = "MOUNTGUARD_DRAIN_TIMEOUT", default_value = "24h", value_parser = parse_duration)]
-    pub drain_timeout: Duration,
-    /// How long to wait for a replacement pod.
-    #[arg(long, env = "MOUNTGUARD_REPLACEMENT_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
-    pub replacement_timeout: Duration,
-    /// How long the Eviction API may keep refusing (PodDisruptionBudget,
-    /// errors) before the attempt fails.
-    #[arg(long, env = "MOUNTGUARD_EVICTION_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
-    pub eviction_timeout: Duration,
-    /// How long the replacement may take to show fresh on the node and
-    /// responding in Slurm.
-    #[arg(long, env = "MOUNTGUARD_VERIFICATION_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
-    pub verification_timeout: Duration,
-    /// What to do with the Slurm node when remediation fails.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_ON_FAILURE",
-        value_enum,
-        default_value = "keep-drained"
-    )]
-    pub on_failure: OnFailure,
-    /// Also replace the pods pinning an immutable cache entry.
-    #[arg(long, env = "MOUNTGUARD_REPLACE_PINNING_PODS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub replace_pinning_pods: bool,
-    /// The admission webhook.
-    #[command(flatten)]
-    pub admission: AdmissionArgs,
-    /// Log format.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_LOG_FORMAT",
-        value_enum,
-        default_value = "text"
-    )]
-    pub log_format: LogFormat,
-    /// Log filter (`tracing` env-filter syntax).
-    #[arg(long = "log", env = "MOUNTGUARD_LOG", default_value = "info")]
-    pub log: String,
-}
-
-impl RunArgs {
-    /// Arguments for tests and the demo: every default, plaintext reports,
-    /// loopback listeners on ephemeral ports, this kubeconfig and agent
-    /// identity.
-    pub fn for_test(kubeconfig: PathBuf, agent_sa: &str, agent_daemonset: &str) -> Self {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct P {
-            #[command(flatten)]
-            a: RunArgs,
-        }
-        let kc = kubeconfig.display().to_string();
-        let mut p = P::try_parse_from([
-            "x",
-            "--kubeconfig",
-            &kc,
-            "--agent-service-account",
-            agent_sa,
-            "--agent-daemonset",
-            agent_daemonset,
-            "--insecure-plaintext-reports",
-            "--report-listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ])
-        .expect("test arguments parse");
-        // Environment variables must not leak into tests.
-        p.a.watch_namespaces.clear();
-        p.a
-    }
-}
-
-/// What the admission webhook does with a create that a node's kubelet
-/// cache would not see (`--admission-mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
-pub enum AdmissionMode {
-    /// Allow, with warnings the caller sees.
-    #[default]
-    Warn,
-    /// Refuse a create under a name nodes still serve an immutable
-    /// predecessor of (deletes are only warned about).
-    Deny,
-    /// Allow everything, say nothing.
-    Off,
-}
-
-/// Flags of the admission webhook (`run`).
-#[derive(Debug, Clone, Args)]
-pub struct AdmissionArgs {
-    /// Serve the validating admission webhook (HTTPS, `POST /v1/admission`)
-    /// on this address; absent: no webhook.
-    #[arg(long, env = "MOUNTGUARD_ADMISSION_LISTEN")]
-    pub admission_listen: Option<SocketAddr>,
-    /// `warn` (allow with warnings), `deny` (refuse a create under a pinned
-    /// name) or `off`.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_ADMISSION_MODE",
-        value_enum,
-        default_value = "warn"
-    )]
-    pub admission_mode: AdmissionMode,
-    /// PEM certificate chain of the webhook (reloaded when it changes);
-    /// default: the report API's `--tls-cert-file`.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_ADMISSION_TLS_CERT_FILE",
-        requires = "admission_tls_key_file"
-    )]
-    pub admission_tls_cert_file: Option<PathBuf>,
-    /// PEM private key of the webhook; default: `--tls-key-file`.
-    #[arg(
-        long,
-        env = "MOUNTGUARD_ADMISSION_TLS_KEY_FILE",
-        requires = "admission_tls_cert_file"
-    )]
-    pub admission_tls_key_file: Option<PathBuf>,
-    /// PEM file of the CA that signs the API server's webhook client
-    /// certificate (its AdmissionConfiguration kubeconfig): when given,
-    /// clients without such a certificate are refused in the handshake.
-    #[arg(long, env = "MOUNTGUARD_ADMISSION_CLIENT_CA_FILE")]
-    pub admission_client_ca_file: Option<PathBuf>,
-    /// Longest wait for the in-memory view; past it the call is allowed
-    /// without a word (keep it under the webhook's `timeoutSeconds`).
-    #[arg(long, env = "MOUNTGUARD_ADMISSION_ANSWER_TIMEOUT", default_value = "1500ms", value_parser = parse_duration)]
-    pub admission_answer_timeout: Duration,
 }
 
 /// The controller's metrics port, reached directly (`status`, `wait`).
@@ -766,6 +352,9 @@ field_for_field!(VerifyArgs => Verify {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::live::auth::ServiceAccountRef;
+    use crate::live::executor::ObjectName;
+    use crate::live::shared::RateLimit;
 
     #[test]
     fn rate_limit_forms() {
@@ -1060,6 +649,50 @@ mod tests {
                 assert!(same(&v, &h), "verify --{f}: docs say {v}, --help says {h}");
             }
         }
+    }
+
+    #[test]
+    fn unreachable_controller_says_how_to_reach_it() {
+        // A port nobody listens on: bound, then released.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}");
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "mountguard-controller",
+            "status",
+            "--url",
+            &url,
+        ])
+        .unwrap();
+        let Command::Status(args) = cli.command else {
+            unreachable!("status parses as status")
+        };
+        let endpoint =
+            crate::live::client::Endpoint::direct(args.controller.url, None, None).unwrap();
+        let query = StatusQuery::from(args.query);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut out = Vec::new();
+        let e = rt.block_on(query.run(&endpoint, &mut out)).unwrap_err();
+        assert!(matches!(e, crate::Error::Unreachable { .. }), "{e}");
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("http://127.0.0.1:{port}/v1/verdicts")),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(
+                "kubectl -n mountguard-system port-forward svc/mountguard-controller-metrics 8080"
+            ),
+            "{msg}"
+        );
+        assert!(!msg.contains("invalid configuration"), "{msg}");
+        assert!(out.is_empty());
     }
 
     /// The plugin's default Service and namespace are the chart's names for

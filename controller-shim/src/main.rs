@@ -4,11 +4,10 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use mountguard_controller::cli::{
-    Cli, Command, LogFormat, PluginCli, PluginCommand, invoked_as_plugin,
-};
+use mountguard_controller::cli::{Cli, Command, PluginCli, PluginCommand, invoked_as_plugin};
 use mountguard_controller::live::Controller;
 use mountguard_controller::live::client::{Endpoint, Proxy};
+use mountguard_controller::live::settings::LogFormat;
 use mountguard_controller::live::status::StatusQuery;
 use mountguard_controller::live::wait::WaitOptions;
 use mountguard_controller::offline::Verify;

@@ -46,6 +46,18 @@ pub const SLURM_CLUSTER: &str = "slurm";
 /// A static slurmrestd token that the double accepts (user `slurm`).
 pub const SLURM_TOKEN: &str = "mountguard-double-slurm-token";
 
+/// The bearer token of the rig's status API reader: every rig's API server
+/// (the double, the real one through its static token file) authenticates
+/// it as [`STATUS_READER_USER`] in group [`STATUS_READER_GROUP`], which may
+/// `get` `verdicts.mountguard.io` everywhere.
+pub const STATUS_READER_TOKEN: &str = "rig-status-reader-0123456789abcdef";
+
+/// The user [`STATUS_READER_TOKEN`] authenticates as.
+pub const STATUS_READER_USER: &str = "rig:status-reader";
+
+/// The group of [`STATUS_READER_USER`].
+pub const STATUS_READER_GROUP: &str = "rig:status-readers";
+
 /// Builder of a [`Cluster`].
 #[derive(Debug, Clone)]
 pub struct ClusterBuilder {
@@ -130,16 +142,16 @@ impl ClusterBuilder {
         // The status API's reader, as the chart's reader ClusterRole bound
         // cluster-wide would make it.
         handle.add_token(
-            crate::mountguard::STATUS_READER_TOKEN,
+            STATUS_READER_TOKEN,
             crate::apiserver::TokenUser {
-                username: crate::mountguard::STATUS_READER_USER.into(),
+                username: STATUS_READER_USER.into(),
                 uid: "rig-status-reader-uid".into(),
-                groups: vec![crate::mountguard::STATUS_READER_GROUP.into()],
+                groups: vec![STATUS_READER_GROUP.into()],
                 ..Default::default()
             },
         );
         handle.grant(crate::apiserver::AccessGrant {
-            subject: format!("group:{}", crate::mountguard::STATUS_READER_GROUP),
+            subject: format!("group:{}", STATUS_READER_GROUP),
             verb: "get".into(),
             group: "mountguard.io".into(),
             resource: "verdicts".into(),
@@ -301,7 +313,7 @@ impl Drop for Cluster {
 fn kubeconfig(url: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster:\n    server: {url}\ncontexts:\n- name: double\n  context:\n    cluster: double\n    user: double\n    namespace: default\ncurrent-context: double\nusers:\n- name: double\n  user:\n    token: {token}\n",
-        token = crate::mountguard::STATUS_READER_TOKEN
+        token = STATUS_READER_TOKEN
     )
 }
 
@@ -396,101 +408,7 @@ pub fn decode_key(secret: &Value, key: &str) -> Option<Vec<u8>> {
 }
 
 /// The pod label the Slinky operator sets on busy workers (the PDB selects it).
-pub const LABEL_POD_PROTECT: &str = "nodeset.slinky.slurm.net/pod-protect";
-
-/// Labels running slurmd pods whose Slurm node is busy (ALLOCATED, MIXED or
-/// COMPLETING) with `pod-protect=true` and removes the label otherwise, so
-/// the PDB blocks evicting a busy worker.
-pub(crate) fn protect_busy_pods<A: crate::objects::Objects + ?Sized>(
-    api: &A,
-    slurm: &SlurmHandle,
-    started: &std::collections::BTreeMap<String, String>,
-) {
-    for (host, uid) in started {
-        let busy = slurm.node(host).is_some_and(|n| {
-            n.state
-                .iter()
-                .any(|s| matches!(s.as_str(), "ALLOCATED" | "MIXED" | "COMPLETING"))
-        });
-        let Ok(pod) = api.get(&resources::PODS, SLURM_NAMESPACE, host) else {
-            continue;
-        };
-        if pod["metadata"]["uid"].as_str() != Some(uid.as_str()) {
-            continue;
-        }
-        let labelled = pod["metadata"]["labels"][LABEL_POD_PROTECT] == "true";
-        if busy != labelled {
-            let value = if busy { json!("true") } else { Value::Null };
-            let _ = api.merge_patch(
-                &resources::PODS,
-                SLURM_NAMESPACE,
-                host,
-                &json!({"metadata": {"labels": {LABEL_POD_PROTECT: value}}}),
-                None,
-            );
-        }
-    }
-}
-
-/// The operator's `syncCordon` ([`crate::operator::sync_cordon`]) for every
-/// NodeSet pod (through the API double's handle or a client of the real
-/// API server), as `getNodeSetPods` lists them in `nodeset_sync.go`: every
-/// pod the NodeSet controls, terminating ones included; a pod not bound to
-/// a node yet is skipped (its Node cannot be read: `syncCordonFn` returns).
-/// It reads the Kubernetes node's `spec.unschedulable` only, never its
-/// taints.
-pub(crate) fn sync_cordon<A: crate::objects::Objects + ?Sized>(api: &A, slurm: &SlurmHandle) {
-    use crate::operator::{ANNOTATION_POD_CORDON, PodFacts, SlurmFacts};
-    for pod in api.list_all(&resources::PODS, Some(SLURM_NAMESPACE)) {
-        let controlled = pod["metadata"]["ownerReferences"]
-            .as_array()
-            .is_some_and(|o| {
-                o.iter()
-                    .any(|o| o["kind"] == "NodeSet" && o["controller"] == true)
-            });
-        let Some(host) = pod["metadata"]["labels"][LABEL_POD_HOSTNAME].as_str() else {
-            continue;
-        };
-        if !controlled {
-            continue;
-        }
-        let name = pod["metadata"]["name"].as_str().unwrap_or(host);
-        let Some(node_name) = pod["spec"]["nodeName"].as_str() else {
-            continue;
-        };
-        let Ok(node) = api.get(&resources::NODES, "", node_name) else {
-            continue;
-        };
-        let Some(view) = slurm.node(host) else {
-            continue;
-        };
-        let facts = PodFacts {
-            pod: format!("{SLURM_NAMESPACE}/{name}"),
-            node: node_name.to_string(),
-            node_cordoned: node["spec"]["unschedulable"] == true,
-            pod_cordoned: pod["metadata"]["annotations"][ANNOTATION_POD_CORDON] == "true",
-        };
-        let out = crate::operator::sync_cordon(
-            &facts,
-            &SlurmFacts {
-                state: view.state,
-                reason: view.reason,
-            },
-        );
-        if out.cordon_pod {
-            let _ = api.merge_patch(
-                &resources::PODS,
-                SLURM_NAMESPACE,
-                name,
-                &json!({"metadata": {"annotations": {ANNOTATION_POD_CORDON: "true"}}}),
-                None,
-            );
-        }
-        if let Some(u) = out.update {
-            slurm.rest_update(host, &u.body(), "slurm");
-        }
-    }
-}
+pub use crate::operator::LABEL_POD_PROTECT;
 
 /// Plays slurmctld and slurmd for the slurmrestd double: slurmctld uses the
 /// current `slurm.key` from the API (its pods are rolled on change); each
@@ -567,9 +485,9 @@ async fn bridge(
         let evs = tokio::select! {
             _ = stop.changed() => return,
             _ = tick.tick() => {
-                protect_busy_pods(&api, &slurm, &started);
+                crate::operator::protect_busy_pods(&api, &slurm, SLURM_NAMESPACE, &started);
                 if operator_rules {
-                    sync_cordon(&api, &slurm);
+                    crate::operator::sync_cordon_pods(&api, &slurm, SLURM_NAMESPACE);
                 }
                 continue;
             }

@@ -13,7 +13,8 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use mountguard_agent::{Backoff, Daemon, DaemonConfig, HttpSink, HttpSinkConfig, ScanOptions};
-use mountguard_controller::cli::{ObjectName, RemediationMode};
+use mountguard_controller::live::executor::ObjectName;
+use mountguard_controller::live::settings::RemediationMode;
 use mountguard_controller::live::{Controller, RunArgs};
 use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
 use serde::Serialize;

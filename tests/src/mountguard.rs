@@ -258,17 +258,7 @@ pub async fn http_request(
         .map_err(|_| io::Error::other(format!("{method} {url}: no answer in 30 s")))?
 }
 
-/// The bearer token of the rig's status API reader: every rig's API server
-/// (the double, the real one through its static token file) authenticates
-/// it as [`STATUS_READER_USER`] in group [`STATUS_READER_GROUP`], which may
-/// `get` `verdicts.mountguard.io` everywhere.
-pub const STATUS_READER_TOKEN: &str = "rig-status-reader-0123456789abcdef";
-
-/// The user [`STATUS_READER_TOKEN`] authenticates as.
-pub const STATUS_READER_USER: &str = "rig:status-reader";
-
-/// The group of [`STATUS_READER_USER`].
-pub const STATUS_READER_GROUP: &str = "rig:status-readers";
+pub use crate::cluster::{STATUS_READER_GROUP, STATUS_READER_TOKEN, STATUS_READER_USER};
 
 /// `GET url` with the rig's status reader token (the controller's status
 /// API wants one; the other servers of the rig ignore it); the body when

@@ -1,8 +1,9 @@
 //! The Slinky operator's own Slurm-side rules, as a double: what
-//! slurm-operator v1.2.1 writes to Slurm besides recreating pods. Pure
-//! decisions here; the cluster in a box applies them
-//! ([`crate::cluster::ClusterBuilder::slinky_operator_rules`]) through the
-//! slurmrestd double.
+//! slurm-operator v1.2.1 writes to Slurm besides recreating pods: the
+//! pure decisions, and their application to a cluster's pods through its
+//! API ([`crate::objects::Objects`]) and a slurmrestd double
+//! ([`protect_busy_pods`], [`sync_cordon_pods`]), which the cluster in a
+//! box and the real-upstream rig run.
 //!
 //! Followed, at tag v1.2.1 of SlinkyProject/slurm-operator:
 //! - `internal/builder/workerbuilder/worker_app.go` (the slurmd container's
@@ -29,6 +30,11 @@
 
 use serde_json::{Value, json};
 
+use crate::apiserver::resources;
+use crate::nodeset::LABEL_POD_HOSTNAME;
+use crate::objects::Objects;
+use crate::slurmrestd::SlurmHandle;
+
 /// Prefix of every reason the operator sets (`nodeReasonPrefix`).
 pub const REASON_PREFIX: &str = "slurm-operator: ";
 
@@ -37,6 +43,9 @@ pub const PRESTOP_REASON: &str = "slurm-operator: Pod is terminating";
 
 /// Pod annotation: the pod is cordoned (`AnnotationPodCordon`).
 pub const ANNOTATION_POD_CORDON: &str = "nodeset.slinky.slurm.net/pod-cordon";
+
+/// The pod label the Slinky operator sets on busy workers (the PDB selects it).
+pub const LABEL_POD_PROTECT: &str = "nodeset.slinky.slurm.net/pod-protect";
 
 /// A Slurm node as the operator reads it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -172,4 +181,100 @@ pub fn sync_cordon(pod: &PodFacts, n: &SlurmFacts) -> CordonOutcome {
 /// slurmctld's).
 pub fn prestop(key_matches: bool) -> Option<SlurmUpdate> {
     key_matches.then(|| SlurmUpdate::Down(PRESTOP_REASON.to_string()))
+}
+
+// ------------------------------------- the rules, applied to a cluster
+
+/// Labels running slurmd pods whose Slurm node is busy (ALLOCATED, MIXED or
+/// COMPLETING) with `pod-protect=true` and removes the label otherwise, so
+/// the PDB blocks evicting a busy worker.
+pub(crate) fn protect_busy_pods<A: Objects + ?Sized>(
+    api: &A,
+    slurm: &SlurmHandle,
+    namespace: &str,
+    started: &std::collections::BTreeMap<String, String>,
+) {
+    for (host, uid) in started {
+        let busy = slurm.node(host).is_some_and(|n| {
+            n.state
+                .iter()
+                .any(|s| matches!(s.as_str(), "ALLOCATED" | "MIXED" | "COMPLETING"))
+        });
+        let Ok(pod) = api.get(&resources::PODS, namespace, host) else {
+            continue;
+        };
+        if pod["metadata"]["uid"].as_str() != Some(uid.as_str()) {
+            continue;
+        }
+        let labelled = pod["metadata"]["labels"][LABEL_POD_PROTECT] == "true";
+        if busy != labelled {
+            let value = if busy { json!("true") } else { Value::Null };
+            let _ = api.merge_patch(
+                &resources::PODS,
+                namespace,
+                host,
+                &json!({"metadata": {"labels": {LABEL_POD_PROTECT: value}}}),
+                None,
+            );
+        }
+    }
+}
+
+/// The operator's `syncCordon` ([`sync_cordon`]) for every NodeSet pod in
+/// `namespace` (through the API double's handle or a client of the real
+/// API server), as `getNodeSetPods` lists them in `nodeset_sync.go`: every
+/// pod the NodeSet controls, terminating ones included; a pod not bound to
+/// a node yet is skipped (its Node cannot be read: `syncCordonFn` returns).
+/// It reads the Kubernetes node's `spec.unschedulable` only, never its
+/// taints.
+pub(crate) fn sync_cordon_pods<A: Objects + ?Sized>(api: &A, slurm: &SlurmHandle, namespace: &str) {
+    for pod in api.list_all(&resources::PODS, Some(namespace)) {
+        let controlled = pod["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|o| {
+                o.iter()
+                    .any(|o| o["kind"] == "NodeSet" && o["controller"] == true)
+            });
+        let Some(host) = pod["metadata"]["labels"][LABEL_POD_HOSTNAME].as_str() else {
+            continue;
+        };
+        if !controlled {
+            continue;
+        }
+        let name = pod["metadata"]["name"].as_str().unwrap_or(host);
+        let Some(node_name) = pod["spec"]["nodeName"].as_str() else {
+            continue;
+        };
+        let Ok(node) = api.get(&resources::NODES, "", node_name) else {
+            continue;
+        };
+        let Some(view) = slurm.node(host) else {
+            continue;
+        };
+        let facts = PodFacts {
+            pod: format!("{namespace}/{name}"),
+            node: node_name.to_string(),
+            node_cordoned: node["spec"]["unschedulable"] == true,
+            pod_cordoned: pod["metadata"]["annotations"][ANNOTATION_POD_CORDON] == "true",
+        };
+        let out = sync_cordon(
+            &facts,
+            &SlurmFacts {
+                state: view.state,
+                reason: view.reason,
+            },
+        );
+        if out.cordon_pod {
+            let _ = api.merge_patch(
+                &resources::PODS,
+                namespace,
+                name,
+                &json!({"metadata": {"annotations": {ANNOTATION_POD_CORDON: "true"}}}),
+                None,
+            );
+        }
+        if let Some(u) = out.update {
+            slurm.rest_update(host, &u.body(), "slurm");
+        }
+    }
 }

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use clap::{Args, ValueEnum};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Bytes};
@@ -31,6 +32,7 @@ use kube::core::admission::{
 };
 use mountguard_core::admission::{self, Answer, Call, Mode, NameView, Operation};
 use mountguard_core::model::{SourceKind, SourceRef};
+use mountguard_inventory::parse_duration;
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
@@ -47,6 +49,63 @@ pub const MAX_BODY: usize = 3 * 1024 * 1024;
 
 /// Longest time the review body may take to arrive.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the admission webhook does with a create that a node's kubelet
+/// cache would not see (`--admission-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum AdmissionMode {
+    /// Allow, with warnings the caller sees.
+    #[default]
+    Warn,
+    /// Refuse a create under a name nodes still serve an immutable
+    /// predecessor of (deletes are only warned about).
+    Deny,
+    /// Allow everything, say nothing.
+    Off,
+}
+
+/// Flags of the admission webhook (flattened into `run`'s flags; checked
+/// by `settings`).
+#[derive(Debug, Clone, Args)]
+pub struct AdmissionArgs {
+    /// Serve the validating admission webhook (HTTPS, `POST /v1/admission`)
+    /// on this address; absent: no webhook.
+    #[arg(long, env = "MOUNTGUARD_ADMISSION_LISTEN")]
+    pub admission_listen: Option<SocketAddr>,
+    /// `warn` (allow with warnings), `deny` (refuse a create under a pinned
+    /// name) or `off`.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_ADMISSION_MODE",
+        value_enum,
+        default_value = "warn"
+    )]
+    pub admission_mode: AdmissionMode,
+    /// PEM certificate chain of the webhook (reloaded when it changes);
+    /// default: the report API's `--tls-cert-file`.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_ADMISSION_TLS_CERT_FILE",
+        requires = "admission_tls_key_file"
+    )]
+    pub admission_tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the webhook; default: `--tls-key-file`.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_ADMISSION_TLS_KEY_FILE",
+        requires = "admission_tls_cert_file"
+    )]
+    pub admission_tls_key_file: Option<PathBuf>,
+    /// PEM file of the CA that signs the API server's webhook client
+    /// certificate (its AdmissionConfiguration kubeconfig): when given,
+    /// clients without such a certificate are refused in the handshake.
+    #[arg(long, env = "MOUNTGUARD_ADMISSION_CLIENT_CA_FILE")]
+    pub admission_client_ca_file: Option<PathBuf>,
+    /// Longest wait for the in-memory view; past it the call is allowed
+    /// without a word (keep it under the webhook's `timeoutSeconds`).
+    #[arg(long, env = "MOUNTGUARD_ADMISSION_ANSWER_TIMEOUT", default_value = "1500ms", value_parser = parse_duration)]
+    pub admission_answer_timeout: Duration,
+}
 
 /// The webhook's settings (`run`'s admission flags, checked).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -24,7 +24,6 @@ use sha2::{Digest as _, Sha256};
 
 use super::metrics::Metrics;
 use super::shared::TokenBucket;
-use crate::cli::ServiceAccountRef;
 
 /// `user.extra` key of the pod name in a projected token.
 pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
@@ -32,6 +31,37 @@ pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
 pub const EXTRA_POD_UID: &str = "authentication.kubernetes.io/pod-uid";
 /// `user.extra` key of the node name.
 pub const EXTRA_NODE_NAME: &str = "authentication.kubernetes.io/node-name";
+
+/// `<namespace>:<name>` of the agent's ServiceAccount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccountRef {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ServiceAccountRef {
+    /// The Kubernetes user name of a token of this ServiceAccount.
+    pub fn username(&self) -> String {
+        format!("system:serviceaccount:{}:{}", self.namespace, self.name)
+    }
+}
+
+impl std::str::FromStr for ServiceAccountRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once(':').or_else(|| s.split_once('/')) {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains(':') => {
+                Ok(Self {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => Err(format!("{s:?} is not <namespace>:<name>")),
+        }
+    }
+}
 
 /// The user a TokenReview authenticated.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

@@ -53,7 +53,6 @@ use super::shared::{Shared, Shutdown};
 use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource};
 use super::watch::nodeset_resource;
 use crate::Error;
-use crate::cli::ObjectName;
 
 /// How often open attempts are stepped without a new snapshot.
 pub const TICK: Duration = Duration::from_secs(2);
@@ -151,6 +150,30 @@ pub struct RemediationSettings {
     pub credential: SlurmCredential,
     /// Slurm user of minted tokens.
     pub slurm_user: String,
+}
+
+/// `<namespace>/<name>` of an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectName {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::str::FromStr for ObjectName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self {
+                    namespace: ns.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            _ => Err(format!("{s:?} is not <namespace>/<name>")),
+        }
+    }
 }
 
 /// The Secret holding the slurmrestd credential.

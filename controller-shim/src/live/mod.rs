@@ -47,11 +47,10 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-pub use crate::cli::RunArgs;
 pub use auth::{AuthError, ReviewedUser, TokenReviewer};
 pub use eval::EvaluationSnapshot;
 pub use metrics::Metrics;
-pub use settings::{ServeSettings, Settings};
+pub use settings::{RunArgs, ServeSettings, Settings};
 pub use shared::{Shared, Shutdown};
 
 use crate::Error;
@@ -208,11 +207,11 @@ impl Controller {
         ));
 
         let status_gate = Arc::new(match serve.status_auth {
-            crate::cli::StatusAuthMode::Kubernetes => status_auth::StatusGate::kubernetes(
+            status_auth::StatusAuthMode::Kubernetes => status_auth::StatusGate::kubernetes(
                 Arc::new(status_auth::KubeAccessReviewer::new(client.clone())),
                 status_auth::StatusAuthLimits::default(),
             ),
-            crate::cli::StatusAuthMode::None => {
+            status_auth::StatusAuthMode::None => {
                 warn!(
                     "--status-auth none: /v1/verdicts and /v1/rollouts answer anyone who reaches the metrics port"
                 );

@@ -37,10 +37,11 @@ use mountguard_inventory::report::{
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
-use super::auth::{AgentDaemonSet, AgentPods, AuthError, PodFetcher, TokenReviewer, authorize};
+use super::auth::{
+    AgentDaemonSet, AgentPods, AuthError, PodFetcher, ServiceAccountRef, TokenReviewer, authorize,
+};
 use super::eval::Input;
-use super::shared::{Shared, Shutdown, TokenBucket};
-use crate::cli::{RateLimit, ServiceAccountRef};
+use super::shared::{RateLimit, Shared, Shutdown, TokenBucket};
 
 /// Limits on what one inventory may contain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

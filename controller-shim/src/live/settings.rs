@@ -1,5 +1,7 @@
-//! `run`'s settings: every flag of [`RunArgs`] checked and converted in
-//! one place ([`Settings::try_from`]), before the controller binds a
+//! `run`'s flags and settings: the flags of `mountguard-controller run`
+//! ([`RunArgs`], with the types of their values; the command tree in
+//! `cli.rs` flattens them in), and every one of them checked and converted
+//! in one place ([`Settings::try_from`]), before the controller binds a
 //! socket or calls the API. The tasks take these typed settings, never
 //! the flags.
 
@@ -7,17 +9,277 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::{Args, ValueEnum};
 use jiff::SignedDuration;
 use mountguard_core::remediation::machine::{FailurePolicy, MachineConfig};
 use mountguard_core::remediation::plan::{Mode, PlanConfig};
+use mountguard_inventory::parse_duration;
 
-use super::admission::AdmissionSettings;
-use super::executor::{Prepared, RemediationSettings, SlurmCredential};
+use super::admission::{AdmissionArgs, AdmissionMode, AdmissionSettings};
+use super::auth::ServiceAccountRef;
+use super::executor::{ObjectName, Prepared, RemediationSettings, SlurmCredential};
 use super::leader::LeaderConfig;
 use super::report::{CountLimits, ReportConfig};
+use super::shared::RateLimit;
+use super::status_auth::StatusAuthMode;
 use super::watch::WatchSettings;
 use crate::Error;
-use crate::cli::{AdmissionArgs, AdmissionMode, OnFailure, RemediationMode, RunArgs};
+
+/// Arguments of `mountguard-controller run`.
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// kubeconfig file; absent = in-cluster configuration (or the default
+    /// kubeconfig when not in a cluster).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespaces whose pods, Secrets and ConfigMaps are checked (comma
+    /// separated); empty = all.
+    #[arg(long, env = "MOUNTGUARD_WATCH_NAMESPACES", value_delimiter = ',', num_args = 0..)]
+    pub watch_namespaces: Vec<String>,
+    /// Label selector restricting the pods checked.
+    #[arg(long, env = "MOUNTGUARD_POD_SELECTOR")]
+    pub pod_selector: Option<String>,
+    /// Address of the report API.
+    #[arg(long, env = "MOUNTGUARD_REPORT_LISTEN", default_value = "0.0.0.0:8443")]
+    pub report_listen: SocketAddr,
+    /// PEM certificate chain of the report API (reloaded when it changes).
+    #[arg(long, env = "MOUNTGUARD_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of the report API (reloaded when it changes).
+    #[arg(long, env = "MOUNTGUARD_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Serve the report API over plain HTTP (only for tests and demos).
+    #[arg(long, env = "MOUNTGUARD_INSECURE_PLAINTEXT_REPORTS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub insecure_plaintext_reports: bool,
+    /// Address of `/metrics`, `/healthz`, `/readyz` and `/v1/verdicts`.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_METRICS_LISTEN",
+        default_value = "0.0.0.0:8080"
+    )]
+    pub metrics_listen: SocketAddr,
+    /// Who may read `/v1/verdicts` and `/v1/rollouts/...` on the metrics
+    /// port: `kubernetes` (a bearer token, checked with a TokenReview and a
+    /// SubjectAccessReview for `get` on `verdicts.mountguard.io`) or `none`
+    /// (anyone who reaches the port; docs/security.md).
+    #[arg(
+        long,
+        env = "MOUNTGUARD_STATUS_AUTH",
+        value_enum,
+        default_value = "kubernetes"
+    )]
+    pub status_auth: StatusAuthMode,
+    /// Audience the agents' projected tokens are issued for.
+    #[arg(long, env = "MOUNTGUARD_TOKEN_AUDIENCE", default_value = "mountguard")]
+    pub token_audience: String,
+    /// The agent's ServiceAccount, `<namespace>:<name>`.
+    #[arg(long, env = "MOUNTGUARD_AGENT_SERVICE_ACCOUNT")]
+    pub agent_service_account: ServiceAccountRef,
+    /// Name of the agent DaemonSet (in the ServiceAccount's namespace).
+    #[arg(long, env = "MOUNTGUARD_AGENT_DAEMONSET")]
+    pub agent_daemonset: String,
+    /// Grace period for propagation of changed content.
+    #[arg(long, env = "MOUNTGUARD_GRACE", default_value = "180s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Inventories scanned longer ago than this are too old to judge by.
+    #[arg(long, env = "MOUNTGUARD_INVENTORY_MAX_AGE", default_value = "300s", value_parser = parse_duration)]
+    pub inventory_max_age: Duration,
+    /// File with the installation's fingerprint key (at least 16 bytes);
+    /// absent = a random key per process.
+    #[arg(long, env = "MOUNTGUARD_FINGERPRINT_KEY_FILE")]
+    pub fingerprint_key_file: Option<PathBuf>,
+    /// Largest accepted report body (bytes; `Ki`/`Mi` suffixes allowed).
+    #[arg(long, env = "MOUNTGUARD_MAX_REPORT_BYTES", default_value = "33554432", value_parser = parse_bytes)]
+    pub max_report_bytes: u64,
+    /// Per-node report rate: `RATE/s[,BURST]`.
+    #[arg(long, env = "MOUNTGUARD_REPORT_RATE_LIMIT", default_value = "2/s,5")]
+    pub report_rate_limit: RateLimit,
+    /// Longest time a report body may take to arrive, plus one second per
+    /// 64 KiB received; a slower one is answered 408.
+    #[arg(long, env = "MOUNTGUARD_REPORT_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub report_body_timeout: Duration,
+    /// Open report API connections at most (lowered to fit the open file
+    /// limit); more are closed at once.
+    #[arg(long, env = "MOUNTGUARD_MAX_CONNECTIONS", default_value = "10000")]
+    pub max_connections: usize,
+    /// Longest wait for a request head, also between requests on a
+    /// kept-alive connection (report and metrics ports).
+    #[arg(long, env = "MOUNTGUARD_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+    /// A connection that moves no byte for this long is closed.
+    #[arg(long, env = "MOUNTGUARD_IDLE_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+    /// Elect one acting replica through a Lease.
+    #[arg(long, env = "MOUNTGUARD_LEADER_ELECTION", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub leader_election: bool,
+    /// Name of the Lease (in `--pod-namespace`).
+    #[arg(
+        long,
+        env = "MOUNTGUARD_LEASE_NAME",
+        default_value = "mountguard-controller"
+    )]
+    pub lease_name: String,
+    /// This replica's pod name (leader identity and leader label).
+    #[arg(long, env = "MOUNTGUARD_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// This replica's namespace (Lease and leader label).
+    #[arg(long, env = "MOUNTGUARD_POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+    /// Remediation mode.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_REMEDIATION",
+        value_enum,
+        default_value = "off"
+    )]
+    pub remediation: RemediationMode,
+    /// slurmrestd base URL.
+    #[arg(long, env = "MOUNTGUARD_SLURMRESTD_URL")]
+    pub slurmrestd_url: Option<String>,
+    /// CA certificate (PEM) trusted for slurmrestd.
+    #[arg(long, env = "MOUNTGUARD_SLURMRESTD_CA_FILE")]
+    pub slurmrestd_ca_file: Option<PathBuf>,
+    /// Secret `<namespace>/<name>` holding a slurmrestd token.
+    #[arg(long, env = "MOUNTGUARD_SLURM_TOKEN_SECRET")]
+    pub slurm_token_secret: Option<ObjectName>,
+    /// Key of the token in `--slurm-token-secret`.
+    #[arg(long, env = "MOUNTGUARD_SLURM_TOKEN_KEY", default_value = "SLURM_JWT")]
+    pub slurm_token_key: String,
+    /// Secret `<namespace>/<name>` holding `jwt.key`, to mint short-lived
+    /// HS256 tokens.
+    #[arg(long, env = "MOUNTGUARD_SLURM_JWT_KEY_SECRET")]
+    pub slurm_jwt_key_secret: Option<ObjectName>,
+    /// Slurm user of minted tokens.
+    #[arg(long, env = "MOUNTGUARD_SLURM_USER", default_value = "slurm")]
+    pub slurm_user: String,
+    /// Concurrent remediations per NodeSet.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_REMEDIATION_BUDGET_PER_NODESET",
+        default_value_t = 1
+    )]
+    pub remediation_budget_per_nodeset: u32,
+    /// Concurrent remediations in the cluster.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_REMEDIATION_BUDGET_CLUSTER",
+        default_value_t = 3
+    )]
+    pub remediation_budget_cluster: u32,
+    /// How long a verdict must hold before remediation starts.
+    #[arg(long, env = "MOUNTGUARD_REMEDIATION_DELAY", default_value = "5m", value_parser = parse_duration)]
+    pub remediation_delay: Duration,
+    /// How long to wait for a drain.
+    #[arg(long, env = "MOUNTGUARD_DRAIN_TIMEOUT", default_value = "24h", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+    /// How long to wait for a replacement pod.
+    #[arg(long, env = "MOUNTGUARD_REPLACEMENT_TIMEOUT", default_value = "15m", value_parser = parse_duration)]
+    pub replacement_timeout: Duration,
+    /// How long the Eviction API may keep refusing (PodDisruptionBudget,
+    /// errors) before the attempt fails.
+    #[arg(long, env = "MOUNTGUARD_EVICTION_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
+    pub eviction_timeout: Duration,
+    /// How long the replacement may take to show fresh on the node and
+    /// responding in Slurm.
+    #[arg(long, env = "MOUNTGUARD_VERIFICATION_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub verification_timeout: Duration,
+    /// What to do with the Slurm node when remediation fails.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_ON_FAILURE",
+        value_enum,
+        default_value = "keep-drained"
+    )]
+    pub on_failure: OnFailure,
+    /// Also replace the pods pinning an immutable cache entry.
+    #[arg(long, env = "MOUNTGUARD_REPLACE_PINNING_PODS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub replace_pinning_pods: bool,
+    /// The admission webhook.
+    #[command(flatten)]
+    pub admission: AdmissionArgs,
+    /// Log format.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Log filter (`tracing` env-filter syntax).
+    #[arg(long = "log", env = "MOUNTGUARD_LOG", default_value = "info")]
+    pub log: String,
+}
+
+impl RunArgs {
+    /// Arguments for tests and the demo: every default, plaintext reports,
+    /// loopback listeners on ephemeral ports, this kubeconfig and agent
+    /// identity.
+    pub fn for_test(kubeconfig: PathBuf, agent_sa: &str, agent_daemonset: &str) -> Self {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct P {
+            #[command(flatten)]
+            a: RunArgs,
+        }
+        let kc = kubeconfig.display().to_string();
+        let mut p = P::try_parse_from([
+            "x",
+            "--kubeconfig",
+            &kc,
+            "--agent-service-account",
+            agent_sa,
+            "--agent-daemonset",
+            agent_daemonset,
+            "--insecure-plaintext-reports",
+            "--report-listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .expect("test arguments parse");
+        // Environment variables must not leak into tests.
+        p.a.watch_namespaces.clear();
+        p.a
+    }
+}
+
+/// Remediation mode (executed by the remediation module).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum RemediationMode {
+    /// No remediation.
+    #[default]
+    Off,
+    /// Decide and log, write nothing.
+    DryRun,
+    /// Drain, evict and verify.
+    On,
+}
+
+/// What to do with a Slurm node when remediation fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum OnFailure {
+    /// Keep the node drained for an operator.
+    #[default]
+    KeepDrained,
+    /// Resume the node.
+    Undrain,
+}
+
+/// Log format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A size of the shared grammar (`mountguard_inventory::size`, the same
+/// as the agent's `--max-file-size`).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    mountguard_inventory::parse_size(s).map_err(|e| e.to_string())
+}
 
 /// What `run` starts with: every flag of [`RunArgs`], checked, as the
 /// settings of the part that uses it.
@@ -63,7 +325,7 @@ pub struct ServeSettings {
     /// A connection idle this long is closed (both ports).
     pub idle_timeout: Duration,
     /// Who may read the status API.
-    pub status_auth: crate::cli::StatusAuthMode,
+    pub status_auth: StatusAuthMode,
 }
 
 /// A duration flag as the engine's signed type (saturating).
@@ -328,7 +590,6 @@ fn admission_settings(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::ObjectName;
 
     /// Every combination of flags `run` refuses is refused by the one
     /// conversion, before anything is bound or called.

@@ -26,6 +26,44 @@ pub fn patch_params() -> kube::api::PatchParams {
     }
 }
 
+/// A per-node token bucket: `RATE/s` with an optional burst
+/// (`2/s,5` or `2/s burst 5`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Tokens per second.
+    pub per_second: f64,
+    /// Bucket size.
+    pub burst: u32,
+}
+
+impl std::str::FromStr for RateLimit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("{s:?} is not a rate like 2/s or 2/s,5 (rate per second, burst)");
+        let s2 = s.trim();
+        let (rate, burst) = match s2.split_once(',') {
+            Some((r, b)) => (r.trim(), Some(b.trim())),
+            None => match s2.split_once("burst") {
+                Some((r, b)) => (r.trim(), Some(b.trim())),
+                None => (s2, None),
+            },
+        };
+        let rate = rate.strip_suffix("/s").unwrap_or(rate).trim();
+        let per_second: f64 = rate.parse().map_err(|_| bad())?;
+        if !(per_second.is_finite() && per_second > 0.0) {
+            return Err(bad());
+        }
+        let burst = match burst {
+            Some(b) => b.parse::<u32>().map_err(|_| bad())?,
+            None => (per_second.ceil() as u32).max(1),
+        };
+        if burst == 0 {
+            return Err(bad());
+        }
+        Ok(Self { per_second, burst })
+    }
+}
+
 /// A token bucket: `burst` tokens, refilled at `per_second`.
 #[derive(Debug, Clone, Copy)]
 pub struct TokenBucket {

@@ -774,50 +774,6 @@ mod tests {
     use mountguard_core::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
 
     #[test]
-    fn unreachable_controller_says_how_to_reach_it() {
-        // A port nobody listens on: bound, then released.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let url = format!("http://127.0.0.1:{port}");
-        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from([
-            "mountguard-controller",
-            "status",
-            "--url",
-            &url,
-        ])
-        .unwrap();
-        let crate::cli::Command::Status(args) = cli.command else {
-            unreachable!("status parses as status")
-        };
-        let endpoint =
-            super::super::client::Endpoint::direct(args.controller.url, None, None).unwrap();
-        let query = StatusQuery::from(args.query);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let mut out = Vec::new();
-        let e = rt.block_on(query.run(&endpoint, &mut out)).unwrap_err();
-        assert!(matches!(e, Error::Unreachable { .. }), "{e}");
-        let msg = e.to_string();
-        assert!(
-            msg.contains(&format!("http://127.0.0.1:{port}/v1/verdicts")),
-            "{msg}"
-        );
-        assert!(
-            msg.contains(
-                "kubectl -n mountguard-system port-forward svc/mountguard-controller-metrics 8080"
-            ),
-            "{msg}"
-        );
-        assert!(!msg.contains("invalid configuration"), "{msg}");
-        assert!(out.is_empty());
-    }
-
-    #[test]
     fn query_strings_decode_and_no_byte_sequence_panics() {
         let q = Query::parse(Some(
             "all&namespace=slurm%2Dx&node=node+a&state=Stale%2FUnknown",

@@ -40,8 +40,6 @@ use kube::Api;
 use kube::api::PostParams;
 use sha2::{Digest as _, Sha256};
 
-use crate::cli::StatusAuthMode;
-
 /// The header that carries the bearer token through the API server's
 /// service proxy.
 pub const PROXY_AUTH_HEADER: &str = "x-mountguard-authorization";
@@ -317,6 +315,17 @@ impl<V: Clone> Answers<V> {
         }
         self.entries.insert(k, (until, v));
     }
+}
+
+/// Who may read the status API (`--status-auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Default)]
+pub enum StatusAuthMode {
+    /// A bearer token of a user allowed to `get` `verdicts.mountguard.io`
+    /// in the namespace read (TokenReview, SubjectAccessReview).
+    #[default]
+    Kubernetes,
+    /// Anyone who reaches the port.
+    None,
 }
 
 #[derive(Debug)]

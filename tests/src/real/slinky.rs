@@ -199,8 +199,8 @@ fn bridge_pass(
             started.insert(host.to_string(), uid);
         }
     }
-    crate::cluster::protect_busy_pods(api, slurm, started);
+    crate::operator::protect_busy_pods(api, slurm, SLURM_NAMESPACE, started);
     if operator_rules {
-        crate::cluster::sync_cordon(api, slurm);
+        crate::operator::sync_cordon_pods(api, slurm, SLURM_NAMESPACE);
     }
 }

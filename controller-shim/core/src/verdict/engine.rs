@@ -1,7 +1,8 @@
 //! The engine loop: which pods to evaluate (all, or those a change
 //! touches, plus every pod of a node whose node rule flips), in which order,
 //! and how each pod's preliminary verdicts get the node rule and their
-//! `since` from history. The rules themselves are in [`super::rules`].
+//! `since` from history. The rules themselves are in [`super::rules`],
+//! the types both share in [`super::view`].
 
 use std::collections::BTreeMap;
 
@@ -13,12 +14,13 @@ use jiff::Timestamp;
 
 use super::cache::{CachedVolume, EvalCache};
 use super::history::{EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory};
-use super::rules::{Ctx, api_rule, counts_for_node_rule, node_rule, terminating_pod};
+use super::rules::{Ctx, api_rule, counts_for_node_rule, node_rule, not_syncing, terminating_pod};
 use super::subject::SubjectId;
-use super::types::{ApiHealth, Config, Evaluation, PodVerdicts, StaleCause, State, Verdict};
+use super::types::{ApiHealth, Config, Evaluation, PodVerdicts, StaleCause, State};
+use super::view::{EngineView, NodeView, PodPrelim};
 use crate::fingerprint::Fingerprinter;
 use crate::index::{ClusterIndex, PodId};
-use crate::model::{ObservedNode, PodModel, SkipReason, SourceRef};
+use crate::model::{PodModel, SkipReason, SourceRef};
 
 /// The verdict engine: configuration and the fingerprint key.
 #[derive(Debug, Clone)]
@@ -26,29 +28,6 @@ pub struct Engine {
     pub(super) config: Config,
     pub(super) fingerprinter: Fingerprinter,
     pub(super) api: ApiHealth,
-}
-
-/// How a node's inventory can be used.
-pub(super) enum NodeView<'a> {
-    NoInventory,
-    TooOld,
-    Usable(&'a ObservedNode),
-}
-
-/// A verdict before the node rule and history are applied.
-pub(super) struct Prelim {
-    pub(super) verdict: Verdict,
-    /// First-sight estimate of `since`.
-    pub(super) estimate: Timestamp,
-    /// Counts as a verifiable volume mount of only mutable sources.
-    pub(super) mutable_mount: bool,
-}
-
-pub(super) struct PodPrelim {
-    pub(super) id: PodId,
-    pub(super) verdicts: Vec<Prelim>,
-    pub(super) mutable: u32,
-    pub(super) stale: u32,
 }
 
 impl Engine {
@@ -234,7 +213,7 @@ impl Engine {
                 n.mutable_mounts += p.mutable;
                 n.stale_mutable_mounts += p.stale;
             }
-            n.not_syncing = self.not_syncing(&n);
+            n.not_syncing = not_syncing(&self.config, &n);
             state.nodes.insert(node.clone(), n);
             for p in prelims {
                 let pod = index.pod(p.id).expect("prelim pods exist in the index");
@@ -336,7 +315,7 @@ impl Engine {
                 let Some(n) = state.nodes.get_mut(&node) else {
                     continue;
                 };
-                let now_flag = self.not_syncing(n);
+                let now_flag = not_syncing(&self.config, n);
                 if now_flag != n.not_syncing {
                     n.not_syncing = now_flag;
                     for id in index.pods_on_node(&node) {
@@ -452,7 +431,10 @@ impl Engine {
             })
         };
         let ctx = Ctx {
-            engine: self,
+            engine: EngineView {
+                config: &self.config,
+                fingerprinter: &self.fingerprinter,
+            },
             index,
             state,
             pod,

@@ -11,7 +11,8 @@
 //! * [`history`]: the engine state;
 //! * `cache`: memoization within one evaluation;
 //! * `engine`: the loop over nodes and pods;
-//! * `rules`: how each verdict is decided (one file, top to bottom).
+//! * `rules`: how each verdict is decided (one file, top to bottom);
+//! * `view`: the types the loop hands the rules and they hand back.
 
 pub mod advice;
 mod cache;
@@ -20,6 +21,7 @@ pub mod history;
 mod rules;
 pub mod subject;
 pub mod types;
+mod view;
 
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -16,20 +16,20 @@ use mountguard_inventory::layout::{SUBPATHS_DIR, VOLUMES_DIR};
 use mountguard_inventory::volume_digest;
 
 use super::cache::{CachedVolume, EvalCache, sub_path_scope};
-use super::engine::{Engine, NodeView, PodPrelim, Prelim};
 use super::history::{EngineState, NodeHistory};
 use super::subject::SubjectId;
 use super::types::{
-    ApiHealth, FileState, FileVerdict, FrozenCause, StaleCause, State, UnverifiableReason, Verdict,
-    VerdictDetail,
+    ApiHealth, Config, FileState, FileVerdict, FrozenCause, StaleCause, State, UnverifiableReason,
+    Verdict, VerdictDetail,
 };
+use super::view::{EngineView, NodeView, PodPrelim, Prelim};
 use crate::fingerprint::{Fingerprint, Scope};
 use crate::index::{ClusterIndex, PodId};
 use crate::model::{CompactTime, Digest, ObservedError, PodModel, SkipReason, SourceRef};
 use crate::projection::{ExpectedSubPath, ExpectedVolume, project_env, sub_path_skip};
 
 pub(super) struct Ctx<'a> {
-    pub(super) engine: &'a Engine,
+    pub(super) engine: EngineView<'a>,
     pub(super) index: &'a ClusterIndex,
     pub(super) state: &'a EngineState,
     pub(super) pod: &'a PodModel,
@@ -777,14 +777,12 @@ impl Ctx<'_> {
 
 // ------------------------------------------------ the node and API rules
 
-impl Engine {
-    /// The KubeletNotSyncing rule: at least `not_syncing_min_mounts`
-    /// verifiable mutable volume mounts on the node, and more than half of
-    /// them stale past grace.
-    pub(super) fn not_syncing(&self, n: &NodeHistory) -> bool {
-        n.mutable_mounts >= self.config.not_syncing_min_mounts
-            && n.stale_mutable_mounts * 2 > n.mutable_mounts
-    }
+/// The KubeletNotSyncing rule: at least `not_syncing_min_mounts`
+/// verifiable mutable volume mounts on the node, and more than half of
+/// them stale past grace.
+pub(super) fn not_syncing(config: &Config, n: &NodeHistory) -> bool {
+    n.mutable_mounts >= config.not_syncing_min_mounts
+        && n.stale_mutable_mounts * 2 > n.mutable_mounts
 }
 
 /// Whether a volume verdict counts among the node's mutable mounts for the

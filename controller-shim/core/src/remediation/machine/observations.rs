@@ -1,0 +1,226 @@
+//! What a step reads: the machine's configuration (timeouts, retry
+//! pacing, what to do with our drain on failure) and what the executor
+//! observed since the last step (the Slurm node, the last writes and
+//! eviction, the replacement's verdicts, the node's cordon). Plain data.
+
+use jiff::SignedDuration;
+use serde::{Deserialize, Serialize};
+
+use crate::remediation::REASON_PREFIX;
+
+/// What to do with our drain when an attempt fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum FailurePolicy {
+    /// Release the drain when the pod was not touched yet; keep it when the
+    /// pod was evicted (its replacement may be stale: a node with a stale
+    /// `slurm.key` cannot work).
+    #[default]
+    Auto,
+    /// Always keep our drain (the reason says why).
+    KeepDrained,
+    /// Always release our drain.
+    Undrain,
+}
+
+/// Timeouts and retry pacing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineConfig {
+    /// From the drain request until jobs have left the node.
+    pub drain_timeout: SignedDuration,
+    /// Eviction refused (PDB, errors) for longer than this fails the attempt.
+    pub eviction_timeout: SignedDuration,
+    /// From the eviction until the NodeSet recreated the pod.
+    pub replacement_timeout: SignedDuration,
+    /// From the replacement until it is verified fresh and responding.
+    pub verification_timeout: SignedDuration,
+    /// What to do with our drain on failure.
+    pub on_failure: FailurePolicy,
+    /// First retry delay after an error; doubled per consecutive error.
+    pub retry_base: SignedDuration,
+    /// Longest retry delay.
+    pub retry_max: SignedDuration,
+    /// How long to wait for a write to show before re-issuing it.
+    pub write_settle: SignedDuration,
+    /// How long slurmrestd may answer "not found" for the node before it
+    /// counts: until then it is retried like any transient error (a node
+    /// re-registering, a slurmctld restarting, a lagging replica of its
+    /// state all answer so once in a while).
+    pub not_found_grace: SignedDuration,
+}
+
+impl Default for MachineConfig {
+    fn default() -> Self {
+        Self {
+            drain_timeout: SignedDuration::from_hours(24),
+            eviction_timeout: SignedDuration::from_mins(30),
+            replacement_timeout: SignedDuration::from_mins(15),
+            verification_timeout: SignedDuration::from_mins(10),
+            on_failure: FailurePolicy::Auto,
+            retry_base: SignedDuration::from_secs(5),
+            retry_max: SignedDuration::from_mins(5),
+            write_settle: SignedDuration::from_secs(10),
+            not_found_grace: SignedDuration::from_mins(5),
+        }
+    }
+}
+
+/// A Slurm node as last read.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SlurmNodeState {
+    /// `state` array (base state and flags), e.g. `["MIXED","DRAIN"]`.
+    pub state: Vec<String>,
+    /// `reason`.
+    pub reason: String,
+    /// `reason_set_by_user`.
+    pub reason_set_by_user: String,
+    /// `alloc_cpus`: CPUs Slurm still accounts to jobs on the node.
+    #[serde(default)]
+    pub alloc_cpus: u32,
+}
+
+impl SlurmNodeState {
+    /// Whether the state array holds `flag`.
+    pub fn has(&self, flag: &str) -> bool {
+        self.state.iter().any(|s| s == flag)
+    }
+
+    /// DRAIN is set.
+    pub fn drain(&self) -> bool {
+        self.has("DRAIN")
+    }
+
+    /// Jobs are still on the node: ALLOCATED, MIXED or COMPLETING, or CPUs
+    /// still allocated. The last covers a node that stopped responding: its
+    /// base state reads DOWN while Slurm still holds its jobs (until they
+    /// are requeued or killed), and evicting the pod then would end them.
+    pub fn busy(&self) -> bool {
+        self.has("ALLOCATED") || self.has("MIXED") || self.has("COMPLETING") || self.alloc_cpus > 0
+    }
+
+    /// Closed to new jobs by a drain or a FAIL (Slurm sets one or the
+    /// other: `update_node` in `src/slurmctld/node_mgr.c` clears both before
+    /// setting either).
+    pub fn held(&self) -> bool {
+        self.drain() || self.has("FAIL")
+    }
+
+    /// Drained in Slurm's sense (DRAIN, or FAIL, and no jobs).
+    pub fn drained(&self) -> bool {
+        self.held() && !self.busy()
+    }
+
+    /// slurmd responds: none of DOWN, NOT_RESPONDING, FAIL.
+    pub fn responding(&self) -> bool {
+        !(self.has("DOWN") || self.has("NOT_RESPONDING") || self.has("FAIL"))
+    }
+
+    /// The drain reason is mountguard's (any attempt).
+    pub fn reason_is_mountguard(&self) -> bool {
+        self.reason.starts_with(REASON_PREFIX)
+    }
+}
+
+/// What the executor read from slurmrestd for the attempt's node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SlurmObservation {
+    /// Not read this round.
+    #[default]
+    NotRead,
+    /// The node as read.
+    Node(SlurmNodeState),
+    /// slurmrestd does not know the node.
+    NotFound,
+    /// The read failed.
+    Error {
+        /// Whether a retry may succeed (transport, 5xx); 401/403 are not.
+        transient: bool,
+        /// What failed (no token).
+        message: String,
+    },
+}
+
+/// Outcome of the last Slurm write the executor performed for this attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteResult {
+    /// Accepted.
+    Ok,
+    /// Refused or failed.
+    Err {
+        /// Whether a retry may succeed.
+        transient: bool,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// Outcome of the last eviction request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EvictionResult {
+    /// The API accepted the eviction.
+    Evicted,
+    /// The pod (with that UID) no longer exists.
+    Gone,
+    /// 429: a PodDisruptionBudget refuses it now.
+    Refused {
+        /// `Retry-After`, if given.
+        retry_after: Option<SignedDuration>,
+        /// The API's message.
+        message: String,
+    },
+    /// Any other error.
+    Error {
+        /// What failed.
+        message: String,
+    },
+}
+
+/// The replacement pod's verdicts on the previously failing subjects.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NewPodCheck {
+    /// No verdict yet (no inventory of the new pod, Unverifiable,
+    /// Propagating): wait.
+    #[default]
+    NotYet,
+    /// Every previously failing subject is Fresh.
+    Fresh,
+    /// Some previously failing subject is still Stale or Frozen.
+    StillStale {
+        /// Which subject and verdict (fingerprints only).
+        message: String,
+    },
+}
+
+/// Everything observed since the last step. Plain data.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Observations {
+    /// The Slurm node.
+    pub slurm: SlurmObservation,
+    /// UID of the pod currently holding the attempt's pod name (None: absent).
+    pub pod_uid: Option<String>,
+    /// Verdicts of the replacement pod (only looked at in Verifying).
+    pub new_pod: NewPodCheck,
+    /// Result of the Slurm write performed after the previous step.
+    pub slurm_write: Option<WriteResult>,
+    /// Result of the eviction performed after the previous step.
+    pub eviction: Option<EvictionResult>,
+    /// For grouped attempts: every member of the group is drained.
+    pub group_drained: bool,
+    /// For grouped attempts: the Kubernetes node's cordon.
+    pub cordon: NodeCordon,
+    /// For grouped attempts: every member's old pod is gone from the API.
+    pub group_old_gone: bool,
+}
+
+/// The cordon of the Kubernetes node of a grouped attempt, as read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeCordon {
+    /// Not read this round (or the read failed): wait.
+    #[default]
+    NotRead,
+    /// Schedulable.
+    Free,
+    /// Unschedulable, cordoned by this group (the node annotation names it).
+    Ours,
+    /// Unschedulable for someone else's reason: never touched.
+    Foreign,
+}

@@ -1,0 +1,147 @@
+//! The attempt being stepped and the checks every phase shares: entering
+//! a phase (with its Persist), Events, retry pacing and backoff, the
+//! settle time after a write, slurmrestd errors, a Slurm node unknown for
+//! good, and the hold kept on the node after the eviction.
+
+use jiff::{SignedDuration, Timestamp};
+
+use super::actions::{Action, EventReason};
+use super::attempt::{Attempt, Phase, PhaseEntry, Retry};
+use super::observations::{MachineConfig, Observations, SlurmObservation, WriteResult};
+
+/// One attempt being stepped: the next attempt and the actions so far.
+pub(super) struct Stepper<'c> {
+    pub(super) a: Attempt,
+    pub(super) actions: Vec<Action>,
+    pub(super) now: Timestamp,
+    pub(super) cfg: &'c MachineConfig,
+}
+
+impl Stepper<'_> {
+    pub(super) fn goto(&mut self, to: Phase) {
+        let from = self.a.phase;
+        self.a.phase = to;
+        self.a.phase_since = self.now;
+        self.a.history.push(PhaseEntry {
+            phase: to,
+            at: self.now,
+        });
+        self.a.retry = Retry::default();
+        self.actions.push(Action::Transition { from, to });
+        self.actions.push(Action::Persist);
+    }
+
+    pub(super) fn event(&mut self, reason: EventReason, message: String) {
+        self.actions.push(Action::Event { reason, message });
+    }
+
+    pub(super) fn due(&self) -> bool {
+        self.a.retry.not_before.is_none_or(|t| self.now >= t)
+    }
+
+    pub(super) fn error(&mut self, message: String, at_least: Option<SignedDuration>) {
+        let r = &mut self.a.retry;
+        r.failures = r.failures.saturating_add(1);
+        let shift = r.failures.saturating_sub(1).min(16);
+        let mut delay = self
+            .cfg
+            .retry_base
+            .checked_mul(1i32 << shift)
+            .unwrap_or(self.cfg.retry_max)
+            .min(self.cfg.retry_max);
+        if let Some(min) = at_least {
+            delay = delay.max(min);
+        }
+        r.not_before = Some(self.now + delay);
+        r.last_error = Some(message);
+    }
+
+    pub(super) fn wrote(&mut self) {
+        self.a.retry.not_before = Some(self.now + self.cfg.write_settle);
+    }
+
+    pub(super) fn elapsed_since(&self, t: Timestamp) -> SignedDuration {
+        self.now.duration_since(t)
+    }
+
+    pub(super) fn pod_label(&self) -> String {
+        format!("{}/{}", self.a.namespace, self.a.pod)
+    }
+
+    pub(super) fn slurm_write_error(&mut self, obs: &Observations) -> Option<String> {
+        match &obs.slurm_write {
+            Some(WriteResult::Err {
+                transient: false,
+                message,
+            }) => Some(message.clone()),
+            Some(WriteResult::Err {
+                transient: true,
+                message,
+            }) => {
+                self.error(format!("slurmrestd: {message}"), None);
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// "Not found" once more: true when it has lasted the whole
+    /// [`MachineConfig::not_found_grace`] (then it counts), else a
+    /// transient error retried with backoff.
+    pub(super) fn not_found_for_good(&mut self) -> bool {
+        let since = *self.a.not_found_since.get_or_insert(self.now);
+        if self.elapsed_since(since) >= self.cfg.not_found_grace {
+            return true;
+        }
+        let msg = format!(
+            "slurmrestd does not know Slurm node {} (since {since}); retrying",
+            self.a.slurm_node
+        );
+        self.error(msg, None);
+        false
+    }
+
+    /// After the eviction: the Slinky operator's preStop hook replaces our
+    /// reason with its own (and sets DOWN), and its syncCordon then
+    /// undrains any node whose reason is its own or empty (our FAIL hold
+    /// survives both, but the reason is no longer ours). Keep the node
+    /// ours until the verification: note the hook's DOWN, and set the hold
+    /// again with our reason (an administrator's reason is left alone).
+    /// Returns whether the node is not held by our drain right now (then
+    /// nothing is verified this step).
+    pub(super) fn hold_drain_after_eviction(&mut self, obs: &Observations) -> bool {
+        let SlurmObservation::Node(n) = &obs.slurm else {
+            return false;
+        };
+        if self.a.evicted_at.is_none() || self.a.owns(n) {
+            return false;
+        }
+        let operators = n.reason.is_empty()
+            || n.reason
+                .starts_with(crate::remediation::OPERATOR_REASON_PREFIX);
+        if !operators || n.reason_is_mountguard() {
+            return false;
+        }
+        if n.has("DOWN")
+            && n.reason == crate::remediation::OPERATOR_PRESTOP_REASON
+            && !self.a.prestop_down
+        {
+            self.a.prestop_down = true;
+            self.actions.push(Action::Persist);
+        }
+        if self.due() {
+            self.wrote();
+            self.actions.push(Action::HoldNode {
+                node: self.a.slurm_node.clone(),
+                reason: self.a.drain_reason.clone(),
+            });
+        }
+        true
+    }
+
+    pub(super) fn read_error(&mut self, obs: &Observations) {
+        if let SlurmObservation::Error { message, .. } = &obs.slurm {
+            self.error(format!("slurmrestd: {message}"), None);
+        }
+    }
+}
