@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -133,6 +134,9 @@ fn check_object(v: &Value) -> Option<Result<Vec<String>, String>> {
         }
         ("rbac.authorization.k8s.io/v1", "Role") => roundtrip::<Role>(v),
         ("rbac.authorization.k8s.io/v1", "RoleBinding") => roundtrip::<RoleBinding>(v),
+        ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
+            roundtrip::<ValidatingWebhookConfiguration>(v)
+        }
         ("cert-manager.io/v1", "Certificate" | "Issuer")
         | ("monitoring.coreos.com/v1", "ServiceMonitor" | "PodMonitor" | "PrometheusRule") => {
             return None;
@@ -224,6 +228,7 @@ fn every_rendered_object_parses_into_its_api_type_without_unknown_fields() {
         "PodDisruptionBudget",
         "NetworkPolicy",
         "ConfigMap",
+        "ValidatingWebhookConfiguration",
     ] {
         assert!(kinds.contains(kind), "no {kind} was checked");
     }
