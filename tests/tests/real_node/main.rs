@@ -19,3 +19,4 @@ mod harness;
 mod helm;
 mod install;
 mod runtime;
+mod upgrade;

@@ -1,0 +1,245 @@
+//! The remediation toggle flipped with `helm upgrade`, and `helm
+//! uninstall`, with the real Helm CLI on the real node: what the
+//! controller's process runs with and what its ServiceAccount may do follow
+//! each upgrade, and the uninstall leaves no object of the release behind,
+//! cluster-scoped ones (ClusterRoles, bindings, the admission webhook)
+//! included.
+
+use std::time::Duration;
+
+use mountguard_tests::mountguard::poll;
+use mountguard_tests::real::{create, raw};
+use mountguard_tests::real_node_or_skip;
+use serde_json::{Value, json};
+
+use crate::harness::container_id;
+use crate::helm::{CONTROLLER, Helm, NAMESPACE, RELEASE, chart, install};
+
+/// The release's instance label selector, URL-encoded.
+const INSTANCE: &str = "app.kubernetes.io%2Finstance%3Dmountguard";
+
+/// The environment of the controller's running process (read from the
+/// host's /proc: the container's task is a process of this host).
+fn process_env(node: &mountguard_tests::real::real_node::RealNode, pod: &Value) -> Vec<String> {
+    let pid = node
+        .runtime
+        .task_pid(&container_id(pod, "controller"))
+        .expect("controller task");
+    String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default())
+        .split('\0')
+        .map(str::to_string)
+        .collect()
+}
+
+/// Waits for a Running and Ready controller pod, not being deleted, whose
+/// container spec sets `MOUNTGUARD_REMEDIATION` to `mode`.
+async fn controller_with(node: &mountguard_tests::real::real_node::RealNode, mode: &str) -> Value {
+    let client = node.cluster.client().await.expect("client");
+    let path = format!(
+        "/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=app.kubernetes.io%2Fcomponent%3Dcontroller"
+    );
+    let r = poll(
+        &format!("a Ready controller pod with remediation {mode}"),
+        Duration::from_secs(240),
+        || {
+            let (client, path) = (client.clone(), path.clone());
+            async move {
+                let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
+                list["items"].as_array()?.iter().find_map(|p| {
+                    let ready = p["status"]["conditions"]
+                        .as_array()?
+                        .iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                    let env = p["spec"]["containers"][0]["env"].as_array()?;
+                    let set = env
+                        .iter()
+                        .any(|e| e["name"] == "MOUNTGUARD_REMEDIATION" && e["value"] == mode);
+                    (ready && set && p["metadata"]["deletionTimestamp"].is_null())
+                        .then(|| p.clone())
+                })
+            }
+        },
+    )
+    .await;
+    match r {
+        Ok(p) => p,
+        Err(e) => {
+            // What the controller containers said (the last run of one that
+            // restarted), through the API server's pod log endpoint.
+            let mut logs = String::new();
+            if let Ok((_, list)) = raw(&client, "GET", &path, None).await {
+                for p in list["items"].as_array().into_iter().flatten() {
+                    let name = p["metadata"]["name"].as_str().unwrap_or_default();
+                    for previous in [true, false] {
+                        let log = format!(
+                            "/api/v1/namespaces/{NAMESPACE}/pods/{name}/log?container=controller&tailLines=30&previous={previous}"
+                        );
+                        if let Ok((code, body)) = raw(&client, "GET", &log, None).await {
+                            logs.push_str(&format!(
+                                "--- {name} (previous={previous}, {code}) ---\n"
+                            ));
+                            logs.push_str(body.as_str().unwrap_or(&body.to_string()));
+                            logs.push('\n');
+                        }
+                    }
+                }
+            }
+            panic!("{e}\n{logs}\n{}", node.logs(30))
+        }
+    }
+}
+
+/// Whether the controller's ClusterRoles (the release's) grant
+/// `create pods/eviction`.
+async fn may_evict(client: &kube::Client) -> bool {
+    let (code, list) = raw(
+        client,
+        "GET",
+        &format!("/apis/rbac.authorization.k8s.io/v1/clusterroles?labelSelector={INSTANCE}"),
+        None,
+    )
+    .await
+    .expect("clusterroles");
+    assert_eq!(code, 200, "{list}");
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| {
+            r["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(CONTROLLER))
+        })
+        .flat_map(|r| r["rules"].as_array().cloned().unwrap_or_default())
+        .any(|rule| {
+            rule["resources"]
+                .as_array()
+                .is_some_and(|r| r.iter().any(|x| x == "pods/eviction"))
+                && rule["verbs"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|x| x == "create"))
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing() {
+    let node =
+        real_node_or_skip!("real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing");
+    let helm = Helm::new(&node);
+    let (_, first) = install(&node, &helm, &[]).await;
+    let client = node.cluster.client().await.expect("client");
+    assert!(
+        process_env(&node, &first).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()),
+        "{:?}",
+        process_env(&node, &first)
+    );
+    assert!(
+        !may_evict(&client).await,
+        "remediation off grants no eviction"
+    );
+
+    // The token Secret remediation reads (a Slinky Token's Secret).
+    create(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "slurm-token-mountguard", "namespace": NAMESPACE},
+        "stringData": {"SLURM_JWT": "not-a-real-token"}}),
+    )
+    .await
+    .expect("token secret");
+    let chart = chart();
+    let upgrade = |extra: Vec<&'static str>| {
+        let mut args = vec![
+            "upgrade",
+            RELEASE,
+            chart.as_str(),
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+        ];
+        args.extend(extra);
+        helm.ok(&args)
+    };
+    let out = upgrade(vec![
+        "--set",
+        "remediation.mode=dry-run",
+        "--set",
+        "remediation.slurmrestd.url=http://slurm-restapi.slurm.svc:6820",
+        "--set",
+        "remediation.slurmrestd.tokenSecret.name=slurm-token-mountguard",
+    ]);
+    assert!(out.contains("STATUS: deployed"), "helm upgrade:\n{out}");
+    let dry = controller_with(&node, "dry-run").await;
+    assert_ne!(
+        dry["metadata"]["uid"], first["metadata"]["uid"],
+        "a new pod"
+    );
+    let env = process_env(&node, &dry);
+    assert!(
+        env.contains(&"MOUNTGUARD_REMEDIATION=dry-run".to_string())
+            && env.contains(
+                &"MOUNTGUARD_SLURMRESTD_URL=http://slurm-restapi.slurm.svc:6820".to_string()
+            ),
+        "{env:?}"
+    );
+    assert!(
+        may_evict(&client).await,
+        "remediation dry-run grants eviction"
+    );
+
+    let out = upgrade(vec!["--set", "remediation.mode=off"]);
+    assert!(out.contains("STATUS: deployed"), "helm upgrade:\n{out}");
+    let off = controller_with(&node, "off").await;
+    assert!(process_env(&node, &off).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()));
+    assert!(
+        !may_evict(&client).await,
+        "back to off: the eviction rule is gone"
+    );
+    let history = helm.ok_stdout(&["history", RELEASE, "--namespace", NAMESPACE]);
+    assert_eq!(history.lines().count(), 4, "three revisions:\n{history}");
+
+    helm.ok(&[
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        NAMESPACE,
+        "--wait",
+        "--timeout",
+        "3m",
+    ]);
+    let left = poll(
+        "no object of the release left",
+        Duration::from_secs(120),
+        || {
+            let client = client.clone();
+            async move {
+                let mut left = Vec::new();
+                for path in [
+                    format!("/api/v1/namespaces/{NAMESPACE}/pods?labelSelector={INSTANCE}"),
+                    format!("/api/v1/namespaces/{NAMESPACE}/services?labelSelector={INSTANCE}"),
+                    format!("/api/v1/namespaces/{NAMESPACE}/serviceaccounts?labelSelector={INSTANCE}"),
+                    format!("/apis/apps/v1/namespaces/{NAMESPACE}/deployments?labelSelector={INSTANCE}"),
+                    format!("/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets?labelSelector={INSTANCE}"),
+                    format!("/apis/rbac.authorization.k8s.io/v1/clusterroles?labelSelector={INSTANCE}"),
+                    format!("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings?labelSelector={INSTANCE}"),
+                    format!(
+                        "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations?labelSelector={INSTANCE}"
+                    ),
+                ] {
+                    let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
+                    for o in list["items"].as_array()? {
+                        left.push(format!("{path}: {}", o["metadata"]["name"]));
+                    }
+                }
+                if !left.is_empty() {
+                    eprintln!("left: {left:?}");
+                }
+                left.is_empty().then_some(())
+            }
+        },
+    )
+    .await;
+    if let Err(e) = left {
+        panic!("{e}");
+    }
+}
