@@ -301,7 +301,11 @@ impl EngineState {
         r: &SourceRef,
         key: &str,
     ) -> Option<Timestamp> {
-        match self.sources.get(r).and_then(|h| h.keys.get(key)) {
+        // While the object is absent its keys are those of its last
+        // content (kept to compare a recreation with): it changed when it
+        // vanished.
+        let present = self.sources.get(r).filter(|h| h.fingerprint.is_some());
+        match present.and_then(|h| h.keys.get(key)) {
             Some(k) => k.changed_at,
             None => self.changed_at(index, r),
         }

@@ -363,6 +363,27 @@ fn env_from_an_object_recreated_with_the_same_content_is_fresh() {
     assert!(bad.is_empty(), "{bad:#?}");
 }
 
+/// Control: an optional reference to an object deleted after the start
+/// (and not recreated) is Frozen (a restart leaves the variable unset),
+/// though the history keeps the deleted object's keys.
+#[test]
+fn env_from_an_optional_object_deleted_after_the_start_is_frozen() {
+    let e = engine();
+    let mut ix = ClusterIndex::new();
+    ix.apply_pod(env_pod(vec![env_key("KEY", SECRET, "auth", "key", true)]).build());
+    node().apply(&mut ix);
+    let mut state = EngineState::default();
+    let r = put_auth(&mut ix, SECRET, false, OLD, CREATED, "u1");
+    e.evaluate_all(&ix, &mut state, ts("2026-11-30T10:20:00Z"));
+    ix.delete_source(&r);
+    e.evaluate_all(&ix, &mut state, ts(RECREATED));
+    let eval = e.evaluate_all(&ix, &mut state, ts(NOW));
+    assert_eq!(
+        find(&eval, "p", env("c", "KEY")).state,
+        State::Frozen(FrozenCause::Env)
+    );
+}
+
 // -------------------------------------------------------------- volumes
 
 /// The volume rule compares files, so a recreation with the same content
