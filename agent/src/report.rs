@@ -870,6 +870,67 @@ mod tests {
         panic!("no reports_total{{kind={kind},result={result}}}")
     }
 
+    /// The sink keeps its connection to the controller between
+    /// heartbeats (a pooled client, every answer read to its end), and the
+    /// controller's serve loop keeps a connection whose request it vouched
+    /// for open past its header-read timeout: heartbeats further apart than
+    /// that timeout share one connection, so one TLS handshake.
+    #[tokio::test]
+    async fn heartbeats_share_one_connection_across_gaps_longer_than_the_header_read_timeout() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = connections.clone();
+        let header_read = Duration::from_millis(200);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(mountguard_serve::serve(
+            "report",
+            listener,
+            mountguard_serve::Limits {
+                header_read_timeout: header_read,
+                idle_timeout: Duration::from_secs(5),
+                ..mountguard_serve::Limits::small()
+            },
+            mountguard_serve::Plain,
+            mountguard_serve::ServeMetrics::unregistered(),
+            move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
+                    // As the controller does for an authenticated node.
+                    if let Some(st) = req.extensions().get::<mountguard_serve::Standing>() {
+                        st.vouch("node-a");
+                    }
+                    let _ = req.into_body().collect().await;
+                    let body = r#"{"status":"unchanged","generation":1}"#;
+                    Ok::<_, std::convert::Infallible>(
+                        Response::builder()
+                            .header("content-type", "application/json")
+                            .body(Full::new(Bytes::from(body)))
+                            .unwrap(),
+                    )
+                })
+            },
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "token-one\n").unwrap();
+        let mut cfg = HttpSinkConfig::new(format!("http://{addr}").parse().unwrap(), "node-a");
+        cfg.token_file = token;
+        cfg.request_timeout = Duration::from_secs(5);
+        let sink = HttpSink::new(cfg).unwrap();
+        let inv = inventory(1);
+        for _ in 0..3 {
+            sink.heartbeat(&inv, Timestamp::now()).await.unwrap();
+            tokio::time::sleep(header_read * 3).await;
+        }
+        assert_eq!(connections.load(Ordering::SeqCst), 1, "one connection");
+        let _ = stop.send(());
+    }
+
     #[tokio::test]
     async fn requests_carry_path_token_and_schema_and_the_token_is_reread() {
         let f = fixture(vec![ok("accepted"), ok("unchanged")], quick()).await;

@@ -12,9 +12,10 @@
 //! ms after the server closes it. Meanwhile every other node sends
 //! `--rounds` heartbeats, and more rounds until `--slow-secs` (default 12,
 //! past the 10 s body deadline) have passed, each on a new connection from
-//! the node's own address (127.1.x.y; as an agent does once the
-//! header-read timeout closed its kept-alive one). Prints the other nodes'
-//! heartbeats answered and shed, their rate and latency.
+//! the node's own address (127.1.x.y; the worst case of agents that all
+//! reconnect, e.g. after a controller restart: an agent otherwise keeps
+//! its connection across heartbeats). Prints the other nodes' heartbeats
+//! answered and shed, their rate and latency.
 //!
 //! The controller side (the real report handler and TokenReview cache,
 //! the shared bounded serve loop with its default limits) runs in this

@@ -14,6 +14,18 @@
 //! default size) changes and the time
 //! until `mountguard_mounts{state="Propagating"}` moves is measured.
 //!
+//! Between the heartbeat rounds and the Secret change, the steady state:
+//! every node on a connection of its own, as an agent holds one, sends a
+//! heartbeat once per interval (spread over it) for `--steady-rounds`
+//! rounds, reconnecting whenever the server closed its connection. The
+//! time is compressed: a heartbeat every `--hb-interval-ms` (default 3,000)
+//! with the server's header-read and idle timeouts scaled as the defaults
+//! are to the agents' 30 s heartbeat (10 s and 60 s: a third and twice the
+//! interval). The connections opened after each node's first heartbeat,
+//! per second, scaled back to the 30 s heartbeat, are the steady-state TLS
+//! handshakes of a real cluster (plaintext here; each new connection is one
+//! handshake in production).
+//!
 //! Run: `cargo bench -p mountguard-controller --bench reports`
 //! (`-- --nodes N --pods P --rounds R` for other sizes; `--pods 30` is the
 //! Kubernetes envelope of 150,000 pods on 5,000 nodes).
@@ -22,7 +34,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -94,7 +106,81 @@ fn cluster_arg() -> Cluster {
     }
 }
 
+/// The agents' heartbeat interval the steady state is scaled to.
+const AGENT_HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// The compressed heartbeat interval of the steady state.
+fn hb_interval() -> Duration {
+    Duration::from_millis(arg("--hb-interval-ms", 3000) as u64)
+}
+
 // ---------------------------------------------------------------- client
+
+/// A heartbeat of node `n` on `s`; `Err` when the connection is gone.
+async fn try_heartbeat(
+    s: &mut hyper::client::conn::http1::SendRequest<http_body_util::Full<hyper::body::Bytes>>,
+    n: usize,
+) -> Result<(), hyper::Error> {
+    use http_body_util::BodyExt;
+    s.ready().await?;
+    let hb = Heartbeat::new(node_name(n), 1, Timestamp::now());
+    let req = http::Request::put(format!("/v1/nodes/{}/heartbeat", node_name(n)))
+        .header(http::header::HOST, "controller")
+        .header(http::header::AUTHORIZATION, format!("Bearer token-{n}"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(
+            serde_json::to_vec(&hb).unwrap(),
+        )))
+        .unwrap();
+    let resp = s.send_request(req).await?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    assert!(
+        status.is_success(),
+        "{status}: {}",
+        String::from_utf8_lossy(&body)
+    );
+    Ok(())
+}
+
+/// The steady state (see the module docs): returns the connections opened
+/// after each node's first heartbeat and the seconds they were counted
+/// over.
+async fn steady_state(addr: SocketAddr, nodes: usize, rounds: usize) -> (usize, f64) {
+    let interval = hb_interval();
+    let reconnects = Arc::new(AtomicUsize::new(0));
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for n in 0..nodes {
+        let reconnects = reconnects.clone();
+        tasks.push(tokio::spawn(async move {
+            let first = start + interval.mul_f64(n as f64 / nodes as f64);
+            tokio::time::sleep_until(first).await;
+            let mut s = connect(addr).await;
+            for round in 0..rounds {
+                tokio::time::sleep_until(first + interval * round as u32).await;
+                // A connection the server closed is noticed before the
+                // request or by the request; either way the agent opens a
+                // new one (a TLS handshake in production).
+                loop {
+                    if !s.is_closed() && try_heartbeat(&mut s, n).await.is_ok() {
+                        break;
+                    }
+                    s = connect(addr).await;
+                    if round > 0 {
+                        reconnects.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Counted from each node's first heartbeat to its last.
+    let window = interval.as_secs_f64() * rounds.saturating_sub(1) as f64;
+    (reconnects.load(Ordering::Relaxed), window)
+}
 
 fn client(addr: SocketAddr, cluster: Cluster, rounds: usize) {
     let nodes = cluster.nodes;
@@ -163,6 +249,10 @@ fn client(addr: SocketAddr, cluster: Cluster, rounds: usize) {
         }
         let secs = t.elapsed().as_secs_f64();
         writeln!(out.lock(), "heartbeats-done {secs:.3}").unwrap();
+        writeln!(out.lock(), "steady-start").unwrap();
+        out.lock().flush().unwrap();
+        let (reconnects, window) = steady_state(addr, nodes, arg("--steady-rounds", 4)).await;
+        writeln!(out.lock(), "steady-done {reconnects} {window:.3}").unwrap();
         out.lock().flush().unwrap();
     });
 }
@@ -274,8 +364,12 @@ async fn server(cluster: Cluster, rounds: usize) {
         listener,
         None,
         handler,
+        // The defaults' proportions to the 30 s heartbeat (10 s, 60 s),
+        // at the compressed interval.
         mountguard_serve::Limits {
             max_connections: 20_000,
+            header_read_timeout: hb_interval() / 3,
+            idle_timeout: hb_interval() * 2,
             ..mountguard_serve::Limits::small()
         },
         metrics.serve("report"),
@@ -291,6 +385,10 @@ async fn server(cluster: Cluster, rounds: usize) {
             &cluster.pods_per_node.to_string(),
             "--rounds",
             &rounds.to_string(),
+            "--hb-interval-ms",
+            &hb_interval().as_millis().to_string(),
+            "--steady-rounds",
+            &arg("--steady-rounds", 4).to_string(),
         ])
         .stdout(std::process::Stdio::piped())
         .stdin(std::process::Stdio::piped())
@@ -313,6 +411,8 @@ async fn server(cluster: Cluster, rounds: usize) {
     let mut inv_mem = (0.0, 0.0);
     let mut hb_cpu_start = 0.0;
     let mut hb = (0.0, 0.0);
+    let mut steady_cpu_start = 0.0;
+    let mut steady = (0usize, 0.0f64, 0.0f64);
     while let Some((line, cpu)) = lrx.recv().await {
         let mut parts = line.split_whitespace();
         match (parts.next(), parts.next()) {
@@ -337,6 +437,11 @@ async fn server(cluster: Cluster, rounds: usize) {
             }
             (Some("heartbeats-start"), _) => hb_cpu_start = cpu,
             (Some("heartbeats-done"), Some(s)) => hb = (s.parse().unwrap(), cpu - hb_cpu_start),
+            (Some("steady-start"), _) => steady_cpu_start = cpu,
+            (Some("steady-done"), Some(r)) => {
+                let window: f64 = parts.next().unwrap().parse().unwrap();
+                steady = (r.parse().unwrap(), window, cpu - steady_cpu_start);
+            }
             _ => {}
         }
     }
@@ -389,6 +494,22 @@ async fn server(cluster: Cluster, rounds: usize) {
     println!(
         "  Secret change -> mountguard_mounts{{state=\"Propagating\"}} updated: {change_ms:.0} ms (target < 1,000 ms; {} pods moved)",
         propagating() - before
+    );
+    let interval = hb_interval();
+    let (reconnects, window, steady_cpu) = steady;
+    // Per second at the compressed interval, then at the agents' 30 s.
+    let measured = reconnects as f64 / window.max(f64::EPSILON);
+    let handshakes = measured * interval.as_secs_f64() / AGENT_HEARTBEAT.as_secs_f64();
+    println!(
+        "  steady state: {nodes} agents on a connection each, a heartbeat every {} ms (header-read timeout {} ms, idle timeout {} ms), {} rounds: {reconnects} connections reopened in {window:.1} s; controller CPU {steady_cpu:.2} s",
+        interval.as_millis(),
+        (interval / 3).as_millis(),
+        (interval * 2).as_millis(),
+        arg("--steady-rounds", 4),
+    );
+    println!(
+        "  steady-state TLS handshakes/s: {handshakes:.0} (target 0; {measured:.1}/s at the compressed interval, scaled to a heartbeat every {} s)",
+        AGENT_HEARTBEAT.as_secs()
     );
     println!("  evaluation batches: {evals}");
     println!(

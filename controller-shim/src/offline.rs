@@ -908,6 +908,79 @@ mod tests {
         assert!(r.unwrap_err().to_string().contains(objects_fix));
     }
 
+    /// An immutable Secret deleted and recreated with the same content
+    /// (`replace --force`) after the pod registered: its volume shows the
+    /// current bytes, so the kubelet's cached copy holds them, and the env
+    /// var read from it is Fresh too; recreated with new content, both are
+    /// Stale.
+    #[test]
+    fn verify_judges_env_from_an_immutable_secret_recreated_with_the_same_content_fresh() {
+        let objs = |value: &str| {
+            json!({"apiVersion": "v1", "kind": "List", "items": [
+                {"apiVersion": "v1", "kind": "Secret", "immutable": true,
+                 "metadata": {"namespace": "n", "name": "auth", "uid": "u2",
+                    "creationTimestamp": "2026-11-30T10:30:00Z"},
+                 "data": {"key": value}},
+                {"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"namespace": "n", "name": "p", "uid": "uid-p"},
+                 "spec": {"nodeName": "node-a",
+                    "volumes": [{"name": "auth", "secret": {"secretName": "auth"}}],
+                    "containers": [{"name": "c", "image": "x",
+                        "env": [{"name": "KEY", "valueFrom":
+                            {"secretKeyRef": {"name": "auth", "key": "key"}}}]}]},
+                 "status": {"phase": "Running", "startTime": "2026-11-30T09:00:00Z",
+                    "containerStatuses": [{"name": "c", "ready": true, "restartCount": 0,
+                        "image": "x", "imageID": "",
+                        "state": {"running": {"startedAt": "2026-11-30T09:00:05Z"}}}]}}
+            ]})
+            .to_string()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let inv = NodeB::new("node-a", ts("2026-11-30T11:00:00Z")).volume(
+            "uid-p",
+            Plugin::Secret,
+            "auth",
+            &[("key", b"same")],
+            ts("2026-11-30T09:00:01Z"),
+        );
+        let inv = write(
+            dir.path(),
+            "node-a.json",
+            &serde_json::to_string(&inv.inv).unwrap(),
+        );
+        let args = ["--objects", "-", "--inventory", &inv, "--output", "json"];
+        let states = |out: &str| -> Vec<String> {
+            let doc: Value = serde_json::from_str(out).unwrap();
+            doc["verdicts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| format!("{} {}", v["subject"], v["state"]))
+                .collect()
+        };
+        // base64 of "same" and "next".
+        let (code, out) = run(
+            &[&args[..], &["--fail-on", "stale"]].concat(),
+            &objs("c2FtZQ=="),
+        );
+        assert_eq!(code.unwrap(), 0, "{out}");
+        assert!(
+            states(&out).iter().all(|s| s.ends_with("\"Fresh\"")),
+            "{:?}",
+            states(&out)
+        );
+        let (code, out) = run(
+            &[&args[..], &["--fail-on", "stale"]].concat(),
+            &objs("bmV4dA=="),
+        );
+        assert_eq!(code.unwrap(), 1, "{out}");
+        assert!(
+            states(&out).iter().all(|s| s.ends_with("\"Stale\"")),
+            "{:?}",
+            states(&out)
+        );
+    }
+
     #[test]
     fn verify_reports_stale_content_and_exit_codes_follow_fail_on() {
         let dir = tempfile::tempdir().unwrap();

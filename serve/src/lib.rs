@@ -2,13 +2,19 @@
 //! report API and metrics/status port, the agent's metrics/health port),
 //! bounded against slow, idle and numerous clients:
 //!
-//! - a header-read timeout (hyper's `header_read_timeout`, which needs a
-//!   timer: without [`TokioTimer`] hyper silently disables it). In hyper
-//!   1.x it runs from the moment the connection waits for a request head,
-//!   so it also closes a keep-alive connection idle between requests;
+//! - a header-read timeout, kept here per connection (hyper's own
+//!   `header_read_timeout`, off, treats every connection alike): a request
+//!   head must be complete within it from the moment the connection waits
+//!   for one (after the handshake, and after each answer), so an idle or
+//!   trickling connection is closed. Once the service [`Standing::vouch`]ed
+//!   for a request, its connection may wait between requests as long as
+//!   the idle timeout allows (an agent's kept-alive connection survives
+//!   the gap between two heartbeats and costs no new TLS handshake), and
+//!   the header-read timeout runs from the first byte of the next head;
 //! - an idle timeout: a connection that moves no byte in either direction
 //!   for that long is closed, whatever it is doing (a stalled body, a
-//!   client that never reads its answer);
+//!   client that never reads its answer, a vouched connection waiting
+//!   longer than that for its next request);
 //! - a cap on open connections: a connection over the cap is closed at
 //!   once (shed), before anything is read from it. With
 //!   [`Limits::shed_unproven`], a connection already open is shed in its
@@ -40,7 +46,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -66,8 +72,10 @@ pub enum Error {
 /// The bounds of one listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Longest wait for a complete request head (also between requests on
-    /// a kept-alive connection).
+    /// Longest wait for a complete request head: from the handshake, or
+    /// from the previous answer on a kept-alive connection no request was
+    /// vouched for; on one a request was vouched for, from the first byte
+    /// of the next head.
     pub header_read_timeout: Duration,
     /// Longest time a connection may move no byte at all.
     pub idle_timeout: Duration,
@@ -290,33 +298,155 @@ impl Registry {
 
 /// The standing of the connection a request came on (a request extension
 /// set by [`serve`]): the service tells the accept loop what the request
-/// proved, which decides what is shed when the cap is reached.
+/// proved, which decides what is shed when the cap is reached and how long
+/// the connection may wait for its next request.
 #[derive(Debug, Clone)]
 pub struct Standing {
     registry: Arc<Mutex<Registry>>,
     id: u64,
     per_identity: usize,
+    clock: Arc<HeadClock>,
 }
 
 impl Standing {
     /// The request proved its client to be `identity` (e.g. an
-    /// authenticated node): the connection is kept over newcomers. Returns
-    /// false, and demotes the connection instead, when `identity` already
-    /// holds [`Limits::per_identity`] vouched connections.
+    /// authenticated node): the connection is kept over newcomers, and
+    /// between requests it waits under the idle timeout, not the
+    /// header-read timeout. Returns false, and demotes the connection
+    /// instead, when `identity` already holds [`Limits::per_identity`]
+    /// vouched connections.
     pub fn vouch(&self, identity: &str) -> bool {
-        self.registry
+        let ok = self
+            .registry
             .lock()
             .unwrap()
-            .vouch(self.id, identity, self.per_identity)
+            .vouch(self.id, identity, self.per_identity);
+        self.clock.set_vouched(ok);
+        ok
     }
 
-    /// The request was refused: the connection is the first to be shed.
+    /// The request was refused: the connection is the first to be shed,
+    /// and waits for its next request under the header-read timeout again.
     pub fn demote(&self) {
         self.registry.lock().unwrap().demote(self.id);
+        self.clock.set_vouched(false);
     }
 }
 
-/// A service that hands each request its connection's [`Standing`].
+/// When a connection waits for a request head, and since when: the
+/// header-read timeout of [`serve`].
+#[derive(Debug)]
+struct HeadClock {
+    epoch: Instant,
+    /// Requests handed to the service and not answered yet.
+    in_flight: AtomicU64,
+    /// Milliseconds after `epoch` when the connection began waiting for
+    /// the next request head (the handshake's end, the last answer).
+    waiting_since: AtomicU64,
+    /// Milliseconds after `epoch` of the first byte read while waiting
+    /// ([`NOT_YET`]: none).
+    head_started: AtomicU64,
+    /// The last request was vouched for.
+    vouched: AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+const NOT_YET: u64 = u64::MAX;
+
+impl HeadClock {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            in_flight: AtomicU64::new(0),
+            waiting_since: AtomicU64::new(0),
+            head_started: AtomicU64::new(NOT_YET),
+            vouched: AtomicBool::new(false),
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.epoch + Duration::from_millis(ms)
+    }
+
+    /// The connection waits for a head from now.
+    fn wait(&self) {
+        self.head_started.store(NOT_YET, Ordering::Relaxed);
+        self.waiting_since.store(self.ms(), Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    fn request_done(&self) {
+        self.wait();
+        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    /// Bytes were read: the first while waiting starts the next head.
+    fn read(&self) {
+        if self.in_flight.load(Ordering::Relaxed) == 0
+            && self.head_started.load(Ordering::Relaxed) == NOT_YET
+            && self
+                .head_started
+                .compare_exchange(NOT_YET, self.ms(), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.changed.notify_waiters();
+        }
+    }
+
+    fn set_vouched(&self, v: bool) {
+        self.vouched.store(v, Ordering::Relaxed);
+        self.changed.notify_waiters();
+    }
+
+    /// When the head being waited for is overdue; `None`: no head is due
+    /// (a request is being served, or a vouched connection waits with
+    /// nothing read yet).
+    fn deadline(&self, header_read: Duration) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        if !self.vouched.load(Ordering::Relaxed) {
+            return Some(self.at(self.waiting_since.load(Ordering::Relaxed)) + header_read);
+        }
+        match self.head_started.load(Ordering::Relaxed) {
+            NOT_YET => None,
+            ms => Some(self.at(ms) + header_read),
+        }
+    }
+}
+
+/// Resolves once a request head is overdue (see [`HeadClock::deadline`]).
+async fn head_overdue(clock: Arc<HeadClock>, header_read: Duration) {
+    loop {
+        let changed = clock.changed.notified();
+        let mut changed = std::pin::pin!(changed);
+        changed.as_mut().enable();
+        match clock.deadline(header_read) {
+            Some(d) if Instant::now() >= d => return,
+            Some(d) => {
+                tokio::select! {
+                    () = tokio::time::sleep_until(d.into()) => {}
+                    () = changed => {}
+                }
+            }
+            None => changed.await,
+        }
+    }
+}
+
+/// A service that hands each request its connection's [`Standing`] and
+/// tells the connection's [`HeadClock`] while a request is served.
 #[derive(Debug, Clone)]
 struct WithStanding<S> {
     inner: S,
@@ -329,10 +459,43 @@ where
 {
     type Response = R;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = Served<S::Future>;
     fn call(&self, mut req: http::Request<Incoming>) -> Self::Future {
         req.extensions_mut().insert(self.standing.clone());
-        self.inner.call(req)
+        let clock = self.standing.clock.clone();
+        clock.request_started();
+        Served {
+            inner: Box::pin(self.inner.call(req)),
+            clock: Some(clock),
+        }
+    }
+}
+
+/// A request being served: when it is answered (or dropped), its
+/// connection waits for the next head.
+struct Served<F> {
+    inner: Pin<Box<F>>,
+    clock: Option<Arc<HeadClock>>,
+}
+
+impl<F: Future> Future for Served<F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let r = self.inner.as_mut().poll(cx);
+        if r.is_ready()
+            && let Some(c) = self.clock.take()
+        {
+            c.request_done();
+        }
+        r
+    }
+}
+
+impl<F> Drop for Served<F> {
+    fn drop(&mut self) {
+        if let Some(c) = self.clock.take() {
+            c.request_done();
+        }
     }
 }
 
@@ -403,11 +566,13 @@ impl AcceptErrors {
     }
 }
 
-/// A stream that records when it last moved a byte.
+/// A stream that records when it last moved a byte, and tells its
+/// connection's [`HeadClock`] when it reads.
 struct Tracked<T> {
     inner: T,
     epoch: Instant,
     last: Arc<AtomicU64>,
+    clock: Arc<HeadClock>,
 }
 
 impl<T> Tracked<T> {
@@ -427,6 +592,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(r, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.touch();
+            self.clock.read();
         }
         r
     }
@@ -510,7 +676,8 @@ pub async fn serve<H, M, S, B>(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        // Kept per connection by `HeadClock` instead.
+        .header_read_timeout(None)
         .max_buf_size(limits.max_buf_size.max(8192))
         .max_headers(limits.max_headers);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -545,10 +712,12 @@ pub async fn serve<H, M, S, B>(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let clock = Arc::new(HeadClock::new());
         let standing = Standing {
             registry: registry.clone(),
             id,
             per_identity: limits.per_identity,
+            clock: clock.clone(),
         };
         let svc = WithStanding {
             inner: make(peer),
@@ -586,10 +755,12 @@ pub async fn serve<H, M, S, B>(
             };
             let epoch = Instant::now();
             let last = Arc::new(AtomicU64::new(0));
+            clock.wait();
             let io = Tracked {
                 inner: io,
                 epoch,
                 last: last.clone(),
+                clock: clock.clone(),
             };
             let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), svc));
             tokio::select! {
@@ -604,6 +775,10 @@ pub async fn serve<H, M, S, B>(
                 () = idle_for(epoch, last, limits.idle_timeout) => {
                     metrics.timed_out.inc();
                     tracing::debug!(listener = name, %peer, "connection idle too long; closed");
+                }
+                () = head_overdue(clock, limits.header_read_timeout) => {
+                    metrics.timed_out.inc();
+                    tracing::debug!(listener = name, %peer, "no complete request head in time; closed");
                 }
                 () = killed => {
                     tracing::debug!(listener = name, %peer, "connection shed for a newcomer");
@@ -794,6 +969,46 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("{} open, expected {n}", m.open.get());
+    }
+
+    /// A connection a request was vouched for waits for its next request
+    /// past the header-read timeout, up to the idle timeout (an agent's
+    /// heartbeat gap); a connection whose request was not vouched for, or
+    /// was refused, is closed by the header-read timeout between requests,
+    /// and a vouched one that trickles its next head is closed by it too.
+    #[tokio::test]
+    async fn a_vouched_connection_waits_between_requests_under_the_idle_timeout() {
+        let header_read = Duration::from_millis(300);
+        let (addr, m, _stop) = start_ranked(Limits {
+            header_read_timeout: header_read,
+            idle_timeout: Duration::from_millis(1500),
+            max_connections: 16,
+            ..Limits::small()
+        })
+        .await;
+        let gap = header_read * 3;
+        let mut vouched = TcpStream::connect(addr).await.unwrap();
+        let mut plain = TcpStream::connect(addr).await.unwrap();
+        let mut refused = TcpStream::connect(addr).await.unwrap();
+        let mut trickling = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut vouched, "x-id: a").await.contains("200"));
+        assert!(ask(&mut plain, "x-plain: 1").await.contains("200"));
+        assert!(ask(&mut refused, "x-bad: 1").await.contains("401"));
+        assert!(ask(&mut trickling, "x-id: b").await.contains("200"));
+        trickling.write_all(b"GET / HTTP/1.1\r\nho").await.unwrap();
+        tokio::time::sleep(gap).await;
+        assert!(closed_within(&mut plain, Duration::from_millis(50)).await);
+        assert!(closed_within(&mut refused, Duration::from_millis(50)).await);
+        assert!(closed_within(&mut trickling, Duration::from_millis(50)).await);
+        // Open after three header-read timeouts: the next request is
+        // answered on the same connection, and again after another gap.
+        assert!(ask(&mut vouched, "x-id: a").await.contains("200"));
+        tokio::time::sleep(gap).await;
+        assert!(ask(&mut vouched, "x-id: a").await.contains("200"));
+        assert_eq!(m.timed_out.get(), 3);
+        // The idle timeout still ends it.
+        assert!(closed_within(&mut vouched, Duration::from_secs(3)).await);
+        assert_eq!(m.timed_out.get(), 4);
     }
 
     /// The cap full of connections that trickle, idle or were refused: a

@@ -1347,6 +1347,80 @@ mod tests {
         assert!(!decide(&d, &target, None).complete());
     }
 
+    /// A `replace --force` of the immutable Secret (deleted, recreated
+    /// with the same content under a new UID) while a pod reads it as a
+    /// volume and as an env var: nothing turns Stale, no Event is sent, and
+    /// the rollout gate completes for the new UID.
+    #[test]
+    fn a_recreation_with_the_same_content_alarms_nothing_and_completes_the_rollout() {
+        use mountguard_core::rollout::{Target, decide};
+        let mut r = rig();
+        let mut ix = Interner::default();
+        let t0 = ts("2026-11-30T10:00:00Z");
+        let target: Target = "secret/slurm/auth".parse().unwrap();
+        let Input::Pod(p) = pod("u1", "w-0", "n1") else {
+            unreachable!()
+        };
+        let p = PodB { pod: *p }
+            .container(
+                "slurmd",
+                Some(ts("2026-11-30T09:30:00Z")),
+                &[("etc", "")],
+                vec![env_key(
+                    "KEY",
+                    SourceKind::Secret,
+                    "auth",
+                    "slurm.key",
+                    false,
+                )],
+            )
+            .build();
+        r.task.apply_batch(
+            vec![secret(&mut ix, b"same", "s1"), Input::Pod(Box::new(p))],
+            t0,
+        );
+        r.task.apply_batch(
+            vec![inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"same")])],
+            t0,
+        );
+        let states = |r: &Rig| -> Vec<String> {
+            let store = r.shared.verdicts.read().unwrap();
+            store.pods["u1"]
+                .pv
+                .verdicts
+                .iter()
+                .map(|v| v.state.tag())
+                .collect()
+        };
+        assert_eq!(states(&r), ["Fresh", "Fresh"]);
+        let t1 = ts("2026-11-30T10:05:00Z");
+        let auth = SourceRef::new(SourceKind::Secret, ix.intern("slurm"), ix.intern("auth"));
+        r.task.apply_batch(vec![Input::SourceDeleted(auth)], t1);
+        r.task.apply_batch(vec![secret(&mut ix, b"same", "s2")], t1);
+        // Past the grace period, the node still showing the same bytes.
+        let t2 = ts("2026-11-30T10:15:00Z");
+        r.task.apply_batch(
+            vec![inv("n1", 2, "2026-11-30T10:14:50Z", &[("u1", b"same")])],
+            t2,
+        );
+        assert_eq!(states(&r), ["Fresh", "Fresh"]);
+        assert!(
+            drain(&mut r.events)
+                .iter()
+                .all(|e| e.reason.as_str() != "StaleMount"),
+            "an alarm for content that cannot differ"
+        );
+        let d = r
+            .shared
+            .verdicts
+            .read()
+            .unwrap()
+            .rollout(&target, true, true);
+        let p = decide(&d, &target, Some("s2"));
+        assert!(p.complete(), "{p:?}");
+        assert_eq!((p.verified, p.total), (2, 2));
+    }
+
     #[test]
     fn baseline_without_events_then_rotation_alarms_and_recovery() {
         let mut r = rig();

@@ -1643,4 +1643,113 @@ mod tests {
         assert_eq!(n, 3);
         assert_eq!(counter(&r, "rate_limited"), 1);
     }
+
+    /// One request on `s` (kept alive); the status line of the answer, or
+    /// `None` when the server had closed the connection.
+    async fn exchange(s: &mut tokio::net::TcpStream, token: Option<&str>) -> Option<String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let body = heartbeat("node-a", 1);
+        let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
+        let head = format!(
+            "PUT {HB_A} HTTP/1.1\r\nhost: c\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.write_all(&[head.as_bytes(), &body].concat()).await.ok()?;
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+            .await
+            .expect("an answer")
+            .ok()?;
+        (n > 0).then(|| {
+            String::from_utf8_lossy(&buf[..n])
+                .lines()
+                .next()
+                .unwrap_or("")
+                .to_string()
+        })
+    }
+
+    /// Whether the server closes `s` within `d`.
+    async fn closed_within(s: &mut tokio::net::TcpStream, d: Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 512];
+        loop {
+            match tokio::time::timeout(d, s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return true,
+                Ok(Ok(_)) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// An agent's connection that sent a valid authenticated report stays
+    /// open across a gap between reports longer than the header-read
+    /// timeout (the heartbeat interval is longer than it), so the next
+    /// heartbeat needs no new connection (no TLS handshake); a connection
+    /// idle from the start, or whose request was refused, is still closed
+    /// by the header-read timeout.
+    #[tokio::test]
+    async fn an_authenticated_agent_connection_stays_open_between_heartbeats() {
+        let r = rig(1 << 20, "100/s,100".parse().unwrap());
+        let Rig {
+            handler,
+            rx: _rx,
+            shared,
+        } = r;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let header_read = Duration::from_millis(300);
+        let metrics = mountguard_serve::ServeMetrics::unregistered();
+        let (_trigger, shutdown) = Shutdown::new();
+        tokio::spawn(serve(
+            listener,
+            None,
+            Arc::new(handler),
+            mountguard_serve::Limits {
+                header_read_timeout: header_read,
+                idle_timeout: Duration::from_secs(3),
+                shed_unproven: true,
+                per_identity: NODE_IN_FLIGHT,
+                ..mountguard_serve::Limits::small()
+            },
+            metrics.clone(),
+            shutdown,
+        ));
+        let connect = || tokio::net::TcpStream::connect(addr);
+        let mut agent = connect().await.unwrap();
+        let mut idle = connect().await.unwrap();
+        let mut refused = connect().await.unwrap();
+        let first = exchange(&mut agent, Some("tok-a")).await;
+        assert!(
+            first.as_deref().is_some_and(|l| l.contains(" 200 ")),
+            "{first:?}"
+        );
+        let denied = exchange(&mut refused, Some("forged")).await;
+        assert!(
+            denied.as_deref().is_some_and(|l| l.contains(" 401 ")),
+            "{denied:?}"
+        );
+        // A gap of three header-read timeouts.
+        tokio::time::sleep(header_read * 3).await;
+        assert!(closed_within(&mut idle, Duration::from_millis(50)).await);
+        assert!(closed_within(&mut refused, Duration::from_millis(50)).await);
+        for _ in 0..2 {
+            let next = exchange(&mut agent, Some("tok-a")).await;
+            assert!(
+                next.as_deref().is_some_and(|l| l.contains(" 200 ")),
+                "the agent's connection was closed between heartbeats: {next:?}"
+            );
+            tokio::time::sleep(header_read * 3).await;
+        }
+        assert_eq!(metrics.timed_out.get(), 2);
+        assert_eq!(counter_of(&shared, "unauthenticated"), 1);
+    }
+
+    fn counter_of(shared: &Shared, result: &str) -> u64 {
+        shared
+            .metrics
+            .report_requests
+            .with_label_values(&[result])
+            .get()
+    }
 }

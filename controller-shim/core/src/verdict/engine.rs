@@ -13,7 +13,9 @@ use std::sync::Arc;
 use jiff::Timestamp;
 
 use super::cache::{CachedVolume, EvalCache};
-use super::history::{EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory};
+use super::history::{
+    EngineState, KeyHistory, NodeHistory, PodHistory, PresentContent, SourceHistory,
+};
 use super::rules::{Ctx, api_rule, counts_for_node_rule, node_rule, not_syncing, terminating_pod};
 use super::subject::SubjectId;
 use super::types::{ApiHealth, Config, Evaluation, PodVerdicts, StaleCause, State};
@@ -62,8 +64,13 @@ impl Engine {
     }
 
     /// Records the current content of `r` in the history: a changed (or
-    /// vanished, or reappeared) content sets `content_changed_at = now`; a
-    /// source seen for the first time takes its last write time.
+    /// vanished, or reappeared with other content) content sets
+    /// `content_changed_at = now`; a source seen for the first time takes
+    /// its last write time. An object deleted and recreated with the same
+    /// content (a `replace --force`, a re-applied manifest) has the same
+    /// fingerprint (same scope, same content): it keeps the change time it
+    /// had before it vanished, and each key whose value is the same keeps
+    /// its own, since nothing any consumer got can differ.
     pub fn observe_source(
         &self,
         index: &ClusterIndex,
@@ -84,12 +91,27 @@ impl Engine {
         match state.sources.get_mut(r) {
             Some(h) => {
                 if h.fingerprint != fp {
+                    let Some(c) = content else {
+                        // Vanished: remember the content last present, and
+                        // its keys, to compare a recreation with.
+                        if let Some(last) = h.fingerprint.take() {
+                            h.before_absence = Some(PresentContent {
+                                fingerprint: last,
+                                changed_at: h.content_changed_at,
+                            });
+                        }
+                        h.content_changed_at = Some(now);
+                        return;
+                    };
+                    h.content_changed_at = match h.before_absence.take() {
+                        Some(b) if fp.as_ref() == Some(&b.fingerprint) => b.changed_at,
+                        _ => Some(now),
+                    };
                     h.fingerprint = fp;
-                    h.content_changed_at = Some(now);
                     // Only the keys whose value changed (or that appeared)
                     // take `now`; vanished keys are forgotten.
                     let mut keys = BTreeMap::new();
-                    for (k, kfp) in content.map(key_fps).unwrap_or_default() {
+                    for (k, kfp) in key_fps(c) {
                         let changed_at = match h.keys.get(&k) {
                             Some(old) if old.fingerprint == kfp => old.changed_at,
                             _ => Some(now),
@@ -113,6 +135,7 @@ impl Engine {
                         SourceHistory {
                             fingerprint: fp,
                             content_changed_at: first,
+                            before_absence: None,
                             keys: key_fps(c)
                                 .into_iter()
                                 .map(|(k, fingerprint)| {

@@ -29,6 +29,21 @@ pub struct SourceHistory {
     /// an env var fed by one key is not judged by another key's change.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub keys: BTreeMap<Arc<str>, KeyHistory>,
+    /// While the object is absent: its content when last present, so a
+    /// recreation with the same content is no change (`keys` keeps that
+    /// content's keys meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_absence: Option<PresentContent>,
+}
+
+/// The content of a source when it was last present.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PresentContent {
+    /// Its keyed fingerprint.
+    pub fingerprint: String,
+    /// When it last changed, if known.
+    pub changed_at: Option<Timestamp>,
 }
 
 /// History of one key of a source.
@@ -286,7 +301,11 @@ impl EngineState {
         r: &SourceRef,
         key: &str,
     ) -> Option<Timestamp> {
-        match self.sources.get(r).and_then(|h| h.keys.get(key)) {
+        // While the object is absent its keys are those of its last
+        // content (kept to compare a recreation with): it changed when it
+        // vanished.
+        let present = self.sources.get(r).filter(|h| h.fingerprint.is_some());
+        match present.and_then(|h| h.keys.get(key)) {
             Some(k) => k.changed_at,
             None => self.changed_at(index, r),
         }

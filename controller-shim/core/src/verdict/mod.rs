@@ -29,7 +29,7 @@ pub(crate) mod test_support;
 pub use advice::{SubjectKind, advice};
 pub use engine::Engine;
 pub use history::{
-    EngineState, KeyHistory, NodeHistory, PodHistory, SourceHistory, SubjectHistory,
+    EngineState, KeyHistory, NodeHistory, PodHistory, PresentContent, SourceHistory, SubjectHistory,
 };
 pub use subject::{Subject, SubjectId, SubjectKey, subject_of};
 pub use types::*;

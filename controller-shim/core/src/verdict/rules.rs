@@ -4,7 +4,10 @@
 //!    then Stale (with its cause: an immutable source's cache entry, pinned
 //!    or not, or unknown);
 //! 3. the verdict of a volume, a subPath mount and an environment
-//!    reference;
+//!    reference (an object recreated with the same content changes
+//!    nothing: the history keeps its change time, and without history
+//!    [`Ctx::node_shows_current`] reads the node's cached copy off its
+//!    volumes);
 //! 4. the node rule (KubeletNotSyncing) and the API rule (ApiUnavailable),
 //!    applied to a pod's verdicts once its node is done;
 //! 5. a terminating pod, whose subjects are all Skipped.
@@ -273,6 +276,119 @@ impl Ctx<'_> {
             .iter()
             .filter_map(|id| self.index.pod(*id))
             .any(|p| p.pins(r) && p.synced_at.is_some_and(|t| t.get() < changed))
+    }
+
+    /// Whether this node's volumes show that the kubelet's cache entry of
+    /// `r` holds the current value of what `env` reads: a volume of a pod
+    /// on this node that projects the key (for `envFrom`: every key, the
+    /// whole object without `items`, and nothing else) shows the current
+    /// bytes there. Volumes and environment variables are filled from the
+    /// same entry, one per namespace/name on a node
+    /// (`pkg/kubelet/util/manager/watch_based_manager.go`;
+    /// `pkg/kubelet/kubelet_pods.go` `makeEnvironmentVariables` reads
+    /// through `secretManager.GetSecret`), and the AtomicWriter writes what
+    /// the entry holds (`pkg/volume/util/atomic_writer.go` `Write`). This
+    /// is how an object recreated with the same content is told from one
+    /// recreated with new content when the engine has no history of it (a
+    /// one-off `verify`, a restarted controller): the cached copy of the
+    /// old object shows the current values. `written_by`: only volumes the
+    /// kubelet last wrote at or before that time count (what the entry
+    /// held then).
+    pub(super) fn node_shows_current(
+        &self,
+        r: &SourceRef,
+        env: &crate::model::EnvRef,
+        written_by: Option<Timestamp>,
+    ) -> bool {
+        use crate::model::{EnvRef, ProjectedSource, SourceKind, VolumeSource};
+        let Some(content) = self.index.source(r) else {
+            return false;
+        };
+        let Some(node) = self.index.inventory(self.node) else {
+            return false;
+        };
+        if self.now.duration_since(node.scanned_at) > self.engine.config.inventory_max_age {
+            return false;
+        }
+        let pods = self
+            .index
+            .pods_on_node(self.node)
+            .iter()
+            .filter_map(|id| self.index.pod(*id))
+            .filter(|p| !p.terminated && p.namespace == r.namespace);
+        for pod in pods {
+            let Some(op) = node.pods.get(&pod.uid) else {
+                continue;
+            };
+            for vol in pod.volumes.iter() {
+                let projections: Vec<&crate::model::SourceProjection> = match &*vol.source {
+                    VolumeSource::Object(p) => vec![p],
+                    VolumeSource::Projected(s) => s
+                        .iter()
+                        .filter_map(|s| match s {
+                            ProjectedSource::Object(p) => Some(p),
+                            ProjectedSource::NotFromApi { .. } => None,
+                        })
+                        .collect(),
+                };
+                let projections: Vec<_> = projections
+                    .into_iter()
+                    .filter(|p| p.kind == r.kind && p.name == r.name)
+                    .collect();
+                if projections.is_empty() {
+                    continue;
+                }
+                let Some(ov) = op.volume(vol.source.plugin(), &vol.name) else {
+                    continue;
+                };
+                if !ov.errors.is_empty()
+                    || written_by.is_some_and(|t| ov.written_at.is_none_or(|w| w.get() > t))
+                {
+                    continue;
+                }
+                let cv = self.cache.volume(
+                    &self.engine.fingerprinter,
+                    self.index,
+                    &pod.namespace,
+                    &vol.source,
+                );
+                let ev = &cv.ev;
+                if !ev.missing.is_empty() {
+                    continue;
+                }
+                // The file at `path` comes from `r` (no later projected
+                // source overwrites it) and shows the current bytes.
+                let current_at = |path: &str| {
+                    ev.file(path).is_some_and(|f| {
+                        ev.sources[f.source as usize] == *r && ov.file(path) == Some(&f.digest)
+                    })
+                };
+                let shows = match env {
+                    EnvRef::Key { key, .. } => projections.iter().any(|p| match &p.items {
+                        None => current_at(key),
+                        Some(items) => items.iter().any(|i| i.key == *key && current_at(&i.path)),
+                    }),
+                    // Every variable: every key the kubelet turns into one
+                    // (a ConfigMap's `data` only), and no file of a key the
+                    // current object lacks.
+                    EnvRef::From { .. } => {
+                        projections.iter().any(|p| p.items.is_none())
+                            && content
+                                .keys
+                                .iter()
+                                .filter(|(_, v)| r.kind == SourceKind::Secret || !v.binary)
+                                .all(|(k, _)| current_at(k))
+                            && ov.files.iter().all(|(path, _)| {
+                                ev.file(path).is_some() || ev.skip_reason(path).is_some()
+                            })
+                    }
+                };
+                if shows {
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     pub(super) fn unverifiable_for(&self, view: &NodeView<'_>) -> Option<State> {
@@ -697,11 +813,29 @@ impl Ctx<'_> {
                 crate::model::EnvRef::From { .. } => self.state.changed_at(self.index, &ee.source),
             };
             let immutable = self.index.source(&ee.source).is_some_and(|s| s.immutable);
+            let fresh = || {
+                let mut p = self.simple(id, State::Fresh, None);
+                p.estimate = started_at;
+                p
+            };
             match changed_at {
+                // The node's cache entry predates the change: the old
+                // values, unless its volumes show the entry holds the
+                // current ones (recreated with the same content).
                 Some(t) if immutable && self.cache_predates(&ee.source, t) => {
-                    self.env_from_old_cache(id, c, &ee.source, t, started_at)
+                    if self.node_shows_current(&ee.source, e, None) {
+                        fresh()
+                    } else {
+                        self.env_from_old_cache(id, c, &ee.source, t, started_at)
+                    }
                 }
-                Some(t) if t > started_at => {
+                // Changed after the start, unless a volume the kubelet last
+                // wrote before the start shows the current values: then
+                // the container got them.
+                Some(t)
+                    if t > started_at
+                        && !self.node_shows_current(&ee.source, e, Some(started_at)) =>
+                {
                     let mut p = self.simple(id, State::Frozen(FrozenCause::Env),
                         Some(format!(
                             "environment is fixed at start; {} changed at {t}, after container {} started at {started_at}: {}",
@@ -711,11 +845,7 @@ impl Ctx<'_> {
                     p.estimate = t;
                     p
                 }
-                _ => {
-                    let mut p = self.simple(id, State::Fresh, None);
-                    p.estimate = started_at;
-                    p
-                }
+                _ => fresh(),
             }
         } else {
             self.simple(
@@ -912,3 +1042,7 @@ mod tests;
 #[cfg(test)]
 #[path = "kubelet_rules_tests.rs"]
 mod kubelet_tests;
+
+#[cfg(test)]
+#[path = "same_content_tests.rs"]
+mod same_content_tests;
