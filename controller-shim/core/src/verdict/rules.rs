@@ -347,7 +347,7 @@ impl Ctx<'_> {
                     continue;
                 }
                 let cv = self.cache.volume(
-                    &self.engine.fingerprinter,
+                    self.engine.fingerprinter,
                     self.index,
                     &pod.namespace,
                     &vol.source,
