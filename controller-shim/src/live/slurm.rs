@@ -359,9 +359,25 @@ impl SlurmClient {
                     .with_no_client_auth();
                 builder.with_tls_config(tls)
             }
+            // Plain http needs no roots: the controller's image (a static
+            // binary on an empty base) has none to load.
+            None if base.scheme_str() == Some("http") => builder.with_tls_config(
+                rustls::ClientConfig::builder_with_provider(provider)
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| SlurmError::Config(format!("TLS setup: {e}")))?
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+            ),
             None => builder
                 .with_provider_and_native_roots(provider)
-                .map_err(|e| SlurmError::Config(format!("system CA roots: {e}")))?,
+                .map_err(|e| {
+                    SlurmError::Config(format!(
+                        "--slurmrestd-url {url:?} is https and no --slurmrestd-ca-file is given, \
+                     but the system CA roots cannot be loaded ({e}; the controller's image \
+                     has none): give the CA that signs slurmrestd's certificate \
+                     (--slurmrestd-ca-file, chart value remediation.slurmrestd.caSecret)"
+                    ))
+                })?,
         };
         let mut http = HttpConnector::new();
         http.enforce_http(false);

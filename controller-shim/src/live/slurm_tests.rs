@@ -337,3 +337,54 @@ fn configuration_errors_are_clear_and_tokens_never_print() {
     assert!(SlurmClient::node_path("n1/../../x").is_err());
     assert!(SlurmClient::node_path("slurm-worker-0.cluster").is_ok());
 }
+
+/// The controller's image (a static binary on an empty base) has no system
+/// CA roots. A client for plain http (Slinky's slurmrestd Service) builds
+/// without them; one for https without a CA file says what to give. Run in
+/// a child process of this test binary whose `SSL_CERT_FILE` and
+/// `SSL_CERT_DIR` (read by rustls-native-certs before the system's paths)
+/// hold no certificate.
+#[test]
+fn without_system_ca_roots_http_builds_and_https_asks_for_a_ca() {
+    const NAME: &str =
+        "live::slurm::tests::without_system_ca_roots_http_builds_and_https_asks_for_a_ca";
+    if std::env::var_os("MOUNTGUARD_TEST_NO_CA_ROOTS").is_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, b"").unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+            .env("MOUNTGUARD_TEST_NO_CA_ROOTS", "1")
+            .env("SSL_CERT_FILE", &empty)
+            .env("SSL_CERT_DIR", dir.path())
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        return;
+    }
+    let t = static_token("t");
+    SlurmClient::new(
+        "http://slurm-restapi.slurm.svc:6820",
+        None,
+        t.clone(),
+        Duration::from_secs(1),
+    )
+    .expect("plain http needs no CA roots");
+    let e = SlurmClient::new(
+        "https://slurm-restapi.slurm.svc:6820",
+        None,
+        t,
+        Duration::from_secs(1),
+    )
+    .expect_err("https without roots");
+    assert!(
+        e.to_string().contains("--slurmrestd-ca-file")
+            && e.to_string().contains("remediation.slurmrestd.caSecret"),
+        "{e}"
+    );
+}
