@@ -149,15 +149,29 @@ pub fn install_args(node: &RealNode) -> Vec<String> {
 /// Waits until the pod of `component` in the release namespace is Running
 /// and Ready; returns it.
 pub async fn component_pod(node: &RealNode, component: &str, timeout: Duration) -> Value {
+    component_pod_where(node, component, "", timeout, |_| true).await
+}
+
+/// [`component_pod`] for a pod that also satisfies `wanted` (`what` says
+/// which, in the messages). On a timeout the panic shows the pods, the
+/// namespace's Events and the last lines each container of the
+/// component's pods logged (the kubelet's `/var/log/pods`).
+pub async fn component_pod_where(
+    node: &RealNode,
+    component: &str,
+    what: &str,
+    timeout: Duration,
+    wanted: impl Fn(&Value) -> bool + Clone,
+) -> Value {
     let client = node.cluster.client().await.expect("client");
     let path = format!(
         "/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=app.kubernetes.io%2Fcomponent%3D{component}"
     );
     let r = poll(
-        &format!("the {component} pod Running and Ready"),
+        &format!("the {component} pod Running and Ready{what}"),
         timeout,
         || {
-            let (client, path) = (client.clone(), path.clone());
+            let (client, path, wanted) = (client.clone(), path.clone(), wanted.clone());
             async move {
                 let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
                 list["items"].as_array()?.iter().find_map(|p| {
@@ -167,7 +181,8 @@ pub async fn component_pod(node: &RealNode, component: &str, timeout: Duration) 
                         .any(|c| c["type"] == "Ready" && c["status"] == "True");
                     (p["status"]["phase"] == "Running"
                         && ready
-                        && p["metadata"]["deletionTimestamp"].is_null())
+                        && p["metadata"]["deletionTimestamp"].is_null()
+                        && wanted(p))
                     .then(|| p.clone())
                 })
             }
@@ -201,8 +216,35 @@ pub async fn component_pod(node: &RealNode, component: &str, timeout: Duration) 
                     )
                 })
                 .collect();
+            let mut logs = String::new();
+            for p in list["items"].as_array().into_iter().flatten() {
+                let (name, uid) = (&p["metadata"]["name"], &p["metadata"]["uid"]);
+                let dir = format!(
+                    "/var/log/pods/{NAMESPACE}_{}_{}",
+                    name.as_str().unwrap_or_default(),
+                    uid.as_str().unwrap_or_default()
+                );
+                for c in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let mut files: Vec<_> = std::fs::read_dir(c.path())
+                        .into_iter()
+                        .flatten()
+                        .flatten()
+                        .map(|f| f.path())
+                        .collect();
+                    files.sort();
+                    if let Some(f) = files.last() {
+                        let text = std::fs::read_to_string(f).unwrap_or_default();
+                        let tail: Vec<&str> = text.lines().rev().take(10).collect();
+                        logs.push_str(&format!("--- {} ---\n", f.display()));
+                        for l in tail.iter().rev() {
+                            logs.push_str(l);
+                            logs.push('\n');
+                        }
+                    }
+                }
+            }
             panic!(
-                "{e}\npods: {:#}\nevents:\n{}\n{}",
+                "{e}\npods: {:#}\nevents:\n{}\ncontainer logs:\n{logs}{}",
                 list["items"],
                 events.join("\n"),
                 node.logs(30)

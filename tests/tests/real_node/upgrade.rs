@@ -13,7 +13,7 @@ use mountguard_tests::real_node_or_skip;
 use serde_json::{Value, json};
 
 use crate::harness::container_id;
-use crate::helm::{CONTROLLER, Helm, NAMESPACE, RELEASE, chart, install};
+use crate::helm::{CONTROLLER, Helm, NAMESPACE, RELEASE, chart, component_pod_where, install};
 
 /// The release's instance label selector, URL-encoded.
 const INSTANCE: &str = "app.kubernetes.io%2Finstance%3Dmountguard";
@@ -34,59 +34,24 @@ fn process_env(node: &mountguard_tests::real::real_node::RealNode, pod: &Value) 
 /// Waits for a Running and Ready controller pod, not being deleted, whose
 /// container spec sets `MOUNTGUARD_REMEDIATION` to `mode`.
 async fn controller_with(node: &mountguard_tests::real::real_node::RealNode, mode: &str) -> Value {
-    let client = node.cluster.client().await.expect("client");
-    let path = format!(
-        "/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=app.kubernetes.io%2Fcomponent%3Dcontroller"
-    );
-    let r = poll(
-        &format!("a Ready controller pod with remediation {mode}"),
+    let mode = mode.to_string();
+    let what = format!(" with remediation {mode}");
+    component_pod_where(
+        node,
+        "controller",
+        &what,
         Duration::from_secs(240),
-        || {
-            let (client, path) = (client.clone(), path.clone());
-            async move {
-                let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
-                list["items"].as_array()?.iter().find_map(|p| {
-                    let ready = p["status"]["conditions"]
-                        .as_array()?
-                        .iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True");
-                    let env = p["spec"]["containers"][0]["env"].as_array()?;
-                    let set = env
-                        .iter()
-                        .any(|e| e["name"] == "MOUNTGUARD_REMEDIATION" && e["value"] == mode);
-                    (ready && set && p["metadata"]["deletionTimestamp"].is_null())
-                        .then(|| p.clone())
+        move |p| {
+            p["spec"]["containers"][0]["env"]
+                .as_array()
+                .is_some_and(|env| {
+                    env.iter().any(|e| {
+                        e["name"] == "MOUNTGUARD_REMEDIATION" && e["value"] == mode.as_str()
+                    })
                 })
-            }
         },
     )
-    .await;
-    match r {
-        Ok(p) => p,
-        Err(e) => {
-            // What the controller containers said (the last run of one that
-            // restarted), through the API server's pod log endpoint.
-            let mut logs = String::new();
-            if let Ok((_, list)) = raw(&client, "GET", &path, None).await {
-                for p in list["items"].as_array().into_iter().flatten() {
-                    let name = p["metadata"]["name"].as_str().unwrap_or_default();
-                    for previous in [true, false] {
-                        let log = format!(
-                            "/api/v1/namespaces/{NAMESPACE}/pods/{name}/log?container=controller&tailLines=30&previous={previous}"
-                        );
-                        if let Ok((code, body)) = raw(&client, "GET", &log, None).await {
-                            logs.push_str(&format!(
-                                "--- {name} (previous={previous}, {code}) ---\n"
-                            ));
-                            logs.push_str(body.as_str().unwrap_or(&body.to_string()));
-                            logs.push('\n');
-                        }
-                    }
-                }
-            }
-            panic!("{e}\n{logs}\n{}", node.logs(30))
-        }
-    }
+    .await
 }
 
 /// Whether the controller's ClusterRoles (the release's) grant
