@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
 use super::eval::Input;
+use super::report::json_response;
 use super::shared::{Shared, Shutdown};
 
 /// The path the webhook is served on.
@@ -358,25 +359,15 @@ impl Reviewed {
 }
 
 fn answer(operation: &'static str, result: &'static str, response: AdmissionResponse) -> Outcome {
-    let review = response.into_review();
-    let body = serde_json::to_vec(&review).expect("an AdmissionReview serializes");
     Outcome {
         operation,
         result,
-        response: Response::builder()
-            .status(StatusCode::OK)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .expect("static response parts"),
+        response: json_response(StatusCode::OK, &response.into_review()),
     }
 }
 
 fn text(code: StatusCode, msg: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(code)
-        .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Full::new(Bytes::from(msg + "\n")))
-        .expect("static response parts")
+    super::http::text(code, msg + "\n")
 }
 
 /// Serves the webhook over TLS (`config`: with or without client

@@ -15,11 +15,12 @@ use super::shared::{Shared, Shutdown};
 use super::status::Query;
 use super::status_auth::{StatusGate, scope_of};
 
-fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+/// A plain-text response (also the admission webhook's errors).
+pub(super) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .body(Full::new(body.into()))
         .expect("static response parts are valid")
 }
 
