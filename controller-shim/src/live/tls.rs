@@ -115,13 +115,7 @@ impl ReloadingCert {
     /// A rustls server configuration (TLS 1.2 and 1.3, ring, HTTP/1.1)
     /// using this resolver.
     pub fn server_config(&self) -> rustls::ServerConfig {
-        let mut c = rustls::ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
-            .with_no_client_auth()
-            .with_cert_resolver(Arc::new(self.clone()));
-        c.alpn_protocols = vec![b"http/1.1".to_vec()];
-        c
+        self.config_with(rustls::server::WebPkiClientVerifier::no_client_auth())
     }
 
     /// [`Self::server_config`] that also requires a client certificate
@@ -140,20 +134,26 @@ impl ReloadingCert {
         if roots.is_empty() {
             return Err(tls("no PEM certificate found".into()));
         }
-        let provider = Arc::new(ring::default_provider());
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
-            provider.clone(),
+            Arc::new(ring::default_provider()),
         )
         .build()
         .map_err(|e| tls(e.to_string()))?;
-        let mut c = rustls::ServerConfig::builder_with_provider(provider)
+        Ok(self.config_with(verifier))
+    }
+
+    fn config_with(
+        &self,
+        clients: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    ) -> rustls::ServerConfig {
+        let mut c = rustls::ServerConfig::builder_with_provider(Arc::new(ring::default_provider()))
             .with_safe_default_protocol_versions()
             .expect("ring supports the default protocol versions")
-            .with_client_cert_verifier(verifier)
+            .with_client_cert_verifier(clients)
             .with_cert_resolver(Arc::new(self.clone()));
         c.alpn_protocols = vec![b"http/1.1".to_vec()];
-        Ok(c)
+        c
     }
 }
 
