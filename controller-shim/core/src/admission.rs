@@ -132,12 +132,7 @@ pub fn holders(
     r: &SourceRef,
     registered_before: Option<Timestamp>,
 ) -> Vec<Holder> {
-    let mut out: Vec<Holder> = index
-        .pods_referencing(r)
-        .iter()
-        .filter_map(|id| index.pod(*id))
-        .filter(|p| p.pins(r))
-        .filter(|p| registered_before.is_none_or(|t| p.synced_at.is_some_and(|s| s.get() < t)))
+    let mut out: Vec<Holder> = holding_pods(index, r, registered_before)
         .filter_map(|p| {
             Some(Holder {
                 node: p.node.clone()?,
@@ -148,6 +143,25 @@ pub fn holders(
     out.sort();
     out.dedup();
     out
+}
+
+/// Whether any pod [`holders`] would list holds `r` (without building the
+/// list).
+pub fn is_held(index: &ClusterIndex, r: &SourceRef, registered_before: Option<Timestamp>) -> bool {
+    holding_pods(index, r, registered_before).next().is_some()
+}
+
+fn holding_pods<'a>(
+    index: &'a ClusterIndex,
+    r: &'a SourceRef,
+    registered_before: Option<Timestamp>,
+) -> impl Iterator<Item = &'a crate::model::PodModel> + 'a {
+    index
+        .pods_referencing(r)
+        .iter()
+        .filter_map(|id| index.pod(*id).map(|p| &**p))
+        .filter(move |p| p.pins(r) && p.node.is_some())
+        .filter(move |p| registered_before.is_none_or(|t| p.synced_at.is_some_and(|s| s.get() < t)))
 }
 
 /// Nodes named in a warning.
@@ -168,7 +182,7 @@ pub fn decide(mode: Mode, call: &Call<'_>, view: &NameView) -> Answer {
     let r = call.source;
     let kind = r.kind.as_str();
     let object = format!("{kind} \"{}/{}\"", short(&r.namespace), short(&r.name));
-    let (pods, nodes) = counts(&view.holders);
+    let (pods, nodes) = (view.holders.len(), by_node(&view.holders).len());
     match call.operation {
         // Only the object being deleted decides: a mutable object's item is
         // watched, so the kubelet follows its deletion and any re-creation.
@@ -234,18 +248,6 @@ pub fn decide(mode: Mode, call: &Call<'_>, view: &NameView) -> Answer {
 fn within_limit(head: String, tail: impl FnOnce(usize) -> String) -> String {
     let budget = WARNING_RUNES.saturating_sub(head.chars().count());
     format!("{head}{}", tail(budget))
-}
-
-fn counts(holders: &[Holder]) -> (usize, usize) {
-    let mut nodes = 0;
-    let mut last: Option<&str> = None;
-    for h in holders {
-        if last != Some(&*h.node) {
-            nodes += 1;
-            last = Some(&h.node);
-        }
-    }
-    (holders.len(), nodes)
 }
 
 fn plural(n: usize, what: &str) -> String {

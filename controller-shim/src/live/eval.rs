@@ -223,14 +223,14 @@ impl EvalTask {
                 dirty.insert(uid);
             }
             Input::Source(r, c) => {
+                // Re-created while this watch was away (a re-list shows
+                // only the new object): the previous one went away now.
                 if self
                     .index
                     .source(&r)
-                    .is_some_and(|o| o.immutable && o.uid.is_some() && o.uid != c.uid)
+                    .is_some_and(|o| o.uid.is_some() && o.uid != c.uid)
                 {
-                    // Re-created while this watch was away (a re-list
-                    // shows only the new object).
-                    self.gone_immutable.insert(r.clone(), now);
+                    self.note_gone(&r, now);
                 }
                 let differs = self.index.source(&r).is_none_or(|o| {
                     o.content_digest != c.content_digest
@@ -251,11 +251,7 @@ impl EvalTask {
             }
             Input::SourceDeleted(r) => {
                 pend.touched_sources.push(r.clone());
-                if self.index.source(&r).is_some_and(|o| o.immutable)
-                    && !self.index.pods_referencing(&r).is_empty()
-                {
-                    self.gone_immutable.insert(r.clone(), now);
-                }
+                self.note_gone(&r, now);
                 if self.index.delete_source(&r) {
                     self.engine
                         .observe_source(&self.index, &mut self.state, &r, now);
@@ -381,6 +377,16 @@ impl EvalTask {
         }
     }
 
+    /// Records that the object under `r` goes away at `now`, when it is
+    /// immutable and pods reference its name.
+    fn note_gone(&mut self, r: &SourceRef, now: Timestamp) {
+        if self.index.source(r).is_some_and(|o| o.immutable)
+            && !self.index.pods_referencing(r).is_empty()
+        {
+            self.gone_immutable.insert(r.clone(), now);
+        }
+    }
+
     /// Forgets the immutable objects that went away and that no pod
     /// registered before then still holds.
     fn prune_gone_immutable(&mut self) {
@@ -388,9 +394,8 @@ impl EvalTask {
             return;
         }
         let index = &self.index;
-        self.gone_immutable.retain(|r, gone| {
-            !mountguard_core::admission::holders(index, r, Some(*gone)).is_empty()
-        });
+        self.gone_immutable
+            .retain(|r, gone| mountguard_core::admission::is_held(index, r, Some(*gone)));
     }
 
     /// Evaluates what the inputs received since the last batch touched, at
