@@ -222,6 +222,7 @@ fn main() {
                 synced_at: Some(started.into()),
                 ready: true,
                 slinky: None,
+                workload: None,
                 volumes,
                 containers: Box::new([ContainerModel {
                     name: it.intern("app"),

@@ -14,9 +14,9 @@ use serde_json::Value;
 
 use crate::READ_AT_START_ANNOTATION;
 use mountguard_core::model::{
-    ContainerKind, ContainerModel, EnvRef, Interner, KeyToPath, MountModel, NodeSetMember,
-    PodModel, ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
-    VolumeModel, VolumeSource, parse_read_at_start,
+    ContainerKind, ContainerModel, ControllerKind, ControllerRef, EnvRef, Interner, KeyToPath,
+    MountModel, NodeSetMember, PodModel, ProjectedSource, SkipReason, SourceContent, SourceKind,
+    SourceProjection, SourceRef, VolumeModel, VolumeSource, parse_read_at_start,
 };
 
 /// The newest `managedFields[].time`, else `creationTimestamp`.
@@ -151,6 +151,11 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             && o.api_version.starts_with("slinky.slurm.net/")
             && o.controller == Some(true))
         .then(|| interner.intern(&o.name))
+    });
+    let workload = meta.owner_references.iter().flatten().find_map(|o| {
+        let kind = ControllerKind::of_owner(&o.api_version, &o.kind)?;
+        (o.controller == Some(true))
+            .then(|| ControllerRef::boxed(kind, interner.intern(&o.name)))?
     });
     let spec = p.spec.as_ref()?;
     let status = p.status.as_ref();
@@ -377,6 +382,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
                 .map(|h| interner.intern(h));
             NodeSetMember::boxed(nodeset, slurm_node)
         }),
+        workload,
         volumes: interner.intern_volumes(volumes),
         containers: containers.into(),
         image_pull_secrets: spec
@@ -688,6 +694,41 @@ mod tests {
                 "ConfigMap/slurm/kube-root-ca.crt",
             ]
         );
+    }
+
+    #[test]
+    fn the_controlling_apps_owner_is_kept_and_only_that() {
+        use mountguard_core::model::ControllerKind as K;
+        let t = [
+            ("apps/v1", "ReplicaSet", Some(true), Some(K::ReplicaSet)),
+            ("apps/v1", "StatefulSet", Some(true), Some(K::StatefulSet)),
+            ("apps/v1", "DaemonSet", Some(true), Some(K::DaemonSet)),
+            ("apps/v1", "ReplicaSet", None, None),
+            ("apps/v1", "Deployment", Some(true), None),
+            ("batch/v1", "Job", Some(true), None),
+            ("example.com/v1", "ReplicaSet", Some(true), None),
+        ];
+        for (api_version, kind, controller, want) in t {
+            let mut raw = kaa_pod();
+            raw["metadata"]["ownerReferences"] = serde_json::json!([{
+                "apiVersion": api_version, "kind": kind, "name": "web-7d9f",
+                "uid": "o-uid", "controller": controller,
+            }]);
+            let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+            let m = super::pod(
+                &mut Interner::default(),
+                &pod,
+                &RawPodExtras::from_json(&raw),
+            )
+            .unwrap();
+            let got = m.controller().map(|c| (c.kind, &*c.name));
+            assert_eq!(
+                got,
+                want.map(|k| (k, "web-7d9f")),
+                "{api_version} {kind} {controller:?}"
+            );
+            assert_eq!(m.nodeset(), None);
+        }
     }
 
     #[test]

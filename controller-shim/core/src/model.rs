@@ -608,6 +608,10 @@ pub struct PodModel {
     /// (boxed: one pointer, null in every other pod; read through
     /// [`PodModel::nodeset`] and [`PodModel::slurm_node`]).
     pub slinky: Option<Box<NodeSetMember>>,
+    /// The controlling ReplicaSet, StatefulSet or DaemonSet (its
+    /// `controller: true` owner reference), for a pod of one (boxed like
+    /// `slinky`; read through [`PodModel::controller`]).
+    pub workload: Option<Box<ControllerRef>>,
     /// Verified volumes (secret, configMap, projected).
     /// (Shared between pods with the same volumes: the pods of one
     /// workload have the same list.)
@@ -635,6 +639,49 @@ pub struct NodeSetMember {
     pub slurm_node: Option<Arc<str>>,
 }
 
+/// The kinds of controller that own pods directly and recreate them
+/// (`apps/v1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ControllerKind {
+    /// `ReplicaSet` (a Deployment's pods belong to one).
+    ReplicaSet,
+    /// `StatefulSet`.
+    StatefulSet,
+    /// `DaemonSet`.
+    DaemonSet,
+}
+
+impl ControllerKind {
+    /// The kind of an `apps/v1` owner reference, if it is one of these.
+    pub fn of_owner(api_version: &str, kind: &str) -> Option<Self> {
+        if api_version != "apps/v1" {
+            return None;
+        }
+        match kind {
+            "ReplicaSet" => Some(Self::ReplicaSet),
+            "StatefulSet" => Some(Self::StatefulSet),
+            "DaemonSet" => Some(Self::DaemonSet),
+            _ => None,
+        }
+    }
+}
+
+/// A pod's controlling `apps/v1` owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerRef {
+    /// Its kind.
+    pub kind: ControllerKind,
+    /// Its name (same namespace as the pod).
+    pub name: Arc<str>,
+}
+
+impl ControllerRef {
+    /// A controller of kind `kind` named `name`, as a pod model holds it.
+    pub fn boxed(kind: ControllerKind, name: Arc<str>) -> Option<Box<Self>> {
+        Some(Box::new(Self { kind, name }))
+    }
+}
+
 impl NodeSetMember {
     /// A member of NodeSet `nodeset`, as a pod model holds it.
     pub fn boxed(nodeset: Arc<str>, slurm_node: Option<Arc<str>>) -> Option<Box<Self>> {
@@ -649,6 +696,11 @@ impl PodModel {
     /// Name of the controlling NodeSet, if any.
     pub fn nodeset(&self) -> Option<&str> {
         self.slinky.as_deref().map(|m| &*m.nodeset)
+    }
+
+    /// The controlling ReplicaSet, StatefulSet or DaemonSet, if any.
+    pub fn controller(&self) -> Option<&ControllerRef> {
+        self.workload.as_deref()
     }
 
     /// Slurm node name of a NodeSet pod, if labelled.

@@ -139,6 +139,7 @@ impl PodB {
                 synced_at: Some(ts("2026-01-01T00:00:00Z").into()),
                 ready: true,
                 slinky: None,
+                workload: None,
                 volumes: Arc::new([]),
                 containers: Box::new([]),
                 image_pull_secrets: RareList::default(),

@@ -567,7 +567,7 @@ impl Executor {
         // Plan (only for NodeSets whose record was read: a new attempt is
         // persisted into that record).
         let attempts: Vec<Attempt> = self.attempts.values().cloned().collect();
-        let cands: Vec<Candidate> = candidates(&snap.verdicts)
+        let cands: Vec<Candidate> = candidates(&snap.verdicts, |_| None)
             .into_iter()
             .filter(|c| {
                 c.nodeset
@@ -578,6 +578,7 @@ impl Executor {
         let p = plan(
             &cands,
             &nodeset_infos(&nodeset_models(snap), &snap.nodeset_pods, &self.attempts),
+            &[],
             &attempts,
             now,
             &self.plan_cfg,
@@ -692,6 +693,7 @@ impl Executor {
                 group_drained,
                 cordon,
                 group_old_gone,
+                workload: None,
             };
             let (next, actions) = step(&a, &obs, now, &self.machine_cfg);
             if self.perform(snap, &a, next, actions, now).await {

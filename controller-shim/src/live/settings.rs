@@ -476,6 +476,7 @@ impl TryFrom<RunArgs> for Settings {
                         budget_per_nodeset: remediation_budget_per_nodeset,
                         budget_cluster: remediation_budget_cluster,
                         replace_pinning_pods,
+                        ..PlanConfig::default()
                     },
                     machine: MachineConfig {
                         drain_timeout: signed(drain_timeout),

@@ -11,6 +11,7 @@ use jiff::Timestamp;
 
 use super::machine::{Attempt, NewPodCheck, NodeCordon};
 use super::plan::{Candidate, CandidateFinding, NodeSetInfo};
+use super::workload::WorkloadRef;
 use super::{REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION};
 use crate::Fingerprint;
 use crate::model::{ContainerKind, PodModel};
@@ -45,18 +46,29 @@ fn fp(f: Option<Fingerprint>) -> String {
     f.map_or_else(|| "-".to_string(), |f| f.to_string())
 }
 
-/// Candidates from the verdicts of an evaluation: NodeSet pods with their
-/// non-Fresh verdicts.
-pub fn candidates(verdicts: &[PodVerdicts]) -> Vec<Candidate> {
+/// Candidates from the verdicts of an evaluation: NodeSet pods, and pods
+/// of the workloads `workload_of` names (see
+/// [`super::workload::workload_of`]), with their non-Fresh verdicts.
+pub fn candidates(
+    verdicts: &[PodVerdicts],
+    workload_of: impl Fn(&PodModel) -> Option<WorkloadRef>,
+) -> Vec<Candidate> {
     verdicts
         .iter()
-        .filter(|pv| pv.pod.nodeset().is_some())
-        .map(|pv| Candidate {
+        .filter_map(|pv| {
+            let workload = match pv.pod.nodeset() {
+                Some(_) => None,
+                None => Some(workload_of(&pv.pod)?),
+            };
+            Some((pv, workload))
+        })
+        .map(|(pv, workload)| Candidate {
             namespace: pv.pod.namespace.to_string(),
             name: pv.pod.name.to_string(),
             uid: pv.pod.uid.to_string(),
             node: pv.pod.node.as_deref().map(String::from),
             nodeset: pv.pod.nodeset().map(String::from),
+            workload,
             slurm_node: pv.pod.slurm_node().map(String::from),
             terminated: pv.pod.terminated,
             findings: pv

@@ -1,9 +1,11 @@
 //! The per-attempt state machine.
 //!
 //! ```text
-//! Pending -> Draining -> Drained -> Evicting -> AwaitingReplacement
-//!         -> Verifying -> Undraining -> Succeeded
-//!   (any) -> Failed{reason}
+//! NodeSet pod:  Pending -> Draining -> Drained -> Evicting
+//!               -> AwaitingReplacement -> Verifying -> Undraining -> Succeeded
+//! workload pod: Pending -> Evicting -> AwaitingReplacement -> Verifying
+//!               -> Succeeded
+//!        (any) -> Failed{reason}
 //! ```
 //!
 //! [`step`] is pure: it takes the attempt, what the executor observed since
@@ -27,13 +29,16 @@
 //! * `stepper`: the attempt being stepped and the checks every phase
 //!   shares (retries, backoff, slurmrestd errors);
 //! * `ending`: how an attempt ends, failed (its drain kept or handed back)
-//!   or undrained after a verified replacement.
+//!   or undrained after a verified replacement;
+//! * `workload_steps`: the attempt on a workload's pod (Deployment,
+//!   ReplicaSet, StatefulSet, DaemonSet): the phases without Slurm.
 
 mod actions;
 mod attempt;
 mod ending;
 mod observations;
 mod stepper;
+mod workload_steps;
 
 pub use actions::{Action, EventReason};
 pub use attempt::{
@@ -42,7 +47,7 @@ pub use attempt::{
 };
 pub use observations::{
     EvictionResult, FailurePolicy, MachineConfig, NewPodCheck, NodeCordon, Observations,
-    SlurmNodeState, SlurmObservation, WriteResult,
+    SlurmNodeState, SlurmObservation, WorkloadObservation, WriteResult,
 };
 
 use jiff::Timestamp;
@@ -62,6 +67,10 @@ pub fn step(
         now,
         cfg,
     };
+    if s.a.workload.is_some() {
+        s.step_workload(obs);
+        return (s.a, stepper::ordered(s.actions));
+    }
     let pod_label = s.pod_label();
     let slurm_node = s.a.slurm_node.clone();
     if matches!(obs.slurm, SlurmObservation::Node(_)) {
@@ -273,61 +282,25 @@ pub fn step(
             _ => s.read_error(obs),
         },
         Phase::Evicting => {
-            let gone = obs.pod_uid.as_deref() != Some(s.a.pod_uid.as_str());
-            let done = gone
-                || matches!(
-                    obs.eviction,
-                    Some(EvictionResult::Evicted | EvictionResult::Gone)
-                );
-            match &obs.eviction {
-                _ if done => {
-                    s.a.evicted_at = Some(now);
-                    s.goto(Phase::AwaitingReplacement);
-                    let msg = format!(
-                        "remediation {}: evicted {pod_label} (uid {}); waiting for the NodeSet to recreate it",
-                        s.a.id, s.a.pod_uid
-                    );
-                    s.event(EventReason::PodEvicted, msg);
-                }
-                Some(EvictionResult::Refused {
-                    retry_after,
-                    message,
-                }) => {
-                    let msg = format!("eviction refused: {message}");
-                    s.error(msg, *retry_after);
-                }
-                Some(EvictionResult::Error { message }) => {
-                    s.error(format!("eviction: {message}"), None);
-                }
-                _ => {}
-            }
-            if s.a.phase == Phase::Evicting {
-                if s.elapsed_since(s.a.phase_since) >= cfg.eviction_timeout {
-                    let msg = format!(
-                        "the eviction of {pod_label} was refused until the timeout: {}",
-                        s.a.retry.last_error.clone().unwrap_or_default()
-                    );
-                    s.fail(FailReason::EvictionTimeout, msg, obs);
-                } else if s.due() {
-                    // Never evict a pod whose node is not drained right now.
-                    match &obs.slurm {
-                        SlurmObservation::Node(n) if !n.held() => {
-                            let msg = format!(
-                                "the drain of Slurm node {slurm_node} was removed by someone else before the pod was evicted; the pod was not touched"
-                            );
-                            s.fail(FailReason::DrainRemoved, msg, obs);
-                        }
-                        SlurmObservation::Node(n) if !n.busy() => {
-                            s.wrote();
-                            s.actions.push(Action::Evict {
-                                namespace: s.a.namespace.clone(),
-                                pod: s.a.pod.clone(),
-                                uid: s.a.pod_uid.clone(),
-                            });
-                        }
-                        SlurmObservation::Node(_) => {}
-                        _ => s.read_error(obs),
+            if !s.evicted(obs) && !s.eviction_timed_out(obs) && s.due() {
+                // Never evict a pod whose node is not drained right now.
+                match &obs.slurm {
+                    SlurmObservation::Node(n) if !n.held() => {
+                        let msg = format!(
+                            "the drain of Slurm node {slurm_node} was removed by someone else before the pod was evicted; the pod was not touched"
+                        );
+                        s.fail(FailReason::DrainRemoved, msg, obs);
                     }
+                    SlurmObservation::Node(n) if !n.busy() => {
+                        s.wrote();
+                        s.actions.push(Action::Evict {
+                            namespace: s.a.namespace.clone(),
+                            pod: s.a.pod.clone(),
+                            uid: s.a.pod_uid.clone(),
+                        });
+                    }
+                    SlurmObservation::Node(_) => {}
+                    _ => s.read_error(obs),
                 }
             }
         }
@@ -413,37 +386,7 @@ pub fn step(
             s.failed(obs);
         }
     }
-    // A Persist is enough once per step, and must precede every write.
-    let mut seen = false;
-    let mut actions = Vec::with_capacity(s.actions.len());
-    let first_write = s.actions.iter().position(|a| {
-        matches!(
-            a,
-            Action::DrainNode { .. }
-                | Action::HoldNode { .. }
-                | Action::RestoreDrain { .. }
-                | Action::UndrainNode { .. }
-                | Action::ResumeNode { .. }
-                | Action::Evict { .. }
-                | Action::CordonNode { .. }
-                | Action::UncordonNode { .. }
-        )
-    });
-    let needs_persist = s.actions.iter().any(|a| matches!(a, Action::Persist));
-    for (i, a) in s.actions.into_iter().enumerate() {
-        if matches!(a, Action::Persist) {
-            if seen {
-                continue;
-            }
-            seen = true;
-        }
-        if needs_persist && !seen && Some(i) == first_write {
-            actions.push(Action::Persist);
-            seen = true;
-        }
-        actions.push(a);
-    }
-    (s.a, actions)
+    (s.a, stepper::ordered(s.actions))
 }
 
 #[cfg(test)]

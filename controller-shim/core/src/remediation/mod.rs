@@ -1,12 +1,17 @@
 //! Remediation of stale Slinky NodeSet pods: drain the Slurm node, evict the
 //! pod, wait for the NodeSet to recreate it, verify the replacement on the
-//! node (by the bytes) and in Slurm, undrain.
+//! node (by the bytes) and in Slurm, undrain. And of the pods of
+//! Deployments, ReplicaSets, StatefulSets and DaemonSets: the same attempt
+//! without its Slurm steps (evict, wait for the owner's replacement, verify
+//! it on the node it landed on).
 //!
 //! * [`machine`]: the pure per-attempt state machine (`step`), the persisted
 //!   attempt record and the drain-reason ownership rules.
 //! * [`plan`]: which pods qualify, budgets, pinned caches, dry-run.
 //! * [`recovery`]: what a (re)started controller does with persisted
 //!   attempts and Slurm nodes drained with a `mountguard:` reason.
+//! * [`workload`]: the owners of workload pods: kinds, annotations, their
+//!   availability, how each kind replaces a pod.
 //! * [`inputs`]: what the executor computes from verdicts, NodeSets and
 //!   Nodes for the planner and the machine.
 //!
@@ -18,21 +23,27 @@ pub mod inputs;
 pub mod machine;
 pub mod plan;
 pub mod recovery;
+pub mod workload;
 
 #[cfg(test)]
 mod machine_tests_support;
+#[cfg(test)]
+mod machine_workload_tests;
 
 pub use machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailReason, FailurePolicy,
     Finding, MachineConfig, NewPodCheck, NodeCordon, Observations, Phase, SlurmNodeState,
-    SlurmObservation, WriteResult, step,
+    SlurmObservation, WorkloadObservation, WriteResult, step,
 };
 
-/// NodeSet opt-in annotation (`"true"`).
+/// Opt-in annotation: `"true"` on a NodeSet, `"evict"` on a Deployment,
+/// ReplicaSet, StatefulSet or DaemonSet.
 pub const REMEDIATE_ANNOTATION: &str = "mountguard.io/remediate";
-/// NodeSet annotation: which verdicts qualify, e.g. `Stale,Frozen/ReadAtStart`.
+/// NodeSet or workload annotation: which verdicts qualify, e.g.
+/// `Stale,Frozen/ReadAtStart`.
 pub const REMEDIATE_ON_ANNOTATION: &str = "mountguard.io/remediate-on";
-/// NodeSet annotation holding the persisted attempts (JSON, [`AttemptsRecord`]).
+/// Annotation holding the persisted attempts (JSON, [`AttemptsRecord`]) on
+/// the NodeSet or the workload the pods belong to.
 pub const ATTEMPTS_ANNOTATION: &str = "mountguard.io/remediation-attempts";
 /// Pod label naming the Slurm node of a NodeSet pod.
 pub const POD_HOSTNAME_LABEL: &str = "nodeset.slinky.slurm.net/pod-hostname";

@@ -1,12 +1,14 @@
-//! Selection: which NodeSet pods qualify for remediation now, within which
-//! budgets, and which are blocked (pinned immutable cache). Pure.
+//! Selection: which NodeSet and workload pods qualify for remediation now,
+//! within which budgets, and which are blocked (pinned immutable cache).
+//! Pure.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
-use super::machine::{Attempt, EventReason, Finding, attempt_id};
+use super::machine::{Attempt, EventReason, FailReason, Finding, Phase, attempt_id};
+use super::workload::{WorkloadInfo, WorkloadKind, WorkloadRef};
 use crate::verdict::{FrozenCause, StaleCause, State, SubjectKey};
 
 /// Global remediation mode.
@@ -37,6 +39,12 @@ pub struct PlanConfig {
     /// Replace pinning pods together when every one is itself a remediable
     /// NodeSet pod.
     pub replace_pinning_pods: bool,
+    /// The workload kinds whose opted-in pods may be remediated (none by
+    /// default).
+    pub workload_kinds: BTreeSet<WorkloadKind>,
+    /// Open attempts on workload pods cluster-wide (apart from the NodeSet
+    /// budget: an eviction is not a drain that can last for hours).
+    pub budget_workloads: u32,
 }
 
 impl Default for PlanConfig {
@@ -47,6 +55,8 @@ impl Default for PlanConfig {
             budget_per_nodeset: 1,
             budget_cluster: 3,
             replace_pinning_pods: false,
+            workload_kinds: BTreeSet::new(),
+            budget_workloads: 3,
         }
     }
 }
@@ -99,6 +109,9 @@ pub struct Candidate {
     pub node: Option<String>,
     /// Controlling NodeSet.
     pub nodeset: Option<String>,
+    /// The workload the pod belongs to (Deployment, ReplicaSet,
+    /// StatefulSet, DaemonSet).
+    pub workload: Option<WorkloadRef>,
     /// `nodeset.slinky.slurm.net/pod-hostname`.
     pub slurm_node: Option<String>,
     /// Succeeded/Failed phase.
@@ -116,8 +129,10 @@ pub struct Notice {
     pub pod: String,
     /// Pod UID (notices are emitted once per UID and message).
     pub uid: String,
-    /// NodeSet.
+    /// NodeSet (empty for a workload's pod).
     pub nodeset: String,
+    /// The workload, for a workload's pod.
+    pub workload: Option<WorkloadRef>,
     /// Event reason.
     pub reason: EventReason,
     /// Message.
@@ -197,17 +212,25 @@ fn unsafe_state(s: State) -> bool {
 
 struct Ctx<'a> {
     nodesets: HashMap<(&'a str, &'a str), &'a NodeSetInfo>,
+    workloads: HashMap<(&'a str, &'a WorkloadRef), &'a WorkloadInfo>,
     open_per_nodeset: HashMap<(String, String), u32>,
+    open_per_workload: HashMap<(String, WorkloadRef), u32>,
+    /// Open NodeSet attempts.
     open_total: u32,
+    open_workloads: u32,
+    /// Replacements that failed their verification (workload pods): never
+    /// evicted again, with the attempt that says why.
+    failed_replacements: HashMap<String, String>,
     busy_pods: HashSet<(String, String)>,
     seen_uids: HashSet<String>,
 }
 
 /// Which candidates start an attempt now. `attempts` are every known
-/// attempt (open and recent closed ones) of every NodeSet.
+/// attempt (open and recent closed ones) of every NodeSet and workload.
 pub fn plan(
     candidates: &[Candidate],
     nodesets: &[NodeSetInfo],
+    workloads: &[WorkloadInfo],
     attempts: &[Attempt],
     now: Timestamp,
     cfg: &PlanConfig,
@@ -221,17 +244,51 @@ pub fn plan(
             .iter()
             .map(|n| ((n.namespace.as_str(), n.name.as_str()), n))
             .collect(),
+        workloads: workloads
+            .iter()
+            .map(|w| ((w.namespace.as_str(), &w.workload), w))
+            .collect(),
         open_per_nodeset: HashMap::new(),
+        open_per_workload: HashMap::new(),
         open_total: 0,
+        open_workloads: 0,
+        failed_replacements: attempts
+            .iter()
+            .filter(|a| {
+                a.workload.is_some()
+                    && matches!(
+                        a.phase,
+                        Phase::Failed(
+                            FailReason::ReplacementStale | FailReason::VerificationTimeout
+                        )
+                    )
+            })
+            .filter_map(|a| Some((a.new_pod_uid.clone()?, a.id.clone())))
+            .collect(),
         busy_pods: HashSet::new(),
         seen_uids: attempts.iter().map(|a| a.pod_uid.clone()).collect(),
     };
     for a in attempts.iter().filter(|a| a.is_open()) {
-        *ctx.open_per_nodeset
-            .entry((a.namespace.clone(), a.nodeset.clone()))
-            .or_default() += 1;
-        ctx.open_total += 1;
+        match &a.workload {
+            Some(w) => {
+                *ctx.open_per_workload
+                    .entry((a.namespace.clone(), w.clone()))
+                    .or_default() += 1;
+                ctx.open_workloads += 1;
+            }
+            None => {
+                *ctx.open_per_nodeset
+                    .entry((a.namespace.clone(), a.nodeset.clone()))
+                    .or_default() += 1;
+                ctx.open_total += 1;
+            }
+        }
         ctx.busy_pods.insert((a.namespace.clone(), a.pod.clone()));
+        if let Some(uid) = &a.new_pod_uid {
+            ctx.busy_pods
+                .insert((a.namespace.clone(), a.new_pod().to_string()));
+            ctx.seen_uids.insert(uid.clone());
+        }
     }
     // Whole-node staleness is a kubelet problem: alert, never remediate.
     let not_syncing: BTreeSet<&str> = candidates
@@ -273,8 +330,8 @@ pub fn plan(
             }
             Selected::Go(f) => vec![(c, f)],
             Selected::Pinned(pinned_by) => {
-                let group = cfg
-                    .replace_pinning_pods
+                // Only NodeSet pods are replaced together.
+                let group = (cfg.replace_pinning_pods && c.workload.is_none())
                     .then(|| pinning_group(c, &pinned_by, &by_name, &ctx, &not_syncing, now, cfg))
                     .flatten();
                 match group {
@@ -286,6 +343,11 @@ pub fn plan(
                 }
             }
         };
+        if let Some(w) = &c.workload {
+            let findings = sel.into_iter().flat_map(|(_, f)| f).collect();
+            start_workload_attempt(c, w, findings, &mut ctx, &mut out, now, cfg);
+            continue;
+        }
         // Budgets (a group needs a slot per member, in each NodeSet).
         let mut need: BTreeMap<(String, String), u32> = BTreeMap::new();
         for (m, _) in &sel {
@@ -352,6 +414,7 @@ pub fn plan(
                     pod: a.pod.clone(),
                     uid: a.pod_uid.clone(),
                     nodeset: a.nodeset.clone(),
+                    workload: None,
                     reason: EventReason::RemediationDryRun,
                     message: format!(
                         "dry-run: would drain Slurm node {} with reason {:?}, wait for its jobs, evict {}/{}{together}, verify the replacement and undrain",
@@ -365,6 +428,84 @@ pub fn plan(
         }
     }
     out
+}
+
+/// Starts (or, in dry-run, describes) the attempt on a workload's pod
+/// `c`, within the workload's budgets and only while the workload is fully
+/// available (unless its annotation allows otherwise).
+fn start_workload_attempt(
+    c: &Candidate,
+    w: &WorkloadRef,
+    findings: Vec<Finding>,
+    ctx: &mut Ctx<'_>,
+    out: &mut Plan,
+    now: Timestamp,
+    cfg: &PlanConfig,
+) {
+    let label = format!("{}/{}", c.namespace, c.name);
+    let Some(info) = ctx.workloads.get(&(c.namespace.as_str(), w)).copied() else {
+        return;
+    };
+    let limit = match &info.max_in_flight {
+        Ok(n) => *n,
+        Err(e) => {
+            out.waiting.push((label, e.clone()));
+            return;
+        }
+    };
+    let key = (c.namespace.clone(), w.clone());
+    let used = ctx.open_per_workload.get(&key).copied().unwrap_or(0);
+    let why = if ctx.open_workloads + 1 > cfg.budget_workloads {
+        Some(format!(
+            "workload budget: {} of {} attempts open",
+            ctx.open_workloads, cfg.budget_workloads
+        ))
+    } else if used + 1 > limit {
+        Some(format!(
+            "{w} budget: {used} attempts open, limit {limit} ({})",
+            super::workload::MAX_IN_FLIGHT_ANNOTATION
+        ))
+    } else if let (Some(na), false) = (&info.not_available, info.when_unavailable) {
+        Some(format!(
+            "{w} is not fully available ({na}); {}: \"true\" allows remediation anyway",
+            super::workload::WHEN_UNAVAILABLE_ANNOTATION
+        ))
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        out.waiting.push((label, why));
+        return;
+    }
+    *ctx.open_per_workload.entry(key).or_default() += 1;
+    ctx.open_workloads += 1;
+    ctx.busy_pods.insert((c.namespace.clone(), c.name.clone()));
+    let a = Attempt::for_workload(
+        attempt_id(&c.uid, now),
+        &c.namespace,
+        w.clone(),
+        &c.name,
+        &c.uid,
+        c.node.as_deref().unwrap_or_default(),
+        findings,
+        now,
+    );
+    if cfg.mode == Mode::DryRun {
+        out.dry_run.push(Notice {
+            namespace: a.namespace.clone(),
+            pod: a.pod.clone(),
+            uid: a.pod_uid.clone(),
+            nodeset: String::new(),
+            workload: Some(w.clone()),
+            reason: EventReason::RemediationDryRun,
+            message: format!(
+                "dry-run: would evict {label} ({w}) through the Eviction API, wait for its replacement and verify it fresh on the node it lands on"
+            ),
+            pinned_by: Vec::new(),
+        });
+    } else {
+        out.start.push(a);
+    }
 }
 
 enum Selected {
@@ -390,9 +531,29 @@ fn select(
     now: Timestamp,
     cfg: &PlanConfig,
 ) -> Option<Selected> {
-    let set = c.nodeset.as_deref()?;
-    let info = ctx.nodesets.get(&(c.namespace.as_str(), set))?;
-    if !info.opt_in || c.terminated {
+    let remediate_on = match (&c.workload, c.nodeset.as_deref()) {
+        (Some(w), _) => {
+            if !cfg.workload_kinds.contains(&w.kind) {
+                return None;
+            }
+            let info = ctx.workloads.get(&(c.namespace.as_str(), w))?;
+            match &info.opt_in {
+                Ok(true) => {}
+                Ok(false) => return None,
+                Err(e) => return Some(Selected::Wait(e.clone())),
+            }
+            info.remediate_on.as_deref()
+        }
+        (None, Some(set)) => {
+            let info = ctx.nodesets.get(&(c.namespace.as_str(), set))?;
+            if !info.opt_in {
+                return None;
+            }
+            info.remediate_on.as_deref()
+        }
+        (None, None) => return None,
+    };
+    if c.terminated {
         return None;
     }
     if ctx
@@ -402,7 +563,7 @@ fn select(
     {
         return None;
     }
-    let qualifying = match info.remediate_on.as_deref() {
+    let qualifying = match remediate_on {
         None => default_qualifying(),
         Some(s) => match parse_remediate_on(s) {
             Ok(q) => q,
@@ -427,7 +588,12 @@ fn select(
     let Some(node) = c.node.as_deref() else {
         return Some(Selected::Wait("not scheduled".into()));
     };
-    if c.slurm_node.is_none() {
+    if let Some(id) = ctx.failed_replacements.get(&c.uid) {
+        return Some(Selected::Wait(format!(
+            "the replacement of failed attempt {id} is not evicted again: see that attempt's failure"
+        )));
+    }
+    if c.workload.is_none() && c.slurm_node.is_none() {
         return Some(Selected::Wait(format!(
             "no {} label",
             super::POD_HOSTNAME_LABEL
@@ -469,7 +635,7 @@ fn pinning_group<'a>(
     let mut out = vec![(c, own)];
     for p in pinned_by {
         let m = by_name.get(&(c.namespace.as_str(), p.as_str()))?;
-        if m.node != c.node {
+        if m.node != c.node || m.workload.is_some() {
             return None;
         }
         match select(m, ctx, not_syncing, now, cfg)? {
@@ -505,7 +671,7 @@ fn pinned_notice(c: &Candidate, pinned_by: &[String], cfg: &PlanConfig) -> Notic
             f.subject, f.mounted, f.current
         )
     });
-    let optional = if cfg.replace_pinning_pods {
+    let optional = if cfg.replace_pinning_pods || c.workload.is_some() {
         ""
     } else {
         "; or enable --replace-pinning-pods when the pinning pods are remediable NodeSet pods"
@@ -515,6 +681,7 @@ fn pinned_notice(c: &Candidate, pinned_by: &[String], cfg: &PlanConfig) -> Notic
         pod: c.name.clone(),
         uid: c.uid.clone(),
         nodeset: c.nodeset.clone().unwrap_or_default(),
+        workload: c.workload.clone(),
         reason: EventReason::KubeletCachePinned,
         message: format!(
             "{}/{}{what}: the kubelet on node {} keeps serving its cached copy while pods {} reference the same immutable object; replacing this pod alone cannot help, so mountguard does not. Fix: recreate the object under a new name, replace the pinning pods, or restart the kubelet on that node{optional}",
@@ -579,3 +746,7 @@ pub fn summarize(attempts: &[Attempt], now: Timestamp) -> Summary {
 #[cfg(test)]
 #[path = "plan_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "plan_workload_tests.rs"]
+mod workload_tests;

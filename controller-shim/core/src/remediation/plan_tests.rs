@@ -34,6 +34,7 @@ fn pod(name: &str, node: &str, findings: Vec<CandidateFinding>) -> Candidate {
         uid: format!("uid-{name}"),
         node: Some(node.into()),
         nodeset: Some("worker".into()),
+        workload: None,
         slurm_node: Some(name.into()),
         terminated: false,
         findings,
@@ -160,7 +161,14 @@ fn qualifying_verdicts_and_exclusions() {
             remediate_on: on_ann.map(String::from),
             ..nodeset()
         };
-        let p = plan(&[pod("w0", "node-a", findings)], &[ns], &[], now(), &on());
+        let p = plan(
+            &[pod("w0", "node-a", findings)],
+            &[ns],
+            &[],
+            &[],
+            now(),
+            &on(),
+        );
         if (p.start.len() == 1) != want {
             bad.push(format!(
                 "{name}: started {:?}, waiting {:?}",
@@ -188,7 +196,14 @@ fn off_opt_out_missing_label_and_terminated_do_nothing() {
     let c = pod("w0", "node-a", vec![stale()]);
     let off = PlanConfig::default();
     assert_eq!(
-        plan(std::slice::from_ref(&c), &[nodeset()], &[], now(), &off),
+        plan(
+            std::slice::from_ref(&c),
+            &[nodeset()],
+            &[],
+            &[],
+            now(),
+            &off
+        ),
         Plan::default()
     );
     let out = NodeSetInfo {
@@ -196,7 +211,7 @@ fn off_opt_out_missing_label_and_terminated_do_nothing() {
         ..nodeset()
     };
     assert!(
-        plan(std::slice::from_ref(&c), &[out], &[], now(), &on())
+        plan(std::slice::from_ref(&c), &[out], &[], &[], now(), &on())
             .start
             .is_empty()
     );
@@ -204,7 +219,7 @@ fn off_opt_out_missing_label_and_terminated_do_nothing() {
         slurm_node: None,
         ..c.clone()
     };
-    let p = plan(&[no_label], &[nodeset()], &[], now(), &on());
+    let p = plan(&[no_label], &[nodeset()], &[], &[], now(), &on());
     assert!(p.start.is_empty());
     assert!(
         p.waiting[0]
@@ -216,13 +231,13 @@ fn off_opt_out_missing_label_and_terminated_do_nothing() {
         ..c.clone()
     };
     assert!(
-        plan(&[done], &[nodeset()], &[], now(), &on())
+        plan(&[done], &[nodeset()], &[], &[], now(), &on())
             .start
             .is_empty()
     );
     let plain = Candidate { nodeset: None, ..c };
     assert!(
-        plan(&[plain], &[nodeset()], &[], now(), &on())
+        plan(&[plain], &[nodeset()], &[], &[], now(), &on())
             .start
             .is_empty()
     );
@@ -247,7 +262,7 @@ fn whole_node_stale_is_an_alert_not_a_remediation() {
         budget_per_nodeset: 5,
         ..on()
     };
-    let p = plan(&[a, b], &[ns], &[], now(), &cfg);
+    let p = plan(&[a, b], &[ns], &[], &[], now(), &cfg);
     assert!(p.start.is_empty());
     assert!(p.waiting.iter().any(|(_, w)| w.contains("not syncing")));
 }
@@ -264,18 +279,18 @@ fn budget_one_per_nodeset_starts_one_at_a_time_oldest_first() {
         max_unavailable: 3,
         ..nodeset()
     };
-    let p = plan(&pods, std::slice::from_ref(&ns), &[], now(), &on());
+    let p = plan(&pods, std::slice::from_ref(&ns), &[], &[], now(), &on());
     assert_eq!(started(&p), vec!["w1"], "oldest first");
     assert_eq!(p.waiting.len(), 2);
     assert!(p.waiting[0].1.contains("budget"));
     // While it is open, nothing else starts.
     let open = p.start.clone();
-    let p2 = plan(&pods, std::slice::from_ref(&ns), &open, now(), &on());
+    let p2 = plan(&pods, std::slice::from_ref(&ns), &[], &open, now(), &on());
     assert!(p2.start.is_empty());
     // Once closed, the next one (and never the same UID again).
     let mut closed = open[0].clone();
     closed.phase = Phase::Succeeded;
-    let p3 = plan(&pods, &[ns], &[closed], now(), &on());
+    let p3 = plan(&pods, &[ns], &[], &[closed], now(), &on());
     assert_eq!(started(&p3), vec!["w2"]);
 }
 
@@ -294,7 +309,7 @@ fn never_beyond_the_nodesets_max_unavailable_nor_the_cluster_budget() {
         ..nodeset()
     };
     assert_eq!(
-        plan(&pods, std::slice::from_ref(&ns), &[], now(), &cfg)
+        plan(&pods, std::slice::from_ref(&ns), &[], &[], now(), &cfg)
             .start
             .len(),
         2
@@ -303,18 +318,21 @@ fn never_beyond_the_nodesets_max_unavailable_nor_the_cluster_budget() {
         unavailable: 1,
         ..ns.clone()
     };
-    assert_eq!(plan(&pods, &[one_down], &[], now(), &cfg).start.len(), 1);
+    assert_eq!(
+        plan(&pods, &[one_down], &[], &[], now(), &cfg).start.len(),
+        1
+    );
     let none = NodeSetInfo {
         max_unavailable: 0,
         ..ns.clone()
     };
-    assert!(plan(&pods, &[none], &[], now(), &cfg).start.is_empty());
+    assert!(plan(&pods, &[none], &[], &[], now(), &cfg).start.is_empty());
     let cluster = PlanConfig {
         budget_cluster: 1,
         ..cfg
     };
     assert_eq!(
-        plan(&pods, std::slice::from_ref(&ns), &[], now(), &cluster)
+        plan(&pods, std::slice::from_ref(&ns), &[], &[], now(), &cluster)
             .start
             .len(),
         1
@@ -327,7 +345,11 @@ fn never_beyond_the_nodesets_max_unavailable_nor_the_cluster_budget() {
         max_unavailable: 1,
         ..ns
     };
-    assert!(plan(&pods, &[ns1], &[kept], now(), &on()).start.is_empty());
+    assert!(
+        plan(&pods, &[ns1], &[], &[kept], now(), &on())
+            .start
+            .is_empty()
+    );
 }
 
 #[test]
@@ -341,7 +363,14 @@ fn pinned_cache_is_blocked_with_the_pinning_pods_and_no_attempt() {
         )],
     );
     c.findings[0].pinned_by = vec!["login-0".into()];
-    let p = plan(std::slice::from_ref(&c), &[nodeset()], &[], now(), &on());
+    let p = plan(
+        std::slice::from_ref(&c),
+        &[nodeset()],
+        &[],
+        &[],
+        now(),
+        &on(),
+    );
     assert!(p.start.is_empty());
     assert_eq!(p.blocked.len(), 1);
     let n = &p.blocked[0];
@@ -354,7 +383,7 @@ fn pinned_cache_is_blocked_with_the_pinning_pods_and_no_attempt() {
         replace_pinning_pods: true,
         ..on()
     };
-    let p = plan(&[c], &[nodeset()], &[], now(), &cfg);
+    let p = plan(&[c], &[nodeset()], &[], &[], now(), &cfg);
     assert!(p.start.is_empty());
     assert_eq!(p.blocked.len(), 1);
 }
@@ -383,7 +412,7 @@ fn replace_pinning_pods_replaces_remediable_nodeset_pods_together() {
         budget_per_nodeset: 2,
         ..on()
     };
-    let p = plan(&pods, std::slice::from_ref(&ns), &[], now(), &cfg);
+    let p = plan(&pods, std::slice::from_ref(&ns), &[], &[], now(), &cfg);
     let mut names = started(&p);
     names.sort();
     assert_eq!(names, vec!["w0", "w1"]);
@@ -395,12 +424,12 @@ fn replace_pinning_pods_replaces_remediable_nodeset_pods_together() {
         ..cfg.clone()
     };
     assert!(
-        plan(&pods, std::slice::from_ref(&ns), &[], now(), &small)
+        plan(&pods, std::slice::from_ref(&ns), &[], &[], now(), &small)
             .start
             .is_empty()
     );
     // Off by default.
-    let p = plan(&pods, &[ns], &[], now(), &on());
+    let p = plan(&pods, &[ns], &[], &[], now(), &on());
     assert!(p.start.is_empty());
     assert_eq!(p.blocked.len(), 2);
 }
@@ -415,7 +444,7 @@ fn dry_run_computes_the_same_selection_but_starts_nothing() {
         mode: Mode::DryRun,
         ..Default::default()
     };
-    let p = plan(&pods, &[nodeset()], &[], now(), &cfg);
+    let p = plan(&pods, &[nodeset()], &[], &[], now(), &cfg);
     assert!(p.start.is_empty());
     assert_eq!(p.dry_run.len(), 1, "the budget applies in dry-run too");
     let n = &p.dry_run[0];
@@ -436,6 +465,7 @@ fn attempts_carry_pod_node_and_findings() {
     let p = plan(
         &[pod("w0", "node-a", vec![stale()])],
         &[nodeset()],
+        &[],
         &[],
         now(),
         &on(),

@@ -162,6 +162,7 @@ impl PodHistory {
             synced_at: None,
             ready: false,
             slinky: None,
+            workload: None,
             volumes: Arc::new([]),
             containers: Box::new([]),
             image_pull_secrets: RareList::default(),

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::observations::SlurmNodeState;
 use crate::remediation::REASON_PREFIX;
+use crate::remediation::workload::WorkloadRef;
 use crate::verdict::SubjectKey;
 
 /// Why an attempt failed.
@@ -202,15 +203,20 @@ pub struct Attempt {
     pub id: String,
     /// Namespace of the pod and NodeSet.
     pub namespace: String,
-    /// NodeSet name.
+    /// NodeSet name (empty for a workload's pod).
     pub nodeset: String,
+    /// The workload owning the pod (Deployment, ReplicaSet, StatefulSet,
+    /// DaemonSet), for an attempt without Slurm steps: the record is on
+    /// it. `None`: a NodeSet pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadRef>,
     /// Pod name (stable across the replacement).
     pub pod: String,
     /// UID of the pod being replaced.
     pub pod_uid: String,
     /// Kubernetes node.
     pub node: String,
-    /// Slurm node (the pod-hostname label).
+    /// Slurm node (the pod-hostname label; empty for a workload's pod).
     pub slurm_node: String,
     /// What was failing.
     pub findings: Vec<Finding>,
@@ -239,6 +245,17 @@ pub struct Attempt {
     /// UID of the replacement pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_pod_uid: Option<String>,
+    /// Name of the replacement pod, when it is not the old pod's (a
+    /// ReplicaSet's or DaemonSet's replacement).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_pod_name: Option<String>,
+    /// The node the replacement landed on (a workload's pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_pod_node: Option<String>,
+    /// UIDs of the workload's pods when the eviction was last asked for:
+    /// none of them is the replacement (a workload's pod).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub known_pods: Vec<String>,
     /// Someone else's drain replaced ours after the node was drained; we
     /// never undrain it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -300,6 +317,7 @@ impl Attempt {
             id,
             namespace: namespace.to_string(),
             nodeset: nodeset.to_string(),
+            workload: None,
             pod: pod.to_string(),
             pod_uid: pod_uid.to_string(),
             node: node.to_string(),
@@ -318,6 +336,9 @@ impl Attempt {
             drain_requested_at: None,
             evicted_at: None,
             new_pod_uid: None,
+            new_pod_name: None,
+            new_pod_node: None,
+            known_pods: Vec::new(),
             foreign_drain: None,
             release_pending: false,
             kept_drained: false,
@@ -330,6 +351,30 @@ impl Attempt {
             failure: None,
             retry: Retry::default(),
         }
+    }
+
+    /// A new Pending attempt on a pod of `workload`: no Slurm node, no
+    /// drain.
+    #[allow(clippy::too_many_arguments)]
+    pub fn for_workload(
+        id: String,
+        namespace: &str,
+        workload: WorkloadRef,
+        pod: &str,
+        pod_uid: &str,
+        node: &str,
+        findings: Vec<Finding>,
+        now: Timestamp,
+    ) -> Self {
+        let mut a = Self::new(id, namespace, "", pod, pod_uid, node, "", findings, now);
+        a.drain_reason = String::new();
+        a.workload = Some(workload);
+        a
+    }
+
+    /// The replacement pod's name: its own, or the old pod's.
+    pub fn new_pod(&self) -> &str {
+        self.new_pod_name.as_deref().unwrap_or(&self.pod)
     }
 
     /// Still needs work or attention: not terminal, or Failed with our drain

@@ -40,7 +40,9 @@ impl Stepper<'_> {
         self.a.release_pending = release;
         self.a.kept_drained = self.a.drain_requested && !release;
         self.goto(Phase::Failed(reason));
-        let node_word = if let (true, Some(p)) = (release, &self.a.prior_drain) {
+        let node_word = if self.a.workload.is_some() {
+            String::new()
+        } else if let (true, Some(p)) = (release, &self.a.prior_drain) {
             format!(
                 "handing Slurm node {} back with the drain {:?} had set ({:?})",
                 self.a.slurm_node, p.set_by, p.reason
@@ -61,8 +63,13 @@ impl Stepper<'_> {
                 self.a.slurm_node
             )
         };
+        let node_word = if node_word.is_empty() {
+            node_word
+        } else {
+            format!("; {node_word}")
+        };
         let msg = format!(
-            "remediation {} of {} failed ({}): {detail}; {node_word}",
+            "remediation {} of {} failed ({}): {detail}{node_word}",
             self.a.id,
             self.pod_label(),
             reason.as_str()

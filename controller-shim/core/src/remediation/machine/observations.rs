@@ -1,12 +1,14 @@
 //! What a step reads: the machine's configuration (timeouts, retry
 //! pacing, what to do with our drain on failure) and what the executor
 //! observed since the last step (the Slurm node, the last writes and
-//! eviction, the replacement's verdicts, the node's cordon). Plain data.
+//! eviction, the replacement's verdicts, the node's cordon, a workload's
+//! pods and availability). Plain data.
 
 use jiff::SignedDuration;
 use serde::{Deserialize, Serialize};
 
 use crate::remediation::REASON_PREFIX;
+use crate::remediation::workload::OwnerPod;
 
 /// What to do with our drain when an attempt fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -209,6 +211,20 @@ pub struct Observations {
     pub cordon: NodeCordon,
     /// For grouped attempts: every member's old pod is gone from the API.
     pub group_old_gone: bool,
+    /// For a workload's pod: the workload as read (`None`: not read this
+    /// round: wait).
+    pub workload: Option<WorkloadObservation>,
+}
+
+/// A workload as the machine reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WorkloadObservation {
+    /// The workload's pods now.
+    pub pods: Vec<OwnerPod>,
+    /// Why no eviction may be asked for now: the workload is not fully
+    /// available by its own status and its annotation does not allow it
+    /// (`None`: it may).
+    pub hold: Option<String>,
 }
 
 /// The cordon of the Kubernetes node of a grouped attempt, as read.

@@ -1,13 +1,16 @@
 //! The attempt being stepped and the checks every phase shares: entering
 //! a phase (with its Persist), Events, retry pacing and backoff, the
 //! settle time after a write, slurmrestd errors, a Slurm node unknown for
-//! good, and the hold kept on the node after the eviction.
+//! good, the hold kept on the node after the eviction, the eviction's
+//! outcome, and the order of a step's actions (Persist first).
 
 use jiff::{SignedDuration, Timestamp};
 
 use super::actions::{Action, EventReason};
-use super::attempt::{Attempt, Phase, PhaseEntry, Retry};
-use super::observations::{MachineConfig, Observations, SlurmObservation, WriteResult};
+use super::attempt::{Attempt, FailReason, Phase, PhaseEntry, Retry};
+use super::observations::{
+    EvictionResult, MachineConfig, Observations, SlurmObservation, WriteResult,
+};
 
 /// One attempt being stepped: the next attempt and the actions so far.
 pub(super) struct Stepper<'c> {
@@ -139,9 +142,108 @@ impl Stepper<'_> {
         true
     }
 
+    /// Who replaces the pod: `the NodeSet`, or the workload.
+    pub(super) fn owner_label(&self) -> String {
+        match &self.a.workload {
+            Some(w) => w.to_string(),
+            None => "the NodeSet".to_string(),
+        }
+    }
+
+    /// Evicting: whether the pod is evicted or gone (then the attempt
+    /// moves on to AwaitingReplacement, with its Event); a refusal (429:
+    /// a PodDisruptionBudget) or an error is retried with backoff, never
+    /// turned into a delete.
+    pub(super) fn evicted(&mut self, obs: &Observations) -> bool {
+        let gone = obs.pod_uid.as_deref() != Some(self.a.pod_uid.as_str());
+        if gone
+            || matches!(
+                obs.eviction,
+                Some(EvictionResult::Evicted | EvictionResult::Gone)
+            )
+        {
+            self.a.evicted_at = Some(self.now);
+            self.goto(Phase::AwaitingReplacement);
+            let verb = match self.a.workload {
+                Some(_) => "replace",
+                None => "recreate",
+            };
+            let msg = format!(
+                "remediation {}: evicted {} (uid {}); waiting for {} to {verb} it",
+                self.a.id,
+                self.pod_label(),
+                self.a.pod_uid,
+                self.owner_label()
+            );
+            self.event(EventReason::PodEvicted, msg);
+            return true;
+        }
+        match &obs.eviction {
+            Some(EvictionResult::Refused {
+                retry_after,
+                message,
+            }) => self.error(format!("eviction refused: {message}"), *retry_after),
+            Some(EvictionResult::Error { message }) => {
+                self.error(format!("eviction: {message}"), None)
+            }
+            _ => {}
+        }
+        false
+    }
+
+    /// Evicting: fails the attempt when the eviction was refused until the
+    /// eviction timeout; returns whether it did.
+    pub(super) fn eviction_timed_out(&mut self, obs: &Observations) -> bool {
+        if self.elapsed_since(self.a.phase_since) < self.cfg.eviction_timeout {
+            return false;
+        }
+        let msg = format!(
+            "the eviction of {} was refused until the timeout: {}",
+            self.pod_label(),
+            self.a.retry.last_error.clone().unwrap_or_default()
+        );
+        self.fail(FailReason::EvictionTimeout, msg, obs);
+        true
+    }
+
     pub(super) fn read_error(&mut self, obs: &Observations) {
         if let SlurmObservation::Error { message, .. } = &obs.slurm {
             self.error(format!("slurmrestd: {message}"), None);
         }
     }
+}
+
+/// The actions of a step as performed: one Persist at most, and before
+/// the first external write.
+pub(super) fn ordered(actions: Vec<Action>) -> Vec<Action> {
+    let mut seen = false;
+    let mut out = Vec::with_capacity(actions.len());
+    let first_write = actions.iter().position(|a| {
+        matches!(
+            a,
+            Action::DrainNode { .. }
+                | Action::HoldNode { .. }
+                | Action::RestoreDrain { .. }
+                | Action::UndrainNode { .. }
+                | Action::ResumeNode { .. }
+                | Action::Evict { .. }
+                | Action::CordonNode { .. }
+                | Action::UncordonNode { .. }
+        )
+    });
+    let needs_persist = actions.iter().any(|a| matches!(a, Action::Persist));
+    for (i, a) in actions.into_iter().enumerate() {
+        if matches!(a, Action::Persist) {
+            if seen {
+                continue;
+            }
+            seen = true;
+        }
+        if needs_persist && !seen && Some(i) == first_write {
+            out.push(Action::Persist);
+            seen = true;
+        }
+        out.push(a);
+    }
+    out
 }
