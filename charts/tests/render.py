@@ -73,6 +73,10 @@ SCENARIOS: dict[str, Scenario] = {
             }
         }
     ),
+    # Workloads only: no slurmrestd.
+    "remediation-workloads": Scenario(
+        {"remediation": {"mode": "on", "workloads": {"kinds": ["deployment", "statefulset"]}}}
+    ),
     "remediation-jwt-key": Scenario(
         {"remediation": {"mode": "on", "slurmrestd": SLURMRESTD_JWT_KEY}}
     ),

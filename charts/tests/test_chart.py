@@ -50,10 +50,24 @@ BASE_RULES = {
 } | {("cluster", "authentication.k8s.io", "tokenreviews", "create")} | {
     (NAMESPACE, "", "pods", "patch")
 } | {(NAMESPACE, "apps", "daemonsets", v) for v in ("get", "list", "watch")}
-REMEDIATION_RULES = {
-    ("cluster", "", "pods/eviction", "create"),
-    ("cluster", "slinky.slurm.net", "nodesets", "patch"),
+REMEDIATION_RULES = {("cluster", "", "pods/eviction", "create")}
+# Only with remediation.slurmrestd.url (NodeSets remediated).
+SLURMRESTD_RULES = {("cluster", "slinky.slurm.net", "nodesets", "patch")}
+# Only with remediation.workloads.kinds: the resources each kind needs (a
+# Deployment's pods belong to its ReplicaSets).
+WORKLOAD_RESOURCES = {
+    "deployment": {"deployments", "replicasets"},
+    "replicaset": {"replicasets"},
+    "statefulset": {"statefulsets"},
+    "daemonset": {"daemonsets"},
 }
+
+
+def workload_rules(kinds: list[str]) -> set[tuple[str, str, str, str]]:
+    resources = set().union(*(WORKLOAD_RESOURCES[k] for k in kinds)) if kinds else set()
+    return {
+        ("cluster", "apps", r, v) for r in resources for v in ("get", "list", "watch", "patch")
+    }
 # Only with remediation.replacePinningPods (cordoning a node for a group).
 PINNING_RULES = {("cluster", "", "nodes", "patch")}
 LEADER_RULES = {
@@ -199,6 +213,10 @@ def test_schema_describes_every_value_and_nothing_else() -> None:
         {"remediation": {"replacePinningPods": "yes"}},
         {"remediation": {"slurmrestd": {"jwtKeySecret": {"name": "x", "key": "jwt.key"}}}},
         {"remediation": {"slurmrestd": {"user": ""}}},
+        {"remediation": {"workloads": {"kinds": ["job"]}}},
+        {"remediation": {"workloads": {"kinds": ["deployment", "deployment"]}}},
+        {"remediation": {"workloads": {"kinds": "deployment"}}},
+        {"remediation": {"workloads": {"budget": -1}}},
         {"controller": {"reportRateLimit": "fast"}},
         {"controller": {"reportRateLimit": "0/s"}},
         {"controller": {"reportRateLimit": "2/s,0"}},
@@ -267,6 +285,7 @@ def test_unquoted_off_in_a_values_file_means_off() -> None:
     ("values", "message"),
     [
         ({"remediation": {"mode": "on"}}, "slurmrestd.url"),
+        ({"remediation": {"mode": "on"}}, "remediation.workloads.kinds"),
         ({"tls": {"certManager": {"enabled": False}}}, "tls"),
         ({"tls": {"existingSecret": "both"}}, "not both"),
         (
@@ -441,7 +460,8 @@ def test_controller_deployment(own_scenario: tuple[str, Any]) -> None:
     assert env["MOUNTGUARD_LEADER_ELECTION"] == ("true" if replicas > 1 else "false")
     mode = SCENARIOS[name].values.get("remediation", {}).get("mode", "off")
     assert env["MOUNTGUARD_REMEDIATION"] == mode
-    assert ("MOUNTGUARD_SLURMRESTD_URL" in env) == (mode != "off")
+    slurmrestd = SCENARIOS[name].values.get("remediation", {}).get("slurmrestd", {}).get("url")
+    assert ("MOUNTGUARD_SLURMRESTD_URL" in env) == (mode != "off" and bool(slurmrestd))
 
     # The fingerprint key Secret the controller reads exists (or is the user's).
     key_vol = [v for v in pod["volumes"] if v["name"] == "fingerprint-key"][0]
@@ -512,6 +532,43 @@ def test_remediation_values_reach_the_controller() -> None:
     assert env["MOUNTGUARD_REMEDIATION_BUDGET_PER_NODESET"] == "2"
     assert env["MOUNTGUARD_REMEDIATION_BUDGET_CLUSTER"] == "7"
     assert env["MOUNTGUARD_ON_FAILURE"] == "undrain"
+
+
+def test_workload_remediation_needs_no_slurmrestd_and_grants_only_its_kinds() -> None:
+    r = render_scenario("remediation-workloads")
+    env = controller_env(r)
+    assert env["MOUNTGUARD_REMEDIATION"] == "on"
+    assert env["MOUNTGUARD_REMEDIATE_WORKLOADS"] == "deployment,statefulset"
+    assert env["MOUNTGUARD_REMEDIATION_BUDGET_WORKLOADS"] == "3"
+    for name in (
+        "MOUNTGUARD_SLURMRESTD_URL",
+        "MOUNTGUARD_SLURM_TOKEN_SECRET",
+        "MOUNTGUARD_SLURM_JWT_KEY_SECRET",
+    ):
+        assert name not in env, name
+    g = granted(r)
+    assert workload_rules(["deployment", "statefulset"]) <= g
+    assert ("cluster", "apps", "daemonsets", "patch") not in g
+    assert not SLURMRESTD_RULES & g, "no NodeSet is patched without slurmrestd"
+    assert REMEDIATION_RULES <= g
+    # With NodeSets too, and a budget of its own.
+    both = render(
+        deep_merge(
+            SCENARIOS["remediation-on"].values,
+            {"remediation": {"workloads": {"kinds": ["daemonset"], "budget": 5}}},
+        )
+    )
+    env = controller_env(both)
+    assert env["MOUNTGUARD_REMEDIATE_WORKLOADS"] == "daemonset"
+    assert env["MOUNTGUARD_REMEDIATION_BUDGET_WORKLOADS"] == "5"
+    assert env["MOUNTGUARD_SLURMRESTD_URL"]
+    g = granted(both)
+    assert SLURMRESTD_RULES <= g and workload_rules(["daemonset"]) <= g
+    assert ("cluster", "apps", "deployments", "get") not in g
+    # Remediation off: nothing of it, whatever the kinds say.
+    off = render({"remediation": {"workloads": {"kinds": ["deployment"]}}})
+    assert "MOUNTGUARD_REMEDIATE_WORKLOADS" not in controller_env(off)
+    assert not workload_rules(["deployment"]) & granted(off)
 
 
 def test_remediation_flags_are_absent_when_remediation_is_off() -> None:
@@ -639,6 +696,7 @@ CONTROLLER_CONTRACT = {
     slurmrestd-ca-file slurm-token-secret slurm-token-key slurm-jwt-key-secret slurm-user
     remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
     replacement-timeout eviction-timeout verification-timeout on-failure replace-pinning-pods
+    remediate-workloads remediation-budget-workloads
     report-rate-limit report-body-timeout max-connections header-read-timeout idle-timeout
     admission-listen admission-mode admission-tls-cert-file admission-tls-key-file
     admission-answer-timeout admission-client-ca-file log log-format""".split()
@@ -719,8 +777,12 @@ def test_rbac_is_exactly_the_documented_list(scenario: tuple[str, Any]) -> None:
     env = controller_env(r)
     if env["MOUNTGUARD_REMEDIATION"] != "off":
         expected |= REMEDIATION_RULES
+        if "MOUNTGUARD_SLURMRESTD_URL" in env:
+            expected |= SLURMRESTD_RULES
         if env.get("MOUNTGUARD_REPLACE_PINNING_PODS") == "true":
             expected |= PINNING_RULES
+        kinds = env.get("MOUNTGUARD_REMEDIATE_WORKLOADS", "")
+        expected |= workload_rules([k for k in kinds.split(",") if k])
     if dep["spec"]["replicas"] > 1:
         expected |= LEADER_RULES
     if env["MOUNTGUARD_STATUS_AUTH"] == "kubernetes":
@@ -802,6 +864,8 @@ def test_documented_rbac_list_matches_the_tests() -> None:
     everything = (
         {(g, res, v, "always") for _, g, res, v in BASE_RULES}
         | {(g, res, v, "remediation") for _, g, res, v in REMEDIATION_RULES}
+        | {(g, res, v, "slurmrestd") for _, g, res, v in SLURMRESTD_RULES}
+        | {(g, res, v, "workloads") for _, g, res, v in workload_rules(list(WORKLOAD_RESOURCES))}
         | {(g, res, v, "leader") for _, g, res, v in LEADER_RULES}
         | {(g, res, v, "replacePinningPods") for _, g, res, v in PINNING_RULES}
         | {(g, res, v, "statusAuth") for _, g, res, v in STATUS_AUTH_RULES}

@@ -140,6 +140,13 @@ refused by server-side apply as "duplicate entries for key").
 - name: MOUNTGUARD_REMEDIATION
   value: {{ $mode | quote }}
 {{- if ne $mode "off" }}
+{{- if $r.workloads.kinds }}
+- name: MOUNTGUARD_REMEDIATE_WORKLOADS
+  value: {{ join "," $r.workloads.kinds | quote }}
+- name: MOUNTGUARD_REMEDIATION_BUDGET_WORKLOADS
+  value: {{ $r.workloads.budget | quote }}
+{{- end }}
+{{- if $r.slurmrestd.url }}
 - name: MOUNTGUARD_SLURMRESTD_URL
   value: {{ $r.slurmrestd.url | quote }}
 {{- if $r.slurmrestd.caSecret.name }}
@@ -156,6 +163,7 @@ refused by server-side apply as "duplicate entries for key").
   value: {{ printf "%s/%s" (default .Release.Namespace $token.namespace) $token.name | quote }}
 - name: MOUNTGUARD_SLURM_TOKEN_KEY
   value: {{ $token.key | quote }}
+{{- end }}
 {{- end }}
 - name: MOUNTGUARD_REMEDIATION_BUDGET_PER_NODESET
   value: {{ $r.budgetPerNodeSet | quote }}

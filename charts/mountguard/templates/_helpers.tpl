@@ -108,6 +108,21 @@ are replaced whole, not merged, so dropping a default is possible.
 {{- if eq $m "false" -}}off{{- else -}}{{ $m }}{{- end -}}
 {{- end -}}
 
+{{/* The apps/v1 resources workload remediation watches and patches, quoted
+and comma separated (a Deployment's pods belong to its ReplicaSets);
+empty without remediation or without workload kinds. */}}
+{{- define "mountguard.workloadResources" -}}
+{{- if ne (include "mountguard.remediationMode" .) "off" -}}
+{{- $k := .Values.remediation.workloads.kinds -}}
+{{- $out := list -}}
+{{- if has "deployment" $k }}{{ $out = append $out "deployments" }}{{ end -}}
+{{- if or (has "deployment" $k) (has "replicaset" $k) }}{{ $out = append $out "replicasets" }}{{ end -}}
+{{- if has "statefulset" $k }}{{ $out = append $out "statefulsets" }}{{ end -}}
+{{- if has "daemonset" $k }}{{ $out = append $out "daemonsets" }}{{ end -}}
+{{- range $i, $r := $out }}{{ if $i }}, {{ end }}{{ $r | quote }}{{ end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "mountguard.remediationEnabled" -}}
 {{- if ne (include "mountguard.remediationMode" .) "off" -}}true{{- else -}}false{{- end -}}
 {{- end -}}

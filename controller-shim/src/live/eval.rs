@@ -26,6 +26,7 @@ use super::events::{EventRequest, RateLimiter, Tracker};
 use super::metrics::{MountLabels, MountSeries, StateCounts};
 use super::shared::{Shared, Shutdown};
 use super::status::PublishedPod;
+use super::workloads::WorkloadObject;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceContent, SourceRef};
 use mountguard_core::verdict::{
@@ -58,6 +59,11 @@ pub enum Input {
     /// NodeSet watch `name` finished a list: every NodeSet it lists was
     /// sent before this (or the CRD is absent).
     NodeSetsSynced(String),
+    /// A Deployment, ReplicaSet, StatefulSet or DaemonSet added or changed
+    /// (`<kind>/<namespace>/<name>`).
+    Workload(String, Arc<WorkloadObject>),
+    /// A workload deleted.
+    WorkloadDeleted(String),
     /// An accepted inventory, with the report handler's in-flight permit
     /// (released once the inventory is in the index: parsed inventories
     /// waiting for the evaluation are bounded).
@@ -91,8 +97,14 @@ pub struct EvaluationSnapshot {
     pub verdicts: Vec<PodVerdicts>,
     /// Every pod controlled by a NodeSet.
     pub nodeset_pods: Vec<Arc<PodModel>>,
+    /// Every pod controlled by a ReplicaSet, StatefulSet or DaemonSet
+    /// (only while workload kinds are watched: empty without workloads).
+    pub workload_pods: Vec<Arc<PodModel>>,
+    /// The watched workloads (Deployments, ReplicaSets, StatefulSets,
+    /// DaemonSets of the kinds enabled).
+    pub workloads: Vec<Arc<WorkloadObject>>,
     /// When the inventory (or the latest heartbeat) of each node running
-    /// one of `nodeset_pods` was scanned.
+    /// one of `nodeset_pods` or `workload_pods` was scanned.
     pub scanned_at: HashMap<Arc<str>, Timestamp>,
     /// Every NodeSet (`slinky.slurm.net/v1beta1`), empty when the CRD is
     /// absent.
@@ -118,6 +130,7 @@ pub struct EvalTask {
     snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
     applied_gen: HashMap<Arc<str>, u64>,
     nodesets: HashMap<String, Arc<DynamicObject>>,
+    workloads: HashMap<String, Arc<WorkloadObject>>,
     nodesets_listed: std::collections::HashSet<String>,
     baselined: HashSet<Arc<str>>,
     too_old: HashSet<Arc<str>>,
@@ -165,6 +178,7 @@ impl EvalTask {
             snapshots,
             applied_gen: HashMap::default(),
             nodesets: HashMap::default(),
+            workloads: HashMap::default(),
             nodesets_listed: std::collections::HashSet::new(),
             baselined: HashSet::default(),
             too_old: HashSet::default(),
@@ -279,6 +293,12 @@ impl EvalTask {
             }
             Input::NodeSetsSynced(name) => {
                 self.nodesets_listed.insert(name);
+            }
+            Input::Workload(k, o) => {
+                self.workloads.insert(k, o);
+            }
+            Input::WorkloadDeleted(k) => {
+                self.workloads.remove(&k);
             }
             Input::Inventory(inv, _permit) => {
                 if self
@@ -692,8 +712,20 @@ impl EvalTask {
                 .filter(|p| p.nodeset().is_some())
                 .cloned()
                 .collect();
+            // Pods of workloads only while some are watched.
+            let workload_pods: Vec<Arc<PodModel>> = if self.workloads.is_empty() {
+                Vec::new()
+            } else {
+                self.index
+                    .pod_ids()
+                    .filter_map(|id| self.index.pod(id))
+                    .filter(|p| super::workloads::remediable_kind(p))
+                    .cloned()
+                    .collect()
+            };
             let scanned_at = nodeset_pods
                 .iter()
+                .chain(workload_pods.iter())
                 .filter_map(|p| p.node.clone())
                 .filter_map(|n| {
                     let at = self.index.inventory(&n)?.scanned_at;
@@ -714,6 +746,8 @@ impl EvalTask {
                     .cloned()
                     .collect(),
                 nodeset_pods,
+                workload_pods,
+                workloads: self.workloads.values().cloned().collect(),
                 scanned_at,
                 nodesets: self.nodesets.values().cloned().collect(),
                 nodesets_synced: self

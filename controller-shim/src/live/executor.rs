@@ -52,7 +52,9 @@ use super::leader::LeaderConfig;
 use super::shared::{Shared, Shutdown};
 use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource};
 use super::watch::nodeset_resource;
+use super::workloads::{Workloads, workload_key};
 use crate::Error;
+use mountguard_core::remediation::workload::WorkloadRef;
 
 /// How often open attempts are stepped without a new snapshot.
 pub const TICK: Duration = Duration::from_secs(2);
@@ -98,8 +100,9 @@ pub struct Executor {
     mode: Mode,
     plan_cfg: PlanConfig,
     machine_cfg: MachineConfig,
-    slurm: SlurmClient,
-    secret: SlurmCredential,
+    /// slurmrestd (`None`: workloads only).
+    slurm: Option<SlurmClient>,
+    secret: Option<SlurmCredential>,
     secret_value: SharedSecret,
     secret_read_at: Option<Timestamp>,
     recorder: Recorder,
@@ -141,15 +144,23 @@ pub struct RemediationSettings {
     pub plan: PlanConfig,
     /// The state machine's configuration (timeouts, failure policy).
     pub machine: MachineConfig,
+    /// slurmrestd, for NodeSets (`None`: workloads only; no NodeSet is
+    /// remediated and no NodeSet record is read).
+    pub slurm: Option<SlurmSettings>,
+}
+
+/// How remediation reaches slurmrestd.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlurmSettings {
     /// slurmrestd base URL.
-    pub slurmrestd_url: String,
+    pub url: String,
     /// The CA bundle (PEM bytes, read from `--slurmrestd-ca-file`) trusted
     /// for slurmrestd; `None`: the system roots.
-    pub slurmrestd_ca: Option<Vec<u8>>,
+    pub ca: Option<Vec<u8>>,
     /// Where the slurmrestd credential is read from.
     pub credential: SlurmCredential,
     /// Slurm user of minted tokens.
-    pub slurm_user: String,
+    pub user: String,
 }
 
 /// `<namespace>/<name>` of an object.
@@ -191,14 +202,14 @@ pub enum SlurmCredential {
 pub struct Prepared {
     settings: RemediationSettings,
     secret_value: SharedSecret,
-    slurm: SlurmClient,
+    slurm: Option<SlurmClient>,
 }
 
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prepared")
             .field("mode", &self.settings.mode)
-            .field("url", &self.settings.slurmrestd_url)
+            .field("url", &self.settings.slurm.as_ref().map(|s| &s.url))
             .finish_non_exhaustive()
     }
 }
@@ -207,23 +218,25 @@ impl Prepared {
     /// Builds the slurmrestd client of `settings`.
     pub fn new(settings: RemediationSettings) -> Result<Self, Error> {
         let secret_value = SharedSecret::default();
-        let token: Arc<dyn TokenSource> = match &settings.credential {
-            SlurmCredential::Token(..) => Arc::new(SecretToken {
-                value: secret_value.clone(),
-            }),
-            SlurmCredential::JwtKey(_) => Arc::new(JwtMinter {
-                key: secret_value.clone(),
-                user: settings.slurm_user.clone(),
-                ttl: MINTED_TTL,
-            }),
+        let slurm = match &settings.slurm {
+            None => None,
+            Some(s) => {
+                let token: Arc<dyn TokenSource> = match &s.credential {
+                    SlurmCredential::Token(..) => Arc::new(SecretToken {
+                        value: secret_value.clone(),
+                    }),
+                    SlurmCredential::JwtKey(_) => Arc::new(JwtMinter {
+                        key: secret_value.clone(),
+                        user: s.user.clone(),
+                        ttl: MINTED_TTL,
+                    }),
+                };
+                let client =
+                    SlurmClient::new(&s.url, s.ca.as_deref(), token, Duration::from_secs(10))
+                        .map_err(|e| Error::Config(e.to_string()))?;
+                Some(client)
+            }
         };
-        let slurm = SlurmClient::new(
-            &settings.slurmrestd_url,
-            settings.slurmrestd_ca.as_deref(),
-            token,
-            Duration::from_secs(10),
-        )
-        .map_err(|e| Error::Config(e.to_string()))?;
         Ok(Self {
             settings,
             secret_value,
@@ -254,14 +267,13 @@ pub async fn spawn(
                 mode,
                 plan: plan_cfg,
                 machine: machine_cfg,
-                slurmrestd_url: url,
-                slurmrestd_ca: _,
-                credential: secret,
-                slurm_user: _,
+                slurm: slurm_settings,
             },
         secret_value,
         slurm,
     } = prepared;
+    let url = slurm_settings.as_ref().map(|s| s.url.clone());
+    info!(?mode, slurmrestd = ?url, workloads = ?plan_cfg.workload_kinds, "remediation executor started");
     let evict_client = client_without_retry(kubeconfig).await?;
     let recorder = Recorder::new(
         client.clone(),
@@ -279,7 +291,7 @@ pub async fn spawn(
         plan_cfg,
         machine_cfg,
         slurm,
-        secret,
+        secret: slurm_settings.map(|s| s.credential),
         secret_value,
         secret_read_at: None,
         recorder,
@@ -304,7 +316,6 @@ pub async fn spawn(
             _ => None,
         },
     };
-    info!(?mode, slurmrestd = url, "remediation executor started");
     Ok(tokio::spawn(run(ex, snapshots, shutdown)))
 }
 
@@ -358,8 +369,9 @@ impl Executor {
             return;
         }
         let (obj, key) = match &self.secret {
-            SlurmCredential::Token(o, k) => (o, k.as_str()),
-            SlurmCredential::JwtKey(o) => (o, "jwt.key"),
+            None => return,
+            Some(SlurmCredential::Token(o, k)) => (o, k.as_str()),
+            Some(SlurmCredential::JwtKey(o)) => (o, "jwt.key"),
         };
         let api: Api<Secret> = Api::namespaced(self.client.clone(), &obj.namespace);
         match api.get_opt(&obj.name).await {
@@ -469,29 +481,45 @@ impl Executor {
     /// record did not parse before), before anything is planned or
     /// persisted for them.
     fn adopt(&mut self, snap: &EvaluationSnapshot) {
-        for ns in &snap.nodesets {
-            let Some(key) = nodeset_key(ns) else {
-                continue;
-            };
+        for (key, record) in self.records(snap) {
             if self.read.contains(&key) {
                 continue;
             }
-            let view = View::read([(key.clone(), attempts_annotation(ns))], true);
+            let view = View::read([(key.clone(), record)], true);
             if let Some((_, e)) = view.unreadable.first() {
                 if self.unreadable.insert(key.clone(), e.clone()).is_none() {
-                    warn!(nodeset = %key, error = %e, "unreadable remediation attempts: nothing is written to this NodeSet and no orphan drain is released until the annotation is fixed or removed");
+                    warn!(owner = %key, error = %e, "unreadable remediation attempts: nothing is written to this object and no orphan drain is released until the annotation is fixed or removed");
                 }
                 continue;
             }
             self.unreadable.remove(&key);
             for a in view.attempts {
                 if !self.attempts.contains_key(&a.id) {
-                    info!(nodeset = %key, attempt = %a.id, phase = a.phase.name(), "remediation attempt read from a NodeSet listed after recovery");
+                    info!(owner = %key, attempt = %a.id, phase = a.phase.name(), "remediation attempt read from an object listed after recovery");
                     self.attempts.insert(a.id.clone(), a);
                 }
             }
             self.read.insert(key);
         }
+    }
+
+    /// The attempt records of the snapshot's owners: NodeSets
+    /// (`namespace/name`, only with slurmrestd) and workloads
+    /// (`kind/namespace/name`).
+    fn records<'s>(
+        &self,
+        snap: &'s EvaluationSnapshot,
+    ) -> impl Iterator<Item = (String, Option<&'s str>)> + use<'s> {
+        let nodesets = snap
+            .nodesets
+            .iter()
+            .filter(|_| self.slurm.is_some())
+            .filter_map(|ns| Some((nodeset_key(ns)?, attempts_annotation(ns))));
+        let workloads = snap
+            .workloads
+            .iter()
+            .filter_map(|w| Some((w.key()?, w.attempts.as_deref())));
+        nodesets.chain(workloads).collect::<Vec<_>>().into_iter()
     }
 
     /// Releases `mountguard:` drains that no known open attempt owns.
@@ -501,7 +529,10 @@ impl Executor {
             debug!("orphan sweep skipped: some attempt records are unreadable");
             return;
         }
-        let nodes = match self.slurm.nodes().await {
+        let Some(slurm) = self.slurm.clone() else {
+            return;
+        };
+        let nodes = match slurm.nodes().await {
             Ok(n) => n,
             Err(e) => {
                 self.shared.metrics.api_error("slurm_list_nodes");
@@ -522,7 +553,7 @@ impl Executor {
             if !self.may_write(now).await {
                 return;
             }
-            match self.slurm.release_if_reason(&rel.node, &rel.reason).await {
+            match slurm.release_if_reason(&rel.node, &rel.reason).await {
                 Ok(true) => {
                     info!(node = %rel.node, reason = %rel.reason, "released a mountguard drain without a live attempt")
                 }
@@ -567,18 +598,19 @@ impl Executor {
         // Plan (only for NodeSets whose record was read: a new attempt is
         // persisted into that record).
         let attempts: Vec<Attempt> = self.attempts.values().cloned().collect();
-        let cands: Vec<Candidate> = candidates(&snap.verdicts, |_| None)
+        let workloads = Workloads::new(&snap.workloads);
+        let cands: Vec<Candidate> = candidates(&snap.verdicts, |p| workloads.of_pod(p))
             .into_iter()
-            .filter(|c| {
-                c.nodeset
-                    .as_ref()
-                    .is_some_and(|n| self.read.contains(&format!("{}/{n}", c.namespace)))
-            })
+            .filter(|c| self.read.contains(&candidate_owner_key(c)))
             .collect();
+        let nodesets = match self.slurm {
+            Some(_) => nodeset_infos(&nodeset_models(snap), &snap.nodeset_pods, &self.attempts),
+            None => Vec::new(),
+        };
         let p = plan(
             &cands,
-            &nodeset_infos(&nodeset_models(snap), &snap.nodeset_pods, &self.attempts),
-            &[],
+            &nodesets,
+            &workloads.infos(),
             &attempts,
             now,
             &self.plan_cfg,
@@ -603,13 +635,17 @@ impl Executor {
                     .with_label_values(&["Pending", "dry_run"])
                     .inc();
             }
+            let owner = match &n.workload {
+                Some(w) => Owner::Workload(w),
+                None => Owner::NodeSet(&n.nodeset),
+            };
             let published = self
                 .event(
                     snap,
                     &n.namespace,
                     &n.pod,
                     &n.uid,
-                    &n.nodeset,
+                    owner,
                     n.reason,
                     &n.message,
                 )
@@ -620,7 +656,7 @@ impl Executor {
             }
         }
         for a in p.start {
-            info!(attempt = %a.id, pod = %format!("{}/{}", a.namespace, a.pod), slurm_node = %a.slurm_node, "remediation attempt selected");
+            info!(attempt = %a.id, pod = %format!("{}/{}", a.namespace, a.pod), owner = %owner_key(&a), slurm_node = %a.slurm_node, "remediation attempt selected");
             self.attempts.insert(a.id.clone(), a);
         }
         // Step.
@@ -637,6 +673,34 @@ impl Executor {
             let Some(a) = self.attempts.get(&id).cloned() else {
                 continue;
             };
+            if let Some(w) = &a.workload {
+                let pod_uid = snap
+                    .workload_pods
+                    .iter()
+                    .find(|p| *p.namespace == *a.namespace && *p.name == *a.pod)
+                    .map(|p| p.uid.to_string());
+                let obs = Observations {
+                    pod_uid,
+                    new_pod: new_pod_check(
+                        &snap.verdicts,
+                        &snap.workload_pods,
+                        snap.at,
+                        |node| snap.scanned_at.get(node).copied(),
+                        &a,
+                        &mut self.fresh_since,
+                    ),
+                    eviction: self.last_eviction.remove(&id),
+                    workload: workloads.observe(&a.namespace, w, &snap.workload_pods),
+                    ..Default::default()
+                };
+                let (next, actions) = step(&a, &obs, now, &self.machine_cfg);
+                self.perform(snap, &a, next, actions, now).await;
+                if self.lost {
+                    self.pause("the Lease was lost");
+                    return;
+                }
+                continue;
+            }
             let slurm = self.node(&mut nodes, &a.slurm_node).await;
             if matches!(
                 slurm,
@@ -736,8 +800,11 @@ impl Executor {
         cache: &mut HashMap<String, Result<super::slurm::SlurmNode, SlurmError>>,
         name: &str,
     ) -> SlurmObservation {
+        let Some(slurm) = &self.slurm else {
+            return SlurmObservation::NotRead;
+        };
         if !cache.contains_key(name) {
-            let r = self.slurm.get_node(name).await;
+            let r = slurm.get_node(name).await;
             if let Err(e) = &r {
                 self.shared.metrics.api_error("slurm_get_node");
                 debug!(node = name, error = %e, "reading the Slurm node failed");
@@ -844,22 +911,20 @@ impl Executor {
     /// Reconciles persisted attempts and `mountguard:` drains. False: try
     /// again next round (Slurm unreadable, or the Lease not confirmed).
     async fn recover(&mut self, snap: &EvaluationSnapshot, now: Timestamp) -> bool {
-        let nodes = match self.slurm.nodes().await {
-            Ok(n) => n,
-            Err(e) => {
-                self.shared.metrics.api_error("slurm_list_nodes");
-                warn!(error = %e, "remediation recovery: cannot list Slurm nodes; retrying");
-                return false;
-            }
+        let nodes = match &self.slurm {
+            None => Vec::new(),
+            Some(slurm) => match slurm.nodes().await {
+                Ok(n) => n,
+                Err(e) => {
+                    self.shared.metrics.api_error("slurm_list_nodes");
+                    warn!(error = %e, "remediation recovery: cannot list Slurm nodes; retrying");
+                    return false;
+                }
+            },
         };
-        let view = View::read(
-            snap.nodesets
-                .iter()
-                .filter_map(|ns| Some((nodeset_key(ns)?, attempts_annotation(ns)))),
-            snap.nodesets_synced,
-        );
+        let view = View::read(self.records(snap), snap.nodesets_synced);
         for (nodeset, e) in &view.unreadable {
-            warn!(nodeset = %nodeset, error = %e, "unreadable remediation attempts: nothing is written to this NodeSet and no orphan drain is released until the annotation is fixed or removed");
+            warn!(owner = %nodeset, error = %e, "unreadable remediation attempts: nothing is written to this object and no orphan drain is released until the annotation is fixed or removed");
         }
         let complete = view.complete();
         let persisted = view.attempts.clone();
@@ -868,7 +933,11 @@ impl Executor {
             .map(|n| (n.name.clone(), n.to_state()))
             .collect();
         let r = recover(&persisted, &states, complete);
+        // Orphan drains (none without slurmrestd: no Slurm node was read).
         for rel in &r.release {
+            let Some(slurm) = self.slurm.clone() else {
+                break;
+            };
             if self.mode != Mode::On {
                 info!(node = %rel.node, reason = %rel.reason, "dry-run: would release a mountguard drain without a live attempt");
                 continue;
@@ -876,7 +945,7 @@ impl Executor {
             if !self.may_write(now).await {
                 return false;
             }
-            match self.slurm.release_if_reason(&rel.node, &rel.reason).await {
+            match slurm.release_if_reason(&rel.node, &rel.reason).await {
                 Ok(true) => {
                     info!(node = %rel.node, reason = %rel.reason, "released a mountguard drain without a live attempt")
                 }
@@ -892,8 +961,9 @@ impl Executor {
             .await
         {
             // A cordon of a group not in the records read is unknown, not
-            // orphaned, while the view is incomplete.
-            Ok(_) if !complete => Vec::new(),
+            // orphaned, while the view is incomplete; groups are NodeSet
+            // pods': none without slurmrestd.
+            Ok(_) if !complete || self.slurm.is_none() => Vec::new(),
             Ok(l) => l
                 .items
                 .iter()
@@ -983,11 +1053,11 @@ impl Executor {
                     }
                 }
                 Action::DrainNode { node, reason } => {
-                    if self.mode != Mode::On {
+                    let (Mode::On, Some(slurm)) = (self.mode, self.slurm.clone()) else {
                         continue;
-                    }
+                    };
                     wrote = true;
-                    let r = self.slurm.drain(&node, &reason).await;
+                    let r = slurm.drain(&node, &reason).await;
                     if r.is_err() {
                         self.shared.metrics.api_error("slurm_drain");
                     }
@@ -995,11 +1065,11 @@ impl Executor {
                     self.last_write.insert(next.id.clone(), write_result(r));
                 }
                 Action::HoldNode { node, reason } => {
-                    if self.mode != Mode::On {
+                    let (Mode::On, Some(slurm)) = (self.mode, self.slurm.clone()) else {
                         continue;
-                    }
+                    };
                     wrote = true;
-                    let r = self.slurm.hold(&node, &reason).await;
+                    let r = slurm.hold(&node, &reason).await;
                     if r.is_err() {
                         self.shared.metrics.api_error("slurm_drain");
                     }
@@ -1011,12 +1081,11 @@ impl Executor {
                     owned_reason,
                     prior,
                 } => {
-                    if self.mode != Mode::On {
+                    let (Mode::On, Some(slurm)) = (self.mode, self.slurm.clone()) else {
                         continue;
-                    }
+                    };
                     wrote = true;
-                    let r = self
-                        .slurm
+                    let r = slurm
                         .restore_if_reason(&node, &owned_reason, &prior.state, &prior.reason)
                         .await;
                     if r.is_err() {
@@ -1027,11 +1096,11 @@ impl Executor {
                         .insert(next.id.clone(), write_result(r.map(|_| ())));
                 }
                 Action::UndrainNode { node, owned_reason } => {
-                    if self.mode != Mode::On {
+                    let (Mode::On, Some(slurm)) = (self.mode, self.slurm.clone()) else {
                         continue;
-                    }
+                    };
                     wrote = true;
-                    let r = self.slurm.undrain_if_reason(&node, &owned_reason).await;
+                    let r = slurm.undrain_if_reason(&node, &owned_reason).await;
                     if r.is_err() {
                         self.shared.metrics.api_error("slurm_undrain");
                     }
@@ -1040,11 +1109,11 @@ impl Executor {
                         .insert(next.id.clone(), write_result(r.map(|_| ())));
                 }
                 Action::ResumeNode { node, owned_reason } => {
-                    if self.mode != Mode::On {
+                    let (Mode::On, Some(slurm)) = (self.mode, self.slurm.clone()) else {
                         continue;
-                    }
+                    };
                     wrote = true;
-                    let r = self.slurm.resume_if_reason(&node, &owned_reason).await;
+                    let r = slurm.resume_if_reason(&node, &owned_reason).await;
                     if r.is_err() {
                         self.shared.metrics.api_error("slurm_undrain");
                     }
@@ -1071,20 +1140,18 @@ impl Executor {
                     self.cordon_action(&next.id, &node, &owner, false).await;
                 }
                 Action::Event { reason, message } => {
-                    let uid = next
-                        .new_pod_uid
-                        .clone()
-                        .unwrap_or_else(|| old.pod_uid.clone());
-                    self.event(
-                        snap,
-                        &next.namespace,
-                        &next.pod,
-                        &uid,
-                        &next.nodeset,
-                        reason,
-                        &message,
-                    )
-                    .await;
+                    // On the replacement once there is one (its own name
+                    // for a ReplicaSet's or DaemonSet's).
+                    let (pod, uid) = match &next.new_pod_uid {
+                        Some(u) => (next.new_pod(), u.as_str()),
+                        None => (next.pod.as_str(), old.pod_uid.as_str()),
+                    };
+                    let owner = match &next.workload {
+                        Some(w) => Owner::Workload(w),
+                        None => Owner::NodeSet(&next.nodeset),
+                    };
+                    self.event(snap, &next.namespace, pod, uid, owner, reason, &message)
+                        .await;
                 }
                 Action::Transition { from, to } => {
                     let result = match to {
@@ -1106,21 +1173,24 @@ impl Executor {
     }
 
     async fn persist(&self, next: &Attempt) -> Result<(), String> {
-        let key = format!("{}/{}", next.namespace, next.nodeset);
+        let key = owner_key(next);
         if !self.read.contains(&key) {
             // Never overwrite a record that was not read.
             return Err(format!(
-                "the attempts record of NodeSet {key} was not read (unreadable, or not listed yet)"
+                "the attempts record of {key} was not read (unreadable, or not listed yet)"
             ));
         }
         let mine = self
             .attempts
             .values()
-            .filter(|a| {
-                a.namespace == next.namespace && a.nodeset == next.nodeset && a.id != next.id
-            })
+            .filter(|a| a.id != next.id && owner_key(a) == key)
             .chain(std::iter::once(next));
         let record = AttemptsRecord::from_attempts(mine);
+        if let Some(w) = &next.workload {
+            return super::workloads::persist(&self.client, &next.namespace, w, &record.to_json())
+                .await
+                .map_err(|e| e.to_string());
+        }
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &next.namespace, &nodeset_resource());
         let patch = serde_json::json!({
@@ -1213,7 +1283,7 @@ impl Executor {
         namespace: &str,
         pod: &str,
         uid: &str,
-        nodeset: &str,
+        owner: Owner<'_>,
         reason: EventReason,
         message: &str,
     ) -> bool {
@@ -1237,18 +1307,34 @@ impl Executor {
             uid: Some(uid.into()),
             ..Default::default()
         }];
-        if let Some(ns) = snap.nodesets.iter().find(|n| {
-            n.metadata.namespace.as_deref() == Some(namespace)
-                && n.metadata.name.as_deref() == Some(nodeset)
-        }) {
-            refs.push(ObjectReference {
-                api_version: Some("slinky.slurm.net/v1beta1".into()),
-                kind: Some("NodeSet".into()),
-                namespace: Some(namespace.into()),
-                name: Some(nodeset.into()),
-                uid: ns.metadata.uid.clone(),
-                ..Default::default()
-            });
+        match owner {
+            Owner::NodeSet(nodeset) => {
+                if let Some(ns) = snap.nodesets.iter().find(|n| {
+                    n.metadata.namespace.as_deref() == Some(namespace)
+                        && n.metadata.name.as_deref() == Some(nodeset)
+                }) {
+                    refs.push(ObjectReference {
+                        api_version: Some("slinky.slurm.net/v1beta1".into()),
+                        kind: Some("NodeSet".into()),
+                        namespace: Some(namespace.into()),
+                        name: Some(nodeset.into()),
+                        uid: ns.metadata.uid.clone(),
+                        ..Default::default()
+                    });
+                }
+            }
+            Owner::Workload(w) => {
+                if let Some(o) = Workloads::new(&snap.workloads).get(namespace, w) {
+                    refs.push(ObjectReference {
+                        api_version: Some("apps/v1".into()),
+                        kind: Some(w.kind.as_str().into()),
+                        namespace: Some(namespace.into()),
+                        name: Some(w.name.clone()),
+                        uid: o.uid.clone(),
+                        ..Default::default()
+                    });
+                }
+            }
         }
         let mut ok = true;
         for r in refs {
@@ -1287,6 +1373,33 @@ impl Executor {
             self.attempts.remove(id);
             self.fresh_since.remove(id);
         }
+    }
+}
+
+/// The object an attempt or notice belongs to, for its Events.
+#[derive(Debug, Clone, Copy)]
+enum Owner<'a> {
+    /// A NodeSet (by name).
+    NodeSet(&'a str),
+    /// A workload.
+    Workload(&'a WorkloadRef),
+}
+
+/// The key of the record attempt `a` is persisted in: `namespace/nodeset`
+/// for a NodeSet pod's, `kind/namespace/name` for a workload pod's.
+fn owner_key(a: &Attempt) -> String {
+    match &a.workload {
+        Some(w) => workload_key(&a.namespace, w),
+        None => format!("{}/{}", a.namespace, a.nodeset),
+    }
+}
+
+/// The key of the record a candidate's attempt would be persisted in.
+fn candidate_owner_key(c: &Candidate) -> String {
+    match (&c.workload, &c.nodeset) {
+        (Some(w), _) => workload_key(&c.namespace, w),
+        (None, Some(n)) => format!("{}/{n}", c.namespace),
+        (None, None) => String::new(),
     }
 }
 

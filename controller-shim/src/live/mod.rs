@@ -38,6 +38,7 @@ pub mod status_auth;
 pub mod tls;
 pub mod wait;
 pub mod watch;
+pub mod workloads;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -5,6 +5,7 @@
 //! socket or calls the API. The tasks take these typed settings, never
 //! the flags.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -13,11 +14,12 @@ use clap::{Args, ValueEnum};
 use jiff::SignedDuration;
 use mountguard_core::remediation::machine::{FailurePolicy, MachineConfig};
 use mountguard_core::remediation::plan::{Mode, PlanConfig};
+use mountguard_core::remediation::workload::WorkloadKind;
 use mountguard_inventory::parse_duration;
 
 use super::admission::{AdmissionArgs, AdmissionMode, AdmissionSettings};
 use super::auth::ServiceAccountRef;
-use super::executor::{ObjectName, Prepared, RemediationSettings, SlurmCredential};
+use super::executor::{ObjectName, Prepared, RemediationSettings, SlurmCredential, SlurmSettings};
 use super::leader::LeaderConfig;
 use super::report::{CountLimits, ReportConfig};
 use super::shared::RateLimit;
@@ -191,6 +193,20 @@ pub struct RunArgs {
         default_value = "keep-drained"
     )]
     pub on_failure: OnFailure,
+    /// Workload kinds whose opted-in pods (`mountguard.io/remediate:
+    /// evict` on the workload) remediation may evict and verify (comma
+    /// separated: deployment, replicaset, statefulset, daemonset); none by
+    /// default. With some, `--slurmrestd-url` is needed only for NodeSets.
+    #[arg(long, env = "MOUNTGUARD_REMEDIATE_WORKLOADS", value_delimiter = ',', num_args = 0..)]
+    pub remediate_workloads: Vec<WorkloadKind>,
+    /// Concurrent remediations of workload pods in the cluster (apart from
+    /// `--remediation-budget-cluster`, which bounds NodeSet attempts).
+    #[arg(
+        long,
+        env = "MOUNTGUARD_REMEDIATION_BUDGET_WORKLOADS",
+        default_value_t = 3
+    )]
+    pub remediation_budget_workloads: u32,
     /// Also replace the pods pinning an immutable cache entry.
     #[arg(long, env = "MOUNTGUARD_REPLACE_PINNING_PODS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub replace_pinning_pods: bool,
@@ -381,6 +397,8 @@ impl TryFrom<RunArgs> for Settings {
             verification_timeout,
             on_failure,
             replace_pinning_pods,
+            remediate_workloads,
+            remediation_budget_workloads,
             admission,
             // The log flags are the binary's: it sets up logging before
             // anything else; the filter is checked here too.
@@ -428,6 +446,10 @@ impl TryFrom<RunArgs> for Settings {
             .map(|s| s.trim().to_string())
             .filter(|s| !s.is_empty())
             .collect();
+        let workload_kinds: BTreeSet<WorkloadKind> = match remediation {
+            RemediationMode::Off => BTreeSet::new(),
+            _ => remediate_workloads.into_iter().collect(),
+        };
         let watch = WatchSettings {
             namespaces: if namespaces.is_empty() {
                 vec![None]
@@ -437,6 +459,7 @@ impl TryFrom<RunArgs> for Settings {
             pod_selector: pod_selector.filter(|s| !s.trim().is_empty()),
             agent_namespace: agent_service_account.namespace.clone(),
             agent_daemonset: agent_daemonset.clone(),
+            workload_kinds: workload_kinds.clone(),
         };
         let mode = match remediation {
             RemediationMode::Off => Mode::Off,
@@ -446,25 +469,43 @@ impl TryFrom<RunArgs> for Settings {
         let remediation = match mode {
             Mode::Off => None,
             Mode::DryRun | Mode::On => {
-                let slurmrestd_url = slurmrestd_url
-                    .ok_or_else(|| Error::Config("--remediation needs --slurmrestd-url".into()))?;
-                let credential = match (slurm_token_secret, slurm_jwt_key_secret) {
-                    (Some(s), None) => SlurmCredential::Token(s, slurm_token_key),
-                    (None, Some(s)) => SlurmCredential::JwtKey(s),
-                    _ => {
+                // slurmrestd is for NodeSets: without it, only workloads.
+                let slurm = match slurmrestd_url {
+                    None if !workload_kinds.is_empty() => None,
+                    None => {
                         return Err(Error::Config(
-                            "--remediation needs exactly one of --slurm-token-secret and \
-                             --slurm-jwt-key-secret"
+                            "--remediation needs --slurmrestd-url (NodeSets) or \
+                             --remediate-workloads (Deployments, ReplicaSets, StatefulSets, \
+                             DaemonSets)"
                                 .into(),
                         ));
                     }
-                };
-                let slurmrestd_ca = match slurmrestd_ca_file {
-                    Some(p) => Some(std::fs::read(&p).map_err(|e| Error::Io {
-                        file: p.display().to_string(),
-                        source: e,
-                    })?),
-                    None => None,
+                    Some(url) => {
+                        let credential = match (slurm_token_secret, slurm_jwt_key_secret) {
+                            (Some(s), None) => SlurmCredential::Token(s, slurm_token_key),
+                            (None, Some(s)) => SlurmCredential::JwtKey(s),
+                            _ => {
+                                return Err(Error::Config(
+                                    "--remediation with --slurmrestd-url needs exactly one of \
+                                     --slurm-token-secret and --slurm-jwt-key-secret"
+                                        .into(),
+                                ));
+                            }
+                        };
+                        let ca = match slurmrestd_ca_file {
+                            Some(p) => Some(std::fs::read(&p).map_err(|e| Error::Io {
+                                file: p.display().to_string(),
+                                source: e,
+                            })?),
+                            None => None,
+                        };
+                        Some(SlurmSettings {
+                            url,
+                            ca,
+                            credential,
+                            user: slurm_user,
+                        })
+                    }
                 };
                 // Builds the slurmrestd client: the URL's form and the CA
                 // bundle are checked here; no request is made.
@@ -476,7 +517,8 @@ impl TryFrom<RunArgs> for Settings {
                         budget_per_nodeset: remediation_budget_per_nodeset,
                         budget_cluster: remediation_budget_cluster,
                         replace_pinning_pods,
-                        ..PlanConfig::default()
+                        workload_kinds,
+                        budget_workloads: remediation_budget_workloads,
                     },
                     machine: MachineConfig {
                         drain_timeout: signed(drain_timeout),
@@ -489,10 +531,7 @@ impl TryFrom<RunArgs> for Settings {
                         },
                         ..Default::default()
                     },
-                    slurmrestd_url,
-                    slurmrestd_ca,
-                    credential,
-                    slurm_user,
+                    slurm,
                 })?)
             }
         };
@@ -732,6 +771,7 @@ mod tests {
                 pod_selector: Some("app=slurm".into()),
                 agent_namespace: "mg".into(),
                 agent_daemonset: "agent-ds".into(),
+                workload_kinds: BTreeSet::new(),
             }
         );
         assert_eq!(s.kubeconfig.as_deref(), Some("/dev/null".as_ref()));
@@ -790,13 +830,35 @@ mod tests {
             r.machine.verification_timeout,
             SignedDuration::from_mins(10)
         );
-        assert_eq!(r.slurmrestd_url, "https://slurm:6820");
-        assert_eq!(r.slurmrestd_ca.as_deref(), Some(ca.as_bytes()));
+        let slurm = r.slurm.as_ref().expect("NodeSets remediated");
+        assert_eq!(slurm.url, "https://slurm:6820");
+        assert_eq!(slurm.ca.as_deref(), Some(ca.as_bytes()));
         assert_eq!(
-            r.credential,
+            slurm.credential,
             SlurmCredential::Token("slurm/token".parse().unwrap(), "tok".into())
         );
-        assert_eq!(r.slurm_user, "root");
+        assert_eq!(slurm.user, "root");
+        assert!(r.plan.workload_kinds.is_empty(), "no workloads by default");
+        assert!(s.watch.workload_kinds.is_empty());
+        // Workloads only: no slurmrestd needed, the kinds watched and
+        // planned, the workload budget apart.
+        let mut a = RunArgs::for_test("/dev/null".into(), "mg:agent", "agent");
+        a.remediation = RemediationMode::On;
+        a.remediate_workloads = vec![WorkloadKind::Deployment, WorkloadKind::DaemonSet];
+        a.remediation_budget_workloads = 5;
+        let s = Settings::try_from(a).unwrap();
+        let r = s.remediation.as_ref().unwrap().settings();
+        assert!(r.slurm.is_none());
+        let kinds: BTreeSet<WorkloadKind> =
+            [WorkloadKind::Deployment, WorkloadKind::DaemonSet].into();
+        assert_eq!(r.plan.workload_kinds, kinds);
+        assert_eq!(r.plan.budget_workloads, 5);
+        assert_eq!(s.watch.workload_kinds, kinds);
+        // Remediation off: the kinds are neither watched nor planned.
+        let mut a = RunArgs::for_test("/dev/null".into(), "mg:agent", "agent");
+        a.remediate_workloads = vec![WorkloadKind::StatefulSet];
+        let s = Settings::try_from(a).unwrap();
+        assert!(s.remediation.is_none() && s.watch.workload_kinds.is_empty());
         let mut a = RunArgs::for_test("/dev/null".into(), "mg:agent", "agent");
         a.remediation = RemediationMode::On;
         a.slurmrestd_url = Some("http://slurm:6820".into());
@@ -805,9 +867,10 @@ mod tests {
         let r = s.remediation.as_ref().unwrap().settings();
         assert_eq!(r.mode, Mode::On);
         assert_eq!(r.machine.on_failure, FailurePolicy::Auto);
-        assert_eq!(r.slurmrestd_ca, None);
+        let slurm = r.slurm.as_ref().expect("NodeSets remediated");
+        assert_eq!(slurm.ca, None);
         assert_eq!(
-            r.credential,
+            slurm.credential,
             SlurmCredential::JwtKey("slurm/jwt".parse().unwrap())
         );
     }

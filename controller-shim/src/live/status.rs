@@ -157,8 +157,17 @@ pub struct AttemptItem {
     pub namespace: String,
     /// Pod name.
     pub pod: String,
-    /// NodeSet.
+    /// NodeSet (empty for a workload's pod).
     pub nodeset: String,
+    /// The workload, e.g. `Deployment web` (a workload's pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    /// The replacement pod, once found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_pod: Option<String>,
+    /// The node the replacement landed on (a workload's pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_pod_node: Option<String>,
     /// Kubernetes node.
     pub node: String,
     /// Slurm node.
@@ -193,6 +202,9 @@ impl AttemptItem {
             namespace: a.namespace.clone(),
             pod: a.pod.clone(),
             nodeset: a.nodeset.clone(),
+            workload: a.workload.as_ref().map(|w| w.to_string()),
+            new_pod: a.new_pod_uid.as_ref().map(|_| a.new_pod().to_string()),
+            new_pod_node: a.new_pod_node.clone(),
             node: a.node.clone(),
             slurm_node: a.slurm_node.clone(),
             phase: a.phase.name().to_string(),

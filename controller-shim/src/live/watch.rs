@@ -4,7 +4,9 @@
 //! * Pods (per watched namespace, `--pod-selector`), Secrets and ConfigMaps
 //!   (per watched namespace; content hashed here, the object and its
 //!   plaintext dropped at once), Nodes, NodeSets (`slinky.slurm.net/v1beta1`,
-//!   optional) and the agent's pods (agent namespace, owned by the agent
+//!   optional), the workloads whose pods remediation may evict
+//!   (Deployments, ReplicaSets, StatefulSets, DaemonSets; only the kinds
+//!   enabled) and the agent's pods (agent namespace, owned by the agent
 //!   DaemonSet; for authorization).
 //! * Re-list semantics like a reflector store: after `InitDone`, objects
 //!   not seen in the re-list are deleted.
@@ -27,7 +29,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::runtime::watcher;
@@ -39,8 +41,10 @@ use tracing::{debug, info, warn};
 use super::auth::{AgentPod, AgentPods};
 use super::eval::Input;
 use super::shared::{Shared, Shutdown};
+use super::workloads::{self, WorkloadObject};
 use crate::convert;
 use mountguard_core::model::Interner;
+use mountguard_core::remediation::workload::WorkloadKind;
 
 /// Backoff of one failing watch: 800 ms doubling up to 30 s (the bounds of
 /// kube-runtime's `DefaultBackoff`), reset only when the watch works again
@@ -194,6 +198,34 @@ impl Edge<DynamicObject> for NodeSetEdge {
     }
     fn delete(&mut self, k: String) -> Option<Input> {
         Some(Input::NodeSetDeleted(k))
+    }
+}
+
+/// Deployments, ReplicaSets, StatefulSets, DaemonSets: kept as
+/// [`WorkloadObject`]s (annotations read, status, owner), the rest of the
+/// object dropped at once.
+struct WorkloadEdge<K> {
+    kind: WorkloadKind,
+    convert: fn(&K) -> Option<WorkloadObject>,
+}
+
+impl<K: kube::Resource + Send + 'static> Edge<K> for WorkloadEdge<K> {
+    type Key = String;
+    fn key(&self, o: &K) -> Option<String> {
+        let meta = o.meta();
+        Some(format!(
+            "{}/{}/{}",
+            self.kind.lower(),
+            meta.namespace.as_deref()?,
+            meta.name.as_deref()?
+        ))
+    }
+    fn apply(&mut self, o: K) -> Option<Input> {
+        let w = (self.convert)(&o)?;
+        Some(Input::Workload(w.key()?, Arc::new(w)))
+    }
+    fn delete(&mut self, k: String) -> Option<Input> {
+        Some(Input::WorkloadDeleted(k))
     }
 }
 
@@ -402,6 +434,31 @@ pub struct WatchSettings {
     pub agent_namespace: String,
     /// Name of the agent DaemonSet.
     pub agent_daemonset: String,
+    /// Workload kinds whose pods remediation may evict: their objects are
+    /// watched (a Deployment's ReplicaSets too); none by default.
+    pub workload_kinds: std::collections::BTreeSet<WorkloadKind>,
+}
+
+impl WatchSettings {
+    /// The workload resources to watch: a Deployment's pods belong to its
+    /// ReplicaSets, so Deployments need the ReplicaSets watched too.
+    fn workload_resources(&self) -> Vec<&'static str> {
+        let k = &self.workload_kinds;
+        let mut out = Vec::new();
+        if k.contains(&WorkloadKind::Deployment) {
+            out.push("deployments");
+        }
+        if k.contains(&WorkloadKind::Deployment) || k.contains(&WorkloadKind::ReplicaSet) {
+            out.push("replicasets");
+        }
+        if k.contains(&WorkloadKind::StatefulSet) {
+            out.push("statefulsets");
+        }
+        if k.contains(&WorkloadKind::DaemonSet) {
+            out.push("daemonsets");
+        }
+        out
+    }
 }
 
 /// Starts every watch.
@@ -414,11 +471,13 @@ pub fn spawn_all(
     shutdown: Shutdown,
 ) -> Vec<(&'static str, JoinHandle<()>)> {
     let mut out = Vec::new();
+    let workload_resources = settings.workload_resources();
     let WatchSettings {
         namespaces,
         pod_selector,
         agent_namespace,
         agent_daemonset,
+        workload_kinds: _,
     } = settings;
     let wc = || watcher::Config::default();
     let suffix = |ns: &Option<String>| ns.as_deref().map(|n| format!("/{n}")).unwrap_or_default();
@@ -428,7 +487,10 @@ pub fn spawn_all(
     // attempts from the NodeSets, and an incomplete list would make it take
     // live drains for orphans.
     for ns in namespaces {
-        for kind in ["pods", "secrets", "configmaps", "nodesets"] {
+        for kind in ["pods", "secrets", "configmaps", "nodesets"]
+            .into_iter()
+            .chain(workload_resources.iter().copied())
+        {
             shared
                 .health
                 .register(&format!("{kind}{}", suffix(ns)), true);
@@ -486,6 +548,65 @@ pub fn spawn_all(
                 shutdown.clone(),
             )),
         ));
+        for resource in &workload_resources {
+            let name = format!("{resource}{}", suffix(ns));
+            let (sh, tx, sd) = (shared.clone(), tx.clone(), shutdown.clone());
+            let handle = match *resource {
+                "deployments" => tokio::spawn(run_watch(
+                    namespaced::<Deployment>(client, ns.as_deref()),
+                    wc(),
+                    name,
+                    "deployments",
+                    WorkloadEdge {
+                        kind: WorkloadKind::Deployment,
+                        convert: workloads::from_deployment,
+                    },
+                    sh,
+                    tx,
+                    sd,
+                )),
+                "replicasets" => tokio::spawn(run_watch(
+                    namespaced::<ReplicaSet>(client, ns.as_deref()),
+                    wc(),
+                    name,
+                    "replicasets",
+                    WorkloadEdge {
+                        kind: WorkloadKind::ReplicaSet,
+                        convert: workloads::from_replicaset,
+                    },
+                    sh,
+                    tx,
+                    sd,
+                )),
+                "statefulsets" => tokio::spawn(run_watch(
+                    namespaced::<StatefulSet>(client, ns.as_deref()),
+                    wc(),
+                    name,
+                    "statefulsets",
+                    WorkloadEdge {
+                        kind: WorkloadKind::StatefulSet,
+                        convert: workloads::from_statefulset,
+                    },
+                    sh,
+                    tx,
+                    sd,
+                )),
+                _ => tokio::spawn(run_watch(
+                    namespaced::<DaemonSet>(client, ns.as_deref()),
+                    wc(),
+                    name,
+                    "daemonsets",
+                    WorkloadEdge {
+                        kind: WorkloadKind::DaemonSet,
+                        convert: workloads::from_daemonset,
+                    },
+                    sh,
+                    tx,
+                    sd,
+                )),
+            };
+            out.push(("watch-workloads", handle));
+        }
         out.push((
             "watch-nodesets",
             tokio::spawn(run_nodesets(
