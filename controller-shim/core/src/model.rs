@@ -778,8 +778,18 @@ impl PodModel {
     /// only `SyncTerminatedPod` unregisters it: a pod that is terminating but
     /// not gone still holds its registrations, a Succeeded/Failed one does
     /// not, and one the kubelet has not synced yet holds none.
+    ///
+    /// A pod being deleted holds them until it is gone, whatever its phase:
+    /// the kubelet reports the terminal phase of a deleted pod from
+    /// `SyncTerminatingPod` once its containers stopped, and unregisters
+    /// it only later, in `SyncTerminatedPod` after its volumes are
+    /// unmounted (`kl.secretManager.UnregisterPod` before
+    /// `kl.statusManager.TerminatePod`), and the API object goes only
+    /// after that (`pkg/kubelet/status/status_manager.go`, `syncPod`:
+    /// `canBeDeleted`). A replacement registered on the node in between
+    /// is served the pinned entry.
     pub fn registered(&self) -> bool {
-        self.node.is_some() && !self.terminated && self.synced_at.is_some()
+        self.node.is_some() && (!self.terminated || self.terminating) && self.synced_at.is_some()
     }
 
     /// Whether this pod keeps the kubelet's cache entry of `r` alive: it is

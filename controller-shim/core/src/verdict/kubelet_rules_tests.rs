@@ -156,6 +156,11 @@ fn every_reference_the_kubelet_counts_pins_and_nothing_else_does() {
             false,
         ),
         (
+            "deleted and terminal (SyncTerminatingPod reported the phase): registered until it is gone",
+            other("o").image_pull_secret("auth").terminated().terminating(),
+            true,
+        ),
+        (
             "unscheduled",
             other("o").image_pull_secret("auth").unscheduled(),
             false,
