@@ -87,6 +87,19 @@ SCENARIOS: dict[str, Scenario] = {
         {"tls": {"certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}}}
     ),
     "plaintext": Scenario({"tls": {"insecurePlaintextReports": True}}),
+    # What tests/tests/real runs workload remediation with: reports over
+    # plain HTTP, remediation on for every workload kind, no slurmrestd.
+    "rig-workloads": Scenario(
+        {
+            "tls": {"insecurePlaintextReports": True},
+            "remediation": {
+                "mode": "on",
+                "workloads": {
+                    "kinds": ["deployment", "replicaset", "statefulset", "daemonset"]
+                },
+            },
+        }
+    ),
     # What tests/tests/real runs remediation with: reports over plain HTTP
     # (no cert-manager there), remediation on with slurmctld's jwt.key, two
     # replicas (leader election on a real Lease).

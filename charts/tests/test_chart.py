@@ -68,7 +68,9 @@ def workload_rules(kinds: list[str]) -> set[tuple[str, str, str, str]]:
     return {
         ("cluster", "apps", r, v) for r in resources for v in ("get", "list", "watch", "patch")
     }
-# Only with remediation.replacePinningPods (cordoning a node for a group).
+# Only with remediation.replacePinningPods (holding a node for a group) or
+# with a deployment, replicaset or daemonset among remediation.workloads.kinds
+# (holding the node of an evicted pod until it is gone).
 PINNING_RULES = {("cluster", "", "nodes", "patch")}
 LEADER_RULES = {
     (NAMESPACE, "coordination.k8s.io", "leases", v) for v in ("get", "create", "patch")
@@ -548,6 +550,7 @@ def test_workload_remediation_needs_no_slurmrestd_and_grants_only_its_kinds() ->
         assert name not in env, name
     g = granted(r)
     assert workload_rules(["deployment", "statefulset"]) <= g
+    assert PINNING_RULES <= g, "a Deployment's evicted pod: its node held"
     assert ("cluster", "apps", "daemonsets", "patch") not in g
     assert not SLURMRESTD_RULES & g, "no NodeSet is patched without slurmrestd"
     assert REMEDIATION_RULES <= g
@@ -565,6 +568,7 @@ def test_workload_remediation_needs_no_slurmrestd_and_grants_only_its_kinds() ->
     g = granted(both)
     assert SLURMRESTD_RULES <= g and workload_rules(["daemonset"]) <= g
     assert ("cluster", "apps", "deployments", "get") not in g
+    assert PINNING_RULES <= g, "a DaemonSet's evicted pod: its node held"
     # Remediation off: nothing of it, whatever the kinds say.
     off = render({"remediation": {"workloads": {"kinds": ["deployment"]}}})
     assert "MOUNTGUARD_REMEDIATE_WORKLOADS" not in controller_env(off)
@@ -779,10 +783,14 @@ def test_rbac_is_exactly_the_documented_list(scenario: tuple[str, Any]) -> None:
         expected |= REMEDIATION_RULES
         if "MOUNTGUARD_SLURMRESTD_URL" in env:
             expected |= SLURMRESTD_RULES
-        if env.get("MOUNTGUARD_REPLACE_PINNING_PODS") == "true":
+        kinds = [k for k in env.get("MOUNTGUARD_REMEDIATE_WORKLOADS", "").split(",") if k]
+        if env.get("MOUNTGUARD_REPLACE_PINNING_PODS") == "true" or {
+            "deployment",
+            "replicaset",
+            "daemonset",
+        } & set(kinds):
             expected |= PINNING_RULES
-        kinds = env.get("MOUNTGUARD_REMEDIATE_WORKLOADS", "")
-        expected |= workload_rules([k for k in kinds.split(",") if k])
+        expected |= workload_rules(kinds)
     if dep["spec"]["replicas"] > 1:
         expected |= LEADER_RULES
     if env["MOUNTGUARD_STATUS_AUTH"] == "kubernetes":
@@ -867,19 +875,23 @@ def test_documented_rbac_list_matches_the_tests() -> None:
         | {(g, res, v, "slurmrestd") for _, g, res, v in SLURMRESTD_RULES}
         | {(g, res, v, "workloads") for _, g, res, v in workload_rules(list(WORKLOAD_RESOURCES))}
         | {(g, res, v, "leader") for _, g, res, v in LEADER_RULES}
-        | {(g, res, v, "replacePinningPods") for _, g, res, v in PINNING_RULES}
+        | {(g, res, v, "nodeHold") for _, g, res, v in PINNING_RULES}
         | {(g, res, v, "statusAuth") for _, g, res, v in STATUS_AUTH_RULES}
     )
     assert rows == everything
 
 
-def test_nodes_may_be_patched_only_to_replace_pinning_pods() -> None:
+def test_nodes_may_be_patched_only_to_hold_them() -> None:
     on = SCENARIOS["remediation-on"].values
     assert not PINNING_RULES & granted(render(on))
     with_pinning = render(deep_merge(on, {"remediation": {"replacePinningPods": True}}))
     assert PINNING_RULES <= granted(with_pinning)
-    # Never without remediation, whatever replacePinningPods says.
-    assert not PINNING_RULES & granted(render({"remediation": {"replacePinningPods": True}}))
+    for kinds, held in ((["replicaset"], True), (["daemonset"], True), (["statefulset"], False)):
+        r = render(deep_merge(on, {"remediation": {"workloads": {"kinds": kinds}}}))
+        assert bool(PINNING_RULES & granted(r)) == held, kinds
+    # Never without remediation, whatever replacePinningPods or the kinds say.
+    off = {"remediation": {"replacePinningPods": True, "workloads": {"kinds": ["deployment"]}}}
+    assert not PINNING_RULES & granted(render(off))
 
 
 # ---------------------------------------------------------------- TLS

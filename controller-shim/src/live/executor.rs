@@ -54,7 +54,7 @@ use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError
 use super::watch::nodeset_resource;
 use super::workloads::{Workloads, workload_key};
 use crate::Error;
-use mountguard_core::remediation::workload::WorkloadRef;
+use mountguard_core::remediation::workload::{WorkloadKind, WorkloadRef};
 
 /// How often open attempts are stepped without a new snapshot.
 pub const TICK: Duration = Duration::from_secs(2);
@@ -679,8 +679,16 @@ impl Executor {
                     .iter()
                     .find(|p| *p.namespace == *a.namespace && *p.name == *a.pod)
                     .map(|p| p.uid.to_string());
+                // A ReplicaSet's or DaemonSet's pod is evicted only while
+                // new pods are held off its node (the attempt is the
+                // hold's owner).
+                let cordon = match (w.kind, a.hold_owner()) {
+                    (WorkloadKind::StatefulSet, _) | (_, None) => NodeCordon::NotRead,
+                    (_, Some(owner)) => self.cordon(&mut cordons, &a.node, owner).await,
+                };
                 let obs = Observations {
                     pod_uid,
+                    cordon,
                     new_pod: new_pod_check(
                         &snap.verdicts,
                         &snap.workload_pods,
@@ -695,6 +703,8 @@ impl Executor {
                 };
                 let (next, actions) = step(&a, &obs, now, &self.machine_cfg);
                 self.perform(snap, &a, next, actions, now).await;
+                // Read the node's hold again next time it is needed.
+                cordons.remove(&a.node);
                 if self.lost {
                     self.pause("the Lease was lost");
                     return;
@@ -960,10 +970,11 @@ impl Executor {
             .list(&Default::default())
             .await
         {
-            // A cordon of a group not in the records read is unknown, not
-            // orphaned, while the view is incomplete; groups are NodeSet
-            // pods': none without slurmrestd.
-            Ok(_) if !complete || self.slurm.is_none() => Vec::new(),
+            // A hold whose attempt is not in the records read is unknown,
+            // not orphaned, while the view is incomplete; without
+            // slurmrestd no NodeSet record is read, so only while there
+            // is no NodeSet at all.
+            Ok(_) if !complete || (self.slurm.is_none() && !snap.nodesets.is_empty()) => Vec::new(),
             Ok(l) => l
                 .items
                 .iter()

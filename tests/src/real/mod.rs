@@ -1112,6 +1112,8 @@ pub fn collection_path(api_version: &str, kind: &str, namespace: Option<&str>) -
         "PodDisruptionBudget" => "poddisruptionbudgets",
         "DaemonSet" => "daemonsets",
         "Deployment" => "deployments",
+        "StatefulSet" => "statefulsets",
+        "ReplicaSet" => "replicasets",
         "NodeSet" => "nodesets",
         "Lease" => "leases",
         "ValidatingWebhookConfiguration" => "validatingwebhookconfigurations",

@@ -49,6 +49,24 @@ fn repo() -> PathBuf {
 /// jwt.key Secret, two replicas: leader election; plain HTTP reports).
 pub const REMEDIATION_SCENARIO: &str = "rig-remediation";
 
+/// The chart scenario of the workload remediation tier (remediation on
+/// for Deployments, ReplicaSets, StatefulSets and DaemonSets, no
+/// slurmrestd; plain HTTP reports).
+pub const WORKLOADS_SCENARIO: &str = "rig-workloads";
+
+/// What the rig runs besides the control plane, the chart and mountguard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    /// Detection only.
+    Detect,
+    /// NodeSet remediation: the Slinky doubles (with the operator double's
+    /// rules when true).
+    Slinky(bool),
+    /// Workload remediation: the real controller-manager's ReplicaSet,
+    /// StatefulSet and DaemonSet controllers recreate the pods.
+    Workloads,
+}
+
 /// The chart rendered by the real Helm engine (charts/tests/render.py):
 /// the objects of `scenario`.
 fn render_chart(out: &Path, scenario: &str) -> Vec<Value> {
@@ -138,7 +156,14 @@ impl RealSystem {
     }
 
     pub async fn start_with(nodes: usize, kind: Nodes) -> RealSystem {
-        Self::start_opts(nodes, kind, None).await
+        Self::start_opts(nodes, kind, Tier::Detect).await
+    }
+
+    /// The workload remediation tier on real kubelets: the chart's
+    /// [`WORKLOADS_SCENARIO`] (the apps/v1 rules for every kind), the
+    /// controller without slurmrestd, with short remediation timings.
+    pub async fn start_workload_remediation_on_real_kubelets(nodes: usize) -> RealSystem {
+        Self::start_opts(nodes, Nodes::RealKubelets, Tier::Workloads).await
     }
 
     /// The remediation tier: node doubles, the Slinky doubles as clients
@@ -149,7 +174,7 @@ impl RealSystem {
     /// real Lease) and the controller pointed at the slurmrestd double
     /// with short remediation timings.
     pub async fn start_remediation(nodes: usize, operator_rules: bool) -> RealSystem {
-        Self::start_opts(nodes, Nodes::Doubles, Some(operator_rules)).await
+        Self::start_opts(nodes, Nodes::Doubles, Tier::Slinky(operator_rules)).await
     }
 
     /// The remediation tier with the real kubelet on the fake CRI runtime
@@ -160,10 +185,14 @@ impl RealSystem {
         nodes: usize,
         operator_rules: bool,
     ) -> RealSystem {
-        Self::start_opts(nodes, Nodes::RealKubelets, Some(operator_rules)).await
+        Self::start_opts(nodes, Nodes::RealKubelets, Tier::Slinky(operator_rules)).await
     }
 
-    async fn start_opts(nodes: usize, kind: Nodes, slinky: Option<bool>) -> RealSystem {
+    async fn start_opts(nodes: usize, kind: Nodes, tier: Tier) -> RealSystem {
+        let slinky = match tier {
+            Tier::Slinky(rules) => Some(rules),
+            Tier::Detect | Tier::Workloads => None,
+        };
         for bin in ["mountguard-controller", "mountguard-agent"] {
             if let Err(e) = binary(bin) {
                 panic!("{e}");
@@ -216,10 +245,10 @@ impl RealSystem {
         let client = cluster.client().await.unwrap();
         let logs = cluster.dir().join("mountguard-logs");
         std::fs::create_dir_all(&logs).unwrap();
-        let scenario = if slinky.is_some() {
-            REMEDIATION_SCENARIO
-        } else {
-            CHART_SCENARIO
+        let scenario = match tier {
+            Tier::Slinky(_) => REMEDIATION_SCENARIO,
+            Tier::Workloads => WORKLOADS_SCENARIO,
+            Tier::Detect => CHART_SCENARIO,
         };
         let rendered = render_chart(&cluster.dir().join("chart"), scenario);
         ensure_namespace(&client, NAMESPACE).await.unwrap();
@@ -320,15 +349,17 @@ impl RealSystem {
         let report_addr = free_addr().unwrap();
         let metrics_addr = free_addr().unwrap();
         let mut controller_env = controller_env(&deployment, &key_file, report_addr, metrics_addr);
+        let mut rig_env = Vec::new();
         if let Some(url) = cluster.slurmrestd_url() {
-            for (k, v) in [
-                ("MOUNTGUARD_SLURMRESTD_URL", url),
-                ("MOUNTGUARD_REMEDIATION_DELAY", "1s".to_string()),
-                ("MOUNTGUARD_REPLACEMENT_TIMEOUT", "2m".to_string()),
-            ] {
-                controller_env.retain(|(x, _)| x != k);
-                controller_env.push((k.to_string(), v));
-            }
+            rig_env.push(("MOUNTGUARD_SLURMRESTD_URL", url));
+        }
+        if tier != Tier::Detect {
+            rig_env.push(("MOUNTGUARD_REMEDIATION_DELAY", "1s".to_string()));
+            rig_env.push(("MOUNTGUARD_REPLACEMENT_TIMEOUT", "2m".to_string()));
+        }
+        for (k, v) in rig_env {
+            controller_env.retain(|(x, _)| x != k);
+            controller_env.push((k.to_string(), v));
         }
         let objects = std::sync::Arc::new(mountguard_tests::real::objects::RealObjects::new(
             client.clone(),

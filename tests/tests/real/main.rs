@@ -29,3 +29,4 @@ mod kubelet_support;
 mod kubelet_updates;
 mod node_double;
 mod remediation;
+mod workload_remediation;

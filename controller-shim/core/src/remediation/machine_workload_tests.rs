@@ -4,9 +4,10 @@
 
 use jiff::{SignedDuration, Timestamp};
 
+use super::inputs::cordon_of;
 use super::machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailReason, MachineConfig,
-    NewPodCheck, Observations, Phase, WorkloadObservation, step,
+    NewPodCheck, NodeCordon, Observations, Phase, WorkloadObservation, step,
 };
 use super::machine_tests_support::{finding, t0};
 use super::workload::{OwnerPod, WorkloadKind, WorkloadRef};
@@ -42,12 +43,31 @@ fn owner_pod(uid: &str, name: &str, node: &str) -> OwnerPod {
     }
 }
 
+/// The workload's pods as read, the pod `pod_uid` under the attempt's
+/// name, and the node held for the attempt.
 fn seen(pod_uid: Option<&str>, pods: Vec<OwnerPod>) -> Observations {
     Observations {
         pod_uid: pod_uid.map(String::from),
         workload: Some(WorkloadObservation { pods, hold: None }),
+        cordon: NodeCordon::Ours,
         ..Default::default()
     }
+}
+
+/// The holds asked for (true) and lifted (false), each naming the attempt.
+fn holds(actions: &[Action]) -> Vec<bool> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CordonNode { owner, .. } => Some((true, owner)),
+            Action::UncordonNode { owner, .. } => Some((false, owner)),
+            _ => None,
+        })
+        .map(|(on, owner)| {
+            assert_eq!(owner, "w1", "the hold names the attempt");
+            on
+        })
+        .collect()
 }
 
 fn evictions(actions: &[Action]) -> usize {
@@ -228,7 +248,14 @@ fn each_kind_is_evicted_replaced_and_verified_without_slurm() {
             msg.contains(&format!("verified fresh on node {}", c.new_node)) && msg.contains(k),
             "{k}: {msg}"
         );
-        assert!(!a.is_open(), "{k}");
+        if a.is_open() {
+            // A ReplicaSet's: open until its lifted hold is seen gone.
+            assert!(a.cordon_pending(), "{k}");
+            let mut o = seen(same_name, c.after.clone());
+            o.cordon = NodeCordon::Free;
+            let (b, _) = step(&a, &o, t0() + s(6), &cfg);
+            assert!(!b.is_open(), "{k}");
+        }
         assert_eq!(
             a.phase_names(),
             vec![
@@ -241,6 +268,128 @@ fn each_kind_is_evicted_replaced_and_verified_without_slurm() {
             "{k}"
         );
     }
+}
+
+#[test]
+fn a_replicasets_or_daemonsets_pod_is_evicted_only_while_new_pods_are_held_off_its_node() {
+    let cfg = MachineConfig::default();
+    for kind in [
+        WorkloadKind::Deployment,
+        WorkloadKind::ReplicaSet,
+        WorkloadKind::DaemonSet,
+    ] {
+        let pods = vec![owner_pod("uid-old", "web-a", "node-a")];
+        let at = |o: NodeCordon| Observations {
+            cordon: o,
+            ..seen(Some("uid-old"), pods.clone())
+        };
+        // Free: the hold first (recorded before), no eviction yet.
+        let (a, act) = step(&attempt(kind, "web-a"), &at(NodeCordon::Free), t0(), &cfg);
+        assert_eq!(
+            (a.phase, evictions(&act), holds(&act)),
+            (Phase::Pending, 0, vec![true])
+        );
+        assert!(a.cordon_requested && a.is_open());
+        let p = act.iter().position(|x| matches!(x, Action::Persist));
+        let c = act
+            .iter()
+            .position(|x| matches!(x, Action::CordonNode { .. }));
+        assert!(p.is_some() && p < c, "{act:?}");
+        // Not shown yet: not asked again before the settle time.
+        let (a, act) = step(&a, &at(NodeCordon::Free), t0() + s(1), &cfg);
+        assert!(act.is_empty(), "{act:?}");
+        // Someone else's hold: wait, never touch it.
+        let (b, act) = step(&a, &at(NodeCordon::Foreign), t0() + s(30), &cfg);
+        assert_eq!(
+            (b.phase, evictions(&act), holds(&act)),
+            (Phase::Pending, 0, vec![])
+        );
+        // Ours: evicted.
+        let (a, act) = step(&a, &at(NodeCordon::Ours), t0() + s(31), &cfg);
+        assert_eq!((a.phase, evictions(&act)), (Phase::Evicting, 1));
+        let mut o = at(NodeCordon::Ours);
+        o.eviction = Some(EvictionResult::Evicted);
+        let (a, _) = step(&a, &o, t0() + s(32), &cfg);
+        assert_eq!(a.phase, Phase::AwaitingReplacement);
+        // The old pod terminating (a ReplicaSet's replacement waiting, a
+        // DaemonSet's not made while the node is held): the hold stays.
+        let ds = kind == WorkloadKind::DaemonSet;
+        let unscheduled = OwnerPod {
+            node: None,
+            ..owner_pod("uid-new", "web-b", "")
+        };
+        let waiting: Vec<OwnerPod> = if ds { vec![] } else { vec![unscheduled] };
+        let mut terminating = pods.clone();
+        terminating[0].terminating = true;
+        terminating.extend(waiting.clone());
+        let (a, act) = step(&a, &seen(Some("uid-old"), terminating), t0() + s(33), &cfg);
+        let want = if ds {
+            Phase::AwaitingReplacement
+        } else {
+            Phase::Verifying
+        };
+        assert_eq!(a.phase, want, "{kind:?}");
+        assert_eq!(holds(&act), Vec::<bool>::new(), "the old pod is not gone");
+        // Gone from the API: the hold is lifted; the replacement schedules.
+        let (a, act) = step(&a, &seen(None, waiting), t0() + s(34), &cfg);
+        assert_eq!(holds(&act), vec![false]);
+        let now = vec![owner_pod("uid-new", "web-b", "node-a")];
+        let mut o = seen(None, now.clone());
+        o.cordon = NodeCordon::Free;
+        let (a, _) = step(&a, &o, t0() + s(35), &cfg);
+        assert_eq!(a.phase, Phase::Verifying, "{kind:?}");
+        o.new_pod = NewPodCheck::Fresh;
+        let (a, _) = step(&a, &o, t0() + s(60), &cfg);
+        assert_eq!(a.phase, Phase::Succeeded);
+        assert_eq!(a.new_pod_node.as_deref(), Some("node-a"));
+        assert!(!a.is_open(), "nothing of ours is left on the node");
+    }
+    // A StatefulSet's pod needs no hold.
+    let kind = WorkloadKind::StatefulSet;
+    let o = Observations {
+        cordon: NodeCordon::NotRead,
+        ..seen(
+            Some("uid-old"),
+            vec![owner_pod("uid-old", "web-0", "node-a")],
+        )
+    };
+    let (a, act) = step(&attempt(kind, "web-0"), &o, t0(), &cfg);
+    assert_eq!(
+        (a.phase, evictions(&act), holds(&act)),
+        (Phase::Evicting, 1, vec![])
+    );
+    assert!(!a.cordon_requested);
+}
+
+#[test]
+fn a_failed_attempt_releases_its_hold() {
+    let cfg = MachineConfig::default();
+    let pods = vec![owner_pod("uid-old", "web-a", "node-a")];
+    let free = |pods: &[OwnerPod]| Observations {
+        cordon: NodeCordon::Free,
+        ..seen(Some("uid-old"), pods.to_vec())
+    };
+    let (a, _) = step(
+        &attempt(WorkloadKind::Deployment, "web-a"),
+        &free(&pods),
+        t0(),
+        &cfg,
+    );
+    let (a, _) = step(&a, &seen(Some("uid-old"), pods.clone()), t0() + s(11), &cfg);
+    assert_eq!(a.phase, Phase::Evicting);
+    let mut o = seen(Some("uid-old"), pods.clone());
+    o.eviction = Some(EvictionResult::Refused {
+        retry_after: None,
+        message: "pdb".into(),
+    });
+    let (a, _) = step(&a, &o, t0() + s(12), &cfg);
+    let late = t0() + cfg.eviction_timeout + s(12);
+    let (a, act) = step(&a, &seen(Some("uid-old"), pods.clone()), late, &cfg);
+    assert_eq!(a.phase, Phase::Failed(FailReason::EvictionTimeout));
+    assert_eq!(holds(&act), vec![false]);
+    assert!(a.is_open(), "open until the hold is seen gone");
+    let (a, act) = step(&a, &free(&pods), late + s(30), &cfg);
+    assert!(!a.is_open() && act == vec![Action::Persist], "{act:?}");
 }
 
 #[test]
@@ -515,6 +664,8 @@ struct World {
     pods: Vec<OwnerPod>,
     evictions_accepted: usize,
     replace_in: Option<u32>,
+    /// The owner named by node-a's hold taint.
+    taint: Option<String>,
 }
 
 impl World {
@@ -527,6 +678,7 @@ impl World {
             ],
             evictions_accepted: 0,
             replace_in: None,
+            taint: None,
         }
     }
 
@@ -558,7 +710,8 @@ impl World {
         }
     }
 
-    fn observe(&self, pod: &str, new_pod_uid: Option<&str>) -> Observations {
+    fn observe(&self, a: &Attempt) -> Observations {
+        let (pod, new_pod_uid) = (a.pod.as_str(), a.new_pod_uid.as_deref());
         let mut o = seen(
             self.pods
                 .iter()
@@ -569,6 +722,7 @@ impl World {
         if new_pod_uid.is_some_and(|u| self.pods.iter().any(|p| p.uid == u)) {
             o.new_pod = NewPodCheck::Fresh;
         }
+        o.cordon = cordon_of(self.taint.as_deref(), a.hold_owner().unwrap_or_default());
         o
     }
 }
@@ -590,10 +744,10 @@ fn run_with_crash(kind: WorkloadKind, crash_at: usize, after_write: bool) -> (At
             Some(a) => a,
             None => AttemptsRecord::parse(&persisted).expect("record").attempts[0].clone(),
         };
-        if a.phase.is_terminal() {
+        if !a.is_open() {
             return (a, w);
         }
-        let mut o = w.observe(&a.pod, a.new_pod_uid.as_deref());
+        let mut o = w.observe(&a);
         o.eviction = last_eviction.take();
         let (next, actions) = step(&a, &o, at, &cfg);
         let mut died = false;
@@ -606,7 +760,22 @@ fn run_with_crash(kind: WorkloadKind, crash_at: usize, after_write: bool) -> (At
                         break;
                     }
                 }
-                Action::Evict { uid, .. } => last_eviction = Some(w.evict(&uid)),
+                Action::Evict { uid, .. } => {
+                    assert!(
+                        kind == WorkloadKind::StatefulSet
+                            || w.taint.as_deref() == Some(next.id.as_str()),
+                        "{kind:?}: evicted without the hold"
+                    );
+                    last_eviction = Some(w.evict(&uid));
+                }
+                Action::CordonNode { owner, .. } => {
+                    w.taint.get_or_insert(owner);
+                }
+                Action::UncordonNode { owner, .. }
+                    if w.taint.as_deref() == Some(owner.as_str()) =>
+                {
+                    w.taint = None;
+                }
                 _ => {}
             }
         }
@@ -629,7 +798,7 @@ fn run_with_crash(kind: WorkloadKind, crash_at: usize, after_write: bool) -> (At
 #[test]
 fn killed_at_every_step_the_attempt_finishes_once_after_restart() {
     for kind in WorkloadKind::ALL {
-        for crash_at in 0..8 {
+        for crash_at in 0..12 {
             for after_write in [false, true] {
                 let (a, w) = run_with_crash(kind, crash_at, after_write);
                 let case =
@@ -642,6 +811,7 @@ fn killed_at_every_step_the_attempt_finishes_once_after_restart() {
                     "{case}: the sibling was never touched"
                 );
                 assert!(a.known_pods.contains(&"uid-sib".to_string()), "{case}");
+                assert_eq!(w.taint, None, "{case}: the hold is lifted");
             }
         }
     }

@@ -128,9 +128,10 @@ pub fn recover(
     Recovery { resume, release }
 }
 
-/// Kubernetes nodes cordoned by a group (`(node, group)` from the
-/// [`super::CORDON_ANNOTATION`]) that no open attempt of that group owns:
-/// to uncordon, if the annotation still names that group.
+/// Kubernetes nodes held by a group or a workload attempt (`(node, owner)`
+/// from the [`super::HOLD_TAINT_KEY`] taint) that no open attempt owns
+/// ([`Attempt::hold_owner`]): to release, if the taint still names that
+/// owner.
 pub fn orphan_cordons(
     persisted: &[Attempt],
     cordoned: &[(String, String)],
@@ -138,7 +139,7 @@ pub fn orphan_cordons(
     let live: HashSet<&str> = persisted
         .iter()
         .filter(|a| a.is_open())
-        .filter_map(|a| a.group.as_deref())
+        .filter_map(|a| a.hold_owner())
         .collect();
     cordoned
         .iter()

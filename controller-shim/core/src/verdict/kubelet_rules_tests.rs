@@ -157,7 +157,10 @@ fn every_reference_the_kubelet_counts_pins_and_nothing_else_does() {
         ),
         (
             "deleted and terminal (SyncTerminatingPod reported the phase): registered until it is gone",
-            other("o").image_pull_secret("auth").terminated().terminating(),
+            other("o")
+                .image_pull_secret("auth")
+                .terminated()
+                .terminating(),
             true,
         ),
         (

@@ -386,6 +386,18 @@ impl Attempt {
             || self.cordon_pending()
     }
 
+    /// Who a hold taint of this attempt names: its group (NodeSet pods
+    /// replaced together), or the attempt itself (a Deployment's or
+    /// ReplicaSet's pod, whose replacement is held off the node until the
+    /// old pod is gone).
+    pub fn hold_owner(&self) -> Option<&str> {
+        match (&self.group, &self.workload) {
+            (Some(g), _) => Some(g),
+            (None, Some(_)) => Some(&self.id),
+            (None, None) => None,
+        }
+    }
+
     /// Our cordon may still be in place and has to be released.
     pub fn cordon_pending(&self) -> bool {
         self.cordon_requested && !self.cordon_released

@@ -148,7 +148,7 @@ impl Stepper<'_> {
                     self.wrote();
                     self.actions.push(Action::UncordonNode {
                         node: self.a.node.clone(),
-                        owner: self.a.group.clone().unwrap_or_default(),
+                        owner: self.a.hold_owner().unwrap_or_default().to_string(),
                     });
                 }
             }

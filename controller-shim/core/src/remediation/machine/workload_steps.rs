@@ -8,7 +8,16 @@
 //!
 //! * Pending: the pod must still be the one selected; the eviction waits
 //!   while the workload is not fully available (the observation's `hold`),
-//!   up to the eviction timeout.
+//!   up to the eviction timeout. A Deployment's, ReplicaSet's or
+//!   DaemonSet's pod is evicted only once new pods are held off its node
+//!   (the `NoSchedule` taint [`crate::remediation::HOLD_TAINT_KEY`] naming
+//!   the attempt): their controllers create the replacement before the old
+//!   pod is gone, and a replacement started on the node before the old pod
+//!   is unregistered there keeps the kubelet's cached entry for good. The
+//!   hold is lifted once the old pod is gone from the API (the kubelet
+//!   unregisters a pod before its object goes: `SyncTerminatedPod`,
+//!   pkg/kubelet/kubelet.go), so the replacement lands on another node or,
+//!   after that, on this one.
 //! * Evicting: the Eviction API, with the pod's UID as precondition; a
 //!   refusal (a PodDisruptionBudget's 429) is retried with backoff until
 //!   the eviction timeout, never turned into a delete. Before every request
@@ -23,7 +32,7 @@
 
 use super::actions::{Action, EventReason};
 use super::attempt::{FailReason, Phase};
-use super::observations::{NewPodCheck, Observations, WorkloadObservation};
+use super::observations::{NewPodCheck, NodeCordon, Observations, WorkloadObservation};
 use super::stepper::Stepper;
 use crate::remediation::workload::{WorkloadKind, replacement};
 
@@ -52,6 +61,8 @@ impl Stepper<'_> {
                         } else {
                             self.a.retry.last_error = Some(format!("not evicted: {why}"));
                         }
+                    } else if !self.held_off(kind, obs) {
+                        // Waiting for our hold on the node.
                     } else {
                         self.goto(Phase::Evicting);
                         let f = self.a.findings.first().map_or(String::new(), |f| {
@@ -79,12 +90,13 @@ impl Stepper<'_> {
                         }) => {
                             self.a.retry.last_error = Some(format!("not evicted: {why}"));
                         }
-                        Some(w) => self.evict(w),
-                        None => {}
+                        Some(w) if self.held_off(kind, obs) => self.evict(w),
+                        _ => {}
                     }
                 }
             }
             Phase::AwaitingReplacement => {
+                self.release_hold_once_gone(obs);
                 let found = obs.workload.as_ref().and_then(|w| {
                     replacement(
                         kind,
@@ -115,10 +127,71 @@ impl Stepper<'_> {
                     }
                 }
             }
-            Phase::Verifying => self.verify_workload_pod(kind, obs),
-            Phase::Succeeded | Phase::Failed(_) => {}
+            Phase::Verifying => {
+                self.release_hold_once_gone(obs);
+                self.verify_workload_pod(kind, obs);
+            }
+            Phase::Succeeded | Phase::Failed(_) => self.release_cordon(obs),
             // Slurm phases: never entered by a workload's attempt.
             Phase::Draining | Phase::Drained | Phase::Undraining => {}
+        }
+    }
+
+    /// Whether the pod may be evicted as far as its node's hold goes:
+    /// always for a StatefulSet's, whose replacement has the old pod's name
+    /// and so cannot exist before the old object is gone; a ReplicaSet's or
+    /// DaemonSet's only while our taint holds new pods off the node, asking
+    /// for it when it is not there (a hold of someone else's on the node:
+    /// wait). A ReplicaSet replaces a pod as soon as it is being deleted
+    /// (pkg/controller/replicaset/replica_set.go, `manageReplicas`; a pod
+    /// with a deletionTimestamp is not active,
+    /// pkg/controller/controller_utils.go `IsPodActive`), a DaemonSet as
+    /// soon as it is deleted and terminal, which the kubelet reports before
+    /// it unregisters the pod (pkg/controller/daemon/daemon_controller.go,
+    /// `getNodesToDaemonPods`); the scheduler's TaintToleration filter
+    /// keeps the first off the node, and the DaemonSet controller creates
+    /// no pod for a node with a NoSchedule taint its pods do not tolerate
+    /// (`NodeShouldRunDaemonPod`, `predicates`).
+    fn held_off(&mut self, kind: WorkloadKind, obs: &Observations) -> bool {
+        if kind == WorkloadKind::StatefulSet {
+            return true;
+        }
+        match obs.cordon {
+            NodeCordon::Ours => true,
+            NodeCordon::Free => {
+                if self.due() {
+                    if !self.a.cordon_requested || self.a.cordon_released {
+                        self.a.cordon_requested = true;
+                        self.a.cordon_released = false;
+                        self.actions.push(Action::Persist);
+                    }
+                    self.wrote();
+                    self.actions.push(Action::CordonNode {
+                        node: self.a.node.clone(),
+                        owner: self.a.id.clone(),
+                    });
+                }
+                false
+            }
+            NodeCordon::Foreign => {
+                self.a.retry.last_error = Some(format!(
+                    "node {} is held by another mountguard attempt; waiting",
+                    self.a.node
+                ));
+                false
+            }
+            NodeCordon::NotRead => false,
+        }
+    }
+
+    /// Lifts our hold once the old pod is gone from the API.
+    fn release_hold_once_gone(&mut self, obs: &Observations) {
+        let gone = obs
+            .workload
+            .as_ref()
+            .is_some_and(|w| !w.pods.iter().any(|p| p.uid == self.a.pod_uid));
+        if gone && obs.pod_uid.as_deref() != Some(self.a.pod_uid.as_str()) {
+            self.release_cordon(obs);
         }
     }
 

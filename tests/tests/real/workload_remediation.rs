@@ -1,0 +1,486 @@
+//! Remediation of ordinary workloads' pods on the real control plane: the
+//! real kube-controller-manager's ReplicaSet, StatefulSet and DaemonSet
+//! controllers recreate the evicted pods and its disruption controller
+//! keeps the PodDisruptionBudget's status, the real scheduler places the
+//! replacements, the real kubelets (fake CRI runtime) hold the immutable
+//! Secret's cache pin and write the replacements' volumes, and the real
+//! API server's Eviction API and audit log say what the controller did.
+//! The controller runs with the chart's `rig-workloads` scenario (no
+//! slurmrestd).
+
+use std::time::Duration;
+
+use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, Attempt, AttemptsRecord, Phase};
+use mountguard_tests::cluster::SLURM_NAMESPACE;
+use mountguard_tests::real::{create, raw};
+use serde_json::{Value, json};
+
+use crate::harness::{RealSystem, events, wait};
+use crate::kubelet_support::{b64, volume_file};
+
+/// The immutable Secret every workload here mounts (volume `config`).
+const SECRET: &str = "app-config";
+
+async fn immutable_secret(sys: &RealSystem, value: &str) {
+    create(
+        &sys.client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": SECRET, "namespace": SLURM_NAMESPACE},
+                "immutable": true,
+                "data": {"value": b64(value.as_bytes())}}),
+    )
+    .await
+    .unwrap();
+}
+
+/// Deletes the immutable Secret and creates it again under the same name
+/// with `value`: every kubelet holding a pod that references it keeps
+/// serving the old bytes from its cache.
+async fn swap_secret(sys: &RealSystem, value: &str) {
+    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/secrets/{SECRET}");
+    let (code, body) = raw(&sys.client, "DELETE", &path, None).await.unwrap();
+    assert_eq!(code, 200, "DELETE {path}: {body}");
+    immutable_secret(sys, value).await;
+}
+
+/// A pod template of app `app` mounting [`SECRET`]; at most one pod of the
+/// app per node (required anti-affinity), so a replacement goes to the
+/// node its predecessor left. A grace period above 0: a pod deleted with 0
+/// leaves the API before its kubelet unregistered it, and a replacement
+/// registered on that node meanwhile keeps the pinned entry (see
+/// docs/remediation.md, "Workloads").
+fn template(app: &str) -> Value {
+    json!({
+        "metadata": {"labels": {"app": app}},
+        "spec": {
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 5,
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {"app": app}},
+                "topologyKey": "kubernetes.io/hostname",
+            }]}},
+            "containers": [{"name": "c", "image": "example.invalid/app:1",
+                            "volumeMounts": [{"name": "config", "mountPath": "/etc/app"}]}],
+            "volumes": [{"name": "config", "secret": {"secretName": SECRET}}],
+        },
+    })
+}
+
+fn opted_in(name: &str) -> Value {
+    json!({"name": name, "namespace": SLURM_NAMESPACE,
+           "annotations": {"mountguard.io/remediate": "evict"}})
+}
+
+/// `GET` of `apps/v1` `plural` `name` in [`SLURM_NAMESPACE`].
+async fn get_workload(sys: &RealSystem, plural: &str, name: &str) -> Value {
+    let path = format!("/apis/apps/v1/namespaces/{SLURM_NAMESPACE}/{plural}/{name}");
+    let (code, body) = raw(&sys.client, "GET", &path, None).await.unwrap();
+    assert_eq!(code, 200, "GET {path}: {body}");
+    body
+}
+
+/// The attempts persisted in the workload's annotation.
+async fn attempts(sys: &RealSystem, plural: &str, name: &str) -> Vec<Attempt> {
+    get_workload(sys, plural, name).await["metadata"]["annotations"][ATTEMPTS_ANNOTATION]
+        .as_str()
+        .map(|s| AttemptsRecord::parse(s).expect("a record the controller wrote"))
+        .map(|r| r.attempts)
+        .unwrap_or_default()
+}
+
+/// Waits for the workload's first attempt to end; returns it.
+async fn ended_attempt(sys: &RealSystem, plural: &str, name: &str, within: Duration) -> Attempt {
+    let client = sys.client.clone();
+    let path = format!("/apis/apps/v1/namespaces/{SLURM_NAMESPACE}/{plural}/{name}");
+    wait(
+        sys,
+        &format!("the attempt on {plural}/{name} to end"),
+        within,
+        || {
+            let (client, path) = (client.clone(), path.clone());
+            async move {
+                let (_, w) = raw(&client, "GET", &path, None).await.ok()?;
+                let r = AttemptsRecord::parse(
+                    w["metadata"]["annotations"][ATTEMPTS_ANNOTATION].as_str()?,
+                )
+                .ok()?;
+                r.attempts.into_iter().find(|a| a.phase.is_terminal())
+            }
+        },
+    )
+    .await
+}
+
+/// The running, not terminating pods of app `app`, once there are `n`.
+async fn running(sys: &RealSystem, app: &str, n: usize) -> Vec<Value> {
+    let client = sys.client.clone();
+    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/pods?labelSelector=app%3D{app}");
+    wait(
+        sys,
+        &format!("{n} running pods of {app}"),
+        Duration::from_secs(120),
+        || {
+            let (client, path) = (client.clone(), path.clone());
+            async move {
+                let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
+                let pods: Vec<Value> = list["items"]
+                    .as_array()?
+                    .iter()
+                    .filter(|p| {
+                        p["status"]["phase"] == "Running"
+                            && p["metadata"]["deletionTimestamp"].is_null()
+                    })
+                    .cloned()
+                    .collect();
+                (pods.len() == n).then_some(pods)
+            }
+        },
+    )
+    .await
+}
+
+fn name(p: &Value) -> String {
+    p["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn uid(p: &Value) -> String {
+    p["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn node(p: &Value) -> String {
+    p["spec"]["nodeName"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// What the real kubelet wrote into pod `p`'s `config` volume, read from
+/// its root (not through the agent).
+fn served(sys: &RealSystem, p: &Value) -> String {
+    let i: usize = node(p)
+        .trim_start_matches("node-")
+        .parse()
+        .expect("node-<i>");
+    let f = volume_file(sys, i, &uid(p), "secret", "config/value");
+    String::from_utf8(std::fs::read(&f).unwrap_or_default()).unwrap_or_default()
+}
+
+/// Waits until the kubelet serves `pod` (running on a real kubelet) the
+/// Secret's bytes `value`.
+async fn serves(sys: &RealSystem, p: &Value, value: &str) {
+    wait(
+        sys,
+        &format!("{} to be served {value:?}", name(p)),
+        Duration::from_secs(60),
+        || {
+            let got = served(sys, p);
+            async move { (got == value).then_some(()) }
+        },
+    )
+    .await;
+}
+
+fn phases(a: &Attempt) -> Vec<&'static str> {
+    a.phase_names()
+}
+
+const WORKLOAD_PHASES: [&str; 5] = [
+    "Pending",
+    "Evicting",
+    "AwaitingReplacement",
+    "Verifying",
+    "Succeeded",
+];
+
+/// A Deployment of three, one of whose pods sits on a node whose kubelet
+/// keeps serving the old bytes of the immutable Secret after it was
+/// recreated (its pod kept referencing the name across the swap; the other
+/// two pods were created after it on nodes without that cache entry). Only
+/// that pod is evicted, through the real Eviction API; the real ReplicaSet
+/// controller replaces it (under a new name); the replacement is verified
+/// fresh on the node it landed on, and the kubelet there serves it the
+/// new bytes. The other two pods are never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_deployment_only_the_stale_pod_is_evicted_and_its_replacement_is_fresh() {
+    let sys = RealSystem::start_workload_remediation_on_real_kubelets(3).await;
+    immutable_secret(&sys, "v1").await;
+    create(
+        &sys.client,
+        &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": opted_in("web"),
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                         "template": template("web")}}),
+    )
+    .await
+    .unwrap();
+    let first = running(&sys, "web", 1).await.remove(0);
+    serves(&sys, &first, "v1").await;
+    swap_secret(&sys, "v2").await;
+    // Two more pods, on the two other nodes: served the new bytes.
+    let (code, body) = raw(
+        &sys.client,
+        "PATCH",
+        &format!("/apis/apps/v1/namespaces/{SLURM_NAMESPACE}/deployments/web"),
+        Some(&json!({"spec": {"replicas": 3}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let pods = running(&sys, "web", 3).await;
+    let others: Vec<Value> = pods
+        .iter()
+        .filter(|p| uid(p) != uid(&first))
+        .cloned()
+        .collect();
+    for p in &others {
+        serves(&sys, p, "v2").await;
+    }
+    let a = ended_attempt(&sys, "deployments", "web", Duration::from_secs(180)).await;
+    assert_eq!(a.phase, Phase::Succeeded, "{:?}\n{}", a.failure, sys.logs());
+    assert_eq!(
+        (a.pod.as_str(), a.pod_uid.as_str()),
+        (name(&first).as_str(), uid(&first).as_str())
+    );
+    assert_eq!(phases(&a), WORKLOAD_PHASES);
+    assert_eq!(
+        a.findings[0].state, "Stale/ImmutableCache",
+        "{:?}",
+        a.findings
+    );
+    let new_name = a
+        .new_pod_name
+        .clone()
+        .expect("a ReplicaSet's replacement has its own name");
+    assert_ne!(new_name, name(&first));
+    assert_eq!(
+        a.new_pod_node.as_deref(),
+        Some(node(&first).as_str()),
+        "the node the pod left"
+    );
+    // The replacement: running, served the new bytes by the real kubelet.
+    let now = running(&sys, "web", 3).await;
+    let replacement = now
+        .iter()
+        .find(|p| Some(uid(p)) == a.new_pod_uid)
+        .expect("the verified replacement runs");
+    assert_eq!(name(replacement), new_name);
+    assert_eq!(served(&sys, replacement), "v2");
+    // Only the stale pod was evicted (audit log), never deleted; the other
+    // two still run under their UIDs.
+    assert_eq!(sys.evicted_never_deleted(), [name(&first)]);
+    for p in &others {
+        assert!(
+            now.iter().any(|q| uid(q) == uid(p)),
+            "{} was replaced",
+            name(p)
+        );
+    }
+    assert_eq!(
+        attempts(&sys, "deployments", "web").await.len(),
+        1,
+        "one attempt"
+    );
+    let ev = events(&sys.client, SLURM_NAMESPACE).await;
+    for (reason, kind) in [
+        ("RemediationStarted", "Deployment"),
+        ("PodEvicted", "Pod"),
+        ("RemediationSucceeded", "Pod"),
+        ("RemediationSucceeded", "Deployment"),
+    ] {
+        assert!(
+            ev.iter().any(|(r, k, _, _)| r == reason && k == kind),
+            "no {reason} Event on the {kind}: {ev:?}"
+        );
+    }
+    assert!(
+        ev.iter().any(|(r, k, n, note)| r == "RemediationSucceeded"
+            && k == "Pod"
+            && *n == new_name
+            && note.contains("verified fresh on node")),
+        "{ev:?}"
+    );
+    sys.shutdown().await;
+}
+
+/// A StatefulSet's stale pod is evicted and the real StatefulSet
+/// controller recreates it under its own name: the attempt tells the
+/// replacement by its new UID and verifies it fresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_statefulset_a_stale_pod_is_repaired_under_its_own_name() {
+    let sys = RealSystem::start_workload_remediation_on_real_kubelets(2).await;
+    immutable_secret(&sys, "v1").await;
+    create(
+        &sys.client,
+        &json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": opted_in("db"),
+                "spec": {"replicas": 1, "serviceName": "db",
+                         "selector": {"matchLabels": {"app": "db"}},
+                         "template": template("db")}}),
+    )
+    .await
+    .unwrap();
+    let old = running(&sys, "db", 1).await.remove(0);
+    assert_eq!(name(&old), "db-0");
+    serves(&sys, &old, "v1").await;
+    swap_secret(&sys, "v2").await;
+    let a = ended_attempt(&sys, "statefulsets", "db", Duration::from_secs(180)).await;
+    assert_eq!(a.phase, Phase::Succeeded, "{:?}\n{}", a.failure, sys.logs());
+    assert_eq!(phases(&a), WORKLOAD_PHASES);
+    assert_eq!(a.new_pod_name, None, "same name");
+    assert_eq!(a.new_pod(), "db-0");
+    let new_uid = a.new_pod_uid.clone().expect("replaced");
+    assert_ne!(new_uid, uid(&old));
+    let now = running(&sys, "db", 1).await.remove(0);
+    assert_eq!((name(&now), uid(&now)), ("db-0".to_string(), new_uid));
+    assert_eq!(served(&sys, &now), "v2");
+    assert_eq!(sys.evicted_never_deleted(), ["db-0"]);
+    sys.shutdown().await;
+}
+
+/// A DaemonSet pod on a node where another pod keeps referencing the
+/// immutable Secret: the kubelet there serves the old bytes to any new pod
+/// too, and a DaemonSet's replacement lands on the same node, so mountguard
+/// reports the pin (KubeletCachePinned, naming the pod) and evicts
+/// nothing. Once the pinning pod is gone, the same DaemonSet pod is
+/// repaired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_daemonset_a_pod_on_a_pinned_node_is_reported_and_not_evicted() {
+    let sys = RealSystem::start_workload_remediation_on_real_kubelets(2).await;
+    immutable_secret(&sys, "v1").await;
+    let mut t = template("agentd");
+    t["spec"]["nodeSelector"] = json!({"kubernetes.io/hostname": "node-0"});
+    create(
+        &sys.client,
+        &json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": opted_in("agentd"),
+                "spec": {"selector": {"matchLabels": {"app": "agentd"}}, "template": t}}),
+    )
+    .await
+    .unwrap();
+    let mut pin = template("pin");
+    pin["spec"]["nodeName"] = json!("node-0");
+    pin["spec"].as_object_mut().unwrap().remove("affinity");
+    create(
+        &sys.client,
+        &json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "pin", "namespace": SLURM_NAMESPACE, "labels": {"app": "pin"}},
+                "spec": pin["spec"]}),
+    )
+    .await
+    .unwrap();
+    let ds = running(&sys, "agentd", 1).await.remove(0);
+    running(&sys, "pin", 1).await;
+    serves(&sys, &ds, "v1").await;
+    swap_secret(&sys, "v2").await;
+    let client = sys.client.clone();
+    let note = wait(
+        &sys,
+        "a KubeletCachePinned Event on the DaemonSet's pod",
+        Duration::from_secs(120),
+        || {
+            let client = client.clone();
+            let pod = name(&ds);
+            async move {
+                events(&client, SLURM_NAMESPACE)
+                    .await
+                    .into_iter()
+                    .find(|(r, k, n, _)| r == "KubeletCachePinned" && k == "Pod" && *n == pod)
+                    .map(|(_, _, _, note)| note)
+            }
+        },
+    )
+    .await;
+    assert!(note.contains("pin") && note.contains("node-0"), "{note}");
+    // Past the remediation delay many times over: nothing was evicted and
+    // no attempt started; the pod still runs, served the old bytes.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert!(sys.evicted_never_deleted().is_empty());
+    assert!(attempts(&sys, "daemonsets", "agentd").await.is_empty());
+    let still = running(&sys, "agentd", 1).await.remove(0);
+    assert_eq!(uid(&still), uid(&ds));
+    assert_eq!(served(&sys, &still), "v1");
+    // The pin goes: the DaemonSet pod alone keeps the entry; its
+    // replacement on the same node gets the new bytes.
+    let (code, body) = raw(
+        &sys.client,
+        "DELETE",
+        &format!("/api/v1/namespaces/{SLURM_NAMESPACE}/pods/pin"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let a = ended_attempt(&sys, "daemonsets", "agentd", Duration::from_secs(180)).await;
+    assert_eq!(a.phase, Phase::Succeeded, "{:?}\n{}", a.failure, sys.logs());
+    assert_eq!(a.new_pod_node.as_deref(), Some("node-0"));
+    let now = running(&sys, "agentd", 1).await.remove(0);
+    assert_eq!(Some(uid(&now)), a.new_pod_uid);
+    assert_eq!(served(&sys, &now), "v2");
+    assert_eq!(sys.evicted_never_deleted(), [name(&ds)]);
+    sys.shutdown().await;
+}
+
+/// A PodDisruptionBudget with `maxUnavailable: 0` over a stale Deployment
+/// pod: the real Eviction API answers 429 (the real disruption controller
+/// keeps the budget at zero), the attempt retries and, at its eviction
+/// timeout, fails cleanly: the pod is never evicted nor deleted, and a
+/// RemediationFailed Event says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_pdb_max_unavailable_zero_makes_the_attempt_wait_then_fail_at_its_timeout() {
+    let mut sys = RealSystem::start_workload_remediation_on_real_kubelets(1).await;
+    sys.restart_controller_with(&[("MOUNTGUARD_EVICTION_TIMEOUT", "20s")])
+        .await;
+    immutable_secret(&sys, "v1").await;
+    create(
+        &sys.client,
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": "api", "namespace": SLURM_NAMESPACE},
+                "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "api"}}}}),
+    )
+    .await
+    .unwrap();
+    create(
+        &sys.client,
+        &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": opted_in("api"),
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "api"}},
+                         "template": template("api")}}),
+    )
+    .await
+    .unwrap();
+    let pod = running(&sys, "api", 1).await.remove(0);
+    serves(&sys, &pod, "v1").await;
+    swap_secret(&sys, "v2").await;
+    let a = ended_attempt(&sys, "deployments", "api", Duration::from_secs(120)).await;
+    assert_eq!(
+        a.phase,
+        Phase::Failed(mountguard_core::remediation::FailReason::EvictionTimeout),
+        "{:?}",
+        a.failure
+    );
+    assert_eq!(phases(&a), ["Pending", "Evicting", "Failed"]);
+    let failure = a.failure.clone().unwrap_or_default();
+    assert!(failure.contains("disruption budget"), "{failure}");
+    assert_eq!(a.evicted_at, None);
+    // Refused (429) more than once, never accepted, never a delete.
+    let refused = sys
+        .controller_requests()
+        .into_iter()
+        .filter(|r| r.subresource == "eviction" && r.code == 429)
+        .count();
+    assert!(refused >= 2, "{refused} refused evictions");
+    assert!(sys.evicted_never_deleted().is_empty());
+    let still = running(&sys, "api", 1).await.remove(0);
+    assert_eq!(uid(&still), uid(&pod));
+    let ev = events(&sys.client, SLURM_NAMESPACE).await;
+    assert!(
+        ev.iter().any(|(r, k, n, note)| r == "RemediationFailed"
+            && k == "Pod"
+            && *n == name(&pod)
+            && note.contains("EvictionTimeout")),
+        "{ev:?}"
+    );
+    sys.shutdown().await;
+}
