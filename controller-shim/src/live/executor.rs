@@ -673,12 +673,25 @@ impl Executor {
             let Some(a) = self.attempts.get(&id).cloned() else {
                 continue;
             };
+            // The pods of the attempt's owner: the pod under the attempt's
+            // name, and the replacement's verdicts.
+            let pods = match a.workload {
+                Some(_) => &snap.workload_pods,
+                None => &snap.nodeset_pods,
+            };
+            let pod_uid = pods
+                .iter()
+                .find(|p| *p.namespace == *a.namespace && *p.name == *a.pod)
+                .map(|p| p.uid.to_string());
+            let new_pod = new_pod_check(
+                &snap.verdicts,
+                pods,
+                snap.at,
+                |node| snap.scanned_at.get(node).copied(),
+                &a,
+                &mut self.fresh_since,
+            );
             if let Some(w) = &a.workload {
-                let pod_uid = snap
-                    .workload_pods
-                    .iter()
-                    .find(|p| *p.namespace == *a.namespace && *p.name == *a.pod)
-                    .map(|p| p.uid.to_string());
                 // A ReplicaSet's or DaemonSet's pod is evicted only while
                 // new pods are held off its node (the attempt is the
                 // hold's owner).
@@ -689,14 +702,7 @@ impl Executor {
                 let obs = Observations {
                     pod_uid,
                     cordon,
-                    new_pod: new_pod_check(
-                        &snap.verdicts,
-                        &snap.workload_pods,
-                        snap.at,
-                        |node| snap.scanned_at.get(node).copied(),
-                        &a,
-                        &mut self.fresh_since,
-                    ),
+                    new_pod,
                     eviction: self.last_eviction.remove(&id),
                     workload: workloads.observe(&a.namespace, w, &snap.workload_pods),
                     ..Default::default()
@@ -746,22 +752,10 @@ impl Executor {
                 }
                 None => (NodeCordon::NotRead, false),
             };
-            let pod_uid = snap
-                .nodeset_pods
-                .iter()
-                .find(|p| *p.namespace == *a.namespace && *p.name == *a.pod)
-                .map(|p| p.uid.to_string());
             let obs = Observations {
                 slurm,
                 pod_uid,
-                new_pod: new_pod_check(
-                    &snap.verdicts,
-                    &snap.nodeset_pods,
-                    snap.at,
-                    |node| snap.scanned_at.get(node).copied(),
-                    &a,
-                    &mut self.fresh_since,
-                ),
+                new_pod,
                 slurm_write: self.last_write.remove(&id),
                 eviction: self.last_eviction.remove(&id),
                 group_drained,
@@ -1036,18 +1030,7 @@ impl Executor {
     ) -> bool {
         let mut wrote = false;
         for act in actions {
-            let writes = matches!(
-                act,
-                Action::Persist
-                    | Action::DrainNode { .. }
-                    | Action::HoldNode { .. }
-                    | Action::RestoreDrain { .. }
-                    | Action::UndrainNode { .. }
-                    | Action::ResumeNode { .. }
-                    | Action::Evict { .. }
-                    | Action::CordonNode { .. }
-                    | Action::UncordonNode { .. }
-            );
+            let writes = matches!(act, Action::Persist) || act.is_external_write();
             if writes && !self.may_write(now).await {
                 // Not confirmed as the Lease holder: nothing more of this
                 // step happens; it is taken again from the old state.

@@ -105,12 +105,7 @@ pub fn step(
                         s.a.drain_requested = true;
                         s.a.drain_requested_at = Some(now);
                         s.goto(Phase::Draining);
-                        let f = s.a.findings.first().map_or(String::new(), |f| {
-                            format!(
-                                " ({} {}: mounted {} vs current {})",
-                                f.subject, f.state, f.mounted, f.current
-                            )
-                        });
+                        let f = s.a.findings.first().map_or(String::new(), Finding::note);
                         let before = s.a.prior_drain.as_ref().map_or(String::new(), |p| {
                             format!(
                                 " (drained before by {:?}: {:?}; handed back at the end)",

@@ -149,3 +149,21 @@ pub enum Action {
         to: Phase,
     },
 }
+
+impl Action {
+    /// A write outside the process (Slurm, a node, the Eviction API): what
+    /// a Persist must precede.
+    pub fn is_external_write(&self) -> bool {
+        matches!(
+            self,
+            Action::DrainNode { .. }
+                | Action::HoldNode { .. }
+                | Action::RestoreDrain { .. }
+                | Action::UndrainNode { .. }
+                | Action::ResumeNode { .. }
+                | Action::Evict { .. }
+                | Action::CordonNode { .. }
+                | Action::UncordonNode { .. }
+        )
+    }
+}

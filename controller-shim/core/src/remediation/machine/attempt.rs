@@ -171,6 +171,17 @@ pub struct Finding {
     pub current: String,
 }
 
+impl Finding {
+    /// ` (<subject> <state>: mounted <fp> vs current <fp>)`, as Events
+    /// name it.
+    pub fn note(&self) -> String {
+        format!(
+            " ({} {}: mounted {} vs current {})",
+            self.subject, self.state, self.mounted, self.current
+        )
+    }
+}
+
 /// A phase and when it was entered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PhaseEntry {

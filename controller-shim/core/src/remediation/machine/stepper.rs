@@ -218,19 +218,7 @@ impl Stepper<'_> {
 pub(super) fn ordered(actions: Vec<Action>) -> Vec<Action> {
     let mut seen = false;
     let mut out = Vec::with_capacity(actions.len());
-    let first_write = actions.iter().position(|a| {
-        matches!(
-            a,
-            Action::DrainNode { .. }
-                | Action::HoldNode { .. }
-                | Action::RestoreDrain { .. }
-                | Action::UndrainNode { .. }
-                | Action::ResumeNode { .. }
-                | Action::Evict { .. }
-                | Action::CordonNode { .. }
-                | Action::UncordonNode { .. }
-        )
-    });
+    let first_write = actions.iter().position(Action::is_external_write);
     let needs_persist = actions.iter().any(|a| matches!(a, Action::Persist));
     for (i, a) in actions.into_iter().enumerate() {
         if matches!(a, Action::Persist) {

@@ -31,7 +31,7 @@
 //!   replacement again.
 
 use super::actions::{Action, EventReason};
-use super::attempt::{FailReason, Phase};
+use super::attempt::{FailReason, Finding, Phase};
 use super::observations::{NewPodCheck, NodeCordon, Observations, WorkloadObservation};
 use super::stepper::Stepper;
 use crate::remediation::workload::{WorkloadKind, replacement};
@@ -65,12 +65,7 @@ impl Stepper<'_> {
                         // Waiting for our hold on the node.
                     } else {
                         self.goto(Phase::Evicting);
-                        let f = self.a.findings.first().map_or(String::new(), |f| {
-                            format!(
-                                " ({} {}: mounted {} vs current {})",
-                                f.subject, f.state, f.mounted, f.current
-                            )
-                        });
+                        let f = self.a.findings.first().map_or(String::new(), Finding::note);
                         let msg = format!(
                             "remediation {} of {} ({}){f}: evicting it through the Eviction API",
                             self.a.id,
