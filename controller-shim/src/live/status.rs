@@ -747,9 +747,10 @@ fn write_attempts(attempts: &[AttemptItem], out: &mut dyn Write) -> std::io::Res
     }
     writeln!(out)?;
     writeln!(out, "remediation attempts:")?;
-    let mut rows: Vec<[String; 6]> = vec![[
+    let mut rows: Vec<[String; 7]> = vec![[
         "ATTEMPT".into(),
         "POD".into(),
+        "OWNER".into(),
         "SLURM NODE".into(),
         "PHASE".into(),
         "SINCE".into(),
@@ -767,10 +768,26 @@ fn write_attempts(attempts: &[AttemptItem], out: &mut dyn Write) -> std::io::Res
             .clone()
             .or_else(|| a.last_error.clone().map(|e| format!("retrying: {e}")))
             .unwrap_or_else(|| a.phases.join(" > "));
+        // A workload's attempt: its replacement and the node it landed on.
+        let owner = match &a.workload {
+            Some(w) => w.clone(),
+            None => format!("NodeSet {}", a.nodeset),
+        };
+        let detail = match (&a.new_pod, &a.new_pod_node) {
+            (Some(p), Some(n)) if a.workload.is_some() => {
+                format!("{detail} (replacement {p} on {n})")
+            }
+            _ => detail,
+        };
         rows.push([
             a.id.clone(),
             format!("{}/{}", a.namespace, a.pod),
-            a.slurm_node.clone(),
+            owner,
+            if a.slurm_node.is_empty() {
+                "-".into()
+            } else {
+                a.slurm_node.clone()
+            },
             phase,
             a.since.clone(),
             detail,
@@ -1002,6 +1019,42 @@ mod tests {
             "{text}"
         );
         assert!(line("aaa").contains("Succeeded"), "{text}");
+        assert!(line("aaa").contains("NodeSet worker"), "{text}");
+        // A workload's attempt: its owner, no Slurm node, its replacement.
+        let mut w = Attempt::for_workload(
+            "eee".into(),
+            "shop",
+            mountguard_core::remediation::workload::WorkloadRef {
+                kind: mountguard_core::remediation::workload::WorkloadKind::Deployment,
+                name: "web".into(),
+            },
+            "web-7d9f-a",
+            "uid",
+            "node-a",
+            vec![],
+            t0,
+        );
+        w.phase = Phase::Verifying;
+        w.new_pod_uid = Some("uid-2".into());
+        w.new_pod_name = Some("web-7d9f-z".into());
+        w.new_pod_node = Some("node-c".into());
+        let item = AttemptItem::from_attempt(&w);
+        assert_eq!(item.workload.as_deref(), Some("Deployment web"));
+        assert_eq!(item.new_pod.as_deref(), Some("web-7d9f-z"));
+        let store = VerdictStore {
+            attempts: vec![item],
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        write_table(&store.document(&Query::default(), true, true), &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let row = text.lines().find(|l| l.starts_with("eee")).unwrap_or("");
+        assert!(
+            row.contains("Deployment web")
+                && row.contains(" - ")
+                && row.contains("(replacement web-7d9f-z on node-c)"),
+            "{text}"
+        );
         // No attempts: no section, and the JSON omits the field.
         let empty = VerdictStore::default().document(&Query::default(), true, true);
         let mut out = Vec::new();
