@@ -64,6 +64,9 @@ pub enum Input {
     Workload(String, Arc<WorkloadObject>),
     /// A workload deleted.
     WorkloadDeleted(String),
+    /// Workload watch `name` finished a list: every object it lists was
+    /// sent before this.
+    WorkloadsListed(String),
     /// An accepted inventory, with the report handler's in-flight permit
     /// (released once the inventory is in the index: parsed inventories
     /// waiting for the evaluation are bounded).
@@ -103,6 +106,10 @@ pub struct EvaluationSnapshot {
     /// The watched workloads (Deployments, ReplicaSets, StatefulSets,
     /// DaemonSets of the kinds enabled).
     pub workloads: Vec<Arc<WorkloadObject>>,
+    /// Every workload watch finished its first list before this snapshot
+    /// (true when none is watched): `workloads` is complete, as
+    /// `nodesets_synced` says of `nodesets`.
+    pub workloads_synced: bool,
     /// When the inventory (or the latest heartbeat) of each node running
     /// one of `nodeset_pods` or `workload_pods` was scanned.
     pub scanned_at: HashMap<Arc<str>, Timestamp>,
@@ -131,6 +138,7 @@ pub struct EvalTask {
     applied_gen: HashMap<Arc<str>, u64>,
     nodesets: HashMap<String, Arc<DynamicObject>>,
     workloads: HashMap<String, Arc<WorkloadObject>>,
+    workloads_listed: std::collections::HashSet<String>,
     nodesets_listed: std::collections::HashSet<String>,
     baselined: HashSet<Arc<str>>,
     too_old: HashSet<Arc<str>>,
@@ -179,6 +187,7 @@ impl EvalTask {
             applied_gen: HashMap::default(),
             nodesets: HashMap::default(),
             workloads: HashMap::default(),
+            workloads_listed: std::collections::HashSet::new(),
             nodesets_listed: std::collections::HashSet::new(),
             baselined: HashSet::default(),
             too_old: HashSet::default(),
@@ -299,6 +308,9 @@ impl EvalTask {
             }
             Input::WorkloadDeleted(k) => {
                 self.workloads.remove(&k);
+            }
+            Input::WorkloadsListed(name) => {
+                self.workloads_listed.insert(name);
             }
             Input::Inventory(inv, _permit) => {
                 if self
@@ -748,6 +760,9 @@ impl EvalTask {
                 nodeset_pods,
                 workload_pods,
                 workloads: self.workloads.values().cloned().collect(),
+                workloads_synced: ["deployments", "replicasets", "statefulsets", "daemonsets"]
+                    .iter()
+                    .all(|r| self.shared.health.each_listed(r, &self.workloads_listed)),
                 scanned_at,
                 nodesets: self.nodesets.values().cloned().collect(),
                 nodesets_synced: self

@@ -574,8 +574,8 @@ impl Executor {
         if !self.shared.is_ready() || snap.at.is_none() {
             return;
         }
-        if !snap.nodesets_synced {
-            debug!("NodeSets not listed yet: remediation waits");
+        if !snap.nodesets_synced || !snap.workloads_synced {
+            debug!("NodeSets or workloads not listed yet: remediation waits");
             return;
         }
         self.lost = false;
@@ -926,7 +926,10 @@ impl Executor {
                 }
             },
         };
-        let view = View::read(self.records(snap), snap.nodesets_synced);
+        let view = View::read(
+            self.records(snap),
+            snap.nodesets_synced && snap.workloads_synced,
+        );
         for (nodeset, e) in &view.unreadable {
             warn!(owner = %nodeset, error = %e, "unreadable remediation attempts: nothing is written to this object and no orphan drain is released until the annotation is fixed or removed");
         }

@@ -236,6 +236,15 @@ impl Health {
         names.peek().is_some() && names.all(|k| listed.contains(k))
     }
 
+    /// Whether every watch named `prefix...` is in `listed` (true when
+    /// none is registered).
+    pub fn each_listed(&self, prefix: &str, listed: &HashSet<String>) -> bool {
+        let g = self.inner.lock().unwrap();
+        g.keys()
+            .filter(|k| k.starts_with(prefix))
+            .all(|k| listed.contains(k))
+    }
+
     /// Whether the Secret or ConfigMap view is not current: a watch not
     /// synced, or failed within [`DEGRADED_FOR`].
     pub fn sources_degraded(&self) -> bool {
@@ -283,6 +292,27 @@ mod tests {
         assert!(!h.all_listed("nodesets", &listed));
         // Nothing registered: never complete.
         assert!(!Health::default().all_listed("nodesets", &listed));
+    }
+
+    #[test]
+    fn workload_snapshots_are_complete_once_every_workload_watch_listed_or_none_is_watched() {
+        let h = Health::default();
+        let mut listed = HashSet::new();
+        // No workload kind watched: nothing to wait for.
+        assert!(h.each_listed("deployments", &listed));
+        h.register("deployments/a", true);
+        h.register("deployments/b", true);
+        h.register("agent-daemonset", true);
+        h.synced("deployments/a");
+        h.synced("deployments/b");
+        // Synced flags are not enough: the in-band markers are.
+        assert!(!h.each_listed("deployments", &listed));
+        listed.insert("deployments/a".to_string());
+        assert!(!h.each_listed("deployments", &listed));
+        listed.insert("deployments/b".to_string());
+        assert!(h.each_listed("deployments", &listed));
+        // The agent's DaemonSet watch is not a workload watch.
+        assert!(h.each_listed("daemonsets", &listed));
     }
 }
 

@@ -94,6 +94,12 @@ trait Edge<K>: Send + 'static {
     /// Converts and drops the object.
     fn apply(&mut self, obj: K) -> Option<Input>;
     fn delete(&mut self, key: Self::Key) -> Option<Input>;
+    /// Sent in band after every object of a list of watch `name` (the
+    /// evaluation marks its snapshots complete for the resource only from
+    /// there on).
+    fn listed(&self, _name: &str) -> Option<Input> {
+        None
+    }
 }
 
 struct PodEdge {
@@ -226,6 +232,9 @@ impl<K: kube::Resource + Send + 'static> Edge<K> for WorkloadEdge<K> {
     }
     fn delete(&mut self, k: String) -> Option<Input> {
         Some(Input::WorkloadDeleted(k))
+    }
+    fn listed(&self, name: &str) -> Option<Input> {
+        Some(Input::WorkloadsListed(name.to_string()))
     }
 }
 
@@ -369,6 +378,7 @@ async fn run_watch<K, E>(
                         for k in gone {
                             out.extend(edge.delete(k));
                         }
+                        out.extend(edge.listed(&name));
                         known = seen;
                         shared.health.synced(&name);
                         debug!(watch = %name, objects = known.len(), "initial list done");
