@@ -653,7 +653,14 @@ async fn slurmrestd_double_serves_jobs_reservations_and_the_node_comment_the_ope
     );
     assert_eq!(one["reservations"], json!([]));
 
-    let (_, before) = call(&url, "GET", "/slurm/v0.0.44/node/slinky-0", Some(TOKEN), None).await;
+    let (_, before) = call(
+        &url,
+        "GET",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        None,
+    )
+    .await;
     let comment = json!({"comment": "{\"podName\":\"slinky-0\"}"});
     let (st, _) = call(
         &url,

@@ -28,4 +28,5 @@ mod kubelet_remediation;
 mod kubelet_support;
 mod kubelet_updates;
 mod node_double;
+mod operator;
 mod remediation;
