@@ -14,8 +14,18 @@
 # (and its error kept in <dir>/<program>.error); today that is the Slinky
 # operator, whose dependency slurm-client the module proxy refuses.
 #
+# The Slinky operator v1.2.x is built from local source checkouts instead
+# (see "Slinky operator from checkouts" below): when both are found, a line
+# `slinky-operator-dir: <dir>` is printed on stdout before the last line;
+# <dir> holds bin/slurm-operator, crds/ and rbac/ of that release.
+#
 # Environment:
 #   MOUNTGUARD_UPSTREAM_DIR  cache root (default ~/.cache/mountguard-upstream)
+#   MOUNTGUARD_SLINKY_SRC    a checkout of github.com/SlinkyProject/slurm-operator
+#                            (a work tree at the pinned commit, or a git directory
+#                            holding it; default <cache root>/checkouts/slurm-operator)
+#   MOUNTGUARD_SLURM_CLIENT_SRC  the same for github.com/SlinkyProject/slurm-client
+#                            (default <cache root>/checkouts/slurm-client)
 #   GO                       the go command (default: go on PATH, else /usr/local/go/bin/go)
 #   GOPROXY                  as usual; the build needs the Go module proxy
 set -euo pipefail
@@ -29,8 +39,14 @@ ETCD_VERSION=v3.5.21
 # module version is not available", for v1.2.0 to v1.2.3); v1.1.0 is the newest
 # release it serves. It serves the same slinky.slurm.net/v1beta1 API.
 SLINKY_VERSION=v1.1.0
+# Slinky operator from checkouts: the release and the commits its tags name
+# (slurm-operator v1.2.1 requires slurm-client v1.2.1 in its go.mod).
+SLINKY_SRC_VERSION=v1.2.1
+SLINKY_SRC_COMMIT=87313dac23e95f5632439e99c9fe9e325ece1bcd
+SLURM_CLIENT_SRC_COMMIT=718b4eccd1f86b73ea90b6da7ea05a7782c02c83
 # Bump when the recipe below changes in a way that changes the binaries.
 RECIPE=2
+SLINKY_SRC_RECIPE=1
 # ------------------------------------------------------------------------------
 
 log() { printf '==> %s\n' "$*" >&2; }
@@ -68,6 +84,101 @@ build_fakecri() {
 }
 
 root="${MOUNTGUARD_UPSTREAM_DIR:-$HOME/.cache/mountguard-upstream}"
+
+# --- Slinky operator from checkouts -------------------------------------------
+# The module proxy refuses slurm-operator v1.2.x and slurm-client, so the
+# manager is built from local checkouts of both repositories (a user clones
+# them; nothing of theirs is committed here). Each checkout is a work tree
+# whose HEAD is the pinned commit, or a git directory (bare or not) that
+# holds the pinned commit (and, if it has the tag, the tag names that
+# commit). The tree of the pinned commit is taken with `git archive` (local
+# changes in a work tree are not built), slurm-client replaces the
+# operator's requirement with a `replace` directive, and every other
+# dependency comes from the module proxy as usual. The result is cached on
+# its own key; nothing else waits on it. A missing or wrong checkout, or a
+# failed build, prints SKIPPED: with the reason and builds nothing.
+
+# Prints the git directory to archive <commit> from, or an error on stderr.
+checkout_git_dir() {
+    local what="$1" src="$2" commit="$3" var="$4"
+    if [ ! -e "$src" ]; then
+        echo "no checkout of $what at $src (clone it, or set $var to one)" >&2
+        return 1
+    fi
+    local gd
+    if ! gd="$(git -C "$src" rev-parse --absolute-git-dir 2>/dev/null)"; then
+        echo "$src is not a git checkout of $what (set $var to a clone of it)" >&2
+        return 1
+    fi
+    if [ "$(git -C "$src" rev-parse --is-bare-repository)" = false ] \
+        && [ "$(git -C "$src" rev-parse --is-inside-work-tree 2>/dev/null)" = true ]; then
+        local head
+        head="$(git -C "$src" rev-parse HEAD)"
+        if [ "$head" != "$commit" ]; then
+            echo "the checkout of $what at $src is at commit $head, not the pinned $SLINKY_SRC_VERSION ($commit): run git -C $src checkout $SLINKY_SRC_VERSION" >&2
+            return 1
+        fi
+    elif ! git --git-dir="$gd" cat-file -e "$commit^{commit}" 2>/dev/null; then
+        echo "the git directory $src does not hold the pinned $SLINKY_SRC_VERSION commit $commit of $what (git --git-dir=$src fetch --tags)" >&2
+        return 1
+    fi
+    local tagged
+    if tagged="$(git --git-dir="$gd" rev-parse -q --verify "refs/tags/$SLINKY_SRC_VERSION^{commit}" 2>/dev/null)" \
+        && [ "$tagged" != "$commit" ]; then
+        echo "in $src the tag $SLINKY_SRC_VERSION of $what names $tagged, not the pinned $commit: refusing it" >&2
+        return 1
+    fi
+    echo "$gd"
+}
+
+# Builds (or finds cached) the operator; prints `slinky-operator-dir: <dir>`.
+slinky_from_checkouts() {
+    local op_src="${MOUNTGUARD_SLINKY_SRC:-$root/checkouts/slurm-operator}"
+    local cl_src="${MOUNTGUARD_SLURM_CLIENT_SRC:-$root/checkouts/slurm-client}"
+    local op_git cl_git
+    local skipped="SKIPPED: the Slinky operator $SLINKY_SRC_VERSION from checkouts (the real_operator_* tests)"
+    if ! op_git="$(checkout_git_dir github.com/SlinkyProject/slurm-operator "$op_src" "$SLINKY_SRC_COMMIT" MOUNTGUARD_SLINKY_SRC 2>&1)"; then
+        echo "$skipped: $op_git" >&2
+        return 0
+    fi
+    if ! cl_git="$(checkout_git_dir github.com/SlinkyProject/slurm-client "$cl_src" "$SLURM_CLIENT_SRC_COMMIT" MOUNTGUARD_SLURM_CLIENT_SRC 2>&1)"; then
+        echo "$skipped: $cl_git" >&2
+        return 0
+    fi
+    local dir="$root/slinky-src-${SLINKY_SRC_VERSION}_${SLINKY_SRC_COMMIT:0:12}_${SLURM_CLIENT_SRC_COMMIT:0:12}_${go_version}_r${SLINKY_SRC_RECIPE}"
+    if [ ! -f "$dir/complete" ]; then
+        log "building the Slinky operator $SLINKY_SRC_VERSION (cmd/manager) from $op_src and $cl_src"
+        local t0=$SECONDS
+        rm -rf "$dir.partial"
+        mkdir -p "$dir.partial/bin" "$dir.partial/crds" "$dir.partial/rbac" "$dir.partial/src/slurm-operator" "$dir.partial/src/slurm-client"
+        git --git-dir="$op_git" archive "$SLINKY_SRC_COMMIT" | tar -x -C "$dir.partial/src/slurm-operator"
+        git --git-dir="$cl_git" archive "$SLURM_CLIENT_SRC_COMMIT" | tar -x -C "$dir.partial/src/slurm-client"
+        if ! (
+            cd "$dir.partial/src/slurm-operator"
+            "$GO" mod edit -replace github.com/SlinkyProject/slurm-client=../slurm-client
+            nice -n 10 "$GO" build -trimpath -ldflags "-s -w" -o "$dir.partial/bin/slurm-operator" ./cmd/manager
+        ) 2> "$dir.partial/build.error"; then
+            echo "SKIPPED: the Slinky operator $SLINKY_SRC_VERSION from checkouts did not build:" >&2
+            grep -v '^go: downloading' "$dir.partial/build.error" | head -n 8 | sed 's/^/SKIPPED:   /' >&2
+            return 0
+        fi
+        cp "$dir.partial/src/slurm-operator"/config/crd/bases/*.yaml "$dir.partial/crds/"
+        cp "$dir.partial/src/slurm-operator/helm/slurm-operator/files/operator_rbac_rules.yaml" "$dir.partial/rbac/"
+        cat > "$dir.partial/versions.txt" <<EOF
+github.com/SlinkyProject/slurm-operator $SLINKY_SRC_VERSION $SLINKY_SRC_COMMIT (from $op_src)
+github.com/SlinkyProject/slurm-client $SLINKY_SRC_VERSION $SLURM_CLIENT_SRC_COMMIT (from $cl_src)
+$go_version
+EOF
+        rm -rf "$dir.partial/src" "$dir.partial/build.error"
+        touch "$dir.partial/complete"
+        rm -rf "$dir"
+        mv "$dir.partial" "$dir"
+        log "Slinky operator built in $((SECONDS - t0)) s"
+    else
+        log "Slinky operator $SLINKY_SRC_VERSION from checkouts cached in $dir"
+    fi
+    echo "slinky-operator-dir: $dir"
+}
 key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_slinky-${SLINKY_VERSION}_${go_version}_r${RECIPE}"
 out="$root/$key"
 if [ -f "$out/complete" ]; then
@@ -78,6 +189,7 @@ if [ -f "$out/complete" ]; then
         echo "SKIPPED: $(basename "$e" .error) was not built with these pins:" >&2
         grep -v '^go: downloading' "$e" | head -n 6 | sed 's/^/SKIPPED:   /' >&2
     done
+    slinky_from_checkouts
     echo "$out/bin"
     exit 0
 fi
@@ -164,4 +276,5 @@ log "built in $((SECONDS - start)) s; $(du -sh "$out.partial/bin" | cut -f1) of 
 touch "$out.partial/complete"
 rm -rf "$out"
 mv "$out.partial" "$out"
+slinky_from_checkouts
 echo "$out/bin"

@@ -1,5 +1,5 @@
 //! (feature `test-server`) The one plain HTTP/1.1 server of the tests and
-//! the test doubles: bound to `127.0.0.1:0`, every connection served with
+//! the test doubles: bound to `127.0.0.1:0` (or a given address), every connection served with
 //! one handler, stopped by [`TestServer::shutdown`] (or on drop). None of
 //! the production limits of [`serve`](crate::serve): a test server talks
 //! to the code under test only.
@@ -36,7 +36,20 @@ impl TestServer {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), handler).await
+    }
+
+    /// [`TestServer::start`] on `addr` (a program under test that has a
+    /// fixed port needs it, on an address of its own).
+    pub async fn start_on<H, F, B>(addr: SocketAddr, handler: H) -> std::io::Result<Self>
+    where
+        H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+        F: Future<Output = Response<B>> + Send + 'static,
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (stop, mut stopped) = watch::channel(false);
         let handler = Arc::new(handler);

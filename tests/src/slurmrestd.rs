@@ -26,6 +26,16 @@
 //! - `X-SLURM-USER-TOKEN` is required: a configured static token, or an HS256
 //!   JWT (claims `sun`, `exp`) signed with the configured jwt key; otherwise
 //!   401 with an error envelope.
+//! - `GET /slurm/v0.0.44/jobs/`: every job, RUNNING or (in its epilog)
+//!   COMPLETING, with `job_id`, `job_state`, `nodes`, `cpus`, `start_time`
+//!   and an infinite `time_limit` (`v0.0.44_openapi_job_info_resp`); and
+//!   `GET /slurm/v0.0.44/reservations/` and `.../reservation/{name}`: no
+//!   reservation (`v0.0.44_openapi_reservation_resp`, `reservations: []`). The Slinky
+//!   operator lists both (slurm-operator
+//!   `internal/controller/nodeset/slurmcontrol/slurmcontrol.go`,
+//!   `GetNodeDeadlines` and `CheckReservationForNodeSet`, through
+//!   slurm-client's informer cache; types in slurm-client
+//!   `api/v0044/slurm.gen.go`).
 //! - Every write is recorded, accepted or not.
 //! - A slurmd that stops (its pod deleted or evicted) while jobs run on its
 //!   node kills them; the double lists them as killed.
@@ -74,6 +84,7 @@ pub struct WriteRecord {
 struct Job {
     node: String,
     cpus: u32,
+    started_at: i64,
     ended_at: Option<Instant>,
 }
 
@@ -105,6 +116,8 @@ struct Node {
     reason_changed_at: i64,
     slurmd_key_digest: Option<String>,
     slurmd_start_time: i64,
+    /// The node's `comment` (`update_node_msg.comment`, kept as sent).
+    comment: String,
 }
 
 #[derive(Debug)]
@@ -129,6 +142,8 @@ struct State {
     /// Node -> reads still to answer "not found".
     not_found: HashMap<String, u32>,
     not_found_served: u32,
+    /// `METHOD path` of every request no route of the double serves.
+    unserved: Vec<String>,
 }
 
 /// A snapshot of one node's Slurm state, for tests.
@@ -349,7 +364,7 @@ impl State {
             "port": 6818,
             "real_memory": 8192,
             "res_cores_per_gpu": 0,
-            "comment": "",
+            "comment": n.comment,
             "reason": reason,
             "reason_changed_at": no_val(at != 0, at),
             "reason_set_by_user": by,
@@ -408,6 +423,7 @@ impl SlurmHandle {
             reason_changed_at: 0,
             slurmd_key_digest: None,
             slurmd_start_time: 0,
+            comment: String::new(),
         });
         s.last_update = crate::util::unix_now();
     }
@@ -492,6 +508,12 @@ impl SlurmHandle {
             j.ended_at = Some(Instant::now());
         }
         s.settle();
+    }
+
+    /// `METHOD path` of every authenticated request the double has no
+    /// route for (a client asking for more than the double serves).
+    pub fn unserved(&self) -> Vec<String> {
+        lock(&self.state).unserved.clone()
     }
 
     /// Sets slurm.conf `ReturnToService` (default
@@ -607,6 +629,12 @@ pub struct SlurmrestdDouble {
 impl SlurmrestdDouble {
     /// Starts on `127.0.0.1:0` for cluster `cluster`.
     pub async fn start(cluster: &str) -> std::io::Result<Self> {
+        Self::start_on(cluster, std::net::SocketAddr::from(([127, 0, 0, 1], 0))).await
+    }
+
+    /// [`Self::start`] on `addr` (slurmrestd's own port, 6820, on an
+    /// address of the test's: a client that cannot be given a port).
+    pub async fn start_on(cluster: &str, addr: std::net::SocketAddr) -> std::io::Result<Self> {
         let handle = SlurmHandle {
             state: Arc::new(Mutex::new(State {
                 nodes: BTreeMap::new(),
@@ -626,10 +654,11 @@ impl SlurmrestdDouble {
                 not_found_after_write: HashMap::new(),
                 not_found: HashMap::new(),
                 not_found_served: 0,
+                unserved: Vec::new(),
             })),
         };
         let h = handle.clone();
-        let server = Server::start(move |req| {
+        let server = Server::start_on(addr, move |req| {
             let h = h.clone();
             async move { serve(h, req).await }
         })
@@ -716,6 +745,57 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
         return http::json(StatusCode::UNAUTHORIZED, &env);
     };
     match (method, rest) {
+        (Method::GET, Some("jobs/" | "jobs")) => {
+            let jobs: Vec<Value> = s
+                .jobs
+                .iter()
+                .map(|(id, j)| {
+                    let state = if j.ended_at.is_some() {
+                        "COMPLETING"
+                    } else {
+                        "RUNNING"
+                    };
+                    json!({
+                        "job_id": id,
+                        "job_state": [state],
+                        "nodes": j.node,
+                        "cpus": {"set": true, "infinite": false, "number": j.cpus},
+                        "start_time": {"set": true, "infinite": false, "number": j.started_at},
+                        "time_limit": {"set": false, "infinite": true, "number": 0},
+                    })
+                })
+                .collect();
+            let mut env = envelope(&s, &user, vec![]);
+            env["jobs"] = Value::Array(jobs);
+            env["last_backfill"] = json!({"set": false, "infinite": false, "number": 0});
+            env["last_update"] = json!({"set": true, "infinite": false, "number": s.last_update});
+            http::json(StatusCode::OK, &env)
+        }
+        (Method::GET, Some("reservations/" | "reservations")) => {
+            let mut env = envelope(&s, &user, vec![]);
+            env["reservations"] = json!([]);
+            env["last_update"] = json!({"set": true, "infinite": false, "number": s.last_update});
+            http::json(StatusCode::OK, &env)
+        }
+        // With no reservation at all, slurmctld's load succeeds with no
+        // record and the handler reports it with the load's return code,
+        // SLURM_SUCCESS: HTTP 200, no reservation, one error entry
+        // (Slurm `src/plugins/openapi/slurmctld/reservations.c`,
+        // `_op_handler_reservation`).
+        (Method::GET, Some(r)) if r.starts_with("reservation/") => {
+            let mut env = envelope(
+                &s,
+                &user,
+                vec![error(
+                    "Unable to query reservations",
+                    0,
+                    "slurm_load_reservations()",
+                )],
+            );
+            env["reservations"] = json!([]);
+            env["last_update"] = json!({"set": true, "infinite": false, "number": s.last_update});
+            http::json(StatusCode::OK, &env)
+        }
         (Method::GET, Some("nodes/" | "nodes")) => {
             let names: Vec<String> = s.nodes.keys().cloned().collect();
             let nodes: Vec<Value> = names
@@ -790,7 +870,8 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
             });
             http::json(status, &env)
         }
-        _ => {
+        (m, _) => {
+            s.unserved.push(format!("{m} {path}"));
             let env = envelope(
                 &s,
                 &user,
@@ -811,6 +892,7 @@ fn insert_job(s: &mut State, node: &str, cpus: u32) -> u32 {
         Job {
             node: node.to_string(),
             cpus,
+            started_at: crate::util::unix_now(),
             ended_at: None,
         },
     );
@@ -844,6 +926,13 @@ fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCod
         .map(String::from);
     let now = crate::util::unix_now();
     let n = s.nodes.get_mut(name).expect("checked above");
+    // `comment` replaces the node's comment, whatever the states say
+    // (Slurm `src/slurmctld/node_mgr.c`, `update_node`: `comment` is
+    // applied before the state change). The Slinky operator keeps its pod
+    // info there (slurm-operator `slurmcontrol.go`, `UpdateNodeWithPodInfo`).
+    if let Some(c) = msg["comment"].as_str() {
+        n.comment = c.to_string();
+    }
     for st in &states {
         match st.as_str() {
             "DRAIN" | "DOWN" | "FAIL" => {

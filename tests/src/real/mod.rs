@@ -27,6 +27,7 @@ pub mod containerd;
 pub mod kubelet;
 pub mod node;
 pub mod objects;
+pub mod operator;
 pub mod prometheus;
 pub mod real_node;
 pub mod services;
@@ -241,6 +242,8 @@ pub struct RealClusterBuilder {
     slinky_crds: bool,
     /// `Some(operator_rules)`: the Slinky doubles (see [`Self::slinky_doubles`]).
     slinky_doubles: Option<bool>,
+    /// The real Slinky operator (see [`Self::real_slinky_operator`]).
+    slinky_operator: Option<operator::OperatorBuild>,
 }
 
 impl RealClusterBuilder {
@@ -281,10 +284,22 @@ impl RealClusterBuilder {
         self
     }
 
+    /// The real Slinky operator ([`operator`]) in place of the operator
+    /// and NodeSet doubles: its CRDs from the same build, its manager
+    /// started once the nodes are registered, its slurm client pointed at
+    /// the slurmrestd double (on port 6820 of a loopback address of the
+    /// test's), and the slurmd bridge of [`Self::slinky_doubles`] playing
+    /// slurmctld and the slurmd daemons.
+    pub fn real_slinky_operator(mut self, build: operator::OperatorBuild) -> Self {
+        self.slinky_doubles = Some(false);
+        self.slinky_operator = Some(build);
+        self
+    }
+
     /// Builds (if needed) and starts everything; waits until the API server
     /// is ready, the CRDs are established and every node is registered.
     pub async fn start(self) -> io::Result<RealCluster> {
-        let upstream = upstream()?;
+        let mut upstream = upstream()?;
         let dir = tempfile::Builder::new()
             .prefix("mountguard-real-")
             .tempdir()?;
@@ -346,16 +361,28 @@ impl RealClusterBuilder {
         }
         let slurm = match self.slinky_doubles {
             Some(_) => {
-                let d = crate::slurmrestd::SlurmrestdDouble::start(crate::cluster::SLURM_CLUSTER)
-                    .await?;
+                let d = match &self.slinky_operator {
+                    Some(_) => {
+                        operator::start_slurmrestd_double(crate::cluster::SLURM_CLUSTER).await?
+                    }
+                    None => {
+                        crate::slurmrestd::SlurmrestdDouble::start(crate::cluster::SLURM_CLUSTER)
+                            .await?
+                    }
+                };
                 d.handle().add_token(crate::cluster::SLURM_TOKEN, "slurm");
                 Some(d)
             }
             None => None,
         };
+        if let Some(b) = &self.slinky_operator {
+            upstream.crds = b.crds();
+        }
         let mut cluster = RealCluster {
             slurm,
             slinky: None,
+            operator: None,
+            operator_build: self.slinky_operator.clone(),
             slinky_rules: None,
             upstream,
             etcd: None,
@@ -410,6 +437,9 @@ impl RealClusterBuilder {
                 .collect();
             cluster.start_slinky_doubles(roots).await?;
         }
+        if !cluster.nodes.is_empty() {
+            cluster.start_slinky_operator().await?;
+        }
         Ok(cluster)
     }
 }
@@ -419,6 +449,8 @@ impl RealClusterBuilder {
 pub struct RealCluster {
     slurm: Option<crate::slurmrestd::SlurmrestdDouble>,
     slinky: Option<slinky::SlinkyDoubles>,
+    operator: Option<operator::RealOperator>,
+    operator_build: Option<operator::OperatorBuild>,
     /// `Some(operator_rules)` when built with the Slinky doubles.
     slinky_rules: Option<bool>,
     upstream: Upstream,
@@ -448,6 +480,7 @@ impl RealCluster {
             scheduler: true,
             slinky_crds: true,
             slinky_doubles: None,
+            slinky_operator: None,
         }
     }
 
@@ -510,9 +543,50 @@ impl RealCluster {
         self.slurm.as_ref().map(|d| d.url())
     }
 
-    /// Whether the NodeSet double creates the NodeSet's pods.
-    pub fn has_nodeset_double(&self) -> bool {
-        self.slinky.is_some()
+    /// The slurmrestd double's IPv4 address.
+    pub fn slurmrestd_ip(&self) -> Option<std::net::Ipv4Addr> {
+        let url = self.slurmrestd_url()?;
+        url.trim_start_matches("http://")
+            .rsplit_once(':')
+            .and_then(|(h, _)| h.parse().ok())
+    }
+
+    /// Whether something of the rig makes the NodeSet's pods (the NodeSet
+    /// double, or the real Slinky operator).
+    pub fn makes_nodeset_pods(&self) -> bool {
+        self.slinky.is_some() || self.operator_build.is_some()
+    }
+
+    /// The real Slinky operator, when built with
+    /// [`RealClusterBuilder::real_slinky_operator`] and started.
+    pub fn slinky_operator(&mut self) -> Option<&mut operator::RealOperator> {
+        self.operator.as_mut()
+    }
+
+    /// The real Slinky operator's log ("" without one).
+    pub fn slinky_operator_log(&self) -> String {
+        self.operator.as_ref().map(|o| o.log()).unwrap_or_default()
+    }
+
+    /// Starts the real Slinky operator of a cluster built with
+    /// [`RealClusterBuilder::real_slinky_operator`] (the builder does it
+    /// for its node doubles; a cluster of real kubelets calls it once they
+    /// run); nothing without one, or if it already runs.
+    pub async fn start_slinky_operator(&mut self) -> io::Result<()> {
+        let (Some(build), None) = (self.operator_build.as_ref(), self.operator.as_ref()) else {
+            return Ok(());
+        };
+        let Some(url) = self.slurmrestd_url() else {
+            return Err(io::Error::other(
+                "the real Slinky operator needs the slurmrestd double",
+            ));
+        };
+        let ip = self
+            .slurmrestd_ip()
+            .ok_or_else(|| io::Error::other(format!("slurmrestd double URL {url}")))?;
+        let op = operator::RealOperator::start(self, build, &operator::restapi_host(), ip).await?;
+        self.operator = Some(op);
+        Ok(())
     }
 
     /// Starts the NodeSet double and the slurmd bridge of a cluster built
@@ -539,6 +613,7 @@ impl RealCluster {
             slurm.handle(),
             roots,
             rules,
+            self.operator_build.is_none(),
         ));
         Ok(())
     }
@@ -1115,6 +1190,8 @@ pub fn collection_path(api_version: &str, kind: &str, namespace: Option<&str>) -
         "StatefulSet" => "statefulsets",
         "ReplicaSet" => "replicasets",
         "NodeSet" => "nodesets",
+        "Controller" => "controllers",
+        "RestApi" => "restapis",
         "Lease" => "leases",
         "ValidatingWebhookConfiguration" => "validatingwebhookconfigurations",
         _ => return None,

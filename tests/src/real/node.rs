@@ -110,6 +110,9 @@ impl NodeDoubleConfig {
 #[derive(Debug, Default)]
 struct PodState {
     started: bool,
+    /// The status this node reported for the pod (re-sent when the API's
+    /// differs, see [`sync_pod`]).
+    reported: Option<Value>,
     /// The preStop hooks ran (once per pod, even when the confirmation
     /// is retried).
     stopped: bool,
@@ -601,6 +604,10 @@ async fn sync_pod(
         }
     }
     let mut now_started = started;
+    let mut reported = pods
+        .lock()
+        .ok()
+        .and_then(|p| p.get(&uid).and_then(|s| s.reported.clone()));
     if error.is_none() && !started {
         for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
             if let Err(e) = crate::kubelet::write_subpaths(&config.root, &uid, pod, c) {
@@ -608,20 +615,30 @@ async fn sync_pod(
             }
         }
         if error.is_none() {
-            now_started = report_running(client, pod).await.is_ok();
+            let body = running_status(pod);
+            now_started = patch_status(client, pod, &body).await.is_ok();
+            reported = now_started.then_some(body);
         }
+    } else if let Some(body) = reported.as_ref().filter(|b| !conditions_hold(pod, b)) {
+        // The kubelet's status manager compares the API's pod status with
+        // the one it holds on every sync and sends its own again when they
+        // differ (another writer replaced its conditions):
+        // pkg/kubelet/status/status_manager.go, `syncBatch` ->
+        // `needsReconcile` -> `syncPod`.
+        let _ = patch_status(client, pod, body).await;
     }
     if let Ok(mut p) = pods.lock() {
         let s = p.entry(uid).or_default();
         s.started = now_started;
+        s.reported = reported;
         s.tokens = tokens;
         s.error = error;
     }
 }
 
-async fn report_running(client: &kube::Client, pod: &Value) -> io::Result<()> {
-    let ns = pod["metadata"]["namespace"].as_str().unwrap_or("");
-    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+/// The status of a pod whose containers run (what the kubelet reports
+/// once they started).
+fn running_status(pod: &Value) -> Value {
     let now = crate::util::now_rfc3339();
     let statuses: Vec<Value> = pod["spec"]["containers"]
         .as_array()
@@ -636,7 +653,7 @@ async fn report_running(client: &kube::Client, pod: &Value) -> io::Result<()> {
             })
         })
         .collect();
-    let body = json!({"status": {
+    json!({"status": {
         "phase": "Running",
         "hostIP": "127.0.0.1",
         "startTime": now,
@@ -647,12 +664,36 @@ async fn report_running(client: &kube::Client, pod: &Value) -> io::Result<()> {
             {"type": "PodScheduled", "status": "True", "lastTransitionTime": now},
         ],
         "containerStatuses": statuses,
-    }});
-    let (code, resp) = raw(
+    }})
+}
+
+/// Whether every condition of `reported` is on `pod` with its status.
+fn conditions_hold(pod: &Value, reported: &Value) -> bool {
+    let have = pod["status"]["conditions"].as_array();
+    reported["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .all(|want| {
+            have.into_iter()
+                .flatten()
+                .any(|c| c["type"] == want["type"] && c["status"] == want["status"])
+        })
+}
+
+/// Sends `body` as the pod's status, as a strategic merge patch (the
+/// conditions merge by `type` with the ones other writers set), as the
+/// kubelet does: pkg/util/pod/pod.go, `PatchPodStatus`
+/// (`types.StrategicMergePatchType`).
+async fn patch_status(client: &kube::Client, pod: &Value, body: &Value) -> io::Result<()> {
+    let ns = pod["metadata"]["namespace"].as_str().unwrap_or("");
+    let name = pod["metadata"]["name"].as_str().unwrap_or("");
+    let (code, resp) = super::raw_with(
         client,
         "PATCH",
         &format!("/api/v1/namespaces/{ns}/pods/{name}/status"),
-        Some(&body),
+        serde_json::to_vec(body).unwrap_or_default(),
+        "application/strategic-merge-patch+json",
     )
     .await?;
     if code == 200 {

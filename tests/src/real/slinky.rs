@@ -45,7 +45,7 @@ pub fn slurmd_prestop_command() -> Value {
     json!([
         "/usr/bin/sh",
         "-c",
-        "scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating'"
+        "scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating';"
     ])
 }
 
@@ -74,19 +74,23 @@ pub fn slurmd_exec_hook(slurm: SlurmHandle) -> ExecHook {
 /// API server.
 #[derive(Debug)]
 pub struct SlinkyDoubles {
-    nodeset: NodeSetDouble,
+    nodeset: Option<NodeSetDouble>,
     bridge: Option<(watch::Sender<bool>, JoinHandle<()>)>,
 }
 
 impl SlinkyDoubles {
-    /// Starts both; `roots` maps node names to their kubelet roots.
+    /// Starts both (the bridge alone without `nodeset_double`: the real
+    /// operator's NodeSet controller makes the pods); `roots` maps node
+    /// names to their kubelet roots.
     pub fn start(
         api: Arc<RealObjects>,
         slurm: SlurmHandle,
         roots: BTreeMap<String, PathBuf>,
         operator_rules: bool,
+        nodeset_double: bool,
     ) -> Self {
-        let nodeset = NodeSetDouble::start_polling(api.clone(), Duration::from_millis(200));
+        let nodeset = nodeset_double
+            .then(|| NodeSetDouble::start_polling(api.clone(), Duration::from_millis(200)));
         let (stop, mut stop_rx) = watch::channel(false);
         let task = tokio::spawn(async move {
             let started: Arc<std::sync::Mutex<BTreeMap<String, String>>> = Arc::default();
@@ -100,7 +104,14 @@ impl SlinkyDoubles {
                     (api.clone(), slurm.clone(), roots.clone(), started.clone());
                 let _ = tokio::task::spawn_blocking(move || {
                     if let Ok(mut started) = started.lock() {
-                        bridge_pass(&api, &slurm, &roots, &mut started, operator_rules);
+                        bridge_pass(
+                            &api,
+                            &slurm,
+                            &roots,
+                            &mut started,
+                            operator_rules,
+                            nodeset_double,
+                        );
                     }
                 })
                 .await;
@@ -114,7 +125,9 @@ impl SlinkyDoubles {
 
     /// Stops both.
     pub async fn shutdown(&mut self) {
-        self.nodeset.shutdown().await;
+        if let Some(n) = self.nodeset.as_mut() {
+            n.shutdown().await;
+        }
         if let Some((stop, task)) = self.bridge.take() {
             let _ = stop.send(true);
             let _ = task.await;
@@ -139,6 +152,7 @@ fn bridge_pass(
     roots: &BTreeMap<String, PathBuf>,
     started: &mut BTreeMap<String, String>,
     operator_rules: bool,
+    doubles: bool,
 ) {
     for (name, key, set) in [
         (AUTH_SECRET, "slurm.key", true),
@@ -199,7 +213,12 @@ fn bridge_pass(
             started.insert(host.to_string(), uid);
         }
     }
-    crate::operator::protect_busy_pods(api, slurm, SLURM_NAMESPACE, started);
+    // With the real operator, its own rules label busy pods (the
+    // workload disruption protection) and cordon: the bridge only plays
+    // Slurm.
+    if doubles {
+        crate::operator::protect_busy_pods(api, slurm, SLURM_NAMESPACE, started);
+    }
     if operator_rules {
         crate::operator::sync_cordon_pods(api, slurm, SLURM_NAMESPACE);
     }

@@ -585,3 +585,111 @@ async fn slurmrestd_double_responses_and_requests_match_the_v0_0_44_openapi_sche
     check(&doc, "v0.0.44_openapi_resp", &unauth);
     d.shutdown().await;
 }
+
+/// What the real Slinky operator reads besides the nodes (its NodeSet
+/// controller lists jobs and reservations) and the node comment it writes:
+/// the shapes follow the v0.0.44 description; a job is RUNNING on its node
+/// while it runs and COMPLETING in its epilog; no reservation exists; the
+/// comment is kept and served back; a path the double has no route for is
+/// answered 404 and recorded.
+#[tokio::test]
+async fn slurmrestd_double_serves_jobs_reservations_and_the_node_comment_the_operator_uses() {
+    let doc = openapi();
+    let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
+    let h = d.handle();
+    h.add_token(TOKEN, "slurm");
+    h.set_controller_key(b"k");
+    h.add_node("slinky-0", 8);
+    h.slurmd_started("slinky-0", b"k");
+    h.set_epilog(Duration::from_secs(60));
+    let running = h.start_job("slinky-0", 2);
+    let ending = h.start_job("slinky-0", 1);
+    h.end_job(ending);
+    let url = d.url();
+
+    let (st, jobs) = call(&url, "GET", "/slurm/v0.0.44/jobs/", Some(TOKEN), None).await;
+    assert_eq!(st, 200);
+    check(
+        &doc,
+        &response_schema(&doc, "/slurm/v0.0.44/jobs/", "get"),
+        &jobs,
+    );
+    let list = jobs["jobs"].as_array().unwrap();
+    assert_eq!(list.len(), 2, "{jobs:#}");
+    let by_id = |id: u32| list.iter().find(|j| j["job_id"] == id).unwrap();
+    assert_eq!(by_id(running)["job_state"], json!(["RUNNING"]));
+    assert_eq!(by_id(ending)["job_state"], json!(["COMPLETING"]));
+    assert_eq!(by_id(running)["nodes"], "slinky-0");
+    assert_eq!(by_id(running)["start_time"]["set"], true);
+
+    let (st, res) = call(
+        &url,
+        "GET",
+        "/slurm/v0.0.44/reservations/",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200);
+    check(
+        &doc,
+        &response_schema(&doc, "/slurm/v0.0.44/reservations/", "get"),
+        &res,
+    );
+    assert_eq!(res["reservations"], json!([]));
+    let (st, one) = call(
+        &url,
+        "GET",
+        "/slurm/v0.0.44/reservation/SlurmOperatorMaint-x",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200);
+    check(
+        &doc,
+        &response_schema(&doc, "/slurm/v0.0.44/reservation/{reservation_name}", "get"),
+        &one,
+    );
+    assert_eq!(one["reservations"], json!([]));
+
+    let (_, before) = call(
+        &url,
+        "GET",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    let comment = json!({"comment": "{\"podName\":\"slinky-0\"}"});
+    let (st, _) = call(
+        &url,
+        "POST",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        Some(&comment),
+    )
+    .await;
+    assert_eq!(st, 200);
+    let (_, node) = call(
+        &url,
+        "GET",
+        "/slurm/v0.0.44/node/slinky-0",
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(node["nodes"][0]["comment"], "{\"podName\":\"slinky-0\"}");
+    // A comment changes no state.
+    assert_eq!(node["nodes"][0]["state"], before["nodes"][0]["state"]);
+    assert_eq!(before["nodes"][0]["comment"], "");
+
+    assert!(h.unserved().is_empty(), "{:?}", h.unserved());
+    let (st, _) = call(&url, "GET", "/slurm/v0.0.44/partitions/", Some(TOKEN), None).await;
+    assert_eq!(st, 404);
+    assert_eq!(
+        h.unserved(),
+        vec!["GET /slurm/v0.0.44/partitions/".to_string()]
+    );
+    d.shutdown().await;
+}

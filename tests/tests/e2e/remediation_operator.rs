@@ -4,9 +4,9 @@
 //! hook cannot authenticate) and a stale hooks ConfigMap read at start
 //! (the hook sets DOWN with the operator's reason). Every node's Slurm
 //! state is sampled throughout: from mountguard's drain until the
-//! replacement is verified, no node is ever open to jobs. The stale-key
-//! and leader-failover bodies are shared with the real control plane's
-//! tier (tests/tests/shared/operator.rs).
+//! replacement is verified, no node is ever open to jobs. The stale-key,
+//! leader-failover and restart bodies are shared with the real control
+//! plane's tier (tests/tests/shared/operator.rs).
 
 use std::time::Duration;
 
@@ -103,6 +103,24 @@ async fn a_leader_failover_in_the_middle_of_an_attempt_finishes_it_once() {
     sys.opts.extra_controller_args =
         remediation_args(&url, "on", &["--slurm-jwt-key-secret", &jwt]);
     crate::shared::operator::leader_failover_mid_attempt_finishes_it_once(&mut sys).await;
+    sys.shutdown().await;
+}
+
+/// Everything Fresh: a controller restart (stopped, a new replica on the
+/// same addresses) makes no Slurm write and no eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_restart_with_everything_fresh_writes_nothing() {
+    let mut sys = System::start(Options {
+        operator_rules: true,
+        ..Options::default()
+    })
+    .await;
+    let url = sys.cluster.slurmrestd_url();
+    let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
+    sys.opts.extra_controller_args =
+        remediation_args(&url, "on", &["--slurm-jwt-key-secret", &jwt]);
+    sys.start_controller().await;
+    crate::shared::operator::restart_with_everything_fresh_writes_nothing(&mut sys).await;
     sys.shutdown().await;
 }
 

@@ -19,6 +19,7 @@ use mountguard_tests::cluster::{
 use mountguard_tests::mountguard::{ChildGuard, binary, free_addr, http_get, poll};
 use mountguard_tests::nodeset::{LABEL_CLUSTER, LABEL_POD_HOSTNAME};
 use mountguard_tests::real::kubelet::RealKubelet;
+use mountguard_tests::real::operator::OperatorBuild;
 use mountguard_tests::real::{RealCluster, create, ensure_namespace, raw, token_request};
 use serde_json::{Value, json};
 
@@ -188,7 +189,27 @@ impl RealSystem {
         Self::start_opts(nodes, Nodes::RealKubelets, Tier::Slinky(operator_rules)).await
     }
 
+    /// The remediation tier with the real Slinky operator
+    /// (`mountguard_tests::real::operator`, built from checkouts) in place
+    /// of the operator and NodeSet doubles: its NodeSet controller makes
+    /// the slurmd pods, its slurm client does the Slurm writes of its
+    /// rules, the node doubles run its preStop hook. Fails with what to do
+    /// when the build is not there.
+    pub async fn start_with_real_operator(nodes: usize) -> RealSystem {
+        let build = OperatorBuild::from_env().unwrap_or_else(|e| panic!("{e}"));
+        Self::start_full(nodes, Nodes::Doubles, Tier::Slinky(false), Some(build)).await
+    }
+
     async fn start_opts(nodes: usize, kind: Nodes, tier: Tier) -> RealSystem {
+        Self::start_full(nodes, kind, tier, None).await
+    }
+
+    async fn start_full(
+        nodes: usize,
+        kind: Nodes,
+        tier: Tier,
+        operator: Option<OperatorBuild>,
+    ) -> RealSystem {
         let slinky = match tier {
             Tier::Slinky(rules) => Some(rules),
             Tier::Detect | Tier::Workloads => None,
@@ -198,11 +219,15 @@ impl RealSystem {
                 panic!("{e}");
             }
         }
+        let real_operator = operator.is_some();
         let mut cluster = {
             let mut b =
                 RealCluster::builder().nodes(if kind == Nodes::Doubles { nodes } else { 0 });
             if let Some(rules) = slinky {
                 b = b.slinky_doubles(rules);
+            }
+            if let Some(build) = operator {
+                b = b.real_slinky_operator(build);
             }
             match b.start().await {
                 Ok(c) => c,
@@ -332,13 +357,18 @@ impl RealSystem {
             .await
             .unwrap_or_else(|e| panic!("creating the controller pod: {e}"));
         let controller_pod = pod_template.clone();
-        slinky_objects(
-            &client,
-            nodes,
-            !cluster.has_nodeset_double(),
-            slinky == Some(true),
-        )
-        .await;
+        match cluster.slurmrestd_ip().filter(|_| real_operator) {
+            Some(ip) => operator_objects(&client, nodes, ip).await,
+            None => {
+                slinky_objects(
+                    &client,
+                    nodes,
+                    !cluster.makes_nodeset_pods(),
+                    slinky == Some(true),
+                )
+                .await
+            }
+        }
         let agents = wait_for_agent_pods(&cluster, &client, &node_roots).await;
         // The controller's identity: a TokenRequest token of the chart's
         // controller ServiceAccount (what its projected token would be).
@@ -494,10 +524,39 @@ impl RealSystem {
     pub fn logs(&self) -> String {
         let mut out = String::new();
         for c in self.controller.iter().chain(self.agent_procs.iter()) {
-            out.push_str(&format!("--- {} ---\n{}\n", c.name(), c.log_tail(30)));
+            out.push_str(&format!("--- {} ---\n{}\n", c.name(), c.log_tail(if c.name() == "controller" { 120 } else { 30 })));
+        }
+        // Replicas a body spawned (`Rig::spawn_replica`): their own logs.
+        let mut replicas: Vec<PathBuf> = std::fs::read_dir(&self.logs)
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("controller-") && n.ends_with(".log"))
+            })
+            .collect();
+        replicas.sort();
+        for r in replicas {
+            let text = std::fs::read_to_string(&r).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            out.push_str(&format!(
+                "--- {} ---\n{}\n",
+                r.display(),
+                lines[lines.len().saturating_sub(30)..].join("\n")
+            ));
         }
         for k in &self.kubelets {
             out.push_str(&k.logs(15));
+        }
+        let op = self.cluster.slinky_operator_log();
+        if !op.is_empty() {
+            let lines: Vec<&str> = op.lines().collect();
+            out.push_str(&format!(
+                "--- slurm-operator ---\n{}\n",
+                lines[lines.len().saturating_sub(40)..].join("\n")
+            ));
         }
         out.push_str(&self.cluster.logs(15));
         out
@@ -705,6 +764,29 @@ async fn slinky_objects(client: &kube::Client, nodes: usize, create_pods: bool, 
         if create_pods {
             create(client, &slurmd_pod(i, &uid)).await.unwrap();
         }
+    }
+}
+
+/// The objects of the rig with the real Slinky operator: the auth Secrets
+/// and ConfigMaps of [`slinky_objects`] (not its PDB: the operator makes
+/// the workers' PDB, `workerbuilder` `BuildClusterWorkerPodDisruptionBudget`)
+/// and the operator's custom resources
+/// ([`mountguard_tests::real::operator::custom_resources`]).
+async fn operator_objects(client: &kube::Client, nodes: usize, slurmctld: std::net::Ipv4Addr) {
+    ensure_namespace(client, SLURM_NAMESPACE).await.unwrap();
+    let key: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    let objs = [
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"slurm.key": b64(&key)}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"jwt.key": b64(&[7u8; 32])}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": HOOKS_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"99-mountguard.sh": "#!/bin/sh\nexit 0\n"}}),
+    ];
+    for o in &objs {
+        create(client, o).await.unwrap();
+    }
+    for o in mountguard_tests::real::operator::custom_resources(nodes, slurmctld) {
+        create(client, &o)
+            .await
+            .unwrap_or_else(|e| panic!("creating the {} for the real operator: {e}", o["kind"]));
     }
 }
 

@@ -28,5 +28,6 @@ mod kubelet_remediation;
 mod kubelet_support;
 mod kubelet_updates;
 mod node_double;
+mod operator;
 mod remediation;
 mod workload_remediation;

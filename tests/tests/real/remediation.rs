@@ -131,3 +131,12 @@ async fn real_a_pdb_refusal_is_retried_never_turned_into_a_delete() {
     assert!(refused >= 2, "429s in the audit log: {refused}");
     sys.shutdown().await;
 }
+
+/// Everything Fresh: a controller restart makes no Slurm write and no
+/// eviction (the audit log says which pods the controller evicted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_a_controller_restart_with_everything_fresh_writes_nothing() {
+    let mut sys = RealSystem::start_remediation(3, true).await;
+    crate::shared::operator::restart_with_everything_fresh_writes_nothing(&mut sys).await;
+    sys.shutdown().await;
+}

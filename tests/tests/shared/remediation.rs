@@ -38,12 +38,22 @@ pub fn in_service(n: &mountguard_tests::slurmrestd::NodeView) -> bool {
 }
 
 /// `sys` runs the controller with remediation on (jwt.key Secret,
-/// remediation delay 1 s); `pin` is a pod on node-0 referencing
-/// `slurm-auth-slurm`, named `pin_name`.
-pub async fn pinned_cache_is_reported_not_looped<R: Rig>(sys: &R, pin: Value, pin_name: &str) {
+/// remediation delay 1 s); `pin` is a pod referencing `slurm-auth-slurm`,
+/// named `pin_name`, placed (`spec.nodeName`) on the node of slurmd pod 0
+/// (node-0 where the rig places the pods itself; wherever the scheduler
+/// put it for the real operator's pods).
+pub async fn pinned_cache_is_reported_not_looped<R: Rig>(sys: &R, mut pin: Value, pin_name: &str) {
+    use mountguard_tests::apiserver::resources;
+    use mountguard_tests::cluster::SLURM_NAMESPACE;
     let api = sys.objects();
     let slurm = sys.slurm();
     let pods = wait_for_slurmd_pods(sys).await;
+    let node = api
+        .get(&resources::PODS, SLURM_NAMESPACE, &pods[0].0)
+        .ok()
+        .and_then(|p| p["spec"]["nodeName"].as_str().map(String::from))
+        .expect("slurmd pod 0 is bound to a node");
+    pin["spec"]["nodeName"] = Value::String(node);
     add_running_pod(&*api, pin).await.unwrap();
     wait_all_fresh(sys).await;
     opt_in(sys);
