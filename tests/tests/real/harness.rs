@@ -524,7 +524,11 @@ impl RealSystem {
     pub fn logs(&self) -> String {
         let mut out = String::new();
         for c in self.controller.iter().chain(self.agent_procs.iter()) {
-            out.push_str(&format!("--- {} ---\n{}\n", c.name(), c.log_tail(if c.name() == "controller" { 120 } else { 30 })));
+            out.push_str(&format!(
+                "--- {} ---\n{}\n",
+                c.name(),
+                c.log_tail(if c.name() == "controller" { 120 } else { 30 })
+            ));
         }
         // Replicas a body spawned (`Rig::spawn_replica`): their own logs.
         let mut replicas: Vec<PathBuf> = std::fs::read_dir(&self.logs)
