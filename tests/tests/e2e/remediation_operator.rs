@@ -110,16 +110,8 @@ async fn a_leader_failover_in_the_middle_of_an_attempt_finishes_it_once() {
 /// same addresses) makes no Slurm write and no eviction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_restart_with_everything_fresh_writes_nothing() {
-    let mut sys = System::start(Options {
-        operator_rules: true,
-        ..Options::default()
-    })
-    .await;
-    let url = sys.cluster.slurmrestd_url();
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
-    sys.opts.extra_controller_args =
-        remediation_args(&url, "on", &["--slurm-jwt-key-secret", &jwt]);
-    sys.start_controller().await;
+    let mut sys = start_with_operator(&["--slurm-jwt-key-secret", &jwt]).await;
     crate::shared::operator::restart_with_everything_fresh_writes_nothing(&mut sys).await;
     sys.shutdown().await;
 }
