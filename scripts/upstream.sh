@@ -51,6 +51,10 @@ SLINKY_SRC_RECIPE=1
 
 log() { printf '==> %s\n' "$*" >&2; }
 
+# The first <n> lines of a Go build's error file <file> (without its
+# download lines), as SKIPPED: lines on stderr.
+skipped_lines() { grep -v '^go: downloading' "$1" | head -n "$2" | sed 's/^/SKIPPED:   /' >&2; }
+
 GO="${GO:-}"
 if [ -z "$GO" ]; then
     if command -v go >/dev/null 2>&1; then GO=go
@@ -159,7 +163,7 @@ slinky_from_checkouts() {
             nice -n 10 "$GO" build -trimpath -ldflags "-s -w" -o "$dir.partial/bin/slurm-operator" ./cmd/manager
         ) 2> "$dir.partial/build.error"; then
             echo "SKIPPED: the Slinky operator $SLINKY_SRC_VERSION from checkouts did not build:" >&2
-            grep -v '^go: downloading' "$dir.partial/build.error" | head -n 8 | sed 's/^/SKIPPED:   /' >&2
+            skipped_lines "$dir.partial/build.error" 8
             return 0
         fi
         cp "$dir.partial/src/slurm-operator"/config/crd/bases/*.yaml "$dir.partial/crds/"
@@ -187,7 +191,7 @@ if [ -f "$out/complete" ]; then
     for e in "$out"/*.error; do
         [ -f "$e" ] || continue
         echo "SKIPPED: $(basename "$e" .error) was not built with these pins:" >&2
-        grep -v '^go: downloading' "$e" | head -n 6 | sed 's/^/SKIPPED:   /' >&2
+        skipped_lines "$e" 6
     done
     slinky_from_checkouts
     echo "$out/bin"
@@ -260,7 +264,7 @@ if ! (
         github.com/SlinkyProject/slurm-operator/cmd/manager
 ) 2> "$out.partial/slurm-operator.error"; then
     echo "SKIPPED: the Slinky operator (cmd/manager) could not be built:" >&2
-    grep -v '^go: downloading' "$out.partial/slurm-operator.error" | head -n 6 | sed 's/^/SKIPPED:   /' >&2
+    skipped_lines "$out.partial/slurm-operator.error" 6
 else
     rm -f "$out.partial/slurm-operator.error"
 fi

@@ -507,9 +507,10 @@ impl ChildGuard {
 
     /// The end of its log (for failure messages).
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        tail(
+            &std::fs::read_to_string(&self.log).unwrap_or_default(),
+            lines,
+        )
     }
 
     /// Kills the process and waits for it.
@@ -530,6 +531,12 @@ impl Drop for ChildGuard {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The last `lines` lines of `text`.
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 /// A free loopback address (bound, then released; the caller binds it

@@ -671,6 +671,11 @@ impl SlurmrestdDouble {
         self.server.url()
     }
 
+    /// The bound address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.server.addr()
+    }
+
     /// The handle.
     pub fn handle(&self) -> SlurmHandle {
         self.handle.clone()

@@ -545,22 +545,16 @@ impl RealCluster {
 
     /// The slurmrestd double's IPv4 address.
     pub fn slurmrestd_ip(&self) -> Option<std::net::Ipv4Addr> {
-        let url = self.slurmrestd_url()?;
-        url.trim_start_matches("http://")
-            .rsplit_once(':')
-            .and_then(|(h, _)| h.parse().ok())
+        match self.slurm.as_ref()?.addr().ip() {
+            std::net::IpAddr::V4(ip) => Some(ip),
+            std::net::IpAddr::V6(_) => None,
+        }
     }
 
     /// Whether something of the rig makes the NodeSet's pods (the NodeSet
     /// double, or the real Slinky operator).
     pub fn makes_nodeset_pods(&self) -> bool {
         self.slinky.is_some() || self.operator_build.is_some()
-    }
-
-    /// The real Slinky operator, when built with
-    /// [`RealClusterBuilder::real_slinky_operator`] and started.
-    pub fn slinky_operator(&mut self) -> Option<&mut operator::RealOperator> {
-        self.operator.as_mut()
     }
 
     /// The real Slinky operator's log ("" without one).
@@ -576,14 +570,9 @@ impl RealCluster {
         let (Some(build), None) = (self.operator_build.as_ref(), self.operator.as_ref()) else {
             return Ok(());
         };
-        let Some(url) = self.slurmrestd_url() else {
-            return Err(io::Error::other(
-                "the real Slinky operator needs the slurmrestd double",
-            ));
-        };
-        let ip = self
-            .slurmrestd_ip()
-            .ok_or_else(|| io::Error::other(format!("slurmrestd double URL {url}")))?;
+        let ip = self.slurmrestd_ip().ok_or_else(|| {
+            io::Error::other("the real Slinky operator needs the slurmrestd double on IPv4")
+        })?;
         let op = operator::RealOperator::start(self, build, &operator::restapi_host(), ip).await?;
         self.operator = Some(op);
         Ok(())

@@ -109,9 +109,9 @@ impl NodeDoubleConfig {
 
 #[derive(Debug, Default)]
 struct PodState {
-    started: bool,
-    /// The status this node reported for the pod (re-sent when the API's
-    /// differs, see [`sync_pod`]).
+    /// The status this node reported once the pod's containers started
+    /// (`Some`: started here; re-sent when the API's differs, see
+    /// [`sync_pod`]).
     reported: Option<Value>,
     /// The preStop hooks ran (once per pod, even when the confirmation
     /// is retried).
@@ -340,7 +340,7 @@ impl NodeDouble {
     pub fn started(&self, uid: &str) -> bool {
         self.pods
             .lock()
-            .map(|p| p.get(uid).is_some_and(|s| s.started))
+            .map(|p| p.get(uid).is_some_and(|s| s.reported.is_some()))
             .unwrap_or(false)
     }
 
@@ -509,7 +509,7 @@ async fn terminate_pod(
         .lock()
         .map(|p| {
             p.get(&uid)
-                .map_or((false, false), |s| (s.started, s.stopped))
+                .map_or((false, false), |s| (s.reported.is_some(), s.stopped))
         })
         .unwrap_or((false, false));
     let grace = pod["metadata"]["deletionGracePeriodSeconds"]
@@ -572,11 +572,11 @@ async fn sync_pod(
     let Some(uid) = pod["metadata"]["uid"].as_str().map(String::from) else {
         return;
     };
-    let (started, mut tokens) = pods
+    let (mut reported, mut tokens) = pods
         .lock()
         .map(|mut p| {
             let s = p.entry(uid.clone()).or_default();
-            (s.started, s.tokens.clone())
+            (s.reported.clone(), s.tokens.clone())
         })
         .unwrap_or_default();
     let mut error = None;
@@ -603,12 +603,7 @@ async fn sync_pod(
             }
         }
     }
-    let mut now_started = started;
-    let mut reported = pods
-        .lock()
-        .ok()
-        .and_then(|p| p.get(&uid).and_then(|s| s.reported.clone()));
-    if error.is_none() && !started {
+    if error.is_none() && reported.is_none() {
         for c in pod["spec"]["containers"].as_array().into_iter().flatten() {
             if let Err(e) = crate::kubelet::write_subpaths(&config.root, &uid, pod, c) {
                 error = Some(format!("subPath: {e}"));
@@ -616,8 +611,9 @@ async fn sync_pod(
         }
         if error.is_none() {
             let body = running_status(pod);
-            now_started = patch_status(client, pod, &body).await.is_ok();
-            reported = now_started.then_some(body);
+            if patch_status(client, pod, &body).await.is_ok() {
+                reported = Some(body);
+            }
         }
     } else if let Some(body) = reported.as_ref().filter(|b| !conditions_hold(pod, b)) {
         // The kubelet's status manager compares the API's pod status with
@@ -629,7 +625,6 @@ async fn sync_pod(
     }
     if let Ok(mut p) = pods.lock() {
         let s = p.entry(uid).or_default();
-        s.started = now_started;
         s.reported = reported;
         s.tokens = tokens;
         s.error = error;

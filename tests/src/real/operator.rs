@@ -55,7 +55,8 @@ pub fn restapi_host() -> String {
 }
 
 /// The operator build of `scripts/upstream.sh`: `bin/slurm-operator`,
-/// `crds/`, `rbac/operator_rbac_rules.yaml`, `versions.txt`.
+/// `crds/`, `rbac/operator_rbac_rules.yaml` (and `versions.txt`, which
+/// scripts/test.sh prints).
 #[derive(Debug, Clone)]
 pub struct OperatorBuild {
     dir: PathBuf,
@@ -95,11 +96,6 @@ impl OperatorBuild {
     /// The ClusterRole rules of the operator's chart.
     pub fn rbac_rules(&self) -> PathBuf {
         self.dir.join("rbac/operator_rbac_rules.yaml")
-    }
-
-    /// What was built, from which commits (`versions.txt`).
-    pub fn versions(&self) -> String {
-        std::fs::read_to_string(self.dir.join("versions.txt")).unwrap_or_default()
     }
 }
 
@@ -268,16 +264,6 @@ impl RealOperator {
     /// Its whole log.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The last `n` lines of its log.
-    pub fn log_tail(&self, n: usize) -> String {
-        self.child.log_tail(n)
-    }
-
-    /// Kills it.
-    pub fn kill(&mut self) {
-        self.child.kill();
     }
 }
 

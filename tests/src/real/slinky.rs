@@ -152,7 +152,7 @@ fn bridge_pass(
     roots: &BTreeMap<String, PathBuf>,
     started: &mut BTreeMap<String, String>,
     operator_rules: bool,
-    doubles: bool,
+    nodeset_double: bool,
 ) {
     for (name, key, set) in [
         (AUTH_SECRET, "slurm.key", true),
@@ -216,7 +216,7 @@ fn bridge_pass(
     // With the real operator, its own rules label busy pods (the
     // workload disruption protection) and cordon: the bridge only plays
     // Slurm.
-    if doubles {
+    if nodeset_double {
         crate::operator::protect_busy_pods(api, slurm, SLURM_NAMESPACE, started);
     }
     if operator_rules {

@@ -16,7 +16,7 @@ use mountguard_tests::cluster::{
     AUTH_SECRET, HOOKS_CONFIGMAP, JWT_SECRET, NODESET, PDB, SLURM_CLUSTER, SLURM_NAMESPACE,
     SSHD_CONFIGMAP, slurmd_template,
 };
-use mountguard_tests::mountguard::{ChildGuard, binary, free_addr, http_get, poll};
+use mountguard_tests::mountguard::{ChildGuard, binary, free_addr, http_get, poll, tail};
 use mountguard_tests::nodeset::{LABEL_CLUSTER, LABEL_POD_HOSTNAME};
 use mountguard_tests::real::kubelet::RealKubelet;
 use mountguard_tests::real::operator::OperatorBuild;
@@ -357,17 +357,19 @@ impl RealSystem {
             .await
             .unwrap_or_else(|e| panic!("creating the controller pod: {e}"));
         let controller_pod = pod_template.clone();
-        match cluster.slurmrestd_ip().filter(|_| real_operator) {
-            Some(ip) => operator_objects(&client, nodes, ip).await,
-            None => {
-                slinky_objects(
-                    &client,
-                    nodes,
-                    !cluster.makes_nodeset_pods(),
-                    slinky == Some(true),
-                )
-                .await
-            }
+        if real_operator {
+            let ip = cluster
+                .slurmrestd_ip()
+                .expect("the real operator's rig has the slurmrestd double");
+            operator_objects(&client, nodes, ip).await;
+        } else {
+            slinky_objects(
+                &client,
+                nodes,
+                !cluster.makes_nodeset_pods(),
+                slinky == Some(true),
+            )
+            .await;
         }
         let agents = wait_for_agent_pods(&cluster, &client, &node_roots).await;
         // The controller's identity: a TokenRequest token of the chart's
@@ -544,23 +546,14 @@ impl RealSystem {
         replicas.sort();
         for r in replicas {
             let text = std::fs::read_to_string(&r).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            out.push_str(&format!(
-                "--- {} ---\n{}\n",
-                r.display(),
-                lines[lines.len().saturating_sub(30)..].join("\n")
-            ));
+            out.push_str(&format!("--- {} ---\n{}\n", r.display(), tail(&text, 30)));
         }
         for k in &self.kubelets {
             out.push_str(&k.logs(15));
         }
         let op = self.cluster.slinky_operator_log();
         if !op.is_empty() {
-            let lines: Vec<&str> = op.lines().collect();
-            out.push_str(&format!(
-                "--- slurm-operator ---\n{}\n",
-                lines[lines.len().saturating_sub(40)..].join("\n")
-            ));
+            out.push_str(&format!("--- slurm-operator ---\n{}\n", tail(&op, 40)));
         }
         out.push_str(&self.cluster.logs(15));
         out
@@ -709,13 +702,9 @@ fn b64(b: &[u8]) -> String {
 /// otherwise the NodeSet double creates them). With `prestop`, the slurmd
 /// container carries the Slinky worker's preStop hook.
 async fn slinky_objects(client: &kube::Client, nodes: usize, create_pods: bool, prestop: bool) {
-    ensure_namespace(client, SLURM_NAMESPACE).await.unwrap();
-    let key: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    create_slinky_auth_and_hooks(client).await;
     let objs = [
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"slurm.key": b64(&key)}}),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"jwt.key": b64(&[7u8; 32])}}),
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": SSHD_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"sshd_config": "Port 22\nUsePAM yes\n"}}),
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": HOOKS_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"99-mountguard.sh": "#!/bin/sh\nexit 0\n"}}),
         json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": PDB, "namespace": SLURM_NAMESPACE},
                "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"nodeset.slinky.slurm.net/pod-protect": "true"}}}}),
     ];
@@ -771,22 +760,27 @@ async fn slinky_objects(client: &kube::Client, nodes: usize, create_pods: bool, 
     }
 }
 
+/// The slurm namespace with what both Slinky setups of the rig mount: the
+/// immutable `slurm.key` and `jwt.key` Secrets and the hooks ConfigMap.
+async fn create_slinky_auth_and_hooks(client: &kube::Client) {
+    ensure_namespace(client, SLURM_NAMESPACE).await.unwrap();
+    let key: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    for o in [
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"slurm.key": b64(&key)}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"jwt.key": b64(&[7u8; 32])}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": HOOKS_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"99-mountguard.sh": "#!/bin/sh\nexit 0\n"}}),
+    ] {
+        create(client, &o).await.unwrap();
+    }
+}
+
 /// The objects of the rig with the real Slinky operator: the auth Secrets
-/// and ConfigMaps of [`slinky_objects`] (not its PDB: the operator makes
+/// and hooks ConfigMap ([`create_slinky_auth_and_hooks`]; not the PDB of [`slinky_objects`]: the operator makes
 /// the workers' PDB, `workerbuilder` `BuildClusterWorkerPodDisruptionBudget`)
 /// and the operator's custom resources
 /// ([`mountguard_tests::real::operator::custom_resources`]).
 async fn operator_objects(client: &kube::Client, nodes: usize, slurmctld: std::net::Ipv4Addr) {
-    ensure_namespace(client, SLURM_NAMESPACE).await.unwrap();
-    let key: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
-    let objs = [
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"slurm.key": b64(&key)}}),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"jwt.key": b64(&[7u8; 32])}}),
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": HOOKS_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"99-mountguard.sh": "#!/bin/sh\nexit 0\n"}}),
-    ];
-    for o in &objs {
-        create(client, o).await.unwrap();
-    }
+    create_slinky_auth_and_hooks(client).await;
     for o in mountguard_tests::real::operator::custom_resources(nodes, slurmctld) {
         create(client, &o)
             .await

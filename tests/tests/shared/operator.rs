@@ -153,6 +153,20 @@ pub async fn stale_key_is_repaired_against_the_operators_rules<R: Rig>(sys: &R) 
     }
 }
 
+/// Waits (up to 60 s) until the replica answering on the rig's metrics
+/// address says it acts (holds the Lease).
+async fn wait_acting<R: Rig>(sys: &R, what: &str) {
+    let base = sys.metrics_base();
+    wait(sys, what, Duration::from_secs(60), || {
+        let base = base.clone();
+        async move {
+            let doc = mountguard_tests::scenario::verdicts(&base, "").await.ok()?;
+            (doc["acting"].as_bool() == Some(true)).then_some(())
+        }
+    })
+    .await;
+}
+
 /// `sys` runs the operator's rules, its own controller stopped by the
 /// body: replica A leads while an attempt waits on a job and is killed;
 /// replica B takes the Lease once it expires, resumes the same attempt from
@@ -186,15 +200,7 @@ pub async fn leader_failover_mid_attempt_finishes_it_once<R: Rig>(sys: &mut R) {
     // addresses, takes the Lease once it expires and carries on.
     a.kill();
     let mut b = sys.spawn_replica("ctl-b").await;
-    let base = sys.metrics_base();
-    wait(sys, "replica B acting", Duration::from_secs(60), || {
-        let base = base.clone();
-        async move {
-            let doc = mountguard_tests::scenario::verdicts(&base, "").await.ok()?;
-            (doc["acting"].as_bool() == Some(true)).then_some(())
-        }
-    })
-    .await;
+    wait_acting(sys, "replica B acting").await;
     for j in jobs {
         slurm.end_job(j);
     }
@@ -360,20 +366,7 @@ pub async fn restart_with_everything_fresh_writes_nothing<R: Rig>(sys: &mut R) {
     tokio::time::sleep(Duration::from_secs(3)).await;
     sys.stop_controller();
     let mut b = sys.spawn_replica("ctl-restarted").await;
-    let base = sys.metrics_base();
-    wait(
-        sys,
-        "the new process acting",
-        Duration::from_secs(60),
-        || {
-            let base = base.clone();
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "").await.ok()?;
-                (doc["acting"].as_bool() == Some(true)).then_some(())
-            }
-        },
-    )
-    .await;
+    wait_acting(sys, "the new process acting").await;
     wait_all_fresh(sys).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes: Vec<WriteRecord> = sys
