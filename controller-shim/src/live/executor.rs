@@ -54,7 +54,9 @@ use super::slurm::{JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError
 use super::watch::nodeset_resource;
 use super::workloads::{Workloads, workload_key};
 use crate::Error;
-use mountguard_core::remediation::workload::{WorkloadKind, WorkloadRef};
+use mountguard_core::remediation::workload::{
+    AnnotationNotices, AnnotationProblem, WorkloadKind, WorkloadRef,
+};
 
 /// How often open attempts are stepped without a new snapshot.
 pub const TICK: Duration = Duration::from_secs(2);
@@ -111,6 +113,8 @@ pub struct Executor {
     last_eviction: HashMap<String, EvictionResult>,
     fresh_since: HashMap<String, Timestamp>,
     notified: HashSet<(String, &'static str)>,
+    /// Bad workload annotations told (one Warning Event per value).
+    annotation_notices: AnnotationNotices,
     recovered: bool,
     /// NodeSets (`namespace/name`) whose record was read: the only ones
     /// persisted to.
@@ -300,6 +304,7 @@ pub async fn spawn(
         last_eviction: HashMap::new(),
         fresh_since: HashMap::new(),
         notified: HashSet::new(),
+        annotation_notices: AnnotationNotices::default(),
         recovered: false,
         read: HashSet::new(),
         unreadable: HashMap::new(),
@@ -607,14 +612,17 @@ impl Executor {
             Some(_) => nodeset_infos(&nodeset_models(snap), &snap.nodeset_pods, &self.attempts),
             None => Vec::new(),
         };
-        let p = plan(
-            &cands,
-            &nodesets,
-            &workloads.infos(),
-            &attempts,
-            now,
-            &self.plan_cfg,
-        );
+        let infos = workloads.infos();
+        for bad in self
+            .annotation_notices
+            .news(&infos, &self.plan_cfg.workload_kinds)
+        {
+            warn!(namespace = %bad.namespace, workload = %bad.workload, message = %bad.message, "workload annotation not understood; its pods are not remediated");
+            if !self.workload_event(snap, &bad).await {
+                self.annotation_notices.untold(&bad);
+            }
+        }
+        let p = plan(&cands, &nodesets, &infos, &attempts, now, &self.plan_cfg);
         for (pod, why) in &p.waiting {
             debug!(pod, why, "remediation waits");
         }
@@ -1333,10 +1341,43 @@ impl Executor {
                 }
             }
         }
+        self.publish(&ev, refs, reason).await
+    }
+
+    /// One Warning Event on the workload of `bad` (not on its pods: the
+    /// annotation is the workload's), saying what is wrong and what is
+    /// accepted. False when it was not published.
+    async fn workload_event(&self, snap: &EvaluationSnapshot, bad: &AnnotationProblem) -> bool {
+        let reason = EventReason::InvalidRemediationAnnotation;
+        let Some(o) = Workloads::new(&snap.workloads).get(&bad.namespace, &bad.workload) else {
+            return true;
+        };
+        let ev = Event {
+            type_: EventType::Warning,
+            reason: reason.as_str().into(),
+            note: Some(super::events::event_note(&format!(
+                "{}; nothing is remediated for this workload until the annotation is fixed",
+                bad.message
+            ))),
+            action: "Remediate".into(),
+            secondary: None,
+        };
+        let r = ObjectReference {
+            api_version: Some("apps/v1".into()),
+            kind: Some(bad.workload.kind.as_str().into()),
+            namespace: Some(bad.namespace.clone()),
+            name: Some(bad.workload.name.clone()),
+            uid: o.uid.clone(),
+            ..Default::default()
+        };
+        self.publish(&ev, vec![r], reason).await
+    }
+
+    /// Publishes `ev` on each of `refs`; false when any failed.
+    async fn publish(&self, ev: &Event, refs: Vec<ObjectReference>, reason: EventReason) -> bool {
         let mut ok = true;
         for r in refs {
-            match tokio::time::timeout(Duration::from_secs(10), self.recorder.publish(&ev, &r))
-                .await
+            match tokio::time::timeout(Duration::from_secs(10), self.recorder.publish(ev, &r)).await
             {
                 Ok(Ok(())) => {
                     self.shared

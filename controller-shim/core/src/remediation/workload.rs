@@ -6,9 +6,10 @@
 //! The attempt of a workload pod has no Slurm step: evict (Eviction API),
 //! wait for the owner's replacement, verify it fresh on its node. The
 //! planner ([`super::plan`]) and the machine ([`super::machine`]) read
-//! what this file computes.
+//! what this file computes; [`AnnotationNotices`] decides which bad
+//! annotation is told (once per distinct value).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -256,6 +257,59 @@ impl WorkloadInfo {
             when_unavailable: get(WHEN_UNAVAILABLE_ANNOTATION) == Some("true"),
             workload,
         })
+    }
+}
+
+/// A workload annotation that cannot be read: its workload and why (the
+/// message names the annotation, the value and what is accepted).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct AnnotationProblem {
+    /// Namespace.
+    pub namespace: String,
+    /// Kind and name.
+    pub workload: WorkloadRef,
+    /// What is wrong and what is accepted.
+    pub message: String,
+}
+
+/// Which bad workload annotations were told already: each distinct
+/// problem (workload and message, so the value) once while it lasts; a
+/// problem that went away (fixed or the workload gone) is forgotten, so
+/// the same bad value written again is told again.
+#[derive(Debug, Default)]
+pub struct AnnotationNotices {
+    told: BTreeSet<AnnotationProblem>,
+}
+
+impl AnnotationNotices {
+    /// The problems of `infos` (workloads of `kinds` only) not told yet;
+    /// they count as told from now on (`untold` undoes one whose Event
+    /// could not be published).
+    pub fn news(
+        &mut self,
+        infos: &[WorkloadInfo],
+        kinds: &BTreeSet<WorkloadKind>,
+    ) -> Vec<AnnotationProblem> {
+        let now: BTreeSet<AnnotationProblem> = infos
+            .iter()
+            .filter(|i| kinds.contains(&i.workload.kind))
+            .flat_map(|i| {
+                let errs = [i.opt_in.as_ref().err(), i.max_in_flight.as_ref().err()];
+                errs.into_iter().flatten().map(|m| AnnotationProblem {
+                    namespace: i.namespace.clone(),
+                    workload: i.workload.clone(),
+                    message: m.clone(),
+                })
+            })
+            .collect();
+        let news = now.difference(&self.told).cloned().collect();
+        self.told = now;
+        news
+    }
+
+    /// Forgets that `p` was told (its Event failed: try again next round).
+    pub fn untold(&mut self, p: &AnnotationProblem) {
+        self.told.remove(p);
     }
 }
 
@@ -524,6 +578,50 @@ mod tests {
                 .parse::<WorkloadKind>()
                 .unwrap_err()
                 .contains("DaemonSet")
+        );
+    }
+
+    #[test]
+    fn a_bad_annotation_is_told_once_per_value() {
+        let info = |opt_in: Result<bool, String>, max: Result<u32, String>| WorkloadInfo {
+            namespace: "shop".into(),
+            workload: WorkloadRef {
+                kind: WorkloadKind::Deployment,
+                name: "web".into(),
+            },
+            opt_in,
+            remediate_on: None,
+            max_in_flight: max,
+            not_available: None,
+            when_unavailable: false,
+        };
+        let kinds: BTreeSet<WorkloadKind> = [WorkloadKind::Deployment].into();
+        let mut n = AnnotationNotices::default();
+        let bad = |v: &str| Err::<bool, String>(format!("remediate: {v:?}"));
+        let first = n.news(&[info(bad("yes"), Ok(1))], &kinds);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].message, "remediate: \"yes\"");
+        assert_eq!(first[0].workload.name, "web");
+        assert!(
+            n.news(&[info(bad("yes"), Ok(1))], &kinds).is_empty(),
+            "told once"
+        );
+        // Another bad value is a new problem; both annotations bad: two.
+        let two = n.news(&[info(bad("no"), Err("max: \"0\"".into()))], &kinds);
+        assert_eq!(two.len(), 2, "{two:?}");
+        // Fixed, then the same bad value again: told again.
+        assert!(n.news(&[info(Ok(true), Ok(1))], &kinds).is_empty());
+        let last = n.news(&[info(bad("no"), Ok(1))], &kinds);
+        assert_eq!(last.len(), 1);
+        // A failed Event is told next round.
+        n.untold(&last[0]);
+        let again = n.news(&[info(bad("no"), Ok(1))], &kinds);
+        assert_eq!(again.len(), 1, "{again:?}");
+        // Kinds not remediated are not told.
+        let mut n = AnnotationNotices::default();
+        assert!(
+            n.news(&[info(bad("yes"), Ok(1))], &BTreeSet::new())
+                .is_empty()
         );
     }
 }

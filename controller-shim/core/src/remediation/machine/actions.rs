@@ -24,6 +24,9 @@ pub enum EventReason {
     RemediationDryRun,
     /// Replacing the pod alone cannot help: other pods pin the cache entry.
     KubeletCachePinned,
+    /// A workload's remediation annotation cannot be read: nothing is
+    /// remediated for it until it is fixed.
+    InvalidRemediationAnnotation,
 }
 
 impl EventReason {
@@ -38,6 +41,7 @@ impl EventReason {
             EventReason::RemediationFailed => "RemediationFailed",
             EventReason::RemediationDryRun => "RemediationDryRun",
             EventReason::KubeletCachePinned => "KubeletCachePinned",
+            EventReason::InvalidRemediationAnnotation => "InvalidRemediationAnnotation",
         }
     }
 
@@ -45,7 +49,9 @@ impl EventReason {
     pub fn warning(self) -> bool {
         matches!(
             self,
-            EventReason::RemediationFailed | EventReason::KubeletCachePinned
+            EventReason::RemediationFailed
+                | EventReason::KubeletCachePinned
+                | EventReason::InvalidRemediationAnnotation
         )
     }
 }
