@@ -1096,7 +1096,7 @@ impl Executor {
                     if r.is_err() {
                         self.shared.metrics.api_error("slurm_undrain");
                     }
-                    info!(attempt = %next.id, node, result = ?r, "previous drain handed back");
+                    info!(attempt = %next.id, node, state = %prior.state, reason = %prior.reason, set_by = ?prior.set_by, result = ?r, "previous drain handed back");
                     self.last_write
                         .insert(next.id.clone(), write_result(r.map(|_| ())));
                 }
@@ -1145,6 +1145,8 @@ impl Executor {
                     self.cordon_action(&next.id, &node, &owner, false).await;
                 }
                 Action::Event { reason, message } => {
+                    // Logged too: Events expire (an hour by default).
+                    info!(attempt = %next.id, reason = ?reason, message = %message, "remediation event");
                     // On the replacement once there is one (its own name
                     // for a ReplicaSet's or DaemonSet's).
                     let (pod, uid) = match &next.new_pod_uid {
