@@ -65,6 +65,7 @@ pub struct ClusterBuilder {
     namespaces: Vec<String>,
     slinky: bool,
     operator_rules: bool,
+    operator_cache_lag: bool,
     strategy: Strategy,
     resync: Duration,
     jitter: f64,
@@ -102,6 +103,16 @@ impl ClusterBuilder {
     /// drain and undrain through slurmrestd, as user `slurm`).
     pub fn slinky_operator_rules(mut self) -> Self {
         self.operator_rules = true;
+        self
+    }
+
+    /// With [`Self::slinky_operator_rules`]: the operator's syncCordon
+    /// checks each Slurm node's reason as its previous pass read it and
+    /// writes on the node as it is now (its slurm-client cache refreshed
+    /// between the two reads: the worst case, every pass; see
+    /// `operator::sync_cordon_with_reads`).
+    pub fn operator_cache_lag(mut self) -> Self {
+        self.operator_cache_lag = true;
         self
     }
 
@@ -196,6 +207,7 @@ impl ClusterBuilder {
                 sub,
                 stop_rx,
                 self.operator_rules,
+                self.operator_cache_lag,
             ));
             cluster.bridge = Some((stop, task));
             cluster.nodeset = Some(NodeSetDouble::start(handle));
@@ -224,6 +236,7 @@ impl Cluster {
             namespaces: Vec::new(),
             slinky: false,
             operator_rules: false,
+            operator_cache_lag: false,
             strategy: Strategy::Watch,
             resync: Duration::from_secs(1),
             jitter: 0.5,
@@ -421,7 +434,9 @@ async fn bridge(
     mut sub: crate::apiserver::Subscription,
     mut stop: watch::Receiver<bool>,
     operator_rules: bool,
+    operator_cache_lag: bool,
 ) {
+    let mut operator_cache = operator_cache_lag.then(std::collections::BTreeMap::new);
     let node_root = |node: &str| -> Option<PathBuf> {
         let i: usize = node.strip_prefix("node-")?.parse().ok()?;
         roots.get(i).cloned()
@@ -487,7 +502,7 @@ async fn bridge(
             _ = tick.tick() => {
                 crate::operator::protect_busy_pods(&api, &slurm, SLURM_NAMESPACE, &started);
                 if operator_rules {
-                    crate::operator::sync_cordon_pods(&api, &slurm, SLURM_NAMESPACE);
+                    crate::operator::sync_cordon_pods(&api, &slurm, SLURM_NAMESPACE, operator_cache.as_mut());
                 }
                 continue;
             }

@@ -149,9 +149,24 @@ pub fn make_undrain(n: &SlurmFacts, reason: &str) -> Option<SlurmUpdate> {
 
 /// `syncCordon` for one pod.
 pub fn sync_cordon(pod: &PodFacts, n: &SlurmFacts) -> CordonOutcome {
-    if !reason_is_operators(&n.reason) || down_for_unresponsive(n) {
+    sync_cordon_with_reads(pod, n, n)
+}
+
+/// `syncCordon` for one pod whose Slurm node was read twice: `checked` by
+/// `IsNodeDownForUnresponsive` / `IsNodeReasonOurs`, `acted` on by
+/// `MakeNodeDrain` / `MakeNodeUndrain`. Each is a `Get` from the
+/// slurm-client cache (`informerCache.Get`, slurm-client v1.2.1
+/// pkg/client/informer.go), which a list may refresh between the two
+/// reads (`RefreshNodeCache` of a reconcile, the informer's period).
+pub fn sync_cordon_with_reads(
+    pod: &PodFacts,
+    checked: &SlurmFacts,
+    acted: &SlurmFacts,
+) -> CordonOutcome {
+    if !reason_is_operators(&checked.reason) || down_for_unresponsive(checked) {
         return CordonOutcome::default();
     }
+    let n = acted;
     if pod.node_cordoned {
         let reason = format!(
             "Node ({}) was cordoned, Pod ({}) must be cordoned",
@@ -227,7 +242,17 @@ pub(crate) fn protect_busy_pods<A: Objects + ?Sized>(
 /// a node yet is skipped (its Node cannot be read: `syncCordonFn` returns).
 /// It reads the Kubernetes node's `spec.unschedulable` only, never its
 /// taints.
-pub(crate) fn sync_cordon_pods<A: Objects + ?Sized>(api: &A, slurm: &SlurmHandle, namespace: &str) {
+///
+/// With `cache` (the operator's slurm-client cache a pass behind), the
+/// reason check reads each Slurm node as the previous pass saw it and the
+/// write reads it now: the worst case of the two cache reads of
+/// [`sync_cordon_with_reads`], every pass.
+pub(crate) fn sync_cordon_pods<A: Objects + ?Sized>(
+    api: &A,
+    slurm: &SlurmHandle,
+    namespace: &str,
+    mut cache: Option<&mut std::collections::BTreeMap<String, SlurmFacts>>,
+) {
     for pod in api.list_all(&resources::PODS, Some(namespace)) {
         let controlled = pod["metadata"]["ownerReferences"]
             .as_array()
@@ -257,13 +282,19 @@ pub(crate) fn sync_cordon_pods<A: Objects + ?Sized>(api: &A, slurm: &SlurmHandle
             node_cordoned: node["spec"]["unschedulable"] == true,
             pod_cordoned: pod["metadata"]["annotations"][ANNOTATION_POD_CORDON] == "true",
         };
-        let out = sync_cordon(
-            &facts,
-            &SlurmFacts {
-                state: view.state,
-                reason: view.reason,
-            },
-        );
+        let now = SlurmFacts {
+            state: view.state,
+            reason: view.reason,
+        };
+        let out = match cache.as_deref_mut() {
+            Some(c) => {
+                let checked = c
+                    .insert(host.to_string(), now.clone())
+                    .unwrap_or_else(|| now.clone());
+                sync_cordon_with_reads(&facts, &checked, &now)
+            }
+            None => sync_cordon(&facts, &now),
+        };
         if out.cordon_pod {
             let _ = api.merge_patch(
                 &resources::PODS,

@@ -562,6 +562,26 @@ impl Store {
         if !new["metadata"].is_object() {
             new["metadata"] = json!({});
         }
+        // metadata.uid cannot change (`ValidateObjectMetaUpdate`,
+        // apimachinery pkg/api/validation/objectmeta.go:
+        // `ValidateImmutableField` on `uid`): a patch or update carrying
+        // another UID is refused, so a UID in a patch acts as a
+        // precondition.
+        if let (Some(want), Some(have)) = (
+            new["metadata"]["uid"].as_str().filter(|u| !u.is_empty()),
+            old["metadata"]["uid"].as_str(),
+        ) && want != have
+        {
+            return Err(ApiError::invalid(
+                rt,
+                name,
+                &[(
+                    "metadata.uid",
+                    "FieldValueInvalid",
+                    format!("Invalid value: \"{want}\": field is immutable"),
+                )],
+            ));
+        }
         for k in [
             "uid",
             "creationTimestamp",

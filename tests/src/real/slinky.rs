@@ -220,6 +220,6 @@ fn bridge_pass(
         crate::operator::protect_busy_pods(api, slurm, SLURM_NAMESPACE, started);
     }
     if operator_rules {
-        crate::operator::sync_cordon_pods(api, slurm, SLURM_NAMESPACE);
+        crate::operator::sync_cordon_pods(api, slurm, SLURM_NAMESPACE, None);
     }
 }

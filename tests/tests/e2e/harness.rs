@@ -27,6 +27,9 @@ pub struct Options {
     /// The Slinky operator's Slurm-side rules in the cluster (preStop hook,
     /// syncCordon; `ClusterBuilder::slinky_operator_rules`).
     pub operator_rules: bool,
+    /// With `operator_rules`: the operator's syncCordon reads each Slurm
+    /// node's reason a pass behind (`ClusterBuilder::operator_cache_lag`).
+    pub operator_cache_lag: bool,
     /// Run the controller with this open file limit (soft and hard,
     /// through util-linux `prlimit`).
     pub controller_nofile: Option<u64>,
@@ -40,6 +43,7 @@ impl Default for Options {
             tls: None,
             extra_controller_args: Vec::new(),
             operator_rules: false,
+            operator_cache_lag: false,
             controller_nofile: None,
         }
     }
@@ -69,6 +73,9 @@ impl System {
         let mut builder = Cluster::builder().nodes(opts.nodes).slinky();
         if opts.operator_rules {
             builder = builder.slinky_operator_rules();
+        }
+        if opts.operator_cache_lag {
+            builder = builder.operator_cache_lag();
         }
         let cluster = builder.start().await.unwrap();
         let ids = deploy_agent_identities(&cluster).await.unwrap();
