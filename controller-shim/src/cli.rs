@@ -177,7 +177,9 @@ pub struct StatusQueryArgs {
 #[derive(Debug, Clone, Args)]
 pub struct WaitOptionsArgs {
     /// `secret/NAMESPACE/NAME`, `configmap/NAMESPACE/NAME`,
-    /// `nodeset/NAMESPACE/NAME` or `pod/NAMESPACE/NAME`.
+    /// `nodeset/NAMESPACE/NAME`, `deployment/NAMESPACE/NAME`,
+    /// `replicaset/...`, `statefulset/...`, `daemonset/...` or
+    /// `pod/NAMESPACE/NAME`.
     pub target: Target,
     /// Condition.
     #[arg(long = "for", value_enum, default_value = "fresh")]

@@ -2,6 +2,10 @@
 //! Secret or ConfigMap), or every mount of one NodeSet or pod, verified
 //! Fresh on the nodes, and if not, what is missing.
 //!
+//! A workload target (`deployment`, `replicaset`, `statefulset`,
+//! `daemonset`) selects the pods its controller owns as a NodeSet target
+//! selects the NodeSet's: see [`Target::selects`].
+//!
 //! Pure and kube-free: [`decide`] reads a [`RolloutDoc`] (what
 //! `GET /v1/rollouts/{kind}/{namespace}/{name}` returns) and returns a
 //! [`Progress`]; `mountguard-controller wait` polls the endpoint and calls
@@ -14,7 +18,8 @@
 //!    (during a delete-and-recreate rotation it is briefly absent), and when
 //!    the caller names the new object's UID, the controller must see that
 //!    UID (it may not have seen the recreation yet).
-//! 3. A NodeSet or pod target needs at least one consumer with verdicts.
+//! 3. A NodeSet, workload or pod target needs at least one consumer with
+//!    verdicts.
 //! 4. Every consumer (a volume, subPath or env reference of a running pod)
 //!    counts, except Skipped ones. A consumer is verified when its verdict
 //!    is Fresh, its node's agent reports, and the fingerprint of each
@@ -29,6 +34,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::SourceKind;
+use crate::remediation::workload::{WorkloadKind, WorkloadRef};
 
 /// What `wait` waits for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +50,16 @@ pub enum Target {
     },
     /// Every mount of every pod of a NodeSet.
     NodeSet {
+        /// Namespace.
+        namespace: String,
+        /// Name.
+        name: String,
+    },
+    /// Every mount of every pod of a Deployment, ReplicaSet, StatefulSet
+    /// or DaemonSet.
+    Workload {
+        /// Its kind.
+        kind: WorkloadKind,
         /// Namespace.
         namespace: String,
         /// Name.
@@ -71,7 +87,29 @@ impl Target {
                 ..
             } => "configmap",
             Target::NodeSet { .. } => "nodeset",
+            Target::Workload { kind, .. } => kind.lower(),
             Target::Pod { .. } => "pod",
+        }
+    }
+
+    /// Whether a pod of the target's namespace is one of the target's: a
+    /// NodeSet's member, a workload's pod (`workload`: the workload it
+    /// belongs to, a ReplicaSet's pods to the Deployment controlling that
+    /// ReplicaSet), the pod itself. A Source target selects every pod (its
+    /// consumers are those referencing the object).
+    pub fn selects(
+        &self,
+        pod: &str,
+        nodeset: Option<&str>,
+        workload: Option<&WorkloadRef>,
+    ) -> bool {
+        match self {
+            Target::Source { .. } => true,
+            Target::NodeSet { name, .. } => nodeset == Some(name.as_str()),
+            Target::Workload { kind, name, .. } => {
+                workload.is_some_and(|w| w.kind == *kind && w.name == *name)
+            }
+            Target::Pod { name, .. } => pod == name,
         }
     }
 
@@ -82,6 +120,9 @@ impl Target {
                 namespace, name, ..
             }
             | Target::NodeSet { namespace, name }
+            | Target::Workload {
+                namespace, name, ..
+            }
             | Target::Pod { namespace, name } => (namespace, name),
         }
     }
@@ -118,8 +159,8 @@ impl std::str::FromStr for Target {
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = || {
             format!(
-                "{s:?} is not KIND/NAMESPACE/NAME with KIND one of secret, configmap, nodeset, pod \
-                 (e.g. secret/slurm/slurm-auth-slurm)"
+                "{s:?} is not KIND/NAMESPACE/NAME with KIND one of secret, configmap, nodeset, \
+                 deployment, replicaset, statefulset, daemonset, pod (e.g. secret/slurm/slurm-auth-slurm)"
             )
         };
         let mut parts = s.split('/');
@@ -149,7 +190,21 @@ impl std::str::FromStr for Target {
             },
             "nodeset" | "nodesets" => Target::NodeSet { namespace, name },
             "pod" | "pods" | "po" => Target::Pod { namespace, name },
-            _ => return Err(bad()),
+            // kubectl's names and short names of the apps/v1 kinds.
+            k => {
+                let kind = match k {
+                    "deployment" | "deployments" | "deploy" => WorkloadKind::Deployment,
+                    "replicaset" | "replicasets" | "rs" => WorkloadKind::ReplicaSet,
+                    "statefulset" | "statefulsets" | "sts" => WorkloadKind::StatefulSet,
+                    "daemonset" | "daemonsets" | "ds" => WorkloadKind::DaemonSet,
+                    _ => return Err(bad()),
+                };
+                Target::Workload {
+                    kind,
+                    namespace,
+                    name,
+                }
+            }
         })
     }
 }
@@ -558,6 +613,15 @@ mod tests {
             ("cm/a/b", "configmap"),
             ("nodeset/slurm/worker", "nodeset"),
             ("pod/slurm/worker-0", "pod"),
+            ("deployment/web/frontend", "deployment"),
+            ("deploy/web/frontend", "deployment"),
+            ("Deployments/web/frontend", "deployment"),
+            ("rs/web/frontend-5d4f8", "replicaset"),
+            ("replicaset/web/frontend-5d4f8", "replicaset"),
+            ("sts/db/pg", "statefulset"),
+            ("statefulset/db/pg", "statefulset"),
+            ("ds/kube-system/agent", "daemonset"),
+            ("daemonset/kube-system/agent", "daemonset"),
         ] {
             let t: Target = s.parse().unwrap();
             assert_eq!(t.kind(), kind, "{s}");
@@ -571,7 +635,9 @@ mod tests {
             "secret",
             "secret/ns",
             "secret/ns/a/b",
-            "deployment/ns/x",
+            "job/ns/x",
+            "deployment/ns",
+            "sts/ns/UPPER",
             "secret//x",
             "secret/ns/UPPER",
             "secret/ns/a?b",
@@ -579,6 +645,94 @@ mod tests {
         ] {
             assert!(bad.parse::<Target>().is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn each_target_selects_only_its_own_pods() {
+        let w = |kind, name: &str| WorkloadRef {
+            kind,
+            name: name.into(),
+        };
+        let web = w(WorkloadKind::Deployment, "web");
+        let web_rs = w(WorkloadKind::ReplicaSet, "web-5d4f8");
+        let pg = w(WorkloadKind::StatefulSet, "pg");
+        /// Target, pod, its NodeSet, its workload, selected.
+        type Row<'a> = (
+            &'a str,
+            &'a str,
+            Option<&'a str>,
+            Option<&'a WorkloadRef>,
+            bool,
+        );
+        let rows: Vec<Row> = vec![
+            ("secret/a/s", "p", None, None, true),
+            ("nodeset/a/worker", "worker-0", Some("worker"), None, true),
+            ("nodeset/a/worker", "other-0", Some("other"), None, false),
+            ("nodeset/a/worker", "worker-0", None, Some(&pg), false),
+            ("deployment/a/web", "web-5d4f8-x", None, Some(&web), true),
+            // A Deployment's pod is not its ReplicaSet's target, nor the
+            // other way round: each names the workload it belongs to.
+            (
+                "replicaset/a/web-5d4f8",
+                "web-5d4f8-x",
+                None,
+                Some(&web),
+                false,
+            ),
+            (
+                "deployment/a/web",
+                "web-5d4f8-x",
+                None,
+                Some(&web_rs),
+                false,
+            ),
+            (
+                "replicaset/a/web-5d4f8",
+                "web-5d4f8-x",
+                None,
+                Some(&web_rs),
+                true,
+            ),
+            // Same name, another kind.
+            ("daemonset/a/pg", "pg-0", None, Some(&pg), false),
+            ("statefulset/a/pg", "pg-0", None, Some(&pg), true),
+            ("statefulset/a/pg", "pg-0", None, None, false),
+            ("statefulset/a/web", "web-0", None, Some(&web), false),
+            ("pod/a/pg-0", "pg-0", None, Some(&pg), true),
+            ("pod/a/pg-0", "pg-1", None, Some(&pg), false),
+        ];
+        for (t, pod, nodeset, workload, want) in rows {
+            let target: Target = t.parse().unwrap();
+            assert_eq!(
+                target.selects(pod, nodeset, workload),
+                want,
+                "{t} selecting {pod} ({nodeset:?}, {workload:?})"
+            );
+        }
+    }
+
+    #[test]
+    fn a_workload_target_needs_consumers_like_a_nodeset() {
+        let t: Target = "deployment/web/frontend".parse().unwrap();
+        assert_eq!(t.path(), "/v1/rollouts/deployment/web/frontend");
+        assert_eq!(t.to_string(), "deployment/web/frontend");
+        let mut d = doc(vec![], vec![]);
+        d.target = t.to_string();
+        let p = decide(&d, &t, None);
+        assert!(
+            !p.complete() && p.blockers[0].contains("no running pod of deployment/web/frontend"),
+            "{p:?}"
+        );
+        let d = doc(
+            vec![src(Some("aaaaaaaaaaaa"), "u2")],
+            vec![consumer("w0", "Fresh", Some("aaaaaaaaaaaa"))],
+        );
+        assert!(decide(&d, &t, None).complete());
+        let d2 = doc(
+            vec![src(Some("aaaaaaaaaaaa"), "u2")],
+            vec![consumer("w0", "Stale/ImmutableCache", Some("bbbbbbbbbbbb"))],
+        );
+        assert!(!decide(&d2, &t, None).complete());
     }
 
     /// A row: name, document, expected UID, then the expected verified,

@@ -304,10 +304,15 @@ impl EvalTask {
                 self.nodesets_listed.insert(name);
             }
             Input::Workload(k, o) => {
-                self.workloads.insert(k, o);
+                if let Some(old) = self.workloads.insert(k, o.clone()) {
+                    self.publish_deployment_of(&old, false);
+                }
+                self.publish_deployment_of(&o, true);
             }
             Input::WorkloadDeleted(k) => {
-                self.workloads.remove(&k);
+                if let Some(old) = self.workloads.remove(&k) {
+                    self.publish_deployment_of(&old, false);
+                }
             }
             Input::WorkloadsListed(name) => {
                 self.workloads_listed.insert(name);
@@ -580,6 +585,24 @@ impl EvalTask {
                     store.sources.remove(&r);
                 }
             }
+        }
+    }
+
+    /// Publishes (or withdraws) which Deployment a ReplicaSet belongs to,
+    /// for the rollout endpoint's Deployment targets.
+    fn publish_deployment_of(&self, o: &WorkloadObject, present: bool) {
+        let (Some(w), Some(d)) = (o.workload(), o.deployment.as_ref()) else {
+            return;
+        };
+        if w.kind != mountguard_core::remediation::workload::WorkloadKind::ReplicaSet {
+            return;
+        }
+        let key = (o.model.namespace.clone(), w.name.clone());
+        let mut store = self.shared.verdicts.write().unwrap();
+        if present {
+            store.deployments.insert(key, d.clone());
+        } else {
+            store.deployments.remove(&key);
         }
     }
 
@@ -1067,6 +1090,18 @@ mod tests {
         Input::Inventory(Box::new(i), None)
     }
 
+    /// The rollout document of `target` as the endpoint would answer it.
+    fn rollout_doc(
+        r: &Rig,
+        target: &mountguard_core::rollout::Target,
+    ) -> mountguard_core::rollout::RolloutDoc {
+        r.shared
+            .verdicts
+            .read()
+            .unwrap()
+            .rollout(target, true, true)
+    }
+
     fn drain(rx: &mut mpsc::Receiver<EventRequest>) -> Vec<EventRequest> {
         let mut v = Vec::new();
         while let Ok(e) = rx.try_recv() {
@@ -1255,6 +1290,117 @@ mod tests {
         assert_eq!(state(&shared).as_deref(), Some("Fresh"));
     }
 
+    /// A workload target selects the pods its controller owns: a
+    /// StatefulSet's by their owner, a Deployment's through the watched
+    /// ReplicaSet that names it as controller (and no longer once that
+    /// ReplicaSet is gone); never another workload's or a bare pod.
+    #[test]
+    fn workload_rollouts_select_the_pods_of_their_owner() {
+        use mountguard_core::model::{ControllerKind, ControllerRef};
+        use mountguard_core::rollout::{Target, decide};
+        let mut r = rig();
+        r.shared.verdicts.write().unwrap().replicasets_watched = true;
+        let mut ix = Interner::default();
+        let t0 = ts("2026-11-30T10:00:00Z");
+        let owned = |uid: &str, name: &str, node: &str, kind, owner: &str| {
+            let Input::Pod(mut p) = pod(uid, name, node) else {
+                unreachable!()
+            };
+            p.workload = ControllerRef::boxed(kind, owner.into());
+            Input::Pod(p)
+        };
+        r.task.apply_batch(
+            vec![
+                secret(&mut ix, b"new", "s1"),
+                owned(
+                    "u1",
+                    "web-5d4f8-a",
+                    "n1",
+                    ControllerKind::ReplicaSet,
+                    "web-5d4f8",
+                ),
+                owned(
+                    "u2",
+                    "web-5d4f8-b",
+                    "n2",
+                    ControllerKind::ReplicaSet,
+                    "web-5d4f8",
+                ),
+                owned("u3", "pg-0", "n1", ControllerKind::StatefulSet, "pg"),
+                owned("u5", "web-0", "n1", ControllerKind::StatefulSet, "web"),
+                pod("u4", "bare", "n2"),
+            ],
+            t0,
+        );
+        r.task.apply_batch(
+            vec![
+                inv(
+                    "n1",
+                    1,
+                    "2026-11-30T10:00:00Z",
+                    &[("u1", b"new"), ("u3", b"new"), ("u5", b"new")],
+                ),
+                inv(
+                    "n2",
+                    1,
+                    "2026-11-30T10:00:00Z",
+                    &[("u2", b"old"), ("u4", b"new")],
+                ),
+            ],
+            t0,
+        );
+        let pods = |r: &Rig, t: &str| -> (Vec<String>, bool) {
+            let target: Target = t.parse().unwrap();
+            let d = rollout_doc(r, &target);
+            let mut pods: Vec<String> = d.consumers.iter().map(|c| c.pod.clone()).collect();
+            pods.dedup();
+            (pods, decide(&d, &target, None).complete())
+        };
+        let none: Vec<String> = vec![];
+        // The ReplicaSet not seen yet: nothing is the Deployment's.
+        assert_eq!(pods(&r, "deployment/slurm/web"), (none.clone(), false));
+        assert_eq!(
+            pods(&r, "rs/slurm/web-5d4f8"),
+            (vec!["web-5d4f8-a".into(), "web-5d4f8-b".into()], false)
+        );
+        assert_eq!(pods(&r, "sts/slurm/pg"), (vec!["pg-0".into()], true));
+        assert_eq!(
+            pods(&r, "statefulset/slurm/web"),
+            (vec!["web-0".into()], true)
+        );
+        assert_eq!(pods(&r, "daemonset/slurm/pg"), (none.clone(), false));
+        let rs: k8s_openapi::api::apps::v1::ReplicaSet =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "slurm", "name": "web-5d4f8", "uid": "rs1",
+                    "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                        "name": "web", "uid": "d1", "controller": true}]},
+                "spec": {"selector": {}},
+            }))
+            .unwrap();
+        let o = Arc::new(super::super::workloads::from_replicaset(&rs).unwrap());
+        let key = o.key().unwrap();
+        r.task
+            .apply_batch(vec![Input::Workload(key.clone(), o)], t0);
+        // u2 is served the old bytes: the Deployment is not rolled out.
+        assert_eq!(
+            pods(&r, "deployment/slurm/web"),
+            (vec!["web-5d4f8-a".into(), "web-5d4f8-b".into()], false)
+        );
+        assert_eq!(pods(&r, "deployment/slurm/pg"), (none.clone(), false));
+        r.task.apply_batch(
+            vec![inv(
+                "n2",
+                2,
+                "2026-11-30T10:00:05Z",
+                &[("u2", b"new"), ("u4", b"new")],
+            )],
+            t0,
+        );
+        assert!(pods(&r, "deployment/slurm/web").1);
+        r.task.apply_batch(vec![Input::WorkloadDeleted(key)], t0);
+        assert_eq!(pods(&r, "deployment/slurm/web"), (none, false));
+    }
+
     /// The rollout document follows the source's current fingerprint and
     /// what each consumer was verified against, and the gate's decision on
     /// it follows a rotation (recreate under the same name) to the end.
@@ -1265,13 +1411,7 @@ mod tests {
         let mut ix = Interner::default();
         let t0 = ts("2026-11-30T10:00:00Z");
         let target: Target = "secret/slurm/auth".parse().unwrap();
-        let doc = |r: &Rig| {
-            r.shared
-                .verdicts
-                .read()
-                .unwrap()
-                .rollout(&target, true, true)
-        };
+        let doc = |r: &Rig| rollout_doc(r, &target);
         r.task.apply_batch(
             vec![
                 secret(&mut ix, b"old", "s1"),
@@ -1464,12 +1604,7 @@ mod tests {
                 .all(|e| e.reason.as_str() != "StaleMount"),
             "an alarm for content that cannot differ"
         );
-        let d = r
-            .shared
-            .verdicts
-            .read()
-            .unwrap()
-            .rollout(&target, true, true);
+        let d = rollout_doc(&r, &target);
         let p = decide(&d, &target, Some("s2"));
         assert!(p.complete(), "{p:?}");
         assert_eq!((p.verified, p.total), (2, 2));

@@ -59,16 +59,16 @@ pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {
             let rest = &p["/v1/rollouts/".len()..];
             match rest.parse::<mountguard_core::rollout::Target>() {
                 Ok(t) => {
-                    let doc = shared.verdicts.read().unwrap().rollout(
-                        &t,
-                        shared.is_acting(),
-                        shared.is_ready(),
-                    );
+                    let store = shared.verdicts.read().unwrap();
+                    if let Some(why) = store.unanswerable(&t) {
+                        return text(StatusCode::BAD_REQUEST, why);
+                    }
+                    let doc = store.rollout(&t, shared.is_acting(), shared.is_ready());
                     json_response(StatusCode::OK, &doc)
                 }
                 Err(_) => text(
                     StatusCode::BAD_REQUEST,
-                    "use /v1/rollouts/{secret|configmap|nodeset|pod}/{namespace}/{name}\n",
+                    "use /v1/rollouts/{secret|configmap|nodeset|deployment|replicaset|statefulset|daemonset|pod}/{namespace}/{name}\n",
                 ),
             }
         }
@@ -189,12 +189,34 @@ mod tests {
         assert_eq!(doc.target, "secret/slurm/slurm-auth-slurm");
         assert!(!doc.acting && !doc.sources[0].present, "{doc:?}");
         for bad in [
-            "/v1/rollouts/deployment/a/b",
+            "/v1/rollouts/job/a/b",
             "/v1/rollouts/secret/a",
             "/v1/rollouts/secret/a/b/c",
         ] {
             assert_eq!(get(&shared, bad).0, StatusCode::BAD_REQUEST, "{bad}");
         }
+        // Workloads: a StatefulSet's, DaemonSet's or ReplicaSet's pods are
+        // known from their owner; a Deployment's only with its ReplicaSets
+        // watched.
+        for ok in [
+            "/v1/rollouts/statefulset/a/b",
+            "/v1/rollouts/ds/a/b",
+            "/v1/rollouts/replicaset/a/b-5d4f8",
+        ] {
+            let (s, v) = get(&shared, ok);
+            assert_eq!(s, StatusCode::OK, "{ok}: {v}");
+        }
+        let (s, v) = get(&shared, "/v1/rollouts/deployment/a/b");
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert!(
+            v.contains("--remediate-workloads including deployment"),
+            "{v}"
+        );
+        shared.verdicts.write().unwrap().replicasets_watched = true;
+        let (s, v) = get(&shared, "/v1/rollouts/deployment/a/b");
+        assert_eq!(s, StatusCode::OK, "{v}");
+        let doc: mountguard_core::rollout::RolloutDoc = serde_json::from_str(&v).unwrap();
+        assert_eq!(doc.target, "deployment/a/b");
     }
 
     #[test]

@@ -104,6 +104,9 @@ impl Controller {
 
         let metrics = Metrics::new();
         let shared = Arc::new(Shared::new(metrics));
+        shared.verdicts.write().unwrap().replicasets_watched = watch_settings
+            .workload_kinds
+            .contains(&mountguard_core::remediation::workload::WorkloadKind::Deployment);
         let (trigger, shutdown) = Shutdown::new();
         let (input_tx, input_rx) = mpsc::channel::<eval::Input>(4096);
         let (event_tx, event_rx) = mpsc::channel::<events::EventRequest>(1024);

@@ -6,7 +6,7 @@
 //! `namespace`, `node` and `state` (a state name like `Stale` or a tag like
 //! `Stale/ImmutableCachePinned`). Fingerprints only, never digests or data.
 //!
-//! `GET /v1/rollouts/{secret|configmap|nodeset|pod}/{namespace}/{name}`
+//! `GET /v1/rollouts/{secret|configmap|nodeset|deployment|replicaset|statefulset|daemonset|pod}/{namespace}/{name}`
 //! returns the rollout gate's document ([`mountguard_core::rollout::RolloutDoc`]):
 //! the source's current fingerprint and, per consumer, the source
 //! fingerprints it was verified against on the node and the scan time.
@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::Error;
 use mountguard_core::Fingerprint;
 use mountguard_core::model::{CompactTime, PodModel, SourceRef};
+use mountguard_core::remediation::workload::{WorkloadKind, WorkloadRef, workload_of};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
@@ -145,6 +146,12 @@ pub struct VerdictStore {
     pub reporting: HashMap<Arc<str>, bool>,
     /// Pods not scheduled yet (no node, so no verdicts), per UID.
     pub unscheduled: HashMap<Arc<str>, Arc<mountguard_core::PodModel>>,
+    /// `(namespace, ReplicaSet)` -> the Deployment controlling it, from
+    /// the watched ReplicaSets.
+    pub deployments: HashMap<(String, String), String>,
+    /// Whether ReplicaSets are watched (`--remediate-workloads` lists
+    /// `deployment`): only then can a pod be told to be a Deployment's.
+    pub replicasets_watched: bool,
 }
 
 /// One remediation attempt as the status endpoint returns it.
@@ -439,6 +446,34 @@ impl VerdictStore {
 }
 
 impl VerdictStore {
+    /// Why `target` cannot be answered by this controller, if it cannot.
+    pub fn unanswerable(&self, target: &Target) -> Option<String> {
+        match target {
+            Target::Workload {
+                kind: WorkloadKind::Deployment,
+                ..
+            } if !self.replicasets_watched => Some(format!(
+                "{target}: this controller does not watch ReplicaSets, so it cannot tell a \
+                 Deployment's pods: run it with --remediate-workloads including deployment \
+                 (chart: remediation.workloads.kinds; with --remediation dry-run nothing is \
+                 written), or wait for the Deployment's current ReplicaSet \
+                 (replicaset/NAMESPACE/NAME)\n"
+            )),
+            _ => None,
+        }
+    }
+
+    /// The workload `pod` belongs to: its StatefulSet, DaemonSet or
+    /// ReplicaSet, or the Deployment controlling that ReplicaSet.
+    fn workload_of(&self, pod: &PodModel) -> Option<WorkloadRef> {
+        let c = pod.controller()?;
+        Some(workload_of(c, |rs| {
+            self.deployments
+                .get(&(pod.namespace.to_string(), rs.to_string()))
+                .cloned()
+        }))
+    }
+
     /// The rollout document of `target`.
     pub fn rollout(&self, target: &Target, acting: bool, ready: bool) -> RolloutDoc {
         let (ns, name) = target.namespaced_name();
@@ -459,12 +494,7 @@ impl VerdictStore {
                 continue;
             }
             pods_in_ns.insert(&pod.name);
-            let pod_selected = match target {
-                Target::Source { .. } => true,
-                Target::NodeSet { name, .. } => pod.nodeset() == Some(name.as_str()),
-                Target::Pod { name, .. } => *pod.name == **name,
-            };
-            if !pod_selected {
+            if !target.selects(&pod.name, pod.nodeset(), self.workload_of(pod).as_ref()) {
                 continue;
             }
             let check = p.check.as_ref();
@@ -530,6 +560,17 @@ impl VerdictStore {
                         && match target {
                             Target::Source { .. } => true,
                             Target::NodeSet { name, .. } => a.nodeset == *name,
+                            Target::Workload { kind, name, .. } => {
+                                a.workload.as_deref()
+                                    == Some(
+                                        WorkloadRef {
+                                            kind: *kind,
+                                            name: name.clone(),
+                                        }
+                                        .to_string()
+                                        .as_str(),
+                                    )
+                            }
                             Target::Pod { name, .. } => a.pod == *name,
                         })
             })
@@ -549,8 +590,7 @@ impl VerdictStore {
             .filter(|p| *p.namespace == *ns)
             .filter(|p| match target {
                 Target::Source { .. } => wanted.as_ref().is_some_and(|w| p.references_source(w)),
-                Target::NodeSet { name, .. } => p.nodeset() == Some(name.as_str()),
-                Target::Pod { name, .. } => *p.name == **name,
+                _ => target.selects(&p.name, p.nodeset(), self.workload_of(p).as_ref()),
             })
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();

@@ -304,6 +304,61 @@ async fn real_deployment_only_the_stale_pod_is_evicted_and_its_replacement_is_fr
             && note.contains("verified fresh on node")),
         "{ev:?}"
     );
+    // The rollout gate on the Deployment: its three pods (found through
+    // the ReplicaSet it controls) are every consumer, all fresh.
+    let out = tokio::process::Command::new(
+        mountguard_tests::mountguard::binary("mountguard-controller").unwrap(),
+    )
+    .args([
+        "wait",
+        &format!("deployment/{SLURM_NAMESPACE}/web"),
+        "--url",
+        &sys.metrics_base(),
+    ])
+    .args(["--token", mountguard_tests::mountguard::STATUS_READER_TOKEN])
+    .args([
+        "--timeout",
+        "60s",
+        "--interval",
+        "500ms",
+        "--output",
+        "json",
+    ])
+    .output()
+    .await
+    .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "wait: {stdout}\n{stderr}");
+    let result: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (&result["complete"], &result["verified"], &result["total"]),
+        (&json!(true), &json!(3), &json!(3)),
+        "{result}"
+    );
+    let doc: Value = serde_json::from_str(
+        &mountguard_tests::mountguard::http_get(&format!(
+            "{}/v1/rollouts/deployment/{SLURM_NAMESPACE}/web",
+            sys.metrics_base()
+        ))
+        .await
+        .unwrap(),
+    )
+    .unwrap();
+    let mut gated: Vec<String> = doc["consumers"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|c| c["pod"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    gated.sort();
+    let mut want: Vec<String> = now.iter().map(name).collect();
+    want.sort();
+    assert_eq!(gated, want, "the Deployment's pods: {doc}");
     sys.shutdown().await;
 }
 
