@@ -992,6 +992,15 @@ fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCod
         n.reason_set_by = Some(user.to_string());
         n.reason_changed_at = now;
     }
+    // A node left neither DOWN, DRAIN nor FAIL keeps no reason: Slurm's
+    // `update_node` (src/slurmctld/node_mgr.c) ends each node's update with
+    // `clusteracct_storage_g_node_up` for such a node, which frees its
+    // reason (src/interfaces/accounting_storage.c); so a reason without a
+    // state on an idle node does not stay.
+    if !n.down && !n.drain && !n.fail {
+        n.reason = None;
+        n.reason_set_by = None;
+    }
     s.last_update = now;
     (StatusCode::OK, vec![])
 }

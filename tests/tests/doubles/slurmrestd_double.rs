@@ -218,6 +218,48 @@ async fn slurmrestd_double_requires_a_valid_token() {
     d.shutdown().await;
 }
 
+/// A reason without a state stays only on a node that is DOWN, DRAIN or
+/// FAIL: Slurm frees the reason of any other node at the end of the update
+/// (`update_node` → `clusteracct_storage_g_node_up`).
+#[tokio::test]
+async fn slurmrestd_double_keeps_a_reason_without_a_state_only_on_a_closed_node() {
+    let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
+    let h = d.handle();
+    h.add_token(TOKEN, "mountguard");
+    h.set_controller_key(b"key-1");
+    h.add_node("slinky-0", 4);
+    h.slurmd_started("slinky-0", b"key-1");
+    let url = d.url();
+    let post = |body: serde_json::Value| {
+        let url = url.clone();
+        async move {
+            call(
+                &url,
+                "POST",
+                "/slurm/v0.0.44/node/slinky-0",
+                Some(TOKEN),
+                Some(&body),
+            )
+            .await
+            .0
+        }
+    };
+    assert_eq!(post(json!({"reason": "mountguard: first"})).await, 200);
+    let v = h.node("slinky-0").unwrap();
+    assert_eq!((v.state, v.reason.as_str()), (vec!["IDLE".to_string()], ""));
+    assert_eq!(
+        post(json!({"state": ["DRAIN"], "reason": "admin: a"})).await,
+        200
+    );
+    assert_eq!(post(json!({"reason": "admin: b"})).await, 200);
+    let v = h.node("slinky-0").unwrap();
+    assert_eq!(
+        (v.state, v.reason.as_str()),
+        (vec!["IDLE".to_string(), "DRAIN".to_string()], "admin: b")
+    );
+    d.shutdown().await;
+}
+
 #[tokio::test]
 async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth_keys() {
     let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
