@@ -213,6 +213,7 @@ def test_schema_describes_every_value_and_nothing_else() -> None:
         {"remediation": {"evictionTimeout": "30 minutes"}},
         {"remediation": {"verificationTimeout": "0s"}},
         {"remediation": {"replacePinningPods": "yes"}},
+        {"remediation": {"drainState": "down"}},
         {"remediation": {"slurmrestd": {"jwtKeySecret": {"name": "x", "key": "jwt.key"}}}},
         {"remediation": {"slurmrestd": {"user": ""}}},
         {"remediation": {"workloads": {"kinds": ["job"]}}},
@@ -502,6 +503,7 @@ def test_remediation_settings_reach_the_controller() -> None:
     assert env["MOUNTGUARD_EVICTION_TIMEOUT"] == "30m"
     assert env["MOUNTGUARD_VERIFICATION_TIMEOUT"] == "10m"
     assert env["MOUNTGUARD_REPLACE_PINNING_PODS"] == "false"
+    assert env["MOUNTGUARD_DRAIN_STATE"] == "drain"
     # A token Secret: nothing of the jwt.key alternative.
     assert "MOUNTGUARD_SLURM_JWT_KEY_SECRET" not in env
     assert "MOUNTGUARD_SLURM_USER" not in env
@@ -521,10 +523,12 @@ def test_remediation_values_reach_the_controller() -> None:
                 "budgetPerNodeSet": 2,
                 "budgetCluster": 7,
                 "onFailure": "undrain",
+                "drainState": "fail",
             }
         },
     )
     env = controller_env(render(values))
+    assert env["MOUNTGUARD_DRAIN_STATE"] == "fail"
     assert env["MOUNTGUARD_EVICTION_TIMEOUT"] == "45m"
     assert env["MOUNTGUARD_VERIFICATION_TIMEOUT"] == "2h"
     assert env["MOUNTGUARD_REPLACE_PINNING_PODS"] == "true"
@@ -590,6 +594,7 @@ def test_remediation_flags_are_absent_when_remediation_is_off() -> None:
             "MOUNTGUARD_EVICTION_TIMEOUT",
             "MOUNTGUARD_VERIFICATION_TIMEOUT",
             "MOUNTGUARD_REPLACE_PINNING_PODS",
+            "MOUNTGUARD_DRAIN_STATE",
         ):
             assert name not in env, (values, name)
 
@@ -673,6 +678,7 @@ def test_chart_defaults_are_the_controller_defaults() -> None:
     assert defaults["MOUNTGUARD_EVICTION_TIMEOUT"] == r["evictionTimeout"]
     assert defaults["MOUNTGUARD_VERIFICATION_TIMEOUT"] == r["verificationTimeout"]
     assert defaults["MOUNTGUARD_REPLACE_PINNING_PODS"] == str(r["replacePinningPods"]).lower()
+    assert defaults["MOUNTGUARD_DRAIN_STATE"] == r["drainState"]
     assert defaults["MOUNTGUARD_SLURM_USER"] == r["slurmrestd"]["user"]
     assert defaults["MOUNTGUARD_SLURM_TOKEN_KEY"] == r["slurmrestd"]["tokenSecret"]["key"]
     assert defaults["MOUNTGUARD_DRAIN_TIMEOUT"] == r["drainTimeout"]
@@ -700,7 +706,7 @@ CONTROLLER_CONTRACT = {
     slurmrestd-ca-file slurm-token-secret slurm-token-key slurm-jwt-key-secret slurm-user
     remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
     replacement-timeout eviction-timeout verification-timeout on-failure replace-pinning-pods
-    remediate-workloads remediation-budget-workloads
+    drain-state remediate-workloads remediation-budget-workloads
     report-rate-limit report-body-timeout max-connections header-read-timeout idle-timeout
     admission-listen admission-mode admission-tls-cert-file admission-tls-key-file
     admission-answer-timeout admission-client-ca-file log log-format""".split()

@@ -183,6 +183,8 @@ refused by server-side apply as "duplicate entries for key").
   value: {{ $r.onFailure | quote }}
 - name: MOUNTGUARD_REPLACE_PINNING_PODS
   value: {{ $r.replacePinningPods | quote }}
+- name: MOUNTGUARD_DRAIN_STATE
+  value: {{ $r.drainState | quote }}
 {{- end }}
 - name: MOUNTGUARD_LOG_FORMAT
   value: {{ .Values.controller.logFormat | quote }}

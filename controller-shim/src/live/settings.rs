@@ -210,6 +210,17 @@ pub struct RunArgs {
     /// Also replace the pods pinning an immutable cache entry.
     #[arg(long, env = "MOUNTGUARD_REPLACE_PINNING_PODS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub replace_pinning_pods: bool,
+    /// How mountguard first closes a Slurm node: `drain` (DRAIN, replaced
+    /// by the FAIL hold just before the eviction) or `fail` (the FAIL hold
+    /// from the first write; with the Slinky operator, whose undrain can
+    /// undo a fresh DRAIN).
+    #[arg(
+        long,
+        env = "MOUNTGUARD_DRAIN_STATE",
+        value_enum,
+        default_value = "drain"
+    )]
+    pub drain_state: DrainState,
     /// The admission webhook.
     #[command(flatten)]
     pub admission: AdmissionArgs,
@@ -269,6 +280,16 @@ pub enum RemediationMode {
     DryRun,
     /// Drain, evict and verify.
     On,
+}
+
+/// The state of mountguard's first write on a Slurm node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum DrainState {
+    /// DRAIN, then the FAIL hold just before the eviction.
+    #[default]
+    Drain,
+    /// The FAIL hold at once.
+    Fail,
 }
 
 /// What to do with a Slurm node when remediation fails.
@@ -397,6 +418,7 @@ impl TryFrom<RunArgs> for Settings {
             verification_timeout,
             on_failure,
             replace_pinning_pods,
+            drain_state,
             remediate_workloads,
             remediation_budget_workloads,
             admission,
@@ -529,6 +551,7 @@ impl TryFrom<RunArgs> for Settings {
                             OnFailure::KeepDrained => FailurePolicy::Auto,
                             OnFailure::Undrain => FailurePolicy::Undrain,
                         },
+                        fail_first: drain_state == DrainState::Fail,
                         ..Default::default()
                     },
                     slurm,
@@ -809,8 +832,20 @@ mod tests {
         a.on_failure = OnFailure::Undrain;
         a.remediation_budget_cluster = 7;
         a.replace_pinning_pods = true;
+        assert!(
+            !Settings::try_from(a.clone())
+                .unwrap()
+                .remediation
+                .unwrap()
+                .settings()
+                .machine
+                .fail_first,
+            "DRAIN first by default"
+        );
+        a.drain_state = DrainState::Fail;
         let s = Settings::try_from(a).unwrap();
         let r = s.remediation.as_ref().unwrap().settings();
+        assert!(r.machine.fail_first);
         assert_eq!(r.mode, Mode::DryRun);
         assert_eq!(
             (

@@ -51,16 +51,12 @@ async fn a_stale_slurm_key_is_repaired_against_the_operators_rules_with_no_node_
 /// and writes on the node as it is now (what the real operator does when
 /// its slurm-client cache is refreshed between `IsNodeReasonOurs` and
 /// `MakeNodeUndrain`): a fresh DRAIN on an idle node with no reason is
-/// undrained by its next pass. The hooks body (its nodes stay up between
-/// the drain and the eviction; a node with a stale key is DOWN "Not
-/// responding" and left alone) requires no node open from our drain to
-/// the verification.
-///
-/// Ignored: the race is not closed (docs/remediation.md, "Against the
-/// Slinky operator"); run it with `--run-ignored all` to see it fail
-/// `DrainRemoved`.
+/// undrained by its next pass. With `--drain-state fail` mountguard's first
+/// write is its FAIL hold, which that undrain never touches: the hooks body
+/// (its nodes stay up between the drain and the eviction) sees no node
+/// open from our first write to the verification. With the default
+/// `--drain-state drain` the same run fails `DrainRemoved`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the operator's check-then-act undrain race is not closed yet; see docs/remediation.md"]
 async fn with_the_operators_cache_a_pass_behind_a_fresh_drain_is_never_undone() {
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
     let mut sys = System::start(Options {
@@ -70,11 +66,16 @@ async fn with_the_operators_cache_a_pass_behind_a_fresh_drain_is_never_undone() 
     })
     .await;
     let url = sys.cluster.slurmrestd_url();
-    sys.opts.extra_controller_args =
-        remediation_args(&url, "on", &["--slurm-jwt-key-secret", &jwt]);
+    sys.opts.extra_controller_args = remediation_args(
+        &url,
+        "on",
+        &["--slurm-jwt-key-secret", &jwt, "--drain-state=fail"],
+    );
     sys.start_controller().await;
-    crate::shared::operator::stale_hooks_read_at_start_are_repaired_through_the_prestop_hook(&sys)
-        .await;
+    crate::shared::operator::stale_hooks_read_at_start_are_repaired_through_the_prestop_hook(
+        &sys, true,
+    )
+    .await;
     sys.shutdown().await;
 }
 
@@ -83,8 +84,10 @@ async fn a_stale_hooks_configmap_read_at_start_is_repaired_against_the_operators
  {
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
     let sys = start_with_operator(&["--slurm-jwt-key-secret", &jwt]).await;
-    crate::shared::operator::stale_hooks_read_at_start_are_repaired_through_the_prestop_hook(&sys)
-        .await;
+    crate::shared::operator::stale_hooks_read_at_start_are_repaired_through_the_prestop_hook(
+        &sys, false,
+    )
+    .await;
     sys.shutdown().await;
 }
 

@@ -102,8 +102,10 @@ async fn real_kubelet_a_stale_hooks_configmap_is_repaired_through_the_kubelets_p
     let grace = format!("{}s", MAX_RESYNC.as_secs() * 2);
     sys.restart_controller_with(&[("MOUNTGUARD_GRACE", &grace)])
         .await;
-    crate::shared::operator::stale_hooks_read_at_start_are_repaired_through_the_prestop_hook(&sys)
-        .await;
+    crate::shared::operator::stale_hooks_read_at_start_are_repaired_through_the_prestop_hook(
+        &sys, false,
+    )
+    .await;
     // The real kubelet asked its runtime to run each evicted slurmd pod's
     // preStop command, once per pod, on the pod's node, in the slurmd
     // container.

@@ -60,19 +60,23 @@ async fn real_operator_stale_slurm_key_is_repaired_with_no_node_open_before_veri
 
 /// The hooks ConfigMap, read by slurmd at start, changes: every worker is
 /// Frozen and repaired; the real preStop hook's DOWN (the key is current)
-/// replaces mountguard's drain, which mountguard holds again.
+/// replaces mountguard's hold, which mountguard holds again.
 ///
-/// Ignored: the nodes respond here, so the operator's syncCordon acts on
-/// them, and it can undo mountguard's DRAIN (it reads the reason and then
-/// the state from its slurm-client cache, two reads apart); mountguard
-/// drains again at its next Slurm read. Failed 2 of 11 runs
-/// (docs/testing.md). Run it with `--run-ignored all`.
+/// The nodes respond here, so the operator's syncCordon acts on them, and
+/// it can undo a fresh DRAIN (it reads the reason and then the state from
+/// its slurm-client cache, two reads apart): with the default
+/// `--drain-state drain` this failed 2 of 11 runs (docs/testing.md). The
+/// controller runs with `--drain-state fail`, which that undrain never
+/// touches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the real operator's syncCordon can UNDRAIN mountguard's fresh drain (a check-then-act on its cache); see docs/testing.md"]
 async fn real_operator_stale_hooks_read_at_start_are_repaired_through_its_prestop_hook() {
-    let sys = RealSystem::start_with_real_operator(3).await;
-    crate::shared::operator::stale_hooks_read_at_start_are_repaired_through_the_prestop_hook(&sys)
+    let mut sys = RealSystem::start_with_real_operator(3).await;
+    sys.restart_controller_with(&[("MOUNTGUARD_DRAIN_STATE", "fail")])
         .await;
+    crate::shared::operator::stale_hooks_read_at_start_are_repaired_through_the_prestop_hook(
+        &sys, true,
+    )
+    .await;
     served_everything(&sys);
     sys.shutdown().await;
 }

@@ -117,11 +117,7 @@ pub fn step(
                             s.a.id
                         );
                         s.event(EventReason::RemediationStarted, msg);
-                        s.wrote();
-                        s.actions.push(Action::DrainNode {
-                            node: slurm_node,
-                            reason: s.a.drain_reason.clone(),
-                        });
+                        s.close_node();
                     }
                     SlurmObservation::NotFound => {
                         if s.not_found_for_good() {
@@ -163,11 +159,7 @@ pub fn step(
                             let msg = "the drain never showed on the node".to_string();
                             s.fail(FailReason::DrainTimeout, msg, obs);
                         } else if s.due() {
-                            s.wrote();
-                            s.actions.push(Action::DrainNode {
-                                node: slurm_node,
-                                reason: s.a.drain_reason.clone(),
-                            });
+                            s.close_node();
                         }
                     }
                     SlurmObservation::NotFound => {

@@ -728,6 +728,76 @@ fn the_whole_happy_path_with_a_running_job() {
     assert_eq!(a.new_pod_uid.as_deref(), Some(NEW));
 }
 
+/// With `fail_first` the node is closed by our FAIL hold from the first
+/// write: never a DRAIN (the only flag the Slinky operator's undrain
+/// clears), no second hold before the eviction, the same phases; a hold
+/// that does not show is asked for again, still as FAIL.
+#[test]
+fn fail_first_closes_the_node_with_the_hold_from_the_first_write() {
+    let cfg = MachineConfig {
+        fail_first: true,
+        ..MachineConfig::default()
+    };
+    let mut a = attempt();
+    let mut now = t0();
+    let mut all_writes = vec![];
+    let script: Vec<Observations> = vec![
+        obs(plain(&["MIXED"]), Some(OLD)),
+        // Not showing yet (a lagging read): asked again once due.
+        obs(plain(&["MIXED"]), Some(OLD)),
+        obs(ours(&["MIXED", "FAIL"]), Some(OLD)),
+        obs(ours(&["MIXED", "FAIL"]), Some(OLD)),
+        obs(ours(&["IDLE", "FAIL"]), Some(OLD)),
+        Observations {
+            eviction: Some(EvictionResult::Evicted),
+            ..obs(ours(&["IDLE", "FAIL"]), Some(OLD))
+        },
+        obs(ours(&["DOWN", "FAIL", "NOT_RESPONDING"]), None),
+        obs(ours(&["DOWN", "FAIL", "NOT_RESPONDING"]), Some(NEW)),
+        Observations {
+            new_pod: NewPodCheck::Fresh,
+            ..obs(ours(&["DOWN", "FAIL"]), Some(NEW))
+        },
+        Observations {
+            slurm_write: Some(WriteResult::Ok),
+            ..obs(plain(&["IDLE"]), Some(NEW))
+        },
+    ];
+    for o in script {
+        now += SignedDuration::from_secs(20);
+        let (b, actions) = step(&a, &o, now, &cfg);
+        all_writes.extend(writes(&actions));
+        a = b;
+    }
+    assert_eq!(a.phase, Phase::Succeeded, "{a:?}");
+    assert_eq!(
+        all_writes,
+        vec![W::Hold, W::Hold, W::Evict, W::Resume],
+        "FAIL twice (the first did not show), never DRAIN"
+    );
+    assert_eq!(
+        a.phase_names(),
+        vec![
+            "Pending",
+            "Draining",
+            "Drained",
+            "Evicting",
+            "AwaitingReplacement",
+            "Verifying",
+            "Undraining",
+            "Succeeded"
+        ]
+    );
+    // The same script without it drains first.
+    let (_, actions) = step(
+        &attempt(),
+        &obs(plain(&["MIXED"]), Some(OLD)),
+        t0(),
+        &MachineConfig::default(),
+    );
+    assert_eq!(writes(&actions), vec![W::Drain]);
+}
+
 #[test]
 fn slurm_errors_back_off_and_are_never_progress() {
     let cfg = MachineConfig::default();

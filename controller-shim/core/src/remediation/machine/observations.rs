@@ -48,6 +48,16 @@ pub struct MachineConfig {
     /// re-registering, a slurmctld restarting, a lagging replica of its
     /// state all answer so once in a while).
     pub not_found_grace: SignedDuration,
+    /// Close the node with our FAIL hold from the first write on, instead
+    /// of a DRAIN that the hold replaces just before the eviction. The
+    /// Slinky operator's undrain (`MakeNodeUndrain`, slurm-operator v1.2.1
+    /// internal/controller/nodeset/slurmcontrol/slurmcontrol.go) acts only
+    /// on a node with DRAIN; it decides on a reason read from its
+    /// slurm-client cache before it reads the state, and can undo a fresh
+    /// DRAIN (docs/remediation.md, "Against the Slinky operator"). FAIL
+    /// takes no new job either and leaves running ones alone (Slurm's
+    /// `update_node`, src/slurmctld/node_mgr.c).
+    pub fail_first: bool,
 }
 
 impl Default for MachineConfig {
@@ -62,6 +72,7 @@ impl Default for MachineConfig {
             retry_max: SignedDuration::from_mins(5),
             write_settle: SignedDuration::from_secs(10),
             not_found_grace: SignedDuration::from_mins(5),
+            fail_first: false,
         }
     }
 }

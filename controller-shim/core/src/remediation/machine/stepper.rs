@@ -63,6 +63,21 @@ impl Stepper<'_> {
         self.a.retry.not_before = Some(self.now + self.cfg.write_settle);
     }
 
+    /// The first write of the attempt on its Slurm node, and its re-issue:
+    /// our DRAIN, or with `fail_first` our FAIL hold at once (recorded as
+    /// requested, so the Drained step does not ask for it again).
+    pub(super) fn close_node(&mut self) {
+        self.wrote();
+        let node = self.a.slurm_node.clone();
+        let reason = self.a.drain_reason.clone();
+        if self.cfg.fail_first {
+            self.a.hold_requested = true;
+            self.actions.push(Action::HoldNode { node, reason });
+        } else {
+            self.actions.push(Action::DrainNode { node, reason });
+        }
+    }
+
     pub(super) fn elapsed_since(&self, t: Timestamp) -> SignedDuration {
         self.now.duration_since(t)
     }
