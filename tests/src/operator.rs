@@ -191,6 +191,37 @@ pub fn sync_cordon_with_reads(
     }
 }
 
+/// What one `syncPodUncordon` does for one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UncordonOutcome {
+    /// Remove the pod-cordon annotation from the pod.
+    pub uncordon_pod: bool,
+    /// The Slurm write, if any.
+    pub update: Option<SlurmUpdate>,
+}
+
+/// `syncPodUncordon` for one pod the NodeSet keeps (slurm-operator v1.2.1,
+/// internal/controller/nodeset/nodeset_sync.go: run after syncCordon on
+/// every reconcile for the pods `doPodProcessing` / `doPodScale` keep): on
+/// a Kubernetes node not cordoned (`isNodeCordoned`) whose Slurm reason
+/// the operator counts as its own (`checked`, `IsNodeReasonOurs`), the
+/// pod-cordon annotation goes (`makePodUncordon`) and the node is
+/// undrained with no reason (`MakeNodeUndrain(pod, "")`, reading `acted`).
+/// A pod cordoned by anyone else is uncordoned this way.
+pub fn sync_pod_uncordon(
+    pod: &PodFacts,
+    checked: &SlurmFacts,
+    acted: &SlurmFacts,
+) -> UncordonOutcome {
+    if pod.node_cordoned || !reason_is_operators(&checked.reason) {
+        return UncordonOutcome::default();
+    }
+    UncordonOutcome {
+        uncordon_pod: pod.pod_cordoned,
+        update: make_undrain(acted, ""),
+    }
+}
+
 /// The slurmd container's preStop hook: DOWN with the operator's reason,
 /// if scontrol can authenticate (`key_matches`: the pod's `slurm.key` is
 /// slurmctld's).
@@ -305,6 +336,40 @@ pub(crate) fn sync_cordon_pods<A: Objects + ?Sized>(
             );
         }
         if let Some(u) = out.update {
+            slurm.rest_update(host, &u.body(), "slurm");
+        }
+        // syncPodUncordon, later in the same reconcile, for the pods it
+        // keeps (not terminating), on the node as it is after syncCordon's
+        // write (its own writes refresh slurm-client's entry).
+        if pod["metadata"]["deletionTimestamp"].is_string() {
+            continue;
+        }
+        let Some(view) = slurm.node(host) else {
+            continue;
+        };
+        let after = SlurmFacts {
+            state: view.state,
+            reason: view.reason,
+        };
+        let facts = PodFacts {
+            pod_cordoned: facts.pod_cordoned || out.cordon_pod,
+            ..facts
+        };
+        let checked = match cache.as_deref() {
+            Some(c) => c.get(host).cloned().unwrap_or_else(|| after.clone()),
+            None => after.clone(),
+        };
+        let un = sync_pod_uncordon(&facts, &checked, &after);
+        if un.uncordon_pod {
+            let _ = api.merge_patch(
+                &resources::PODS,
+                namespace,
+                name,
+                &json!({"metadata": {"annotations": {ANNOTATION_POD_CORDON: null}}}),
+                None,
+            );
+        }
+        if let Some(u) = un.update {
             slurm.rest_update(host, &u.body(), "slurm");
         }
     }

@@ -6,7 +6,7 @@ use mountguard_tests::apiserver::{DeleteOptions, resources};
 use mountguard_tests::cluster::{self, Cluster};
 use mountguard_tests::operator::{
     ANNOTATION_POD_CORDON, PRESTOP_REASON, PodFacts, SlurmFacts, SlurmUpdate, make_drain,
-    make_undrain, prestop, sync_cordon,
+    make_undrain, prestop, sync_cordon, sync_pod_uncordon,
 };
 use mountguard_tests::scenario::{rotate_auth_key, wait_for_slurmd_pods};
 use serde_json::{Value, json};
@@ -95,6 +95,38 @@ fn sync_cordon_drains_for_a_cordoned_node_or_pod_and_undrains_otherwise() {
         matches!(out.update, Some(SlurmUpdate::Undrain(_))),
         "{out:?}"
     );
+}
+
+#[test]
+fn sync_pod_uncordon_removes_a_cordon_it_did_not_set_and_undrains_unless_the_node_is_cordoned_or_the_reason_foreign()
+ {
+    let cordoned = facts(
+        &["IDLE", "DRAIN"],
+        "slurm-operator: Pod (slurm/w-0) was cordoned",
+    );
+    // A kept pod cordoned by someone else on a schedulable node: the
+    // annotation goes and the node is undrained with no reason.
+    let out = sync_pod_uncordon(&pod(false, true), &cordoned, &cordoned);
+    assert!(out.uncordon_pod);
+    assert_eq!(out.update, Some(SlurmUpdate::Undrain(String::new())));
+    // Its Kubernetes node cordoned: left alone.
+    let out = sync_pod_uncordon(&pod(true, true), &cordoned, &cordoned);
+    assert_eq!((out.uncordon_pod, out.update), (false, None));
+    // A reason not its own (mountguard's, an administrator's): left alone.
+    for r in ["mountguard: x attempt 1", "admin: DIMM"] {
+        let n = facts(&["IDLE", "DRAIN"], r);
+        let out = sync_pod_uncordon(&pod(false, true), &n, &n);
+        assert_eq!((out.uncordon_pod, out.update), (false, None), "{r}");
+    }
+    // Its check on an older read (no reason yet), its undrain on the
+    // current one: the check-then-act that can undo someone's fresh DRAIN,
+    // but never a FAIL.
+    let ours = facts(&["IDLE", "DRAIN"], "mountguard: x attempt 1");
+    let out = sync_pod_uncordon(&pod(false, false), &facts(&["IDLE"], ""), &ours);
+    assert_eq!(out.update, Some(SlurmUpdate::Undrain(String::new())));
+    let held = facts(&["IDLE", "FAIL"], "mountguard: x attempt 1");
+    let out = sync_pod_uncordon(&pod(false, false), &facts(&["IDLE"], ""), &held);
+    assert_eq!(out.update, None);
 }
 
 #[test]
