@@ -18,6 +18,18 @@ enum W {
     Uncordon,
 }
 
+/// Every phase of a NodeSet attempt that succeeds, in order.
+const EVERY_PHASE: [&str; 8] = [
+    "Pending",
+    "Draining",
+    "Drained",
+    "Evicting",
+    "AwaitingReplacement",
+    "Verifying",
+    "Undraining",
+    "Succeeded",
+];
+
 fn writes(actions: &[Action]) -> Vec<W> {
     actions
         .iter()
@@ -711,19 +723,7 @@ fn the_whole_happy_path_with_a_running_job() {
     }
     assert_eq!(a.phase, Phase::Succeeded);
     assert_eq!(all_writes, vec![W::Drain, W::Hold, W::Evict, W::Resume]);
-    assert_eq!(
-        a.phase_names(),
-        vec![
-            "Pending",
-            "Draining",
-            "Drained",
-            "Evicting",
-            "AwaitingReplacement",
-            "Verifying",
-            "Undraining",
-            "Succeeded"
-        ]
-    );
+    assert_eq!(a.phase_names(), EVERY_PHASE);
     assert!(!a.is_open());
     assert_eq!(a.new_pod_uid.as_deref(), Some(NEW));
 }
@@ -775,19 +775,7 @@ fn fail_first_closes_the_node_with_the_hold_from_the_first_write() {
         vec![W::Hold, W::Hold, W::Evict, W::Resume],
         "FAIL twice (the first did not show), never DRAIN"
     );
-    assert_eq!(
-        a.phase_names(),
-        vec![
-            "Pending",
-            "Draining",
-            "Drained",
-            "Evicting",
-            "AwaitingReplacement",
-            "Verifying",
-            "Undraining",
-            "Succeeded"
-        ]
-    );
+    assert_eq!(a.phase_names(), EVERY_PHASE);
     // The same script without it drains first.
     let (_, actions) = step(
         &attempt(),
