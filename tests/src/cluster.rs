@@ -106,8 +106,8 @@ impl ClusterBuilder {
         self
     }
 
-    /// With [`Self::slinky_operator_rules`]: the operator's syncCordon
-    /// checks each Slurm node's reason as its previous pass read it and
+    /// With [`Self::slinky_operator_rules`]: the operator's syncCordon (and
+    /// syncPodUncordon) checks each Slurm node's reason as its previous pass read it and
     /// writes on the node as it is now (its slurm-client cache refreshed
     /// between the two reads: the worst case, every pass; see
     /// `operator::sync_cordon_with_reads`).

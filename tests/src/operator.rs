@@ -271,6 +271,8 @@ pub(crate) fn protect_busy_pods<A: Objects + ?Sized>(
 /// API server), as `getNodeSetPods` lists them in `nodeset_sync.go`: every
 /// pod the NodeSet controls, terminating ones included; a pod not bound to
 /// a node yet is skipped (its Node cannot be read: `syncCordonFn` returns).
+/// After syncCordon, `syncPodUncordon` ([`sync_pod_uncordon`]) for the
+/// pods it keeps.
 /// It reads the Kubernetes node's `spec.unschedulable` only, never its
 /// taints.
 ///
@@ -278,6 +280,15 @@ pub(crate) fn protect_busy_pods<A: Objects + ?Sized>(
 /// reason check reads each Slurm node as the previous pass saw it and the
 /// write reads it now: the worst case of the two cache reads of
 /// [`sync_cordon_with_reads`], every pass.
+/// Slurm node `host` as the operator reads it, if slurmrestd knows it.
+fn slurm_facts(slurm: &SlurmHandle, host: &str) -> Option<SlurmFacts> {
+    let view = slurm.node(host)?;
+    Some(SlurmFacts {
+        state: view.state,
+        reason: view.reason,
+    })
+}
+
 pub(crate) fn sync_cordon_pods<A: Objects + ?Sized>(
     api: &A,
     slurm: &SlurmHandle,
@@ -304,7 +315,7 @@ pub(crate) fn sync_cordon_pods<A: Objects + ?Sized>(
         let Ok(node) = api.get(&resources::NODES, "", node_name) else {
             continue;
         };
-        let Some(view) = slurm.node(host) else {
+        let Some(now) = slurm_facts(slurm, host) else {
             continue;
         };
         let facts = PodFacts {
@@ -312,10 +323,6 @@ pub(crate) fn sync_cordon_pods<A: Objects + ?Sized>(
             node: node_name.to_string(),
             node_cordoned: node["spec"]["unschedulable"] == true,
             pod_cordoned: pod["metadata"]["annotations"][ANNOTATION_POD_CORDON] == "true",
-        };
-        let now = SlurmFacts {
-            state: view.state,
-            reason: view.reason,
         };
         let out = match cache.as_deref_mut() {
             Some(c) => {
@@ -344,12 +351,8 @@ pub(crate) fn sync_cordon_pods<A: Objects + ?Sized>(
         if pod["metadata"]["deletionTimestamp"].is_string() {
             continue;
         }
-        let Some(view) = slurm.node(host) else {
+        let Some(after) = slurm_facts(slurm, host) else {
             continue;
-        };
-        let after = SlurmFacts {
-            state: view.state,
-            reason: view.reason,
         };
         let facts = PodFacts {
             pod_cordoned: facts.pod_cordoned || out.cordon_pod,

@@ -96,18 +96,19 @@ impl Target {
     /// NodeSet's member, a workload's pod (`workload`: the workload it
     /// belongs to, a ReplicaSet's pods to the Deployment controlling that
     /// ReplicaSet), the pod itself. A Source target selects every pod (its
-    /// consumers are those referencing the object).
+    /// consumers are those referencing the object). `workload` is asked
+    /// only for a workload target.
     pub fn selects(
         &self,
         pod: &str,
         nodeset: Option<&str>,
-        workload: Option<&WorkloadRef>,
+        workload: impl FnOnce() -> Option<WorkloadRef>,
     ) -> bool {
         match self {
             Target::Source { .. } => true,
             Target::NodeSet { name, .. } => nodeset == Some(name.as_str()),
             Target::Workload { kind, name, .. } => {
-                workload.is_some_and(|w| w.kind == *kind && w.name == *name)
+                workload().is_some_and(|w| w.kind == *kind && w.name == *name)
             }
             Target::Pod { name, .. } => pod == name,
         }
@@ -704,7 +705,7 @@ mod tests {
         for (t, pod, nodeset, workload, want) in rows {
             let target: Target = t.parse().unwrap();
             assert_eq!(
-                target.selects(pod, nodeset, workload),
+                target.selects(pod, nodeset, || workload.cloned()),
                 want,
                 "{t} selecting {pod} ({nodeset:?}, {workload:?})"
             );

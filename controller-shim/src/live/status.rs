@@ -494,7 +494,7 @@ impl VerdictStore {
                 continue;
             }
             pods_in_ns.insert(&pod.name);
-            if !target.selects(&pod.name, pod.nodeset(), self.workload_of(pod).as_ref()) {
+            if !target.selects(&pod.name, pod.nodeset(), || self.workload_of(pod)) {
                 continue;
             }
             let check = p.check.as_ref();
@@ -549,7 +549,18 @@ impl VerdictStore {
             })
             .collect();
         // Attempts of the consumers' pods, and of the target's pods that
-        // have no verdicts (a replacement not running yet).
+        // have no verdicts (a replacement not running yet). An attempt
+        // names its workload as `WorkloadRef` displays it.
+        let wanted_workload = match target {
+            Target::Workload { kind, name, .. } => Some(
+                WorkloadRef {
+                    kind: *kind,
+                    name: name.clone(),
+                }
+                .to_string(),
+            ),
+            _ => None,
+        };
         let attempts = self
             .attempts
             .iter()
@@ -560,17 +571,7 @@ impl VerdictStore {
                         && match target {
                             Target::Source { .. } => true,
                             Target::NodeSet { name, .. } => a.nodeset == *name,
-                            Target::Workload { kind, name, .. } => {
-                                a.workload.as_deref()
-                                    == Some(
-                                        WorkloadRef {
-                                            kind: *kind,
-                                            name: name.clone(),
-                                        }
-                                        .to_string()
-                                        .as_str(),
-                                    )
-                            }
+                            Target::Workload { .. } => a.workload == wanted_workload,
                             Target::Pod { name, .. } => a.pod == *name,
                         })
             })
@@ -590,7 +591,7 @@ impl VerdictStore {
             .filter(|p| *p.namespace == *ns)
             .filter(|p| match target {
                 Target::Source { .. } => wanted.as_ref().is_some_and(|w| p.references_source(w)),
-                _ => target.selects(&p.name, p.nodeset(), self.workload_of(p).as_ref()),
+                _ => target.selects(&p.name, p.nodeset(), || self.workload_of(p)),
             })
             .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
