@@ -21,6 +21,9 @@ use mountguard_controller::offline::Verify;
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
+    // Fault injection for the crash tests (feature `failpoints` only).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = mountguard_controller::live::failpoint::setup();
     let as_plugin = std::env::args_os()
         .next()
         .is_some_and(|a| invoked_as_plugin(&a));

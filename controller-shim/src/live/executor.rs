@@ -1056,6 +1056,7 @@ impl Executor {
                         // Keep the old state (and its retry pacing).
                         return wrote;
                     }
+                    super::failpoint::after_persist(next.phase.name(), &next.id);
                 }
                 Action::DrainNode { node, reason } => {
                     let (Mode::On, Some(slurm)) = (self.mode, self.slurm.clone()) else {

@@ -26,6 +26,7 @@ pub mod client;
 pub mod eval;
 pub mod events;
 pub mod executor;
+pub mod failpoint;
 mod http;
 pub(crate) mod leader;
 pub mod metrics;
