@@ -422,10 +422,24 @@ impl Executor {
 
     /// Whether the Lease allows a write to start now (always, without
     /// leader election). Read again once the cached validity ran out.
-    async fn fence_state(&mut self, now: Timestamp) -> FenceState {
+    ///
+    /// "Now" is the clock read here, never the round's time: a round's
+    /// time was read before its reads of the API and slurmrestd, which can
+    /// take long, and a process can be stopped between two steps (a
+    /// frozen container, a starved node); the Lease may have been taken
+    /// meanwhile by a replica that then acted on the same record.
+    async fn fence_state(&mut self) -> FenceState {
+        let acting = self.shared.is_acting();
         let Some(f) = self.fence.as_mut() else {
             return FenceState::Held;
         };
+        if !acting {
+            // The leader task saw the Lease lost already.
+            f.valid_until = None;
+            f.transitions = None;
+            return FenceState::Lost;
+        }
+        let now = Timestamp::now();
         if f.valid_until.is_some_and(|t| now < t) {
             return FenceState::Held;
         }
@@ -471,8 +485,8 @@ impl Executor {
 
     /// Checks the fence before a write: false means do not write (and, when
     /// the Lease is lost, the round stops and everything is forgotten).
-    async fn may_write(&mut self, now: Timestamp) -> bool {
-        match self.fence_state(now).await {
+    async fn may_write(&mut self) -> bool {
+        match self.fence_state().await {
             FenceState::Held => true,
             FenceState::Unsure => false,
             FenceState::Lost => {
@@ -555,7 +569,7 @@ impl Executor {
                 info!(node = %rel.node, reason = %rel.reason, "dry-run: would release a mountguard drain without a live attempt");
                 continue;
             }
-            if !self.may_write(now).await {
+            if !self.may_write().await {
                 return;
             }
             match slurm.release_if_reason(&rel.node, &rel.reason).await {
@@ -584,7 +598,7 @@ impl Executor {
             return;
         }
         self.lost = false;
-        match self.fence_state(now).await {
+        match self.fence_state().await {
             FenceState::Held => {}
             FenceState::Unsure => return,
             FenceState::Lost => {
@@ -716,7 +730,7 @@ impl Executor {
                     ..Default::default()
                 };
                 let (next, actions) = step(&a, &obs, now, &self.machine_cfg);
-                self.perform(snap, &a, next, actions, now).await;
+                self.perform(snap, &a, next, actions).await;
                 // Read the node's hold again next time it is needed.
                 cordons.remove(&a.node);
                 if self.lost {
@@ -772,7 +786,7 @@ impl Executor {
                 workload: None,
             };
             let (next, actions) = step(&a, &obs, now, &self.machine_cfg);
-            if self.perform(snap, &a, next, actions, now).await {
+            if self.perform(snap, &a, next, actions).await {
                 // Read the nodes again next time they are needed this round.
                 nodes.remove(&a.slurm_node);
                 cordons.remove(&a.node);
@@ -957,7 +971,7 @@ impl Executor {
                 info!(node = %rel.node, reason = %rel.reason, "dry-run: would release a mountguard drain without a live attempt");
                 continue;
             }
-            if !self.may_write(now).await {
+            if !self.may_write().await {
                 return false;
             }
             match slurm.release_if_reason(&rel.node, &rel.reason).await {
@@ -1000,7 +1014,7 @@ impl Executor {
                 );
                 continue;
             }
-            if !self.may_write(now).await {
+            if !self.may_write().await {
                 return false;
             }
             if let Err(e) = self.set_cordon(&node, &owner, false).await {
@@ -1037,12 +1051,11 @@ impl Executor {
         old: &Attempt,
         next: Attempt,
         actions: Vec<Action>,
-        now: Timestamp,
     ) -> bool {
         let mut wrote = false;
         for act in actions {
             let writes = matches!(act, Action::Persist) || act.is_external_write();
-            if writes && !self.may_write(now).await {
+            if writes && !self.may_write().await {
                 // Not confirmed as the Lease holder: nothing more of this
                 // step happens; it is taken again from the old state.
                 debug!(attempt = %next.id, "not writing: the Lease is not confirmed");
