@@ -708,6 +708,7 @@ impl EvalTask {
             self.series
                 .update(&self.shared.metrics, uid, Vec::new(), &old, &[]);
             self.tracker.forget(uid);
+            self.limiter.forget(uid);
         }
         store.evaluated = true;
         drop(store);
@@ -1685,11 +1686,18 @@ mod tests {
             "{m}"
         );
         assert!(drain(&mut r.events).is_empty());
-        // Pod deleted: its series go away.
+        // Pod deleted: its series go away, and so do its alarm entry and
+        // its Event bucket.
+        assert_eq!(r.task.limiter.len(), 1, "u1 had Events");
         r.task
             .apply_batch(vec![Input::PodDeleted(Arc::from("u1"))], t0);
         assert!(!metrics(&r).contains("mountguard_mount_state{"));
         assert!(r.shared.verdicts.read().unwrap().pods.is_empty());
+        assert!(r.task.tracker.is_empty());
+        assert!(
+            r.task.limiter.is_empty(),
+            "the deleted pod's Event bucket is kept"
+        );
     }
 
     #[test]

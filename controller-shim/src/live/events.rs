@@ -267,6 +267,23 @@ impl RateLimiter {
         *pod = probe;
         true
     }
+
+    /// Forgets the bucket of a deleted pod (its UID never comes back):
+    /// without this, every pod that ever had an Event kept one until the
+    /// table passed 100 000 entries.
+    pub fn forget(&mut self, uid: &str) {
+        self.per_pod.remove(uid);
+    }
+
+    /// Number of pods with a bucket.
+    pub fn len(&self) -> usize {
+        self.per_pod.len()
+    }
+
+    /// Whether no pod has a bucket.
+    pub fn is_empty(&self) -> bool {
+        self.per_pod.is_empty()
+    }
 }
 
 /// The longest Event note sent, in bytes: under the API server's limit of
