@@ -385,6 +385,36 @@ where
     }
 }
 
+/// Waits until the controller `child` answers `GET <base>/readyz`; an
+/// error with the end of its log if it exits first or is not ready within
+/// `timeout`.
+pub async fn wait_ready(
+    child: &mut ChildGuard,
+    base: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let name = child.name().to_string();
+    let ready = poll(&format!("{name} to be ready"), timeout, || {
+        let exited = child.exited();
+        let name = name.clone();
+        async move {
+            if exited.is_some() {
+                return Some(Err(format!("{name} exited ({exited:?})")));
+            }
+            http_get(&format!("{base}/readyz"))
+                .await
+                .ok()
+                .map(|_| Ok(()))
+        }
+    })
+    .await;
+    match ready {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("{e}; log:\n{}", child.log_tail(40))),
+        Err(e) => Err(format!("{e}; log:\n{}", child.log_tail(40))),
+    }
+}
+
 /// Events recorded by the API double (core/v1 and events.k8s.io/v1), or
 /// by the real API server (which serves each Event under both APIs: one
 /// item per `metadata.uid`), as `(reason, "Kind namespace/name", message)`.
@@ -505,6 +535,32 @@ impl ChildGuard {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
+    /// Whether the process is stopped (by SIGSTOP): state `T` in
+    /// `/proc/<pid>/stat` (proc(5)).
+    pub fn is_stopped(&self) -> bool {
+        let Some(pid) = self.id() else {
+            return false;
+        };
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                // The command name in parentheses may hold spaces: the
+                // state follows the last `)`.
+                let rest = &s[s.rfind(')')? + 1..];
+                rest.split_whitespace().next().map(|st| st == "T")
+            })
+            .unwrap_or(false)
+    }
+
+    /// Sends SIGCONT (a stopped process goes on).
+    pub fn resume(&self) -> io::Result<()> {
+        let pid = self
+            .id()
+            .ok_or_else(|| io::Error::other(format!("{} was reaped", self.name)))?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).map_err(io::Error::other)?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).map_err(io::Error::other)
+    }
+
     /// The end of its log (for failure messages).
     pub fn log_tail(&self, lines: usize) -> String {
         tail(
@@ -531,6 +587,32 @@ impl Drop for ChildGuard {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The ends (`lines` each) of the logs of controller replicas a test
+/// started (`Rig::launch_replica`): `controller-*.log` in `dir`.
+pub fn replica_logs(dir: &Path, lines: usize) -> String {
+    let mut replicas: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("controller-") && n.ends_with(".log"))
+        })
+        .collect();
+    replicas.sort();
+    let mut out = String::new();
+    for r in replicas {
+        let text = std::fs::read_to_string(&r).unwrap_or_default();
+        out.push_str(&format!(
+            "--- {} ---\n{}\n",
+            r.display(),
+            tail(&text, lines)
+        ));
+    }
+    out
 }
 
 /// The last `lines` lines of `text`.

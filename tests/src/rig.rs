@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use crate::apiserver::resources;
 use crate::cluster::{NODESET, SLURM_NAMESPACE};
-use crate::mountguard::{ChildGuard, poll};
+use crate::mountguard::{ChildGuard, poll, wait_ready};
 use crate::objects::Objects;
 use crate::slurmrestd::SlurmHandle;
 
@@ -39,8 +39,27 @@ pub trait Rig {
     fn stop_controller(&mut self);
     /// Starts one controller replica with leader election, under its own
     /// pod `name` (created when missing), on the addresses the agents
-    /// report to; resolves once it is ready.
-    fn spawn_replica(&self, name: &str) -> impl std::future::Future<Output = ChildGuard>;
+    /// report to, with `env` added to its environment (`FAILPOINTS`, say);
+    /// resolves once it is started, not ready: a fail point may kill it
+    /// first.
+    fn launch_replica(
+        &self,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> impl std::future::Future<Output = ChildGuard>;
+    /// [`Rig::launch_replica`] without extra environment; resolves once it
+    /// is ready.
+    fn spawn_replica(&self, name: &str) -> impl std::future::Future<Output = ChildGuard> {
+        async move {
+            let mut child = self.launch_replica(name, &[]).await;
+            if let Err(e) =
+                wait_ready(&mut child, &self.metrics_base(), Duration::from_secs(60)).await
+            {
+                panic!("replica {name} did not become ready: {e}\n{}", self.logs());
+            }
+            child
+        }
+    }
     /// Eviction requests the controller replicas made for pod `pod`.
     fn evictions_of(&self, pod: &str) -> usize;
     /// Pod DELETE requests the controller replicas made (never expected:

@@ -832,10 +832,31 @@ impl RealCluster {
     /// Stops kube-apiserver (etcd keeps its data) and starts it again on
     /// the same port with the same flags; waits until it is ready.
     pub async fn restart_apiserver(&mut self) -> io::Result<()> {
+        self.stop_apiserver();
+        self.start_apiserver().await
+    }
+
+    /// Kills kube-apiserver (SIGKILL); [`RealCluster::restart_apiserver`]
+    /// starts it again.
+    pub fn stop_apiserver(&mut self) {
         if let Some(mut c) = self.apiserver.take() {
             c.kill();
         }
-        self.start_apiserver().await
+    }
+
+    /// Kills etcd (SIGKILL; its data directory is kept): kube-apiserver
+    /// stays up and fails every request that needs storage.
+    pub fn stop_etcd(&mut self) {
+        if let Some(mut c) = self.etcd.take() {
+            c.kill();
+        }
+    }
+
+    /// Starts etcd again on its data directory after
+    /// [`RealCluster::stop_etcd`]; waits until it is healthy.
+    pub async fn restart_etcd(&mut self) -> io::Result<()> {
+        self.stop_etcd();
+        self.start_etcd().await
     }
 
     /// kube-controller-manager with every default controller but node

@@ -8,7 +8,7 @@ use std::time::Duration;
 use mountguard_tests::cluster::Cluster;
 use mountguard_tests::mountguard::{
     AGENT_DAEMONSET, AgentIdentity, ChildGuard, agent_service_account_flag, binary,
-    deploy_agent_identities, free_addr, http_get, poll,
+    deploy_agent_identities, free_addr, poll, wait_ready,
 };
 use serde_json::Value;
 
@@ -123,6 +123,29 @@ impl System {
         metrics_addr: std::net::SocketAddr,
         extra: &[String],
     ) -> ChildGuard {
+        let mut child = self.launch_controller(name, report_addr, metrics_addr, extra, &[]);
+        if let Err(e) = wait_ready(
+            &mut child,
+            &format!("http://{metrics_addr}"),
+            Duration::from_secs(30),
+        )
+        .await
+        {
+            panic!("{name} did not become ready: {e}");
+        }
+        child
+    }
+
+    /// Starts one controller process with `env` added to its environment;
+    /// does not wait until it is ready (a fail point may kill it first).
+    pub fn launch_controller(
+        &self,
+        name: &str,
+        report_addr: std::net::SocketAddr,
+        metrics_addr: std::net::SocketAddr,
+        extra: &[String],
+        env: &[(&str, &str)],
+    ) -> ChildGuard {
         let bin = binary("mountguard-controller").unwrap();
         let mut cmd = match self.opts.controller_nofile {
             Some(n) => {
@@ -162,31 +185,8 @@ impl System {
                 cmd.arg("--insecure-plaintext-reports");
             }
         }
-        let mut child =
-            ChildGuard::spawn(name, cmd, &self.logs.join(format!("{name}.log"))).unwrap();
-        let base = format!("http://{metrics_addr}");
-        let ready = poll(
-            &format!("{name} to be ready"),
-            Duration::from_secs(30),
-            || {
-                let base = base.clone();
-                let exited = child.exited();
-                async move {
-                    if exited.is_some() {
-                        return Some(false);
-                    }
-                    http_get(&format!("{base}/readyz")).await.ok().map(|_| true)
-                }
-            },
-        )
-        .await;
-        match ready {
-            Ok(true) => child,
-            other => panic!(
-                "{name} did not become ready ({other:?}); log:\n{}",
-                child.log_tail(40)
-            ),
-        }
+        cmd.envs(env.iter().copied());
+        ChildGuard::spawn(name, cmd, &self.logs.join(format!("{name}.log"))).unwrap()
     }
 
     fn spawn_agent(&self, i: usize) -> ChildGuard {
@@ -251,6 +251,8 @@ impl System {
         for c in self.controller.iter().chain(self.agents.iter()) {
             out.push_str(&format!("--- {} ---\n{}\n", c.name(), c.log_tail(30)));
         }
+        // Replicas started by the tests (Rig::launch_replica).
+        out.push_str(&mountguard_tests::mountguard::replica_logs(&self.logs, 30));
         out
     }
 
@@ -345,7 +347,11 @@ impl mountguard_tests::rig::Rig for System {
     }
 
     /// In namespace `mountguard`, Lease `mountguard-failover-e2e`.
-    fn spawn_replica(&self, name: &str) -> impl std::future::Future<Output = ChildGuard> {
+    fn launch_replica(
+        &self,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> impl std::future::Future<Output = ChildGuard> {
         const NS: &str = "mountguard";
         let _ = self.cluster.api().create(
             &mountguard_tests::apiserver::resources::PODS,
@@ -366,10 +372,14 @@ impl mountguard_tests::rig::Rig for System {
         .map(|s| s.to_string())
         .collect();
         let process = format!("controller-{name}");
-        async move {
-            self.spawn_controller(&process, self.report_addr, self.metrics_addr, &election)
-                .await
-        }
+        let child = self.launch_controller(
+            &process,
+            self.report_addr,
+            self.metrics_addr,
+            &election,
+            env,
+        );
+        async move { child }
     }
 
     fn pod_deletes(&self) -> Vec<String> {

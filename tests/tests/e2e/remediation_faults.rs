@@ -460,6 +460,26 @@ async fn the_controller_killed_at_every_step_leaves_no_orphan_drain_and_loses_no
     sys.shutdown().await;
 }
 
+/// The controller killed by its fail point right after each persist,
+/// before the write it persisted for (the kills above land after writes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_killed_after_every_persisted_step_finishes_each_attempt_once() {
+    let mut sys = start("on", &["--slurm-jwt-key-secret", &jwt_flag()]).await;
+    crate::shared::crash::killed_after_every_persist_finishes_each_attempt_once(&mut sys).await;
+    sys.shutdown().await;
+}
+
+/// The Lease lost while the eviction is pending: the replica stopped after
+/// it persisted `Evicting` past its Lease, another holder took the Lease;
+/// continued, it does not evict, and finishes once it holds the Lease
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_past_its_lease_before_an_eviction_does_not_evict_when_continued() {
+    let mut sys = start("on", &["--slurm-jwt-key-secret", &jwt_flag()]).await;
+    crate::shared::crash::stalled_past_its_lease_writes_nothing_when_it_goes_on(&mut sys).await;
+    sys.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pinning_nodeset_pods_are_replaced_together_when_enabled() {
     let sys = start(

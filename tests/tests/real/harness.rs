@@ -16,7 +16,7 @@ use mountguard_tests::cluster::{
     AUTH_SECRET, HOOKS_CONFIGMAP, JWT_SECRET, NODESET, PDB, SLURM_CLUSTER, SLURM_NAMESPACE,
     SSHD_CONFIGMAP, slurmd_template,
 };
-use mountguard_tests::mountguard::{ChildGuard, binary, free_addr, http_get, poll, tail};
+use mountguard_tests::mountguard::{ChildGuard, binary, free_addr, poll, tail, wait_ready};
 use mountguard_tests::nodeset::{LABEL_CLUSTER, LABEL_POD_HOSTNAME};
 use mountguard_tests::real::kubelet::RealKubelet;
 use mountguard_tests::real::operator::OperatorBuild;
@@ -431,6 +431,21 @@ impl RealSystem {
     /// Starts one controller process (log `<name>.log`) acting for pod
     /// `pod`, on the system's addresses; waits until it is ready.
     pub async fn spawn_controller(&self, name: &str, pod: &str) -> ChildGuard {
+        let mut child = self.launch_controller(name, pod, &[]);
+        if let Err(e) = wait_ready(&mut child, &self.metrics_base(), Duration::from_secs(60)).await
+        {
+            panic!(
+                "{name} did not become ready: {e}\n{}",
+                self.cluster.logs(10)
+            );
+        }
+        child
+    }
+
+    /// Starts one controller process like [`RealSystem::spawn_controller`]
+    /// with `env` added to its environment; does not wait until it is
+    /// ready (a fail point may kill it first).
+    pub fn launch_controller(&self, name: &str, pod: &str, env: &[(&str, &str)]) -> ChildGuard {
         let mut cmd = Command::new(binary("mountguard-controller").unwrap());
         cmd.arg("run")
             .arg("--kubeconfig")
@@ -443,28 +458,8 @@ impl RealSystem {
         }
         cmd.envs(self.controller_env.iter().map(|(k, v)| (k, v)));
         cmd.env("MOUNTGUARD_POD_NAME", pod);
-        let mut child =
-            ChildGuard::spawn(name, cmd, &self.logs.join(format!("{name}.log"))).unwrap();
-        let base = self.metrics_base();
-        let ready = poll("controller to be ready", Duration::from_secs(60), || {
-            let base = base.clone();
-            let exited = child.exited();
-            async move {
-                if exited.is_some() {
-                    return Some(false);
-                }
-                http_get(&format!("{base}/readyz")).await.ok().map(|_| true)
-            }
-        })
-        .await;
-        if !matches!(ready, Ok(true)) {
-            panic!(
-                "{name} did not become ready ({ready:?}); log:\n{}\n{}",
-                child.log_tail(40),
-                self.cluster.logs(10)
-            );
-        }
-        child
+        cmd.envs(env.iter().copied());
+        ChildGuard::spawn(name, cmd, &self.logs.join(format!("{name}.log"))).unwrap()
     }
 
     /// Restarts the controller with `vars` set in its environment over the
@@ -532,22 +527,8 @@ impl RealSystem {
                 c.log_tail(if c.name() == "controller" { 120 } else { 30 })
             ));
         }
-        // Replicas a body spawned (`Rig::spawn_replica`): their own logs.
-        let mut replicas: Vec<PathBuf> = std::fs::read_dir(&self.logs)
-            .into_iter()
-            .flatten()
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.file_name()
-                    .and_then(|n| n.to_str())
-                    .is_some_and(|n| n.starts_with("controller-") && n.ends_with(".log"))
-            })
-            .collect();
-        replicas.sort();
-        for r in replicas {
-            let text = std::fs::read_to_string(&r).unwrap_or_default();
-            out.push_str(&format!("--- {} ---\n{}\n", r.display(), tail(&text, 30)));
-        }
+        // Replicas a body started (`Rig::launch_replica`): their own logs.
+        out.push_str(&mountguard_tests::mountguard::replica_logs(&self.logs, 30));
         for k in &self.kubelets {
             out.push_str(&k.logs(15));
         }
@@ -993,16 +974,25 @@ impl mountguard_tests::rig::Rig for RealSystem {
     /// A pod from the chart Deployment's template named `name`; the
     /// replica runs with the chart's environment (leader election on the
     /// chart's Lease in the release namespace).
-    fn spawn_replica(&self, name: &str) -> impl std::future::Future<Output = ChildGuard> {
+    fn launch_replica(
+        &self,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> impl std::future::Future<Output = ChildGuard> {
         let mut pod = self.controller_pod.clone();
         pod["metadata"]["name"] = json!(name);
         let name = name.to_string();
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         async move {
             create(&self.client, &pod)
                 .await
                 .unwrap_or_else(|e| panic!("creating the replica's pod {name}: {e}"));
-            self.spawn_controller(&format!("controller-{name}"), &name)
-                .await
+            let env: Vec<(&str, &str)> =
+                env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            self.launch_controller(&format!("controller-{name}"), &name, &env)
         }
     }
 

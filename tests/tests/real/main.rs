@@ -18,6 +18,7 @@ mod harness;
 mod shared;
 
 mod admission;
+mod chaos;
 mod control_plane;
 mod controller;
 mod kubelet;

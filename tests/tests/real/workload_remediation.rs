@@ -198,6 +198,45 @@ const WORKLOAD_PHASES: [&str; 5] = [
     "Succeeded",
 ];
 
+/// Deployment `web` of three on three real kubelets: its first pod is
+/// served the old bytes of the immutable Secret after its recreation (it
+/// kept referencing the name across the swap), the two others, created
+/// after it on the other nodes, the new ones. Returns (first, others).
+async fn stale_deployment(sys: &RealSystem) -> (Value, Vec<Value>) {
+    immutable_secret(sys, "v1").await;
+    create(
+        &sys.client,
+        &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": opted_in("web"),
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                         "template": template("web")}}),
+    )
+    .await
+    .unwrap();
+    let first = running(sys, "web", 1).await.remove(0);
+    serves(sys, &first, "v1").await;
+    swap_secret(sys, "v2").await;
+    // Two more pods, on the two other nodes: served the new bytes.
+    let (code, body) = raw(
+        &sys.client,
+        "PATCH",
+        &format!("/apis/apps/v1/namespaces/{SLURM_NAMESPACE}/deployments/web"),
+        Some(&json!({"spec": {"replicas": 3}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let pods = running(sys, "web", 3).await;
+    let others: Vec<Value> = pods
+        .iter()
+        .filter(|p| uid(p) != uid(&first))
+        .cloned()
+        .collect();
+    for p in &others {
+        serves(sys, p, "v2").await;
+    }
+    (first, others)
+}
+
 /// A Deployment of three, one of whose pods sits on a node whose kubelet
 /// keeps serving the old bytes of the immutable Secret after it was
 /// recreated (its pod kept referencing the name across the swap; the other
@@ -209,37 +248,7 @@ const WORKLOAD_PHASES: [&str; 5] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_deployment_only_the_stale_pod_is_evicted_and_its_replacement_is_fresh() {
     let sys = RealSystem::start_workload_remediation_on_real_kubelets(3).await;
-    immutable_secret(&sys, "v1").await;
-    create(
-        &sys.client,
-        &json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": opted_in("web"),
-                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
-                         "template": template("web")}}),
-    )
-    .await
-    .unwrap();
-    let first = running(&sys, "web", 1).await.remove(0);
-    serves(&sys, &first, "v1").await;
-    swap_secret(&sys, "v2").await;
-    // Two more pods, on the two other nodes: served the new bytes.
-    let (code, body) = raw(
-        &sys.client,
-        "PATCH",
-        &format!("/apis/apps/v1/namespaces/{SLURM_NAMESPACE}/deployments/web"),
-        Some(&json!({"spec": {"replicas": 3}})),
-    )
-    .await
-    .unwrap();
-    assert_eq!(code, 200, "{body}");
-    let pods = running(&sys, "web", 3).await;
-    let others: Vec<Value> = pods
-        .iter()
-        .filter(|p| uid(p) != uid(&first))
-        .cloned()
-        .collect();
-    for p in &others {
-        serves(&sys, p, "v2").await;
-    }
+    let (first, others) = stale_deployment(&sys).await;
     let a = ended_attempt(&sys, "deployments", "web", Duration::from_secs(180)).await;
     assert_eq!(a.phase, Phase::Succeeded, "{:?}\n{}", a.failure, sys.logs());
     assert_eq!(
@@ -537,5 +546,51 @@ async fn real_pdb_max_unavailable_zero_makes_the_attempt_wait_then_fail_at_its_t
             && note.contains("EvictionTimeout")),
         "{ev:?}"
     );
+    sys.shutdown().await;
+}
+
+/// The controller SIGKILLed by its fail point right after it persisted the
+/// Deployment pod's attempt in each phase (Evicting, AwaitingReplacement,
+/// Verifying, Succeeded; `Pending` lives in memory only), before the write
+/// the record was persisted for, and started again each time: the attempt
+/// finishes once from the Deployment's record, with each phase once; only
+/// the stale pod is evicted, once (audit log), never deleted; the other
+/// two keep running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_sigkill_at_every_persisted_step_of_a_deployment_attempt_finishes_it_once() {
+    use crate::shared::crash::{killed_at, launch};
+    use mountguard_tests::rig::Rig;
+    let mut sys = RealSystem::start_workload_remediation_on_real_kubelets(3).await;
+    sys.stop_controller();
+    let persisted = &WORKLOAD_PHASES[1..];
+    let mut c = launch(&sys, Some(persisted[0])).await;
+    let (first, others) = stale_deployment(&sys).await;
+    for (i, phase) in persisted.iter().enumerate() {
+        killed_at(&sys, &mut c, phase, Duration::from_secs(180)).await;
+        let open: Vec<Attempt> = attempts(&sys, "deployments", "web").await;
+        assert_eq!(open.len(), 1, "killed in {phase}: {open:?}");
+        assert_eq!(open[0].phase.name(), *phase, "the record holds {phase}");
+        c = launch(&sys, persisted.get(i + 1).copied()).await;
+    }
+    let a = ended_attempt(&sys, "deployments", "web", Duration::from_secs(60)).await;
+    assert_eq!(a.phase, Phase::Succeeded, "{:?}\n{}", a.failure, sys.logs());
+    assert_eq!(phases(&a), WORKLOAD_PHASES);
+    assert_eq!(a.pod_uid, uid(&first));
+    assert_eq!(sys.evictions_of(&name(&first)), 1, "evicted once");
+    assert_eq!(sys.evicted_never_deleted(), [name(&first)]);
+    let now = running(&sys, "web", 3).await;
+    for p in &others {
+        assert!(
+            now.iter().any(|q| uid(q) == uid(p)),
+            "{} was replaced",
+            name(p)
+        );
+    }
+    assert_eq!(
+        attempts(&sys, "deployments", "web").await.len(),
+        1,
+        "one attempt"
+    );
+    c.kill();
     sys.shutdown().await;
 }

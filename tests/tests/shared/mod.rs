@@ -3,5 +3,6 @@
 //! [`mountguard_tests::rig::Rig`]. Each binary includes this directory with
 //! `#[path]` and calls the bodies with its own system.
 
+pub mod crash;
 pub mod operator;
 pub mod remediation;
