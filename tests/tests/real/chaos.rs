@@ -12,13 +12,13 @@ use std::time::Duration;
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{PDB, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;
-use mountguard_tests::rig::{Rig, attempts, opt_in, wait_all_fresh, wait_for_slurmd_pods};
-use mountguard_tests::scenario::rotate_auth_key;
+use mountguard_tests::rig::{Rig, attempts};
 
 use crate::harness::RealSystem;
-use crate::shared::crash::{launch_with, stop_after_persist_in, stopped_at};
-use crate::shared::operator::{all_succeeded, assert_closed_until_verified, sample};
-use crate::shared::remediation::FULL_RUN;
+use crate::shared::crash::{
+    each_once, launch_with, stale_workers, stop_after_persist_in, stopped_at,
+};
+use crate::shared::operator::all_succeeded;
 
 /// What is broken while the controller runs on.
 #[derive(Debug, Clone, Copy)]
@@ -36,15 +36,9 @@ enum Outage {
 async fn outage_after_persist_in(phase: &str, outage: Outage, down: Duration) {
     let mut sys = RealSystem::start_remediation(3, false).await;
     sys.stop_controller();
-    let slurm = sys.slurm();
     let fp = stop_after_persist_in(phase);
     let mut c = launch_with(&sys, "ctl-chaos", Some(&fp)).await;
-    let pods = wait_for_slurmd_pods(&sys).await;
-    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
-    wait_all_fresh(&sys).await;
-    let (samples, sampler) = sample(slurm.clone(), hosts.clone());
-    opt_in(&sys);
-    rotate_auth_key(&*sys.objects()).unwrap();
+    let (hosts, samples, sampler) = stale_workers(&sys).await;
     stopped_at(&sys, &mut c, phase, Duration::from_secs(180)).await;
     match outage {
         Outage::Etcd => sys.cluster.stop_etcd(),
@@ -106,12 +100,7 @@ async fn outage_after_persist_in(phase: &str, outage: Outage, down: Duration) {
         };
     sampler.abort();
     assert!(all.iter().any(|a| a.id == stopped.id), "{all:?}");
-    for a in &all {
-        assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
-        assert_closed_until_verified(&samples, a);
-        assert_eq!(sys.evictions_of(&a.pod), 1, "{}: evicted once", a.pod);
-    }
-    assert!(sys.pod_deletes().is_empty(), "{:?}", sys.pod_deletes());
+    each_once(&sys, &samples, &all);
     let failed: Vec<_> = recorded_events(&*sys.objects())
         .into_iter()
         .filter(|e| e.reason == "RemediationFailed")

@@ -237,6 +237,23 @@ async fn stale_deployment(sys: &RealSystem) -> (Value, Vec<Value>) {
     (first, others)
 }
 
+/// The pods `others` still run (in `now`) under their UIDs, and Deployment
+/// `web` has one attempt on record.
+async fn untouched_with_one_attempt(sys: &RealSystem, now: &[Value], others: &[Value]) {
+    for p in others {
+        assert!(
+            now.iter().any(|q| uid(q) == uid(p)),
+            "{} was replaced",
+            name(p)
+        );
+    }
+    assert_eq!(
+        attempts(sys, "deployments", "web").await.len(),
+        1,
+        "one attempt"
+    );
+}
+
 /// A Deployment of three, one of whose pods sits on a node whose kubelet
 /// keeps serving the old bytes of the immutable Secret after it was
 /// recreated (its pod kept referencing the name across the swap; the other
@@ -282,18 +299,7 @@ async fn real_deployment_only_the_stale_pod_is_evicted_and_its_replacement_is_fr
     // Only the stale pod was evicted (audit log), never deleted; the other
     // two still run under their UIDs.
     assert_eq!(sys.evicted_never_deleted(), [name(&first)]);
-    for p in &others {
-        assert!(
-            now.iter().any(|q| uid(q) == uid(p)),
-            "{} was replaced",
-            name(p)
-        );
-    }
-    assert_eq!(
-        attempts(&sys, "deployments", "web").await.len(),
-        1,
-        "one attempt"
-    );
+    untouched_with_one_attempt(&sys, &now, &others).await;
     let ev = events(&sys.client, SLURM_NAMESPACE).await;
     for (reason, kind) in [
         ("RemediationStarted", "Deployment"),
@@ -579,18 +585,7 @@ async fn real_sigkill_at_every_persisted_step_of_a_deployment_attempt_finishes_i
     assert_eq!(sys.evictions_of(&name(&first)), 1, "evicted once");
     assert_eq!(sys.evicted_never_deleted(), [name(&first)]);
     let now = running(&sys, "web", 3).await;
-    for p in &others {
-        assert!(
-            now.iter().any(|q| uid(q) == uid(p)),
-            "{} was replaced",
-            name(p)
-        );
-    }
-    assert_eq!(
-        attempts(&sys, "deployments", "web").await.len(),
-        1,
-        "one attempt"
-    );
+    untouched_with_one_attempt(&sys, &now, &others).await;
     c.kill();
     sys.shutdown().await;
 }

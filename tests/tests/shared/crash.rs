@@ -18,11 +18,38 @@ use mountguard_tests::mountguard::{ChildGuard, poll, wait_ready};
 use mountguard_tests::rig::{Rig, attempts, opt_in, wait_all_fresh, wait_for_slurmd_pods};
 use mountguard_tests::scenario::rotate_auth_key;
 
-use super::operator::{all_succeeded, assert_closed_until_verified, sample};
+use super::operator::{Samples, all_succeeded, assert_closed_until_verified, sample};
 use super::remediation::FULL_RUN;
+use mountguard_core::remediation::Attempt;
+use tokio::task::JoinHandle;
 
 /// The replica every controller of these tests acts as.
 const REPLICA: &str = "ctl-crash";
+
+/// Once every worker is Fresh: samples their Slurm nodes, opts the
+/// NodeSet in and rotates the auth key, which leaves every worker stale.
+/// Returns the Slurm hosts, the samples and the sampling task.
+pub async fn stale_workers<R: Rig>(sys: &R) -> (Vec<String>, Samples, JoinHandle<()>) {
+    let pods = wait_for_slurmd_pods(sys).await;
+    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
+    wait_all_fresh(sys).await;
+    let (samples, sampler) = sample(sys.slurm(), hosts.clone());
+    opt_in(sys);
+    rotate_auth_key(&*sys.objects()).unwrap();
+    (hosts, samples, sampler)
+}
+
+/// Every attempt of `all` went through each phase of [`FULL_RUN`] once,
+/// kept its node closed until verified and evicted its pod once; no pod
+/// was deleted.
+pub fn each_once<R: Rig>(sys: &R, samples: &Samples, all: &[Attempt]) {
+    for a in all {
+        assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
+        assert_closed_until_verified(samples, a);
+        assert_eq!(sys.evictions_of(&a.pod), 1, "{}: evicted once", a.pod);
+    }
+    assert!(sys.pod_deletes().is_empty(), "{:?}", sys.pod_deletes());
+}
 
 /// `FAILPOINTS` that kills the controller after its first persist of an
 /// attempt in `phase`.
@@ -91,12 +118,7 @@ pub async fn killed_after_every_persist_finishes_each_attempt_once<R: Rig>(sys: 
     let slurm = sys.slurm();
     let persisted_phases = &FULL_RUN[1..];
     let mut c = launch(sys, Some(persisted_phases[0])).await;
-    let pods = wait_for_slurmd_pods(sys).await;
-    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
-    wait_all_fresh(sys).await;
-    let (samples, sampler) = sample(slurm.clone(), hosts.clone());
-    opt_in(sys);
-    rotate_auth_key(&*sys.objects()).unwrap();
+    let (hosts, samples, sampler) = stale_workers(sys).await;
     for (i, phase) in persisted_phases.iter().enumerate() {
         killed_at(sys, &mut c, phase, Duration::from_secs(180)).await;
         // Down between the persist and the write: every Slurm node with
@@ -118,12 +140,7 @@ pub async fn killed_after_every_persist_finishes_each_attempt_once<R: Rig>(sys: 
     }
     let all = all_succeeded(sys, &hosts).await;
     sampler.abort();
-    for a in &all {
-        assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
-        assert_closed_until_verified(&samples, a);
-        assert_eq!(sys.evictions_of(&a.pod), 1, "{}: evicted once", a.pod);
-    }
-    assert!(sys.pod_deletes().is_empty(), "{:?}", sys.pod_deletes());
+    each_once(sys, &samples, &all);
     c.kill();
 }
 
@@ -203,15 +220,9 @@ fn micro_time(t: Timestamp) -> String {
 /// attempt from the record, each pod evicted once.
 pub async fn stalled_past_its_lease_writes_nothing_when_it_goes_on<R: Rig>(sys: &mut R) {
     sys.stop_controller();
-    let slurm = sys.slurm();
     let fp = stop_after_persist_in("Evicting");
     let mut stalled = launch_with(sys, STALLED, Some(&fp)).await;
-    let pods = wait_for_slurmd_pods(sys).await;
-    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
-    wait_all_fresh(sys).await;
-    let (samples, sampler) = sample(slurm.clone(), hosts.clone());
-    opt_in(sys);
-    rotate_auth_key(&*sys.objects()).unwrap();
+    let (hosts, samples, sampler) = stale_workers(sys).await;
     stopped_at(sys, &mut stalled, "Evicting", Duration::from_secs(180)).await;
     let pending: Vec<_> = attempts(sys)
         .into_iter()
@@ -279,16 +290,11 @@ pub async fn stalled_past_its_lease_writes_nothing_when_it_goes_on<R: Rig>(sys: 
     // The other holder never renews: the replica takes the Lease again.
     let all = all_succeeded(sys, &hosts).await;
     sampler.abort();
-    for a in &all {
-        assert_eq!(a.phase_names(), FULL_RUN, "{a:?}");
-        assert_closed_until_verified(&samples, a);
-        assert_eq!(sys.evictions_of(&a.pod), 1, "{}: evicted once", a.pod);
-    }
+    each_once(sys, &samples, &all);
     assert!(
         all.iter().any(|a| a.id == pending.id),
         "the stopped attempt {} finished: {all:?}",
         pending.id
     );
-    assert!(sys.pod_deletes().is_empty(), "{:?}", sys.pod_deletes());
     stalled.kill();
 }
