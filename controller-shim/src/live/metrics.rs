@@ -61,6 +61,8 @@ pub struct Metrics {
     pub events_suppressed: IntCounter,
     /// `mountguard_leader`.
     pub leader: IntGauge,
+    /// `mountguard_tokio_alive_tasks`, read at each scrape.
+    pub tokio_alive_tasks: IntGauge,
     /// `mountguard_build_info{version}`.
     pub build_info: IntGaugeVec,
     /// `mountguard_remediation_attempts_total{phase,result}`.
@@ -256,6 +258,14 @@ impl Metrics {
             &r,
             IntGauge::with_opts(o("leader", "1 on the acting replica")).unwrap(),
         );
+        let tokio_alive_tasks = reg(
+            &r,
+            IntGauge::with_opts(o(
+                "tokio_alive_tasks",
+                "Tasks alive in the controller's tokio runtime (read at each scrape)",
+            ))
+            .unwrap(),
+        );
         let build_info = reg(
             &r,
             IntGaugeVec::new(o("build_info", "Build information"), &["version"]).unwrap(),
@@ -449,6 +459,7 @@ impl Metrics {
             events,
             events_suppressed,
             leader,
+            tokio_alive_tasks,
             build_info,
             remediation_attempts,
             remediation_open_attempts,
@@ -481,6 +492,11 @@ impl Metrics {
 
     /// The text exposition of every metric.
     pub fn encode(&self) -> Vec<u8> {
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let n = rt.metrics().num_alive_tasks();
+            self.tokio_alive_tasks
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         buf
@@ -740,6 +756,7 @@ mod tests {
             "mountguard_events_total",
             "mountguard_events_suppressed_total",
             "mountguard_leader",
+            "mountguard_tokio_alive_tasks",
             "mountguard_build_info",
             "mountguard_remediation_attempts_total",
             "mountguard_remediation_open_attempts",
