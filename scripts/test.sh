@@ -96,6 +96,14 @@ fi
 log "workspace tests (x86_64)"
 cargo nextest run --workspace --no-fail-fast
 
+# The soak benchmark's smoke form (tests/benches/soak.rs): 100 s of steady
+# change and faults at 12 nodes, remediation on; it fails when an attempt
+# is left open or failed, a node stays drained by mountguard, a worker is
+# not Fresh at the end, or Events storm. Built with the test profile (the
+# binaries above); docs/performance.md has a 30-minute run.
+log "soak smoke (100 s, 12 nodes)"
+cargo bench --profile dev -p mountguard-tests --bench soak -- --duration 100s --nodes 12
+
 # --- Real control plane (tests/tests/real) -----------------------------------
 # kube-apiserver, etcd, kube-controller-manager, kube-scheduler built from
 # the Go module proxy (and the Slinky operator from checkouts) at pinned versions by

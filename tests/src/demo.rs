@@ -16,7 +16,7 @@ use mountguard_agent::{Backoff, Daemon, DaemonConfig, HttpSink, HttpSinkConfig, 
 use mountguard_controller::live::executor::ObjectName;
 use mountguard_controller::live::settings::RemediationMode;
 use mountguard_controller::live::{Controller, RunArgs};
-use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
+use mountguard_core::remediation::REMEDIATE_ANNOTATION;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -300,6 +300,32 @@ pub struct InProcess {
     pub agents: Vec<Daemon>,
 }
 
+/// Starts the agent of identity `id` in this process (plaintext reports
+/// to `report_addr`), rescanning and sending heartbeats every `heartbeat`.
+pub async fn start_agent(
+    report_addr: std::net::SocketAddr,
+    id: &AgentIdentity,
+    heartbeat: Duration,
+) -> io::Result<Daemon> {
+    let url: http::Uri = format!("http://{report_addr}")
+        .parse()
+        .map_err(io::Error::other)?;
+    let mut cfg = DaemonConfig::new(ScanOptions::new(&id.kubelet_root, &id.node));
+    cfg.rescan_interval = heartbeat;
+    cfg.heartbeat_interval = heartbeat;
+    cfg.debounce = Duration::from_millis(50);
+    let mut sink = HttpSinkConfig::new(url, &id.node);
+    sink.token_file = id.token_file.clone();
+    sink.backoff = Backoff {
+        initial: Duration::from_millis(100),
+        max: Duration::from_secs(1),
+        auth_min: Duration::from_millis(500),
+        window: heartbeat,
+    };
+    let sink = HttpSink::new(sink).map_err(io::Error::other)?;
+    Daemon::start(cfg, sink).await.map_err(io::Error::other)
+}
+
 impl InProcess {
     /// Starts a Slinky-like cluster with `opts.nodes` nodes, the agent
     /// identities, the controller and one agent per node; returns once the
@@ -338,25 +364,9 @@ impl InProcess {
             || async { controller.is_ready().then_some(()) },
         )
         .await?;
-        let url: http::Uri = format!("http://{}", controller.report_addr())
-            .parse()
-            .map_err(io::Error::other)?;
         let mut agents = Vec::new();
         for id in &identities {
-            let mut cfg = DaemonConfig::new(ScanOptions::new(&id.kubelet_root, &id.node));
-            cfg.rescan_interval = opts.heartbeat;
-            cfg.heartbeat_interval = opts.heartbeat;
-            cfg.debounce = Duration::from_millis(50);
-            let mut sink = HttpSinkConfig::new(url.clone(), &id.node);
-            sink.token_file = id.token_file.clone();
-            sink.backoff = Backoff {
-                initial: Duration::from_millis(100),
-                max: Duration::from_secs(1),
-                auth_min: Duration::from_millis(500),
-                window: opts.heartbeat,
-            };
-            let sink = HttpSink::new(sink).map_err(io::Error::other)?;
-            agents.push(Daemon::start(cfg, sink).await.map_err(io::Error::other)?);
+            agents.push(start_agent(controller.report_addr(), id, opts.heartbeat).await?);
         }
         Ok(Self {
             cluster,
@@ -764,17 +774,7 @@ async fn remediate(
         "remediation: {} worker(s) can be fixed by a replacement; one at a time (budget 1 per NodeSet)",
         fixable.len()
     ));
-    let read_attempts = || -> Vec<mountguard_core::remediation::Attempt> {
-        api.get(&resources::NODESETS, SLURM_NAMESPACE, NODESET)
-            .ok()
-            .and_then(|ns| {
-                ns["metadata"]["annotations"][ATTEMPTS_ANNOTATION]
-                    .as_str()
-                    .and_then(|s| AttemptsRecord::parse(s).ok())
-            })
-            .map(|r| r.attempts)
-            .unwrap_or_default()
-    };
+    let read_attempts = || crate::rig::nodeset_attempts(&api);
     let mut seen_phase: BTreeMap<String, String> = BTreeMap::new();
     // The Slurm reason of each attempt's drain, shown once (it repeats in
     // every phase until the node is resumed).

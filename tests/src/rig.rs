@@ -149,11 +149,16 @@ pub fn opt_in<R: Rig + ?Sized>(sys: &R) {
 
 /// The remediation attempts recorded on the NodeSet.
 pub fn attempts<R: Rig + ?Sized>(sys: &R) -> Vec<mountguard_core::remediation::Attempt> {
+    nodeset_attempts(&*sys.objects())
+}
+
+/// The remediation attempts recorded on NodeSet [`NODESET`] (none when it
+/// or its record cannot be read).
+pub fn nodeset_attempts<A: Objects + ?Sized>(
+    api: &A,
+) -> Vec<mountguard_core::remediation::Attempt> {
     use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord};
-    let Ok(ns) = sys
-        .objects()
-        .get(&resources::NODESETS, SLURM_NAMESPACE, NODESET)
-    else {
+    let Ok(ns) = api.get(&resources::NODESETS, SLURM_NAMESPACE, NODESET) else {
         return Vec::new();
     };
     ns["metadata"]["annotations"][ATTEMPTS_ANNOTATION]
