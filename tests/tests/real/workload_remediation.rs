@@ -446,9 +446,13 @@ async fn real_daemonset_a_pod_on_a_pinned_node_is_reported_and_not_evicted() {
     serves(&sys, &ds, "v1").await;
     swap_secret(&sys, "v2").await;
     let client = sys.client.clone();
+    // Two KubeletCachePinned Events reach the pod: the verdict's (the
+    // evaluation, naming the volume) and the remediation notice (the plan,
+    // naming the node and the pins); either may come first. The notice is
+    // the one that says remediation leaves the pod alone.
     let note = wait(
         &sys,
-        "a KubeletCachePinned Event on the DaemonSet's pod",
+        "the remediation's KubeletCachePinned Event on the DaemonSet's pod",
         Duration::from_secs(120),
         || {
             let client = client.clone();
@@ -457,7 +461,12 @@ async fn real_daemonset_a_pod_on_a_pinned_node_is_reported_and_not_evicted() {
                 events(&client, SLURM_NAMESPACE)
                     .await
                     .into_iter()
-                    .find(|(r, k, n, _)| r == "KubeletCachePinned" && k == "Pod" && *n == pod)
+                    .find(|(r, k, n, note)| {
+                        r == "KubeletCachePinned"
+                            && k == "Pod"
+                            && *n == pod
+                            && note.contains("the kubelet on node")
+                    })
                     .map(|(_, _, _, note)| note)
             }
         },
