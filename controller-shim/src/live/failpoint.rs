@@ -12,9 +12,10 @@
 //! the attempt once from the record alone.
 //!
 //! `return(<Phase>:stop)` stops the process (SIGSTOP) at the same point
-//! instead (once: continued, the process goes on unharmed), as a long pause would (a starved or frozen container): the test
-//! breaks something meanwhile (the API server, etcd, the Lease) and sends
-//! SIGCONT; the write the step goes on with must then be judged again.
+//! instead, once (continued, the process goes on unharmed), as a long
+//! pause would (a starved or frozen container): the test breaks something
+//! meanwhile (the API server, etcd, the Lease) and sends SIGCONT; the write
+//! the step goes on with must then be judged again.
 
 /// The fail point after a successful persist of an attempt.
 pub const PERSISTED: &str = "remediation-persisted";
