@@ -205,10 +205,17 @@ impl<'a> Workloads<'a> {
         self.by_ref.get(&(namespace, w)).copied()
     }
 
-    /// The planner's view of every workload.
+    /// The planner's view of every workload. Not a ReplicaSet controlled
+    /// by a Deployment: its pods are the Deployment's ([`Self::of_pod`]),
+    /// and its annotations are copies of the Deployment's (the deployment
+    /// controller copies them onto its ReplicaSets,
+    /// pkg/controller/deployment/util/deployment_util.go
+    /// `copyDeploymentAnnotationsToReplicaSet`), so a bad one is told once,
+    /// on the Deployment.
     pub fn infos(&self) -> Vec<WorkloadInfo> {
         self.by_ref
             .values()
+            .filter(|o| o.deployment.is_none())
             .filter_map(|o| WorkloadInfo::of(&o.model))
             .collect()
     }
@@ -386,6 +393,23 @@ mod tests {
             )
             .is_none()
         );
-        assert_eq!(w.infos().len(), 2);
+        let infos: Vec<WorkloadRef> = w.infos().into_iter().map(|i| i.workload).collect();
+        assert_eq!(infos, vec![dref], "not the Deployment's ReplicaSet");
+        let alone = from_replicaset(&obj(
+            json!({"metadata": {"namespace": "shop", "name": "batch"},
+            "spec": {"selector": {}}, "status": {"replicas": 1}}),
+        ))
+        .unwrap();
+        let objects = vec![Arc::new(alone)];
+        let infos: Vec<WorkloadKind> = Workloads::new(&objects)
+            .infos()
+            .into_iter()
+            .map(|i| i.workload.kind)
+            .collect();
+        assert_eq!(
+            infos,
+            vec![WorkloadKind::ReplicaSet],
+            "a ReplicaSet of its own"
+        );
     }
 }

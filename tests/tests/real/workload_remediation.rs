@@ -598,3 +598,87 @@ async fn real_sigkill_at_every_persisted_step_of_a_deployment_attempt_finishes_i
     c.kill();
     sys.shutdown().await;
 }
+
+/// A Deployment whose `mountguard.io/remediate` annotation holds a value
+/// the controller does not accept (`restart`), with its pod served the old
+/// bytes of the immutable Secret: one `InvalidRemediationAnnotation`
+/// Warning Event on the Deployment (through the real API server) names the
+/// annotation and the value and says nothing is remediated; the pod is
+/// judged stale, but never evicted, and no attempt is persisted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_deployment_with_an_unreadable_remediate_annotation_is_told_and_not_repaired() {
+    let sys = RealSystem::start_workload_remediation_on_real_kubelets(1).await;
+    immutable_secret(&sys, "v1").await;
+    create(
+        &sys.client,
+        &json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": SLURM_NAMESPACE,
+                             "annotations": {"mountguard.io/remediate": "restart"}},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                         "template": template("web")}}),
+    )
+    .await
+    .unwrap();
+    let pod = running(&sys, "web", 1).await.remove(0);
+    serves(&sys, &pod, "v1").await;
+    swap_secret(&sys, "v2").await;
+    let client = sys.client.clone();
+    let told = wait(
+        &sys,
+        "the InvalidRemediationAnnotation Event on the Deployment",
+        Duration::from_secs(120),
+        || {
+            let client = client.clone();
+            async move {
+                events(&client, SLURM_NAMESPACE)
+                    .await
+                    .into_iter()
+                    .filter(|(r, k, n, _)| {
+                        r == "InvalidRemediationAnnotation" && k == "Deployment" && n == "web"
+                    })
+                    .map(|(_, _, _, note)| note)
+                    .next()
+            }
+        },
+    )
+    .await;
+    assert!(
+        told.contains("\"restart\"") && told.contains("nothing is remediated"),
+        "{told}"
+    );
+    // The pod is judged stale (its alarm Event), and still nothing is done.
+    let stale = || {
+        let (client, pod) = (client.clone(), name(&pod));
+        async move {
+            events(&client, SLURM_NAMESPACE)
+                .await
+                .into_iter()
+                .any(|(r, k, n, _)| {
+                    matches!(r.as_str(), "StaleMount" | "KubeletCachePinned")
+                        && k == "Pod"
+                        && n == pod
+                })
+                .then_some(())
+        }
+    };
+    wait(
+        &sys,
+        "the pod's alarm Event",
+        Duration::from_secs(150),
+        stale,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(served(&sys, &pod), "v1", "still the old bytes");
+    assert!(sys.evicted_never_deleted().is_empty(), "nothing evicted");
+    assert!(attempts(&sys, "deployments", "web").await.is_empty());
+    let told_once = events(&sys.client, SLURM_NAMESPACE)
+        .await
+        .into_iter()
+        .filter(|(r, _, _, _)| r == "InvalidRemediationAnnotation")
+        .count();
+    assert_eq!(told_once, 1, "told once while it lasts");
+    let now = running(&sys, "web", 1).await;
+    assert_eq!(uid(&now[0]), uid(&pod), "the pod still runs");
+    sys.shutdown().await;
+}
