@@ -19,12 +19,15 @@ use serde_json::Value;
 
 use crate::mountguard::{ChildGuard, free_addr, http_get, poll};
 
-/// A scrape target: job name, `host:port`, extra target labels.
+/// A scrape target: job name, `host:port`, extra target labels, and
+/// whether the scraped series keep their own labels where they clash with
+/// the target's (`honor_labels`; a ServiceMonitor's `honorLabels`).
 #[derive(Debug, Clone)]
 pub struct Target {
     pub job: String,
     pub addr: String,
     pub labels: Vec<(String, String)>,
+    pub honor_labels: bool,
 }
 
 /// A running Prometheus.
@@ -64,8 +67,9 @@ impl Prometheus {
                 .map(|(k, v)| format!("{k}: {}", serde_json::to_string(v).unwrap_or_default()))
                 .collect();
             scrape.push_str(&format!(
-                "  - job_name: {job}\n    static_configs:\n      - targets: [\"{addr}\"]\n        labels: {{{labels}}}\n",
+                "  - job_name: {job}\n    honor_labels: {honor}\n    static_configs:\n      - targets: [\"{addr}\"]\n        labels: {{{labels}}}\n",
                 job = serde_json::to_string(&t.job).unwrap_or_default(),
+                honor = t.honor_labels,
                 addr = t.addr,
                 labels = labels.join(", ")
             ));

@@ -12,13 +12,13 @@ use mountguard_tests::real_node_or_skip;
 use serde_json::{Value, json};
 
 use crate::harness::wait_pod_ready;
-use crate::helm::{Helm, NAMESPACE, RELEASE, chart, install};
+use crate::helm::{CONTROLLER, Helm, NAMESPACE, RELEASE, chart, install};
 
-/// The chart's rule groups: `spec.groups` of the PrometheusRule that
-/// `helm template` renders (the `monitoring.coreos.com/v1` API assumed), as
-/// a Prometheus rule file.
-fn chart_rules(helm: &Helm, set: &[&str]) -> String {
+/// The documents of one chart template as `helm template` renders it
+/// (the `monitoring.coreos.com/v1` API assumed), as JSON.
+fn rendered(helm: &Helm, template: &str, set: &[&str]) -> Vec<Value> {
     let chart = chart();
+    let show = format!("templates/{template}");
     let mut args = vec![
         "template",
         RELEASE,
@@ -30,32 +30,57 @@ fn chart_rules(helm: &Helm, set: &[&str]) -> String {
         "--kube-version",
         "v1.33.13",
         "--set",
-        "metrics.prometheusRule.enabled=true",
-        "--set",
         "tls.insecurePlaintextReports=true",
         "--show-only",
-        "templates/prometheusrule.yaml",
+        &show,
     ];
     for s in set {
         args.extend(["--set", s]);
     }
-    let rendered = helm.ok_stdout(&args);
-    let out = Command::new("python3")
+    let out = helm.ok_stdout(&args);
+    let json = Command::new("python3")
         .args([
             "-c",
-            "import sys, yaml; d = yaml.safe_load(sys.stdin); print(yaml.safe_dump({'groups': d['spec']['groups']}))",
+            "import sys, json, yaml; print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d]))",
         ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .and_then(|mut c| {
             use std::io::Write as _;
-            c.stdin.take().expect("stdin").write_all(rendered.as_bytes())?;
+            c.stdin.take().expect("stdin").write_all(out.as_bytes())?;
             c.wait_with_output()
         })
         .expect("python3 with pyyaml");
-    assert!(out.status.success(), "extracting the rules: {out:?}");
-    String::from_utf8(out.stdout).expect("utf-8")
+    assert!(json.status.success(), "reading {template}: {json:?}");
+    serde_json::from_slice(&json.stdout).expect("JSON")
+}
+
+/// The chart's rule groups: `spec.groups` of the rendered PrometheusRule,
+/// as a Prometheus rule file (JSON is YAML).
+fn chart_rules(helm: &Helm, set: &[&str]) -> String {
+    let mut set = set.to_vec();
+    set.push("metrics.prometheusRule.enabled=true");
+    let rule = rendered(helm, "prometheusrule.yaml", &set).remove(0);
+    json!({"groups": rule["spec"]["groups"]}).to_string()
+}
+
+/// `honorLabels` of the controller's endpoint in the chart's
+/// ServiceMonitor: what prometheus-operator would turn into the scrape
+/// job's `honor_labels`.
+fn controller_honor_labels(helm: &Helm) -> bool {
+    let monitors = rendered(
+        helm,
+        "servicemonitor.yaml",
+        &["metrics.serviceMonitor.enabled=true"],
+    );
+    let controller = monitors
+        .iter()
+        .find(|m| m["metadata"]["name"] == CONTROLLER)
+        .unwrap_or_else(|| panic!("no ServiceMonitor {CONTROLLER}: {monitors:?}"));
+    controller["spec"]["endpoints"][0]["honorLabels"]
+        .as_bool()
+        .unwrap_or(false)
 }
 
 fn secret(name: &str, value: &str) -> Value {
@@ -74,7 +99,6 @@ fn pod(name: &str, image: &str) -> Value {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "not passing yet: the alert was not seen firing within 180 s; unfinished"]
 async fn real_node_alert_kubelet_cache_pinned_fires_in_a_real_prometheus() {
     let node =
         real_node_or_skip!("real_node_alert_kubelet_cache_pinned_fires_in_a_real_prometheus");
@@ -92,10 +116,14 @@ async fn real_node_alert_kubelet_cache_pinned_fires_in_a_real_prometheus() {
         &[Target {
             job: "mountguard-controller".into(),
             addr: format!("{ip}:8080"),
+            // The labels prometheus-operator's relabelling gives a
+            // ServiceMonitor's target; the series' own namespace and pod
+            // (the checked pod's) win where honorLabels says so.
             labels: vec![
                 ("namespace".into(), NAMESPACE.into()),
                 ("pod".into(), pod_name.into()),
             ],
+            honor_labels: controller_honor_labels(&helm),
         }],
         &rules,
     )
