@@ -88,6 +88,11 @@ build_fakecri() {
 }
 
 root="${MOUNTGUARD_UPSTREAM_DIR:-$HOME/.cache/mountguard-upstream}"
+mkdir -p "$root"
+# One build at a time: a second run would remove the first's .partial
+# directories under it. It waits for the first, then finds its result.
+exec 9>"$root/.upstream.lock"
+flock 9
 
 # --- Slinky operator from checkouts -------------------------------------------
 # The module proxy refuses slurm-operator v1.2.x and slurm-client, so the
