@@ -1093,7 +1093,13 @@ def test_every_object_is_namespaced_to_the_release_or_cluster_scoped(
     scenario: tuple[str, Any],
 ) -> None:
     _, r = scenario
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration"}
+    cluster_scoped = {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
     for o in r.objects:
         md = o["metadata"]
         if o["kind"] in cluster_scoped:
@@ -1133,3 +1139,37 @@ def test_error_hint_a_bad_duration_says_what_a_duration_is() -> None:
     msg = str(e.value)
     assert "/agent/rescanInterval" in msg and "'5 minutes'" in msg, msg
     assert "whole_number_then_ms_s_m_or_h__like_250ms_60s_5m_1h" in msg, msg
+
+
+def test_exec_into_the_agent_is_refused_by_a_policy_bound_to_the_release_namespace() -> None:
+    r = render()
+    policy = r.one("ValidatingAdmissionPolicy")
+    binding = r.one("ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}
+    }
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert {(op, res) for rule in rules for op in rule["operations"] for res in rule["resources"]} == {
+        ("CONNECT", "pods/exec"),
+        ("CONNECT", "pods/attach"),
+        ("UPDATE", "pods/ephemeralcontainers"),
+    }
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    # The agent DaemonSet's pods are named after it.
+    ds = r.one("DaemonSet")
+    assert f'request.name.startsWith("{ds["metadata"]["name"]}-")' in variables["agentPod"]
+    assert ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "agent"
+    assert variables["excepted"].endswith("g in [])")
+
+
+def test_exec_policy_break_glass_groups_and_off() -> None:
+    r = render({"agent": {"denyExec": {"exceptGroups": ["system:masters"]}}})
+    policy = r.one("ValidatingAdmissionPolicy")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["excepted"].endswith('g in ["system:masters"])')
+    off = render({"agent": {"denyExec": {"enabled": False}}})
+    assert off.of_kind("ValidatingAdmissionPolicy") == []
+    assert off.of_kind("ValidatingAdmissionPolicyBinding") == []

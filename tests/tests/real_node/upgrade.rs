@@ -163,6 +163,21 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
     let history = helm.ok_stdout(&["history", RELEASE, "--namespace", NAMESPACE]);
     assert_eq!(history.lines().count(), 4, "three revisions:\n{history}");
 
+    // The release's cluster-scoped admission objects exist before the
+    // uninstall (so that their absence after it means something).
+    for kind in [
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicybindings",
+    ] {
+        let path = format!("/apis/admissionregistration.k8s.io/v1/{kind}?labelSelector={INSTANCE}");
+        let (code, list) = raw(&client, "GET", &path, None).await.expect(kind);
+        assert_eq!(code, 200, "{list}");
+        assert_eq!(
+            list["items"].as_array().map(Vec::len),
+            Some(1),
+            "{kind} of the release: {list}"
+        );
+    }
     helm.ok(&[
         "uninstall",
         RELEASE,
@@ -189,6 +204,12 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
                     format!("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings?labelSelector={INSTANCE}"),
                     format!(
                         "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations?labelSelector={INSTANCE}"
+                    ),
+                    format!(
+                        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies?labelSelector={INSTANCE}"
+                    ),
+                    format!(
+                        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings?labelSelector={INSTANCE}"
                     ),
                 ] {
                     let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
