@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Builds the mountguard images without a container engine or a registry,
-# as OCI image archives (an image index with one manifest per platform),
-# from the static release binaries scripts/test.sh builds:
+# Builds the mountguard images, the only recipe for them: the release
+# (.github/workflows/release.yml) pushes what this writes, and the real-node
+# test tier (scripts/test.sh) imports it into containerd. No container engine
+# or registry: OCI image archives (an image index with one manifest per
+# platform) from the static release binaries scripts/test.sh builds
+# (block "Static release binaries"):
 #
 #   bash scripts/images.sh OUT_DIR
 #
@@ -14,10 +17,17 @@
 #   AGENT_IMAGE=localhost/mountguard/mountguard-agent  AGENT_DIGEST=sha256:...
 #
 # Each image has a linux/amd64 manifest, and a linux/arm64 one when
-# target/aarch64-unknown-linux-musl/release holds the arm64 binaries. The
-# entrypoint, command, user and labels are the Dockerfile's final stages'.
+# target/aarch64-unknown-linux-musl/release holds the arm64 binaries. Each
+# image is one layer: the binary (refused unless `file` says it is static and
+# of the platform's architecture), plus, in the controller image, the build
+# machine's CA bundle (Debian ca-certificates) at
+# /etc/ssl/certs/ca-certificates.crt, named by SSL_CERT_FILE in its Env, for
+# slurmrestd over TLS (rustls native roots). docs/images.md says what else is
+# (not) in them. Same binaries, same CA bundle and same SOURCE_DATE_EPOCH
+# give the same bytes, hence the same digests.
 # Environment: MOUNTGUARD_IMAGE_PREFIX (default localhost/mountguard),
-# SOURCE_DATE_EPOCH (default: the last commit's time).
+# MOUNTGUARD_REQUIRE_ARM64=1 (a missing arm64 binary is an error, not a note;
+# the release sets it), SOURCE_DATE_EPOCH (default: the last commit's time).
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 out="${1:?usage: images.sh OUT_DIR}"
@@ -29,6 +39,15 @@ export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=
 created="$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)"
 
 command -v musl-gcc >/dev/null || { echo "error: musl-gcc missing (Debian musl-tools)" >&2; exit 1; }
+command -v file >/dev/null || { echo "error: file missing (Debian file)" >&2; exit 1; }
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
+if ! [ -f "$ca_bundle" ] || ! [ -r "$ca_bundle" ] || ! [ -s "$ca_bundle" ]; then
+    echo "error: $ca_bundle missing, unreadable or empty: the controller image needs the" \
+        "CA bundle of Debian's ca-certificates package (apt-get install ca-certificates)" >&2
+    exit 1
+fi
+ca_version="$(dpkg-query -W -f='${Version}' ca-certificates 2>/dev/null || echo unknown)"
+echo "controller CA bundle: $ca_bundle (ca-certificates $ca_version)" >&2
 musl-gcc -static -Os -s -o "$out/pause" "$repo/scripts/images/pause.c"
 # Not an image: the static probe the tier execs inside containers.
 musl-gcc -static -Os -s -o "$out/probe" "$repo/scripts/images/probe.c"
@@ -46,22 +65,41 @@ labels=(
     --label "org.opencontainers.image.revision=$revision"
     --label "org.opencontainers.image.created=$created"
 )
-image() { # name user description
+static() { # binary, `file` architecture word
+    local desc
+    desc="$(file -bL "$1")"
+    if ! [[ "$desc" =~ (statically|static-pie)\ linked ]] || [[ "$desc" != *"$2"* ]]; then
+        echo "error: $1 is not a static $2 binary: $desc" >&2
+        exit 1
+    fi
+}
+image() { # name user description [oci.py options...]
     local name="$1" user="$2" desc="$3" platforms=()
+    shift 3
     local amd="$repo/target/x86_64-unknown-linux-musl/release/$name"
     local arm="$repo/target/aarch64-unknown-linux-musl/release/$name"
     [ -x "$amd" ] || { echo "error: $amd missing; build the static binaries first (scripts/test.sh)" >&2; exit 1; }
+    static "$amd" x86-64
     platforms+=(--platform "linux/amd64=$amd")
-    if [ -x "$arm" ]; then platforms+=(--platform "linux/arm64=$arm")
+    if [ -x "$arm" ]; then
+        static "$arm" 'ARM aarch64'
+        platforms+=(--platform "linux/arm64=$arm")
+    elif [ "${MOUNTGUARD_REQUIRE_ARM64:-0}" = 1 ]; then
+        echo "error: $arm missing and MOUNTGUARD_REQUIRE_ARM64=1: build it with" \
+            "cargo build --locked --release --target aarch64-unknown-linux-musl" \
+            "-p mountguard-agent -p mountguard-controller --bins" >&2
+        exit 1
     else echo "note: no $arm; $name has a linux/amd64 manifest only" >&2
     fi
     python3 "$repo/scripts/images/oci.py" --out "$out/$name.tar" --name "$prefix/$name:$version" \
         "${platforms[@]}" --path "/$name" --entrypoint "/$name" --cmd run --user "$user" \
         "${labels[@]}" --label "org.opencontainers.image.title=$name" \
-        --label "org.opencontainers.image.description=$desc"
+        --label "org.opencontainers.image.description=$desc" "$@"
 }
 agent_digest="$(image mountguard-agent 0:0 "mountguard node agent: hashes the Secret and ConfigMap content the kubelet serves on a node")"
-controller_digest="$(image mountguard-controller 65532:65532 "mountguard controller: verdicts, metrics, Events and opt-in remediation")"
+controller_digest="$(image mountguard-controller 65532:65532 "mountguard controller: verdicts, metrics, Events and opt-in remediation" \
+    --file "$ca_bundle=/etc/ssl/certs/ca-certificates.crt:0644" \
+    --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt)"
 cat > "$out/images.env" <<EOF
 VERSION=$version
 PAUSE_IMAGE=$prefix/pause

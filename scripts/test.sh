@@ -161,9 +161,9 @@ if [ "${MOUNTGUARD_SKIP_ARM64:-0}" != 1 ]; then
         -p mountguard-inventory -p mountguard-agent --no-fail-fast
 fi
 
-# --- Static release binaries (what the Dockerfile builds) -------------------
-# No Docker engine here: build the images' binaries with the Dockerfile's
-# cargo command for both image platforms, check they are static, and run the
+# --- Static release binaries (what the images ship) -------------------------
+# The images' binaries, built with the release's cargo command (release.yml)
+# for both image platforms; check they are static, and run the
 # arm64 ones under qemu. See docs/images.md.
 if [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ]; then
     log "static release binaries: linux/amd64 and linux/arm64 (musl)"
@@ -206,7 +206,7 @@ if [ "${MOUNTGUARD_SKIP_NODE:-0}" != 1 ] && [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 
     node_log="$(mktemp)"
     if [ "$(id -u)" != 0 ]; then
         skip_node "needs root (containers, mounts, a bridge); uid $(id -u)"
-    elif ! apt_install containerd runc containernetworking-plugins iptables iproute2 musl-tools >"$node_log" 2>&1; then
+    elif ! apt_install containerd runc containernetworking-plugins iptables iproute2 musl-tools file ca-certificates >"$node_log" 2>&1; then
         skip_node "apt-get install failed: $(tail -n 3 "$node_log" | tr '\n' ' ')"
     elif ! bash scripts/node-tools.sh >"$node_log" 2>&1; then
         skip_node "scripts/node-tools.sh failed: $(grep -v '^go: downloading' "$node_log" | tail -n 5 | tr '\n' ' ')"

@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
 """Writes an OCI image archive (an OCI image layout in a tar) without a
 container engine or a registry: one image index with one manifest per
-platform, each image a single layer holding one static binary.
+platform, each image a single layer holding one static binary (the
+platform's own) and any platform-independent files given with --file.
 
-  oci.py --out agent.tar --name ghcr.io/mountguard/mountguard-agent:0.1.0 \
-    --platform linux/amd64=target/x86_64-unknown-linux-musl/release/mountguard-agent \
-    --platform linux/arm64=target/aarch64-unknown-linux-musl/release/mountguard-agent \
-    --path /mountguard-agent --entrypoint /mountguard-agent --cmd run --user 0:0 \
-    --label org.opencontainers.image.title=mountguard-agent
+  oci.py --out controller.tar --name ghcr.io/mountguard/mountguard-controller:0.1.0 \
+    --platform linux/amd64=target/x86_64-unknown-linux-musl/release/mountguard-controller \
+    --platform linux/arm64=target/aarch64-unknown-linux-musl/release/mountguard-controller \
+    --path /mountguard-controller --entrypoint /mountguard-controller --cmd run \
+    --user 65532:65532 --label org.opencontainers.image.title=mountguard-controller \
+    --file /etc/ssl/certs/ca-certificates.crt=/etc/ssl/certs/ca-certificates.crt:0644 \
+    --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 
-The layout is the one `docker buildx build --platform linux/amd64,linux/arm64`
-pushes (an `application/vnd.oci.image.index.v1+json` pointing at
+The layout is what a multi-platform registry push holds (an
+`application/vnd.oci.image.index.v1+json` pointing at
 `application/vnd.oci.image.manifest.v1+json` manifests; image-spec
-image-layout.md, image-index.md, manifest.md, config.md). The output is
-byte-for-byte reproducible: every timestamp is SOURCE_DATE_EPOCH (default 0),
-owners are 0:0. Prints the index digest (sha256:...) on stdout, which is what
-a pod references (`repository@sha256:...`).
+image-layout.md, image-index.md, manifest.md, config.md); `skopeo copy --all
+oci-archive:OUT docker://...` pushes it unchanged and `ctr images import`
+reads it. The output is byte-for-byte reproducible: every timestamp is
+SOURCE_DATE_EPOCH (default 0), owners are 0:0, layer entries are sorted
+(directories first, 0755). Prints the index digest (sha256:...) on stdout,
+which is what a pod references (`repository@sha256:...`).
 """
 
 import argparse
@@ -47,20 +52,47 @@ class Blobs:
         return {"mediaType": media_type, "digest": digest, "size": len(data), **extra}
 
 
-def layer(binary, path, epoch):
-    """A gzip tar with `path`'s parent directories and the binary (0755)."""
+def parse_file(spec):
+    """`SRC=DEST[:MODE]` (MODE octal, default 0644) -> (src, dest, mode)."""
+    src, sep, dest = spec.partition("=")
+    dest, colon, mode = dest.partition(":")
+    ok = sep and src and dest.startswith("/") and dest.strip("/")
+    ok = ok and (not colon or (mode and set(mode) <= set("01234567") and int(mode, 8) <= 0o7777))
+    if not ok:
+        raise SystemExit(f"oci.py: --file {spec!r}: want SRC=/ABSOLUTE/DEST[:OCTAL MODE]")
+    return src, dest, int(mode, 8) if colon else 0o644
+
+
+def layer(files, epoch):
+    """A gzip tar of `files` ((source, path in image, mode) triples) and every
+    parent directory of their paths (0755), directories first, each group
+    sorted by path, so the bytes depend only on the files' contents."""
+    entries = {}
+    for src, path, mode in files:
+        parts = [p for p in path.split("/") if p]
+        if not parts or {".", ".."} & set(parts):
+            raise SystemExit(f"oci.py: {path}: not a normal absolute path")
+        name = "/".join(parts)
+        if name in entries:
+            raise SystemExit(f"oci.py: {path} given twice")
+        with open(src, "rb") as f:
+            entries[name] = (f.read(), mode)
+    dirs = sorted(
+        {"/".join(n.split("/")[:i]) for n in entries for i in range(1, n.count("/") + 1)}
+    )
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        parts = path.strip("/").split("/")
-        for i in range(1, len(parts)):
-            d = tarfile.TarInfo("/".join(parts[:i]))
+        for name in dirs:
+            if name in entries:
+                raise SystemExit(f"oci.py: /{name} is both a file and a directory")
+            d = tarfile.TarInfo(name)
             d.type, d.mode, d.mtime = tarfile.DIRTYPE, 0o755, epoch
             tar.addfile(d)
-        with open(binary, "rb") as f:
-            data = f.read()
-        t = tarfile.TarInfo("/".join(parts))
-        t.size, t.mode, t.mtime = len(data), 0o755, epoch
-        tar.addfile(t, io.BytesIO(data))
+        for name in sorted(entries):
+            data, mode = entries[name]
+            t = tarfile.TarInfo(name)
+            t.size, t.mode, t.mtime = len(data), mode, epoch
+            tar.addfile(t, io.BytesIO(data))
     diff_id = "sha256:" + hashlib.sha256(raw.getvalue()).hexdigest()
     gz = io.BytesIO()
     with gzip.GzipFile(fileobj=gz, mode="wb", mtime=epoch, compresslevel=6) as g:
@@ -78,17 +110,25 @@ def main():
     ap.add_argument("--cmd", action="append", default=[])
     ap.add_argument("--user", default="")
     ap.add_argument("--label", action="append", default=[], help="key=value")
+    ap.add_argument("--env", action="append", default=[], help="KEY=VALUE, after PATH")
+    ap.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        help="SRC=DEST[:MODE]: add file SRC at DEST (mode octal, default 0644) to every platform",
+    )
     a = ap.parse_args()
 
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
     created = "%04d-%02d-%02dT%02d:%02d:%02dZ" % __import__("time").gmtime(epoch)[:6]
     labels = dict(kv.split("=", 1) for kv in a.label)
+    extra = [parse_file(spec) for spec in a.file]
     blobs = Blobs()
     manifests = []
     for spec in a.platform:
         plat, binary = spec.split("=", 1)
         os_name, arch = plat.split("/", 1)
-        gz, diff_id = layer(binary, a.path, epoch)
+        gz, diff_id = layer([(binary, a.path, 0o755)] + extra, epoch)
         config = {
             "architecture": arch,
             "os": os_name,
@@ -98,10 +138,19 @@ def main():
                 "Cmd": a.cmd,
                 "User": a.user,
                 "Labels": labels,
-                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"] + a.env,
             },
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-            "history": [{"created": created, "created_by": f"oci.py: {a.path} from {os.path.basename(binary)}"}],
+            "history": [
+                {
+                    "created": created,
+                    "created_by": "oci.py: "
+                    + ", ".join(
+                        f"{dest} from {os.path.basename(src)}"
+                        for src, dest, _ in [(binary, a.path, 0)] + extra
+                    ),
+                }
+            ],
         }
         manifest = {
             "schemaVersion": 2,

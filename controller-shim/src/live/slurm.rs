@@ -359,8 +359,7 @@ impl SlurmClient {
                     .with_no_client_auth();
                 builder.with_tls_config(tls)
             }
-            // Plain http needs no roots: the controller's image (a static
-            // binary on an empty base) has none to load.
+            // Plain http needs no roots.
             None if base.scheme_str() == Some("http") => builder.with_tls_config(
                 rustls::ClientConfig::builder_with_provider(provider)
                     .with_safe_default_protocol_versions()
@@ -374,8 +373,9 @@ impl SlurmClient {
                     SlurmError::Config(format!(
                         "--slurmrestd-url {url:?} is https and no --slurmrestd-ca-file is given, \
                      but the system CA roots cannot be loaded ({e}; the controller's image \
-                     has none): give the CA that signs slurmrestd's certificate \
-                     (--slurmrestd-ca-file, chart value remediation.slurmrestd.caSecret)"
+                     carries them at /etc/ssl/certs/ca-certificates.crt): give the CA that \
+                     signs slurmrestd's certificate (--slurmrestd-ca-file, chart value \
+                     remediation.slurmrestd.caSecret)"
                     ))
                 })?,
         };
