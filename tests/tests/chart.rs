@@ -29,7 +29,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -137,6 +139,12 @@ fn check_object(v: &Value) -> Option<Result<Vec<String>, String>> {
         ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
             roundtrip::<ValidatingWebhookConfiguration>(v)
         }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+            roundtrip::<ValidatingAdmissionPolicy>(v)
+        }
+        ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+            roundtrip::<ValidatingAdmissionPolicyBinding>(v)
+        }
         ("cert-manager.io/v1", "Certificate" | "Issuer")
         | ("monitoring.coreos.com/v1", "ServiceMonitor" | "PodMonitor" | "PrometheusRule") => {
             return None;
@@ -229,6 +237,8 @@ fn every_rendered_object_parses_into_its_api_type_without_unknown_fields() {
         "NetworkPolicy",
         "ConfigMap",
         "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
     ] {
         assert!(kinds.contains(kind), "no {kind} was checked");
     }
