@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use mountguard_tests::mountguard::{http_get, parse_metrics, poll};
-use mountguard_tests::real::raw;
-use mountguard_tests::real::real_node::{RealNode, node_tools};
+use crate::mountguard::{http_get, parse_metrics, poll};
+use crate::real::raw;
+use crate::real::real_node::{RealNode, node_tools};
 use serde_json::{Value, json};
 
 /// The release and its namespace (docs/install.md).
@@ -30,6 +30,7 @@ fn repo() -> PathBuf {
 }
 
 /// The Helm CLI of scripts/node-tools.sh against the rig's API server.
+#[derive(Debug)]
 pub struct Helm {
     bin: PathBuf,
     kubeconfig: PathBuf,
@@ -287,4 +288,73 @@ pub async fn install(node: &RealNode, helm: &Helm, extra: &[&str]) -> (Value, Va
     let agent = component_pod(node, "agent", Duration::from_secs(180)).await;
     let controller = component_pod(node, "controller", Duration::from_secs(180)).await;
     (agent, controller)
+}
+
+/// The documents of one chart template as `helm template` renders it
+/// (the `monitoring.coreos.com/v1` API assumed), as JSON.
+pub fn rendered(helm: &Helm, template: &str, set: &[&str]) -> Vec<Value> {
+    let chart = chart();
+    let show = format!("templates/{template}");
+    let mut args = vec![
+        "template",
+        RELEASE,
+        &chart,
+        "--namespace",
+        NAMESPACE,
+        "--api-versions",
+        "monitoring.coreos.com/v1",
+        "--kube-version",
+        "v1.33.13",
+        "--set",
+        "tls.insecurePlaintextReports=true",
+        "--show-only",
+        &show,
+    ];
+    for s in set {
+        args.extend(["--set", s]);
+    }
+    let out = helm.ok_stdout(&args);
+    let json = Command::new("python3")
+        .args([
+            "-c",
+            "import sys, json, yaml; print(json.dumps([d for d in yaml.safe_load_all(sys.stdin) if d]))",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write as _;
+            c.stdin.take().expect("stdin").write_all(out.as_bytes())?;
+            c.wait_with_output()
+        })
+        .expect("python3 with pyyaml");
+    assert!(json.status.success(), "reading {template}: {json:?}");
+    serde_json::from_slice(&json.stdout).expect("JSON")
+}
+
+/// The chart's rule groups: `spec.groups` of the rendered PrometheusRule,
+/// as a Prometheus rule file (JSON is YAML).
+pub fn chart_rules(helm: &Helm, set: &[&str]) -> String {
+    let mut set = set.to_vec();
+    set.push("metrics.prometheusRule.enabled=true");
+    let rule = rendered(helm, "prometheusrule.yaml", &set).remove(0);
+    json!({"groups": rule["spec"]["groups"]}).to_string()
+}
+
+/// `honorLabels` of the controller's endpoint in the chart's
+/// ServiceMonitor: what prometheus-operator would turn into the scrape
+/// job's `honor_labels`.
+pub fn controller_honor_labels(helm: &Helm) -> bool {
+    let monitors = rendered(
+        helm,
+        "servicemonitor.yaml",
+        &["metrics.serviceMonitor.enabled=true"],
+    );
+    let controller = monitors
+        .iter()
+        .find(|m| m["metadata"]["name"] == CONTROLLER)
+        .unwrap_or_else(|| panic!("no ServiceMonitor {CONTROLLER}: {monitors:?}"));
+    controller["spec"]["endpoints"][0]["honorLabels"]
+        .as_bool()
+        .unwrap_or(false)
 }

@@ -24,6 +24,7 @@
 //! ```
 
 pub mod containerd;
+pub mod helm;
 pub mod kubelet;
 pub mod node;
 pub mod objects;

@@ -15,6 +15,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use super::containerd::{Containerd, Unavailable};
 use super::kubelet::RealKubelet;
@@ -268,4 +269,67 @@ macro_rules! real_node_or_skip {
             Err(e) => panic!("the real control plane did not start: {e}"),
         }
     };
+}
+
+/// The namespace of [`pinned_rotation`].
+pub const ROTATION_NAMESPACE: &str = "demo";
+
+/// The seed rotation on this node: an immutable Secret `slurm-key`
+/// (`slurm.key: seed-1`) mounted by pod `pinner`, deleted and created again
+/// with `seed-2` while `pinner` keeps the kubelet's cache entry alive, then
+/// pod `worker` mounting it: the kubelet serves `worker` the old bytes
+/// (pkg/kubelet/util/manager/watch_based_manager.go: an immutable object's
+/// item stops being watched and stays while a registered pod references
+/// it). `pause` is the image of both pods (pulled `Never`).
+pub async fn pinned_rotation(client: &kube::Client, pause: &str) -> io::Result<()> {
+    use super::{create, ensure_namespace, raw, wait_for_default_service_account};
+    let ns = ROTATION_NAMESPACE;
+    let secret = |value: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Secret", "immutable": true,
+            "metadata": {"name": "slurm-key", "namespace": ns},
+            "stringData": {"slurm.key": value}})
+    };
+    let pod = |name: &str| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "image": pause, "imagePullPolicy": "Never",
+                    "volumeMounts": [{"name": "key", "mountPath": "/etc/slurm", "readOnly": true}]}],
+                "volumes": [{"name": "key", "secret": {"secretName": "slurm-key"}}]}})
+    };
+    let running = |name: &str| {
+        let path = format!("/api/v1/namespaces/{ns}/pods/{name}");
+        let what = format!("pod {ns}/{name} Running");
+        let client = client.clone();
+        async move {
+            crate::mountguard::poll(&what, Duration::from_secs(120), || {
+                let (client, path) = (client.clone(), path.clone());
+                async move {
+                    let (_, p) = raw(&client, "GET", &path, None).await.ok()?;
+                    (p["status"]["phase"] == "Running").then_some(())
+                }
+            })
+            .await
+        }
+    };
+    ensure_namespace(client, ns).await?;
+    wait_for_default_service_account(client, ns).await?;
+    create(client, &secret("seed-1")).await?;
+    create(client, &pod("pinner")).await?;
+    running("pinner").await?;
+    let (code, body) = raw(
+        client,
+        "DELETE",
+        &format!("/api/v1/namespaces/{ns}/secrets/slurm-key"),
+        None,
+    )
+    .await?;
+    if code != 200 {
+        return Err(io::Error::other(format!(
+            "deleting slurm-key: {code} {body}"
+        )));
+    }
+    create(client, &secret("seed-2")).await?;
+    create(client, &pod("worker")).await?;
+    running("worker").await
 }

@@ -16,7 +16,9 @@
 mod admission;
 mod alert;
 mod harness;
-mod helm;
 mod install;
+mod local_cluster;
 mod runtime;
 mod upgrade;
+
+use mountguard_tests::real::helm;
