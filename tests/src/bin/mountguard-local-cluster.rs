@@ -22,7 +22,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use mountguard_tests::mountguard::poll;
 use mountguard_tests::real::client_from_kubeconfig;
 use mountguard_tests::real::helm::{
     Helm, NAMESPACE, RELEASE, chart_rules, controller_honor_labels, install,
@@ -131,19 +130,9 @@ async fn up(state: &Path) -> Result<(), String> {
         .collect();
     std::fs::write(state.join("env"), env).map_err(|e| format!("writing env: {e}"))?;
     // Prometheus has scraped the controller once.
-    poll(
-        "Prometheus scraping the controller",
-        Duration::from_secs(60),
-        || async {
-            let r = prom
-                .query("up{job=\"mountguard-controller\"} == 1")
-                .await
-                .ok()?;
-            (!r.is_empty()).then_some(())
-        },
-    )
-    .await
-    .map_err(|e| format!("{e}\n{}", prom.log_tail(20)))?;
+    prom.wait_scraped("mountguard-controller", Duration::from_secs(60))
+        .await
+        .map_err(|e| format!("{e}\n{}", prom.log_tail(20)))?;
     std::fs::write(state.join("ready"), format!("{}\n", std::process::id()))
         .map_err(|e| format!("writing ready: {e}"))?;
     let get = |k: &str| {

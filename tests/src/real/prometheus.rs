@@ -187,6 +187,19 @@ impl Prometheus {
             .collect())
     }
 
+    /// Waits (up to `timeout`) until job `job` was scraped up once.
+    pub async fn wait_scraped(&self, job: &str, timeout: Duration) -> io::Result<()> {
+        let q = format!(
+            "up{{job={}}} == 1",
+            serde_json::to_string(job).unwrap_or_default()
+        );
+        poll(&format!("Prometheus scraping {job}"), timeout, || async {
+            let r = self.query(&q).await.ok()?;
+            (!r.is_empty()).then_some(())
+        })
+        .await
+    }
+
     /// The end of its log.
     pub fn log_tail(&self, lines: usize) -> String {
         self.child.log_tail(lines)

@@ -58,19 +58,9 @@ async fn real_node_alert_kubelet_cache_pinned_fires_in_a_real_prometheus() {
             .any(|(n, _)| n == "MountguardKubeletCachePinned"),
         "{health:?}"
     );
-    poll(
-        "the controller scraped",
-        Duration::from_secs(60),
-        || async {
-            let r = prom
-                .query("up{job=\"mountguard-controller\"} == 1")
-                .await
-                .ok()?;
-            (!r.is_empty()).then_some(())
-        },
-    )
-    .await
-    .expect("scraped");
+    prom.wait_scraped("mountguard-controller", Duration::from_secs(60))
+        .await
+        .expect("scraped");
 
     // The immutable key, a pod pinning it in the kubelet's cache, the key
     // recreated with new bytes, a new worker mounting it.
