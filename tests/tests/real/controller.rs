@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::harness::{
     AGENT, Audited, CONTROLLER_POD, HEARTBEAT, NAMESPACE, RealSystem, events, wait, wait_all_fresh,
+    wait_event,
 };
 
 const HOOKS: &str = "volume hooks";
@@ -149,42 +150,23 @@ async fn real_events_are_read_back_from_the_api() {
     .await
     .unwrap();
     assert_eq!(code, 200, "{body}");
-    let client = sys.client.clone();
-    let stale = wait(
+    let stale = wait_event(
         &sys,
         "a StaleMount Event on node-0's pod",
         Duration::from_secs(60),
-        || {
-            let client = client.clone();
-            let pod0 = pod0.clone();
-            async move {
-                events(&client, SLURM_NAMESPACE)
-                    .await
-                    .into_iter()
-                    .find(|e| e.0 == "StaleMount" && e.1 == "Pod" && e.2 == pod0)
-            }
-        },
+        |r, k, n, _| r == "StaleMount" && k == "Pod" && n == pod0,
     )
     .await;
     assert!(
-        stale.3.contains("hooks"),
+        stale.contains("hooks"),
         "the Event names the volume: {stale:?}"
     );
     sys.cluster.node(0).pause(false);
-    wait(
+    wait_event(
         &sys,
         "a MountRecovered Event on node-0's pod",
         Duration::from_secs(60),
-        || {
-            let client = client.clone();
-            let pod0 = pod0.clone();
-            async move {
-                events(&client, SLURM_NAMESPACE)
-                    .await
-                    .into_iter()
-                    .find(|e| e.0 == "MountRecovered" && e.1 == "Pod" && e.2 == pod0)
-            }
-        },
+        |r, k, n, _| r == "MountRecovered" && k == "Pod" && n == pod0,
     )
     .await;
     // node-1 kept writing: no alarm about its pod.

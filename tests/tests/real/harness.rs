@@ -902,6 +902,29 @@ pub async fn wait_all_fresh(sys: &RealSystem) -> Value {
     .await
 }
 
+/// Waits until an Event in [`SLURM_NAMESPACE`] satisfies
+/// `wanted(reason, regarding kind, regarding name, note)`; returns its
+/// note.
+pub async fn wait_event(
+    sys: &RealSystem,
+    what: &str,
+    timeout: Duration,
+    wanted: impl Fn(&str, &str, &str, &str) -> bool + Clone,
+) -> String {
+    let client = sys.client.clone();
+    wait(sys, what, timeout, || {
+        let (client, wanted) = (client.clone(), wanted.clone());
+        async move {
+            events(&client, SLURM_NAMESPACE)
+                .await
+                .into_iter()
+                .find(|(r, k, n, note)| wanted(r, k, n, note))
+                .map(|(_, _, _, note)| note)
+        }
+    })
+    .await
+}
+
 /// Events in the real API regarding objects in `ns` (both Event APIs):
 /// `(reason, regarding kind, regarding name, note)`.
 pub async fn events(client: &kube::Client, ns: &str) -> Vec<(String, String, String, String)> {

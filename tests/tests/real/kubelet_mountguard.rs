@@ -8,7 +8,7 @@ use mountguard_tests::real::{create, raw};
 use mountguard_tests::scenario::{KEY_VOLUME, PINNING_POD, find_verdict, pinning_pod, state_tag};
 use serde_json::{Value, json};
 
-use crate::harness::{Nodes, RealSystem, events, slurmd_pod, wait, wait_all_fresh};
+use crate::harness::{Nodes, RealSystem, slurmd_pod, wait, wait_all_fresh, wait_event};
 
 fn b64(b: &[u8]) -> String {
     use base64::Engine as _;
@@ -147,23 +147,12 @@ async fn real_kubelet_rotation_is_pinned_on_the_pinned_node_and_fixed_by_a_repla
             && !v1.to_string().contains("cannot help"),
         "node-1's verdict says a replacement fixes it: {v1}"
     );
-    let client = sys.client.clone();
-    let note = wait(
+    let pod1 = format!("{NODESET}-1");
+    let note = wait_event(
         &sys,
         "a StaleMount Event on node-1's slurmd pod",
         Duration::from_secs(30),
-        || {
-            let client = client.clone();
-            async move {
-                events(&client, SLURM_NAMESPACE)
-                    .await
-                    .into_iter()
-                    .find(|(reason, kind, name, _)| {
-                        reason == "StaleMount" && kind == "Pod" && *name == format!("{NODESET}-1")
-                    })
-                    .map(|(_, _, _, note)| note)
-            }
-        },
+        |reason, kind, name, _| reason == "StaleMount" && kind == "Pod" && name == pod1,
     )
     .await;
     assert!(

@@ -15,7 +15,7 @@ use mountguard_tests::cluster::SLURM_NAMESPACE;
 use mountguard_tests::real::{create, raw};
 use serde_json::{Value, json};
 
-use crate::harness::{RealSystem, events, wait};
+use crate::harness::{RealSystem, events, wait, wait_event};
 use crate::kubelet_support::{b64, volume_file};
 
 /// The immutable Secret every workload here mounts (volume `config`).
@@ -445,30 +445,20 @@ async fn real_daemonset_a_pod_on_a_pinned_node_is_reported_and_not_evicted() {
     running(&sys, "pin", 1).await;
     serves(&sys, &ds, "v1").await;
     swap_secret(&sys, "v2").await;
-    let client = sys.client.clone();
     // Two KubeletCachePinned Events reach the pod: the verdict's (the
     // evaluation, naming the volume) and the remediation notice (the plan,
     // naming the node and the pins); either may come first. The notice is
     // the one that says remediation leaves the pod alone.
-    let note = wait(
+    let pod = name(&ds);
+    let note = wait_event(
         &sys,
         "the remediation's KubeletCachePinned Event on the DaemonSet's pod",
         Duration::from_secs(120),
-        || {
-            let client = client.clone();
-            let pod = name(&ds);
-            async move {
-                events(&client, SLURM_NAMESPACE)
-                    .await
-                    .into_iter()
-                    .find(|(r, k, n, note)| {
-                        r == "KubeletCachePinned"
-                            && k == "Pod"
-                            && *n == pod
-                            && note.contains("the kubelet on node")
-                    })
-                    .map(|(_, _, _, note)| note)
-            }
+        |r, k, n, note| {
+            r == "KubeletCachePinned"
+                && k == "Pod"
+                && n == pod
+                && note.contains("the kubelet on node")
         },
     )
     .await;
@@ -603,8 +593,9 @@ async fn real_sigkill_at_every_persisted_step_of_a_deployment_attempt_finishes_i
 /// the controller does not accept (`restart`), with its pod served the old
 /// bytes of the immutable Secret: one `InvalidRemediationAnnotation`
 /// Warning Event on the Deployment (through the real API server) names the
-/// annotation and the value and says nothing is remediated; the pod is
-/// judged stale, but never evicted, and no attempt is persisted.
+/// annotation and the value and says nothing is remediated; the pod's
+/// volume is judged stale, but the pod is never evicted, and no attempt is
+/// persisted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_deployment_with_an_unreadable_remediate_annotation_is_told_and_not_repaired() {
     let sys = RealSystem::start_workload_remediation_on_real_kubelets(1).await;
@@ -622,50 +613,39 @@ async fn real_deployment_with_an_unreadable_remediate_annotation_is_told_and_not
     let pod = running(&sys, "web", 1).await.remove(0);
     serves(&sys, &pod, "v1").await;
     swap_secret(&sys, "v2").await;
-    let client = sys.client.clone();
-    let told = wait(
+    let told = wait_event(
         &sys,
         "the InvalidRemediationAnnotation Event on the Deployment",
         Duration::from_secs(120),
-        || {
-            let client = client.clone();
-            async move {
-                events(&client, SLURM_NAMESPACE)
-                    .await
-                    .into_iter()
-                    .filter(|(r, k, n, _)| {
-                        r == "InvalidRemediationAnnotation" && k == "Deployment" && n == "web"
-                    })
-                    .map(|(_, _, _, note)| note)
-                    .next()
-            }
-        },
+        |r, k, n, _| r == "InvalidRemediationAnnotation" && k == "Deployment" && n == "web",
     )
     .await;
     assert!(
         told.contains("\"restart\"") && told.contains("nothing is remediated"),
         "{told}"
     );
-    // The pod is judged stale (its alarm Event), and still nothing is done.
-    let stale = || {
-        let (client, pod) = (client.clone(), name(&pod));
-        async move {
-            events(&client, SLURM_NAMESPACE)
-                .await
-                .into_iter()
-                .any(|(r, k, n, _)| {
-                    matches!(r.as_str(), "StaleMount" | "KubeletCachePinned")
-                        && k == "Pod"
-                        && n == pod
-                })
-                .then_some(())
-        }
-    };
+    // The pod is judged stale (its verdict: no alarm Event is owed when the
+    // controller's first judgement of the pod is already Stale), and still
+    // nothing is done.
+    let base = sys.metrics_base();
+    let pod_name = name(&pod);
     wait(
         &sys,
-        "the pod's alarm Event",
+        "the pod's volume judged Stale",
         Duration::from_secs(150),
-        stale,
+        || {
+            let (base, pod_name) = (base.clone(), pod_name.clone());
+            async move {
+                let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
+                    .await
+                    .ok()?;
+                let v = mountguard_tests::scenario::find_verdict(&doc, &pod_name, "volume config")?;
+                v["state"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("Stale"))
+                    .then_some(())
+            }
+        },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(15)).await;
