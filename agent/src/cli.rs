@@ -13,11 +13,22 @@ use crate::sandbox;
 use crate::scan::{DEFAULT_MAX_FILE_SIZE, ScanOptions, Scanner};
 use crate::{Error, output};
 
+/// `--version`: the version and the platform the binary was built for, as
+/// an image index names it (`linux/arm64`), so a node's agent says which
+/// manifest of a multi-platform image it runs.
+pub const VERSION: &str = if cfg!(target_arch = "aarch64") {
+    concat!(env!("CARGO_PKG_VERSION"), " (linux/arm64)")
+} else if cfg!(target_arch = "x86_64") {
+    concat!(env!("CARGO_PKG_VERSION"), " (linux/amd64)")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 /// mountguard node agent: reads and hashes the Secret, ConfigMap and projected
 /// volume content (and subPath targets) the kubelet serves to the pods of
 /// this node.
 #[derive(Debug, Parser)]
-#[command(name = "mountguard-agent", version)]
+#[command(name = "mountguard-agent", version = VERSION)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -366,6 +377,24 @@ async fn wait_for_signal() -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn version_names_the_platform_built_for() {
+        let err = Cli::try_parse_from(["mountguard-agent", "--version"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::DisplayVersion);
+        let platform = match std::env::consts::ARCH {
+            "aarch64" => "linux/arm64",
+            "x86_64" => "linux/amd64",
+            other => panic!("no platform name for {other}"),
+        };
+        assert_eq!(
+            err.to_string().trim(),
+            format!(
+                "mountguard-agent {} ({platform})",
+                env!("CARGO_PKG_VERSION")
+            )
+        );
+    }
 
     #[test]
     fn durations() {
