@@ -23,6 +23,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use mountguard_tests::real::client_from_kubeconfig;
+use mountguard_tests::real::helm;
 use mountguard_tests::real::helm::{
     Helm, NAMESPACE, RELEASE, chart_rules, controller_honor_labels, install,
 };
@@ -49,11 +50,7 @@ fn read_env(state: &Path) -> Result<Vec<(String, String)>, String> {
             path.display()
         )
     })?;
-    Ok(text
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
-        .collect())
+    Ok(helm::parse_env(&text))
 }
 
 fn shell_quote(v: &str) -> String {
@@ -172,15 +169,7 @@ async fn up(state: &Path) -> Result<(), String> {
     eprintln!("==> taking the cluster down");
     let _ = std::fs::remove_file(state.join("ready"));
     drop(prom);
-    let out = helm.run(&[
-        "uninstall",
-        RELEASE,
-        "--namespace",
-        NAMESPACE,
-        "--wait",
-        "--timeout",
-        "2m",
-    ]);
+    let out = helm.run(&helm::uninstall_args("2m"));
     if !out.status.success() {
         eprintln!(
             "warning: helm uninstall: {}",

@@ -147,6 +147,29 @@ pub fn install_args(node: &RealNode) -> Vec<String> {
     .collect()
 }
 
+/// `helm uninstall` of the release as docs/install.md says, waiting for
+/// its objects to go (at most `timeout`, Helm's duration form).
+pub fn uninstall_args(timeout: &str) -> [&str; 7] {
+    [
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        NAMESPACE,
+        "--wait",
+        "--timeout",
+        timeout,
+    ]
+}
+
+/// The `KEY='value'` lines of a local cluster's `env` file
+/// (`mountguard-local-cluster`, `scripts/local-cluster.sh`).
+pub fn parse_env(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
+        .collect()
+}
+
 /// Waits until the pod of `component` in the release namespace is Running
 /// and Ready; returns it.
 pub async fn component_pod(node: &RealNode, component: &str, timeout: Duration) -> Value {

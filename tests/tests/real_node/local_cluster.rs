@@ -8,6 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use mountguard_tests::mountguard::{http_get, poll};
+use mountguard_tests::real::helm;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_mountguard-local-cluster");
@@ -41,12 +42,7 @@ impl Drop for Up {
 }
 
 fn env_of(state: &Path) -> Vec<(String, String)> {
-    std::fs::read_to_string(state.join("env"))
-        .expect("env")
-        .lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
-        .collect()
+    helm::parse_env(&std::fs::read_to_string(state.join("env")).expect("env"))
 }
 
 /// Up, then the rotation makes the chart's MountguardKubeletCachePinned

@@ -13,7 +13,9 @@ use mountguard_tests::real_node_or_skip;
 use serde_json::{Value, json};
 
 use crate::harness::container_id;
-use crate::helm::{CONTROLLER, Helm, NAMESPACE, RELEASE, chart, component_pod_where, install};
+use crate::helm::{
+    CONTROLLER, Helm, NAMESPACE, RELEASE, chart, component_pod_where, install, uninstall_args,
+};
 
 /// The release's instance label selector, URL-encoded.
 const INSTANCE: &str = "app.kubernetes.io%2Finstance%3Dmountguard";
@@ -178,15 +180,7 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
             "{kind} of the release: {list}"
         );
     }
-    helm.ok(&[
-        "uninstall",
-        RELEASE,
-        "--namespace",
-        NAMESPACE,
-        "--wait",
-        "--timeout",
-        "3m",
-    ]);
+    helm.ok(&uninstall_args("3m"));
     let left = poll(
         "no object of the release left",
         Duration::from_secs(120),
