@@ -1,7 +1,8 @@
 //! Soak benchmark: the cluster in a box (API server, kubelet, NodeSet and
 //! slurmrestd doubles) and one real agent per node in this process, the
-//! real controller binary (`mountguard-controller run`, remediation on) as
-//! a child process, for `--duration` (30 min by default) under a steady mix
+//! real controller binary (`mountguard-controller run`, remediation on,
+//! with the allocator settings the chart gives its pod) as a child
+//! process, for `--duration` (30 min by default) under a steady mix
 //! of changes and faults:
 //!
 //! - the hooks ConfigMap (mutable) changes every `--tick` (5 s);
@@ -202,6 +203,32 @@ struct Soak {
     heartbeat: Duration,
 }
 
+/// The `MIMALLOC_*` variables the chart sets on the controller
+/// (charts/mountguard/templates/_env.tpl: `- name:` then `value:`).
+fn chart_allocator_env() -> io::Result<Vec<(String, String)>> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../charts/mountguard/templates/_env.tpl"
+    );
+    let text = std::fs::read_to_string(path)?;
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let vars: Vec<(String, String)> = lines
+        .windows(2)
+        .filter_map(|w| {
+            let name = w[0].strip_prefix("- name: ")?.trim();
+            let value = w[1].strip_prefix("value: ")?.trim().trim_matches('"');
+            name.starts_with("MIMALLOC_")
+                .then(|| (name.to_string(), value.to_string()))
+        })
+        .collect();
+    if vars.is_empty() {
+        return Err(io::Error::other(format!(
+            "{path}: no MIMALLOC_* variable with a literal value; the soak runs the controller with the chart's allocator settings"
+        )));
+    }
+    Ok(vars)
+}
+
 impl Soak {
     async fn start(nodes: usize) -> io::Result<Self> {
         let cluster = Cluster::builder().nodes(nodes).slinky().start().await?;
@@ -233,9 +260,14 @@ impl Soak {
             .args(["--log", "warn"])
             .env_remove("KUBECONFIG");
         for (k, _) in std::env::vars() {
-            if k.starts_with("MOUNTGUARD_") {
+            if k.starts_with("MOUNTGUARD_") || k.starts_with("MIMALLOC_") {
                 cmd.env_remove(k);
             }
+        }
+        // The allocator settings the chart gives the controller's pod, so
+        // the memory measured is the memory the chart's pod would hold.
+        for (k, v) in chart_allocator_env()? {
+            cmd.env(k, v);
         }
         let log = cluster.dir().join("controller.log");
         let mut controller = ChildGuard::spawn("controller", cmd, &log)?;
@@ -340,6 +372,14 @@ async fn run(o: &Opts) -> io::Result<bool> {
         o.tick.as_secs(),
         o.rotate_every.as_secs(),
         o.sample_every.as_secs()
+    );
+    let alloc: Vec<String> = chart_allocator_env()?
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    println!(
+        "soak: controller allocator settings (the chart's): {}",
+        alloc.join(" ")
     );
     let start = Instant::now();
     let mut samples = vec![sample(&sys, start).await];
