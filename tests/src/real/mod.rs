@@ -23,6 +23,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod binfmt;
 pub mod containerd;
 pub mod helm;
 pub mod kubelet;

@@ -15,6 +15,7 @@
 
 mod admission;
 mod alert;
+mod arm64;
 mod harness;
 mod install;
 mod local_cluster;
