@@ -140,8 +140,10 @@ if [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 ]; then
         fi
         log "tests against the real control plane"
         tests_start=$SECONDS
+        # --lib: also the unit tests of the rig's own code (tests/src/real),
+        # which is compiled only with the feature.
         MOUNTGUARD_UPSTREAM_BIN="$upstream_bin" \
-            cargo nextest run -p mountguard-tests --features real-upstream --test real --no-fail-fast \
+            cargo nextest run -p mountguard-tests --features real-upstream --lib --test real --no-fail-fast \
             "${real_filter[@]}"
         echo "real control plane tier: $((SECONDS - real_start)) s (tests $((SECONDS - tests_start)) s)"
     else
