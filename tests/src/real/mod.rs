@@ -26,6 +26,7 @@
 pub mod containerd;
 pub mod helm;
 pub mod kubelet;
+pub mod netpol;
 pub mod node;
 pub mod objects;
 pub mod operator;

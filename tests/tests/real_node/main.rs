@@ -18,6 +18,7 @@ mod alert;
 mod harness;
 mod install;
 mod local_cluster;
+mod netpol;
 mod runtime;
 mod upgrade;
 
