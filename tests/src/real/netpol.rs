@@ -9,8 +9,10 @@
 //! What it needs, from kube-router v2.1.0's
 //! pkg/controllers/netpol/network_policy_controller.go
 //! `NewNetworkPolicyController`: `--service-cluster-ip-range` (the API
-//! server's, 10.0.0.0/24), the Node of `--hostname-override` with an
-//! InternalIP (the kubelet's); it enforces policies for the pods whose
+//! server's, 10.0.0.0/24), the Node with an InternalIP (the kubelet's
+//! `--node-ip`), found by `NODE_NAME`, else the host's name, else
+//! `--hostname-override` (pkg/utils/node.go `GetNodeObject`: the rig sets
+//! `NODE_NAME`); it enforces policies for the pods whose
 //! `status.hostIP` is that address (pkg/controllers/netpol/pod.go
 //! `getLocalPods`), no `spec.podCIDR` (only the router reads it). It calls
 //! `iptables`, `iptables-save`, `iptables-restore` and `ipset`
@@ -143,7 +145,8 @@ impl NetworkPolicyEngine {
             ));
         }
         let mut cmd = Command::new(binary);
-        cmd.arg("--kubeconfig")
+        cmd.env("NODE_NAME", node)
+            .arg("--kubeconfig")
             .arg(cluster.kubeconfig_path())
             .args([
                 "--run-firewall=true",
