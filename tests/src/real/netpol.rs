@@ -2,9 +2,13 @@
 //! controller alone (`--run-firewall --run-router=false
 //! --run-service-proxy=false`; v2.1.0, built by scripts/node-tools.sh) as a
 //! host process against the rig's API server. It writes iptables rules and
-//! ipsets on this host; the pods' traffic on the rig's bridge passes them
-//! because `net.bridge.bridge-nf-call-iptables` is 1 here (a bridged packet
-//! goes through the FORWARD chain).
+//! ipsets on this host. A packet between two pods of the rig's bridge is
+//! switched, not routed: it passes the FORWARD chain only through
+//! br_netfilter, for a bridge with `nf_call_iptables` (Linux
+//! net/bridge/br_netfilter_hooks.c `br_nf_pre_routing`: the global
+//! `net.bridge.bridge-nf-call-iptables` or the bridge's own option), so
+//! [`NetworkPolicyEngine::start`] turns on the option of the rig's bridge
+//! only (the global sysctl is the other rigs' too).
 //!
 //! What it needs, from kube-router v2.1.0's
 //! pkg/controllers/netpol/network_policy_controller.go
@@ -120,13 +124,39 @@ fn shell_words(rule: &str) -> Vec<String> {
 
 impl NetworkPolicyEngine {
     /// Starts `binary` (kube-router) for node `node` against `cluster`,
-    /// logging to `<logs>/kube-router.log`; waits until its forward chain
-    /// is hooked into FORWARD.
+    /// with the pods of `bridge`, logging to `<logs>/kube-router.log`;
+    /// waits until its forward chain is hooked into FORWARD.
     pub async fn start(
         cluster: &RealCluster,
         binary: &Path,
         node: &str,
+        bridge: &str,
     ) -> Result<Self, Unavailable> {
+        if !Path::new("/proc/sys/net/bridge").is_dir() {
+            return Err(Unavailable(
+                "br_netfilter is not loaded (no /proc/sys/net/bridge): the bridge's traffic \
+                 would not pass iptables"
+                    .into(),
+            ));
+        }
+        let set = Command::new("ip")
+            .args([
+                "link",
+                "set",
+                bridge,
+                "type",
+                "bridge",
+                "nf_call_iptables",
+                "1",
+            ])
+            .output()
+            .map_err(|e| Unavailable(format!("ip link set {bridge}: {e}")))?;
+        if !set.status.success() {
+            return Err(Unavailable(format!(
+                "ip link set {bridge} type bridge nf_call_iptables 1: {}",
+                String::from_utf8_lossy(&set.stderr).trim()
+            )));
+        }
         if !binary.is_file() {
             return Err(Unavailable(format!(
                 "{} not found (scripts/node-tools.sh builds it)",

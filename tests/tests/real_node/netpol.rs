@@ -134,18 +134,24 @@ async fn real_node_network_policy_admits_the_agents_and_prometheus_and_refuses_o
     );
 
     let tools = node_tools().expect("node tools");
-    let engine = match NetworkPolicyEngine::start(&node.cluster, &tools.join("kube-router"), NODE)
-        .await
-    {
-        Ok(e) => e,
-        Err(why) => {
-            eprintln!("\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-            eprintln!("!!! SKIPPED: {what}: the NetworkPolicy engine cannot run here: {why}");
-            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n");
-            println!("SKIPPED: {what}: {why}");
-            return;
-        }
-    };
+    let (bridge, _, _) = node.runtime.network();
+    let engine =
+        match NetworkPolicyEngine::start(&node.cluster, &tools.join("kube-router"), NODE, bridge)
+            .await
+        {
+            Ok(e) => e,
+            Err(why) => {
+                eprintln!(
+                    "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+                );
+                eprintln!("!!! SKIPPED: {what}: the NetworkPolicy engine cannot run here: {why}");
+                eprintln!(
+                    "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
+                );
+                println!("SKIPPED: {what}: {why}");
+                return;
+            }
+        };
     let diagnostics = || {
         let rules = Command::new("iptables-save")
             .args(["-t", "filter"])
