@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the programs of the real-node tier that scripts/upstream.sh does not:
 # kube-proxy (the same Kubernetes release and module recipe as upstream.sh's
-# kubelet) and the Helm CLI, each pinned, from the Go module proxy,
+# kubelet), the Helm CLI and kube-router (its network policy controller is
+# the tier's NetworkPolicy engine), each pinned, from the Go module proxy,
 # into the same cache (nothing of upstream's committed):
 #
 #   bash scripts/node-tools.sh     # build what is missing; last stdout line: the bin dir
@@ -11,6 +12,10 @@ set -euo pipefail
 K8S_VERSION=v1.33.13      # as scripts/upstream.sh
 ETCD_VERSION=v3.5.21      # as scripts/upstream.sh (same go.mod, shared build cache)
 HELM_VERSION=v3.22.0
+# The NetworkPolicy engine. Not sigs.k8s.io/kube-network-policies (v0.8.0):
+# it hands packets to userspace with nftables' `queue` statement, which a
+# kernel without CONFIG_NFT_QUEUE refuses (docs/testing.md, "NetworkPolicy").
+KUBE_ROUTER_VERSION=v2.1.0
 RECIPE=1
 
 log() { printf '==> %s\n' "$*" >&2; }
@@ -74,5 +79,8 @@ build_module() {
 }
 build_module helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
     "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+build_module kube-router github.com/cloudnativelabs/kube-router/v2 "$KUBE_ROUTER_VERSION" \
+    github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
+    "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
 "$out/bin/helm" version --short >&2
 echo "$out/bin"

@@ -27,6 +27,7 @@ pub mod binfmt;
 pub mod containerd;
 pub mod helm;
 pub mod kubelet;
+pub mod netpol;
 pub mod node;
 pub mod objects;
 pub mod operator;

@@ -19,6 +19,7 @@ mod arm64;
 mod harness;
 mod install;
 mod local_cluster;
+mod netpol;
 mod runtime;
 mod upgrade;
 
