@@ -188,10 +188,10 @@ fi
 # --- end static release binaries ---------------------------------------------
 
 # --- Real node (tests/tests/real_node) ---------------------------------------
-# The real kubelet on containerd + runc (Debian), kube-proxy and the Helm CLI
-# (scripts/node-tools.sh, Go module proxy, cached beside the other upstream
-# programs), the rig's own cluster DNS stand-in (tests/src/real/services.rs), the images built from the static binaries above by
-# scripts/images.sh and imported into the runtime; then the chart installed
+# The real kubelet on containerd + runc (Debian), kube-proxy, the Helm CLI and
+# CoreDNS as the cluster DNS (scripts/node-tools.sh, Go module proxy, cached
+# beside the other upstream programs), the images built from the static
+# binaries above by scripts/images.sh and imported into the runtime; then the chart installed
 # with `helm install`. When the runtime or a program cannot be had here, the
 # tier is SKIPPED, loudly, with the exact error; a failing test fails.
 skip_node() {
@@ -201,7 +201,7 @@ skip_node() {
 }
 if [ "${MOUNTGUARD_SKIP_NODE:-0}" != 1 ] && [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 ] \
     && [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ] && [ -n "${upstream_bin:-}" ]; then
-    log "real node: containerd, runc, CNI plugins, iptables (Debian); kube-proxy, helm (cached)"
+    log "real node: containerd, runc, CNI plugins, iptables (Debian); kube-proxy, helm, coredns (cached)"
     node_start=$SECONDS
     node_log="$(mktemp)"
     if [ "$(id -u)" != 0 ]; then
