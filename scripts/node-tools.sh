@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the programs of the real-node tier that scripts/upstream.sh does not:
 # kube-proxy (the same Kubernetes release and module recipe as upstream.sh's
-# kubelet), the Helm CLI and kube-router (its network policy controller is
-# the tier's NetworkPolicy engine), each pinned, from the Go module proxy,
-# into the same cache (nothing of upstream's committed):
+# kubelet), the Helm CLI, CoreDNS (the cluster DNS) and kube-router (its
+# network policy controller is the tier's NetworkPolicy engine), each
+# pinned, from the Go module proxy, into the same cache (nothing of
+# upstream's committed):
 #
 #   bash scripts/node-tools.sh     # build what is missing; last stdout line: the bin dir
 #
@@ -16,6 +17,7 @@ HELM_VERSION=v3.22.0
 # it hands packets to userspace with nftables' `queue` statement, which a
 # kernel without CONFIG_NFT_QUEUE refuses (docs/testing.md, "NetworkPolicy").
 KUBE_ROUTER_VERSION=v2.1.0
+COREDNS_VERSION=v1.15.0
 RECIPE=1
 
 log() { printf '==> %s\n' "$*" >&2; }
@@ -83,4 +85,42 @@ build_module kube-router github.com/cloudnativelabs/kube-router/v2 "$KUBE_ROUTER
     github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
     "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
 "$out/bin/helm" version --short >&2
+
+# CoreDNS with only the plugins the rig's Corefile uses
+# (tests/src/real/services.rs): a main package of our own, as CoreDNS's
+# coredns.go is (import the plugins, then coremain.Run), with the plugins
+# that core/plugin/zplugin.go would import all of narrowed to these, and
+# dnsserver.SetDirectives (core/dnsserver/directives.go) given them in the
+# order of plugin.cfg (generated into core/dnsserver/zdirectives.go, which
+# decides their order in the chain). Its version is not in the cache dir's
+# name: a binary that reports another version is built again.
+if ! "$out/bin/coredns" -version 2>/dev/null | grep -qx "CoreDNS-${COREDNS_VERSION#v}"; then
+    log "building coredns $COREDNS_VERSION"
+    start=$SECONDS
+    plugins=(bind ready errors log kubernetes)   # in plugin.cfg's order
+    coredns_gomod="$("$GO" mod download -json "github.com/coredns/coredns@$COREDNS_VERSION" \
+        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    mkdir -p "$out/src/coredns"
+    cat > "$out/src/coredns/go.mod" <<EOF
+module mountguard.invalid/upstream-coredns
+
+go $(sed -n 's/^go \([0-9.]*\)$/\1/p' "$coredns_gomod")
+
+require github.com/coredns/coredns $COREDNS_VERSION
+EOF
+    {
+        printf 'package main\n\nimport (\n'
+        printf '\t"github.com/coredns/coredns/core/dnsserver"\n'
+        printf '\t"github.com/coredns/coredns/coremain"\n'
+        printf '\t_ "github.com/coredns/coredns/plugin/%s"\n' "${plugins[@]}"
+        printf ')\n\nfunc main() {\n\tif err := dnsserver.SetDirectives([]string{'
+        printf '"%s", ' "${plugins[@]}"
+        printf '}); err != nil {\n\t\tpanic(err)\n\t}\n\tcoremain.Run()\n}\n'
+    } > "$out/src/coredns/main.go"
+    (cd "$out/src/coredns" && nice -n 10 "$GO" build -trimpath -ldflags "-s -w" \
+        -o "$out/bin/coredns.new" .)
+    mv "$out/bin/coredns.new" "$out/bin/coredns"
+    log "coredns built in $((SECONDS - start)) s"
+fi
+log "$("$out/bin/coredns" -version | head -n 1), plugins: $("$out/bin/coredns" -plugins | xargs)"
 echo "$out/bin"

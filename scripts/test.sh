@@ -191,10 +191,10 @@ fi
 
 # --- Real node (tests/tests/real_node) ---------------------------------------
 # The real kubelet on containerd + runc (Debian), kube-proxy, the Helm CLI and
-# kube-router, the NetworkPolicy test's engine, with Debian's ipset
-# (scripts/node-tools.sh, Go module proxy, cached beside the other upstream
-# programs), the rig's own cluster DNS stand-in (tests/src/real/services.rs), the images built from the static binaries above by
-# scripts/images.sh and imported into the runtime; then the chart installed
+# kube-router, the NetworkPolicy test's engine, with Debian's ipset, and
+# CoreDNS as the cluster DNS (scripts/node-tools.sh, Go module proxy, cached
+# beside the other upstream programs), the images built from the static
+# binaries above by scripts/images.sh and imported into the runtime; then the chart installed
 # with `helm install`. When the runtime or a program cannot be had here, the
 # tier is SKIPPED, loudly, with the exact error; a failing test fails.
 skip_node() {
@@ -204,7 +204,7 @@ skip_node() {
 }
 if [ "${MOUNTGUARD_SKIP_NODE:-0}" != 1 ] && [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 ] \
     && [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ] && [ -n "${upstream_bin:-}" ]; then
-    log "real node: containerd, runc, CNI plugins, iptables, ipset (Debian); kube-proxy, helm, kube-router (cached)"
+    log "real node: containerd, runc, CNI plugins, iptables, ipset (Debian); kube-proxy, helm, coredns, kube-router (cached)"
     node_start=$SECONDS
     node_log="$(mktemp)"
     if [ "$(id -u)" != 0 ]; then

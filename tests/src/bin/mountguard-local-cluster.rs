@@ -1,6 +1,6 @@
 //! A one-node cluster on this machine with the chart installed, for
 //! looking at mountguard as an operator meets it: the real control plane,
-//! the real kubelet on containerd, kube-proxy, the rig's cluster DNS, the
+//! the real kubelet on containerd, kube-proxy, CoreDNS, the
 //! images built by scripts/images.sh, `helm install` of charts/mountguard,
 //! and Prometheus scraping the controller and the agent with the chart's
 //! alert rules. Run by `scripts/local-cluster.sh` (which builds and
@@ -60,7 +60,7 @@ fn shell_quote(v: &str) -> String {
 async fn up(state: &Path) -> Result<(), String> {
     std::fs::create_dir_all(state).map_err(|e| format!("{}: {e}", state.display()))?;
     let _ = std::fs::remove_file(state.join("ready"));
-    eprintln!("==> starting the control plane, containerd, the kubelet, kube-proxy, DNS");
+    eprintln!("==> starting the control plane, containerd, the kubelet, kube-proxy, CoreDNS");
     let node = match RealNode::start().await {
         Ok(Ok(n)) => n,
         Ok(Err(why)) => {

@@ -19,7 +19,9 @@ use std::time::Duration;
 
 use super::containerd::{Containerd, Unavailable};
 use super::kubelet::RealKubelet;
-use super::services::{ApiForwarder, ClusterDns, KubeProxy, publish_kubernetes_endpoint};
+use super::services::{
+    ApiForwarder, CLUSTER_DOMAIN, CoreDns, KubeProxy, publish_kubernetes_endpoint,
+};
 use super::{RealCluster, repo};
 
 /// The node's name.
@@ -96,7 +98,7 @@ impl Images {
     }
 }
 
-/// The directory of kube-proxy and helm: `$MOUNTGUARD_NODE_TOOLS_BIN`
+/// The directory of kube-proxy, helm and coredns: `$MOUNTGUARD_NODE_TOOLS_BIN`
 /// or what scripts/node-tools.sh prints (it builds what its cache lacks).
 pub fn node_tools() -> Result<PathBuf, Unavailable> {
     if let Some(d) = std::env::var_os("MOUNTGUARD_NODE_TOOLS_BIN") {
@@ -122,8 +124,8 @@ pub fn node_tools() -> Result<PathBuf, Unavailable> {
 pub struct RealNode {
     /// The kubelet (dropped first).
     pub kubelet: RealKubelet,
-    /// Cluster DNS.
-    pub dns: ClusterDns,
+    /// Cluster DNS (CoreDNS).
+    pub dns: CoreDns,
     /// kube-proxy.
     pub proxy: KubeProxy,
     /// Service `kubernetes`'s endpoint on the bridge.
@@ -207,10 +209,18 @@ impl RealNode {
             Ok(p) => p,
             Err(e) => return Ok(Err(Unavailable(format!("kube-proxy: {e}")))),
         };
-        let dns = ClusterDns::start(client.clone(), gateway_ip)
-            .await
-            .map_err(|e| io::Error::other(format!("cluster DNS on {gateway_ip}:53: {e}")))?;
-        let extra = format!("clusterDNS: [{gateway}]\nclusterDomain: cluster.local\n");
+        let dns = match CoreDns::start(
+            &cluster,
+            &tools.join("coredns"),
+            gateway_ip,
+            &dir.path().join("coredns"),
+        )
+        .await
+        {
+            Ok(d) => d,
+            Err(e) => return Ok(Err(Unavailable(format!("coredns: {e}")))),
+        };
+        let extra = format!("clusterDNS: [{gateway}]\nclusterDomain: {CLUSTER_DOMAIN}\n");
         let kubelet =
             match RealKubelet::start_on_cri(&cluster, NODE, &runtime.endpoint(), &extra).await {
                 Ok(k) => k,
@@ -236,7 +246,7 @@ impl RealNode {
     /// The kubelet's, the runtime's and the control plane's last log lines.
     pub fn logs(&self, lines: usize) -> String {
         format!(
-            "{}--- containerd ---\n{}\n--- kube-proxy ---\n{}\n--- cluster DNS queries ---\n{}\n{}",
+            "{}--- containerd ---\n{}\n--- kube-proxy ---\n{}\n--- coredns ---\n{}\n{}",
             self.kubelet.logs(lines),
             self.runtime.log_tail(lines),
             self.proxy.log_tail(lines),

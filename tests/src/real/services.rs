@@ -10,16 +10,17 @@
 //!   `--endpoint-reconciler-type none`, see [`super::RealCluster`]), so
 //!   in-cluster clients dial the ClusterIP 10.0.0.1:443 as anywhere.
 //! - kube-proxy: `mode: iptables`, `masqueradeAll: true` (the pods share one
-//!   bridge and `br_netfilter` is not loaded here: without masquerading
-//!   the reply of a pod to a pod that dialled a ClusterIP would bypass the
-//!   host's conntrack, pkg/proxy/iptables/proxier.go `syncProxyRules`),
+//!   bridge: unless its switched traffic passes iptables, through
+//!   br_netfilter with `bridge-nf-call-iptables`, which a host may turn
+//!   off, the reply of a pod to a pod that dialled a ClusterIP would
+//!   bypass the host's conntrack; masquerading holds either way,
+//!   pkg/proxy/iptables/proxier.go `syncProxyRules`),
 //!   `localhostNodePorts: false` (no `route_localnet` sysctl) and
 //!   `conntrack.maxPerCore: 0` (no conntrack sysctls,
 //!   cmd/kube-proxy/app/server_linux.go `setupConntrack`). Its chains are
 //!   removed at the end with `kube-proxy --cleanup`.
-//! - Cluster DNS on the bridge gateway ([`ClusterDns`], the rig's own
-//!   resolver standing in for CoreDNS, see there); the kubelet's
-//!   `clusterDNS` points at it.
+//! - Cluster DNS: CoreDNS on the bridge gateway ([`CoreDns`]); the
+//!   kubelet's `clusterDNS` points at it.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -284,79 +285,116 @@ impl Drop for KubeProxy {
     }
 }
 
-/// Cluster DNS of the rig: answers `A` queries for
-/// `<service>.<namespace>.svc.cluster.local` with the Service's ClusterIP
-/// (read from the API server at each query), `AAAA` with no record, and
-/// every other name with NXDOMAIN (nothing is forwarded off the machine).
-/// What CoreDNS's `kubernetes` plugin answers for a ClusterIP Service
-/// (plugin/kubernetes/kubernetes.go `Records`, the DNS specification of
-/// kubernetes/dns docs/specification.md, "4.1 Schema": A record for
-/// `<service>.<ns>.svc.<zone>`); CoreDNS itself is served by the module
-/// proxy, but its build (every plugin's dependencies) does not fit this
-/// tier's time on a 2-core machine.
-#[derive(Debug)]
-pub struct ClusterDns {
-    ip: Ipv4Addr,
-    task: tokio::task::JoinHandle<()>,
-    queries: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
-}
-
 /// The cluster domain (the kubelet's `clusterDomain`).
 pub const CLUSTER_DOMAIN: &str = "cluster.local";
 
-impl ClusterDns {
-    /// Listens on `ip`:53 (UDP), answering from `client`.
-    pub async fn start(client: kube::Client, ip: Ipv4Addr) -> io::Result<Self> {
-        let sock = tokio::net::UdpSocket::bind((ip, 53)).await?;
-        let queries = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let log = queries.clone();
-        let task = tokio::spawn(async move {
-            let mut buf = [0u8; 512];
-            while let Ok((n, peer)) = sock.recv_from(&mut buf).await {
-                let Some((id, flags, name, qtype, qend)) = parse_query(&buf[..n]) else {
-                    continue;
-                };
-                if let Ok(mut l) = log.lock() {
-                    l.push(name.clone());
+/// Cluster DNS: CoreDNS (`scripts/node-tools.sh`, built with the plugins
+/// `bind`, `ready`, `errors`, `log` and `kubernetes` only) on `<ip>:53`,
+/// UDP and TCP, authoritative for [`CLUSTER_DOMAIN`] from the API server
+/// (its `kubernetes` plugin, as the admin). Nothing is forwarded off the
+/// machine: it has no server block for other names, which it refuses.
+/// Every query is logged as `<client> <proto> <type> <name> <rcode>`
+/// ([`Self::queries`]).
+#[derive(Debug)]
+pub struct CoreDns {
+    /// Killed and reaped on drop.
+    child: ChildGuard,
+    ip: Ipv4Addr,
+}
+
+/// One query in CoreDNS's log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsQuery {
+    /// The client's address.
+    pub client: String,
+    /// `udp` or `tcp`.
+    pub proto: String,
+    /// The query type (`A`, `AAAA`, ...).
+    pub qtype: String,
+    /// The name asked, fully qualified (trailing dot).
+    pub name: String,
+    /// The answer's rcode (`NOERROR`, `NXDOMAIN`, ...).
+    pub rcode: String,
+}
+
+/// The `log` plugin's format of [`CoreDns`]'s Corefile (placeholders of
+/// plugin/pkg/replacer/replacer.go), parsed back by [`parse_query_log`].
+const QUERY_LOG_FORMAT: &str = "query {remote} {proto} {type} {name} {rcode}";
+
+/// The queries in a CoreDNS log written with [`QUERY_LOG_FORMAT`]
+/// (plugin/log/log.go `ServeDNS` writes each through `clog.Info`, as
+/// `[INFO] <line>`).
+fn parse_query_log(log: &str) -> Vec<DnsQuery> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = l.split_once("[INFO] query ")?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let [client, proto, qtype, name, rcode] = f[..] else {
+                return None;
+            };
+            Some(DnsQuery {
+                client: client.to_string(),
+                proto: proto.to_string(),
+                qtype: qtype.to_string(),
+                name: name.to_string(),
+                rcode: rcode.to_string(),
+            })
+        })
+        .collect()
+}
+
+impl CoreDns {
+    /// Starts CoreDNS (`binary`) on `ip`:53 with a Corefile in `dir`;
+    /// waits until its `ready` endpoint answers 200, which it does once the
+    /// `kubernetes` plugin's informers have synced
+    /// (plugin/kubernetes/ready.go `Ready`).
+    pub async fn start(
+        cluster: &RealCluster,
+        binary: &Path,
+        ip: Ipv4Addr,
+        dir: &Path,
+    ) -> io::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let ready = free_addr()?;
+        let corefile = dir.join("Corefile");
+        std::fs::write(
+            &corefile,
+            format!(
+                "{CLUSTER_DOMAIN}:53 {{
+    bind {ip}
+    ready {ready}
+    errors
+    log . \"{QUERY_LOG_FORMAT}\"
+    kubernetes {CLUSTER_DOMAIN} {{
+        kubeconfig {kc}
+    }}
+}}
+",
+                kc = cluster.kubeconfig_path().display()
+            ),
+        )?;
+        let mut cmd = Command::new(binary);
+        cmd.arg("-conf").arg(&corefile).current_dir(dir);
+        let mut child = ChildGuard::spawn("coredns", cmd, &cluster.logs_dir().join("coredns.log"))?;
+        let url = format!("http://{ready}/ready");
+        let r = poll("CoreDNS to be ready", Duration::from_secs(60), || {
+            let url = url.clone();
+            let exited = child.exited();
+            async move {
+                if exited.is_some() {
+                    return Some(false);
                 }
-                let answer = match (qtype, service_of(&name)) {
-                    (1, Some((svc, ns))) => {
-                        match raw(
-                            &client,
-                            "GET",
-                            &format!("/api/v1/namespaces/{ns}/services/{svc}"),
-                            None,
-                        )
-                        .await
-                        {
-                            Ok((200, s)) => s["spec"]["clusterIP"]
-                                .as_str()
-                                .and_then(|a| a.parse::<Ipv4Addr>().ok())
-                                .map(|a| vec![a]),
-                            _ => None,
-                        }
-                    }
-                    // AAAA and other types of an existing name: no record.
-                    (_, Some((svc, ns))) => {
-                        match raw(
-                            &client,
-                            "GET",
-                            &format!("/api/v1/namespaces/{ns}/services/{svc}"),
-                            None,
-                        )
-                        .await
-                        {
-                            Ok((200, _)) => Some(Vec::new()),
-                            _ => None,
-                        }
-                    }
-                    _ => None,
-                };
-                let reply = build_reply(id, flags, &buf[12..qend], answer.as_deref());
-                let _ = sock.send_to(&reply, peer).await;
+                crate::mountguard::http_get(&url).await.ok().map(|_| true)
             }
-        });
-        Ok(Self { ip, task, queries })
+        })
+        .await;
+        if !matches!(r, Ok(true)) {
+            return Err(io::Error::other(format!(
+                "CoreDNS did not become ready on {ip}:53 ({r:?}):\n{}",
+                child.log_tail(30)
+            )));
+        }
+        Ok(Self { child, ip })
     }
 
     /// Its address (the pods' nameserver).
@@ -364,81 +402,15 @@ impl ClusterDns {
         self.ip
     }
 
-    /// The names asked so far.
-    pub fn queries(&self) -> Vec<String> {
-        self.queries.lock().map(|q| q.clone()).unwrap_or_default()
+    /// The queries it answered so far, from its log.
+    pub fn queries(&self) -> Vec<DnsQuery> {
+        parse_query_log(&self.log_tail(usize::MAX))
     }
 
-    /// The names asked, as a log tail.
+    /// The end of its log.
     pub fn log_tail(&self, lines: usize) -> String {
-        let q = self.queries();
-        q[q.len().saturating_sub(lines)..].join("\n")
+        self.child.log_tail(lines)
     }
-}
-
-impl Drop for ClusterDns {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// `(service, namespace)` of `<svc>.<ns>.svc.cluster.local`.
-fn service_of(name: &str) -> Option<(String, String)> {
-    let rest = name
-        .trim_end_matches('.')
-        .to_ascii_lowercase()
-        .strip_suffix(&format!(".svc.{CLUSTER_DOMAIN}"))?
-        .to_string();
-    let (svc, ns) = rest.split_once('.')?;
-    (!svc.is_empty() && !ns.is_empty() && !ns.contains('.'))
-        .then(|| (svc.to_string(), ns.to_string()))
-}
-
-/// `(id, flags, name, qtype, end of the question)` of a one-question query
-/// (RFC 1035 4.1).
-fn parse_query(m: &[u8]) -> Option<(u16, u16, String, u16, usize)> {
-    if m.len() < 12 || u16::from_be_bytes([m[4], m[5]]) != 1 || m[2] & 0x80 != 0 {
-        return None;
-    }
-    let id = u16::from_be_bytes([m[0], m[1]]);
-    let flags = u16::from_be_bytes([m[2], m[3]]);
-    let mut i = 12;
-    let mut labels = Vec::new();
-    loop {
-        let len = *m.get(i)? as usize;
-        i += 1;
-        if len == 0 {
-            break;
-        }
-        if len > 63 {
-            return None;
-        }
-        labels.push(String::from_utf8_lossy(m.get(i..i + len)?).into_owned());
-        i += len;
-    }
-    let qtype = u16::from_be_bytes([*m.get(i)?, *m.get(i + 1)?]);
-    Some((id, flags, labels.join("."), qtype, i + 4))
-}
-
-/// The reply: the question echoed, `answer` as A records (TTL 5 s), or
-/// NXDOMAIN when `None`.
-fn build_reply(id: u16, qflags: u16, question: &[u8], answer: Option<&[Ipv4Addr]>) -> Vec<u8> {
-    let rcode: u16 = if answer.is_some() { 0 } else { 3 };
-    // QR, the query's opcode and RD, AA, RA, rcode.
-    let flags = 0x8000 | (qflags & 0x7900) | 0x0400 | 0x0080 | rcode;
-    let an = answer.map_or(0, <[Ipv4Addr]>::len) as u16;
-    let mut r = Vec::with_capacity(512);
-    r.extend_from_slice(&id.to_be_bytes());
-    r.extend_from_slice(&flags.to_be_bytes());
-    r.extend_from_slice(&1u16.to_be_bytes());
-    r.extend_from_slice(&an.to_be_bytes());
-    r.extend_from_slice(&[0, 0, 0, 0]);
-    r.extend_from_slice(question);
-    for a in answer.unwrap_or(&[]) {
-        r.extend_from_slice(&[0xC0, 0x0C, 0, 1, 0, 1, 0, 0, 0, 5, 0, 4]);
-        r.extend_from_slice(&a.octets());
-    }
-    r
 }
 
 #[cfg(test)]
@@ -446,36 +418,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_query_for_a_service_name_is_parsed_and_answered() {
-        // dig +norec mountguard-controller.mountguard-system.svc.cluster.local A
-        let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
-        for l in [
-            "mountguard-controller",
-            "mountguard-system",
-            "svc",
-            "cluster",
-            "local",
-        ] {
-            q.push(l.len() as u8);
-            q.extend_from_slice(l.as_bytes());
-        }
-        q.extend_from_slice(&[0, 0, 1, 0, 1]);
-        let (id, flags, name, qtype, end) = parse_query(&q).expect("query");
-        assert_eq!((id, qtype, end), (0x1234, 1, q.len()));
+    fn query_log_lines_are_parsed_and_other_lines_skipped() {
+        let log = "\
+.:53 on 10.213.7.1
+[INFO] plugin/ready: Still waiting on: \"kubernetes\"
+[INFO] query 10.213.7.5 udp A mg-mountguard.mountguard-system.svc.cluster.local. NOERROR
+[INFO] query 10.213.7.5 udp AAAA x.svc.cluster.local. NXDOMAIN
+";
+        let q = parse_query_log(log);
+        assert_eq!(q.len(), 2, "{q:?}");
         assert_eq!(
-            service_of(&name),
-            Some(("mountguard-controller".into(), "mountguard-system".into()))
+            q[0],
+            DnsQuery {
+                client: "10.213.7.5".into(),
+                proto: "udp".into(),
+                qtype: "A".into(),
+                name: "mg-mountguard.mountguard-system.svc.cluster.local.".into(),
+                rcode: "NOERROR".into(),
+            }
         );
-        assert_eq!(service_of("a.b.svc.cluster.local.x"), None);
         assert_eq!(
-            service_of("x.mountguard-system.svc.mountguard-system.svc.cluster.local"),
-            None
+            (q[1].qtype.as_str(), q[1].rcode.as_str()),
+            ("AAAA", "NXDOMAIN")
         );
-        let r = build_reply(id, flags, &q[12..end], Some(&[Ipv4Addr::new(10, 0, 0, 7)]));
-        assert_eq!(&r[..4], &[0x12, 0x34, 0x85, 0x80]);
-        assert_eq!(&r[6..8], &[0, 1]);
-        assert_eq!(&r[r.len() - 4..], &[10, 0, 0, 7]);
-        let nx = build_reply(id, flags, &q[12..end], None);
-        assert_eq!(nx[3] & 0x0f, 3);
     }
 }

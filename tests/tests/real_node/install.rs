@@ -6,6 +6,7 @@ use std::time::Duration;
 use mountguard_tests::mountguard::poll;
 use mountguard_tests::real::real_node::NODE;
 use mountguard_tests::real::real_node::RealNode;
+use mountguard_tests::real::services::CLUSTER_DOMAIN;
 use mountguard_tests::real::{create, ensure_namespace, raw, wait_for_default_service_account};
 use mountguard_tests::real_node_or_skip;
 use serde_json::{Value, json};
@@ -72,6 +73,17 @@ async fn real_node_helm_install_runs_agent_and_controller_ready_as_containers() 
         let lines: Vec<&str> = body.lines().filter(|l| l.contains("report")).collect();
         panic!("{e}\n{}\n{}", lines.join("\n"), node.logs(30));
     }
+    // The name it asked CoreDNS for, from its own pod, and was answered.
+    let agent_ip = agent["status"]["podIP"].as_str().expect("agent IP");
+    let service = format!("{CONTROLLER}.{NAMESPACE}.svc.{CLUSTER_DOMAIN}.");
+    let queries = node.dns.queries();
+    assert!(
+        queries.iter().any(|q| q.client == agent_ip
+            && q.qtype == "A"
+            && q.name == service
+            && q.rcode == "NOERROR"),
+        "CoreDNS answered the agent ({agent_ip}) no A query for {service}: {queries:#?}"
+    );
 
     // The controller reads the cluster with the chart's RBAC only: no
     // request of its ServiceAccount was refused.
