@@ -205,24 +205,13 @@ conntrack:
             cmd,
             &cluster.logs_dir().join("kube-proxy.log"),
         )?;
-        let url = format!("http://{healthz}/healthz");
-        let r = poll("kube-proxy to be healthy", Duration::from_secs(60), || {
-            let url = url.clone();
-            let exited = child.exited();
-            async move {
-                if exited.is_some() {
-                    return Some(false);
-                }
-                crate::mountguard::http_get(&url).await.ok().map(|_| true)
-            }
-        })
-        .await;
-        if !matches!(r, Ok(true)) {
-            return Err(io::Error::other(format!(
-                "kube-proxy did not become healthy ({r:?}):\n{}",
-                child.log_tail(30)
-            )));
-        }
+        wait_answering(
+            &mut child,
+            &format!("http://{healthz}/healthz"),
+            "kube-proxy to be healthy",
+            "kube-proxy did not become healthy",
+        )
+        .await?;
         Ok(Self {
             child: Some(child),
             binary: binary.to_path_buf(),
@@ -376,24 +365,13 @@ impl CoreDns {
         let mut cmd = Command::new(binary);
         cmd.arg("-conf").arg(&corefile).current_dir(dir);
         let mut child = ChildGuard::spawn("coredns", cmd, &cluster.logs_dir().join("coredns.log"))?;
-        let url = format!("http://{ready}/ready");
-        let r = poll("CoreDNS to be ready", Duration::from_secs(60), || {
-            let url = url.clone();
-            let exited = child.exited();
-            async move {
-                if exited.is_some() {
-                    return Some(false);
-                }
-                crate::mountguard::http_get(&url).await.ok().map(|_| true)
-            }
-        })
-        .await;
-        if !matches!(r, Ok(true)) {
-            return Err(io::Error::other(format!(
-                "CoreDNS did not become ready on {ip}:53 ({r:?}):\n{}",
-                child.log_tail(30)
-            )));
-        }
+        wait_answering(
+            &mut child,
+            &format!("http://{ready}/ready"),
+            "CoreDNS to be ready",
+            &format!("CoreDNS did not become ready on {ip}:53"),
+        )
+        .await?;
         Ok(Self { child, ip })
     }
 
@@ -410,6 +388,35 @@ impl CoreDns {
     /// The end of its log.
     pub fn log_tail(&self, lines: usize) -> String {
         self.child.log_tail(lines)
+    }
+}
+
+/// Polls `url` (at most 60 s, as `waiting_for`) until it answers while
+/// `child` runs; else `failure` with the child's last log lines.
+async fn wait_answering(
+    child: &mut ChildGuard,
+    url: &str,
+    waiting_for: &str,
+    failure: &str,
+) -> io::Result<()> {
+    let r = poll(waiting_for, Duration::from_secs(60), || {
+        let url = url.to_string();
+        let exited = child.exited();
+        async move {
+            if exited.is_some() {
+                return Some(false);
+            }
+            crate::mountguard::http_get(&url).await.ok().map(|_| true)
+        }
+    })
+    .await;
+    if matches!(r, Ok(true)) {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "{failure} ({r:?}):\n{}",
+            child.log_tail(30)
+        )))
     }
 }
 
