@@ -393,18 +393,26 @@ pub async fn wait_ready(
     base: &str,
     timeout: Duration,
 ) -> Result<(), String> {
+    wait_answering(child, &format!("{base}/readyz"), timeout).await
+}
+
+/// Waits until `GET url` answers while `child` runs (a process's health or
+/// readiness endpoint); an error with the end of its log if it exits first
+/// or does not answer within `timeout`.
+pub async fn wait_answering(
+    child: &mut ChildGuard,
+    url: &str,
+    timeout: Duration,
+) -> Result<(), String> {
     let name = child.name().to_string();
-    let ready = poll(&format!("{name} to be ready"), timeout, || {
+    let ready = poll(&format!("{name} to answer {url}"), timeout, || {
         let exited = child.exited();
         let name = name.clone();
         async move {
             if exited.is_some() {
                 return Some(Err(format!("{name} exited ({exited:?})")));
             }
-            http_get(&format!("{base}/readyz"))
-                .await
-                .ok()
-                .map(|_| Ok(()))
+            http_get(url).await.ok().map(|_| Ok(()))
         }
     })
     .await;

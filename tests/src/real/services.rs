@@ -32,7 +32,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{RealCluster, raw};
-use crate::mountguard::{ChildGuard, free_addr, poll};
+use crate::mountguard::{ChildGuard, free_addr, wait_answering};
 
 /// Forwards TCP connections from `listen` to the API server.
 #[derive(Debug)]
@@ -208,10 +208,10 @@ conntrack:
         wait_answering(
             &mut child,
             &format!("http://{healthz}/healthz"),
-            "kube-proxy to be healthy",
-            "kube-proxy did not become healthy",
+            Duration::from_secs(60),
         )
-        .await?;
+        .await
+        .map_err(|e| io::Error::other(format!("kube-proxy did not become healthy: {e}")))?;
         Ok(Self {
             child: Some(child),
             binary: binary.to_path_buf(),
@@ -368,10 +368,10 @@ impl CoreDns {
         wait_answering(
             &mut child,
             &format!("http://{ready}/ready"),
-            "CoreDNS to be ready",
-            &format!("CoreDNS did not become ready on {ip}:53"),
+            Duration::from_secs(60),
         )
-        .await?;
+        .await
+        .map_err(|e| io::Error::other(format!("CoreDNS did not become ready on {ip}:53: {e}")))?;
         Ok(Self { child, ip })
     }
 
@@ -388,35 +388,6 @@ impl CoreDns {
     /// The end of its log.
     pub fn log_tail(&self, lines: usize) -> String {
         self.child.log_tail(lines)
-    }
-}
-
-/// Polls `url` (at most 60 s, as `waiting_for`) until it answers while
-/// `child` runs; else `failure` with the child's last log lines.
-async fn wait_answering(
-    child: &mut ChildGuard,
-    url: &str,
-    waiting_for: &str,
-    failure: &str,
-) -> io::Result<()> {
-    let r = poll(waiting_for, Duration::from_secs(60), || {
-        let url = url.to_string();
-        let exited = child.exited();
-        async move {
-            if exited.is_some() {
-                return Some(false);
-            }
-            crate::mountguard::http_get(&url).await.ok().map(|_| true)
-        }
-    })
-    .await;
-    if matches!(r, Ok(true)) {
-        Ok(())
-    } else {
-        Err(io::Error::other(format!(
-            "{failure} ({r:?}):\n{}",
-            child.log_tail(30)
-        )))
     }
 }
 
