@@ -96,6 +96,21 @@ impl Aarch64Handler {
         Ok(handler)
     }
 
+    /// Whether the host already has an enabled or disabled rule whose
+    /// interpreter is an aarch64 emulator (one of its own, registered
+    /// before this test).
+    pub fn host_has_one() -> bool {
+        std::fs::read_dir(BINFMT_DIR)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .any(|s| {
+                s.lines()
+                    .any(|l| l.starts_with("interpreter ") && l.contains("aarch64"))
+            })
+    }
+
     /// The kernel's view of the rule (interpreter, flags, magic).
     pub fn state(&self) -> io::Result<String> {
         std::fs::read_to_string(&self.entry)

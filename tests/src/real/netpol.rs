@@ -223,6 +223,22 @@ impl NetworkPolicyEngine {
         Ok(Self { child: Some(child) })
     }
 
+    /// Its rules in the filter table (`iptables-save` lines naming one of
+    /// its chains), for failure messages.
+    pub fn rules(&self) -> String {
+        let Ok(out) = Command::new("iptables-save")
+            .args(["-t", "filter"])
+            .output()
+        else {
+            return String::new();
+        };
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| CHAIN_PREFIXES.iter().any(|p| l.contains(p)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     /// The end of its log.
     pub fn log_tail(&self, lines: usize) -> String {
         self.child

@@ -256,6 +256,15 @@ impl RealNode {
     }
 }
 
+/// Prints that test `what` is skipped and why: a loud banner on stderr and
+/// the `SKIPPED: <what>: <why>` line on stdout that scripts/test.sh
+/// repeats at the end of the tier.
+pub fn print_skipped(what: &str, why: &str) {
+    let bar = "!".repeat(72);
+    eprintln!("\n{bar}\n!!! SKIPPED: {what}: {why}\n{bar}\n");
+    println!("SKIPPED: {what}: {why}");
+}
+
 /// Starts a [`RealNode`], or prints `SKIPPED: <reason>` and returns `None`.
 #[macro_export]
 macro_rules! real_node_or_skip {
@@ -263,17 +272,10 @@ macro_rules! real_node_or_skip {
         match $crate::real::real_node::RealNode::start().await {
             Ok(Ok(node)) => node,
             Ok(Err(why)) => {
-                eprintln!(
-                    "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+                $crate::real::real_node::print_skipped(
+                    $what,
+                    &format!("the real-node runtime cannot run here: {why}"),
                 );
-                eprintln!(
-                    "!!! SKIPPED: {}: the real-node runtime cannot run here: {}",
-                    $what, why
-                );
-                eprintln!(
-                    "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-                );
-                println!("SKIPPED: {}: {}", $what, why);
                 return;
             }
             Err(e) => panic!("the real control plane did not start: {e}"),

@@ -14,20 +14,13 @@
 use std::time::Duration;
 
 use mountguard_tests::real::binfmt::Aarch64Handler;
-use mountguard_tests::real::real_node::NODE;
+use mountguard_tests::real::real_node::{NODE, print_skipped};
 use mountguard_tests::real::{create, ensure_namespace, wait_for_default_service_account};
 use mountguard_tests::real_node_or_skip;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::harness::wait_pod_ready;
-
-fn skipped(what: &str, why: &str) {
-    eprintln!("\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
-    eprintln!("!!! SKIPPED: {what}: {why}");
-    eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n");
-    println!("SKIPPED: {what}: {why}");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_node_arm64_agent_image_under_qemu_reports_the_same_inventory_as_amd64() {
@@ -88,11 +81,16 @@ async fn real_node_arm64_agent_image_under_qemu_reports_the_same_inventory_as_am
         .into_iter()
         .flatten()
         .map(|m| {
-            format!("{}/{}", m["platform"]["os"], m["platform"]["architecture"]).replace('"', "")
+            let p = &m["platform"];
+            format!(
+                "{}/{}",
+                p["os"].as_str().unwrap_or(""),
+                p["architecture"].as_str().unwrap_or("")
+            )
         })
         .collect();
     if !platforms.iter().any(|p| p == "linux/arm64") {
-        skipped(
+        print_skipped(
             WHAT,
             &format!(
                 "the agent image {} has no linux/arm64 manifest ({platforms:?}): \
@@ -139,16 +137,7 @@ async fn real_node_arm64_agent_image_under_qemu_reports_the_same_inventory_as_am
     // Without a rule for arm64 programs, the arm64 container cannot start
     // (unless the host registered one of its own, which the rule below
     // then precedes).
-    let host_rule = std::fs::read_dir("/proc/sys/fs/binfmt_misc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .any(|s| {
-            s.lines()
-                .any(|l| l.starts_with("interpreter ") && l.contains("aarch64"))
-        });
-    if !host_rule {
+    if !Aarch64Handler::host_has_one() {
         let out = run(
             "linux/arm64",
             &format!("mg-arm64-none-{pid}"),
@@ -166,7 +155,7 @@ async fn real_node_arm64_agent_image_under_qemu_reports_the_same_inventory_as_am
     let handler = match Aarch64Handler::register() {
         Ok(h) => h,
         Err(why) => {
-            skipped(
+            print_skipped(
                 WHAT,
                 &format!("no binfmt_misc rule for arm64 programs: {why}"),
             );

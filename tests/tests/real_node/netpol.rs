@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use mountguard_tests::mountguard::poll;
 use mountguard_tests::real::netpol::NetworkPolicyEngine;
-use mountguard_tests::real::real_node::{NODE, RealNode, node_tools};
+use mountguard_tests::real::real_node::{NODE, RealNode, node_tools, print_skipped};
 use mountguard_tests::real::{create, ensure_namespace, wait_for_default_service_account};
 use mountguard_tests::real_node_or_skip;
 use serde_json::json;
@@ -141,33 +141,18 @@ async fn real_node_network_policy_admits_the_agents_and_prometheus_and_refuses_o
         {
             Ok(e) => e,
             Err(why) => {
-                eprintln!(
-                    "\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!"
+                print_skipped(
+                    what,
+                    &format!("the NetworkPolicy engine cannot run here: {why}"),
                 );
-                eprintln!("!!! SKIPPED: {what}: the NetworkPolicy engine cannot run here: {why}");
-                eprintln!(
-                    "!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n"
-                );
-                println!("SKIPPED: {what}: {why}");
                 return;
             }
         };
     let diagnostics = || {
-        let rules = Command::new("iptables-save")
-            .args(["-t", "filter"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        let ours: Vec<&str> = rules
-            .lines()
-            .filter(|l| {
-                l.contains("KUBE-ROUTER") || l.contains("KUBE-POD-FW") || l.contains("KUBE-NWPLCY")
-            })
-            .collect();
         format!(
             "--- kube-router ---\n{}\n--- its rules ---\n{}",
             engine.log_tail(30),
-            ours.join("\n")
+            engine.rules()
         )
     };
 
