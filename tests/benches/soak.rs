@@ -230,7 +230,8 @@ fn chart_allocator_env() -> io::Result<Vec<(String, String)>> {
 }
 
 impl Soak {
-    async fn start(nodes: usize) -> io::Result<Self> {
+    /// `allocator`: the variables of [`chart_allocator_env`].
+    async fn start(nodes: usize, allocator: &[(String, String)]) -> io::Result<Self> {
         let cluster = Cluster::builder().nodes(nodes).slinky().start().await?;
         let identities = deploy_agent_identities(&cluster).await?;
         let report_addr = free_addr()?;
@@ -266,9 +267,7 @@ impl Soak {
         }
         // The allocator settings the chart gives the controller's pod, so
         // the memory measured is the memory the chart's pod would hold.
-        for (k, v) in chart_allocator_env()? {
-            cmd.env(k, v);
-        }
+        cmd.envs(allocator.iter().map(|(k, v)| (k, v)));
         let log = cluster.dir().join("controller.log");
         let mut controller = ChildGuard::spawn("controller", cmd, &log)?;
         let metrics_base = format!("http://{metrics_addr}");
@@ -351,7 +350,8 @@ struct Done {
 }
 
 async fn run(o: &Opts) -> io::Result<bool> {
-    let mut sys = Soak::start(o.nodes).await?;
+    let allocator = chart_allocator_env()?;
+    let mut sys = Soak::start(o.nodes, &allocator).await?;
     let api = sys.cluster.api();
     let slurm = sys.cluster.slurm();
     let nodes = sys.cluster.node_names();
@@ -373,10 +373,7 @@ async fn run(o: &Opts) -> io::Result<bool> {
         o.rotate_every.as_secs(),
         o.sample_every.as_secs()
     );
-    let alloc: Vec<String> = chart_allocator_env()?
-        .into_iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
+    let alloc: Vec<String> = allocator.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!(
         "soak: controller allocator settings (the chart's): {}",
         alloc.join(" ")
