@@ -313,6 +313,51 @@ pub async fn install(node: &RealNode, helm: &Helm, extra: &[&str]) -> (Value, Va
     (agent, controller)
 }
 
+/// `helm upgrade` of the release with the values it has plus `set` (each
+/// `--set` value), as docs/install.md changes a setting; returns Helm's
+/// output, which says `STATUS: deployed`.
+pub fn upgrade(helm: &Helm, set: &[&str]) -> String {
+    let chart = chart();
+    let mut args = vec![
+        "upgrade",
+        RELEASE,
+        chart.as_str(),
+        "--namespace",
+        NAMESPACE,
+        "--reuse-values",
+    ];
+    for v in set {
+        args.extend(["--set", v]);
+    }
+    let out = helm.ok(&args);
+    assert!(out.contains("STATUS: deployed"), "helm upgrade:\n{out}");
+    out
+}
+
+/// Waits for a Running and Ready controller pod, not being deleted, whose
+/// container spec sets `MOUNTGUARD_REMEDIATION` to `mode` (the pod of the
+/// revision an upgrade made).
+pub async fn controller_with_remediation(node: &RealNode, mode: &str) -> Value {
+    let mode = mode.to_string();
+    let what = format!(" with remediation {mode}");
+    component_pod_where(
+        node,
+        "controller",
+        &what,
+        Duration::from_secs(240),
+        move |p| {
+            p["spec"]["containers"][0]["env"]
+                .as_array()
+                .is_some_and(|env| {
+                    env.iter().any(|e| {
+                        e["name"] == "MOUNTGUARD_REMEDIATION" && e["value"] == mode.as_str()
+                    })
+                })
+        },
+    )
+    .await
+}
+
 /// The documents of one chart template as `helm template` renders it
 /// (the `monitoring.coreos.com/v1` API assumed), as JSON.
 pub fn rendered(helm: &Helm, template: &str, set: &[&str]) -> Vec<Value> {

@@ -36,6 +36,23 @@ pub struct Prometheus {
     child: ChildGuard,
     url: String,
     dir: PathBuf,
+    /// The jobs, in the order of their target files (`targets-<i>.json`).
+    jobs: Vec<String>,
+}
+
+/// Writes the file-based service discovery file of `t` (`file_sd_configs`):
+/// one group, its address and labels, replaced whole by a rename so that
+/// Prometheus never reads half a file.
+fn write_targets(path: &Path, t: &Target) -> io::Result<()> {
+    let labels: serde_json::Map<String, serde_json::Value> = t
+        .labels
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    let doc = serde_json::json!([{"targets": [t.addr], "labels": labels}]);
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, doc.to_string())?;
+    std::fs::rename(&tmp, path)
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -60,18 +77,14 @@ impl Prometheus {
         std::fs::create_dir_all(dir.join("data"))?;
         std::fs::write(dir.join("rules.yaml"), rules)?;
         let mut scrape = String::new();
-        for t in targets {
-            let labels: Vec<String> = t
-                .labels
-                .iter()
-                .map(|(k, v)| format!("{k}: {}", serde_json::to_string(v).unwrap_or_default()))
-                .collect();
+        for (i, t) in targets.iter().enumerate() {
+            let file = dir.join(format!("targets-{i}.json"));
+            write_targets(&file, t)?;
             scrape.push_str(&format!(
-                "  - job_name: {job}\n    honor_labels: {honor}\n    static_configs:\n      - targets: [\"{addr}\"]\n        labels: {{{labels}}}\n",
+                "  - job_name: {job}\n    honor_labels: {honor}\n    file_sd_configs:\n      - files: [{file}]\n        refresh_interval: 2s\n",
                 job = serde_json::to_string(&t.job).unwrap_or_default(),
                 honor = t.honor_labels,
-                addr = t.addr,
-                labels = labels.join(", ")
+                file = serde_json::to_string(&file.to_string_lossy()).unwrap_or_default(),
             ));
         }
         let config = format!(
@@ -115,7 +128,20 @@ impl Prometheus {
             child,
             url,
             dir: dir.to_path_buf(),
+            jobs: targets.iter().map(|t| t.job.clone()).collect(),
         })
+    }
+
+    /// Points job `t.job` at `t`'s address and labels (a new controller pod
+    /// after `helm upgrade`, as a ServiceMonitor's endpoints follow it);
+    /// Prometheus reads the file again within its 2 s refresh.
+    pub fn retarget(&self, t: &Target) -> io::Result<()> {
+        let i = self
+            .jobs
+            .iter()
+            .position(|j| *j == t.job)
+            .ok_or_else(|| io::Error::other(format!("no job {} to retarget", t.job)))?;
+        write_targets(&self.dir.join(format!("targets-{i}.json")), t)
     }
 
     /// Its base URL.

@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use mountguard_tests::mountguard::poll;
 use mountguard_tests::real::prometheus::{Prometheus, Target};
+use mountguard_tests::real::raw;
 use mountguard_tests::real::real_node::pinned_rotation;
 use mountguard_tests::real_node_or_skip;
 
+use crate::harness::wait_secret;
 use crate::helm::{Helm, NAMESPACE, chart_rules, controller_honor_labels, install};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,4 +99,24 @@ async fn real_node_alert_kubelet_cache_pinned_fires_in_a_real_prometheus() {
             );
         }
     }
+
+    // The rollout gate on the recreated key, as an operator runs it
+    // (`kubectl mountguard`, docs/install.md): not fresh on this node,
+    // exit 1 naming the pod that pins the old bytes.
+    let (_, key) = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/demo/secrets/slurm-key",
+        None,
+    )
+    .await
+    .expect("secret");
+    let uid = key["metadata"]["uid"].as_str().expect("uid");
+    let bin = tempfile::tempdir().expect("bin");
+    let (code, out, err) = wait_secret(&node, bin.path(), "secret/demo/slurm-key", uid).await;
+    assert_eq!(code, Some(1), "wait on the pinned key:\n{out}\n{err}");
+    assert!(
+        out.contains("worker") && out.contains("pinner"),
+        "wait names the stale pod and its pin:\n{out}"
+    );
 }

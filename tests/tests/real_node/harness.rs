@@ -1,8 +1,9 @@
 //! Helpers of the real-node tests: pods on the real kubelet.
 
+use std::path::Path;
 use std::time::Duration;
 
-use mountguard_tests::mountguard::poll;
+use mountguard_tests::mountguard::{binary, poll};
 use mountguard_tests::real::raw;
 use mountguard_tests::real::real_node::RealNode;
 use serde_json::Value;
@@ -64,4 +65,63 @@ pub fn host_mounts_under(dir: &str) -> Vec<String> {
         .filter(|l| l.split(' ').nth(4).is_some_and(|m| m.starts_with(dir)))
         .map(String::from)
         .collect()
+}
+
+/// `kubectl mountguard <args>` (the controller binary under its plugin
+/// name, docs/install.md) with the rig's admin kubeconfig (a client
+/// certificate: the plugin mints a token of the chart's status reader):
+/// `(exit code, stdout, stderr)`.
+pub async fn kubectl_mountguard(
+    node: &RealNode,
+    dir: &Path,
+    args: &[&str],
+) -> (Option<i32>, String, String) {
+    let link = dir.join("kubectl-mountguard");
+    if !link.exists() {
+        std::os::unix::fs::symlink(binary("mountguard-controller").expect("binary"), &link)
+            .expect("link");
+    }
+    let mut cmd = tokio::process::Command::new(&link);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MOUNTGUARD_") || k == "KUBECONFIG" {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .arg("--kubeconfig")
+        .arg(node.cluster.kubeconfig_path())
+        .args(args)
+        .output()
+        .await
+        .expect("plugin runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `kubectl mountguard wait <target> --uid <uid>` for 15 s, asking every
+/// second ([`kubectl_mountguard`]): `(exit code, stdout, stderr)`.
+pub async fn wait_secret(
+    node: &RealNode,
+    dir: &Path,
+    target: &str,
+    uid: &str,
+) -> (Option<i32>, String, String) {
+    kubectl_mountguard(
+        node,
+        dir,
+        &[
+            "wait",
+            target,
+            "--uid",
+            uid,
+            "--timeout",
+            "15s",
+            "--interval",
+            "1s",
+        ],
+    )
+    .await
 }

@@ -21,6 +21,7 @@ mod install;
 mod local_cluster;
 mod netpol;
 mod runtime;
+mod toggle;
 mod upgrade;
 
 use mountguard_tests::real::helm;

@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 
 use crate::harness::container_id;
 use crate::helm::{
-    CONTROLLER, Helm, NAMESPACE, RELEASE, chart, component_pod_where, install, uninstall_args,
+    CONTROLLER, Helm, NAMESPACE, RELEASE, controller_with_remediation, install, uninstall_args,
+    upgrade,
 };
 
 /// The release's instance label selector, URL-encoded.
@@ -31,29 +32,6 @@ fn process_env(node: &mountguard_tests::real::real_node::RealNode, pod: &Value) 
         .split('\0')
         .map(str::to_string)
         .collect()
-}
-
-/// Waits for a Running and Ready controller pod, not being deleted, whose
-/// container spec sets `MOUNTGUARD_REMEDIATION` to `mode`.
-async fn controller_with(node: &mountguard_tests::real::real_node::RealNode, mode: &str) -> Value {
-    let mode = mode.to_string();
-    let what = format!(" with remediation {mode}");
-    component_pod_where(
-        node,
-        "controller",
-        &what,
-        Duration::from_secs(240),
-        move |p| {
-            p["spec"]["containers"][0]["env"]
-                .as_array()
-                .is_some_and(|env| {
-                    env.iter().any(|e| {
-                        e["name"] == "MOUNTGUARD_REMEDIATION" && e["value"] == mode.as_str()
-                    })
-                })
-        },
-    )
-    .await
 }
 
 /// Whether the controller's ClusterRoles (the release's) grant
@@ -114,29 +92,15 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
     )
     .await
     .expect("token secret");
-    let chart = chart();
-    let upgrade = |extra: Vec<&'static str>| {
-        let mut args = vec![
-            "upgrade",
-            RELEASE,
-            chart.as_str(),
-            "--namespace",
-            NAMESPACE,
-            "--reuse-values",
-        ];
-        args.extend(extra);
-        helm.ok(&args)
-    };
-    let out = upgrade(vec![
-        "--set",
-        "remediation.mode=dry-run",
-        "--set",
-        "remediation.slurmrestd.url=http://slurm-restapi.slurm.svc:6820",
-        "--set",
-        "remediation.slurmrestd.tokenSecret.name=slurm-token-mountguard",
-    ]);
-    assert!(out.contains("STATUS: deployed"), "helm upgrade:\n{out}");
-    let dry = controller_with(&node, "dry-run").await;
+    upgrade(
+        &helm,
+        &[
+            "remediation.mode=dry-run",
+            "remediation.slurmrestd.url=http://slurm-restapi.slurm.svc:6820",
+            "remediation.slurmrestd.tokenSecret.name=slurm-token-mountguard",
+        ],
+    );
+    let dry = controller_with_remediation(&node, "dry-run").await;
     assert_ne!(
         dry["metadata"]["uid"], first["metadata"]["uid"],
         "a new pod"
@@ -154,9 +118,8 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
         "remediation dry-run grants eviction"
     );
 
-    let out = upgrade(vec!["--set", "remediation.mode=off"]);
-    assert!(out.contains("STATUS: deployed"), "helm upgrade:\n{out}");
-    let off = controller_with(&node, "off").await;
+    upgrade(&helm, &["remediation.mode=off"]);
+    let off = controller_with_remediation(&node, "off").await;
     assert!(process_env(&node, &off).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()));
     assert!(
         !may_evict(&client).await,

@@ -1,0 +1,368 @@
+//! The remediation toggle flipped with `helm upgrade` on the real node, as
+//! an operator flips it: with remediation off a stale pod of an opted-in
+//! Deployment is reported, alerted by a real Prometheus and gated by
+//! `kubectl mountguard wait`, never touched; `helm upgrade --set
+//! remediation.mode=on` and the controller's new pod repairs it through
+//! the real Eviction API (the real ReplicaSet controller and scheduler
+//! make the replacement, the real kubelet on containerd writes its
+//! volume), the alert resolves and the gate opens; `helm upgrade --set
+//! remediation.mode=off` and a new stale pod is only reported again.
+
+use std::time::Duration;
+
+use mountguard_tests::mountguard::poll;
+use mountguard_tests::real::prometheus::{Prometheus, Target};
+use mountguard_tests::real::real_node::{NODE, RealNode};
+use mountguard_tests::real::{create, ensure_namespace, raw, wait_for_default_service_account};
+use mountguard_tests::real_node_or_skip;
+use serde_json::{Value, json};
+
+use crate::harness::{kubectl_mountguard, wait_secret};
+use crate::helm::{
+    CONTROLLER, Helm, NAMESPACE, chart_rules, controller_honor_labels, controller_with_remediation,
+    install, upgrade,
+};
+
+/// The namespace of the workload.
+const NS: &str = "shop";
+/// The immutable Secret the workload mounts (volume `key`, file `app.key`).
+const SECRET: &str = "app-key";
+/// The Deployment (label `app: workers`), opted in to remediation.
+const DEPLOYMENT: &str = "workers";
+
+fn secret(value: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "immutable": true,
+        "metadata": {"name": SECRET, "namespace": NS},
+        "stringData": {"app.key": value}})
+}
+
+/// Deletes the immutable Secret and creates it again with `value`: the
+/// kubelet keeps serving the running pod the old bytes
+/// (pkg/kubelet/util/manager/watch_based_manager.go: an immutable object's
+/// item is no longer watched while a registered pod references it).
+/// Returns the new object's UID.
+async fn swap_secret(client: &kube::Client, value: &str) -> String {
+    let path = format!("/api/v1/namespaces/{NS}/secrets/{SECRET}");
+    let (code, body) = raw(client, "DELETE", &path, None).await.expect("delete");
+    assert_eq!(code, 200, "DELETE {path}: {body}");
+    let created = create(client, &secret(value)).await.expect("secret");
+    created["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string()
+}
+
+/// The Deployment's one pod that runs and is not being deleted.
+async fn running_worker(client: &kube::Client, not: Option<&str>) -> Value {
+    let path = format!("/api/v1/namespaces/{NS}/pods?labelSelector=app%3D{DEPLOYMENT}");
+    let what = format!("a Running pod of {NS}/{DEPLOYMENT} other than {not:?}");
+    poll(&what, Duration::from_secs(240), || {
+        let (client, path) = (client.clone(), path.clone());
+        async move {
+            let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
+            list["items"]
+                .as_array()?
+                .iter()
+                .find(|p| {
+                    p["status"]["phase"] == "Running"
+                        && p["metadata"]["deletionTimestamp"].is_null()
+                        && not.is_none_or(|uid| p["metadata"]["uid"] != uid)
+                })
+                .cloned()
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The bytes of `app.key` the kubelet wrote for pod `uid`.
+fn served(node: &RealNode, uid: &str) -> Vec<u8> {
+    std::fs::read(node.kubelet.root().join(format!(
+        "pods/{uid}/volumes/kubernetes.io~secret/key/app.key"
+    )))
+    .unwrap_or_default()
+}
+
+/// The scrape target of controller pod `pod`, with the labels
+/// prometheus-operator's relabelling gives it.
+fn target(helm: &Helm, pod: &Value) -> Target {
+    Target {
+        job: "mountguard-controller".into(),
+        addr: format!("{}:8080", pod["status"]["podIP"].as_str().expect("IP")),
+        labels: vec![
+            ("namespace".into(), NAMESPACE.into()),
+            (
+                "pod".into(),
+                pod["metadata"]["name"].as_str().unwrap_or("").into(),
+            ),
+        ],
+        honor_labels: controller_honor_labels(helm),
+    }
+}
+
+/// Waits until Prometheus has `MountguardStaleMount` firing for pod
+/// `pod`; fails with the series and alerts it has and the node's logs.
+async fn stale_alert_firing(node: &RealNode, prom: &Prometheus, pod: &str) {
+    let alert = poll(
+        &format!("MountguardStaleMount firing for {pod}"),
+        Duration::from_secs(180),
+        || async {
+            let alerts = prom.alerts().await.ok()?;
+            alerts
+                .iter()
+                .any(|(n, s, l)| n == "MountguardStaleMount" && s == "firing" && l["pod"] == pod)
+                .then_some(())
+        },
+    )
+    .await;
+    if let Err(e) = alert {
+        panic!(
+            "{e}\nstates: {:#?}\nalerts: {:?}\n{}",
+            prom.query("mountguard_mount_state > 0").await,
+            prom.alerts().await,
+            node.logs(30)
+        );
+    }
+}
+
+/// The controller's writes that remediation makes (an eviction, a pod
+/// deletion, a write to a node, a Deployment or a ReplicaSet), from the
+/// API server's audit log: `(auditID, verb, requestURI)`. Events, its
+/// Lease, its TokenReviews and the patch of its own pod's label are not
+/// remediation.
+fn remediation_writes(node: &RealNode) -> Vec<(String, String, String)> {
+    let user = format!("system:serviceaccount:{NAMESPACE}:{CONTROLLER}");
+    node.cluster
+        .audit_events()
+        .iter()
+        .filter(|e| e["user"]["username"] == user.as_str() && e["stage"] == "ResponseComplete")
+        .filter(|e| {
+            matches!(
+                e["verb"].as_str(),
+                Some("create" | "update" | "patch" | "delete")
+            )
+        })
+        .filter(|e| {
+            let r = e["objectRef"]["resource"].as_str().unwrap_or("");
+            let sub = e["objectRef"]["subresource"].as_str().unwrap_or("");
+            let verb = e["verb"].as_str().unwrap_or("");
+            matches!(
+                (r, sub, verb),
+                ("pods", "eviction", _)
+                    | ("pods", "", "delete")
+                    | ("nodes", _, _)
+                    | ("deployments", _, _)
+                    | ("replicasets", _, _)
+            )
+        })
+        .map(|e| {
+            (
+                e["auditID"].as_str().unwrap_or("").to_string(),
+                e["verb"].as_str().unwrap_or("").to_string(),
+                e["requestURI"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_pod_and_off_writes_nothing() {
+    let node = real_node_or_skip!(
+        "real_node_helm_upgrade_toggle_on_repairs_the_stale_pod_and_off_writes_nothing"
+    );
+    let helm = Helm::new(&node);
+    // What may be remediated is configured; the toggle stays off.
+    let (_, first) = install(
+        &node,
+        &helm,
+        &[
+            "--set",
+            "controller.grace=10s",
+            "--set",
+            "remediation.delay=5s",
+            "--set",
+            "remediation.workloads.kinds={deployment}",
+        ],
+    )
+    .await;
+    let client = node.cluster.client().await.expect("client");
+    let rules = chart_rules(&helm, &["metrics.prometheusRule.for.staleMount=0m"]);
+    let pdir = tempfile::tempdir().expect("dir");
+    let prom = Prometheus::start(
+        pdir.path(),
+        &node.cluster.logs_dir().join("prometheus.log"),
+        &[target(&helm, &first)],
+        &rules,
+    )
+    .await
+    .expect("prometheus");
+    prom.wait_scraped("mountguard-controller", Duration::from_secs(60))
+        .await
+        .expect("scraped");
+
+    // The opted-in Deployment: one pod mounting the immutable Secret; a
+    // grace period above 0 (docs/remediation.md, "Workloads").
+    ensure_namespace(&client, NS).await.expect("namespace");
+    wait_for_default_service_account(&client, NS)
+        .await
+        .expect("service account");
+    create(&client, &secret("key-1")).await.expect("secret");
+    create(
+        &client,
+        &json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": DEPLOYMENT, "namespace": NS,
+                "annotations": {"mountguard.io/remediate": "evict"}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": DEPLOYMENT}},
+                "template": {"metadata": {"labels": {"app": DEPLOYMENT}},
+                    "spec": {"automountServiceAccountToken": false,
+                        "terminationGracePeriodSeconds": 5,
+                        "containers": [{"name": "c", "image": node.images.pause,
+                            "imagePullPolicy": "Never",
+                            "volumeMounts": [{"name": "key", "mountPath": "/etc/app",
+                                "readOnly": true}]}],
+                        "volumes": [{"name": "key", "secret": {"secretName": SECRET}}]}}}}),
+    )
+    .await
+    .expect("deployment");
+    let old = running_worker(&client, None).await;
+    let old_uid = old["metadata"]["uid"].as_str().expect("uid").to_string();
+    let old_name = old["metadata"]["name"].as_str().expect("name").to_string();
+    poll("the first key served", Duration::from_secs(60), || async {
+        (served(&node, &old_uid) == b"key-1").then_some(())
+    })
+    .await
+    .expect("served");
+
+    // Off: the rotation leaves the pod stale; it is alerted and gated,
+    // and nothing is written.
+    let new_secret_uid = swap_secret(&client, "key-2").await;
+    stale_alert_firing(&node, &prom, &old_name).await;
+    let bin = tempfile::tempdir().expect("bin");
+    let target_secret = format!("secret/{NS}/{SECRET}");
+    let (code, out, err) = wait_secret(&node, bin.path(), &target_secret, &new_secret_uid).await;
+    assert_eq!(code, Some(1), "wait with the pod stale:\n{out}\n{err}");
+    assert!(out.contains(&old_name), "wait names the stale pod:\n{out}");
+    assert_eq!(served(&node, &old_uid), b"key-1", "the kubelet's cache");
+    assert_eq!(
+        remediation_writes(&node),
+        [],
+        "remediation off writes nothing"
+    );
+
+    // On: the new controller pod repairs it.
+    upgrade(&helm, &["remediation.mode=on"]);
+    let on = controller_with_remediation(&node, "on").await;
+    prom.retarget(&target(&helm, &on)).expect("retarget");
+    let new = running_worker(&client, Some(&old_uid)).await;
+    let new_uid = new["metadata"]["uid"].as_str().expect("uid").to_string();
+    let new_name = new["metadata"]["name"].as_str().expect("name").to_string();
+    poll(
+        "the current key served to the replacement",
+        Duration::from_secs(60),
+        || async { (served(&node, &new_uid) == b"key-2").then_some(()) },
+    )
+    .await
+    .expect("served");
+    let (code, out, err) = kubectl_mountguard(
+        &node,
+        bin.path(),
+        &[
+            "wait",
+            &format!("deploy/{NS}/{DEPLOYMENT}"),
+            "--timeout",
+            "120s",
+            "--interval",
+            "1s",
+        ],
+    )
+    .await;
+    assert_eq!(code, Some(0), "wait after the repair:\n{out}\n{err}");
+    // The new controller is scraped (its mounts counted Fresh under its
+    // pod's target label), it has no series of a mount of the workload's
+    // namespace that is not Fresh (the gauge lists only those), and no
+    // stale-mount alert is left firing.
+    let on_name = on["metadata"]["name"].as_str().expect("name").to_string();
+    let resolved = poll(
+        "the new controller scraped, the workload Fresh, the alert resolved",
+        Duration::from_secs(120),
+        || async {
+            let scraped = prom
+                .query(&format!(
+                    "mountguard_mounts{{state=\"Fresh\",pod=\"{on_name}\"}} > 0"
+                ))
+                .await
+                .ok()?;
+            let not_fresh = prom
+                .query(&format!("mountguard_mount_state{{namespace=\"{NS}\"}} > 0"))
+                .await
+                .ok()?;
+            let alerts = prom.alerts().await.ok()?;
+            (!scraped.is_empty()
+                && not_fresh.is_empty()
+                && !alerts
+                    .iter()
+                    .any(|(n, s, _)| n == "MountguardStaleMount" && s == "firing"))
+            .then_some(())
+        },
+    )
+    .await;
+    if let Err(e) = resolved {
+        panic!(
+            "{e}\nmounts: {:#?}\nstates: {:#?}\nalerts: {:?}",
+            prom.query("mountguard_mounts").await,
+            prom.query("mountguard_mount_state > 0").await,
+            prom.alerts().await
+        );
+    }
+    let writes = remediation_writes(&node);
+    let evictions: Vec<&str> = writes
+        .iter()
+        .map(|(_, v, uri)| (v, uri.split('?').next().unwrap_or("")))
+        .filter(|(v, path)| *v == "create" && path.ends_with("/eviction"))
+        .map(|(_, path)| path)
+        .collect();
+    assert_eq!(
+        evictions,
+        [format!("/api/v1/namespaces/{NS}/pods/{old_name}/eviction").as_str()],
+        "one eviction, of the stale pod: {writes:#?}"
+    );
+    assert!(
+        !writes
+            .iter()
+            .any(|(_, v, uri)| v == "delete" && uri.contains("/pods/")),
+        "evicted, never deleted: {writes:#?}"
+    );
+
+    // Off again: a new rotation is reported and alerted, nothing written.
+    upgrade(&helm, &["remediation.mode=off"]);
+    let off = controller_with_remediation(&node, "off").await;
+    prom.retarget(&target(&helm, &off)).expect("retarget");
+    let before: Vec<String> = remediation_writes(&node)
+        .into_iter()
+        .map(|(id, _, _)| id)
+        .collect();
+    swap_secret(&client, "key-3").await;
+    stale_alert_firing(&node, &prom, &new_name).await;
+    // Well past the delay and the grace: still the same pod, no write.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let after: Vec<(String, String, String)> = remediation_writes(&node)
+        .into_iter()
+        .filter(|(id, _, _)| !before.contains(id))
+        .collect();
+    assert_eq!(after, [], "remediation off again writes nothing");
+    let still = running_worker(&client, None).await;
+    assert_eq!(still["metadata"]["uid"], new_uid.as_str(), "not replaced");
+    assert_eq!(served(&node, &new_uid), b"key-2", "still the cached key");
+    let (_, n) = raw(&client, "GET", &format!("/api/v1/nodes/{NODE}"), None)
+        .await
+        .expect("node");
+    assert!(
+        !n["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"].as_str().is_some_and(|k| k.contains("mountguard"))),
+        "no hold taint left on the node: {}",
+        n["spec"]["taints"]
+    );
+}
