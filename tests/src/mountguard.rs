@@ -502,6 +502,35 @@ pub fn binary(name: &str) -> io::Result<PathBuf> {
     }
 }
 
+/// `kubectl-mountguard` in `dir/bin`: a symlink to the controller binary,
+/// as docs/install.md installs the kubectl plugin.
+pub fn kubectl_plugin(dir: &Path) -> io::Result<PathBuf> {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let link = bin.join("kubectl-mountguard");
+    if !link.exists() {
+        std::os::unix::fs::symlink(binary("mountguard-controller")?, &link)?;
+    }
+    Ok(link)
+}
+
+/// A command of `program` without the test environment's `MOUNTGUARD_*`
+/// and `KUBECONFIG`, its stdin empty, its output piped, killed when
+/// dropped.
+pub fn clean_command(program: &Path) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(program);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MOUNTGUARD_") || k == "KUBECONFIG" {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
 /// A child process killed (and reaped) on drop.
 #[derive(Debug)]
 pub struct ChildGuard {

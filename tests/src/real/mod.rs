@@ -546,9 +546,14 @@ impl RealCluster {
         self.slurm.as_ref().map(|d| d.url())
     }
 
+    /// The slurmrestd double's address (loopback).
+    pub fn slurmrestd_addr(&self) -> Option<std::net::SocketAddr> {
+        self.slurm.as_ref().map(|d| d.addr())
+    }
+
     /// The slurmrestd double's IPv4 address.
     pub fn slurmrestd_ip(&self) -> Option<std::net::Ipv4Addr> {
-        match self.slurm.as_ref()?.addr().ip() {
+        match self.slurmrestd_addr()?.ip() {
             std::net::IpAddr::V4(ip) => Some(ip),
             std::net::IpAddr::V6(_) => None,
         }

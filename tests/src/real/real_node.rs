@@ -20,7 +20,7 @@ use std::time::Duration;
 use super::containerd::{Containerd, Unavailable};
 use super::kubelet::RealKubelet;
 use super::services::{
-    ApiForwarder, CLUSTER_DOMAIN, CoreDns, KubeProxy, publish_kubernetes_endpoint,
+    CLUSTER_DOMAIN, CoreDns, KubeProxy, TcpForwarder, publish_kubernetes_endpoint,
 };
 use super::{RealCluster, repo};
 
@@ -129,7 +129,10 @@ pub struct RealNode {
     /// kube-proxy.
     pub proxy: KubeProxy,
     /// Service `kubernetes`'s endpoint on the bridge.
-    pub forwarder: ApiForwarder,
+    pub forwarder: TcpForwarder,
+    /// The slurmrestd double's address on the bridge
+    /// ([`RealNode::start_with_slinky`]).
+    pub slurmrestd: Option<TcpForwarder>,
     /// The runtime (dropped after the kubelet).
     pub runtime: Containerd,
     /// The control plane (dropped last).
@@ -143,11 +146,26 @@ pub struct RealNode {
 impl RealNode {
     /// Starts everything; `Ok(Err(_))` when the runtime cannot run here.
     pub async fn start() -> io::Result<Result<Self, Unavailable>> {
-        let cluster = RealCluster::builder()
-            .nodes(0)
-            .without_slinky_crds()
-            .start()
-            .await?;
+        Self::start_opts(false).await
+    }
+
+    /// [`RealNode::start`] with the Slinky side: the Slinky CRDs, the
+    /// slurmrestd double (reachable from pods on the bridge gateway,
+    /// [`RealNode::slurmrestd_url`]) and the NodeSet double and slurmd
+    /// bridge ([`super::slinky`]) for this node's kubelet root.
+    pub async fn start_with_slinky() -> io::Result<Result<Self, Unavailable>> {
+        Self::start_opts(true).await
+    }
+
+    async fn start_opts(slinky: bool) -> io::Result<Result<Self, Unavailable>> {
+        let builder = RealCluster::builder().nodes(0);
+        let mut cluster = if slinky {
+            builder.slinky_doubles(false)
+        } else {
+            builder.without_slinky_crds()
+        }
+        .start()
+        .await?;
         let dir = tempfile::Builder::new()
             .prefix("mountguard-node-")
             .tempdir()?;
@@ -195,7 +213,7 @@ impl RealNode {
             .parse()
             .map_err(|e| io::Error::other(format!("gateway {gateway}: {e}")))?;
         let client = cluster.client().await?;
-        let forwarder = ApiForwarder::start(gateway_ip, cluster.api_addr()).await?;
+        let forwarder = TcpForwarder::start(gateway_ip, cluster.api_addr()).await?;
         publish_kubernetes_endpoint(&client, forwarder.addr()).await?;
         let proxy = match KubeProxy::start(
             &cluster,
@@ -231,16 +249,33 @@ impl RealNode {
                     ))));
                 }
             };
+        let slurmrestd = match cluster.slurmrestd_addr() {
+            Some(addr) if slinky => {
+                let roots = [(NODE.to_string(), kubelet.root().to_path_buf())].into();
+                cluster.start_slinky_doubles(roots).await?;
+                Some(TcpForwarder::start(gateway_ip, addr).await?)
+            }
+            _ => None,
+        };
         Ok(Ok(Self {
             kubelet,
             dns,
             proxy,
             forwarder,
+            slurmrestd,
             runtime,
             cluster,
             images,
             _dir: dir,
         }))
+    }
+
+    /// The slurmrestd double's URL for pods (its address on the bridge),
+    /// with [`RealNode::start_with_slinky`].
+    pub fn slurmrestd_url(&self) -> Option<String> {
+        self.slurmrestd
+            .as_ref()
+            .map(|f| format!("http://{}", f.addr()))
     }
 
     /// The kubelet's, the runtime's and the control plane's last log lines.
@@ -269,7 +304,10 @@ pub fn print_skipped(what: &str, why: &str) {
 #[macro_export]
 macro_rules! real_node_or_skip {
     ($what:expr) => {
-        match $crate::real::real_node::RealNode::start().await {
+        $crate::real_node_or_skip!($what, start)
+    };
+    ($what:expr, $start:ident) => {
+        match $crate::real::real_node::RealNode::$start().await {
             Ok(Ok(node)) => node,
             Ok(Err(why)) => {
                 $crate::real::real_node::print_skipped(

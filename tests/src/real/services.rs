@@ -4,7 +4,7 @@
 //! ClusterIPs). All of it answers on the rig's bridge only.
 //!
 //! - The API server listens on loopback; a pod's 127.0.0.1 is its own. The
-//!   rig forwards `<bridge gateway>:<port>` to it ([`ApiForwarder`]) and
+//!   rig forwards `<bridge gateway>:<port>` to it ([`TcpForwarder`]) and
 //!   publishes that address as the EndpointSlice of Service
 //!   `default/kubernetes` (the API server runs with
 //!   `--endpoint-reconciler-type none`, see [`super::RealCluster`]), so
@@ -34,22 +34,24 @@ use serde_json::json;
 use super::{RealCluster, raw};
 use crate::mountguard::{ChildGuard, free_addr, wait_answering};
 
-/// Forwards TCP connections from `listen` to the API server.
+/// Forwards TCP connections from an address pods reach (on the node's
+/// bridge) to a server of the rig on loopback: the API server, the
+/// slurmrestd double.
 #[derive(Debug)]
-pub struct ApiForwarder {
+pub struct TcpForwarder {
     addr: SocketAddr,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl ApiForwarder {
-    /// Listens on `ip` (a free port) and forwards to `api`.
-    pub async fn start(ip: Ipv4Addr, api: SocketAddr) -> io::Result<Self> {
+impl TcpForwarder {
+    /// Listens on `ip` (a free port) and forwards to `to`.
+    pub async fn start(ip: Ipv4Addr, to: SocketAddr) -> io::Result<Self> {
         let listener = tokio::net::TcpListener::bind((ip, 0)).await?;
         let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 tokio::spawn(async move {
-                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(api).await {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(to).await {
                         let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
                     }
                 });
@@ -58,13 +60,13 @@ impl ApiForwarder {
         Ok(Self { addr, task })
     }
 
-    /// The address pods reach the API server on.
+    /// The address pods reach the server on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 }
 
-impl Drop for ApiForwarder {
+impl Drop for TcpForwarder {
     fn drop(&mut self) {
         self.task.abort();
     }

@@ -23,6 +23,7 @@
 //!   slurmctld's ([`crate::operator::prestop`]).
 
 use std::collections::BTreeMap;
+use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +35,10 @@ use tokio::task::JoinHandle;
 use super::node::{ExecHook, PreStop};
 use super::objects::RealObjects;
 use crate::apiserver::resources;
-use crate::cluster::{AUTH_SECRET, JWT_SECRET, SLURM_NAMESPACE};
+use crate::cluster::{
+    AUTH_SECRET, HOOKS_CONFIGMAP, JWT_SECRET, NODESET, PDB, SLURM_CLUSTER, SLURM_NAMESPACE,
+    SSHD_CONFIGMAP,
+};
 use crate::nodeset::{LABEL_POD_HOSTNAME, NodeSetDouble};
 use crate::objects::Objects;
 use crate::slurmrestd::SlurmHandle;
@@ -47,6 +51,72 @@ pub fn slurmd_prestop_command() -> Value {
         "-c",
         "scontrol update nodename=$(hostname) state=down reason='slurm-operator: Pod is terminating';"
     ])
+}
+
+fn b64(b: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+/// The first `slurm.key` of [`create_auth_and_hooks`] (1024 bytes).
+pub fn first_slurm_key() -> Vec<u8> {
+    (0..1024u32).map(|i| (i * 7 + 3) as u8).collect()
+}
+
+/// The slurm namespace with what every Slinky setup of the rig mounts:
+/// the immutable `slurm.key` ([`first_slurm_key`]) and `jwt.key` Secrets
+/// and the hooks ConfigMap.
+pub async fn create_auth_and_hooks(client: &kube::Client) -> io::Result<()> {
+    super::ensure_namespace(client, SLURM_NAMESPACE).await?;
+    for o in [
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"slurm.key": b64(&first_slurm_key())}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"jwt.key": b64(&[7u8; 32])}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": HOOKS_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"99-mountguard.sh": "#!/bin/sh\nexit 0\n"}}),
+    ] {
+        super::create(client, &o).await?;
+    }
+    Ok(())
+}
+
+/// The Slinky objects the NodeSet double works from:
+/// [`create_auth_and_hooks`], the sshd ConfigMap, the workers' PDB
+/// (`maxUnavailable: 0` over `pod-protect`, as the operator's
+/// `BuildClusterWorkerPodDisruptionBudget`) and NodeSet [`NODESET`] of
+/// `replicas` pods from `template`; waits for the namespace's default
+/// ServiceAccount (ServiceAccount admission needs it). Returns the
+/// NodeSet's UID.
+pub async fn create_nodeset(
+    client: &kube::Client,
+    replicas: usize,
+    template: Value,
+) -> io::Result<String> {
+    create_auth_and_hooks(client).await?;
+    for o in [
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": SSHD_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"sshd_config": "Port 22\nUsePAM yes\n"}}),
+        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": PDB, "namespace": SLURM_NAMESPACE},
+               "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"nodeset.slinky.slurm.net/pod-protect": "true"}}}}),
+    ] {
+        super::create(client, &o).await?;
+    }
+    let nodeset = super::create(
+        client,
+        &json!({
+            "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+            "metadata": {"name": NODESET, "namespace": SLURM_NAMESPACE},
+            "spec": {
+                "controllerRef": {"name": SLURM_CLUSTER, "namespace": SLURM_NAMESPACE},
+                "replicas": replicas,
+                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
+                "template": template,
+            },
+        }),
+    )
+    .await?;
+    super::wait_for_default_service_account(client, SLURM_NAMESPACE).await?;
+    nodeset["metadata"]["uid"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| io::Error::other(format!("the NodeSet has no UID: {nodeset}")))
 }
 
 /// The relative path of `slurm.key` in a slurmd pod's directory.

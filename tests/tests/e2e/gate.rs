@@ -6,14 +6,13 @@
 //! the API server double's service proxy, with a kubeconfig) and as
 //! `mountguard-controller wait --url`.
 
-use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use mountguard_tests::apiserver::{ApiHandle, DeleteOptions, proxy, resources};
 use mountguard_tests::cluster::{AUTH_SECRET, Cluster, JWT_SECRET, NODESET, SLURM_NAMESPACE};
-use mountguard_tests::mountguard::binary;
+use mountguard_tests::mountguard::{binary, clean_command as command, kubectl_plugin};
 use mountguard_tests::scenario::{
     PINNING_POD, add_pinning_pod, served_key, slurmd_pod, wait_for_slurmd_pods,
 };
@@ -56,33 +55,6 @@ fn rotate_carrying_labels(api: &ApiHandle) -> (Vec<u8>, String) {
     assert_eq!(created["metadata"]["labels"], old["metadata"]["labels"]);
     let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
     (key, uid)
-}
-
-/// `kubectl-mountguard` in a directory of the test: a symlink to the
-/// controller binary, as docs/install.md installs it.
-fn plugin(dir: &Path) -> PathBuf {
-    let bin = dir.join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    let link = bin.join("kubectl-mountguard");
-    if !link.exists() {
-        std::os::unix::fs::symlink(binary("mountguard-controller").unwrap(), &link).unwrap();
-    }
-    link
-}
-
-/// A command without the environment's `MOUNTGUARD_*` and `KUBECONFIG`.
-fn command(program: &Path) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(program);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("MOUNTGUARD_") || k == "KUBECONFIG" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
 }
 
 /// Exposes the controller's metrics port behind the chart's metrics
@@ -173,7 +145,7 @@ async fn rotation_gate_passes_through_kubectl_plugin_only_once_every_slurmd_is_s
     let pods = four_workers_two_pinning_each_other(&sys).await;
     wait_all_fresh(&sys).await;
     expose_metrics(&sys);
-    let kubectl_mountguard = plugin(sys.cluster.dir());
+    let kubectl_mountguard = kubectl_plugin(sys.cluster.dir()).unwrap();
     opt_in(&sys);
 
     let (key, uid) = rotate_carrying_labels(&api);
@@ -395,7 +367,7 @@ async fn wait_exits_2_on_bad_input_and_when_the_controller_is_unreachable() {
         ),
     )
     .unwrap();
-    let out = command(&plugin(dir.path()))
+    let out = command(&kubectl_plugin(dir.path()).unwrap())
         .env("KUBECONFIG", &kubeconfig)
         .args(["wait", TARGET, "--timeout", "5s"])
         .output()

@@ -12,10 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use base64::Engine as _;
-use mountguard_tests::cluster::{
-    AUTH_SECRET, HOOKS_CONFIGMAP, JWT_SECRET, NODESET, PDB, SLURM_CLUSTER, SLURM_NAMESPACE,
-    SSHD_CONFIGMAP, slurmd_template,
-};
+use mountguard_tests::cluster::{NODESET, SLURM_CLUSTER, SLURM_NAMESPACE, slurmd_template};
 use mountguard_tests::mountguard::{ChildGuard, binary, free_addr, poll, tail, wait_ready};
 use mountguard_tests::nodeset::{LABEL_CLUSTER, LABEL_POD_HOSTNAME};
 use mountguard_tests::real::kubelet::RealKubelet;
@@ -672,10 +669,6 @@ fn controller_env(
     env.into_iter().collect()
 }
 
-fn b64(b: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(b)
-}
-
 /// The Slinky-like objects of the cluster in a box, in the real API: auth
 /// Secrets, ConfigMaps, the workers' PDB, the NodeSet (a `slinky.slurm.net`
 /// custom resource of the real CRD), and its slurmd pods, one per node
@@ -683,15 +676,6 @@ fn b64(b: &[u8]) -> String {
 /// otherwise the NodeSet double creates them). With `prestop`, the slurmd
 /// container carries the Slinky worker's preStop hook.
 async fn slinky_objects(client: &kube::Client, nodes: usize, create_pods: bool, prestop: bool) {
-    create_slinky_auth_and_hooks(client).await;
-    let objs = [
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": SSHD_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"sshd_config": "Port 22\nUsePAM yes\n"}}),
-        json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": PDB, "namespace": SLURM_NAMESPACE},
-               "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"nodeset.slinky.slurm.net/pod-protect": "true"}}}}),
-    ];
-    for o in &objs {
-        create(client, o).await.unwrap();
-    }
     let mut template = slurmd_template();
     template["spec"]["automountServiceAccountToken"] = json!(false);
     if prestop {
@@ -699,41 +683,9 @@ async fn slinky_objects(client: &kube::Client, nodes: usize, create_pods: bool, 
             "command": mountguard_tests::real::slinky::slurmd_prestop_command(),
         }}});
     }
-    let nodeset = create(
-        client,
-        &json!({
-            "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
-            "metadata": {"name": NODESET, "namespace": SLURM_NAMESPACE},
-            "spec": {
-                "controllerRef": {"name": SLURM_CLUSTER, "namespace": SLURM_NAMESPACE},
-                "replicas": nodes,
-                "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}},
-                "template": template,
-            },
-        }),
-    )
-    .await
-    .unwrap();
-    let uid = nodeset["metadata"]["uid"].as_str().unwrap().to_string();
-    // ServiceAccount admission needs the namespace's default ServiceAccount
-    // (made by the controller-manager's serviceaccount controller).
-    poll(
-        "the slurm namespace's default ServiceAccount",
-        Duration::from_secs(60),
-        || async {
-            let (code, _) = raw(
-                client,
-                "GET",
-                &format!("/api/v1/namespaces/{SLURM_NAMESPACE}/serviceaccounts/default"),
-                None,
-            )
-            .await
-            .ok()?;
-            (code == 200).then_some(())
-        },
-    )
-    .await
-    .unwrap();
+    let uid = mountguard_tests::real::slinky::create_nodeset(client, nodes, template)
+        .await
+        .unwrap_or_else(|e| panic!("creating the Slinky objects: {e}"));
     for i in 0..nodes {
         if create_pods {
             create(client, &slurmd_pod(i, &uid)).await.unwrap();
@@ -741,27 +693,15 @@ async fn slinky_objects(client: &kube::Client, nodes: usize, create_pods: bool, 
     }
 }
 
-/// The slurm namespace with what both Slinky setups of the rig mount: the
-/// immutable `slurm.key` and `jwt.key` Secrets and the hooks ConfigMap.
-async fn create_slinky_auth_and_hooks(client: &kube::Client) {
-    ensure_namespace(client, SLURM_NAMESPACE).await.unwrap();
-    let key: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
-    for o in [
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"slurm.key": b64(&key)}}),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"jwt.key": b64(&[7u8; 32])}}),
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": HOOKS_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"99-mountguard.sh": "#!/bin/sh\nexit 0\n"}}),
-    ] {
-        create(client, &o).await.unwrap();
-    }
-}
-
 /// The objects of the rig with the real Slinky operator: the auth Secrets
-/// and hooks ConfigMap ([`create_slinky_auth_and_hooks`]; not the PDB of [`slinky_objects`]: the operator makes
+/// and hooks ConfigMap ([`mountguard_tests::real::slinky::create_auth_and_hooks`]; not the PDB of [`slinky_objects`]: the operator makes
 /// the workers' PDB, `workerbuilder` `BuildClusterWorkerPodDisruptionBudget`)
 /// and the operator's custom resources
 /// ([`mountguard_tests::real::operator::custom_resources`]).
 async fn operator_objects(client: &kube::Client, nodes: usize, slurmctld: std::net::Ipv4Addr) {
-    create_slinky_auth_and_hooks(client).await;
+    mountguard_tests::real::slinky::create_auth_and_hooks(client)
+        .await
+        .unwrap_or_else(|e| panic!("creating the Slinky Secrets: {e}"));
     for o in mountguard_tests::real::operator::custom_resources(nodes, slurmctld) {
         create(client, &o)
             .await

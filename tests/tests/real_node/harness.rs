@@ -3,9 +3,11 @@
 use std::path::Path;
 use std::time::Duration;
 
-use mountguard_tests::mountguard::{binary, poll};
+use mountguard_tests::mountguard::{clean_command, kubectl_plugin, poll};
 use mountguard_tests::real::raw;
-use mountguard_tests::real::real_node::RealNode;
+use mountguard_tests::real::real_node::{NODE, RealNode};
+
+use crate::helm::{CONTROLLER, NAMESPACE};
 use serde_json::Value;
 
 /// Waits until pod `ns/name` is Running with every container ready;
@@ -76,17 +78,8 @@ pub async fn kubectl_mountguard(
     dir: &Path,
     args: &[&str],
 ) -> (Option<i32>, String, String) {
-    let link = dir.join("kubectl-mountguard");
-    if !link.exists() {
-        std::os::unix::fs::symlink(binary("mountguard-controller").expect("binary"), &link)
-            .expect("link");
-    }
-    let mut cmd = tokio::process::Command::new(&link);
-    for (k, _) in std::env::vars() {
-        if k.starts_with("MOUNTGUARD_") || k == "KUBECONFIG" {
-            cmd.env_remove(k);
-        }
-    }
+    let link = kubectl_plugin(dir).expect("kubectl-mountguard");
+    let mut cmd = clean_command(&link);
     let out = cmd
         .arg("--kubeconfig")
         .arg(node.cluster.kubeconfig_path())
@@ -124,4 +117,56 @@ pub async fn wait_secret(
         ],
     )
     .await
+}
+
+/// The controller's writes that remediation makes (an eviction, a pod
+/// deletion, a write to a node, a Deployment or a ReplicaSet), from the
+/// API server's audit log: `(auditID, verb, requestURI)`. Events, its
+/// Lease, its TokenReviews and the patch of its own pod's label are not
+/// remediation.
+pub fn remediation_writes(node: &RealNode) -> Vec<(String, String, String)> {
+    let user = format!("system:serviceaccount:{NAMESPACE}:{CONTROLLER}");
+    node.cluster
+        .audit_events()
+        .iter()
+        .filter(|e| e["user"]["username"] == user.as_str() && e["stage"] == "ResponseComplete")
+        .filter(|e| {
+            let r = e["objectRef"]["resource"].as_str().unwrap_or("");
+            let sub = e["objectRef"]["subresource"].as_str().unwrap_or("");
+            let verb = e["verb"].as_str().unwrap_or("");
+            matches!(verb, "create" | "update" | "patch" | "delete")
+                && matches!(
+                    (r, sub, verb),
+                    ("pods", "eviction", _)
+                        | ("pods", "", "delete")
+                        | ("nodes", _, _)
+                        | ("deployments", _, _)
+                        | ("replicasets", _, _)
+                )
+        })
+        .map(|e| {
+            (
+                e["auditID"].as_str().unwrap_or("").to_string(),
+                e["verb"].as_str().unwrap_or("").to_string(),
+                e["requestURI"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Fails unless node [`NODE`] is left without a taint of mountguard's
+/// (its hold).
+pub async fn assert_no_hold_taint(client: &kube::Client) {
+    let (_, n) = raw(client, "GET", &format!("/api/v1/nodes/{NODE}"), None)
+        .await
+        .expect("node");
+    assert!(
+        !n["spec"]["taints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"].as_str().is_some_and(|k| k.contains("mountguard"))),
+        "no hold taint left on the node: {}",
+        n["spec"]["taints"]
+    );
 }

@@ -12,15 +12,15 @@ use std::time::Duration;
 
 use mountguard_tests::mountguard::poll;
 use mountguard_tests::real::prometheus::{Prometheus, Target};
-use mountguard_tests::real::real_node::{NODE, RealNode};
+use mountguard_tests::real::real_node::RealNode;
 use mountguard_tests::real::{create, ensure_namespace, raw, wait_for_default_service_account};
 use mountguard_tests::real_node_or_skip;
 use serde_json::{Value, json};
 
-use crate::harness::{kubectl_mountguard, wait_secret};
+use crate::harness::{assert_no_hold_taint, kubectl_mountguard, remediation_writes, wait_secret};
 use crate::helm::{
-    CONTROLLER, Helm, NAMESPACE, chart_rules, controller_honor_labels, controller_with_remediation,
-    install, upgrade,
+    Helm, NAMESPACE, chart_rules, controller_honor_labels, controller_with_remediation, install,
+    upgrade,
 };
 
 /// The namespace of the workload.
@@ -123,46 +123,6 @@ async fn stale_alert_firing(node: &RealNode, prom: &Prometheus, pod: &str) {
             node.logs(30)
         );
     }
-}
-
-/// The controller's writes that remediation makes (an eviction, a pod
-/// deletion, a write to a node, a Deployment or a ReplicaSet), from the
-/// API server's audit log: `(auditID, verb, requestURI)`. Events, its
-/// Lease, its TokenReviews and the patch of its own pod's label are not
-/// remediation.
-fn remediation_writes(node: &RealNode) -> Vec<(String, String, String)> {
-    let user = format!("system:serviceaccount:{NAMESPACE}:{CONTROLLER}");
-    node.cluster
-        .audit_events()
-        .iter()
-        .filter(|e| e["user"]["username"] == user.as_str() && e["stage"] == "ResponseComplete")
-        .filter(|e| {
-            matches!(
-                e["verb"].as_str(),
-                Some("create" | "update" | "patch" | "delete")
-            )
-        })
-        .filter(|e| {
-            let r = e["objectRef"]["resource"].as_str().unwrap_or("");
-            let sub = e["objectRef"]["subresource"].as_str().unwrap_or("");
-            let verb = e["verb"].as_str().unwrap_or("");
-            matches!(
-                (r, sub, verb),
-                ("pods", "eviction", _)
-                    | ("pods", "", "delete")
-                    | ("nodes", _, _)
-                    | ("deployments", _, _)
-                    | ("replicasets", _, _)
-            )
-        })
-        .map(|e| {
-            (
-                e["auditID"].as_str().unwrap_or("").to_string(),
-                e["verb"].as_str().unwrap_or("").to_string(),
-                e["requestURI"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -353,16 +313,5 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_pod_and_off_writes_n
     let still = running_worker(&client, None).await;
     assert_eq!(still["metadata"]["uid"], new_uid.as_str(), "not replaced");
     assert_eq!(served(&node, &new_uid), b"key-2", "still the cached key");
-    let (_, n) = raw(&client, "GET", &format!("/api/v1/nodes/{NODE}"), None)
-        .await
-        .expect("node");
-    assert!(
-        !n["spec"]["taints"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|t| t["key"].as_str().is_some_and(|k| k.contains("mountguard"))),
-        "no hold taint left on the node: {}",
-        n["spec"]["taints"]
-    );
+    assert_no_hold_taint(&client).await;
 }
