@@ -20,6 +20,7 @@ mod harness;
 mod install;
 mod local_cluster;
 mod netpol;
+mod nodeset;
 mod runtime;
 mod toggle;
 mod upgrade;

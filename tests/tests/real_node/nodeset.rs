@@ -1,0 +1,275 @@
+//! A stale `slurm.key` of a NodeSet worker repaired on the real node by
+//! the controller running as the chart's pod, the toggle flipped with
+//! `helm upgrade`: with remediation off the worker is reported and gated,
+//! nothing is written to Slurm or the cluster; with it on, the controller
+//! drains the Slurm node through slurmrestd, evicts the worker through
+//! the real Eviction API, the NodeSet double makes the replacement, the
+//! real kubelet on containerd writes its volume with the current key,
+//! mountguard verifies it on the node and undrains. The Slurm side is the
+//! slurmrestd double (reached from the pod network on the bridge) and
+//! the slurmd bridge, which starts the replacement's slurmd with the key
+//! the kubelet wrote (`mountguard_tests::real::slinky`).
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use mountguard_core::remediation::REMEDIATE_ANNOTATION;
+use mountguard_tests::cluster::{
+    AUTH_SECRET, JWT_SECRET, NODESET, SLURM_NAMESPACE, slurmd_template,
+};
+use mountguard_tests::mountguard::poll;
+use mountguard_tests::real::real_node::RealNode;
+use mountguard_tests::real::slinky::{create_nodeset, first_slurm_key};
+use mountguard_tests::real::{create, raw};
+use mountguard_tests::real_node_or_skip;
+use mountguard_tests::slurmrestd::{SlurmHandle, WriteRecord};
+use serde_json::{Value, json};
+
+use crate::harness::{assert_no_hold_taint, kubectl_mountguard, remediation_writes, wait_secret};
+use crate::helm::{Helm, controller_with_remediation, install, upgrade};
+
+/// The Slurm user of the tokens the controller mints from `jwt.key`.
+const SLURM_USER: &str = "mountguard";
+
+/// The worker's one pod (ordinal 0), Running and not being deleted, other
+/// than UID `not`.
+async fn running_worker(client: &kube::Client, not: Option<&str>) -> Value {
+    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/pods/{NODESET}-0");
+    let what = format!("{SLURM_NAMESPACE}/{NODESET}-0 Running, other than {not:?}");
+    poll(&what, Duration::from_secs(240), || {
+        let (client, path) = (client.clone(), path.clone());
+        async move {
+            let (_, p) = raw(&client, "GET", &path, None).await.ok()?;
+            (p["status"]["phase"] == "Running"
+                && p["metadata"]["deletionTimestamp"].is_null()
+                && not.is_none_or(|uid| p["metadata"]["uid"] != uid))
+            .then_some(p)
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The `slurm.key` the kubelet wrote for pod `uid` (its projected volume
+/// `slurm-etc`).
+fn served(node: &RealNode, uid: &str) -> Vec<u8> {
+    std::fs::read(node.kubelet.root().join(format!(
+        "pods/{uid}/volumes/kubernetes.io~projected/slurm-etc/slurm.key"
+    )))
+    .unwrap_or_default()
+}
+
+/// Deletes the immutable `slurm.key` Secret and creates it again with
+/// `key` (the seed rotation); the kubelet keeps serving the running
+/// worker the old bytes (pkg/kubelet/util/manager/watch_based_manager.go:
+/// an immutable object's item is no longer watched while a registered pod
+/// references it). Returns the new object's UID.
+async fn rotate(client: &kube::Client, key: &[u8]) -> String {
+    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/secrets/{AUTH_SECRET}");
+    let (code, body) = raw(client, "DELETE", &path, None).await.expect("delete");
+    assert_eq!(code, 200, "DELETE {path}: {body}");
+    let created = create(
+        client,
+        &json!({"apiVersion": "v1", "kind": "Secret", "immutable": true,
+            "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE},
+            "data": {"slurm.key": base64::engine::general_purpose::STANDARD.encode(key)}}),
+    )
+    .await
+    .expect("secret");
+    created["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string()
+}
+
+/// The Slurm writes the controller made (authenticated as
+/// [`SLURM_USER`]).
+fn controller_slurm_writes(slurm: &SlurmHandle) -> Vec<WriteRecord> {
+    slurm
+        .writes()
+        .into_iter()
+        .filter(|w| w.user.as_deref() == Some(SLURM_USER))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drains_and_undrains() {
+    let node = real_node_or_skip!(
+        "real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drains_and_undrains",
+        start_with_slinky
+    );
+    let client = node.cluster.client().await.expect("client");
+    let slurm = node.cluster.slurm().expect("the slurmrestd double");
+    let url = node.slurmrestd_url().expect("slurmrestd on the bridge");
+
+    // The NodeSet, opted in: one worker on the pause image, mounting the
+    // immutable slurm.key, the sshd config by subPath and the hooks.
+    let mut template = slurmd_template();
+    template["spec"]["automountServiceAccountToken"] = json!(false);
+    template["spec"]["terminationGracePeriodSeconds"] = json!(5);
+    template["spec"]["containers"][0]["image"] = json!(node.images.pause);
+    template["spec"]["containers"][0]["imagePullPolicy"] = json!("Never");
+    create_nodeset(&client, 1, template)
+        .await
+        .expect("the Slinky objects");
+    let (code, body) = raw(
+        &client,
+        "PATCH",
+        &format!("/apis/slinky.slurm.net/v1beta1/namespaces/{SLURM_NAMESPACE}/nodesets/{NODESET}"),
+        Some(&json!({"metadata": {"annotations": {REMEDIATE_ANNOTATION: "true"}}})),
+    )
+    .await
+    .expect("opt in");
+    assert_eq!(code, 200, "opting the NodeSet in: {body}");
+
+    // The chart as an operator configures it for Slinky: slurmrestd and
+    // slurmctld's jwt.key, the toggle off.
+    let helm = Helm::new(&node);
+    let settings = [
+        format!("remediation.slurmrestd.url={url}"),
+        format!("remediation.slurmrestd.jwtKeySecret.namespace={SLURM_NAMESPACE}"),
+        format!("remediation.slurmrestd.jwtKeySecret.name={JWT_SECRET}"),
+        format!("remediation.slurmrestd.user={SLURM_USER}"),
+        "remediation.delay=5s".to_string(),
+        "controller.grace=10s".to_string(),
+    ];
+    let extra: Vec<&str> = settings.iter().flat_map(|s| ["--set", s]).collect();
+    install(&node, &helm, &extra).await;
+
+    let old = running_worker(&client, None).await;
+    let old_uid = old["metadata"]["uid"].as_str().expect("uid").to_string();
+    let host = format!("{NODESET}-0");
+    poll(
+        "the worker's slurmd up with the first key",
+        Duration::from_secs(120),
+        || async {
+            (served(&node, &old_uid) == first_slurm_key() && slurm.slurmd_key_matches(&host))
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", node.logs(30)));
+
+    // Off: the rotation leaves the worker's slurmd on the old key; the
+    // gate names it; nothing is written, past the delay and the grace.
+    let new_key: Vec<u8> = (0..1024u32).map(|i| (i * 13 + 5) as u8).collect();
+    let new_secret_uid = rotate(&client, &new_key).await;
+    let bin = tempfile::tempdir().expect("bin");
+    let target = format!("secret/{SLURM_NAMESPACE}/{AUTH_SECRET}");
+    let gated = poll(
+        "wait naming the stale worker",
+        Duration::from_secs(120),
+        || async {
+            let (code, out, err) = wait_secret(&node, bin.path(), &target, &new_secret_uid).await;
+            (code == Some(1) && out.contains(&host)).then_some((out, err))
+        },
+    )
+    .await;
+    if let Err(e) = gated {
+        panic!("{e}\n{}", node.logs(30));
+    }
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(
+        served(&node, &old_uid),
+        first_slurm_key(),
+        "the kubelet's cache"
+    );
+    assert_eq!(
+        running_worker(&client, None).await["metadata"]["uid"],
+        old_uid.as_str()
+    );
+    assert_eq!(
+        controller_slurm_writes(&slurm),
+        [],
+        "no Slurm write while off"
+    );
+    assert_eq!(remediation_writes(&node), [], "no cluster write while off");
+
+    // On: the new controller pod drains, evicts, verifies the replacement
+    // on the node and undrains.
+    upgrade(&helm, &["remediation.mode=on"]);
+    controller_with_remediation(&node, "on").await;
+    let new = running_worker(&client, Some(&old_uid)).await;
+    let new_uid = new["metadata"]["uid"].as_str().expect("uid").to_string();
+    let (code, out, err) = kubectl_mountguard(
+        &node,
+        bin.path(),
+        &[
+            "wait",
+            &format!("nodeset/{SLURM_NAMESPACE}/{NODESET}"),
+            "--timeout",
+            "180s",
+            "--interval",
+            "1s",
+        ],
+    )
+    .await;
+    assert_eq!(
+        code,
+        Some(0),
+        "wait after the repair:\n{out}\n{err}\n{}",
+        node.logs(30)
+    );
+    assert_eq!(served(&node, &new_uid), new_key, "the replacement's key");
+    let undrained = poll(
+        "the Slurm node back in service with the current key",
+        Duration::from_secs(120),
+        || async {
+            let n = slurm.node(&host)?;
+            (slurm.slurmd_key_matches(&host)
+                && !n
+                    .state
+                    .iter()
+                    .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "FAIL" | "NOT_RESPONDING")))
+            .then_some(())
+        },
+    )
+    .await;
+    if let Err(e) = undrained {
+        panic!(
+            "{e}\nnode: {:?}\nwrites: {:#?}\n{}",
+            slurm.node(&host),
+            slurm.writes(),
+            node.logs(30)
+        );
+    }
+    // Slurm: closed with mountguard's reason before anything else, opened
+    // last, every write to this worker's node.
+    let writes = controller_slurm_writes(&slurm);
+    assert!(
+        writes.iter().all(|w| w.node == host && w.status == 200),
+        "{writes:#?}"
+    );
+    let states: Vec<&Value> = writes.iter().map(|w| &w.body["state"]).collect();
+    assert_eq!(
+        states.first(),
+        Some(&&json!(["DRAIN"])),
+        "drained first: {writes:#?}"
+    );
+    assert_eq!(
+        states.last(),
+        Some(&&json!(["RESUME"])),
+        "resumed last: {writes:#?}"
+    );
+    // The cluster: one eviction, of the stale worker, never a delete.
+    let cluster_writes = remediation_writes(&node);
+    let evictions: Vec<&str> = cluster_writes
+        .iter()
+        .filter(|(_, v, uri)| {
+            v == "create" && uri.split('?').next().unwrap_or("").ends_with("/eviction")
+        })
+        .map(|(_, _, uri)| uri.split('?').next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        evictions,
+        [format!("/api/v1/namespaces/{SLURM_NAMESPACE}/pods/{host}/eviction").as_str()],
+        "one eviction, of the stale worker: {cluster_writes:#?}"
+    );
+    assert!(
+        !cluster_writes
+            .iter()
+            .any(|(_, v, uri)| v == "delete" && uri.contains("/pods/")),
+        "evicted, never deleted: {cluster_writes:#?}"
+    );
+    assert_no_hold_taint(&client).await;
+}
