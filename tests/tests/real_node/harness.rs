@@ -4,8 +4,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use mountguard_tests::mountguard::{clean_command, kubectl_plugin, poll};
-use mountguard_tests::real::raw;
 use mountguard_tests::real::real_node::{NODE, RealNode};
+use mountguard_tests::real::{create, raw};
 
 use crate::helm::{CONTROLLER, NAMESPACE};
 use serde_json::Value;
@@ -168,5 +168,86 @@ pub async fn assert_no_hold_taint(client: &kube::Client) {
             .any(|t| t["key"].as_str().is_some_and(|k| k.contains("mountguard"))),
         "no hold taint left on the node: {}",
         n["spec"]["taints"]
+    );
+}
+
+/// A pod of the list `query` (a `labelSelector=` or `fieldSelector=`
+/// of namespace `ns`) that is Running and not being deleted, other than
+/// UID `not`; waits up to 240 s.
+pub async fn running_pod(client: &kube::Client, ns: &str, query: &str, not: Option<&str>) -> Value {
+    let path = format!("/api/v1/namespaces/{ns}/pods?{query}");
+    let what = format!("a Running pod of {ns} ({query}) other than {not:?}");
+    poll(&what, Duration::from_secs(240), || {
+        let (client, path) = (client.clone(), path.clone());
+        async move {
+            let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
+            list["items"]
+                .as_array()?
+                .iter()
+                .find(|p| {
+                    p["status"]["phase"] == "Running"
+                        && p["metadata"]["deletionTimestamp"].is_null()
+                        && not.is_none_or(|uid| p["metadata"]["uid"] != uid)
+                })
+                .cloned()
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The bytes the kubelet wrote for pod `uid` at `volume_file` (relative to
+/// its `volumes/` directory, e.g. `kubernetes.io~secret/key/app.key`);
+/// empty when there is no such file.
+pub fn served(node: &RealNode, uid: &str, volume_file: &str) -> Vec<u8> {
+    std::fs::read(
+        node.kubelet
+            .root()
+            .join(format!("pods/{uid}/volumes/{volume_file}")),
+    )
+    .unwrap_or_default()
+}
+
+/// Deletes immutable Secret `ns/name` and creates `secret` in its place
+/// (the same name): the kubelet keeps serving running pods the old bytes
+/// (pkg/kubelet/util/manager/watch_based_manager.go: an immutable object's
+/// item is no longer watched while a registered pod references it).
+/// Returns the new object's UID.
+pub async fn recreate_secret(client: &kube::Client, secret: &Value) -> String {
+    let path = format!(
+        "/api/v1/namespaces/{}/secrets/{}",
+        secret["metadata"]["namespace"].as_str().expect("namespace"),
+        secret["metadata"]["name"].as_str().expect("name")
+    );
+    let (code, body) = raw(client, "DELETE", &path, None).await.expect("delete");
+    assert_eq!(code, 200, "DELETE {path}: {body}");
+    let created = create(client, secret).await.expect("secret");
+    created["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string()
+}
+
+/// Fails unless the controller's remediation writes
+/// ([`remediation_writes`]) hold exactly one eviction, of pod `ns/pod`, and
+/// no pod deletion.
+pub fn assert_one_eviction(node: &RealNode, ns: &str, pod: &str) {
+    let writes = remediation_writes(node);
+    let evictions: Vec<&str> = writes
+        .iter()
+        .map(|(_, v, uri)| (v, uri.split('?').next().unwrap_or("")))
+        .filter(|(v, path)| *v == "create" && path.ends_with("/eviction"))
+        .map(|(_, path)| path)
+        .collect();
+    assert_eq!(
+        evictions,
+        [format!("/api/v1/namespaces/{ns}/pods/{pod}/eviction").as_str()],
+        "one eviction, of the stale pod: {writes:#?}"
+    );
+    assert!(
+        !writes
+            .iter()
+            .any(|(_, v, uri)| v == "delete" && uri.contains("/pods/")),
+        "evicted, never deleted: {writes:#?}"
     );
 }

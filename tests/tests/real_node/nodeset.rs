@@ -18,14 +18,17 @@ use mountguard_tests::cluster::{
     AUTH_SECRET, JWT_SECRET, NODESET, SLURM_NAMESPACE, slurmd_template,
 };
 use mountguard_tests::mountguard::poll;
+use mountguard_tests::real::raw;
 use mountguard_tests::real::real_node::RealNode;
 use mountguard_tests::real::slinky::{create_nodeset, first_slurm_key};
-use mountguard_tests::real::{create, raw};
 use mountguard_tests::real_node_or_skip;
 use mountguard_tests::slurmrestd::{SlurmHandle, WriteRecord};
 use serde_json::{Value, json};
 
-use crate::harness::{assert_no_hold_taint, kubectl_mountguard, remediation_writes, wait_secret};
+use crate::harness::{
+    assert_no_hold_taint, assert_one_eviction, kubectl_mountguard, recreate_secret,
+    remediation_writes, running_pod, served, wait_secret,
+};
 use crate::helm::{Helm, controller_with_remediation, install, upgrade};
 
 /// The Slurm user of the tokens the controller mints from `jwt.key`.
@@ -34,52 +37,23 @@ const SLURM_USER: &str = "mountguard";
 /// The worker's one pod (ordinal 0), Running and not being deleted, other
 /// than UID `not`.
 async fn running_worker(client: &kube::Client, not: Option<&str>) -> Value {
-    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/pods/{NODESET}-0");
-    let what = format!("{SLURM_NAMESPACE}/{NODESET}-0 Running, other than {not:?}");
-    poll(&what, Duration::from_secs(240), || {
-        let (client, path) = (client.clone(), path.clone());
-        async move {
-            let (_, p) = raw(&client, "GET", &path, None).await.ok()?;
-            (p["status"]["phase"] == "Running"
-                && p["metadata"]["deletionTimestamp"].is_null()
-                && not.is_none_or(|uid| p["metadata"]["uid"] != uid))
-            .then_some(p)
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"))
+    let query = format!("fieldSelector=metadata.name%3D{NODESET}-0");
+    running_pod(client, SLURM_NAMESPACE, &query, not).await
 }
 
 /// The `slurm.key` the kubelet wrote for pod `uid` (its projected volume
 /// `slurm-etc`).
-fn served(node: &RealNode, uid: &str) -> Vec<u8> {
-    std::fs::read(node.kubelet.root().join(format!(
-        "pods/{uid}/volumes/kubernetes.io~projected/slurm-etc/slurm.key"
-    )))
-    .unwrap_or_default()
+fn served_key(node: &RealNode, uid: &str) -> Vec<u8> {
+    served(node, uid, "kubernetes.io~projected/slurm-etc/slurm.key")
 }
 
-/// Deletes the immutable `slurm.key` Secret and creates it again with
-/// `key` (the seed rotation); the kubelet keeps serving the running
-/// worker the old bytes (pkg/kubelet/util/manager/watch_based_manager.go:
-/// an immutable object's item is no longer watched while a registered pod
-/// references it). Returns the new object's UID.
+/// The seed rotation: the immutable `slurm.key` Secret deleted and created
+/// again with `key`; returns the new object's UID.
 async fn rotate(client: &kube::Client, key: &[u8]) -> String {
-    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/secrets/{AUTH_SECRET}");
-    let (code, body) = raw(client, "DELETE", &path, None).await.expect("delete");
-    assert_eq!(code, 200, "DELETE {path}: {body}");
-    let created = create(
-        client,
-        &json!({"apiVersion": "v1", "kind": "Secret", "immutable": true,
-            "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE},
-            "data": {"slurm.key": base64::engine::general_purpose::STANDARD.encode(key)}}),
-    )
-    .await
-    .expect("secret");
-    created["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string()
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "immutable": true,
+        "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE},
+        "data": {"slurm.key": base64::engine::general_purpose::STANDARD.encode(key)}});
+    recreate_secret(client, &secret).await
 }
 
 /// The Slurm writes the controller made (authenticated as
@@ -143,7 +117,7 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drain
         "the worker's slurmd up with the first key",
         Duration::from_secs(120),
         || async {
-            (served(&node, &old_uid) == first_slurm_key() && slurm.slurmd_key_matches(&host))
+            (served_key(&node, &old_uid) == first_slurm_key() && slurm.slurmd_key_matches(&host))
                 .then_some(())
         },
     )
@@ -170,7 +144,7 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drain
     }
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert_eq!(
-        served(&node, &old_uid),
+        served_key(&node, &old_uid),
         first_slurm_key(),
         "the kubelet's cache"
     );
@@ -210,7 +184,11 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drain
         "wait after the repair:\n{out}\n{err}\n{}",
         node.logs(30)
     );
-    assert_eq!(served(&node, &new_uid), new_key, "the replacement's key");
+    assert_eq!(
+        served_key(&node, &new_uid),
+        new_key,
+        "the replacement's key"
+    );
     let undrained = poll(
         "the Slurm node back in service with the current key",
         Duration::from_secs(120),
@@ -252,24 +230,6 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drain
         "resumed last: {writes:#?}"
     );
     // The cluster: one eviction, of the stale worker, never a delete.
-    let cluster_writes = remediation_writes(&node);
-    let evictions: Vec<&str> = cluster_writes
-        .iter()
-        .filter(|(_, v, uri)| {
-            v == "create" && uri.split('?').next().unwrap_or("").ends_with("/eviction")
-        })
-        .map(|(_, _, uri)| uri.split('?').next().unwrap_or(""))
-        .collect();
-    assert_eq!(
-        evictions,
-        [format!("/api/v1/namespaces/{SLURM_NAMESPACE}/pods/{host}/eviction").as_str()],
-        "one eviction, of the stale worker: {cluster_writes:#?}"
-    );
-    assert!(
-        !cluster_writes
-            .iter()
-            .any(|(_, v, uri)| v == "delete" && uri.contains("/pods/")),
-        "evicted, never deleted: {cluster_writes:#?}"
-    );
+    assert_one_eviction(&node, SLURM_NAMESPACE, &host);
     assert_no_hold_taint(&client).await;
 }

@@ -13,11 +13,14 @@ use std::time::Duration;
 use mountguard_tests::mountguard::poll;
 use mountguard_tests::real::prometheus::{Prometheus, Target};
 use mountguard_tests::real::real_node::RealNode;
-use mountguard_tests::real::{create, ensure_namespace, raw, wait_for_default_service_account};
+use mountguard_tests::real::{create, ensure_namespace, wait_for_default_service_account};
 use mountguard_tests::real_node_or_skip;
 use serde_json::{Value, json};
 
-use crate::harness::{assert_no_hold_taint, kubectl_mountguard, remediation_writes, wait_secret};
+use crate::harness::{
+    assert_no_hold_taint, assert_one_eviction, kubectl_mountguard, recreate_secret,
+    remediation_writes, running_pod, served, wait_secret,
+};
 use crate::helm::{
     Helm, NAMESPACE, chart_rules, controller_honor_labels, controller_with_remediation, install,
     upgrade,
@@ -36,51 +39,20 @@ fn secret(value: &str) -> Value {
         "stringData": {"app.key": value}})
 }
 
-/// Deletes the immutable Secret and creates it again with `value`: the
-/// kubelet keeps serving the running pod the old bytes
-/// (pkg/kubelet/util/manager/watch_based_manager.go: an immutable object's
-/// item is no longer watched while a registered pod references it).
-/// Returns the new object's UID.
-async fn swap_secret(client: &kube::Client, value: &str) -> String {
-    let path = format!("/api/v1/namespaces/{NS}/secrets/{SECRET}");
-    let (code, body) = raw(client, "DELETE", &path, None).await.expect("delete");
-    assert_eq!(code, 200, "DELETE {path}: {body}");
-    let created = create(client, &secret(value)).await.expect("secret");
-    created["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string()
-}
-
 /// The Deployment's one pod that runs and is not being deleted.
 async fn running_worker(client: &kube::Client, not: Option<&str>) -> Value {
-    let path = format!("/api/v1/namespaces/{NS}/pods?labelSelector=app%3D{DEPLOYMENT}");
-    let what = format!("a Running pod of {NS}/{DEPLOYMENT} other than {not:?}");
-    poll(&what, Duration::from_secs(240), || {
-        let (client, path) = (client.clone(), path.clone());
-        async move {
-            let (_, list) = raw(&client, "GET", &path, None).await.ok()?;
-            list["items"]
-                .as_array()?
-                .iter()
-                .find(|p| {
-                    p["status"]["phase"] == "Running"
-                        && p["metadata"]["deletionTimestamp"].is_null()
-                        && not.is_none_or(|uid| p["metadata"]["uid"] != uid)
-                })
-                .cloned()
-        }
-    })
+    running_pod(
+        client,
+        NS,
+        &format!("labelSelector=app%3D{DEPLOYMENT}"),
+        not,
+    )
     .await
-    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The bytes of `app.key` the kubelet wrote for pod `uid`.
-fn served(node: &RealNode, uid: &str) -> Vec<u8> {
-    std::fs::read(node.kubelet.root().join(format!(
-        "pods/{uid}/volumes/kubernetes.io~secret/key/app.key"
-    )))
-    .unwrap_or_default()
+fn served_key(node: &RealNode, uid: &str) -> Vec<u8> {
+    served(node, uid, "kubernetes.io~secret/key/app.key")
 }
 
 /// The scrape target of controller pod `pod`, with the labels
@@ -188,21 +160,21 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_pod_and_off_writes_n
     let old_uid = old["metadata"]["uid"].as_str().expect("uid").to_string();
     let old_name = old["metadata"]["name"].as_str().expect("name").to_string();
     poll("the first key served", Duration::from_secs(60), || async {
-        (served(&node, &old_uid) == b"key-1").then_some(())
+        (served_key(&node, &old_uid) == b"key-1").then_some(())
     })
     .await
     .expect("served");
 
     // Off: the rotation leaves the pod stale; it is alerted and gated,
     // and nothing is written.
-    let new_secret_uid = swap_secret(&client, "key-2").await;
+    let new_secret_uid = recreate_secret(&client, &secret("key-2")).await;
     stale_alert_firing(&node, &prom, &old_name).await;
     let bin = tempfile::tempdir().expect("bin");
     let target_secret = format!("secret/{NS}/{SECRET}");
     let (code, out, err) = wait_secret(&node, bin.path(), &target_secret, &new_secret_uid).await;
     assert_eq!(code, Some(1), "wait with the pod stale:\n{out}\n{err}");
     assert!(out.contains(&old_name), "wait names the stale pod:\n{out}");
-    assert_eq!(served(&node, &old_uid), b"key-1", "the kubelet's cache");
+    assert_eq!(served_key(&node, &old_uid), b"key-1", "the kubelet's cache");
     assert_eq!(
         remediation_writes(&node),
         [],
@@ -219,7 +191,7 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_pod_and_off_writes_n
     poll(
         "the current key served to the replacement",
         Duration::from_secs(60),
-        || async { (served(&node, &new_uid) == b"key-2").then_some(()) },
+        || async { (served_key(&node, &new_uid) == b"key-2").then_some(()) },
     )
     .await
     .expect("served");
@@ -274,24 +246,7 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_pod_and_off_writes_n
             prom.alerts().await
         );
     }
-    let writes = remediation_writes(&node);
-    let evictions: Vec<&str> = writes
-        .iter()
-        .map(|(_, v, uri)| (v, uri.split('?').next().unwrap_or("")))
-        .filter(|(v, path)| *v == "create" && path.ends_with("/eviction"))
-        .map(|(_, path)| path)
-        .collect();
-    assert_eq!(
-        evictions,
-        [format!("/api/v1/namespaces/{NS}/pods/{old_name}/eviction").as_str()],
-        "one eviction, of the stale pod: {writes:#?}"
-    );
-    assert!(
-        !writes
-            .iter()
-            .any(|(_, v, uri)| v == "delete" && uri.contains("/pods/")),
-        "evicted, never deleted: {writes:#?}"
-    );
+    assert_one_eviction(&node, NS, &old_name);
 
     // Off again: a new rotation is reported and alerted, nothing written.
     upgrade(&helm, &["remediation.mode=off"]);
@@ -301,7 +256,7 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_pod_and_off_writes_n
         .into_iter()
         .map(|(id, _, _)| id)
         .collect();
-    swap_secret(&client, "key-3").await;
+    recreate_secret(&client, &secret("key-3")).await;
     stale_alert_firing(&node, &prom, &new_name).await;
     // Well past the delay and the grace: still the same pod, no write.
     tokio::time::sleep(Duration::from_secs(20)).await;
@@ -312,6 +267,10 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_pod_and_off_writes_n
     assert_eq!(after, [], "remediation off again writes nothing");
     let still = running_worker(&client, None).await;
     assert_eq!(still["metadata"]["uid"], new_uid.as_str(), "not replaced");
-    assert_eq!(served(&node, &new_uid), b"key-2", "still the cached key");
+    assert_eq!(
+        served_key(&node, &new_uid),
+        b"key-2",
+        "still the cached key"
+    );
     assert_no_hold_taint(&client).await;
 }
