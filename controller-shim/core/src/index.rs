@@ -12,6 +12,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use crate::model::{Interner, ObservedNode, PodModel, SourceContent, SourceRef};
+use crate::uid::PodUid;
 
 /// Slot of a pod in the index; stable while the pod is in the index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -50,7 +51,7 @@ impl ClusterIndex {
         Self::default()
     }
 
-    fn uid_hash(&self, uid: &str) -> u64 {
+    fn uid_hash(&self, uid: &PodUid) -> u64 {
         self.uid_hasher.hash_one(uid)
     }
 
@@ -74,18 +75,18 @@ impl ClusterIndex {
         self.pods[id.0 as usize] = Some(Arc::new(pod));
         let (pods, hasher) = (&self.pods, &self.uid_hasher);
         self.by_uid.insert_unique(hash, id.0, |slot| {
-            hasher.hash_one(&*slot_pod(pods, *slot).uid)
+            hasher.hash_one(&slot_pod(pods, *slot).uid)
         });
         id
     }
 
     /// Removes a pod; returns it if it was present.
-    pub fn delete_pod(&mut self, uid: &str) -> Option<Arc<PodModel>> {
+    pub fn delete_pod(&mut self, uid: &PodUid) -> Option<Arc<PodModel>> {
         let hash = self.uid_hash(uid);
         let pods = &self.pods;
         let entry = self
             .by_uid
-            .find_entry(hash, |slot| *slot_pod(pods, *slot).uid == *uid)
+            .find_entry(hash, |slot| slot_pod(pods, *slot).uid == *uid)
             .ok()?;
         let id = PodId(entry.remove().0);
         self.unlink(id);
@@ -141,21 +142,7 @@ impl ClusterIndex {
     }
 
     /// Inserts or replaces a node inventory.
-    pub fn apply_inventory(&mut self, mut node: ObservedNode) {
-        // Key the observed pods by the pod models' UIDs where there are
-        // models, so each UID is held once.
-        let model_uid = |ix: &Self, uid: &str| -> Option<Arc<str>> {
-            ix.pod_id(uid)
-                .and_then(|id| ix.pod(id))
-                .map(|p| p.uid.clone())
-        };
-        if node.pods.keys().any(|uid| {
-            self.pod_id(uid)
-                .and_then(|id| self.pod(id))
-                .is_some_and(|p| !Arc::ptr_eq(&p.uid, uid))
-        }) {
-            node.pods.rekey(|uid| model_uid(self, uid));
-        }
+    pub fn apply_inventory(&mut self, node: ObservedNode) {
         self.nodes.insert(node.node.clone(), node);
     }
 
@@ -170,10 +157,10 @@ impl ClusterIndex {
     }
 
     /// The slot of the pod with this UID.
-    pub fn pod_id(&self, uid: &str) -> Option<PodId> {
+    pub fn pod_id(&self, uid: &PodUid) -> Option<PodId> {
         self.by_uid
             .find(self.uid_hash(uid), |slot| {
-                *slot_pod(&self.pods, *slot).uid == *uid
+                slot_pod(&self.pods, *slot).uid == *uid
             })
             .map(|slot| PodId(*slot))
     }
@@ -253,28 +240,38 @@ mod tests {
     use crate::testkit::{NodeB, PodB, ts};
     use mountguard_inventory::Plugin;
 
-    /// An observed pod is keyed by its pod model's UID: the index holds
-    /// each pod's UID once, whichever of the pod and its inventory came
-    /// first.
+    /// Pods and their observed content are found by UID, whether the UID is
+    /// a UUID (held as 16 bytes) or other text, and whichever of the pod
+    /// and its inventory came first.
     #[test]
-    fn observed_pods_share_the_pod_models_uid() {
+    fn pods_and_observed_pods_are_found_by_uid_in_either_form() {
         let mut ix = ClusterIndex::new();
         let at = ts("2026-11-30T10:00:00Z");
-        let inv =
-            |uid: &str| NodeB::new("n1", at).volume(uid, Plugin::Secret, "etc", &[("k", b"v")], at);
-        // The pod first, then its inventory.
-        let id = ix.apply_pod(PodB::new("ns", "p1", "u1", "n1").build());
-        inv("u1").apply(&mut ix);
-        let model = ix.pod(id).unwrap().uid.clone();
-        let (key, _) = ix
-            .inventory("n1")
-            .unwrap()
-            .pods
-            .get_key_value("u1")
-            .unwrap();
-        assert!(Arc::ptr_eq(key, &model));
-        // An inventory naming a pod the index does not have keeps its own.
-        inv("u9").apply(&mut ix);
-        assert!(ix.inventory("n1").unwrap().pods.contains_key("u9"));
+        let uuid = "3f1c2b9a-5d6e-4f70-8a91-b2c3d4e5f607";
+        let inv = |uids: &[&str]| {
+            uids.iter().fold(NodeB::new("n1", at), |n, uid| {
+                n.volume(uid, Plugin::Secret, "etc", &[("k", b"v")], at)
+            })
+        };
+        let id = ix.apply_pod(PodB::new("ns", "p1", uuid, "n1").build());
+        inv(&[uuid, "u1", "u9"]).apply(&mut ix);
+        let id1 = ix.apply_pod(PodB::new("ns", "p2", "u1", "n1").build());
+        let u = PodUid::new;
+        assert!(u(uuid).is_compact() && !u("u1").is_compact());
+        assert_eq!(ix.pod_id(&u(uuid)), Some(id));
+        assert_eq!(ix.pod_id(&u("u1")), Some(id1));
+        assert_eq!(ix.pod_id(&u("u9")), None);
+        let observed = &ix.inventory("n1").unwrap().pods;
+        for uid in [uuid, "u1", "u9"] {
+            assert!(observed.contains_key(&u(uid)), "{uid}");
+        }
+        // Not the same text: not the same pod.
+        assert_eq!(ix.pod_id(&u(&uuid.to_uppercase())), None);
+        assert_eq!(
+            ix.delete_pod(&u(uuid)).map(|p| p.uid.clone()),
+            Some(u(uuid))
+        );
+        assert_eq!(ix.pod_id(&u(uuid)), None);
+        assert_eq!(ix.pod_count(), 1);
     }
 }
