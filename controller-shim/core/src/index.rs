@@ -36,6 +36,29 @@ pub struct ClusterIndex {
     nodes: HashMap<Arc<str>, ObservedNode>,
 }
 
+/// Appends `x` to `list`, growing it by an eighth of its length (at least
+/// one) when it is full instead of doubling it: at most about an eighth of
+/// its room is spare, where a doubling `Vec` keeps up to half spare (the
+/// pod list of a ConfigMap every pod mounts is as long as the cluster).
+/// Each push still costs amortized constant time (each value is moved
+/// about eight times over the list's growth, not about once).
+fn push_tight<T>(list: &mut Vec<T>, x: T) {
+    if list.len() == list.capacity() {
+        list.reserve_exact(list.len() / 8 + 1);
+    }
+    list.push(x);
+}
+
+/// After removals from `list`: gives back its room once more than a
+/// quarter of its length is spare (keeping an eighth), so a list that
+/// shrank does not keep its largest size; amortized constant time per
+/// removal.
+fn trim(list: &mut Vec<PodId>) {
+    if list.capacity() - list.len() > list.len() / 4 + 1 {
+        list.shrink_to(list.len() + list.len() / 8);
+    }
+}
+
 /// The pod in `slot`, which `by_uid` lists: a listed slot always holds a
 /// pod (slots are listed after their pod is stored and unlisted before it
 /// is taken).
@@ -66,7 +89,7 @@ impl ClusterIndex {
         let id = match self.free.pop() {
             Some(slot) => PodId(slot),
             None => {
-                self.pods.push(None);
+                push_tight(&mut self.pods, None);
                 PodId((self.pods.len() - 1) as u32)
             }
         };
@@ -96,10 +119,10 @@ impl ClusterIndex {
 
     fn link(&mut self, id: PodId, pod: &PodModel) {
         for r in pod.references() {
-            self.by_source.entry(r).or_default().push(id);
+            push_tight(self.by_source.entry(r).or_default(), id);
         }
         if let Some(node) = &pod.node {
-            self.by_node.entry(node.clone()).or_default().push(id);
+            push_tight(self.by_node.entry(node.clone()).or_default(), id);
         }
     }
 
@@ -110,6 +133,7 @@ impl ClusterIndex {
         for r in pod.references() {
             if let Some(v) = self.by_source.get_mut(&r) {
                 v.retain(|p| *p != id);
+                trim(v);
                 if v.is_empty() {
                     self.by_source.remove(&r);
                 }
@@ -119,6 +143,7 @@ impl ClusterIndex {
             && let Some(v) = self.by_node.get_mut(node)
         {
             v.retain(|p| *p != id);
+            trim(v);
             if v.is_empty() {
                 self.by_node.remove(node);
             }
@@ -273,5 +298,61 @@ mod tests {
         );
         assert_eq!(ix.pod_id(&u(uuid)), None);
         assert_eq!(ix.pod_count(), 1);
+    }
+
+    /// The per-source and per-node pod lists and the pod slots keep at most
+    /// about an eighth of their room spare while pods come, and give room
+    /// back as pods go.
+    #[test]
+    fn pod_lists_keep_little_spare_room() {
+        let mut ix = ClusterIndex::new();
+        let spare_ok = |len: usize, cap: usize| cap <= len + len / 8 + 1;
+        let common = crate::testkit::obj(crate::SourceKind::ConfigMap, "common", &[], false);
+        let n = 5_000;
+        for i in 0..n {
+            let node = format!("n{}", i % 7);
+            let p = PodB::new("ns", &format!("p{i}"), &format!("u{i}"), &node)
+                .volume("v", crate::model::VolumeSource::Object(common.clone()))
+                .build();
+            ix.apply_pod(p);
+            for list in ix.by_source.values().chain(ix.by_node.values()) {
+                assert!(
+                    spare_ok(list.len(), list.capacity()),
+                    "{} of {}",
+                    list.len(),
+                    list.capacity()
+                );
+            }
+            assert!(spare_ok(ix.pods.len(), ix.pods.capacity()));
+        }
+        let r = crate::SourceRef::new(crate::SourceKind::ConfigMap, "ns".into(), "common".into());
+        assert_eq!(ix.pods_referencing(&r).len(), n);
+        assert_eq!(ix.pods_on_node("n0").len(), n.div_ceil(7));
+        // Nine pods in ten go: the lists give their room back.
+        for i in (0..n).filter(|i| i % 10 != 0) {
+            assert!(ix.delete_pod(&PodUid::new(&format!("u{i}"))).is_some());
+        }
+        let list = &ix.by_source[&r];
+        assert_eq!(list.len(), n / 10);
+        assert!(
+            list.capacity() <= list.len() + list.len() / 4 + 1,
+            "{}",
+            list.capacity()
+        );
+        for list in ix.by_node.values() {
+            assert!(list.capacity() <= list.len() + list.len() / 4 + 1);
+        }
+        // The rest still found by source, node and UID.
+        assert!(
+            ix.pods_referencing(&r)
+                .iter()
+                .all(|id| ix.pod(*id).is_some())
+        );
+        assert_eq!(
+            ix.pod_id(&PodUid::new("u10"))
+                .and_then(|id| ix.pod(id))
+                .map(|p| &*p.name),
+            Some("p10")
+        );
     }
 }
