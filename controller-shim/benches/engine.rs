@@ -7,11 +7,9 @@
 //! resident set size (VmHWM); asserts only that the results are plausible.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Instant;
 
 use jiff::{SignedDuration, Timestamp};
-use mountguard_core::Fingerprinter;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{
     ContainerKind, ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel,
@@ -19,6 +17,7 @@ use mountguard_core::model::{
     VolumeModel, VolumeSource,
 };
 use mountguard_core::verdict::{Config, Engine, EngineState, State};
+use mountguard_core::{Fingerprinter, PodUid};
 use mountguard_inventory::{
     NodeInventory, Plugin, PodInventory, Sha256Hex, VolumeInventory, file_digest,
 };
@@ -213,7 +212,7 @@ fn main() {
             }];
             let env = it.intern_env(env);
             let pod = PodModel {
-                uid: it.intern(&uid),
+                uid: PodUid::new(&uid),
                 namespace: it.intern(&ns),
                 name: it.intern(&format!("app-{i}")),
                 node: Some(it.intern(&node_name)),
@@ -378,12 +377,12 @@ fn main() {
     ix = g.ix;
     let later = now + SignedDuration::from_secs(5);
     let t = Instant::now();
-    let uids: Vec<Arc<str>> = ix
+    let uids: Vec<PodUid> = ix
         .pods_referencing(&hot)
         .iter()
         .filter_map(|id| ix.pod(*id).map(|p| p.uid.clone()))
         .collect();
-    let uid_refs: Vec<&str> = uids.iter().map(|u| &**u).collect();
+    let uid_refs: Vec<&PodUid> = uids.iter().collect();
     let inc = engine.evaluate_pods(&ix, &mut state, &uid_refs, later);
     let incremental = t.elapsed();
     let propagating = inc

@@ -13,6 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use crate::READ_AT_START_ANNOTATION;
+use mountguard_core::PodUid;
 use mountguard_core::model::{
     ContainerKind, ContainerModel, ControllerKind, ControllerRef, EnvRef, Interner, KeyToPath,
     MountModel, NodeSetMember, PodModel, ProjectedSource, SkipReason, SourceContent, SourceKind,
@@ -137,9 +138,9 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
     let meta = &p.metadata;
     let namespace = interner.intern(meta.namespace.as_deref()?);
     // A pod's name and UID are its own: interning them would only cost the
-    // interner an entry per pod.
+    // interner an entry per pod (the UID is 16 bytes inline).
     let name: Arc<str> = Arc::from(meta.name.as_deref()?);
-    let uid: Arc<str> = Arc::from(meta.uid.as_deref()?);
+    let uid = PodUid::new(meta.uid.as_deref()?);
     let read_at_start: Vec<&str> = meta
         .annotations
         .as_ref()
@@ -588,7 +589,7 @@ mod tests {
         let mut it = Interner::default();
         let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
         assert_eq!(
-            (&*m.namespace, &*m.name, &*m.uid),
+            (&*m.namespace, &*m.name, &*m.uid.to_string()),
             ("slurm", "worker-0", "u-0")
         );
         assert_eq!(m.node.as_deref(), Some("node-a"));

@@ -12,6 +12,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use crate::model::{Interner, ObservedNode, PodModel, SourceContent, SourceRef};
+use crate::uid::PodUid;
 
 /// Slot of a pod in the index; stable while the pod is in the index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -35,6 +36,29 @@ pub struct ClusterIndex {
     nodes: HashMap<Arc<str>, ObservedNode>,
 }
 
+/// Appends `x` to `list`, growing it by an eighth of its length (at least
+/// one) when it is full instead of doubling it: at most about an eighth of
+/// its room is spare, where a doubling `Vec` keeps up to half spare (the
+/// pod list of a ConfigMap every pod mounts is as long as the cluster).
+/// Each push still costs amortized constant time (each value is moved
+/// about eight times over the list's growth, not about once).
+fn push_tight<T>(list: &mut Vec<T>, x: T) {
+    if list.len() == list.capacity() {
+        list.reserve_exact(list.len() / 8 + 1);
+    }
+    list.push(x);
+}
+
+/// After removals from `list`: gives back its room once more than a
+/// quarter of its length is spare (keeping an eighth), so a list that
+/// shrank does not keep its largest size; amortized constant time per
+/// removal.
+fn trim(list: &mut Vec<PodId>) {
+    if list.capacity() - list.len() > list.len() / 4 + 1 {
+        list.shrink_to(list.len() + list.len() / 8);
+    }
+}
+
 /// The pod in `slot`, which `by_uid` lists: a listed slot always holds a
 /// pod (slots are listed after their pod is stored and unlisted before it
 /// is taken).
@@ -50,7 +74,7 @@ impl ClusterIndex {
         Self::default()
     }
 
-    fn uid_hash(&self, uid: &str) -> u64 {
+    fn uid_hash(&self, uid: &PodUid) -> u64 {
         self.uid_hasher.hash_one(uid)
     }
 
@@ -65,7 +89,7 @@ impl ClusterIndex {
         let id = match self.free.pop() {
             Some(slot) => PodId(slot),
             None => {
-                self.pods.push(None);
+                push_tight(&mut self.pods, None);
                 PodId((self.pods.len() - 1) as u32)
             }
         };
@@ -74,18 +98,18 @@ impl ClusterIndex {
         self.pods[id.0 as usize] = Some(Arc::new(pod));
         let (pods, hasher) = (&self.pods, &self.uid_hasher);
         self.by_uid.insert_unique(hash, id.0, |slot| {
-            hasher.hash_one(&*slot_pod(pods, *slot).uid)
+            hasher.hash_one(&slot_pod(pods, *slot).uid)
         });
         id
     }
 
     /// Removes a pod; returns it if it was present.
-    pub fn delete_pod(&mut self, uid: &str) -> Option<Arc<PodModel>> {
+    pub fn delete_pod(&mut self, uid: &PodUid) -> Option<Arc<PodModel>> {
         let hash = self.uid_hash(uid);
         let pods = &self.pods;
         let entry = self
             .by_uid
-            .find_entry(hash, |slot| *slot_pod(pods, *slot).uid == *uid)
+            .find_entry(hash, |slot| slot_pod(pods, *slot).uid == *uid)
             .ok()?;
         let id = PodId(entry.remove().0);
         self.unlink(id);
@@ -95,10 +119,10 @@ impl ClusterIndex {
 
     fn link(&mut self, id: PodId, pod: &PodModel) {
         for r in pod.references() {
-            self.by_source.entry(r).or_default().push(id);
+            push_tight(self.by_source.entry(r).or_default(), id);
         }
         if let Some(node) = &pod.node {
-            self.by_node.entry(node.clone()).or_default().push(id);
+            push_tight(self.by_node.entry(node.clone()).or_default(), id);
         }
     }
 
@@ -109,6 +133,7 @@ impl ClusterIndex {
         for r in pod.references() {
             if let Some(v) = self.by_source.get_mut(&r) {
                 v.retain(|p| *p != id);
+                trim(v);
                 if v.is_empty() {
                     self.by_source.remove(&r);
                 }
@@ -118,6 +143,7 @@ impl ClusterIndex {
             && let Some(v) = self.by_node.get_mut(node)
         {
             v.retain(|p| *p != id);
+            trim(v);
             if v.is_empty() {
                 self.by_node.remove(node);
             }
@@ -141,21 +167,7 @@ impl ClusterIndex {
     }
 
     /// Inserts or replaces a node inventory.
-    pub fn apply_inventory(&mut self, mut node: ObservedNode) {
-        // Key the observed pods by the pod models' UIDs where there are
-        // models, so each UID is held once.
-        let model_uid = |ix: &Self, uid: &str| -> Option<Arc<str>> {
-            ix.pod_id(uid)
-                .and_then(|id| ix.pod(id))
-                .map(|p| p.uid.clone())
-        };
-        if node.pods.keys().any(|uid| {
-            self.pod_id(uid)
-                .and_then(|id| self.pod(id))
-                .is_some_and(|p| !Arc::ptr_eq(&p.uid, uid))
-        }) {
-            node.pods.rekey(|uid| model_uid(self, uid));
-        }
+    pub fn apply_inventory(&mut self, node: ObservedNode) {
         self.nodes.insert(node.node.clone(), node);
     }
 
@@ -170,10 +182,10 @@ impl ClusterIndex {
     }
 
     /// The slot of the pod with this UID.
-    pub fn pod_id(&self, uid: &str) -> Option<PodId> {
+    pub fn pod_id(&self, uid: &PodUid) -> Option<PodId> {
         self.by_uid
             .find(self.uid_hash(uid), |slot| {
-                *slot_pod(&self.pods, *slot).uid == *uid
+                slot_pod(&self.pods, *slot).uid == *uid
             })
             .map(|slot| PodId(*slot))
     }
@@ -253,28 +265,94 @@ mod tests {
     use crate::testkit::{NodeB, PodB, ts};
     use mountguard_inventory::Plugin;
 
-    /// An observed pod is keyed by its pod model's UID: the index holds
-    /// each pod's UID once, whichever of the pod and its inventory came
-    /// first.
+    /// Pods and their observed content are found by UID, whether the UID is
+    /// a UUID (held as 16 bytes) or other text, and whichever of the pod
+    /// and its inventory came first.
     #[test]
-    fn observed_pods_share_the_pod_models_uid() {
+    fn pods_and_observed_pods_are_found_by_uid_in_either_form() {
         let mut ix = ClusterIndex::new();
         let at = ts("2026-11-30T10:00:00Z");
-        let inv =
-            |uid: &str| NodeB::new("n1", at).volume(uid, Plugin::Secret, "etc", &[("k", b"v")], at);
-        // The pod first, then its inventory.
-        let id = ix.apply_pod(PodB::new("ns", "p1", "u1", "n1").build());
-        inv("u1").apply(&mut ix);
-        let model = ix.pod(id).unwrap().uid.clone();
-        let (key, _) = ix
-            .inventory("n1")
-            .unwrap()
-            .pods
-            .get_key_value("u1")
-            .unwrap();
-        assert!(Arc::ptr_eq(key, &model));
-        // An inventory naming a pod the index does not have keeps its own.
-        inv("u9").apply(&mut ix);
-        assert!(ix.inventory("n1").unwrap().pods.contains_key("u9"));
+        let uuid = "3f1c2b9a-5d6e-4f70-8a91-b2c3d4e5f607";
+        let inv = |uids: &[&str]| {
+            uids.iter().fold(NodeB::new("n1", at), |n, uid| {
+                n.volume(uid, Plugin::Secret, "etc", &[("k", b"v")], at)
+            })
+        };
+        let id = ix.apply_pod(PodB::new("ns", "p1", uuid, "n1").build());
+        inv(&[uuid, "u1", "u9"]).apply(&mut ix);
+        let id1 = ix.apply_pod(PodB::new("ns", "p2", "u1", "n1").build());
+        let u = PodUid::new;
+        assert!(u(uuid).is_compact() && !u("u1").is_compact());
+        assert_eq!(ix.pod_id(&u(uuid)), Some(id));
+        assert_eq!(ix.pod_id(&u("u1")), Some(id1));
+        assert_eq!(ix.pod_id(&u("u9")), None);
+        let observed = &ix.inventory("n1").unwrap().pods;
+        for uid in [uuid, "u1", "u9"] {
+            assert!(observed.contains_key(&u(uid)), "{uid}");
+        }
+        // Not the same text: not the same pod.
+        assert_eq!(ix.pod_id(&u(&uuid.to_uppercase())), None);
+        assert_eq!(
+            ix.delete_pod(&u(uuid)).map(|p| p.uid.clone()),
+            Some(u(uuid))
+        );
+        assert_eq!(ix.pod_id(&u(uuid)), None);
+        assert_eq!(ix.pod_count(), 1);
+    }
+
+    /// The per-source and per-node pod lists and the pod slots keep at most
+    /// about an eighth of their room spare while pods come, and give room
+    /// back as pods go.
+    #[test]
+    fn pod_lists_keep_little_spare_room() {
+        let mut ix = ClusterIndex::new();
+        let spare_ok = |len: usize, cap: usize| cap <= len + len / 8 + 1;
+        let common = crate::testkit::obj(crate::SourceKind::ConfigMap, "common", &[], false);
+        let n = 5_000;
+        for i in 0..n {
+            let node = format!("n{}", i % 7);
+            let p = PodB::new("ns", &format!("p{i}"), &format!("u{i}"), &node)
+                .volume("v", crate::model::VolumeSource::Object(common.clone()))
+                .build();
+            ix.apply_pod(p);
+            for list in ix.by_source.values().chain(ix.by_node.values()) {
+                assert!(
+                    spare_ok(list.len(), list.capacity()),
+                    "{} of {}",
+                    list.len(),
+                    list.capacity()
+                );
+            }
+            assert!(spare_ok(ix.pods.len(), ix.pods.capacity()));
+        }
+        let r = crate::SourceRef::new(crate::SourceKind::ConfigMap, "ns".into(), "common".into());
+        assert_eq!(ix.pods_referencing(&r).len(), n);
+        assert_eq!(ix.pods_on_node("n0").len(), n.div_ceil(7));
+        // Nine pods in ten go: the lists give their room back.
+        for i in (0..n).filter(|i| i % 10 != 0) {
+            assert!(ix.delete_pod(&PodUid::new(&format!("u{i}"))).is_some());
+        }
+        let list = &ix.by_source[&r];
+        assert_eq!(list.len(), n / 10);
+        assert!(
+            list.capacity() <= list.len() + list.len() / 4 + 1,
+            "{}",
+            list.capacity()
+        );
+        for list in ix.by_node.values() {
+            assert!(list.capacity() <= list.len() + list.len() / 4 + 1);
+        }
+        // The rest still found by source, node and UID.
+        assert!(
+            ix.pods_referencing(&r)
+                .iter()
+                .all(|id| ix.pod(*id).is_some())
+        );
+        assert_eq!(
+            ix.pod_id(&PodUid::new("u10"))
+                .and_then(|id| ix.pod(id))
+                .map(|p| &*p.name),
+            Some("p10")
+        );
     }
 }

@@ -21,6 +21,8 @@
 //!   plaintext dropped.
 //! * [`projection`]: the kubelet's projection rules: expected files per
 //!   volume, subPath and env reference.
+//! * [`uid`]: a pod's UID in 16 bytes ([`PodUid`]), the key of every
+//!   per-pod structure.
 //! * [`index`]: the in-memory index (pods by source and by node) a caller
 //!   updates incrementally.
 //! * [`verdict`]: evaluation, verdict types and the engine state.
@@ -44,11 +46,13 @@ pub mod rollout;
 pub mod table;
 #[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
+pub mod uid;
 pub mod verdict;
 
 pub use fingerprint::{Fingerprint, Fingerprinter};
 pub use index::{ClusterIndex, PodId};
 pub use model::{Digest, Interner, ObservedNode, PodModel, SourceContent, SourceKind, SourceRef};
+pub use uid::PodUid;
 pub use verdict::{
     Config, Engine, EngineState, Evaluation, FrozenCause, StaleCause, State, Subject,
     UnverifiableReason, Verdict,

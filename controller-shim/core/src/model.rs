@@ -16,6 +16,8 @@ use jiff::Timestamp;
 use mountguard_inventory::{NodeInventory, Plugin, ReadErrorKind, file_digest, volume_digest};
 use serde::{Deserialize, Serialize};
 
+use crate::uid::PodUid;
+
 /// A raw SHA-256 digest.
 pub type Digest = [u8; 32];
 
@@ -582,8 +584,8 @@ impl ContainerModel {
 /// The compact view of a pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodModel {
-    /// `metadata.uid`.
-    pub uid: Arc<str>,
+    /// `metadata.uid` (16 bytes inline for a UUID).
+    pub uid: PodUid,
     /// Namespace.
     pub namespace: Arc<str>,
     /// Name.
@@ -979,34 +981,29 @@ pub struct ObservedNode {
     pub pods: ObservedPods,
 }
 
-/// A node's observed pods by UID: one slice sorted by UID, built once per
-/// inventory (an inventory is replaced whole, never changed), so each pod
-/// costs its entry and nothing more, where a hash map of a node's pods is
-/// between 44 % and 87 % full.
+/// A node's observed pods by UID: one slice sorted by UID (by the UIDs'
+/// text, see [`PodUid`]), built once per inventory (an inventory is
+/// replaced whole, never changed), so each pod costs its entry and nothing
+/// more, where a hash map of a node's pods is between 44 % and 87 % full.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ObservedPods(Box<[(Arc<str>, ObservedPod)]>);
+pub struct ObservedPods(Box<[(PodUid, ObservedPod)]>);
 
 impl ObservedPods {
     /// The pod with this UID.
-    pub fn get(&self, uid: &str) -> Option<&ObservedPod> {
-        self.get_key_value(uid).map(|(_, p)| p)
-    }
-
-    /// The pod with this UID, with the UID as stored.
-    pub fn get_key_value(&self, uid: &str) -> Option<(&Arc<str>, &ObservedPod)> {
+    pub fn get(&self, uid: &PodUid) -> Option<&ObservedPod> {
         self.0
-            .binary_search_by(|(k, _)| (**k).cmp(uid))
+            .binary_search_by(|(k, _)| k.cmp(uid))
             .ok()
-            .map(|i| (&self.0[i].0, &self.0[i].1))
+            .map(|i| &self.0[i].1)
     }
 
     /// Whether a pod with this UID was observed.
-    pub fn contains_key(&self, uid: &str) -> bool {
+    pub fn contains_key(&self, uid: &PodUid) -> bool {
         self.get(uid).is_some()
     }
 
     /// The UIDs, sorted.
-    pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
+    pub fn keys(&self) -> impl Iterator<Item = &PodUid> {
         self.0.iter().map(|(k, _)| k)
     }
 
@@ -1019,27 +1016,16 @@ impl ObservedPods {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
-
-    /// Replaces each UID by `f`'s answer (the same text, another copy of
-    /// it): the order stays.
-    pub fn rekey(&mut self, mut f: impl FnMut(&Arc<str>) -> Option<Arc<str>>) {
-        for (k, _) in self.0.iter_mut() {
-            if let Some(new) = f(k) {
-                debug_assert_eq!(*new, **k, "a UID is replaced by the same text");
-                *k = new;
-            }
-        }
-    }
 }
 
 /// As a map would collect them: of two pods with one UID, the later one
 /// stays.
-impl FromIterator<(Arc<str>, ObservedPod)> for ObservedPods {
-    fn from_iter<I: IntoIterator<Item = (Arc<str>, ObservedPod)>>(iter: I) -> Self {
-        let mut pods: Vec<(Arc<str>, ObservedPod)> = iter.into_iter().collect();
+impl FromIterator<(PodUid, ObservedPod)> for ObservedPods {
+    fn from_iter<I: IntoIterator<Item = (PodUid, ObservedPod)>>(iter: I) -> Self {
+        let mut pods: Vec<(PodUid, ObservedPod)> = iter.into_iter().collect();
         // Stable: equal UIDs keep their order, so the last is the later.
         pods.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<(Arc<str>, ObservedPod)> = Vec::with_capacity(pods.len());
+        let mut out: Vec<(PodUid, ObservedPod)> = Vec::with_capacity(pods.len());
         for p in pods {
             match out.last_mut() {
                 Some(last) if last.0 == p.0 => *last = p,
@@ -1090,9 +1076,8 @@ impl ObservedNode {
                     })
                     .collect();
                 (
-                    // Unique per pod: not worth an interner entry (the
-                    // index shares the pod model's copy when it has one).
-                    Arc::<str>::from(p.uid.as_str()),
+                    // A UUID's 16 bytes, inline: nothing to share.
+                    PodUid::new(&p.uid),
                     ObservedPod {
                         volumes,
                         sub_paths,
@@ -1173,6 +1158,11 @@ mod tests {
         // A pod model with its two owner boxes (NodeSet, apps/v1 controller)
         // in an `Arc` (two counters) stays in mimalloc's 160-byte class.
         assert!(std::mem::size_of::<PodModel>() + 16 <= 160);
+        // An observed pod's entry: its UID inline (16 bytes) and the pod.
+        assert_eq!(
+            std::mem::size_of::<(PodUid, ObservedPod)>(),
+            16 + std::mem::size_of::<ObservedPod>()
+        );
     }
 
     #[test]
@@ -1187,20 +1177,20 @@ mod tests {
                 })
                 .collect(),
         };
-        let pods: ObservedPods = [("c", 0), ("a", 1), ("b", 0), ("a", 2)]
+        let u = PodUid::new;
+        // UUIDs (held as bytes) and other text sort together by text.
+        let uuid = "7c9e6679-7425-40de-944b-e07fc1f90ae7";
+        let pods: ObservedPods = [("c", 0), ("a", 1), (uuid, 3), ("b", 0), ("a", 2)]
             .into_iter()
-            .map(|(uid, n)| (Arc::<str>::from(uid), pod(n)))
+            .map(|(uid, n)| (u(uid), pod(n)))
             .collect();
-        assert_eq!(pods.len(), 3);
-        assert_eq!(pods.get("a").map(|p| p.errors.len()), Some(2));
-        assert_eq!(pods.get("b").map(|p| p.errors.len()), Some(0));
-        assert!(pods.get("d").is_none() && !pods.contains_key("0"));
-        let keys: Vec<&str> = pods.keys().map(|k| &**k).collect();
-        assert_eq!(keys, ["a", "b", "c"]);
-        let mut pods = pods;
-        let shared: Arc<str> = Arc::from("b");
-        pods.rekey(|k| (**k == *"b").then(|| shared.clone()));
-        assert!(Arc::ptr_eq(pods.get_key_value("b").unwrap().0, &shared));
+        assert_eq!(pods.len(), 4);
+        assert_eq!(pods.get(&u("a")).map(|p| p.errors.len()), Some(2));
+        assert_eq!(pods.get(&u("b")).map(|p| p.errors.len()), Some(0));
+        assert_eq!(pods.get(&u(uuid)).map(|p| p.errors.len()), Some(3));
+        assert!(pods.get(&u("d")).is_none() && !pods.contains_key(&u("0")));
+        let keys: Vec<String> = pods.keys().map(PodUid::to_string).collect();
+        assert_eq!(keys, [uuid, "a", "b", "c"]);
     }
 
     #[test]

@@ -10,8 +10,10 @@ use std::hash::BuildHasher;
 
 /// A value that carries its own key.
 pub trait Keyed {
+    /// The key's type (a pod's UID).
+    type Key: ?Sized + Eq + std::hash::Hash;
     /// The key (unique in a table).
-    fn key(&self) -> &str;
+    fn key(&self) -> &Self::Key;
 }
 
 /// Values per chunk: a chunk never moves once allocated, so growing the
@@ -78,15 +80,15 @@ impl<T: Keyed> KeyedTable<T> {
         self.len == 0
     }
 
-    fn hash(&self, key: &str) -> u64 {
+    fn hash(&self, key: &T::Key) -> u64 {
         self.hasher.hash_one(key)
     }
 
-    fn position(&self, key: &str) -> Option<u32> {
+    fn position(&self, key: &T::Key) -> Option<u32> {
         self.position_hashed(self.hash(key), key)
     }
 
-    fn position_hashed(&self, hash: u64, key: &str) -> Option<u32> {
+    fn position_hashed(&self, hash: u64, key: &T::Key) -> Option<u32> {
         let chunks = &self.chunks;
         self.positions
             .find(hash, |p| at(chunks, *p).key() == key)
@@ -113,18 +115,18 @@ impl<T: Keyed> KeyedTable<T> {
     }
 
     /// The value with this key.
-    pub fn get(&self, key: &str) -> Option<&T> {
+    pub fn get(&self, key: &T::Key) -> Option<&T> {
         self.position(key).map(|p| at(&self.chunks, p))
     }
 
     /// The value with this key, to change (not its key).
-    pub fn get_mut(&mut self, key: &str) -> Option<&mut T> {
+    pub fn get_mut(&mut self, key: &T::Key) -> Option<&mut T> {
         let p = self.position(key)? as usize;
         Some(&mut self.chunks[p / CHUNK][p % CHUNK])
     }
 
     /// Whether a value has this key.
-    pub fn contains_key(&self, key: &str) -> bool {
+    pub fn contains_key(&self, key: &T::Key) -> bool {
         self.position(key).is_some()
     }
 
@@ -144,13 +146,13 @@ impl<T: Keyed> KeyedTable<T> {
 
     /// The value with this key, or `make()` stored first (its key must be
     /// `key`).
-    pub fn get_or_insert_with(&mut self, key: &str, make: impl FnOnce() -> T) -> &mut T {
+    pub fn get_or_insert_with(&mut self, key: &T::Key, make: impl FnOnce() -> T) -> &mut T {
         let hash = self.hash(key);
         let p = match self.position_hashed(hash, key) {
             Some(p) => p as usize,
             None => {
                 let value = make();
-                assert_eq!(value.key(), key, "a value made for a key has that key");
+                assert!(value.key() == key, "a value made for a key has that key");
                 self.push_new(hash, value)
             }
         };
@@ -159,7 +161,7 @@ impl<T: Keyed> KeyedTable<T> {
 
     /// Removes the value with this key; returns it. The last value takes
     /// its place (positions stay dense).
-    pub fn remove(&mut self, key: &str) -> Option<T> {
+    pub fn remove(&mut self, key: &T::Key) -> Option<T> {
         let hash = self.hash(key);
         let chunks = &self.chunks;
         let entry = self
@@ -262,6 +264,8 @@ mod tests {
     }
 
     impl Keyed for V {
+        type Key = str;
+
         fn key(&self) -> &str {
             &self.key
         }

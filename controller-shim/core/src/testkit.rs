@@ -28,6 +28,11 @@ pub fn a(s: &str) -> Arc<str> {
     Arc::from(s)
 }
 
+/// A pod UID from its text.
+pub fn uid(s: &str) -> crate::uid::PodUid {
+    crate::uid::PodUid::new(s)
+}
+
 /// Adds a Secret or ConfigMap with plaintext values (hashed on the way in).
 pub fn put_source(
     ix: &mut ClusterIndex,
@@ -130,7 +135,7 @@ impl PodB {
     pub fn new(ns: &str, name: &str, uid: &str, node: &str) -> Self {
         Self {
             pod: PodModel {
-                uid: a(uid),
+                uid: self::uid(uid),
                 namespace: a(ns),
                 name: a(name),
                 node: Some(a(node)),

@@ -27,6 +27,7 @@ use super::metrics::{MountLabels, MountSeries, StateCounts};
 use super::shared::{Shared, Shutdown};
 use super::status::PublishedPod;
 use super::workloads::WorkloadObject;
+use mountguard_core::PodUid;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceContent, SourceRef};
 use mountguard_core::verdict::{
@@ -45,7 +46,7 @@ pub enum Input {
     /// A pod added or changed.
     Pod(Box<PodModel>),
     /// A pod deleted (UID).
-    PodDeleted(Arc<str>),
+    PodDeleted(PodUid),
     /// A Secret or ConfigMap added or changed (content already hashed).
     Source(SourceRef, SourceContent),
     /// A Secret or ConfigMap deleted.
@@ -157,7 +158,7 @@ pub struct EvalTask {
 #[derive(Debug, Default)]
 struct Pending {
     /// Pods to re-evaluate.
-    dirty: HashSet<Arc<str>>,
+    dirty: HashSet<PodUid>,
     /// Everything is to be re-evaluated.
     full: bool,
     /// Nodes that sent a new inventory.
@@ -505,7 +506,7 @@ impl EvalTask {
         self.update_node_metrics(now);
     }
 
-    fn mark(&self, dirty: &mut HashSet<Arc<str>>, ids: Vec<mountguard_core::PodId>) {
+    fn mark(&self, dirty: &mut HashSet<PodUid>, ids: Vec<mountguard_core::PodId>) {
         for id in ids {
             if let Some(p) = self.index.pod(id) {
                 dirty.insert(p.uid.clone());
@@ -608,7 +609,7 @@ impl EvalTask {
 
     /// Publishes the pods that are not scheduled yet (every pod on a full
     /// evaluation, else the batch's dirty ones) for the rollout endpoint.
-    fn publish_unscheduled(&self, full: bool, dirty: &HashSet<Arc<str>>) {
+    fn publish_unscheduled(&self, full: bool, dirty: &HashSet<PodUid>) {
         let pending = |p: &Arc<PodModel>| p.node.is_none() && !p.terminated;
         let mut store = self.shared.verdicts.write().unwrap();
         if full {
@@ -658,25 +659,25 @@ impl EvalTask {
         }
     }
 
-    fn evaluate(&mut self, full: bool, dirty: HashSet<Arc<str>>, now: Timestamp) {
+    fn evaluate(&mut self, full: bool, dirty: HashSet<PodUid>, now: Timestamp) {
         let timer = Instant::now();
         let mut pods = Vec::new();
         let mut removed = Vec::new();
         if full {
             self.engine
                 .evaluate_all_each(&self.index, &mut self.state, now, |pv| pods.push(pv));
-            let live: HashSet<Arc<str>> = pods.iter().map(|p| p.pod.uid.clone()).collect();
+            let live: HashSet<&PodUid> = pods.iter().map(|p| &p.pod.uid).collect();
             let store = self.shared.verdicts.read().unwrap();
             removed.extend(store.pods.keys().filter(|u| !live.contains(*u)).cloned());
         } else {
-            let uids: Vec<&str> = dirty.iter().map(|u| &**u).collect();
+            let uids: Vec<&PodUid> = dirty.iter().collect();
             let ev = self
                 .engine
                 .evaluate_pods(&self.index, &mut self.state, &uids, now);
             pods = ev.pods;
             removed = ev.removed;
             // Unscheduled or terminated pods give no verdicts: drop theirs.
-            let evaluated: HashSet<&Arc<str>> = pods.iter().map(|p| &p.pod.uid).collect();
+            let evaluated: HashSet<&PodUid> = pods.iter().map(|p| &p.pod.uid).collect();
             for u in &dirty {
                 if !evaluated.contains(u) && !removed.contains(u) {
                     removed.push(u.clone());
@@ -725,7 +726,7 @@ impl EvalTask {
         self.evaluated = true;
         let mono = Instant::now();
         for r in requests {
-            let uid: Arc<str> = Arc::from(r.uid.as_str());
+            let uid = PodUid::new(&r.uid);
             if !self.limiter.allow(&uid, mono) || self.events.try_send(r).is_err() {
                 self.shared.metrics.events_suppressed.inc();
             }
@@ -1176,7 +1177,7 @@ mod tests {
         );
         // The holder goes: the name is forgotten.
         r.task
-            .apply_batch(vec![Input::PodDeleted(Arc::from("u1"))], t1);
+            .apply_batch(vec![Input::PodDeleted(PodUid::new("u1"))], t1);
         assert_eq!(ask(&mut r.task, &auth, Create), (vec![], false));
         // A mutable ConfigMap deleted while referenced: nothing held.
         let cm = SourceRef::new(
@@ -1279,7 +1280,7 @@ mod tests {
                 .read()
                 .unwrap()
                 .pods
-                .get("u1")
+                .get(&PodUid::new("u1"))
                 .map(|p| p.pv.verdicts[0].state.tag())
         };
         assert_eq!(
@@ -1517,7 +1518,7 @@ mod tests {
             "{p:?}"
         );
         r.task
-            .apply_batch(vec![Input::PodDeleted(Arc::from("u3"))], t1);
+            .apply_batch(vec![Input::PodDeleted(PodUid::new("u3"))], t1);
         assert!(decide(&doc(&r), &target, Some("s2")).complete());
         // A node whose agent stops reporting: its consumer no longer counts.
         let late = ts("2026-11-30T10:20:00Z");
@@ -1690,7 +1691,7 @@ mod tests {
         // its Event bucket.
         assert_eq!(r.task.limiter.len(), 1, "u1 had Events");
         r.task
-            .apply_batch(vec![Input::PodDeleted(Arc::from("u1"))], t0);
+            .apply_batch(vec![Input::PodDeleted(PodUid::new("u1"))], t0);
         assert!(!metrics(&r).contains("mountguard_mount_state{"));
         assert!(r.shared.verdicts.read().unwrap().pods.is_empty());
         assert!(r.task.tracker.is_empty());
@@ -1713,7 +1714,14 @@ mod tests {
             ],
             t0,
         );
-        assert!(r.shared.verdicts.read().unwrap().pods.contains_key("u1"));
+        assert!(
+            r.shared
+                .verdicts
+                .read()
+                .unwrap()
+                .pods
+                .contains_key(&PodUid::new("u1"))
+        );
         // Ten minutes without a report: InventoryTooOld, node not reporting.
         r.task.apply_batch(vec![], ts("2026-11-30T10:10:00Z"));
         let m = metrics(&r);

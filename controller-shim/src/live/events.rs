@@ -19,8 +19,8 @@
 //! suppressed Events count `mountguard_events_suppressed_total`.
 
 use foldhash::HashMap;
+use mountguard_core::PodUid;
 use mountguard_core::table::{Keyed, KeyedTable};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -116,12 +116,14 @@ pub fn decide(prev: Tracked, new: &State) -> (Tracked, Option<Reason>) {
 /// One pod's stored subjects.
 #[derive(Debug)]
 struct TrackedPod {
-    uid: Arc<str>,
+    uid: PodUid,
     subjects: Vec<(SubjectId, Tracked)>,
 }
 
 impl Keyed for TrackedPod {
-    fn key(&self) -> &str {
+    type Key = PodUid;
+
+    fn key(&self) -> &PodUid {
         &self.uid
     }
 }
@@ -143,7 +145,7 @@ impl Tracker {
     /// on such a node starts `Clear`, else `Unknown`).
     pub fn observe(
         &mut self,
-        uid: &Arc<str>,
+        uid: &PodUid,
         id: SubjectId,
         state: &State,
         baselined: bool,
@@ -193,7 +195,7 @@ impl Tracker {
     }
 
     /// Forgets a pod.
-    pub fn forget(&mut self, uid: &str) {
+    pub fn forget(&mut self, uid: &PodUid) {
         if self.subjects.remove(uid).is_some() {
             self.shrink();
         }
@@ -220,7 +222,7 @@ impl Tracker {
 /// Token buckets per pod and for the whole controller (time passed in).
 #[derive(Debug)]
 pub struct RateLimiter {
-    per_pod: HashMap<Arc<str>, TokenBucket>,
+    per_pod: HashMap<PodUid, TokenBucket>,
     global: TokenBucket,
     /// Per pod: events per second and burst.
     pub pod_rate: (f64, u32),
@@ -245,7 +247,7 @@ impl RateLimiter {
     }
 
     /// Whether an Event for pod `uid` may go out at `now`.
-    pub fn allow(&mut self, uid: &Arc<str>, now: Instant) -> bool {
+    pub fn allow(&mut self, uid: &PodUid, now: Instant) -> bool {
         let (pr, pb) = self.pod_rate;
         if self.per_pod.len() > 100_000 {
             // Forget full buckets of quiet pods.
@@ -271,7 +273,7 @@ impl RateLimiter {
     /// Forgets the bucket of a deleted pod (its UID never comes back):
     /// without this, every pod that ever had an Event kept one until the
     /// table passed 100 000 entries.
-    pub fn forget(&mut self, uid: &str) {
+    pub fn forget(&mut self, uid: &PodUid) {
         self.per_pod.remove(uid);
     }
 
@@ -466,7 +468,7 @@ mod tests {
     #[test]
     fn tracker_baselines_per_node_and_dedups() {
         let mut t = Tracker::default();
-        let uid: Arc<str> = Arc::from("u");
+        let uid = PodUid::new("u");
         let v = SubjectId::Volume(0);
         // Node not baselined: the first stale verdict is the baseline.
         assert_eq!(t.observe(&uid, v, &STALE, false), None);
@@ -477,7 +479,7 @@ mod tests {
         );
         assert_eq!(t.observe(&uid, v, &STALE, true), Some(Reason::StaleMount));
         // A new subject on a baselined node starts Clear.
-        let new: Arc<str> = Arc::from("n");
+        let new = PodUid::new("n");
         assert_eq!(
             t.observe(&new, v, &PINNED, true),
             Some(Reason::KubeletCachePinned)
@@ -501,7 +503,9 @@ mod tests {
         let mut t = Tracker::default();
         let v = SubjectId::Volume(0);
         let nodata = State::Unverifiable(UnverifiableReason::NoInventory);
-        let uids: Vec<Arc<str>> = (0..100_000).map(|i| Arc::from(format!("u{i}"))).collect();
+        let uids: Vec<PodUid> = (0..100_000)
+            .map(|i| PodUid::new(&format!("u{i}")))
+            .collect();
         // The first evaluation: no node has reported, every pod is stored.
         for u in &uids {
             assert_eq!(t.observe(u, v, &nodata, false), None);
@@ -530,8 +534,8 @@ mod tests {
     fn rate_limit_per_pod_and_global() {
         let t0 = Instant::now();
         let mut r = RateLimiter::with_rates(t0, (1.0, 2), (100.0, 3));
-        let a: Arc<str> = Arc::from("a");
-        let b: Arc<str> = Arc::from("b");
+        let a = PodUid::new("a");
+        let b = PodUid::new("b");
         assert!(r.allow(&a, t0));
         assert!(r.allow(&a, t0));
         assert!(!r.allow(&a, t0), "pod burst of 2");

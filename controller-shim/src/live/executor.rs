@@ -769,7 +769,12 @@ impl Executor {
             let (cordon, group_old_gone) = match &a.group {
                 Some(g) => {
                     let cordon = self.cordon(&mut cordons, &a.node, g).await;
-                    let live: HashSet<&str> = snap.nodeset_pods.iter().map(|p| &*p.uid).collect();
+                    let uids: Vec<String> = snap
+                        .nodeset_pods
+                        .iter()
+                        .map(|p| p.uid.to_string())
+                        .collect();
+                    let live: HashSet<&str> = uids.iter().map(String::as_str).collect();
                     (cordon, group_old_gone(self.attempts.values(), g, &live))
                 }
                 None => (NodeCordon::NotRead, false),

@@ -2,7 +2,7 @@
 //! the names of the runtime contract (the chart's alerts use them).
 
 use foldhash::HashMap;
-use std::sync::Arc;
+use mountguard_core::PodUid;
 
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
@@ -537,7 +537,7 @@ pub type StateCounts = Vec<(&'static str, i64)>;
 /// the previous verdicts anyway), so fully Fresh pods cost nothing here.
 #[derive(Debug, Default)]
 pub struct MountSeries {
-    by_pod: HashMap<Arc<str>, Vec<MountLabels>>,
+    by_pod: HashMap<PodUid, Vec<MountLabels>>,
     counts: HashMap<&'static str, i64>,
     /// States whose total changed since the last flush.
     unflushed: Vec<&'static str>,
@@ -549,7 +549,7 @@ impl MountSeries {
     pub fn replace(
         &mut self,
         m: &Metrics,
-        uid: &Arc<str>,
+        uid: &PodUid,
         labels: Vec<MountLabels>,
         old_counts: &[(&'static str, i64)],
         new_counts: &[(&'static str, i64)],
@@ -565,7 +565,7 @@ impl MountSeries {
     pub fn update(
         &mut self,
         m: &Metrics,
-        uid: &Arc<str>,
+        uid: &PodUid,
         labels: Vec<MountLabels>,
         old_counts: &[(&'static str, i64)],
         new_counts: &[(&'static str, i64)],
@@ -607,7 +607,7 @@ impl MountSeries {
     }
 
     /// Removes pod `uid`'s series and counts.
-    pub fn remove(&mut self, m: &Metrics, uid: &Arc<str>, old_counts: &[(&'static str, i64)]) {
+    pub fn remove(&mut self, m: &Metrics, uid: &PodUid, old_counts: &[(&'static str, i64)]) {
         self.replace(m, uid, Vec::new(), old_counts, &[]);
     }
 
@@ -657,7 +657,7 @@ mod tests {
     fn series_are_replaced_and_removed() {
         let m = Metrics::new();
         let mut s = MountSeries::default();
-        let uid: Arc<str> = Arc::from("u1");
+        let uid = PodUid::new("u1");
         let c1 = [("Propagating", 1), ("Fresh", 2)];
         s.replace(&m, &uid, vec![labels("p", "Propagating", "")], &[], &c1);
         let t = text(&m);
@@ -703,7 +703,7 @@ mod tests {
     fn totals_move_on_flush_only() {
         let m = Metrics::new();
         let mut s = MountSeries::default();
-        let uid: Arc<str> = Arc::from("u1");
+        let uid = PodUid::new("u1");
         s.replace(&m, &uid, vec![], &[], &[("Fresh", 3)]);
         assert!(text(&m).contains(r#"mountguard_mounts{state="Fresh"} 3"#));
         s.update(

@@ -21,7 +21,6 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use mountguard_core::Fingerprint;
 use mountguard_core::model::{CompactTime, PodModel, SourceRef};
 use mountguard_core::remediation::workload::{WorkloadKind, WorkloadRef, workload_of};
 use mountguard_core::rollout::{
@@ -29,6 +28,7 @@ use mountguard_core::rollout::{
 };
 use mountguard_core::table::{Keyed, KeyedTable};
 use mountguard_core::verdict::{PodVerdicts, State, Verdict};
+use mountguard_core::{Fingerprint, PodUid};
 use mountguard_inventory::table::write_aligned;
 
 /// What one pod's verdicts were computed against: the node inventory's scan
@@ -65,7 +65,9 @@ pub struct PublishedPod {
 }
 
 impl Keyed for PublishedPod {
-    fn key(&self) -> &str {
+    type Key = PodUid;
+
+    fn key(&self) -> &PodUid {
         &self.pv.pod.uid
     }
 }
@@ -78,12 +80,12 @@ pub struct PublishedPods(KeyedTable<PublishedPod>);
 
 impl PublishedPods {
     /// The pod with this UID.
-    pub fn get(&self, uid: &str) -> Option<&PublishedPod> {
+    pub fn get(&self, uid: &PodUid) -> Option<&PublishedPod> {
         self.0.get(uid)
     }
 
     /// Whether a pod with this UID is published.
-    pub fn contains_key(&self, uid: &str) -> bool {
+    pub fn contains_key(&self, uid: &PodUid) -> bool {
         self.0.contains_key(uid)
     }
 
@@ -93,7 +95,7 @@ impl PublishedPods {
     }
 
     /// Removes the pod with this UID; returns it.
-    pub fn remove(&mut self, uid: &str) -> Option<PublishedPod> {
+    pub fn remove(&mut self, uid: &PodUid) -> Option<PublishedPod> {
         self.0.remove(uid)
     }
 
@@ -103,7 +105,7 @@ impl PublishedPods {
     }
 
     /// The UIDs of every published pod, in no order.
-    pub fn keys(&self) -> impl Iterator<Item = &Arc<str>> {
+    pub fn keys(&self) -> impl Iterator<Item = &PodUid> {
         self.0.iter().map(|p| &p.pv.pod.uid)
     }
 
@@ -123,10 +125,12 @@ impl PublishedPods {
     }
 }
 
+/// By the UID's text.
 impl std::ops::Index<&str> for PublishedPods {
     type Output = PublishedPod;
     fn index(&self, uid: &str) -> &PublishedPod {
-        self.get(uid).expect("no published pod with this UID")
+        self.get(&PodUid::new(uid))
+            .expect("no published pod with this UID")
     }
 }
 
@@ -145,7 +149,7 @@ pub struct VerdictStore {
     /// Per node with pods: whether its agent reports.
     pub reporting: HashMap<Arc<str>, bool>,
     /// Pods not scheduled yet (no node, so no verdicts), per UID.
-    pub unscheduled: HashMap<Arc<str>, Arc<mountguard_core::PodModel>>,
+    pub unscheduled: HashMap<PodUid, Arc<mountguard_core::PodModel>>,
     /// `(namespace, ReplicaSet)` -> the Deployment controlling it, from
     /// the watched ReplicaSets.
     pub deployments: HashMap<(String, String), String>,

@@ -43,6 +43,7 @@ use super::eval::Input;
 use super::shared::{Shared, Shutdown};
 use super::workloads::{self, WorkloadObject};
 use crate::convert;
+use mountguard_core::PodUid;
 use mountguard_core::model::Interner;
 use mountguard_core::remediation::workload::WorkloadKind;
 
@@ -107,15 +108,15 @@ struct PodEdge {
 }
 
 impl Edge<Pod> for PodEdge {
-    type Key = Arc<str>;
-    fn key(&self, p: &Pod) -> Option<Arc<str>> {
-        p.metadata.uid.as_deref().map(Arc::from)
+    type Key = PodUid;
+    fn key(&self, p: &Pod) -> Option<PodUid> {
+        p.metadata.uid.as_deref().map(PodUid::new)
     }
     fn apply(&mut self, p: Pod) -> Option<Input> {
         let m = convert::pod(&mut self.interner, &p, &convert::RawPodExtras::default())?;
         Some(Input::Pod(Box::new(m)))
     }
-    fn delete(&mut self, uid: Arc<str>) -> Option<Input> {
+    fn delete(&mut self, uid: PodUid) -> Option<Input> {
         Some(Input::PodDeleted(uid))
     }
 }

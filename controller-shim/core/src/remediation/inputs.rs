@@ -187,8 +187,8 @@ pub fn new_pod_check(
     };
     let pod_known = nodeset_pods
         .iter()
-        .any(|p| &*p.uid == uid && p.node.is_some());
-    let pv: Option<&PodVerdicts> = verdicts.iter().find(|pv| &*pv.pod.uid == uid);
+        .any(|p| p.uid == uid && p.node.is_some());
+    let pv: Option<&PodVerdicts> = verdicts.iter().find(|pv| pv.pod.uid == uid);
     let Some(pv) = pv else {
         if !pod_known || at.is_none() {
             return NewPodCheck::NotYet;

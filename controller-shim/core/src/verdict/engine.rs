@@ -23,6 +23,7 @@ use super::view::{EngineView, NodeView, PodPrelim};
 use crate::fingerprint::Fingerprinter;
 use crate::index::{ClusterIndex, PodId};
 use crate::model::{PodModel, SkipReason, SourceRef};
+use crate::uid::PodUid;
 
 /// The verdict engine: configuration and the fingerprint key.
 #[derive(Debug, Clone)]
@@ -255,7 +256,7 @@ impl Engine {
         &self,
         index: &ClusterIndex,
         state: &mut EngineState,
-        uids: &[&str],
+        uids: &[&PodUid],
         now: Timestamp,
     ) -> Evaluation {
         let mut out = Evaluation::default();

@@ -116,7 +116,7 @@ fn api_unavailable_masks_judgements_and_keeps_their_history() {
         verdict(&during, "r", vol("w")).state,
         State::Unverifiable(UnverifiableReason::NoInventory)
     );
-    let incremental = e.evaluate_pods(&ix, &mut state, &["uid-p"], t3);
+    let incremental = e.evaluate_pods(&ix, &mut state, &[&uid("uid-p")], t3);
     assert_eq!(
         verdict(&incremental, "p", vol("v")).state,
         State::Unverifiable(UnverifiableReason::ApiUnavailable)
@@ -150,7 +150,7 @@ fn source_history_overrides_managed_fields_time() {
         Some(ts("2026-11-30T09:00:00Z")),
     );
     let t = ts("2026-11-30T10:59:00Z");
-    let r = e.evaluate_pods(&ix, &mut state, &["uid-p"], t);
+    let r = e.evaluate_pods(&ix, &mut state, &[&uid("uid-p")], t);
     let hist = state.sources.values().next().unwrap();
     assert_eq!(hist.content_changed_at, Some(t));
     assert_eq!(verdict(&r, "p", vol("v")).state, State::Propagating);
@@ -189,12 +189,12 @@ fn incremental_evaluation_matches_full_and_follows_node_flips() {
             .apply(ix);
     };
     let r = ix.pods_referencing(&crate::model::SourceRef::new(CM, a("ns"), a("cm-2")));
-    let uids: Vec<String> = r
+    let uids: Vec<crate::PodUid> = r
         .iter()
-        .map(|id| ix.pod(*id).unwrap().uid.to_string())
+        .map(|id| ix.pod(*id).unwrap().uid.clone())
         .collect();
-    assert_eq!(uids, ["uid-2"]);
-    let uid_refs: Vec<&str> = uids.iter().map(String::as_str).collect();
+    assert_eq!(uids, [uid("uid-2")]);
+    let uid_refs: Vec<&crate::PodUid> = uids.iter().collect();
 
     // Seen changing now (history beats the old managedFields time):
     // propagating, and only p2 is evaluated.
@@ -239,10 +239,10 @@ fn incremental_evaluation_matches_full_and_follows_node_flips() {
     assert_eq!(state2.nodes, state.nodes);
 
     // A deleted pod leaves the history and the node counters.
-    ix.delete_pod("uid-3");
-    let gone = e.evaluate_pods(&ix, &mut state, &["uid-3"], later);
-    assert_eq!(gone.removed, vec![a("uid-3")]);
-    assert!(!state.pods.contains_key("uid-3"));
+    ix.delete_pod(&uid("uid-3"));
+    let gone = e.evaluate_pods(&ix, &mut state, &[&uid("uid-3")], later);
+    assert_eq!(gone.removed, vec![uid("uid-3")]);
+    assert!(!state.pods.contains_key(&uid("uid-3")));
     assert_eq!(state.nodes[&a("node-a")].mutable_mounts, 3);
 }
 

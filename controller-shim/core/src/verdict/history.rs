@@ -15,6 +15,7 @@ use super::types::{PodVerdicts, State, Verdict};
 use crate::index::ClusterIndex;
 use crate::model::{PodModel, RareList, SourceRef};
 use crate::table::{Keyed, KeyedTable};
+use crate::uid::PodUid;
 
 /// History of one source as the engine saw it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,14 +103,16 @@ impl PartialEq for PodHistory {
 impl Eq for PodHistory {}
 
 impl Keyed for PodHistory {
-    fn key(&self) -> &str {
+    type Key = PodUid;
+
+    fn key(&self) -> &PodUid {
         self.uid()
     }
 }
 
 impl PodHistory {
     /// The pod's UID.
-    pub fn uid(&self) -> &Arc<str> {
+    pub fn uid(&self) -> &PodUid {
         &self.last.pod.uid
     }
 
@@ -151,7 +154,7 @@ impl PodHistory {
     /// A history read back: the pod is a model with only its UID and node
     /// (all the history uses of it), the verdicts only their id, state and
     /// `since`.
-    fn from_wire(uid: Arc<str>, w: PodHistoryWire) -> Self {
+    fn from_wire(uid: PodUid, w: PodHistoryWire) -> Self {
         let pod = PodModel {
             uid,
             namespace: Arc::from(""),
@@ -226,7 +229,9 @@ pub(super) struct SourceEntry {
 #[serde(rename_all = "camelCase")]
 pub(super) struct StateWire {
     pub(super) sources: Vec<SourceEntry>,
-    pub(super) pods: HashMap<Arc<str>, PodHistoryWire>,
+    /// By UID, written as its text (as every earlier version wrote it,
+    /// and read back from it).
+    pub(super) pods: HashMap<PodUid, PodHistoryWire>,
     pub(super) nodes: HashMap<Arc<str>, NodeHistory>,
 }
 
@@ -310,5 +315,82 @@ impl EngineState {
             Some(k) => k.changed_at,
             None => self.changed_at(index, r),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verdict::StaleCause;
+
+    /// A history as the versions that held pod UIDs as strings wrote it
+    /// (`pods` keyed by the UID's text; the form is unchanged): it loads,
+    /// UUIDs come back held as 16 bytes, other UIDs as their exact text,
+    /// and it is written back as it was read.
+    #[test]
+    fn a_history_written_with_string_uids_loads_and_is_written_back_the_same() {
+        let uuid = "0b6a2c1e-7f3d-4a59-9c1b-2e8f4d6a0c3b";
+        let upper = "0B6A2C1E-7F3D-4A59-9C1B-2E8F4D6A0C3B";
+        let old = r#"{
+            "sources": [],
+            "pods": {
+                "0b6a2c1e-7f3d-4a59-9c1b-2e8f4d6a0c3b": {
+                    "node": "node-a", "mutableMounts": 2, "staleMutableMounts": 1,
+                    "subjects": [
+                        {"id": {"volume": 0}, "state": "Stale/Unknown", "since": "2026-11-30T10:00:00Z"},
+                        {"id": {"subPath": [0, 1]}, "state": "Fresh", "since": "2026-11-30T09:00:00Z"}
+                    ]
+                },
+                "uid-p": {"node": null, "mutableMounts": 0, "staleMutableMounts": 0, "subjects": []},
+                "0B6A2C1E-7F3D-4A59-9C1B-2E8F4D6A0C3B": {
+                    "node": "node-b", "mutableMounts": 1, "staleMutableMounts": 0,
+                    "subjects": [{"id": {"volume": 1}, "state": "Fresh", "since": "2026-11-30T08:00:00Z"}]
+                }
+            },
+            "nodes": {"node-a": {"mutableMounts": 2, "staleMutableMounts": 1, "notSyncing": false}}
+        }"#;
+        let state: EngineState = serde_json::from_str(old).unwrap();
+        assert_eq!(state.pods.len(), 3);
+
+        let h = state.pods.get(&PodUid::new(uuid)).unwrap();
+        assert!(h.uid().is_compact());
+        assert_eq!(h.uid().to_string(), uuid);
+        assert_eq!(h.node().map(|n| &**n), Some("node-a"));
+        assert_eq!((h.mutable_mounts, h.stale_mutable_mounts), (2, 1));
+        assert_eq!(
+            h.subject(SubjectId::Volume(0)),
+            Some((
+                State::Stale(StaleCause::Unknown),
+                "2026-11-30T10:00:00Z".parse().unwrap()
+            ))
+        );
+        assert_eq!(
+            h.subject(SubjectId::SubPath(0, 1)).map(|(s, _)| s),
+            Some(State::Fresh)
+        );
+        for text in ["uid-p", upper] {
+            let h = state.pods.get(&PodUid::new(text)).unwrap();
+            assert!(!h.uid().is_compact(), "{text}");
+            assert_eq!(h.uid().to_string(), text);
+        }
+        assert!(
+            state
+                .pods
+                .get(&PodUid::new(upper))
+                .unwrap()
+                .node()
+                .is_some()
+        );
+        assert_eq!(
+            state.nodes[&Arc::<str>::from("node-a")].stale_mutable_mounts,
+            1
+        );
+
+        // Written back: the same document, UIDs as the same strings.
+        let written: serde_json::Value = serde_json::to_value(&state).unwrap();
+        let read: serde_json::Value = serde_json::from_str(old).unwrap();
+        assert_eq!(written, read);
+        let again: EngineState = serde_json::from_value(written).unwrap();
+        assert_eq!(again, state);
     }
 }

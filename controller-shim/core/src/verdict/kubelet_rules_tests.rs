@@ -368,7 +368,7 @@ fn a_terminating_pod_is_skipped_whole_and_still_pins() {
     let mut ix = recreated_auth();
     // The victim itself is terminating: stale bytes, but no Stale verdict.
     let mut victim = ix
-        .pod(ix.pod_id("uid-v").unwrap())
+        .pod(ix.pod_id(&uid("uid-v")).unwrap())
         .unwrap()
         .as_ref()
         .clone();
@@ -558,7 +558,7 @@ fn env_from_a_cache_entry_older_than_the_recreation_is_stale_not_fresh_or_frozen
 fn one_pods_verdicts_never_contradict_each_other() {
     let mut ix = recreated_auth();
     let mut victim = ix
-        .pod(ix.pod_id("uid-v").unwrap())
+        .pod(ix.pod_id(&uid("uid-v")).unwrap())
         .unwrap()
         .as_ref()
         .clone();

@@ -649,20 +649,21 @@ fn deleting_the_pinning_pod_turns_pinned_into_plain_immutable_cache() {
         verdict(&eval, "p", vol("v")).state,
         State::Stale(StaleCause::ImmutableCachePinned)
     );
-    let gone = ix.delete_pod("uid-q").unwrap();
-    let affected: Vec<String> = ix
+    let gone = ix.delete_pod(&uid("uid-q")).unwrap();
+    let affected: Vec<crate::PodUid> = ix
         .affected_by_pod(&gone)
         .iter()
-        .map(|id| ix.pod(*id).unwrap().uid.to_string())
+        .map(|id| ix.pod(*id).unwrap().uid.clone())
         .collect();
-    assert_eq!(affected, ["uid-p"]);
-    let mut uids: Vec<&str> = affected.iter().map(String::as_str).collect();
-    uids.push("uid-q");
+    assert_eq!(affected, [uid("uid-p")]);
+    let mut uids: Vec<&crate::PodUid> = affected.iter().collect();
+    let q = uid("uid-q");
+    uids.push(&q);
     let inc = e.evaluate_pods(&ix, &mut state, &uids, now);
     let v = verdict(&inc, "p", vol("v"));
     assert_eq!(v.state, State::Stale(StaleCause::ImmutableCache));
     assert!(v.pinned_by().is_empty());
-    assert_eq!(inc.removed, vec![a("uid-q")]);
+    assert_eq!(inc.removed, vec![uid("uid-q")]);
 }
 
 #[test]
@@ -694,7 +695,7 @@ fn pods_sharing_a_volume_spec_in_different_namespaces_get_their_own_projection()
     let mut p2 = p1.clone();
     p2.namespace = a("other");
     p2.name = a("p2");
-    p2.uid = a("uid-2");
+    p2.uid = uid("uid-2");
     assert!(Arc::ptr_eq(&p1.volumes[0].source, &p2.volumes[0].source));
     ix.apply_pod(p1);
     ix.apply_pod(p2);

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::subject::{Subject, SubjectId, subject_of};
 use crate::fingerprint::Fingerprint;
 use crate::model::{PodModel, SkipReason, SourceRef};
+use crate::uid::PodUid;
 
 /// Engine configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -374,7 +375,7 @@ pub struct Evaluation {
     pub pods: Vec<PodVerdicts>,
     /// UIDs asked for that are no longer in the index (their history was
     /// dropped).
-    pub removed: Vec<Arc<str>>,
+    pub removed: Vec<PodUid>,
 }
 
 impl Evaluation {
@@ -420,8 +421,8 @@ pub struct VerdictView<'a> {
     pub namespace: &'a str,
     /// Pod name.
     pub pod: &'a str,
-    /// Pod UID.
-    pub uid: &'a str,
+    /// Pod UID (written as its text).
+    pub uid: &'a PodUid,
     /// Node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<&'a str>,
