@@ -27,6 +27,11 @@ pub type Digest = [u8; 32];
 /// interned, so the extra box is paid once per distinct list.
 pub type FileList = Arc<Box<[(Arc<str>, Digest)]>>;
 
+/// A list of source fingerprints (what a published pod's verdicts were
+/// computed against), shared between equal lists; boxed inside the `Arc`
+/// like a [`FileList`], so it is one word in every published pod.
+pub type FingerprintList = Arc<Box<[Option<crate::Fingerprint>]>>;
+
 /// Interns strings, volume sources and observed file lists, so equal values
 /// (the same ConfigMap mounted by thousands of pods) share one allocation.
 ///
@@ -43,7 +48,7 @@ pub struct Interner {
     mounts: HashSet<Arc<[MountModel]>>,
     envs: HashSet<Arc<[EnvRef]>>,
     file_lists: HashSet<FileList>,
-    fingerprint_lists: HashSet<Arc<[Option<crate::Fingerprint>]>>,
+    fingerprint_lists: HashSet<FingerprintList>,
     /// Prune once this many values are held (0: [`Self::MIN_PRUNE`]).
     prune_at: usize,
 }
@@ -114,14 +119,14 @@ impl Interner {
     /// The shared copy of a list of source fingerprints (what a published
     /// pod's verdicts were computed against: the pods of one workload
     /// reference the same sources, so they share one list).
-    pub fn intern_fingerprints(
-        &mut self,
-        v: Vec<Option<crate::Fingerprint>>,
-    ) -> Arc<[Option<crate::Fingerprint>]> {
-        let (a, new) = shared_slice(&mut self.fingerprint_lists, v);
-        if new {
-            self.inserted();
+    pub fn intern_fingerprints(&mut self, v: Vec<Option<crate::Fingerprint>>) -> FingerprintList {
+        let list = v.into_boxed_slice();
+        if let Some(a) = self.fingerprint_lists.get(&list) {
+            return a.clone();
         }
+        let a: FingerprintList = Arc::new(list);
+        self.fingerprint_lists.insert(a.clone());
+        self.inserted();
         a
     }
 
