@@ -27,6 +27,11 @@ pub type Digest = [u8; 32];
 /// interned, so the extra box is paid once per distinct list.
 pub type FileList = Arc<Box<[(Arc<str>, Digest)]>>;
 
+/// A pod's verified volumes, shared between pods with the same list (the
+/// pods of one workload); boxed inside the `Arc` like a [`FileList`], so it
+/// is one word in every pod model.
+pub type VolumeList = Arc<Box<[VolumeModel]>>;
+
 /// A list of source fingerprints (what a published pod's verdicts were
 /// computed against), shared between equal lists; boxed inside the `Arc`
 /// like a [`FileList`], so it is one word in every published pod.
@@ -44,7 +49,7 @@ pub struct Interner {
     set: HashSet<Arc<str>>,
     volume_sources: HashSet<Arc<VolumeSource>>,
     volumes_seen: HashSet<Arc<VolumeSeen>>,
-    volumes: HashSet<Arc<[VolumeModel]>>,
+    volumes: HashSet<VolumeList>,
     mounts: HashSet<Arc<[MountModel]>>,
     envs: HashSet<Arc<[EnvRef]>>,
     file_lists: HashSet<FileList>,
@@ -167,11 +172,14 @@ impl Interner {
     }
 
     /// The shared copy of a pod's verified volumes.
-    pub fn intern_volumes(&mut self, v: Vec<VolumeModel>) -> Arc<[VolumeModel]> {
-        let (a, new) = shared_slice(&mut self.volumes, v);
-        if new {
-            self.inserted();
+    pub fn intern_volumes(&mut self, v: Vec<VolumeModel>) -> VolumeList {
+        let list = v.into_boxed_slice();
+        if let Some(a) = self.volumes.get(&list) {
+            return a.clone();
         }
+        let a: VolumeList = Arc::new(list);
+        self.volumes.insert(a.clone());
+        self.inserted();
         a
     }
 
@@ -631,8 +639,8 @@ pub struct PodModel {
     pub workload: Option<Box<ControllerRef>>,
     /// Verified volumes (secret, configMap, projected).
     /// (Shared between pods with the same volumes: the pods of one
-    /// workload have the same list.)
-    pub volumes: Arc<[VolumeModel]>,
+    /// workload have the same list; one word, see [`VolumeList`].)
+    pub volumes: VolumeList,
     /// Containers.
     pub containers: Box<[ContainerModel]>,
     /// `spec.imagePullSecrets` names (the kubelet registers these too).
@@ -1171,7 +1179,7 @@ mod tests {
         let c = ix.intern_volumes(v);
         assert!(Arc::ptr_eq(&a, &b));
         assert!(!Arc::ptr_eq(&a, &c));
-        assert_eq!(*a, *vols(&mut ix, "a"));
+        assert_eq!(**a, *vols(&mut ix, "a"));
         drop((a, b, c));
         ix.prune();
         assert_eq!(ix.held(), 0, "nothing is held once no pod holds it");
@@ -1200,6 +1208,8 @@ mod tests {
         // A pod model with its two owner boxes (NodeSet, apps/v1 controller)
         // in an `Arc` (two counters) stays in mimalloc's 160-byte class.
         assert!(std::mem::size_of::<PodModel>() + 16 <= 160);
+        // Its volume list is one word: the model is 136 bytes, not 144.
+        assert_eq!(std::mem::size_of::<PodModel>(), 136);
         // An observed pod's entry: its UID inline (16 bytes) and the pod.
         assert_eq!(
             std::mem::size_of::<(PodUid, ObservedPod)>(),
