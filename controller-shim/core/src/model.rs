@@ -27,6 +27,16 @@ pub type Digest = [u8; 32];
 /// interned, so the extra box is paid once per distinct list.
 pub type FileList = Arc<Box<[(Arc<str>, Digest)]>>;
 
+/// A pod's verified volumes, shared between pods with the same list (the
+/// pods of one workload); boxed inside the `Arc` like a [`FileList`], so it
+/// is one word in every pod model.
+pub type VolumeList = Arc<Box<[VolumeModel]>>;
+
+/// A list of source fingerprints (what a published pod's verdicts were
+/// computed against), shared between equal lists; boxed inside the `Arc`
+/// like a [`FileList`], so it is one word in every published pod.
+pub type FingerprintList = Arc<Box<[Option<crate::Fingerprint>]>>;
+
 /// Interns strings, volume sources and observed file lists, so equal values
 /// (the same ConfigMap mounted by thousands of pods) share one allocation.
 ///
@@ -38,12 +48,12 @@ pub type FileList = Arc<Box<[(Arc<str>, Digest)]>>;
 pub struct Interner {
     set: HashSet<Arc<str>>,
     volume_sources: HashSet<Arc<VolumeSource>>,
-    volume_ids: HashSet<Arc<VolumeId>>,
-    volumes: HashSet<Arc<[VolumeModel]>>,
+    volumes_seen: HashSet<Arc<VolumeSeen>>,
+    volumes: HashSet<VolumeList>,
     mounts: HashSet<Arc<[MountModel]>>,
     envs: HashSet<Arc<[EnvRef]>>,
     file_lists: HashSet<FileList>,
-    fingerprint_lists: HashSet<Arc<[Option<crate::Fingerprint>]>>,
+    fingerprint_lists: HashSet<FingerprintList>,
     /// Prune once this many values are held (0: [`Self::MIN_PRUNE`]).
     prune_at: usize,
 }
@@ -70,13 +80,13 @@ impl Interner {
     pub fn prune(&mut self) -> usize {
         let before = self.held();
         // Composite values first: they hold strings and sources.
+        self.volumes_seen.retain(|a| Arc::strong_count(a) > 1);
         self.file_lists.retain(|a| Arc::strong_count(a) > 1);
         self.fingerprint_lists.retain(|a| Arc::strong_count(a) > 1);
         self.volumes.retain(|a| Arc::strong_count(a) > 1);
         self.mounts.retain(|a| Arc::strong_count(a) > 1);
         self.envs.retain(|a| Arc::strong_count(a) > 1);
         self.volume_sources.retain(|a| Arc::strong_count(a) > 1);
-        self.volume_ids.retain(|a| Arc::strong_count(a) > 1);
         self.set.retain(|a| Arc::strong_count(a) > 1);
         before - self.held()
     }
@@ -85,7 +95,7 @@ impl Interner {
     pub fn held(&self) -> usize {
         self.set.len()
             + self.volume_sources.len()
-            + self.volume_ids.len()
+            + self.volumes_seen.len()
             + self.volumes.len()
             + self.mounts.len()
             + self.envs.len()
@@ -114,28 +124,38 @@ impl Interner {
     /// The shared copy of a list of source fingerprints (what a published
     /// pod's verdicts were computed against: the pods of one workload
     /// reference the same sources, so they share one list).
-    pub fn intern_fingerprints(
-        &mut self,
-        v: Vec<Option<crate::Fingerprint>>,
-    ) -> Arc<[Option<crate::Fingerprint>]> {
-        let (a, new) = shared_slice(&mut self.fingerprint_lists, v);
-        if new {
-            self.inserted();
+    pub fn intern_fingerprints(&mut self, v: Vec<Option<crate::Fingerprint>>) -> FingerprintList {
+        let list = v.into_boxed_slice();
+        if let Some(a) = self.fingerprint_lists.get(&list) {
+            return a.clone();
         }
+        let a: FingerprintList = Arc::new(list);
+        self.fingerprint_lists.insert(a.clone());
+        self.inserted();
         a
     }
 
-    /// The shared copy of a volume's plugin directory and name.
-    pub fn intern_volume_id(&mut self, plugin: Plugin, name: &str) -> Arc<VolumeId> {
-        let id = VolumeId {
+    /// The shared copy of what one observed volume showed: its plugin
+    /// directory and name, its files (interned by [`Self::intern_files`])
+    /// and its read problems.
+    pub fn intern_volume_seen(
+        &mut self,
+        plugin: Plugin,
+        name: &str,
+        files: FileList,
+        errors: RareList<ObservedError>,
+    ) -> Arc<VolumeSeen> {
+        let seen = VolumeSeen {
             plugin,
             name: self.intern(name),
+            files,
+            errors,
         };
-        if let Some(a) = self.volume_ids.get(&id) {
+        if let Some(a) = self.volumes_seen.get(&seen) {
             return a.clone();
         }
-        let a = Arc::new(id);
-        self.volume_ids.insert(a.clone());
+        let a = Arc::new(seen);
+        self.volumes_seen.insert(a.clone());
         self.inserted();
         a
     }
@@ -152,11 +172,14 @@ impl Interner {
     }
 
     /// The shared copy of a pod's verified volumes.
-    pub fn intern_volumes(&mut self, v: Vec<VolumeModel>) -> Arc<[VolumeModel]> {
-        let (a, new) = shared_slice(&mut self.volumes, v);
-        if new {
-            self.inserted();
+    pub fn intern_volumes(&mut self, v: Vec<VolumeModel>) -> VolumeList {
+        let list = v.into_boxed_slice();
+        if let Some(a) = self.volumes.get(&list) {
+            return a.clone();
         }
+        let a: VolumeList = Arc::new(list);
+        self.volumes.insert(a.clone());
+        self.inserted();
         a
     }
 
@@ -616,8 +639,8 @@ pub struct PodModel {
     pub workload: Option<Box<ControllerRef>>,
     /// Verified volumes (secret, configMap, projected).
     /// (Shared between pods with the same volumes: the pods of one
-    /// workload have the same list.)
-    pub volumes: Arc<[VolumeModel]>,
+    /// workload have the same list; one word, see [`VolumeList`].)
+    pub volumes: VolumeList,
     /// Containers.
     pub containers: Box<[ContainerModel]>,
     /// `spec.imagePullSecrets` names (the kubelet registers these too).
@@ -849,7 +872,7 @@ impl fmt::Debug for CompactTime {
 /// pod's image pull secrets and other references): one pointer, null when
 /// empty, instead of a 16-byte boxed slice in every observed volume and
 /// pod. Reads as a slice.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct RareList<T>(Option<Box<Box<[T]>>>);
 
 impl<T> Default for RareList<T> {
@@ -886,7 +909,7 @@ impl<T: fmt::Debug> fmt::Debug for RareList<T> {
 }
 
 /// One file the agent could not read, reduced to what the engine needs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObservedError {
     /// Path relative to the volume; empty for the volume itself.
     pub path: Arc<str>,
@@ -894,37 +917,62 @@ pub struct ObservedError {
     pub kind: ReadErrorKind,
 }
 
-/// A volume's plugin directory and name: interned, so an observed volume
-/// holds one pointer shared by every pod with a volume of that name (with
-/// `written_at` next to it, an observed volume is 40 bytes, not 48).
+/// What one volume of a pod showed the agent, but for when it was
+/// written: its plugin directory and name, its files and its read
+/// problems. Interned: the pods of one workload mount the same objects
+/// under the same volume names and see the same files, so they share one,
+/// and an observed volume is a pointer to it and its own `written_at` (24
+/// bytes, not 40).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct VolumeId {
+pub struct VolumeSeen {
     /// Plugin directory.
     pub plugin: Plugin,
     /// Volume name.
     pub name: Arc<str>,
-}
-
-/// A volume as the agent saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ObservedVolume {
-    /// Plugin directory and volume name.
-    pub id: Arc<VolumeId>,
-    /// When the kubelet published the content now served.
-    pub written_at: Option<CompactTime>,
     /// Path -> digest, sorted by path.
     pub files: FileList,
     /// Read problems.
     pub errors: RareList<ObservedError>,
 }
 
+/// A volume as the agent saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedVolume {
+    /// Plugin directory, volume name, files and read problems (shared).
+    pub seen: Arc<VolumeSeen>,
+    /// When the kubelet published the content now served (this pod's
+    /// volume's own time).
+    pub written_at: Option<CompactTime>,
+}
+
 impl ObservedVolume {
+    /// Plugin directory.
+    pub fn plugin(&self) -> Plugin {
+        self.seen.plugin
+    }
+
+    /// Volume name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.seen.name
+    }
+
+    /// Path -> digest, sorted by path.
+    pub fn files(&self) -> &[(Arc<str>, Digest)] {
+        &self.seen.files
+    }
+
+    /// Read problems.
+    pub fn errors(&self) -> &[ObservedError] {
+        &self.seen.errors
+    }
+
     /// Digest of `path`, if the file was seen.
     pub fn file(&self, path: &str) -> Option<&Digest> {
-        self.files
+        let files = self.files();
+        files
             .binary_search_by(|(p, _)| (**p).cmp(path))
             .ok()
-            .map(|i| &self.files[i].1)
+            .map(|i| &files[i].1)
     }
 }
 
@@ -959,7 +1007,7 @@ impl ObservedPod {
     pub fn volume(&self, plugin: Plugin, name: &str) -> Option<&ObservedVolume> {
         self.volumes
             .iter()
-            .find(|v| v.id.plugin == plugin && *v.id.name == *name)
+            .find(|v| v.plugin() == plugin && **v.name() == *name)
     }
 
     /// The subPath target for (volume, container, index).
@@ -1055,12 +1103,14 @@ impl ObservedNode {
                 let volumes = p
                     .volumes
                     .iter()
-                    .map(|v| ObservedVolume {
-                        id: interner.intern_volume_id(v.plugin, &v.name),
-                        written_at: v.written_at.map(CompactTime::from),
-                        files: interner
-                            .intern_files(v.files.iter().map(|(k, d)| (k.as_str(), &d.0))),
-                        errors: errs(&v.errors, interner),
+                    .map(|v| {
+                        let files =
+                            interner.intern_files(v.files.iter().map(|(k, d)| (k.as_str(), &d.0)));
+                        let errors = errs(&v.errors, interner);
+                        ObservedVolume {
+                            seen: interner.intern_volume_seen(v.plugin, &v.name, files, errors),
+                            written_at: v.written_at.map(CompactTime::from),
+                        }
                     })
                     .collect();
                 let sub_paths = p
@@ -1129,7 +1179,7 @@ mod tests {
         let c = ix.intern_volumes(v);
         assert!(Arc::ptr_eq(&a, &b));
         assert!(!Arc::ptr_eq(&a, &c));
-        assert_eq!(*a, *vols(&mut ix, "a"));
+        assert_eq!(**a, *vols(&mut ix, "a"));
         drop((a, b, c));
         ix.prune();
         assert_eq!(ix.held(), 0, "nothing is held once no pod holds it");
@@ -1152,17 +1202,66 @@ mod tests {
         }
         assert_eq!(std::mem::size_of::<Option<CompactTime>>(), 12);
         assert_eq!(std::mem::align_of::<CompactTime>(), 4);
-        // What that buys (with the interned volume id): an observed volume
-        // (one per volume of every pod) is 40 bytes, not 56.
-        assert_eq!(std::mem::size_of::<ObservedVolume>(), 40);
+        // What that buys (with what the volume showed interned): an
+        // observed volume (one per volume of every pod) is 24 bytes, not 40.
+        assert_eq!(std::mem::size_of::<ObservedVolume>(), 24);
         // A pod model with its two owner boxes (NodeSet, apps/v1 controller)
         // in an `Arc` (two counters) stays in mimalloc's 160-byte class.
         assert!(std::mem::size_of::<PodModel>() + 16 <= 160);
+        // Its volume list is one word: the model is 136 bytes, not 144.
+        assert_eq!(std::mem::size_of::<PodModel>(), 136);
         // An observed pod's entry: its UID inline (16 bytes) and the pod.
         assert_eq!(
             std::mem::size_of::<(PodUid, ObservedPod)>(),
             16 + std::mem::size_of::<ObservedPod>()
         );
+    }
+
+    /// Volumes that showed the same (plugin, name, files, read problems)
+    /// share one [`VolumeSeen`], each keeping its own `written_at`; a
+    /// volume that showed something else has its own, and nothing is held
+    /// once no inventory holds it.
+    #[test]
+    fn observed_volumes_that_showed_the_same_share_what_they_showed() {
+        use crate::testkit::NodeB;
+        let t = |s: &str| -> Timestamp { s.parse().unwrap() };
+        let (t1, t2) = (t("2026-11-30T09:00:00Z"), t("2026-11-30T09:00:01.5Z"));
+        let cm = Plugin::Configmap;
+        let inv = NodeB::new("node-a", t("2026-11-30T10:00:00Z"))
+            .volume("p1", cm, "cfg", &[("k", b"1")], t1)
+            .volume("p2", cm, "cfg", &[("k", b"1")], t2)
+            .volume("p3", cm, "cfg", &[("k", b"2")], t1)
+            .volume("p4", cm, "other", &[("k", b"1")], t1)
+            .volume("p5", cm, "cfg", &[("k", b"1"), ("j", b"3")], t1)
+            .volume_error("p5", "j", ReadErrorKind::TooLarge)
+            .inv;
+        let mut it = Interner::default();
+        let node = ObservedNode::from_inventory(&inv, &mut it);
+        let vol = |uid: &str| node.pods.get(&PodUid::new(uid)).unwrap().volumes[0].clone();
+        let (v1, v2, v3, v4, v5) = (vol("p1"), vol("p2"), vol("p3"), vol("p4"), vol("p5"));
+        assert!(Arc::ptr_eq(&v1.seen, &v2.seen));
+        assert_eq!(v1.written_at.map(CompactTime::get), Some(t1));
+        assert_eq!(v2.written_at.map(CompactTime::get), Some(t2));
+        assert_ne!(v1, v2, "the times differ");
+        for other in [&v3, &v4, &v5] {
+            assert!(!Arc::ptr_eq(&v1.seen, &other.seen));
+        }
+        assert_eq!((v1.plugin(), &**v1.name()), (cm, "cfg"));
+        assert_eq!(&**v4.name(), "other");
+        assert_eq!(v1.file("k"), Some(&file_digest(b"1")));
+        assert_eq!(v3.file("k"), Some(&file_digest(b"2")));
+        assert!(v1.file("j").is_none() && v1.errors().is_empty());
+        assert_eq!(v5.files().len(), 1);
+        assert_eq!(v5.errors().len(), 1);
+        assert_eq!(&*v5.errors()[0].path, "j");
+        // The same inventory converted again shares what the first holds.
+        let again = ObservedNode::from_inventory(&inv, &mut it);
+        assert_eq!(again, node);
+        let v = &again.pods.get(&PodUid::new("p5")).unwrap().volumes[0];
+        assert!(Arc::ptr_eq(&v.seen, &v5.seen));
+        drop((node, again, v1, v2, v3, v4, v5));
+        it.prune();
+        assert_eq!(it.held(), 0, "{it:?}");
     }
 
     #[test]

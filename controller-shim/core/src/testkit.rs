@@ -16,7 +16,7 @@ use crate::index::ClusterIndex;
 use crate::model::{
     ContainerKind, ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel,
     ProjectedSource, RareList, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
-    VolumeModel, VolumeSource,
+    VolumeList, VolumeModel, VolumeSource,
 };
 
 /// Parses an RFC 3339 time (panics on bad input: tests only).
@@ -145,7 +145,7 @@ impl PodB {
                 ready: true,
                 slinky: None,
                 workload: None,
-                volumes: Arc::new([]),
+                volumes: VolumeList::default(),
                 containers: Box::new([]),
                 image_pull_secrets: RareList::default(),
                 other_refs: RareList::default(),
@@ -160,7 +160,7 @@ impl PodB {
             source: Arc::new(source),
             read_at_start: false,
         });
-        self.pod.volumes = v.into();
+        self.pod.volumes = Arc::new(v.into_boxed_slice());
         self
     }
 
@@ -171,7 +171,7 @@ impl PodB {
                 v.read_at_start = true;
             }
         }
-        self.pod.volumes = vols.into();
+        self.pod.volumes = Arc::new(vols.into_boxed_slice());
         self
     }
 

@@ -21,7 +21,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use mountguard_core::model::{CompactTime, PodModel, SourceRef};
+use mountguard_core::model::{CompactTime, FingerprintList, PodModel, SourceRef};
 use mountguard_core::remediation::workload::{WorkloadKind, WorkloadRef, workload_of};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
@@ -41,8 +41,9 @@ pub struct PodCheck {
     /// Keyed fingerprint of each source the pod references, in the order
     /// of [`PodModel::references`] (`None`: absent). The references are
     /// the pod's own, so they are not stored again.
-    /// (Interned: pods referencing the same sources share the list.)
-    pub fingerprints: Arc<[Option<Fingerprint>]>,
+    /// (Interned: pods referencing the same sources share the list; one
+    /// word, so a check is 24 bytes and a published pod 48, not 56.)
+    pub fingerprints: FingerprintList,
 }
 
 impl PodCheck {
@@ -846,6 +847,37 @@ mod tests {
     use super::*;
     use mountguard_core::testkit::*;
     use mountguard_core::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
+
+    /// One published pod per pod: its check holds the fingerprint list as
+    /// one word (the list is interned), so the check is 24 bytes and the
+    /// record 48; pods with equal lists share one, which still reads back
+    /// each source's fingerprint.
+    #[test]
+    fn a_published_pod_is_48_bytes_and_equal_checks_share_one_list() {
+        use mountguard_core::model::Interner;
+        assert_eq!(std::mem::size_of::<PodCheck>(), 24);
+        assert_eq!(std::mem::size_of::<PublishedPod>(), 48);
+        let mut it = Interner::default();
+        let fp = Some(Fingerprint([1, 2, 3, 4, 5, 6]));
+        let a = it.intern_fingerprints(vec![fp, None]);
+        let b = it.intern_fingerprints(vec![fp, None]);
+        let c = it.intern_fingerprints(vec![None, fp]);
+        assert!(Arc::ptr_eq(&a, &b) && !Arc::ptr_eq(&a, &c));
+        let pod = PodB::new("ns", "p", "uid-p", "node-a")
+            .image_pull_secret("s")
+            .other_ref(SourceKind::ConfigMap, "m")
+            .build();
+        let check = PodCheck {
+            scanned_at: None,
+            fingerprints: a,
+        };
+        let refs = pod.references();
+        assert_eq!(check.source(&pod, &refs[0]), Some(fp));
+        assert_eq!(check.source(&pod, &refs[1]), Some(None));
+        drop((b, c, check));
+        it.prune();
+        assert_eq!(it.held(), 0);
+    }
 
     #[test]
     fn query_strings_decode_and_no_byte_sequence_panics() {

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::subject::SubjectId;
 use super::types::{PodVerdicts, State, Verdict};
 use crate::index::ClusterIndex;
-use crate::model::{PodModel, RareList, SourceRef};
+use crate::model::{PodModel, RareList, SourceRef, VolumeList};
 use crate::table::{Keyed, KeyedTable};
 use crate::uid::PodUid;
 
@@ -166,7 +166,7 @@ impl PodHistory {
             ready: false,
             slinky: None,
             workload: None,
-            volumes: Arc::new([]),
+            volumes: VolumeList::default(),
             containers: Box::new([]),
             image_pull_secrets: RareList::default(),
             other_refs: RareList::default(),

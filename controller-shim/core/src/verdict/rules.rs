@@ -341,7 +341,7 @@ impl Ctx<'_> {
                 let Some(ov) = op.volume(vol.source.plugin(), &vol.name) else {
                     continue;
                 };
-                if !ov.errors.is_empty()
+                if !ov.errors().is_empty()
                     || written_by.is_some_and(|t| ov.written_at.is_none_or(|w| w.get() > t))
                 {
                     continue;
@@ -378,7 +378,7 @@ impl Ctx<'_> {
                                 .iter()
                                 .filter(|(_, v)| r.kind == SourceKind::Secret || !v.binary)
                                 .all(|(k, _)| current_at(k))
-                            && ov.files.iter().all(|(path, _)| {
+                            && ov.files().iter().all(|(path, _)| {
                                 ev.file(path).is_some() || ev.skip_reason(path).is_some()
                             })
                     }
@@ -549,8 +549,8 @@ impl Ctx<'_> {
         let mut cmp = self.compare(
             &cv.scope,
             &cv.triples,
-            &ov.files,
-            &ov.errors,
+            ov.files(),
+            ov.errors(),
             &|p| ev.skip_reason(p),
             ev.unknown_paths,
             self.engine.config.list_fresh_files,
