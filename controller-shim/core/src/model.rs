@@ -72,6 +72,16 @@ fn shared_slice<T: Eq + std::hash::Hash>(
     (a, true)
 }
 
+/// The set's copy of `v`, inserted when absent; whether it was.
+fn shared_value<T: Eq + std::hash::Hash>(set: &mut HashSet<Arc<T>>, v: T) -> (Arc<T>, bool) {
+    if let Some(a) = set.get(&v) {
+        return (a.clone(), false);
+    }
+    let a = Arc::new(v);
+    set.insert(a.clone());
+    (a, true)
+}
+
 impl Interner {
     /// Below this many held values the interner never prunes by itself.
     pub const MIN_PRUNE: usize = 4096;
@@ -125,13 +135,10 @@ impl Interner {
     /// pod's verdicts were computed against: the pods of one workload
     /// reference the same sources, so they share one list).
     pub fn intern_fingerprints(&mut self, v: Vec<Option<crate::Fingerprint>>) -> FingerprintList {
-        let list = v.into_boxed_slice();
-        if let Some(a) = self.fingerprint_lists.get(&list) {
-            return a.clone();
+        let (a, new) = shared_value(&mut self.fingerprint_lists, v.into_boxed_slice());
+        if new {
+            self.inserted();
         }
-        let a: FingerprintList = Arc::new(list);
-        self.fingerprint_lists.insert(a.clone());
-        self.inserted();
         a
     }
 
@@ -151,35 +158,28 @@ impl Interner {
             files,
             errors,
         };
-        if let Some(a) = self.volumes_seen.get(&seen) {
-            return a.clone();
+        let (a, new) = shared_value(&mut self.volumes_seen, seen);
+        if new {
+            self.inserted();
         }
-        let a = Arc::new(seen);
-        self.volumes_seen.insert(a.clone());
-        self.inserted();
         a
     }
 
     /// The shared copy of a volume source.
     pub fn intern_volume_source(&mut self, v: VolumeSource) -> Arc<VolumeSource> {
-        if let Some(a) = self.volume_sources.get(&v) {
-            return a.clone();
+        let (a, new) = shared_value(&mut self.volume_sources, v);
+        if new {
+            self.inserted();
         }
-        let a = Arc::new(v);
-        self.volume_sources.insert(a.clone());
-        self.inserted();
         a
     }
 
     /// The shared copy of a pod's verified volumes.
     pub fn intern_volumes(&mut self, v: Vec<VolumeModel>) -> VolumeList {
-        let list = v.into_boxed_slice();
-        if let Some(a) = self.volumes.get(&list) {
-            return a.clone();
+        let (a, new) = shared_value(&mut self.volumes, v.into_boxed_slice());
+        if new {
+            self.inserted();
         }
-        let a: VolumeList = Arc::new(list);
-        self.volumes.insert(a.clone());
-        self.inserted();
         a
     }
 
@@ -211,13 +211,10 @@ impl Interner {
             .map(|(p, d)| (self.intern(p), *d))
             .collect();
         list.sort_by(|a, b| a.0.cmp(&b.0));
-        let list = list.into_boxed_slice();
-        if let Some(a) = self.file_lists.get(&list) {
-            return a.clone();
+        let (a, new) = shared_value(&mut self.file_lists, list.into_boxed_slice());
+        if new {
+            self.inserted();
         }
-        let a: FileList = Arc::new(list);
-        self.file_lists.insert(a.clone());
-        self.inserted();
         a
     }
 
