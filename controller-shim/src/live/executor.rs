@@ -33,6 +33,7 @@ use tokio::sync::watch as tokio_watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use mountguard_core::PodUid;
 use mountguard_core::remediation::inputs::{
     IntOrString, NodeSetModel, candidates, cordon_of, group_old_gone, new_pod_check, nodeset_infos,
 };
@@ -769,12 +770,7 @@ impl Executor {
             let (cordon, group_old_gone) = match &a.group {
                 Some(g) => {
                     let cordon = self.cordon(&mut cordons, &a.node, g).await;
-                    let uids: Vec<String> = snap
-                        .nodeset_pods
-                        .iter()
-                        .map(|p| p.uid.to_string())
-                        .collect();
-                    let live: HashSet<&str> = uids.iter().map(String::as_str).collect();
+                    let live: HashSet<&PodUid> = snap.nodeset_pods.iter().map(|p| &p.uid).collect();
                     (cordon, group_old_gone(self.attempts.values(), g, &live))
                 }
                 None => (NodeCordon::NotRead, false),

@@ -15,6 +15,7 @@ use super::workload::WorkloadRef;
 use super::{REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION};
 use crate::Fingerprint;
 use crate::model::{ContainerKind, PodModel};
+use crate::uid::PodUid;
 use crate::verdict::{PodVerdicts, State};
 
 /// What remediation reads of a NodeSet (`slinky.slurm.net/v1beta1`).
@@ -273,13 +274,13 @@ pub fn settled(pod: &PodModel, scanned_at: Option<Timestamp>) -> bool {
 pub fn group_old_gone<'a>(
     attempts: impl IntoIterator<Item = &'a Attempt>,
     group: &str,
-    live: &HashSet<&str>,
+    live: &HashSet<&PodUid>,
 ) -> bool {
     attempts
         .into_iter()
         .filter(|m| m.group.as_deref() == Some(group))
         .filter(|m| !(m.phase.is_terminal() && m.evicted_at.is_none()))
-        .all(|m| !live.contains(m.pod_uid.as_str()))
+        .all(|m| !live.contains(&PodUid::new(&m.pod_uid)))
 }
 
 /// How group `group` sees a node's hold: `owner` is the value of the node's
@@ -375,12 +376,14 @@ mod tests {
         let b = mk("b", "uid-b", Phase::AwaitingReplacement, true);
         let mut other = mk("x", "uid-x", Phase::Evicting, false);
         other.group = Some("other".into());
-        let live: HashSet<&str> = ["uid-b", "uid-x"].into();
+        let uids = ["uid-b", "uid-x"].map(PodUid::new);
+        let live: HashSet<&PodUid> = uids.iter().collect();
         assert!(
             !group_old_gone([&a, &b, &other], "g", &live),
             "b still there"
         );
-        let live: HashSet<&str> = ["uid-x"].into();
+        let uids = ["uid-x"].map(PodUid::new);
+        let live: HashSet<&PodUid> = uids.iter().collect();
         assert!(group_old_gone([&a, &b, &other], "g", &live));
         // A member that failed before its eviction keeps its pod: not waited for.
         let c = mk(
@@ -389,7 +392,8 @@ mod tests {
             Phase::Failed(FailReason::NodeDrainedByOthers),
             false,
         );
-        let live: HashSet<&str> = ["uid-c"].into();
+        let uids = ["uid-c"].map(PodUid::new);
+        let live: HashSet<&PodUid> = uids.iter().collect();
         assert!(group_old_gone([&a, &b, &c], "g", &live));
         // One that failed after it was evicted is waited for like the others.
         let d = mk(
@@ -398,7 +402,8 @@ mod tests {
             Phase::Failed(FailReason::ReplacementTimeout),
             true,
         );
-        let live: HashSet<&str> = ["uid-d"].into();
+        let uids = ["uid-d"].map(PodUid::new);
+        let live: HashSet<&PodUid> = uids.iter().collect();
         assert!(!group_old_gone([&a, &d], "g", &live));
     }
 
