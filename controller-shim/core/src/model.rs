@@ -822,39 +822,54 @@ impl PodModel {
     }
 }
 
-/// A [`Timestamp`] in 12 bytes with a niche and 4-byte alignment, so that
-/// an optional one takes 12 bytes where an `Option<Timestamp>` takes 24
-/// (and fills a 4-byte gap beside other fields): for the times held per pod,
-/// per observed volume and per published pod. Lossless for every
-/// `Timestamp`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+/// A [`Timestamp`] in 8 bytes with a niche, so that an optional one takes
+/// 8 bytes where an `Option<Timestamp>` takes 24: for the times held per
+/// pod, per observed volume, per verdict and per published pod.
+///
+/// It holds the nanoseconds since the Unix epoch in an `i64`, exact for
+/// every time from 1677-09-21T00:12:43.145224193Z to
+/// 2262-04-11T23:47:16.854775807Z (every clock reading and every time the
+/// API server or an agent writes from one). A time outside that range is
+/// held at the nearest end of it ([`CompactTime::from`] saturates): it
+/// still compares the same way against every time in range, which is all
+/// the engine does with these times (grace periods, "written after the
+/// change"), and [`CompactTime::is_clamped`] says it was clamped.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CompactTime {
-    /// The low and high halves of the Unix second (two `u32` words, not
-    /// one `i64`, so the alignment stays 4).
-    second: [u32; 2],
-    /// `subsec_nanosecond() + 1_000_000_000`, in `1..2_000_000_000` (the
-    /// nanoseconds of a negative timestamp are negative), so never zero.
-    nanosecond: std::num::NonZeroU32,
+    /// Nanoseconds since the epoch with the sign bit flipped, so that the
+    /// one value left out of the range, `i64::MIN` nanoseconds, is the
+    /// zero that gives `Option<CompactTime>` its niche. (Flipping the sign
+    /// bit keeps the order of the signed value in the unsigned one.)
+    biased: std::num::NonZeroU64,
 }
 
 impl CompactTime {
-    const SHIFT: i32 = 1_000_000_000;
+    const BIAS: u64 = 1 << 63;
+    /// The earliest time held exactly.
+    pub const MIN: i128 = i64::MIN as i128 + 1;
+    /// The latest time held exactly.
+    pub const MAX: i128 = i64::MAX as i128;
 
     /// The timestamp.
     pub fn get(self) -> Timestamp {
-        let second = (u64::from(self.second[1]) << 32 | u64::from(self.second[0])) as i64;
-        let ns = self.nanosecond.get() as i64 - i64::from(Self::SHIFT);
-        Timestamp::new(second, ns as i32).expect("a CompactTime holds a valid Timestamp")
+        let ns = (self.biased.get() ^ Self::BIAS) as i64;
+        Timestamp::from_nanosecond(i128::from(ns))
+            .expect("every i64 of nanoseconds is a valid Timestamp")
+    }
+
+    /// Whether `t` lies outside the range held exactly, so that
+    /// [`CompactTime::from`] holds it at the nearest end.
+    pub fn is_clamped(t: Timestamp) -> bool {
+        !(Self::MIN..=Self::MAX).contains(&t.as_nanosecond())
     }
 }
 
 impl From<Timestamp> for CompactTime {
     fn from(t: Timestamp) -> Self {
-        let ns = (t.subsec_nanosecond() + Self::SHIFT) as u32;
-        let second = t.as_second() as u64;
+        let ns = t.as_nanosecond().clamp(Self::MIN, Self::MAX) as i64;
         Self {
-            second: [second as u32, (second >> 32) as u32],
-            nanosecond: std::num::NonZeroU32::new(ns).expect("shifted nanoseconds are positive"),
+            biased: std::num::NonZeroU64::new(ns as u64 ^ Self::BIAS)
+                .expect("i64::MIN is outside the clamped range"),
         }
     }
 }
@@ -918,7 +933,7 @@ pub struct ObservedError {
 /// written: its plugin directory and name, its files and its read
 /// problems. Interned: the pods of one workload mount the same objects
 /// under the same volume names and see the same files, so they share one,
-/// and an observed volume is a pointer to it and its own `written_at` (24
+/// and an observed volume is a pointer to it and its own `written_at` (16
 /// bytes, not 40).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct VolumeSeen {
@@ -1184,24 +1199,45 @@ mod tests {
 
     #[test]
     fn a_compact_time_gives_back_the_timestamp_it_was_made_of() {
-        for t in [
-            Timestamp::UNIX_EPOCH,
-            Timestamp::MIN,
-            Timestamp::MAX,
-            "2026-11-30T10:00:00.123456789Z".parse().unwrap(),
-            "1969-12-31T23:59:59.5Z".parse().unwrap(),
+        let lo: Timestamp = "1677-09-21T00:12:43.145224193Z".parse().unwrap();
+        let hi: Timestamp = "2262-04-11T23:47:16.854775807Z".parse().unwrap();
+        let exact: Vec<Timestamp> = vec![
+            lo,
             Timestamp::new(-1, -1).unwrap(),
+            "1969-12-31T23:59:59.5Z".parse().unwrap(),
+            Timestamp::UNIX_EPOCH,
             Timestamp::new(0, 999_999_999).unwrap(),
-        ] {
+            "2026-11-30T10:00:00.123456789Z".parse().unwrap(),
+            hi,
+        ];
+        for &t in &exact {
             let c = CompactTime::from(t);
             assert_eq!(c.get(), t);
+            assert!(!CompactTime::is_clamped(t), "{t}");
             assert_eq!(format!("{c:?}"), format!("{t:?}"));
         }
-        assert_eq!(std::mem::size_of::<Option<CompactTime>>(), 12);
-        assert_eq!(std::mem::align_of::<CompactTime>(), 4);
+        // Ordered as the timestamps are.
+        let held: Vec<CompactTime> = exact.iter().map(|&t| t.into()).collect();
+        assert!(held.windows(2).all(|w| w[0] < w[1]));
+        // Outside the range: held at the nearest end, flagged, and still
+        // on the same side of every time in range.
+        let before = lo - jiff::SignedDuration::from_nanos(1);
+        let after = hi + jiff::SignedDuration::from_nanos(1);
+        for (t, end) in [
+            (Timestamp::MIN, lo),
+            (before, lo),
+            (Timestamp::MAX, hi),
+            (after, hi),
+        ] {
+            assert!(CompactTime::is_clamped(t), "{t}");
+            assert_eq!(CompactTime::from(t).get(), end, "{t}");
+        }
+        assert!(CompactTime::from(Timestamp::MAX) > CompactTime::from(exact[5]));
+        assert!(CompactTime::from(Timestamp::MIN) < CompactTime::from(Timestamp::UNIX_EPOCH));
+        assert_eq!(std::mem::size_of::<Option<CompactTime>>(), 8);
         // What that buys (with what the volume showed interned): an
-        // observed volume (one per volume of every pod) is 24 bytes, not 40.
-        assert_eq!(std::mem::size_of::<ObservedVolume>(), 24);
+        // observed volume (one per volume of every pod) is 16 bytes, not 40.
+        assert_eq!(std::mem::size_of::<ObservedVolume>(), 16);
         // A pod model with its two owner boxes (NodeSet, apps/v1 controller)
         // in an `Arc` (two counters) stays in mimalloc's 160-byte class.
         assert!(std::mem::size_of::<PodModel>() + 16 <= 160);

@@ -79,7 +79,7 @@ pub fn candidates(
                 .map(|v| CandidateFinding {
                     subject: pv.subject(v).key(),
                     state: v.state,
-                    since: v.since,
+                    since: v.since.get(),
                     mounted: fp(v.observed),
                     current: fp(v.expected),
                     pinned_by: v.pinned_by().iter().map(|p| p.to_string()).collect(),
@@ -458,7 +458,7 @@ mod tests {
             underlying: state,
             expected: None,
             observed: None,
-            since: t,
+            since: t.into(),
             detail: None,
         };
         let stale = State::Stale(StaleCause::Unknown);
@@ -523,7 +523,7 @@ mod tests {
                     underlying: State::Stale(StaleCause::Unknown),
                     expected: None,
                     observed: None,
-                    since: started,
+                    since: started.into(),
                     detail: None,
                 }]
                 .into(),

@@ -405,7 +405,8 @@ impl Engine {
                 .and_then(|h| h.subject(v.id))
                 .filter(|(s, _)| *s == tag)
                 .map(|(_, since)| since)
-                .unwrap_or(pre.estimate.min(now));
+                .unwrap_or(pre.estimate.min(now))
+                .into();
             // The history keeps the state before the API rule: the state
             // underneath keeps its `since` while the API is unavailable.
             v.underlying = tag;

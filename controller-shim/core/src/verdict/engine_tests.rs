@@ -33,13 +33,13 @@ fn history_keeps_since_and_unknown_change_times_wait_for_grace() {
     scan(&mut ix, t1);
     let v1 = e.evaluate_all(&ix, &mut state, t1);
     assert_eq!(verdict(&v1, "p", vol("v")).state, State::Propagating);
-    assert_eq!(verdict(&v1, "p", vol("v")).since, t1);
+    assert_eq!(verdict(&v1, "p", vol("v")).since.get(), t1);
 
     let t2 = t1 + SignedDuration::from_secs(120);
     scan(&mut ix, t2);
     let v2 = e.evaluate_all(&ix, &mut state, t2);
     assert_eq!(verdict(&v2, "p", vol("v")).state, State::Propagating);
-    assert_eq!(verdict(&v2, "p", vol("v")).since, t1, "since is kept");
+    assert_eq!(verdict(&v2, "p", vol("v")).since.get(), t1, "since is kept");
 
     let t3 = t1 + SignedDuration::from_secs(200);
     scan(&mut ix, t3);
@@ -47,7 +47,8 @@ fn history_keeps_since_and_unknown_change_times_wait_for_grace() {
     let v = verdict(&v3, "p", vol("v"));
     assert_eq!(v.state, State::Stale(StaleCause::Unknown));
     assert_eq!(
-        v.since, t1,
+        v.since.get(),
+        t1,
         "the stale state dates from when the mismatch began"
     );
 
@@ -100,7 +101,7 @@ fn api_unavailable_masks_judgements_and_keeps_their_history() {
     let before = e.evaluate_all(&ix, &mut state, t2);
     let stale = verdict(&before, "p", vol("v")).clone();
     assert_eq!(stale.state, State::Stale(StaleCause::Unknown));
-    assert_eq!(stale.since, t1);
+    assert_eq!(stale.since.get(), t1);
 
     e.set_api_health(ApiHealth::Unavailable);
     let t3 = t2 + SignedDuration::from_secs(60);
@@ -128,7 +129,11 @@ fn api_unavailable_masks_judgements_and_keeps_their_history() {
     let after = e.evaluate_all(&ix, &mut state, t4);
     let v = verdict(&after, "p", vol("v"));
     assert_eq!(v.state, stale.state, "no new grace period after the outage");
-    assert_eq!(v.since, t1, "the history kept the stale state's start");
+    assert_eq!(
+        v.since.get(),
+        t1,
+        "the history kept the stale state's start"
+    );
 }
 
 #[test]
@@ -222,7 +227,7 @@ fn incremental_evaluation_matches_full_and_follows_node_flips() {
         );
     }
     assert_eq!(
-        verdict(&inc, "p2", vol("v")).since,
+        verdict(&inc, "p2", vol("v")).since.get(),
         t1,
         "stale since the change was seen"
     );

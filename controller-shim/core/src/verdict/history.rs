@@ -127,7 +127,7 @@ impl PodHistory {
             .verdicts
             .iter()
             .find(|v| v.id == id)
-            .map(|v| (v.underlying, v.since))
+            .map(|v| (v.underlying, v.since.get()))
     }
 
     /// Every subject's history, in the order of the verdicts.
@@ -135,7 +135,7 @@ impl PodHistory {
         self.last.verdicts.iter().map(|v| SubjectHistory {
             id: v.id,
             state: v.underlying,
-            since: v.since,
+            since: v.since.get(),
         })
     }
 }
@@ -183,7 +183,7 @@ impl PodHistory {
                         underlying: s.state,
                         expected: None,
                         observed: None,
-                        since: s.since,
+                        since: s.since.into(),
                         detail: None,
                     })
                     .collect(),

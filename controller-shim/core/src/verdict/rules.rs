@@ -63,7 +63,7 @@ impl Ctx<'_> {
                 underlying: state,
                 expected: None,
                 observed: None,
-                since: self.now,
+                since: self.now.into(),
                 detail: message.map(|m| {
                     Box::new(VerdictDetail {
                         message: Some(m),
@@ -496,7 +496,7 @@ impl Ctx<'_> {
                 underlying: state,
                 expected: fps.0,
                 observed: fps.1,
-                since: self.now,
+                since: self.now.into(),
                 detail: (!empty).then(|| Box::new(detail)),
             },
             estimate,
@@ -972,7 +972,7 @@ pub(super) fn terminating_pod(id: PodId, pod: &PodModel, now: Timestamp) -> PodP
             underlying: State::Skipped(SkipReason::PodTerminating),
             expected: None,
             observed: None,
-            since: now,
+            since: now.into(),
             detail: None,
         },
         estimate: now,

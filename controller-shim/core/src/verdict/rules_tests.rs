@@ -220,7 +220,7 @@ fn sub_path_of_a_key_that_changed_after_start_is_frozen() {
             .collect::<Vec<_>>(),
         [""]
     );
-    assert_eq!(sp.since, ts("2026-11-30T10:30:00Z"));
+    assert_eq!(sp.since.get(), ts("2026-11-30T10:30:00Z"));
 
     // Unchanged subPath: fresh. A subPath target not on disk: NotOnDisk.
     let mut ix2 = ClusterIndex::new();
@@ -357,7 +357,7 @@ fn read_at_start_volume_refreshed_after_start_is_frozen() {
         let v = verdict(&eval, "worker-0", vol("slurm-etc"));
         assert_eq!(v.state, want, "written {written}, declared {declared}");
         if want == State::Frozen(FrozenCause::ReadAtStart) {
-            assert_eq!(v.since, ts(written));
+            assert_eq!(v.since.get(), ts(written));
             assert!(v.message().unwrap().contains("slurmd"));
         }
     }

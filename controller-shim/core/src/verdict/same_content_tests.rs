@@ -455,10 +455,10 @@ fn volumes_across_a_recreation_with_the_same_content() {
         let v = find(&eval, "p", vol("v"));
         if v.state != want {
             bad.push(format!("{case}: {} (want {})", v.state.tag(), want.tag()));
-        } else if want == State::Stale(StaleCause::Unknown) && v.since != ts(CREATED) {
+        } else if want == State::Stale(StaleCause::Unknown) && v.since.get() != ts(CREATED) {
             bad.push(format!(
                 "{case}: since {} (want the last real change)",
-                v.since
+                v.since.get()
             ));
         }
     }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use super::subject::{Subject, SubjectId, subject_of};
 use crate::fingerprint::Fingerprint;
-use crate::model::{PodModel, SkipReason, SourceRef};
+use crate::model::{CompactTime, PodModel, SkipReason, SourceRef};
 use crate::uid::PodUid;
 
 /// Engine configuration.
@@ -286,14 +286,15 @@ pub struct Verdict {
     /// (see [`super::PodHistory`]), so the state underneath keeps its
     /// `since` while the Secret and ConfigMap watches are unavailable.
     /// Equal to `state` while they are healthy. (It fits in what would
-    /// otherwise be padding: a verdict stays 48 bytes.)
+    /// otherwise be padding: a verdict stays 40 bytes.)
     pub underlying: State,
     /// Fingerprint of the expected content.
     pub expected: Option<Fingerprint>,
     /// Fingerprint of the observed content.
     pub observed: Option<Fingerprint>,
-    /// Since when this state (with this cause) holds.
-    pub since: Timestamp,
+    /// Since when this state (with this cause) holds (8 bytes, exact for
+    /// every clock reading: see [`CompactTime`]).
+    pub since: CompactTime,
     /// Details, present when there is something to say.
     pub detail: Option<Box<VerdictDetail>>,
 }
@@ -527,7 +528,7 @@ impl Verdict {
             differing_paths: self.differing_paths(),
             files: self.files(),
             pinned_by: self.pinned_by(),
-            since: self.since,
+            since: self.since.get(),
             message: self.message(),
             advice,
         }

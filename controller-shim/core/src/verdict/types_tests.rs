@@ -41,3 +41,13 @@ fn every_state_tag_round_trips() {
     }
     assert!(serde_json::from_str::<State>("\"Stale/Bogus\"").is_err());
 }
+
+/// Every pod holds one verdict per subject (shared by the engine's history
+/// and the published record): the subject id, both states and both
+/// fingerprints fill 24 bytes, `since` is an 8-byte `CompactTime` and the
+/// detail one pointer, so a verdict is 40 bytes (48 with a 16-byte
+/// `Timestamp`).
+#[test]
+fn a_verdict_is_40_bytes() {
+    assert_eq!(std::mem::size_of::<crate::verdict::Verdict>(), 40);
+}
