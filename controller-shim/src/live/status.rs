@@ -850,13 +850,14 @@ mod tests {
 
     /// One published pod per pod: its check holds the fingerprint list as
     /// one word (the list is interned) and its scan time in 8 bytes, so
-    /// the check is 16 bytes and the record 40; pods with equal lists share
-    /// one, which still reads back each source's fingerprint.
+    /// the check is 16 bytes and the record (with the pod's verdicts, 16)
+    /// 32; pods with equal lists share one, which still reads back each
+    /// source's fingerprint.
     #[test]
-    fn a_published_pod_is_40_bytes_and_equal_checks_share_one_list() {
+    fn a_published_pod_is_32_bytes_and_equal_checks_share_one_list() {
         use mountguard_core::model::Interner;
         assert_eq!(std::mem::size_of::<PodCheck>(), 16);
-        assert_eq!(std::mem::size_of::<PublishedPod>(), 40);
+        assert_eq!(std::mem::size_of::<PublishedPod>(), 32);
         let mut it = Interner::default();
         let fp = Some(Fingerprint([1, 2, 3, 4, 5, 6]));
         let a = it.intern_fingerprints(vec![fp, None]);

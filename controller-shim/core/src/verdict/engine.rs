@@ -322,7 +322,7 @@ impl Engine {
                 let h = state.pods.get_or_insert_with(&pod.uid, || PodHistory {
                     last: PodVerdicts {
                         pod: pod.clone(),
-                        verdicts: Arc::default(),
+                        verdicts: super::VerdictList::default(),
                     },
                     mutable_mounts: 0,
                     stale_mutable_mounts: 0,

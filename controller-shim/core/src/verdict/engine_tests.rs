@@ -55,7 +55,10 @@ fn history_keeps_since_and_unknown_change_times_wait_for_grace() {
     // The history holds the very verdicts handed out, not a copy.
     let p = v3.pods.iter().find(|p| &*p.pod.name == "p").unwrap();
     let h = state.pods.get(&p.pod.uid).unwrap();
-    assert!(std::sync::Arc::ptr_eq(&h.last.verdicts, &p.verdicts));
+    assert!(crate::verdict::VerdictList::ptr_eq(
+        &h.last.verdicts,
+        &p.verdicts
+    ));
     assert_eq!(h.subject(v.id), Some((v.state, t1)));
 
     // The state survives a JSON round trip and gives the same result.

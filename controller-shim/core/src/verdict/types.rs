@@ -322,6 +322,51 @@ impl Verdict {
     }
 }
 
+/// A pod's verdicts, shared by the engine's history and the published
+/// record: one pointer (the length is kept in the shared allocation, where
+/// an `Arc<[Verdict]>` keeps it in every holder). Reads as a slice.
+#[derive(Clone, PartialEq, Eq)]
+pub struct VerdictList(triomphe::ThinArc<(), Verdict>);
+
+impl VerdictList {
+    /// Whether `a` and `b` are the same allocation.
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        std::ptr::eq(a.0.ptr(), b.0.ptr())
+    }
+}
+
+impl Default for VerdictList {
+    fn default() -> Self {
+        Self::from(Vec::new())
+    }
+}
+
+impl std::ops::Deref for VerdictList {
+    type Target = [Verdict];
+
+    fn deref(&self) -> &[Verdict] {
+        &self.0.slice
+    }
+}
+
+impl From<Vec<Verdict>> for VerdictList {
+    fn from(v: Vec<Verdict>) -> Self {
+        Self(triomphe::ThinArc::from_header_and_iter((), v.into_iter()))
+    }
+}
+
+impl FromIterator<Verdict> for VerdictList {
+    fn from_iter<I: IntoIterator<Item = Verdict>>(iter: I) -> Self {
+        Self::from(iter.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl std::fmt::Debug for VerdictList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 /// Verdicts of one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodVerdicts {
@@ -330,7 +375,7 @@ pub struct PodVerdicts {
     /// One verdict per volume, subPath mount and env reference. Shared
     /// (not copied) with the engine's history of the pod, which reads each
     /// subject's `underlying` state and `since` from it.
-    pub verdicts: Arc<[Verdict]>,
+    pub verdicts: VerdictList,
 }
 
 impl PodVerdicts {

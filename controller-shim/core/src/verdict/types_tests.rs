@@ -46,8 +46,25 @@ fn every_state_tag_round_trips() {
 /// and the published record): the subject id, both states and both
 /// fingerprints fill 24 bytes, `since` is an 8-byte `CompactTime` and the
 /// detail one pointer, so a verdict is 40 bytes (48 with a 16-byte
-/// `Timestamp`).
+/// `Timestamp`). A pod's list of them is one pointer, so the pod's
+/// verdicts are 16 bytes in each holder (24 with an `Arc<[Verdict]>`), its
+/// history 24.
 #[test]
-fn a_verdict_is_40_bytes() {
-    assert_eq!(std::mem::size_of::<crate::verdict::Verdict>(), 40);
+fn a_verdict_is_40_bytes_and_a_pods_verdicts_16() {
+    use crate::verdict::{PodHistory, PodVerdicts, Verdict, VerdictList};
+    assert_eq!(std::mem::size_of::<Verdict>(), 40);
+    assert_eq!(std::mem::size_of::<PodVerdicts>(), 16);
+    assert_eq!(std::mem::size_of::<PodHistory>(), 24);
+    // Reads back as the slice it was made of; clones share it.
+    let (ix, now) = single("2026-11-30T10:30:00Z", true, b"new-secret", b"old-secret");
+    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), now);
+    let all: Vec<Verdict> = eval.iter().map(|(_, v)| v.clone()).collect();
+    assert!(!all.is_empty());
+    let list: VerdictList = all.clone().into();
+    assert_eq!(&list[..], &all[..]);
+    let again: VerdictList = all.iter().cloned().collect();
+    assert_eq!(list, again);
+    assert!(!VerdictList::ptr_eq(&list, &again));
+    assert!(VerdictList::ptr_eq(&list.clone(), &list));
+    assert!(VerdictList::default().is_empty());
 }
