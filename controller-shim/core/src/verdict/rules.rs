@@ -1009,7 +1009,7 @@ pub(super) fn relevant_pod_errors(
     let Some(pod) = pod else {
         return Vec::new();
     };
-    pod.errors
+    pod.errors()
         .iter()
         .filter(|e| {
             e.path
