@@ -231,8 +231,7 @@ fn main() {
                     mounts,
                     env,
                 }]),
-                image_pull_secrets: Default::default(),
-                other_refs: Default::default(),
+                extra_refs: Default::default(),
             };
             ix.apply_pod(pod);
 

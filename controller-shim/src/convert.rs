@@ -15,9 +15,9 @@ use serde_json::Value;
 use crate::READ_AT_START_ANNOTATION;
 use mountguard_core::PodUid;
 use mountguard_core::model::{
-    ContainerKind, ContainerModel, ControllerKind, ControllerRef, EnvRef, Interner, KeyToPath,
-    MountModel, NodeSetMember, PodModel, ProjectedSource, SkipReason, SourceContent, SourceKind,
-    SourceProjection, SourceRef, VolumeModel, VolumeSource, parse_read_at_start,
+    ContainerKind, ContainerModel, ControllerKind, ControllerRef, EnvRef, ExtraRefs, Interner,
+    KeyToPath, MountModel, NodeSetMember, PodModel, ProjectedSource, SkipReason, SourceContent,
+    SourceKind, SourceProjection, SourceRef, VolumeModel, VolumeSource, parse_read_at_start,
 };
 
 /// The newest `managedFields[].time`, else `creationTimestamp`.
@@ -386,14 +386,15 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         workload,
         volumes: interner.intern_volumes(volumes),
         containers: containers.into(),
-        image_pull_secrets: spec
-            .image_pull_secrets
-            .iter()
-            .flatten()
-            .filter(|s| !s.name.is_empty())
-            .map(|s| interner.intern(&s.name))
-            .collect(),
-        other_refs: other_refs.into(),
+        extra_refs: ExtraRefs::new(
+            spec.image_pull_secrets
+                .iter()
+                .flatten()
+                .filter(|s| !s.name.is_empty())
+                .map(|s| interner.intern(&s.name))
+                .collect(),
+            other_refs,
+        ),
     })
 }
 

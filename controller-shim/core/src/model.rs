@@ -640,16 +640,49 @@ pub struct PodModel {
     pub volumes: VolumeList,
     /// Containers.
     pub containers: Box<[ContainerModel]>,
+    /// The references the kubelet registers beside volumes and env: the
+    /// image pull secrets and the others (see [`ExtraRefs`]). One pointer,
+    /// null for most pods.
+    pub extra_refs: ExtraRefs,
+}
+
+/// What a pod references beside its volumes and env, held in one pointer
+/// (null when there is neither) instead of one per list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExtraRefs(Option<Box<ExtraRefLists>>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ExtraRefLists {
+    image_pull_secrets: Box<[Arc<str>]>,
+    other_refs: Box<[(SourceKind, Arc<str>)]>,
+}
+
+impl ExtraRefs {
+    /// `image_pull_secrets` and `other_refs` (see their accessors).
+    pub fn new(image_pull_secrets: Vec<Arc<str>>, other_refs: Vec<(SourceKind, Arc<str>)>) -> Self {
+        Self(
+            (!image_pull_secrets.is_empty() || !other_refs.is_empty()).then(|| {
+                Box::new(ExtraRefLists {
+                    image_pull_secrets: image_pull_secrets.into_boxed_slice(),
+                    other_refs: other_refs.into_boxed_slice(),
+                })
+            }),
+        )
+    }
+
     /// `spec.imagePullSecrets` names (the kubelet registers these too).
-    /// (A [`RareList`]: nearly always empty, one pointer in every pod.)
-    pub image_pull_secrets: RareList<Arc<str>>,
+    pub fn image_pull_secrets(&self) -> &[Arc<str>] {
+        self.0.as_deref().map_or(&[], |l| &l.image_pull_secrets)
+    }
+
     /// References the kubelet registers that get no verdict of their own:
     /// the Secrets named by volumes of other types (CSI
     /// `nodePublishSecretRef`, azureFile, cephfs, cinder, flexVolume, iscsi,
     /// rbd, scaleIO, storageOS) and the env references of ephemeral
     /// containers that have exited (they never run again).
-    /// (A [`RareList`], like `image_pull_secrets`.)
-    pub other_refs: RareList<(SourceKind, Arc<str>)>,
+    pub fn other_refs(&self) -> &[(SourceKind, Arc<str>)] {
+        self.0.as_deref().map_or(&[], |l| &l.other_refs)
+    }
 }
 
 /// What a Slinky NodeSet pod carries besides what every pod does.
@@ -760,10 +793,10 @@ impl PodModel {
                 push(kind, name);
             }
         }
-        for s in self.image_pull_secrets.iter() {
+        for s in self.extra_refs.image_pull_secrets() {
             push(SourceKind::Secret, s);
         }
-        for (kind, name) in self.other_refs.iter() {
+        for (kind, name) in self.extra_refs.other_refs() {
             push(*kind, name);
         }
         out.sort();
@@ -788,8 +821,12 @@ impl PodModel {
                 hit(k, n)
             })
         }) || (r.kind == SourceKind::Secret
-            && self.image_pull_secrets.iter().any(|s| **s == *r.name))
-            || self.other_refs.iter().any(|(k, n)| hit(*k, n))
+            && self
+                .extra_refs
+                .image_pull_secrets()
+                .iter()
+                .any(|s| **s == *r.name))
+            || self.extra_refs.other_refs().iter().any(|(k, n)| hit(*k, n))
     }
 
     /// Whether the kubelet on the pod's node holds a cache registration for
@@ -1269,8 +1306,9 @@ mod tests {
         // A pod model with its two owner boxes (NodeSet, apps/v1 controller)
         // in an `Arc` (two counters) stays in mimalloc's 160-byte class.
         assert!(std::mem::size_of::<PodModel>() + 16 <= 160);
-        // Its volume list is one word: the model is 136 bytes, not 144.
-        assert_eq!(std::mem::size_of::<PodModel>(), 136);
+        // Its volume list is one word, and its image pull secrets and other
+        // references share one pointer: the model is 128 bytes, not 144.
+        assert_eq!(std::mem::size_of::<PodModel>(), 128);
         // An observed pod is its volumes and one pointer for the rest.
         assert_eq!(std::mem::size_of::<ObservedPod>(), 24);
         // An observed pod's entry: its UID inline (16 bytes) and the pod.

@@ -14,8 +14,8 @@ use mountguard_inventory::{
 
 use crate::index::ClusterIndex;
 use crate::model::{
-    ContainerKind, ContainerModel, EnvRef, KeyToPath, MountModel, ObservedNode, PodModel,
-    ProjectedSource, RareList, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
+    ContainerKind, ContainerModel, EnvRef, ExtraRefs, KeyToPath, MountModel, ObservedNode,
+    PodModel, ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
     VolumeList, VolumeModel, VolumeSource,
 };
 
@@ -147,8 +147,7 @@ impl PodB {
                 workload: None,
                 volumes: VolumeList::default(),
                 containers: Box::new([]),
-                image_pull_secrets: RareList::default(),
-                other_refs: RareList::default(),
+                extra_refs: Default::default(),
             },
         }
     }
@@ -248,18 +247,20 @@ impl PodB {
 
     /// `imagePullSecrets`.
     pub fn image_pull_secret(mut self, name: &str) -> Self {
-        let mut v = self.pod.image_pull_secrets.to_vec();
+        let refs = &self.pod.extra_refs;
+        let mut v = refs.image_pull_secrets().to_vec();
         v.push(a(name));
-        self.pod.image_pull_secrets = v.into();
+        self.pod.extra_refs = ExtraRefs::new(v, refs.other_refs().to_vec());
         self
     }
 
     /// A reference with no verdict of its own (e.g. a CSI
     /// `nodePublishSecretRef`).
     pub fn other_ref(mut self, kind: SourceKind, name: &str) -> Self {
-        let mut v = self.pod.other_refs.to_vec();
+        let refs = &self.pod.extra_refs;
+        let mut v = refs.other_refs().to_vec();
         v.push((kind, a(name)));
-        self.pod.other_refs = v.into();
+        self.pod.extra_refs = ExtraRefs::new(refs.image_pull_secrets().to_vec(), v);
         self
     }
 

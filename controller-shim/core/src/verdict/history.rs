@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::subject::SubjectId;
 use super::types::{PodVerdicts, State, Verdict};
 use crate::index::ClusterIndex;
-use crate::model::{PodModel, RareList, SourceRef, VolumeList};
+use crate::model::{PodModel, SourceRef, VolumeList};
 use crate::table::{Keyed, KeyedTable};
 use crate::uid::PodUid;
 
@@ -168,8 +168,7 @@ impl PodHistory {
             workload: None,
             volumes: VolumeList::default(),
             containers: Box::new([]),
-            image_pull_secrets: RareList::default(),
-            other_refs: RareList::default(),
+            extra_refs: Default::default(),
         };
         Self {
             last: PodVerdicts {
