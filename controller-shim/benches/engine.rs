@@ -214,7 +214,7 @@ fn main() {
             let pod = PodModel {
                 uid: PodUid::new(&uid),
                 namespace: it.intern(&ns),
-                name: it.intern(&format!("app-{i}")),
+                name: format!("app-{i}").into(),
                 node: Some(it.intern(&node_name)),
                 terminated: false,
                 terminating: false,

@@ -2,7 +2,6 @@
 //! model. Secret and ConfigMap values are hashed here and never stored.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
@@ -138,8 +137,9 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
     let meta = &p.metadata;
     let namespace = interner.intern(meta.namespace.as_deref()?);
     // A pod's name and UID are its own: interning them would only cost the
-    // interner an entry per pod (the UID is 16 bytes inline).
-    let name: Arc<str> = Arc::from(meta.name.as_deref()?);
+    // interner an entry per pod (the UID is 16 bytes inline), and the name
+    // is a plain box (no reference counts: 16 bytes less per pod).
+    let name: Box<str> = meta.name.as_deref()?.into();
     let uid = PodUid::new(meta.uid.as_deref()?);
     let read_at_start: Vec<&str> = meta
         .annotations

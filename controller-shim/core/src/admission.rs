@@ -136,7 +136,7 @@ pub fn holders(
         .filter_map(|p| {
             Some(Holder {
                 node: p.node.clone()?,
-                pod: p.name.clone(),
+                pod: Arc::from(&*p.name),
             })
         })
         .collect();

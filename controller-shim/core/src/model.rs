@@ -609,7 +609,7 @@ pub struct PodModel {
     /// Namespace.
     pub namespace: Arc<str>,
     /// Name.
-    pub name: Arc<str>,
+    pub name: Box<str>,
     /// `spec.nodeName`; `None` when not scheduled.
     pub node: Option<Arc<str>>,
     /// Phase is Succeeded or Failed: the kubelet has unregistered it.

@@ -137,7 +137,7 @@ impl PodB {
             pod: PodModel {
                 uid: self::uid(uid),
                 namespace: a(ns),
-                name: a(name),
+                name: name.into(),
                 node: Some(a(node)),
                 terminated: false,
                 terminating: false,

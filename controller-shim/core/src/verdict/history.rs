@@ -158,7 +158,7 @@ impl PodHistory {
         let pod = PodModel {
             uid,
             namespace: Arc::from(""),
-            name: Arc::from(""),
+            name: Box::default(),
             node: w.node,
             terminated: false,
             terminating: false,

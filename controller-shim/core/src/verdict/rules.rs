@@ -255,7 +255,7 @@ impl Ctx<'_> {
             .iter()
             .filter_map(|id| self.index.pod(*id))
             .filter(|other| other.uid != self.pod.uid && sources.iter().any(|r| other.pins(r)))
-            .map(|other| other.name.clone())
+            .map(|other| Arc::from(&*other.name))
             .collect();
         pinned.sort();
         pinned.dedup();
