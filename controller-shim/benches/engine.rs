@@ -213,9 +213,8 @@ fn main() {
             let env = it.intern_env(env);
             let pod = PodModel {
                 uid: PodUid::new(&uid),
-                namespace: it.intern(&ns),
+                place: it.intern_place(&ns, Some(&node_name)),
                 name: format!("app-{i}").into(),
-                node: Some(it.intern(&node_name)),
                 terminated: false,
                 terminating: false,
                 synced_at: Some(started.into()),

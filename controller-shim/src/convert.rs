@@ -135,7 +135,7 @@ impl RawPodExtras {
 /// JSON that the compiled-in API version drops.
 pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<PodModel> {
     let meta = &p.metadata;
-    let namespace = interner.intern(meta.namespace.as_deref()?);
+    let namespace = meta.namespace.as_deref()?;
     // A pod's name and UID are its own: interning them would only cost the
     // interner an entry per pod (the UID is 16 bytes inline), and the name
     // is a plain box (no reference counts: 16 bytes less per pod).
@@ -366,9 +366,8 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
 
     Some(PodModel {
         uid,
-        namespace,
+        place: interner.intern_place(namespace, spec.node_name.as_deref()),
         name,
-        node: spec.node_name.as_deref().map(|n| interner.intern(n)),
         terminated,
         terminating: meta.deletion_timestamp.is_some(),
         synced_at: status
@@ -590,10 +589,10 @@ mod tests {
         let mut it = Interner::default();
         let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
         assert_eq!(
-            (&*m.namespace, &*m.name, &*m.uid.to_string()),
+            (&**m.namespace(), &*m.name, &*m.uid.to_string()),
             ("slurm", "worker-0", "u-0")
         );
-        assert_eq!(m.node.as_deref(), Some("node-a"));
+        assert_eq!(m.node().map(|n| &**n), Some("node-a"));
         assert_eq!(m.nodeset(), Some("gpu"));
         assert_eq!(m.slurm_node(), Some("gpu-0"));
         assert!(!m.terminated);

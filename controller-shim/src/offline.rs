@@ -479,8 +479,9 @@ impl Verify {
         );
         let mut state = EngineState::default();
         let mut eval = engine.evaluate_all(&loaded.index, &mut state, now);
-        eval.pods
-            .sort_by(|a, b| (&a.pod.namespace, &a.pod.name).cmp(&(&b.pod.namespace, &b.pod.name)));
+        eval.pods.sort_by(|a, b| {
+            (&a.pod.namespace(), &a.pod.name).cmp(&(&b.pod.namespace(), &b.pod.name))
+        });
 
         let mut unverifiable = 0usize;
         let mut summary = Summary {

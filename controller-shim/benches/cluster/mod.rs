@@ -131,8 +131,7 @@ impl Cluster {
                     v.name = ix.intern(&v.name);
                 }
                 pod.volumes = ix.intern_volumes(vols);
-                pod.namespace = ix.intern(NS);
-                pod.node = pod.node.map(|n| ix.intern(&n));
+                pod.place = ix.intern_place(NS, Some(&node_name(n)));
                 pod
             })
             .collect()

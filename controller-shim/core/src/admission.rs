@@ -135,7 +135,7 @@ pub fn holders(
     let mut out: Vec<Holder> = holding_pods(index, r, registered_before)
         .filter_map(|p| {
             Some(Holder {
-                node: p.node.clone()?,
+                node: p.node().cloned()?,
                 pod: Arc::from(&*p.name),
             })
         })
@@ -160,7 +160,7 @@ fn holding_pods<'a>(
         .pods_referencing(r)
         .iter()
         .filter_map(|id| index.pod(*id).map(|p| &**p))
-        .filter(move |p| p.pins(r) && p.node.is_some())
+        .filter(move |p| p.pins(r) && p.node().is_some())
         .filter(move |p| registered_before.is_none_or(|t| p.synced_at.is_some_and(|s| s.get() < t)))
 }
 

@@ -121,7 +121,7 @@ impl ClusterIndex {
         for r in pod.references() {
             push_tight(self.by_source.entry(r).or_default(), id);
         }
-        if let Some(node) = &pod.node {
+        if let Some(node) = pod.node() {
             push_tight(self.by_node.entry(node.clone()).or_default(), id);
         }
     }
@@ -139,7 +139,7 @@ impl ClusterIndex {
                 }
             }
         }
-        if let Some(node) = &pod.node
+        if let Some(node) = pod.node()
             && let Some(v) = self.by_node.get_mut(node)
         {
             v.retain(|p| *p != id);
@@ -220,7 +220,7 @@ impl ClusterIndex {
     /// same sources, whose immutable-cache pin it may create or release.
     /// Call it with the old model on delete.
     pub fn affected_by_pod(&self, pod: &PodModel) -> Vec<PodId> {
-        let Some(node) = &pod.node else {
+        let Some(node) = pod.node() else {
             return Vec::new();
         };
         let refs = pod.references();

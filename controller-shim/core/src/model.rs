@@ -54,6 +54,7 @@ pub struct Interner {
     envs: HashSet<Arc<[EnvRef]>>,
     file_lists: HashSet<FileList>,
     fingerprint_lists: HashSet<FingerprintList>,
+    places: HashSet<Arc<PodPlace>>,
     /// Prune once this many values are held (0: [`Self::MIN_PRUNE`]).
     prune_at: usize,
 }
@@ -90,6 +91,7 @@ impl Interner {
     pub fn prune(&mut self) -> usize {
         let before = self.held();
         // Composite values first: they hold strings and sources.
+        self.places.retain(|a| Arc::strong_count(a) > 1);
         self.volumes_seen.retain(|a| Arc::strong_count(a) > 1);
         self.file_lists.retain(|a| Arc::strong_count(a) > 1);
         self.fingerprint_lists.retain(|a| Arc::strong_count(a) > 1);
@@ -111,6 +113,7 @@ impl Interner {
             + self.envs.len()
             + self.file_lists.len()
             + self.fingerprint_lists.len()
+            + self.places.len()
     }
 
     fn inserted(&mut self) {
@@ -128,6 +131,20 @@ impl Interner {
         let a: Arc<str> = Arc::from(s);
         self.set.insert(a.clone());
         self.inserted();
+        a
+    }
+
+    /// The shared place of the pods in `namespace` on `node` (see
+    /// [`PodPlace`]), its names interned too.
+    pub fn intern_place(&mut self, namespace: &str, node: Option<&str>) -> Arc<PodPlace> {
+        let place = PodPlace {
+            namespace: self.intern(namespace),
+            node: node.map(|n| self.intern(n)),
+        };
+        let (a, new) = shared_value(&mut self.places, place);
+        if new {
+            self.inserted();
+        }
         a
     }
 
@@ -606,12 +623,13 @@ impl ContainerModel {
 pub struct PodModel {
     /// `metadata.uid` (16 bytes inline for a UUID).
     pub uid: PodUid,
-    /// Namespace.
-    pub namespace: Arc<str>,
+    /// Namespace and node (see [`PodModel::namespace`] and
+    /// [`PodModel::node`]), interned together: the pods of one namespace on
+    /// one node share one, so a pod holds one pointer, not two 16-byte
+    /// strings.
+    pub place: Arc<PodPlace>,
     /// Name.
     pub name: Box<str>,
-    /// `spec.nodeName`; `None` when not scheduled.
-    pub node: Option<Arc<str>>,
     /// Phase is Succeeded or Failed: the kubelet has unregistered it.
     pub terminated: bool,
     /// `metadata.deletionTimestamp` is set: the kubelet no longer refreshes
@@ -686,6 +704,23 @@ impl ExtraRefs {
 }
 
 /// What a Slinky NodeSet pod carries besides what every pod does.
+/// Where a pod is: its namespace and node. Interned
+/// ([`Interner::intern_place`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodPlace {
+    /// Namespace.
+    pub namespace: Arc<str>,
+    /// `spec.nodeName`; `None` when not scheduled.
+    pub node: Option<Arc<str>>,
+}
+
+impl PodPlace {
+    /// A place of its own (not interned: for tests and one-off models).
+    pub fn new(namespace: Arc<str>, node: Option<Arc<str>>) -> Arc<Self> {
+        Arc::new(Self { namespace, node })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSetMember {
     /// Name of the controlling NodeSet.
@@ -748,6 +783,26 @@ impl NodeSetMember {
 }
 
 impl PodModel {
+    /// Namespace.
+    pub fn namespace(&self) -> &Arc<str> {
+        &self.place.namespace
+    }
+
+    /// `spec.nodeName`; `None` when not scheduled.
+    pub fn node(&self) -> Option<&Arc<str>> {
+        self.place.node.as_ref()
+    }
+
+    /// Moves the pod to `node` (a place of its own, not interned).
+    pub fn set_node(&mut self, node: Option<Arc<str>>) {
+        self.place = PodPlace::new(self.place.namespace.clone(), node);
+    }
+
+    /// Moves the pod to `namespace` (a place of its own, not interned).
+    pub fn set_namespace(&mut self, namespace: Arc<str>) {
+        self.place = PodPlace::new(namespace, self.place.node.clone());
+    }
+
     /// Name of the controlling NodeSet, if any.
     pub fn nodeset(&self) -> Option<&str> {
         self.slinky.as_deref().map(|m| &*m.nodeset)
@@ -773,7 +828,7 @@ impl PodModel {
     pub fn references(&self) -> Vec<SourceRef> {
         let mut out = Vec::new();
         let mut push = |kind, name: &Arc<str>| {
-            out.push(SourceRef::new(kind, self.namespace.clone(), name.clone()));
+            out.push(SourceRef::new(kind, self.namespace().clone(), name.clone()));
         };
         for v in self.volumes.iter() {
             match &*v.source {
@@ -806,7 +861,7 @@ impl PodModel {
 
     /// Whether the pod references `r` at all (see [`PodModel::references`]).
     pub fn references_source(&self, r: &SourceRef) -> bool {
-        if *r.namespace != *self.namespace {
+        if *r.namespace != **self.namespace() {
             return false;
         }
         let hit = |kind: SourceKind, name: &Arc<str>| kind == r.kind && **name == *r.name;
@@ -848,7 +903,7 @@ impl PodModel {
     /// `canBeDeleted`). A replacement registered on the node in between
     /// is served the pinned entry.
     pub fn registered(&self) -> bool {
-        self.node.is_some() && (!self.terminated || self.terminating) && self.synced_at.is_some()
+        self.node().is_some() && (!self.terminated || self.terminating) && self.synced_at.is_some()
     }
 
     /// Whether this pod keeps the kubelet's cache entry of `r` alive: it is
@@ -1263,6 +1318,34 @@ mod tests {
     }
 
     #[test]
+    fn pods_of_one_namespace_on_one_node_share_their_place() {
+        let mut it = Interner::default();
+        let a = it.intern_place("slurm", Some("node-a"));
+        let b = it.intern_place("slurm", Some("node-a"));
+        let c = it.intern_place("slurm", Some("node-b"));
+        let d = it.intern_place("slurm", None);
+        assert!(Arc::ptr_eq(&a, &b) && !Arc::ptr_eq(&a, &c) && !Arc::ptr_eq(&a, &d));
+        // The names inside are the interner's too.
+        assert!(Arc::ptr_eq(&a.namespace, &c.namespace));
+        assert!(Arc::ptr_eq(&a.namespace, &it.intern("slurm")));
+        let mut pod = crate::testkit::PodB::new("slurm", "p", "uid-p", "node-a").build();
+        pod.place = a.clone();
+        assert_eq!(
+            (&**pod.namespace(), pod.node().map(|n| &**n)),
+            ("slurm", Some("node-a"))
+        );
+        pod.set_node(None);
+        assert_eq!((&**pod.namespace(), pod.node()), ("slurm", None));
+        assert!(
+            Arc::ptr_eq(&a, &b),
+            "moving a pod leaves the shared place alone"
+        );
+        drop((a, b, c, d, pod));
+        it.prune();
+        assert_eq!(it.held(), 0, "nothing is held once no pod holds it");
+    }
+
+    #[test]
     fn a_compact_time_gives_back_the_timestamp_it_was_made_of() {
         let lo: Timestamp = "1677-09-21T00:12:43.145224193Z".parse().unwrap();
         let hi: Timestamp = "2262-04-11T23:47:16.854775807Z".parse().unwrap();
@@ -1306,9 +1389,10 @@ mod tests {
         // A pod model with its two owner boxes (NodeSet, apps/v1 controller)
         // in an `Arc` (two counters) stays in mimalloc's 160-byte class.
         assert!(std::mem::size_of::<PodModel>() + 16 <= 160);
-        // Its volume list is one word, and its image pull secrets and other
-        // references share one pointer: the model is 128 bytes, not 144.
-        assert_eq!(std::mem::size_of::<PodModel>(), 128);
+        // Its volume list is one word, its image pull secrets and other
+        // references share one pointer, and so do its namespace and node:
+        // the model is 104 bytes, not 144.
+        assert_eq!(std::mem::size_of::<PodModel>(), 104);
         // An observed pod is its volumes and one pointer for the rest.
         assert_eq!(std::mem::size_of::<ObservedPod>(), 24);
         // An observed pod's entry: its UID inline (16 bytes) and the pod.

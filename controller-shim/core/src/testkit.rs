@@ -15,8 +15,8 @@ use mountguard_inventory::{
 use crate::index::ClusterIndex;
 use crate::model::{
     ContainerKind, ContainerModel, EnvRef, ExtraRefs, KeyToPath, MountModel, ObservedNode,
-    PodModel, ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection, SourceRef,
-    VolumeList, VolumeModel, VolumeSource,
+    PodModel, PodPlace, ProjectedSource, SkipReason, SourceContent, SourceKind, SourceProjection,
+    SourceRef, VolumeList, VolumeModel, VolumeSource,
 };
 
 /// Parses an RFC 3339 time (panics on bad input: tests only).
@@ -136,9 +136,8 @@ impl PodB {
         Self {
             pod: PodModel {
                 uid: self::uid(uid),
-                namespace: a(ns),
+                place: PodPlace::new(a(ns), Some(a(node))),
                 name: name.into(),
-                node: Some(a(node)),
                 terminated: false,
                 terminating: false,
                 synced_at: Some(ts("2026-01-01T00:00:00Z").into()),
@@ -278,7 +277,7 @@ impl PodB {
 
     /// No node (unscheduled).
     pub fn unscheduled(mut self) -> Self {
-        self.pod.node = None;
+        self.pod.set_node(None);
         self
     }
 

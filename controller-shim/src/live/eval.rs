@@ -610,7 +610,7 @@ impl EvalTask {
     /// Publishes the pods that are not scheduled yet (every pod on a full
     /// evaluation, else the batch's dirty ones) for the rollout endpoint.
     fn publish_unscheduled(&self, full: bool, dirty: &HashSet<PodUid>) {
-        let pending = |p: &Arc<PodModel>| p.node.is_none() && !p.terminated;
+        let pending = |p: &Arc<PodModel>| p.node().is_none() && !p.terminated;
         let mut store = self.shared.verdicts.write().unwrap();
         if full {
             store.unscheduled = self
@@ -651,7 +651,7 @@ impl EvalTask {
         super::status::PodCheck {
             scanned_at: pv
                 .pod
-                .node
+                .node()
                 .as_ref()
                 .and_then(|n| self.index.inventory(n))
                 .map(|i| i.scanned_at.into()),
@@ -763,7 +763,7 @@ impl EvalTask {
             let scanned_at = nodeset_pods
                 .iter()
                 .chain(workload_pods.iter())
-                .filter_map(|p| p.node.clone())
+                .filter_map(|p| p.node().cloned())
                 .filter_map(|n| {
                     let at = self.index.inventory(&n)?.scanned_at;
                     Some((n, at))
@@ -809,9 +809,9 @@ impl EvalTask {
     ) {
         let pod = &pv.pod;
         let baselined = pod
-            .node
+            .node()
             .as_ref()
-            .is_some_and(|n| self.baselined.contains(n));
+            .is_some_and(|n| self.baselined.contains(&**n));
         let mut labels: Vec<MountLabels> = Vec::new();
         for v in pv.verdicts.iter() {
             if has_series(&v.state) {
@@ -819,7 +819,7 @@ impl EvalTask {
             }
             if let Some(reason) = self.tracker.observe(&pod.uid, v.id, &v.state, baselined) {
                 requests.push(EventRequest {
-                    namespace: pod.namespace.to_string(),
+                    namespace: pod.namespace().to_string(),
                     pod: pod.name.to_string(),
                     uid: pod.uid.to_string(),
                     reason,
@@ -919,9 +919,9 @@ pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
         None => (String::new(), String::new()),
     };
     [
-        pod.namespace.to_string(),
+        pod.namespace().to_string(),
         pod.name.to_string(),
-        pod.node.as_deref().unwrap_or("").to_string(),
+        pod.node().map(|n| &**n).unwrap_or("").to_string(),
         volume,
         kind,
         name,
@@ -1508,7 +1508,7 @@ mod tests {
         let Input::Pod(mut pending) = pod("u3", "w-2", "n1") else {
             unreachable!()
         };
-        pending.node = None;
+        pending.set_node(None);
         r.task.apply_batch(vec![Input::Pod(pending)], t1);
         let d = doc(&r);
         assert_eq!(d.unscheduled, ["slurm/w-2"], "{d:?}");

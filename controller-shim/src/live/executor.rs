@@ -704,7 +704,7 @@ impl Executor {
             };
             let pod_uid = pods
                 .iter()
-                .find(|p| *p.namespace == *a.namespace && *p.name == *a.pod)
+                .find(|p| **p.namespace() == *a.namespace && *p.name == *a.pod)
                 .map(|p| p.uid.to_string());
             let new_pod = new_pod_check(
                 &snap.verdicts,

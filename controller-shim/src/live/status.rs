@@ -342,12 +342,12 @@ impl Query {
             return false;
         }
         if let Some(ns) = &self.namespace
-            && *pv.pod.namespace != **ns
+            && **pv.pod.namespace() != **ns
         {
             return false;
         }
         if let Some(n) = &self.node
-            && pv.pod.node.as_deref() != Some(n.as_str())
+            && pv.pod.node().map(|n| &**n) != Some(n.as_str())
         {
             return false;
         }
@@ -474,7 +474,7 @@ impl VerdictStore {
         let c = pod.controller()?;
         Some(workload_of(c, |rs| {
             self.deployments
-                .get(&(pod.namespace.to_string(), rs.to_string()))
+                .get(&(pod.namespace().to_string(), rs.to_string()))
                 .cloned()
         }))
     }
@@ -495,7 +495,7 @@ impl VerdictStore {
         for p in self.pods.values() {
             let pv = &p.pv;
             let pod = &pv.pod;
-            if *pod.namespace != *ns {
+            if **pod.namespace() != *ns {
                 continue;
             }
             pods_in_ns.insert(&pod.name);
@@ -518,9 +518,9 @@ impl VerdictStore {
                 }
                 let sources = verified_sources(pv, v, check);
                 consumers.push(ConsumerItem {
-                    namespace: pod.namespace.to_string(),
+                    namespace: pod.namespace().to_string(),
                     pod: pod.name.to_string(),
-                    node: pod.node.as_deref().map(str::to_string),
+                    node: pod.node().map(|n| &**n).map(str::to_string),
                     nodeset: pod.nodeset().map(str::to_string),
                     subject: pv.subject(v).text(),
                     state: v.state.tag(),
@@ -529,9 +529,9 @@ impl VerdictStore {
                         .and_then(|c| c.scanned_at)
                         .map(|t| t.get().to_string()),
                     node_reporting: pod
-                        .node
+                        .node()
                         .as_ref()
-                        .is_some_and(|n| self.reporting.get(n).copied().unwrap_or(false)),
+                        .is_some_and(|n| self.reporting.get(&**n).copied().unwrap_or(false)),
                     pinned_by: v.pinned_by().iter().map(|s| s.to_string()).collect(),
                     message: v.message().map(str::to_string),
                 });
@@ -593,12 +593,12 @@ impl VerdictStore {
         let mut unscheduled: Vec<String> = self
             .unscheduled
             .values()
-            .filter(|p| *p.namespace == *ns)
+            .filter(|p| **p.namespace() == *ns)
             .filter(|p| match target {
                 Target::Source { .. } => wanted.as_ref().is_some_and(|w| p.references_source(w)),
                 _ => target.selects(&p.name, p.nodeset(), || self.workload_of(p)),
             })
-            .map(|p| format!("{}/{}", p.namespace, p.name))
+            .map(|p| format!("{}/{}", p.namespace(), p.name))
             .collect();
         unscheduled.sort();
         RolloutDoc {

@@ -194,7 +194,7 @@ impl<'a> Workloads<'a> {
     /// Deployment), if any.
     pub fn of_pod(&self, p: &PodModel) -> Option<WorkloadRef> {
         let c = p.controller()?;
-        let ns = &*p.namespace;
+        let ns = &*p.namespace();
         Some(workload_of(c, |rs| {
             self.deployment_of.get(&(ns, rs)).map(|d| d.to_string())
         }))
@@ -232,11 +232,11 @@ impl<'a> Workloads<'a> {
         let info = WorkloadInfo::of(&self.get(namespace, w)?.model)?;
         let pods = pods
             .iter()
-            .filter(|p| &*p.namespace == namespace && self.of_pod(p).as_ref() == Some(w))
+            .filter(|p| **p.namespace() == *namespace && self.of_pod(p).as_ref() == Some(w))
             .map(|p| OwnerPod {
                 uid: p.uid.to_string(),
                 name: p.name.to_string(),
-                node: p.node.as_deref().map(String::from),
+                node: p.node().map(|n| &**n).map(String::from),
                 terminating: p.terminating || p.terminated,
             })
             .collect();

@@ -64,10 +64,10 @@ pub fn candidates(
             Some((pv, workload))
         })
         .map(|(pv, workload)| Candidate {
-            namespace: pv.pod.namespace.to_string(),
+            namespace: pv.pod.namespace().to_string(),
             name: pv.pod.name.to_string(),
             uid: pv.pod.uid.to_string(),
-            node: pv.pod.node.as_deref().map(String::from),
+            node: pv.pod.node().map(|n| &**n).map(String::from),
             nodeset: pv.pod.nodeset().map(String::from),
             workload,
             slurm_node: pv.pod.slurm_node().map(String::from),
@@ -126,13 +126,13 @@ pub fn unavailable(
         .collect();
     let members: Vec<&PodModel> = pods
         .iter()
-        .filter(|p| &*p.namespace == namespace && p.nodeset() == Some(name))
+        .filter(|p| **p.namespace() == *namespace && p.nodeset() == Some(name))
         .map(|p| &**p)
         .collect();
     let not_ready = members
         .iter()
         .filter(|p| !in_attempt.contains(&*p.name))
-        .filter(|p| !p.ready || p.terminated || p.node.is_none())
+        .filter(|p| !p.ready || p.terminated || p.node().is_none())
         .count() as u32;
     let replicas = ns.replicas.unwrap_or(1) as u32;
     let attempt_pods_absent = in_attempt
@@ -188,7 +188,7 @@ pub fn new_pod_check(
     };
     let pod_known = nodeset_pods
         .iter()
-        .any(|p| p.uid == uid && p.node.is_some());
+        .any(|p| p.uid == uid && p.node().is_some());
     let pv: Option<&PodVerdicts> = verdicts.iter().find(|pv| pv.pod.uid == uid);
     let Some(pv) = pv else {
         if !pod_known || at.is_none() {
@@ -200,7 +200,7 @@ pub fn new_pod_check(
         return NewPodCheck::Fresh;
     };
     fresh_since.remove(&a.id);
-    let settled = settled(&pv.pod, pv.pod.node.as_deref().and_then(&scanned_at));
+    let settled = settled(&pv.pod, pv.pod.node().map(|n| &**n).and_then(&scanned_at));
     let mut all_fresh = true;
     for f in &a.findings {
         let v = pv

@@ -311,7 +311,7 @@ impl Engine {
                     self.sub_counts(state, node, &h);
                     touched_nodes.insert(node.clone());
                 }
-                if let Some(node) = &pod.node {
+                if let Some(node) = pod.node() {
                     let n = state.nodes.entry(node.clone()).or_default();
                     n.mutable_mounts += p.mutable;
                     n.stale_mutable_mounts += p.stale;
@@ -391,9 +391,9 @@ impl Engine {
         now: Timestamp,
     ) -> PodVerdicts {
         let not_syncing = pod
-            .node
+            .node()
             .as_ref()
-            .and_then(|n| state.nodes.get(n))
+            .and_then(|n| state.nodes.get(&**n))
             .is_some_and(|n| n.not_syncing);
         let mut verdicts = Vec::with_capacity(p.verdicts.len());
         for pre in p.verdicts {
@@ -438,7 +438,7 @@ impl Engine {
         cache: &EvalCache,
     ) -> Option<PodPrelim> {
         let pod = index.pod(id)?;
-        let node = pod.node.as_ref()?;
+        let node = pod.node()?;
         if pod.terminated {
             return None;
         }
@@ -477,7 +477,7 @@ impl Engine {
         let expected: Vec<Rc<CachedVolume>> = pod
             .volumes
             .iter()
-            .map(|v| cache.volume(&self.fingerprinter, index, &pod.namespace, &v.source))
+            .map(|v| cache.volume(&self.fingerprinter, index, &pod.namespace(), &v.source))
             .collect();
 
         for (vi, (vol, cv)) in pod.volumes.iter().zip(&expected).enumerate() {

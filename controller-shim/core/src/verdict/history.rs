@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::subject::SubjectId;
 use super::types::{PodVerdicts, State, Verdict};
 use crate::index::ClusterIndex;
-use crate::model::{PodModel, SourceRef, VolumeList};
+use crate::model::{PodModel, PodPlace, SourceRef, VolumeList};
 use crate::table::{Keyed, KeyedTable};
 use crate::uid::PodUid;
 
@@ -118,7 +118,7 @@ impl PodHistory {
 
     /// The node the pod ran on when last evaluated.
     pub fn node(&self) -> Option<&Arc<str>> {
-        self.last.pod.node.as_ref()
+        self.last.pod.node()
     }
 
     /// Subject `id`'s state (before the API rule) and since when.
@@ -157,9 +157,8 @@ impl PodHistory {
     fn from_wire(uid: PodUid, w: PodHistoryWire) -> Self {
         let pod = PodModel {
             uid,
-            namespace: Arc::from(""),
+            place: PodPlace::new(Arc::from(""), w.node),
             name: Box::default(),
-            node: w.node,
             terminated: false,
             terminating: false,
             synced_at: None,

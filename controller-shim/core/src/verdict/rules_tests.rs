@@ -693,7 +693,7 @@ fn pods_sharing_a_volume_spec_in_different_namespaces_get_their_own_projection()
     // Same `Arc<VolumeSource>` (as interning gives pods of one template),
     // other namespace.
     let mut p2 = p1.clone();
-    p2.namespace = a("other");
+    p2.set_namespace(a("other"));
     p2.name = "p2".into();
     p2.uid = uid("uid-2");
     assert!(Arc::ptr_eq(&p1.volumes[0].source, &p2.volumes[0].source));

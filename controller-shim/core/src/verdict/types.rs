@@ -390,7 +390,7 @@ impl PodVerdicts {
         let volume_sources = |vi: usize| -> Vec<SourceRef> {
             pod.volumes
                 .get(vi)
-                .map(|vol| vol.source.refs(&pod.namespace))
+                .map(|vol| vol.source.refs(&pod.namespace()))
                 .unwrap_or_default()
         };
         match v.id {
@@ -407,7 +407,7 @@ impl PodVerdicts {
                 .and_then(|c| c.env.get(ei as usize))
                 .map(|e| {
                     let (kind, name) = e.target();
-                    vec![SourceRef::new(kind, pod.namespace.clone(), name.clone())]
+                    vec![SourceRef::new(kind, pod.namespace().clone(), name.clone())]
                 })
                 .unwrap_or_default(),
         }
@@ -549,10 +549,10 @@ impl Verdict {
         VerdictView {
             state: self.state.name(),
             cause: self.state.cause(),
-            namespace: &p.namespace,
+            namespace: &p.namespace(),
             pod: &p.name,
             uid: &p.uid,
-            node: p.node.as_deref(),
+            node: p.node().map(|n| &**n),
             nodeset: p.nodeset(),
             subject,
             volume,
