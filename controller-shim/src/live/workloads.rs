@@ -194,7 +194,7 @@ impl<'a> Workloads<'a> {
     /// Deployment), if any.
     pub fn of_pod(&self, p: &PodModel) -> Option<WorkloadRef> {
         let c = p.controller()?;
-        let ns = &*p.namespace();
+        let ns = p.namespace();
         Some(workload_of(c, |rs| {
             self.deployment_of.get(&(ns, rs)).map(|d| d.to_string())
         }))

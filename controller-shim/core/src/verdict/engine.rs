@@ -477,7 +477,7 @@ impl Engine {
         let expected: Vec<Rc<CachedVolume>> = pod
             .volumes
             .iter()
-            .map(|v| cache.volume(&self.fingerprinter, index, &pod.namespace(), &v.source))
+            .map(|v| cache.volume(&self.fingerprinter, index, pod.namespace(), &v.source))
             .collect();
 
         for (vi, (vol, cv)) in pod.volumes.iter().zip(&expected).enumerate() {

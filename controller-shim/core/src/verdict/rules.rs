@@ -349,7 +349,7 @@ impl Ctx<'_> {
                 let cv = self.cache.volume(
                     self.engine.fingerprinter,
                     self.index,
-                    &pod.namespace(),
+                    pod.namespace(),
                     &vol.source,
                 );
                 let ev = &cv.ev;
@@ -680,7 +680,7 @@ impl Ctx<'_> {
         }
         let csp = self
             .cache
-            .sub_path(&self.pod.namespace(), &vol.source, cv, sp);
+            .sub_path(self.pod.namespace(), &vol.source, cv, sp);
         let files = match &csp.files {
             ExpectedSubPath::Skipped(r) => {
                 return self.simple(id, State::Skipped(*r), None);
@@ -788,7 +788,7 @@ impl Ctx<'_> {
         c: &crate::model::ContainerModel,
         e: &crate::model::EnvRef,
     ) -> Prelim {
-        let ee = project_env(&self.pod.namespace(), e, |r| self.index.source(r));
+        let ee = project_env(self.pod.namespace(), e, |r| self.index.source(r));
         // Keyed to the referenced object: a `valueFrom` value as that key's
         // value, an `envFrom` set as a part of the object.
         let source = self.engine.fingerprinter.source(&ee.source);

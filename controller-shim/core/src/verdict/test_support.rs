@@ -66,7 +66,7 @@ pub(crate) fn volume_scope(eval: &Evaluation, pod: &str, volume: &str) -> Scope 
         .unwrap_or_else(|| panic!("no volume {volume} in {pod}"));
     Fingerprinter::new(KEY)
         .unwrap()
-        .volume(&p.pod.namespace(), &v.source)
+        .volume(p.pod.namespace(), &v.source)
 }
 
 pub(crate) fn vol(name: &'static str) -> impl Fn(&Subject) -> bool {

@@ -390,7 +390,7 @@ impl PodVerdicts {
         let volume_sources = |vi: usize| -> Vec<SourceRef> {
             pod.volumes
                 .get(vi)
-                .map(|vol| vol.source.refs(&pod.namespace()))
+                .map(|vol| vol.source.refs(pod.namespace()))
                 .unwrap_or_default()
         };
         match v.id {
@@ -549,7 +549,7 @@ impl Verdict {
         VerdictView {
             state: self.state.name(),
             cause: self.state.cause(),
-            namespace: &p.namespace(),
+            namespace: p.namespace(),
             pod: &p.name,
             uid: &p.uid,
             node: p.node().map(|n| &**n),
