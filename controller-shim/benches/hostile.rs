@@ -414,13 +414,9 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
         tx,
     ));
     // The controller's defaults (`--max-connections`, timeouts).
-    let limits = mountguard_serve::Limits {
-        max_connections: 10_000,
-        shed_unproven: true,
-        per_identity: report::NODE_IN_FLIGHT,
-        ..mountguard_serve::Limits::small()
-    }
-    .fit_in(mountguard_serve::nofile_limit(), 512);
+    let small = mountguard_serve::Limits::small();
+    let limits = report::limits(small.header_read_timeout, small.idle_timeout, 10_000)
+        .fit_in(mountguard_serve::nofile_limit(), 512);
     tokio::spawn(report::serve(
         listener,
         None,

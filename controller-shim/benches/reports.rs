@@ -366,12 +366,8 @@ async fn server(cluster: Cluster, rounds: usize) {
         handler,
         // The defaults' proportions to the 30 s heartbeat (10 s, 60 s),
         // at the compressed interval.
-        mountguard_serve::Limits {
-            max_connections: 20_000,
-            header_read_timeout: hb_interval() / 3,
-            idle_timeout: hb_interval() * 2,
-            ..mountguard_serve::Limits::small()
-        },
+        // The controller's report limits, with the timeouts compressed.
+        report::limits(hb_interval() / 3, hb_interval() * 2, 20_000),
         metrics.serve("report"),
         shutdown.clone(),
     ));

@@ -125,16 +125,11 @@ impl Controller {
         }
         .fit_in(fds / 4, 0);
         // Room for the metrics port, the API client, watches and files.
-        let report_limits = mountguard_serve::Limits {
-            header_read_timeout: serve.header_read_timeout,
-            idle_timeout: serve.idle_timeout,
-            max_connections: serve.max_connections,
-            // At the cap, refused and unproven connections go before the
-            // agents' (see `report`'s order of checks).
-            shed_unproven: true,
-            per_identity: report::NODE_IN_FLIGHT,
-            ..mountguard_serve::Limits::small()
-        }
+        let report_limits = report::limits(
+            serve.header_read_timeout,
+            serve.idle_timeout,
+            serve.max_connections,
+        )
         .fit_in(fds, metrics_limits.max_connections as u64 + 256);
         info!(
             report_max_connections = report_limits.max_connections,
