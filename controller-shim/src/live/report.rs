@@ -94,12 +94,15 @@ pub struct ReportConfig {
 /// at a time.
 pub const NODE_IN_FLIGHT: usize = 4;
 
-/// hyper's read buffer on the report port, which bounds a request head:
-/// its minimum, 8 KiB, not the 16 KiB of the small ports. An agent's
+/// hyper's read buffer limit on the report port, which bounds a request
+/// head: its minimum, 8 KiB, not the 16 KiB of the small ports. An agent's
 /// request head is a projected service account token (about 1-2 KiB) and a
-/// few fields, and every agent keeps its connection open between
-/// heartbeats with the buffer it last read into, so this is about 8 KiB
-/// less per node held (measured in the report benchmark's steady state).
+/// few fields. hyper's read buffer grows towards this limit while it reads
+/// a large body (an inventory) and keeps what it grew to (hyper
+/// `src/proto/h1/io.rs`, `Buffered::poll_read_from_io` and
+/// `ReadStrategy::record`), and every agent
+/// keeps its connection open between heartbeats, so the limit also bounds
+/// what each idle agent connection holds after its last inventory.
 pub const READ_BUFFER: usize = 8 * 1024;
 
 /// The report port's serve limits: the header-read and idle timeouts and
