@@ -1680,11 +1680,20 @@ mod tests {
     /// One request on `s` (kept alive); the status line of the answer, or
     /// `None` when the server had closed the connection.
     async fn exchange(s: &mut tokio::net::TcpStream, token: Option<&str>) -> Option<String> {
+        exchange_with(s, token, "").await
+    }
+
+    /// [`exchange`] with `extra` (whole header lines) in the head.
+    async fn exchange_with(
+        s: &mut tokio::net::TcpStream,
+        token: Option<&str>,
+        extra: &str,
+    ) -> Option<String> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let body = heartbeat("node-a", 1);
         let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
         let head = format!(
-            "PUT {HB_A} HTTP/1.1\r\nhost: c\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            "PUT {HB_A} HTTP/1.1\r\nhost: c\r\n{auth}{extra}content-type: application/json\r\ncontent-length: {}\r\n\r\n",
             body.len()
         );
         s.write_all(&[head.as_bytes(), &body].concat()).await.ok()?;
@@ -1778,7 +1787,6 @@ mod tests {
     /// and nothing is read from it.
     #[tokio::test]
     async fn the_report_port_serves_an_agents_head_and_refuses_one_over_its_read_buffer() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let Rig {
             handler,
             rx: _rx,
@@ -1799,25 +1807,10 @@ mod tests {
         ));
         let put = |padding: usize| async move {
             let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let body = heartbeat("node-a", 1);
-            let head = format!(
-                "PUT {HB_A} HTTP/1.1\r\nhost: c\r\nauthorization: Bearer tok-a\r\nx-pad: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                "p".repeat(padding),
-                body.len()
-            );
-            s.write_all(&[head.as_bytes(), &body].concat())
+            let pad = format!("x-pad: {}\r\n", "p".repeat(padding));
+            exchange_with(&mut s, Some("tok-a"), &pad)
                 .await
-                .unwrap();
-            let mut buf = vec![0u8; 4096];
-            let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
-                .await
-                .expect("an answer")
-                .unwrap();
-            String::from_utf8_lossy(&buf[..n])
-                .lines()
-                .next()
-                .unwrap_or("")
-                .to_string()
+                .unwrap_or_default()
         };
         let served = put(4 * 1024).await;
         assert!(served.contains(" 200 "), "{served}");
