@@ -592,7 +592,7 @@ mod tests {
             (&**m.namespace(), &*m.name, &*m.uid.to_string()),
             ("slurm", "worker-0", "u-0")
         );
-        assert_eq!(m.node().map(|n| &**n), Some("node-a"));
+        assert_eq!(m.node_name(), Some("node-a"));
         assert_eq!(m.nodeset(), Some("gpu"));
         assert_eq!(m.slurm_node(), Some("gpu-0"));
         assert!(!m.terminated);

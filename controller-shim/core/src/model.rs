@@ -703,7 +703,6 @@ impl ExtraRefs {
     }
 }
 
-/// What a Slinky NodeSet pod carries besides what every pod does.
 /// Where a pod is: its namespace and node. Interned
 /// ([`Interner::intern_place`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -721,6 +720,7 @@ impl PodPlace {
     }
 }
 
+/// What a Slinky NodeSet pod carries besides what every pod does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSetMember {
     /// Name of the controlling NodeSet.
@@ -791,6 +791,11 @@ impl PodModel {
     /// `spec.nodeName`; `None` when not scheduled.
     pub fn node(&self) -> Option<&Arc<str>> {
         self.place.node.as_ref()
+    }
+
+    /// [`PodModel::node`] as a string slice.
+    pub fn node_name(&self) -> Option<&str> {
+        self.place.node.as_deref()
     }
 
     /// Moves the pod to `node` (a place of its own, not interned).
@@ -1331,7 +1336,7 @@ mod tests {
         let mut pod = crate::testkit::PodB::new("slurm", "p", "uid-p", "node-a").build();
         pod.place = a.clone();
         assert_eq!(
-            (&**pod.namespace(), pod.node().map(|n| &**n)),
+            (&**pod.namespace(), pod.node_name()),
             ("slurm", Some("node-a"))
         );
         pod.set_node(None);

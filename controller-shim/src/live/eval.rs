@@ -921,7 +921,7 @@ pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
     [
         pod.namespace().to_string(),
         pod.name.to_string(),
-        pod.node().map(|n| &**n).unwrap_or("").to_string(),
+        pod.node_name().unwrap_or("").to_string(),
         volume,
         kind,
         name,

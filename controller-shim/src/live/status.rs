@@ -347,7 +347,7 @@ impl Query {
             return false;
         }
         if let Some(n) = &self.node
-            && pv.pod.node().map(|n| &**n) != Some(n.as_str())
+            && pv.pod.node_name() != Some(n.as_str())
         {
             return false;
         }
@@ -520,7 +520,7 @@ impl VerdictStore {
                 consumers.push(ConsumerItem {
                     namespace: pod.namespace().to_string(),
                     pod: pod.name.to_string(),
-                    node: pod.node().map(|n| &**n).map(str::to_string),
+                    node: pod.node_name().map(str::to_string),
                     nodeset: pod.nodeset().map(str::to_string),
                     subject: pv.subject(v).text(),
                     state: v.state.tag(),

@@ -236,7 +236,7 @@ impl<'a> Workloads<'a> {
             .map(|p| OwnerPod {
                 uid: p.uid.to_string(),
                 name: p.name.to_string(),
-                node: p.node().map(|n| &**n).map(String::from),
+                node: p.node_name().map(String::from),
                 terminating: p.terminating || p.terminated,
             })
             .collect();

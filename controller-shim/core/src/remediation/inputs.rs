@@ -67,7 +67,7 @@ pub fn candidates(
             namespace: pv.pod.namespace().to_string(),
             name: pv.pod.name.to_string(),
             uid: pv.pod.uid.to_string(),
-            node: pv.pod.node().map(|n| &**n).map(String::from),
+            node: pv.pod.node_name().map(String::from),
             nodeset: pv.pod.nodeset().map(String::from),
             workload,
             slurm_node: pv.pod.slurm_node().map(String::from),
@@ -200,7 +200,7 @@ pub fn new_pod_check(
         return NewPodCheck::Fresh;
     };
     fresh_since.remove(&a.id);
-    let settled = settled(&pv.pod, pv.pod.node().map(|n| &**n).and_then(&scanned_at));
+    let settled = settled(&pv.pod, pv.pod.node_name().and_then(&scanned_at));
     let mut all_fresh = true;
     for f in &a.findings {
         let v = pv

@@ -552,7 +552,7 @@ impl Verdict {
             namespace: p.namespace(),
             pod: &p.name,
             uid: &p.uid,
-            node: p.node().map(|n| &**n),
+            node: p.node_name(),
             nodeset: p.nodeset(),
             subject,
             volume,
