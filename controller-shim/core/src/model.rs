@@ -667,30 +667,17 @@ pub struct PodModel {
 /// What a pod references beside its volumes and env, held in one pointer
 /// (null when there is neither) instead of one per list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ExtraRefs(Option<Box<ExtraRefLists>>);
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ExtraRefLists {
-    image_pull_secrets: Box<[Arc<str>]>,
-    other_refs: Box<[(SourceKind, Arc<str>)]>,
-}
+pub struct ExtraRefs(RarePair<Arc<str>, (SourceKind, Arc<str>)>);
 
 impl ExtraRefs {
     /// `image_pull_secrets` and `other_refs` (see their accessors).
     pub fn new(image_pull_secrets: Vec<Arc<str>>, other_refs: Vec<(SourceKind, Arc<str>)>) -> Self {
-        Self(
-            (!image_pull_secrets.is_empty() || !other_refs.is_empty()).then(|| {
-                Box::new(ExtraRefLists {
-                    image_pull_secrets: image_pull_secrets.into_boxed_slice(),
-                    other_refs: other_refs.into_boxed_slice(),
-                })
-            }),
-        )
+        Self(RarePair::new(image_pull_secrets, other_refs))
     }
 
     /// `spec.imagePullSecrets` names (the kubelet registers these too).
     pub fn image_pull_secrets(&self) -> &[Arc<str>] {
-        self.0.as_deref().map_or(&[], |l| &l.image_pull_secrets)
+        self.0.first()
     }
 
     /// References the kubelet registers that get no verdict of their own:
@@ -699,7 +686,7 @@ impl ExtraRefs {
     /// rbd, scaleIO, storageOS) and the env references of ephemeral
     /// containers that have exited (they never run again).
     pub fn other_refs(&self) -> &[(SourceKind, Arc<str>)] {
-        self.0.as_deref().map_or(&[], |l| &l.other_refs)
+        self.0.second()
     }
 }
 
@@ -1017,6 +1004,50 @@ impl<T: fmt::Debug> fmt::Debug for RareList<T> {
     }
 }
 
+/// Two lists that are nearly always both empty, behind one pointer (null
+/// when both are) instead of one each: see [`ExtraRefs`] and
+/// [`ObservedPod`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct RarePair<A, B>(Option<Box<Lists<A, B>>>);
+
+/// The two lists of a [`RarePair`].
+type Lists<A, B> = (Box<[A]>, Box<[B]>);
+
+impl<A, B> RarePair<A, B> {
+    /// The pair of `a` and `b`.
+    pub fn new(a: Vec<A>, b: Vec<B>) -> Self {
+        Self(
+            (!a.is_empty() || !b.is_empty())
+                .then(|| Box::new((a.into_boxed_slice(), b.into_boxed_slice()))),
+        )
+    }
+
+    /// The first list.
+    pub fn first(&self) -> &[A] {
+        self.0.as_deref().map_or(&[], |(a, _)| a)
+    }
+
+    /// The second list.
+    pub fn second(&self) -> &[B] {
+        self.0.as_deref().map_or(&[], |(_, b)| b)
+    }
+}
+
+impl<A, B> Default for RarePair<A, B> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<A: fmt::Debug, B: fmt::Debug> fmt::Debug for RarePair<A, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("RarePair")
+            .field(&self.first())
+            .field(&self.second())
+            .finish()
+    }
+}
+
 /// One file the agent could not read, reduced to what the engine needs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ObservedError {
@@ -1107,14 +1138,7 @@ pub struct ObservedSubPath {
 pub struct ObservedPod {
     /// Volumes, sorted by (plugin, name).
     pub volumes: Box<[ObservedVolume]>,
-    rare: Option<Box<ObservedPodRare>>,
-}
-
-/// What an observed pod rarely has.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct ObservedPodRare {
-    sub_paths: Box<[ObservedSubPath]>,
-    errors: Box<[ObservedError]>,
+    rare: RarePair<ObservedSubPath, ObservedError>,
 }
 
 impl ObservedPod {
@@ -1125,23 +1149,20 @@ impl ObservedPod {
         sub_paths: Vec<ObservedSubPath>,
         errors: Vec<ObservedError>,
     ) -> Self {
-        let rare = (!sub_paths.is_empty() || !errors.is_empty()).then(|| {
-            Box::new(ObservedPodRare {
-                sub_paths: sub_paths.into_boxed_slice(),
-                errors: errors.into_boxed_slice(),
-            })
-        });
-        Self { volumes, rare }
+        Self {
+            volumes,
+            rare: RarePair::new(sub_paths, errors),
+        }
     }
 
     /// subPath targets.
     pub fn sub_paths(&self) -> &[ObservedSubPath] {
-        self.rare.as_deref().map_or(&[], |r| &r.sub_paths)
+        self.rare.first()
     }
 
     /// Problems with the pod directory itself.
     pub fn errors(&self) -> &[ObservedError] {
-        self.rare.as_deref().map_or(&[], |r| &r.errors)
+        self.rare.second()
     }
 
     /// The volume `name` under `plugin`.
@@ -1235,7 +1256,7 @@ impl ObservedNode {
                     path: interner.intern(&e.path),
                     kind: e.kind,
                 })
-                .collect::<RareList<_>>()
+                .collect::<Vec<_>>()
         };
         let pods = inv
             .pods
@@ -1247,7 +1268,7 @@ impl ObservedNode {
                     .map(|v| {
                         let files =
                             interner.intern_files(v.files.iter().map(|(k, d)| (k.as_str(), &d.0)));
-                        let errors = errs(&v.errors, interner);
+                        let errors = errs(&v.errors, interner).into();
                         ObservedVolume {
                             seen: interner.intern_volume_seen(v.plugin, &v.name, files, errors),
                             written_at: v.written_at.map(CompactTime::from),
@@ -1263,13 +1284,13 @@ impl ObservedNode {
                         index: s.index,
                         files: interner
                             .intern_files(s.files.iter().map(|(k, d)| (k.as_str(), &d.0))),
-                        errors: errs(&s.errors, interner),
+                        errors: errs(&s.errors, interner).into(),
                     })
                     .collect();
                 (
                     // A UUID's 16 bytes, inline: nothing to share.
                     PodUid::new(&p.uid),
-                    ObservedPod::new(volumes, sub_paths, errs(&p.errors, interner).to_vec()),
+                    ObservedPod::new(volumes, sub_paths, errs(&p.errors, interner)),
                 )
             })
             .collect();
