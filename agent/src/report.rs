@@ -896,20 +896,22 @@ mod tests {
             mountguard_serve::ServeMetrics::unregistered(),
             move |_| {
                 counted.fetch_add(1, Ordering::SeqCst);
-                hyper::service::service_fn(|req: hyper::Request<Incoming>| async move {
-                    // As the controller does for an authenticated node.
-                    if let Some(st) = req.extensions().get::<mountguard_serve::Standing>() {
-                        st.vouch("node-a");
-                    }
-                    let _ = req.into_body().collect().await;
-                    let body = r#"{"status":"unchanged","generation":1}"#;
-                    Ok::<_, std::convert::Infallible>(
-                        Response::builder()
-                            .header("content-type", "application/json")
-                            .body(Full::new(Bytes::from(body)))
-                            .unwrap(),
-                    )
-                })
+                hyper::service::service_fn(
+                    |req: hyper::Request<mountguard_serve::RequestBody>| async move {
+                        // As the controller does for an authenticated node.
+                        if let Some(st) = req.extensions().get::<mountguard_serve::Standing>() {
+                            st.vouch("node-a");
+                        }
+                        let _ = req.into_body().collect().await;
+                        let body = r#"{"status":"unchanged","generation":1}"#;
+                        Ok::<_, std::convert::Infallible>(
+                            Response::builder()
+                                .header("content-type", "application/json")
+                                .body(Full::new(Bytes::from(body)))
+                                .unwrap(),
+                        )
+                    },
+                )
             },
             async {
                 let _ = stopped.await;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode, header};
 use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
+use hyper::body::Bytes;
 use hyper::service::service_fn;
 use tokio::net::TcpListener;
 
@@ -39,7 +39,7 @@ fn respond(
     r
 }
 
-fn route(state: &ServerState, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn route<B>(state: &ServerState, req: &Request<B>) -> Response<Full<Bytes>> {
     if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
         return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
     }
@@ -83,7 +83,7 @@ pub async fn serve(listener: TcpListener, state: ServerState, mut shutdown: Shut
     .fit_in(mountguard_serve::nofile_limit(), 64);
     let make = move |_peer| {
         let state = state.clone();
-        service_fn(move |req: Request<Incoming>| {
+        service_fn(move |req: Request<mountguard_serve::RequestBody>| {
             let resp = route(&state, &req);
             async move { Ok::<_, Infallible>(resp) }
         })

@@ -133,6 +133,9 @@ pub struct ServeMetrics {
     /// Connections closed by the header-read or idle timeout, or a
     /// handshake timeout.
     pub timed_out: prometheus::IntCounter,
+    /// Open connections parked: waiting for their next request with no
+    /// HTTP buffers held (see [`serve`]).
+    pub parked: prometheus::IntGauge,
 }
 
 impl ServeMetrics {
@@ -142,6 +145,7 @@ impl ServeMetrics {
             open: prometheus::IntGauge::new("open", "open").expect("valid"),
             shed: prometheus::IntCounter::new("shed", "shed").expect("valid"),
             timed_out: prometheus::IntCounter::new("timed_out", "timed out").expect("valid"),
+            parked: prometheus::IntGauge::new("parked", "parked").expect("valid"),
         }
     }
 }
@@ -333,13 +337,20 @@ impl Standing {
     }
 }
 
-/// When a connection waits for a request head, and since when: the
-/// header-read timeout of [`serve`].
+/// When a connection waits for a request head, and since when (the
+/// header-read timeout of [`serve`]), and whether it may be parked.
 #[derive(Debug)]
 struct HeadClock {
     epoch: Instant,
-    /// Requests handed to the service and not answered yet.
+    /// Requests handed to the service whose answer (body included) is not
+    /// done yet.
     in_flight: AtomicU64,
+    /// Answers done (each answer's body finished or dropped).
+    answered: AtomicU64,
+    /// An answer was done and the stream has not been flushed since.
+    unflushed: AtomicBool,
+    /// The last request's body was not read to its end (yet).
+    body_unread: AtomicBool,
     /// Milliseconds after `epoch` when the connection began waiting for
     /// the next request head (the handshake's end, the last answer).
     waiting_since: AtomicU64,
@@ -358,6 +369,9 @@ impl HeadClock {
         Self {
             epoch: Instant::now(),
             in_flight: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+            unflushed: AtomicBool::new(false),
+            body_unread: AtomicBool::new(false),
             waiting_since: AtomicU64::new(0),
             head_started: AtomicU64::new(NOT_YET),
             vouched: AtomicBool::new(false),
@@ -380,15 +394,38 @@ impl HeadClock {
         self.changed.notify_waiters();
     }
 
-    fn request_started(&self) {
+    /// A request head was handed to the service; `body_done`: it has no
+    /// body to read.
+    fn request_started(&self, body_done: bool) {
+        self.body_unread.store(!body_done, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.changed.notify_waiters();
     }
 
+    /// The request's body was read to its end.
+    fn body_read(&self) {
+        self.body_unread.store(false, Ordering::Relaxed);
+    }
+
+    /// The answer to a request is done: its body finished or was dropped
+    /// (or the service failed or was dropped).
     fn request_done(&self) {
         self.wait();
+        self.unflushed.store(true, Ordering::Relaxed);
+        self.answered.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.changed.notify_waiters();
+    }
+
+    /// The stream was flushed: hyper flushes its stream only once its own
+    /// write buffer is empty (hyper `src/proto/h1/io.rs`,
+    /// `Buffered::poll_flush`).
+    fn flushed(&self) {
+        self.unflushed.store(false, Ordering::Relaxed);
+    }
+
+    fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
     }
 
     /// Bytes were read: the first while waiting starts the next head.
@@ -407,6 +444,22 @@ impl HeadClock {
     fn set_vouched(&self, v: bool) {
         self.vouched.store(v, Ordering::Relaxed);
         self.changed.notify_waiters();
+    }
+
+    /// Whether the connection's HTTP state may be let go while it waits
+    /// for its next request: the last request was vouched for, its body
+    /// read to the end, an answer was done since `answered_before` and
+    /// flushed, nothing is being served, and no byte of a next head has
+    /// been read since. hyper is then between two messages: everything it
+    /// read is either consumed or the start of the next head, which it
+    /// hands back (`Parts::read_buf`).
+    fn parkable(&self, answered_before: u64) -> bool {
+        self.vouched.load(Ordering::Relaxed)
+            && self.in_flight.load(Ordering::Relaxed) == 0
+            && self.answered() > answered_before
+            && !self.unflushed.load(Ordering::Relaxed)
+            && !self.body_unread.load(Ordering::Relaxed)
+            && self.head_started.load(Ordering::Relaxed) == NOT_YET
     }
 
     /// When the head being waited for is overdue; `None`: no head is due
@@ -445,25 +498,86 @@ async fn head_overdue(clock: Arc<HeadClock>, header_read: Duration) {
     }
 }
 
+/// The body of a request as [`serve`]'s services get it: hyper's
+/// [`Incoming`], which tells the connection when it was read to its end
+/// (a connection whose last request body was not is never parked).
+#[derive(Debug)]
+pub struct RequestBody {
+    inner: Incoming,
+    clock: Option<Arc<HeadClock>>,
+}
+
+impl RequestBody {
+    fn new(inner: Incoming, clock: Arc<HeadClock>) -> Self {
+        let mut b = Self {
+            inner,
+            clock: Some(clock),
+        };
+        b.check_end();
+        b
+    }
+
+    fn check_end(&mut self) {
+        if self.inner.is_end_stream()
+            && let Some(c) = self.clock.take()
+        {
+            c.body_read();
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = hyper::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        match &r {
+            Poll::Ready(None) => {
+                if let Some(c) = self.clock.take() {
+                    c.body_read();
+                }
+            }
+            Poll::Ready(Some(Ok(_))) => self.check_end(),
+            _ => {}
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// A service that hands each request its connection's [`Standing`] and
-/// tells the connection's [`HeadClock`] while a request is served.
+/// tells the connection's [`HeadClock`] while a request is served and
+/// answered.
 #[derive(Debug, Clone)]
 struct WithStanding<S> {
     inner: S,
     standing: Standing,
 }
 
-impl<S, R> Service<http::Request<Incoming>> for WithStanding<S>
+impl<S, B, E> Service<http::Request<Incoming>> for WithStanding<S>
 where
-    S: Service<http::Request<Incoming>, Response = R>,
+    S: Service<http::Request<RequestBody>, Response = http::Response<B>, Error = E>,
 {
-    type Response = R;
-    type Error = S::Error;
+    type Response = http::Response<Answer<B>>;
+    type Error = E;
     type Future = Served<S::Future>;
-    fn call(&self, mut req: http::Request<Incoming>) -> Self::Future {
-        req.extensions_mut().insert(self.standing.clone());
+    fn call(&self, req: http::Request<Incoming>) -> Self::Future {
         let clock = self.standing.clock.clone();
-        clock.request_started();
+        clock.request_started(req.body().is_end_stream());
+        let (mut parts, body) = req.into_parts();
+        parts.extensions.insert(self.standing.clone());
+        let req = http::Request::from_parts(parts, RequestBody::new(body, clock.clone()));
         Served {
             inner: Box::pin(self.inner.call(req)),
             clock: Some(clock),
@@ -471,23 +585,30 @@ where
     }
 }
 
-/// A request being served: when it is answered (or dropped), its
-/// connection waits for the next head.
+/// A request being served: its answer's body carries the connection's
+/// clock on (see [`Answer`]); a failed or dropped request is done at once.
 struct Served<F> {
     inner: Pin<Box<F>>,
     clock: Option<Arc<HeadClock>>,
 }
 
-impl<F: Future> Future for Served<F> {
-    type Output = F::Output;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let r = self.inner.as_mut().poll(cx);
-        if r.is_ready()
-            && let Some(c) = self.clock.take()
-        {
-            c.request_done();
-        }
-        r
+impl<F, B, E> Future for Served<F>
+where
+    F: Future<Output = Result<http::Response<B>, E>>,
+{
+    type Output = Result<http::Response<Answer<B>>, E>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let r = std::task::ready!(self.inner.as_mut().poll(cx));
+        let clock = self.clock.take();
+        Poll::Ready(match r {
+            Ok(resp) => Ok(resp.map(|inner| Answer { inner, clock })),
+            Err(e) => {
+                if let Some(c) = clock {
+                    c.request_done();
+                }
+                Err(e)
+            }
+        })
     }
 }
 
@@ -496,6 +617,42 @@ impl<F> Drop for Served<F> {
         if let Some(c) = self.clock.take() {
             c.request_done();
         }
+    }
+}
+
+/// An answer's body: when hyper drops it (written to its end, or the
+/// connection failed), the request is done and the connection waits for
+/// its next head.
+struct Answer<B> {
+    inner: B,
+    clock: Option<Arc<HeadClock>>,
+}
+
+impl<B> Drop for Answer<B> {
+    fn drop(&mut self) {
+        if let Some(c) = self.clock.take() {
+            c.request_done();
+        }
+    }
+}
+
+impl<B: Body + Unpin> Body for Answer<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -618,6 +775,89 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 }
 
+/// The stream one hyper connection speaks on: first the bytes read before
+/// it started (`prefix`), then the stream. When the connection may be
+/// parked ([`HeadClock::parkable`]) and hyper asks for more bytes, it
+/// reads an end of stream instead, without touching the stream: hyper,
+/// between two messages, then ends the connection cleanly (hyper
+/// `src/proto/h1/conn.rs`, `Conn::on_read_head_error`: an end of stream
+/// before any byte of a head closes an idle connection without an error),
+/// and hands back the stream and any byte of the next head it had read.
+struct Parking<T> {
+    inner: T,
+    prefix: hyper::body::Bytes,
+    clock: Arc<HeadClock>,
+    answered_before: u64,
+    /// A read of the stream is pending (hyper waits on the stream's
+    /// readiness, and reads nothing more until it comes).
+    read_pending: bool,
+    parked: bool,
+}
+
+impl<T> Parking<T> {
+    fn new(inner: T, prefix: hyper::body::Bytes, clock: Arc<HeadClock>) -> Self {
+        let answered_before = clock.answered();
+        Self {
+            inner,
+            prefix,
+            clock,
+            answered_before,
+            read_pending: false,
+            parked: false,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Parking<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            let head = self.prefix.split_to(n);
+            buf.put_slice(&head);
+            return Poll::Ready(Ok(()));
+        }
+        if self.clock.parkable(self.answered_before) {
+            self.parked = true;
+            return Poll::Ready(Ok(()));
+        }
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.read_pending = r.is_pending();
+        r
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Parking<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(r, Poll::Ready(Ok(()))) {
+            self.clock.flushed();
+            // hyper read (and was told to wait) while the answer was
+            // being made: it would not read again before the stream has
+            // bytes (hyper `src/proto/h1/conn.rs`, `Conn::maybe_notify`
+            // skips a blocked read), so wake it to be parked now.
+            if self.read_pending && self.clock.parkable(self.answered_before) {
+                self.read_pending = false;
+                cx.waker().wake_by_ref();
+            }
+        }
+        r
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// A connection's place in the registry, given up when its task ends.
 struct Slot {
     registry: Arc<Mutex<Registry>>,
@@ -642,10 +882,32 @@ async fn idle_for(epoch: Instant, last: Arc<AtomicU64>, idle: Duration) {
     }
 }
 
+/// How a connection's task ended.
+enum End {
+    /// The client closed, or HTTP ended the connection (an error, a
+    /// `Connection: close`, a graceful shutdown).
+    Done,
+    /// The idle timeout.
+    Idle,
+    /// The header-read timeout.
+    HeadOverdue,
+    /// Shed for a newcomer.
+    Shed,
+    /// The server is shutting down and the connection was parked.
+    Stopped,
+}
+
 /// Serves HTTP/1.1 on `listener` with `limits` until `shutdown` resolves,
 /// then drains open connections for at most `limits.drain`. `make` builds
 /// the service of one connection from the peer address. `name` labels
 /// logs.
+///
+/// A kept-alive connection whose last request was vouched for is parked
+/// between requests: hyper's connection (its 8 KiB read buffer and its
+/// 8 KiB head buffer, hyper `src/proto/h1/io.rs`, `Buffered::new` and
+/// `WriteBuf::new`) is let go once the answer is flushed, and a new one
+/// starts on the same stream when the next request's first byte arrives.
+/// An idle agent connection then holds its stream and this task only.
 pub async fn serve<H, M, S, B>(
     name: &'static str,
     listener: TcpListener,
@@ -657,17 +919,20 @@ pub async fn serve<H, M, S, B>(
 ) where
     H: Handshake,
     M: Fn(SocketAddr) -> S,
-    S: Service<http::Request<Incoming>, Response = http::Response<B>, Error = Infallible>
+    S: Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>
+        + Unpin
         + Send
         + 'static,
     S::Future: Send + 'static,
-    B: Body + Send + 'static,
+    B: Body + Unpin + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let cap = limits.max_connections.max(1);
     let registry = Arc::new(Mutex::new(Registry::default()));
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    // Every connection task holds a sender; the drain waits for all to go.
+    let (alive, mut all_gone) = tokio::sync::mpsc::channel::<()>(1);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut errors = AcceptErrors {
         name,
         last: None,
@@ -723,72 +988,44 @@ pub async fn serve<H, M, S, B>(
             inner: make(peer),
             standing,
         };
+        let conn = Connection {
+            name,
+            peer,
+            limits,
+            builder: builder.clone(),
+            clock,
+            metrics: metrics.clone(),
+            stop: stop_rx.clone(),
+        };
         let registry = registry.clone();
         let handshake = handshake.clone();
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let metrics = metrics.clone();
+        let alive = alive.clone();
         metrics.open.inc();
         tokio::spawn(async move {
+            let _alive = alive;
             let _slot = Slot { registry, id };
-            let killed = kill.notified();
-            let mut killed = std::pin::pin!(killed);
-            killed.as_mut().enable();
-            let io = tokio::select! {
-                r = tokio::time::timeout(limits.handshake_timeout, handshake.handshake(stream)) => match r {
-                    Ok(Ok(io)) => io,
-                    Ok(Err(e)) => {
-                        tracing::debug!(listener = name, %peer, error = %e, "handshake failed");
-                        metrics.open.dec();
-                        return;
-                    }
-                    Err(_) => {
-                        metrics.timed_out.inc();
-                        metrics.open.dec();
-                        return;
-                    }
-                },
-                () = killed.as_mut() => {
-                    metrics.open.dec();
-                    return;
-                }
-            };
-            let epoch = Instant::now();
-            let last = Arc::new(AtomicU64::new(0));
-            clock.wait();
-            let io = Tracked {
-                inner: io,
-                epoch,
-                last: last.clone(),
-                clock: clock.clone(),
-            };
-            let conn = watcher.watch(builder.serve_connection(TokioIo::new(io), svc));
-            tokio::select! {
-                r = conn => {
-                    if let Err(e) = r {
-                        if e.is_timeout() {
-                            metrics.timed_out.inc();
-                        }
-                        tracing::debug!(listener = name, %peer, error = %e, "connection ended");
-                    }
-                }
-                () = idle_for(epoch, last, limits.idle_timeout) => {
-                    metrics.timed_out.inc();
+            let end = conn.run(handshake, stream, svc, &kill).await;
+            match end {
+                End::Done | End::Stopped => {}
+                End::Idle => {
+                    conn.metrics.timed_out.inc();
                     tracing::debug!(listener = name, %peer, "connection idle too long; closed");
                 }
-                () = head_overdue(clock, limits.header_read_timeout) => {
-                    metrics.timed_out.inc();
+                End::HeadOverdue => {
+                    conn.metrics.timed_out.inc();
                     tracing::debug!(listener = name, %peer, "no complete request head in time; closed");
                 }
-                () = killed => {
+                End::Shed => {
                     tracing::debug!(listener = name, %peer, "connection shed for a newcomer");
                 }
             }
-            metrics.open.dec();
+            conn.metrics.open.dec();
         });
     }
     drop(listener);
-    if tokio::time::timeout(limits.drain, graceful.shutdown())
+    let _ = stop_tx.send(true);
+    drop(alive);
+    if tokio::time::timeout(limits.drain, all_gone.recv())
         .await
         .is_err()
     {
@@ -796,6 +1033,147 @@ pub async fn serve<H, M, S, B>(
             listener = name,
             "connections still open after the drain period"
         );
+    }
+}
+
+/// One accepted connection's settings.
+struct Connection {
+    name: &'static str,
+    peer: SocketAddr,
+    limits: Limits,
+    builder: http1::Builder,
+    clock: Arc<HeadClock>,
+    metrics: ServeMetrics,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Connection {
+    /// Handshakes, then serves requests until the connection ends.
+    async fn run<H, S, B>(
+        &self,
+        handshake: H,
+        stream: TcpStream,
+        svc: WithStanding<S>,
+        kill: &tokio::sync::Notify,
+    ) -> End
+    where
+        H: Handshake,
+        S: Service<http::Request<RequestBody>, Response = http::Response<B>, Error = Infallible>
+            + Unpin
+            + Send
+            + 'static,
+        S::Future: Send + 'static,
+        B: Body + Unpin + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let killed = kill.notified();
+        let mut killed = std::pin::pin!(killed);
+        killed.as_mut().enable();
+        let mut stop = self.stop.clone();
+        let io = tokio::select! {
+            r = tokio::time::timeout(self.limits.handshake_timeout, handshake.handshake(stream)) => match r {
+                Ok(Ok(io)) => io,
+                Ok(Err(e)) => {
+                    tracing::debug!(listener = self.name, peer = %self.peer, error = %e, "handshake failed");
+                    return End::Done;
+                }
+                Err(_) => {
+                    self.metrics.timed_out.inc();
+                    return End::Done;
+                }
+            },
+            () = killed.as_mut() => return End::Shed,
+            _ = stop.wait_for(|s| *s) => return End::Stopped,
+        };
+        let epoch = Instant::now();
+        let last = Arc::new(AtomicU64::new(0));
+        self.clock.wait();
+        let mut io = Tracked {
+            inner: io,
+            epoch,
+            last: last.clone(),
+            clock: self.clock.clone(),
+        };
+        let mut svc = svc;
+        let mut prefix = hyper::body::Bytes::new();
+        let clock = &self.clock;
+        let header_read = self.limits.header_read_timeout;
+        let idle = self.limits.idle_timeout;
+        loop {
+            let mut conn = self
+                .builder
+                .serve_connection(TokioIo::new(Parking::new(io, prefix, clock.clone())), svc);
+            let mut stopping = false;
+            let ended = loop {
+                if !stopping && *stop.borrow() {
+                    stopping = true;
+                    Pin::new(&mut conn).graceful_shutdown();
+                }
+                tokio::select! {
+                    r = std::future::poll_fn(|cx| conn.poll_without_shutdown(cx)) => break r,
+                    _ = stop.wait_for(|s| *s), if !stopping => {}
+                    () = idle_for(epoch, last.clone(), idle) => return End::Idle,
+                    () = head_overdue(clock.clone(), header_read) => return End::HeadOverdue,
+                    () = killed.as_mut() => return End::Shed,
+                }
+            };
+            let parts = conn.into_parts();
+            let parking = parts.io.into_inner();
+            let parked = parking.parked && !stopping;
+            match ended {
+                Ok(()) if parked => {}
+                // A head begun before the answer (a pipelined request) and
+                // cut short by the end of stream read in its place: served
+                // from the bytes hyper hands back.
+                Err(e) if parked && e.is_incomplete_message() && !parts.read_buf.is_empty() => {}
+                Ok(()) => {
+                    let mut io = parking.inner;
+                    tokio::select! {
+                        _ = tokio::io::AsyncWriteExt::shutdown(&mut io) => {}
+                        () = idle_for(epoch, last.clone(), idle) => {}
+                    }
+                    return End::Done;
+                }
+                Err(e) => {
+                    if e.is_timeout() {
+                        self.metrics.timed_out.inc();
+                    }
+                    tracing::debug!(listener = self.name, peer = %self.peer, error = %e, "connection ended");
+                    return End::Done;
+                }
+            }
+            svc = parts.service;
+            io = parking.inner;
+            // An empty `read_buf` still holds hyper's read buffer (it is
+            // the buffer, frozen): let it go now, not when this scope ends.
+            let mut read_buf = parts.read_buf;
+            if read_buf.is_empty() {
+                read_buf = hyper::body::Bytes::new();
+            }
+            prefix = read_buf;
+            if prefix.is_empty() {
+                // Parked: wait for the next request's first byte.
+                self.metrics.parked.inc();
+                let mut first = [0u8; 1];
+                let woke = tokio::select! {
+                    r = tokio::io::AsyncReadExt::read(&mut io, &mut first) => Ok(r),
+                    () = idle_for(epoch, last.clone(), idle) => Err(End::Idle),
+                    () = head_overdue(clock.clone(), header_read) => Err(End::HeadOverdue),
+                    () = killed.as_mut() => Err(End::Shed),
+                    _ = stop.wait_for(|s| *s) => Err(End::Stopped),
+                };
+                self.metrics.parked.dec();
+                match woke {
+                    Ok(Ok(n)) if n > 0 => {
+                        prefix = hyper::body::Bytes::copy_from_slice(&first[..n]);
+                    }
+                    // The client closed, or the stream failed.
+                    Ok(_) => return End::Done,
+                    Err(end) => return end,
+                }
+            }
+        }
     }
 }
 
@@ -906,7 +1284,9 @@ mod tests {
     }
 
     /// A server whose service vouches for `x-id: <who>` (answering 429
-    /// when `who` is over its limit) and demotes on `x-bad`.
+    /// when `who` is over its limit) and demotes on `x-bad`; with
+    /// `x-read-body` it reads the body and answers `got N` (its length),
+    /// with `x-slow-ms: N` it answers after N ms.
     async fn start_ranked(
         limits: Limits,
     ) -> (SocketAddr, ServeMetrics, tokio::sync::oneshot::Sender<()>) {
@@ -921,7 +1301,7 @@ mod tests {
             Plain,
             metrics.clone(),
             |_| {
-                hyper::service::service_fn(|req: http::Request<Incoming>| async move {
+                hyper::service::service_fn(|req: http::Request<RequestBody>| async move {
                     let standing = req.extensions().get::<Standing>().unwrap().clone();
                     let mut status = http::StatusCode::OK;
                     if let Some(who) = req.headers().get("x-id") {
@@ -932,7 +1312,18 @@ mod tests {
                         standing.demote();
                         status = http::StatusCode::UNAUTHORIZED;
                     }
-                    let mut resp = http::Response::new(Full::new(Bytes::from_static(b"ok")));
+                    if let Some(ms) = req.headers().get("x-slow-ms") {
+                        let ms = ms.to_str().unwrap().parse().unwrap();
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                    }
+                    let text = if req.headers().contains_key("x-read-body") {
+                        use http_body_util::BodyExt;
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        Bytes::from(format!("got {}", body.len()))
+                    } else {
+                        Bytes::from_static(b"ok")
+                    };
+                    let mut resp = http::Response::new(Full::new(text));
                     *resp.status_mut() = status;
                     Ok::<_, Infallible>(resp)
                 })
@@ -1119,6 +1510,157 @@ mod tests {
         let _ = tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut out)).await;
         let text = String::from_utf8_lossy(&out);
         assert!(!text.contains("200 OK"), "{text}");
+    }
+
+    async fn wait_parked(m: &ServeMetrics, n: i64) {
+        for _ in 0..200 {
+            if m.parked.get() == n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{} parked, expected {n}", m.parked.get());
+    }
+
+    /// Reads one answer (head and a `content-length` body) from `s`;
+    /// `got` keeps bytes read past it (the next answer's).
+    async fn answer_after(s: &mut TcpStream, got: &mut Vec<u8>) -> String {
+        let mut buf = [0u8; 1024];
+        loop {
+            let text = String::from_utf8_lossy(got).to_string();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len: usize = text[..end]
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if got.len() >= end + 4 + len {
+                    got.drain(..end + 4 + len);
+                    return text[..end + 4 + len].to_string();
+                }
+            }
+            let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf))
+                .await
+                .expect("an answer in time")
+                .unwrap();
+            assert!(n > 0, "closed before the answer: {text}");
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+
+    /// Reads one answer from `s`, which must not send more.
+    async fn answer(s: &mut TcpStream) -> String {
+        let mut got = Vec::new();
+        let text = answer_after(s, &mut got).await;
+        assert!(got.is_empty(), "more than one answer");
+        text
+    }
+
+    fn roomy() -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(30),
+            max_connections: 16,
+            ..Limits::small()
+        }
+    }
+
+    /// A connection a request was vouched for lets its HTTP state go
+    /// between requests (parked) and answers the next request on the same
+    /// stream, again and again; one not vouched for, and one whose body
+    /// the service left unread, stay with hyper.
+    #[tokio::test]
+    async fn a_vouched_connection_is_parked_between_requests_and_answers_the_next() {
+        let (addr, m, _stop) = start_ranked(roomy()).await;
+        let mut vouched = TcpStream::connect(addr).await.unwrap();
+        for round in 0..3 {
+            assert!(
+                ask(&mut vouched, "x-id: a").await.contains("200"),
+                "{round}"
+            );
+            wait_parked(&m, 1).await;
+        }
+        // A body read to its end: parked too.
+        vouched
+            .write_all(b"PUT / HTTP/1.1\r\nhost: x\r\nx-id: a\r\nx-read-body: 1\r\ncontent-length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        assert!(answer(&mut vouched).await.ends_with("got 5"));
+        wait_parked(&m, 1).await;
+        let mut plain = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut plain, "x-plain: 1").await.contains("200"));
+        let mut unread = TcpStream::connect(addr).await.unwrap();
+        unread
+            .write_all(b"PUT / HTTP/1.1\r\nhost: x\r\nx-id: b\r\ncontent-length: 5\r\n\r\nhello")
+            .await
+            .unwrap();
+        assert!(answer(&mut unread).await.contains("200"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(m.parked.get(), 1, "only the vouched connection is parked");
+        // Both still answer on their streams.
+        assert!(ask(&mut plain, "x-plain: 1").await.contains("200"));
+        assert!(ask(&mut unread, "x-id: b").await.contains("200"));
+        wait_parked(&m, 2).await;
+        assert!(ask(&mut vouched, "x-id: a").await.contains("200"));
+        wait_parked(&m, 2).await;
+        assert_eq!(m.open.get(), 3);
+        drop(vouched);
+        wait_parked(&m, 1).await;
+        wait_open(&m, 2).await;
+    }
+
+    /// Requests sent back to back on a vouched connection (a whole second
+    /// request, or the start of its head, in the first one's segment) are
+    /// all answered, in order, on the same stream.
+    #[tokio::test]
+    async fn pipelined_requests_on_a_parked_connection_are_all_answered() {
+        let (addr, m, _stop) = start_ranked(roomy()).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        let req = |id: &str, body: &str| {
+            format!(
+                "PUT / HTTP/1.1\r\nhost: x\r\nx-id: {id}\r\nx-read-body: 1\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+        };
+        let two = req("a", "1") + &req("a", "22");
+        s.write_all(two.as_bytes()).await.unwrap();
+        let mut got = Vec::new();
+        assert!(answer_after(&mut s, &mut got).await.ends_with("got 1"));
+        assert!(answer_after(&mut s, &mut got).await.ends_with("got 2"));
+        assert!(got.is_empty());
+        wait_parked(&m, 1).await;
+        // One whole request and the start of the next head, the rest later.
+        let next = req("a", "333");
+        let (start, rest) = next.split_at(20);
+        s.write_all((req("a", "4444") + start).as_bytes())
+            .await
+            .unwrap();
+        assert!(answer(&mut s).await.ends_with("got 4"));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.write_all(rest.as_bytes()).await.unwrap();
+        assert!(answer(&mut s).await.ends_with("got 3"));
+        wait_parked(&m, 1).await;
+        assert_eq!(m.open.get(), 1);
+    }
+
+    /// At shutdown a parked connection is closed at once and a request
+    /// being served is answered first (within the drain).
+    #[tokio::test]
+    async fn shutdown_closes_parked_connections_and_answers_requests_in_flight() {
+        let (addr, m, stop) = start_ranked(roomy()).await;
+        let mut parked = TcpStream::connect(addr).await.unwrap();
+        assert!(ask(&mut parked, "x-id: a").await.contains("200"));
+        wait_parked(&m, 1).await;
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        busy.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nx-id: b\r\nx-slow-ms: 400\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.send(()).unwrap();
+        assert!(closed_within(&mut parked, Duration::from_millis(300)).await);
+        let text = answer(&mut busy).await;
+        assert!(text.contains("200"), "{text}");
+        assert!(closed_within(&mut busy, Duration::from_secs(2)).await);
+        wait_open(&m, 0).await;
     }
 
     #[test]

@@ -383,7 +383,7 @@ pub async fn serve(
 ) {
     let make = move |_peer: SocketAddr| {
         let h = handler.clone();
-        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |req: Request<mountguard_serve::RequestBody>| {
             let h = h.clone();
             async move { Ok::<_, Infallible>(h.handle(req).await) }
         })

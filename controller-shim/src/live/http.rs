@@ -133,7 +133,7 @@ pub async fn serve(
     let make = move |_peer| {
         let s = shared.clone();
         let gate = gate.clone();
-        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |req: Request<mountguard_serve::RequestBody>| {
             let s = s.clone();
             let gate = gate.clone();
             async move { Ok::<_, Infallible>(answer(&s, &gate, &req).await) }

@@ -89,6 +89,8 @@ pub struct Metrics {
     pub connections_shed: IntCounterVec,
     /// `mountguard_connections_timed_out_total{listener}`.
     pub connections_timed_out: IntCounterVec,
+    /// `mountguard_connections_parked{listener}`.
+    pub connections_parked: IntGaugeVec,
 }
 
 /// Values of `mountguard_status_requests_total{result}`.
@@ -441,6 +443,17 @@ impl Metrics {
             )
             .unwrap(),
         );
+        let connections_parked = reg(
+            &r,
+            IntGaugeVec::new(
+                o(
+                    "connections_parked",
+                    "Open connections waiting for their next request with no HTTP buffers held (agents' kept-alive connections between heartbeats)",
+                ),
+                &["listener"],
+            )
+            .unwrap(),
+        );
         Self {
             registry: r,
             mount_state,
@@ -473,6 +486,7 @@ impl Metrics {
             connections_open,
             connections_shed,
             connections_timed_out,
+            connections_parked,
         }
     }
 
@@ -482,6 +496,7 @@ impl Metrics {
             open: self.connections_open.with_label_values(&[listener]),
             shed: self.connections_shed.with_label_values(&[listener]),
             timed_out: self.connections_timed_out.with_label_values(&[listener]),
+            parked: self.connections_parked.with_label_values(&[listener]),
         }
     }
 

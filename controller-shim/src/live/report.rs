@@ -997,7 +997,7 @@ pub async fn serve(
 ) {
     let make = move |peer: std::net::SocketAddr| {
         let h = handler.clone();
-        hyper::service::service_fn(move |mut req: Request<hyper::body::Incoming>| {
+        hyper::service::service_fn(move |mut req: Request<mountguard_serve::RequestBody>| {
             let h = h.clone();
             req.extensions_mut().insert(PeerAddr(peer));
             async move { Ok::<_, Infallible>(h.handle(req).await) }
