@@ -27,6 +27,10 @@
 //! - a limit on the connections one identity holds
 //!   ([`Limits::per_identity`], counted by [`Standing::vouch`]);
 //! - a small read buffer (`max_buf_size`), which bounds the request head;
+//! - a vouched connection parked between requests: hyper's connection and
+//!   its buffers are let go once an answer is flushed, and a new one is
+//!   started on the stream when the next request's first byte arrives
+//!   ([`ServeMetrics::parked`]);
 //! - a bounded handshake (TLS) and a bounded graceful drain at shutdown;
 //! - accept errors (e.g. `EMFILE`) logged at most once per
 //!   [`ACCEPT_ERROR_LOG_EVERY`], with the count of those not logged.

@@ -4,7 +4,9 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
 
-use mountguard_tests::demo::scrape;
+use std::time::{Duration, Instant};
+
+use mountguard_tests::demo::{MetricSample, scrape};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
 
 use crate::harness::{Options, System, wait_all_fresh};
@@ -39,16 +41,41 @@ async fn reports_over_https_with_a_ca_file() {
     })
     .await;
     wait_all_fresh(&sys).await;
+    let sum = |m: &[MetricSample], name: &str, label: (&str, &str)| -> f64 {
+        m.iter()
+            .filter(|s| {
+                s.name == name && s.labels.get(label.0).map(String::as_str) == Some(label.1)
+            })
+            .map(|s| s.value)
+            .sum()
+    };
+    let requests =
+        |m: &[MetricSample], result| sum(m, "mountguard_report_requests_total", ("result", result));
     let m = scrape(&sys.metrics_base()).await.unwrap();
-    let accepted: f64 = m
-        .iter()
-        .filter(|s| {
-            s.name == "mountguard_report_requests_total"
-                && s.labels.get("result").map(String::as_str) == Some("accepted")
-        })
-        .map(|s| s.value)
-        .sum();
+    let accepted = requests(&m, "accepted");
     assert!(accepted >= sys.ids.len() as f64, "{accepted}");
+    // Between two reports each agent's TLS connection is parked (its HTTP
+    // state let go, the TLS session kept), and reports still come.
+    let agents = sys.ids.len() as f64;
+    let answered = |m: &[MetricSample]| requests(m, "accepted") + requests(m, "unchanged");
+    let start = answered(&m);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut parked_seen = false;
+    loop {
+        let m = scrape(&sys.metrics_base()).await.unwrap();
+        let parked = sum(&m, "mountguard_connections_parked", ("listener", "report"));
+        parked_seen |= parked >= agents;
+        if parked_seen && answered(&m) >= start + 2.0 * agents {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "parked {parked} of {agents} agents' connections (seen all: {parked_seen}); answered {} since",
+            answered(&m) - start
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_all_fresh(&sys).await;
     // Plain HTTP to the TLS port gets no report through.
     let plain = mountguard_tests::mountguard::http_request(
         "PUT",
