@@ -24,7 +24,9 @@
 //! interval). The connections opened after each node's first heartbeat,
 //! per second, scaled back to the 30 s heartbeat, are the steady-state TLS
 //! handshakes of a real cluster (plaintext here; each new connection is one
-//! handshake in production).
+//! handshake in production). After its last round every node keeps its
+//! connection open while the controller counts the open and parked
+//! connections and its RSS.
 //!
 //! Run: `cargo bench -p mountguard-controller --bench reports`
 //! (`-- --nodes N --pods P --rounds R` for other sizes; `--pods 30` is the
@@ -143,10 +145,13 @@ async fn try_heartbeat(
     Ok(())
 }
 
+/// A client connection as `connect` opens it.
+type Conn = hyper::client::conn::http1::SendRequest<http_body_util::Full<hyper::body::Bytes>>;
+
 /// The steady state (see the module docs): returns the connections opened
-/// after each node's first heartbeat and the seconds they were counted
-/// over.
-async fn steady_state(addr: SocketAddr, nodes: usize, rounds: usize) -> (usize, f64) {
+/// after each node's first heartbeat, the seconds they were counted over,
+/// and every node's connection, still open.
+async fn steady_state(addr: SocketAddr, nodes: usize, rounds: usize) -> (usize, f64, Vec<Conn>) {
     let interval = hb_interval();
     let reconnects = Arc::new(AtomicUsize::new(0));
     let start = tokio::time::Instant::now();
@@ -172,14 +177,16 @@ async fn steady_state(addr: SocketAddr, nodes: usize, rounds: usize) -> (usize, 
                     }
                 }
             }
+            s
         }));
     }
+    let mut held = Vec::with_capacity(nodes);
     for t in tasks {
-        t.await.unwrap();
+        held.push(t.await.unwrap());
     }
     // Counted from each node's first heartbeat to its last.
     let window = interval.as_secs_f64() * rounds.saturating_sub(1) as f64;
-    (reconnects.load(Ordering::Relaxed), window)
+    (reconnects.load(Ordering::Relaxed), window, held)
 }
 
 fn client(addr: SocketAddr, cluster: Cluster, rounds: usize) {
@@ -251,9 +258,14 @@ fn client(addr: SocketAddr, cluster: Cluster, rounds: usize) {
         writeln!(out.lock(), "heartbeats-done {secs:.3}").unwrap();
         writeln!(out.lock(), "steady-start").unwrap();
         out.lock().flush().unwrap();
-        let (reconnects, window) = steady_state(addr, nodes, arg("--steady-rounds", 4)).await;
+        let (reconnects, window, held) = steady_state(addr, nodes, arg("--steady-rounds", 4)).await;
         writeln!(out.lock(), "steady-done {reconnects} {window:.3}").unwrap();
         out.lock().flush().unwrap();
+        // Every agent's connection stays open (waiting for its next
+        // heartbeat) until the controller has measured itself.
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).unwrap();
+        drop(held);
     });
 }
 
@@ -409,6 +421,8 @@ async fn server(cluster: Cluster, rounds: usize) {
     let mut hb = (0.0, 0.0);
     let mut steady_cpu_start = 0.0;
     let mut steady = (0usize, 0.0f64, 0.0f64);
+    // Connections open and parked, and RSS, once the steady state is done.
+    let mut held = (0i64, 0i64, 0.0f64);
     while let Some((line, cpu)) = lrx.recv().await {
         let mut parts = line.split_whitespace();
         match (parts.next(), parts.next()) {
@@ -437,6 +451,10 @@ async fn server(cluster: Cluster, rounds: usize) {
             (Some("steady-done"), Some(r)) => {
                 let window: f64 = parts.next().unwrap().parse().unwrap();
                 steady = (r.parse().unwrap(), window, cpu - steady_cpu_start);
+                let m = metrics.serve("report");
+                held = (m.open.get(), m.parked.get(), memory_mib().0);
+                writeln!(child_stdin, "measured").unwrap();
+                child_stdin.flush().unwrap();
             }
             _ => {}
         }
@@ -507,12 +525,18 @@ async fn server(cluster: Cluster, rounds: usize) {
         "  steady-state TLS handshakes/s: {handshakes:.0} (target 0; {measured:.1}/s at the compressed interval, scaled to a heartbeat every {} s)",
         AGENT_HEARTBEAT.as_secs()
     );
+    let (open, parked, held_rss) = held;
+    println!(
+        "  every agent's connection held after its last heartbeat: {open} open, {parked} parked; RSS {held_rss:.0} MiB, {:.0} MiB above the RSS once every inventory was evaluated (at most {:.1} KiB per connection)",
+        held_rss - inv_mem.0,
+        (held_rss - inv_mem.0) * 1024.0 / open.max(1) as f64
+    );
     println!("  evaluation batches: {evals}");
     println!(
         "  RSS once every inventory is evaluated: {:.0} MiB, peak so far {:.0} MiB",
         inv_mem.0, inv_mem.1
     );
-    let target = if pods > 150_000 { 512 } else { 200 };
+    let target = if pods > 150_000 { 384 } else { 200 };
     println!(
         "  peak RSS (controller process): {:.0} MiB (target < {target} MiB at this size)",
         peak_rss_mib()
