@@ -1233,13 +1233,18 @@ mod tests {
         }
     }
 
-    fn quick() -> Limits {
+    /// The small limits with these timeouts and cap.
+    fn limits_with(header_read: Duration, idle: Duration, max_connections: usize) -> Limits {
         Limits {
-            header_read_timeout: Duration::from_millis(300),
-            idle_timeout: Duration::from_millis(600),
-            max_connections: 4,
+            header_read_timeout: header_read,
+            idle_timeout: idle,
+            max_connections,
             ..Limits::small()
         }
+    }
+
+    fn quick() -> Limits {
+        limits_with(Duration::from_millis(300), Duration::from_millis(600), 4)
     }
 
     #[tokio::test]
@@ -1356,14 +1361,19 @@ mod tests {
             .to_string()
     }
 
-    async fn wait_open(m: &ServeMetrics, n: i64) {
+    /// Waits (at most 2 s) until `gauge` reads `n`.
+    async fn wait_gauge(gauge: &prometheus::IntGauge, n: i64, what: &str) {
         for _ in 0..200 {
-            if m.open.get() == n {
+            if gauge.get() == n {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        panic!("{} open, expected {n}", m.open.get());
+        panic!("{} {what}, expected {n}", gauge.get());
+    }
+
+    async fn wait_open(m: &ServeMetrics, n: i64) {
+        wait_gauge(&m.open, n, "open").await;
     }
 
     /// A connection a request was vouched for waits for its next request
@@ -1517,13 +1527,7 @@ mod tests {
     }
 
     async fn wait_parked(m: &ServeMetrics, n: i64) {
-        for _ in 0..200 {
-            if m.parked.get() == n {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        panic!("{} parked, expected {n}", m.parked.get());
+        wait_gauge(&m.parked, n, "parked").await;
     }
 
     /// Reads one answer (head and a `content-length` body) from `s`;
@@ -1560,12 +1564,7 @@ mod tests {
     }
 
     fn roomy() -> Limits {
-        Limits {
-            header_read_timeout: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(30),
-            max_connections: 16,
-            ..Limits::small()
-        }
+        limits_with(Duration::from_secs(30), Duration::from_secs(30), 16)
     }
 
     /// A connection a request was vouched for lets its HTTP state go
