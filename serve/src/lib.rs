@@ -517,14 +517,14 @@ impl RequestBody {
             inner,
             clock: Some(clock),
         };
-        b.check_end();
+        b.read_if(b.inner.is_end_stream());
         b
     }
 
-    fn check_end(&mut self) {
-        if self.inner.is_end_stream()
-            && let Some(c) = self.clock.take()
-        {
+    /// Tells the connection, once, that the body was read to its end when
+    /// `end`.
+    fn read_if(&mut self, end: bool) {
+        if end && let Some(c) = self.clock.take() {
             c.body_read();
         }
     }
@@ -540,12 +540,11 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         let r = Pin::new(&mut self.inner).poll_frame(cx);
         match &r {
-            Poll::Ready(None) => {
-                if let Some(c) = self.clock.take() {
-                    c.body_read();
-                }
+            Poll::Ready(None) => self.read_if(true),
+            Poll::Ready(Some(Ok(_))) => {
+                let end = self.inner.is_end_stream();
+                self.read_if(end);
             }
-            Poll::Ready(Some(Ok(_))) => self.check_end(),
             _ => {}
         }
         r
@@ -584,16 +583,25 @@ where
         let req = http::Request::from_parts(parts, RequestBody::new(body, clock.clone()));
         Served {
             inner: Box::pin(self.inner.call(req)),
-            clock: Some(clock),
+            done: Some(Done(clock)),
         }
     }
 }
 
-/// A request being served: its answer's body carries the connection's
-/// clock on (see [`Answer`]); a failed or dropped request is done at once.
+/// Tells the connection's clock, when dropped, that a request is done.
+struct Done(Arc<HeadClock>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.request_done();
+    }
+}
+
+/// A request being served: its answer's body carries the [`Done`] on (see
+/// [`Answer`]); a failed or dropped request is done at once.
 struct Served<F> {
     inner: Pin<Box<F>>,
-    clock: Option<Arc<HeadClock>>,
+    done: Option<Done>,
 }
 
 impl<F, B, E> Future for Served<F>
@@ -603,24 +611,8 @@ where
     type Output = Result<http::Response<Answer<B>>, E>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let r = std::task::ready!(self.inner.as_mut().poll(cx));
-        let clock = self.clock.take();
-        Poll::Ready(match r {
-            Ok(resp) => Ok(resp.map(|inner| Answer { inner, clock })),
-            Err(e) => {
-                if let Some(c) = clock {
-                    c.request_done();
-                }
-                Err(e)
-            }
-        })
-    }
-}
-
-impl<F> Drop for Served<F> {
-    fn drop(&mut self) {
-        if let Some(c) = self.clock.take() {
-            c.request_done();
-        }
+        let done = self.done.take();
+        Poll::Ready(r.map(|resp| resp.map(|inner| Answer { inner, _done: done })))
     }
 }
 
@@ -629,15 +621,7 @@ impl<F> Drop for Served<F> {
 /// its next head.
 struct Answer<B> {
     inner: B,
-    clock: Option<Arc<HeadClock>>,
-}
-
-impl<B> Drop for Answer<B> {
-    fn drop(&mut self) {
-        if let Some(c) = self.clock.take() {
-            c.request_done();
-        }
-    }
+    _done: Option<Done>,
 }
 
 impl<B: Body + Unpin> Body for Answer<B> {
@@ -897,7 +881,8 @@ enum End {
     HeadOverdue,
     /// Shed for a newcomer.
     Shed,
-    /// The server is shutting down and the connection was parked.
+    /// The server is shutting down, and the connection was in its
+    /// handshake or parked.
     Stopped,
 }
 
@@ -1149,33 +1134,30 @@ impl Connection {
             }
             svc = parts.service;
             io = parking.inner;
-            // An empty `read_buf` still holds hyper's read buffer (it is
-            // the buffer, frozen): let it go now, not when this scope ends.
-            let mut read_buf = parts.read_buf;
-            if read_buf.is_empty() {
-                read_buf = hyper::body::Bytes::new();
+            let read_buf = parts.read_buf;
+            if !read_buf.is_empty() {
+                prefix = read_buf;
+                continue;
             }
-            prefix = read_buf;
-            if prefix.is_empty() {
-                // Parked: wait for the next request's first byte.
-                self.metrics.parked.inc();
-                let mut first = [0u8; 1];
-                let woke = tokio::select! {
-                    r = tokio::io::AsyncReadExt::read(&mut io, &mut first) => Ok(r),
-                    () = idle_for(epoch, last.clone(), idle) => Err(End::Idle),
-                    () = head_overdue(clock.clone(), header_read) => Err(End::HeadOverdue),
-                    () = killed.as_mut() => Err(End::Shed),
-                    _ = stop.wait_for(|s| *s) => Err(End::Stopped),
-                };
-                self.metrics.parked.dec();
-                match woke {
-                    Ok(Ok(n)) if n > 0 => {
-                        prefix = hyper::body::Bytes::copy_from_slice(&first[..n]);
-                    }
-                    // The client closed, or the stream failed.
-                    Ok(_) => return End::Done,
-                    Err(end) => return end,
-                }
+            // Empty, it still holds hyper's read buffer (it is the buffer,
+            // frozen): let it go before waiting, not when this scope ends.
+            drop(read_buf);
+            // Parked: wait for the next request's first byte.
+            self.metrics.parked.inc();
+            let mut first = [0u8; 1];
+            let woke = tokio::select! {
+                r = tokio::io::AsyncReadExt::read(&mut io, &mut first) => Ok(r),
+                () = idle_for(epoch, last.clone(), idle) => Err(End::Idle),
+                () = head_overdue(clock.clone(), header_read) => Err(End::HeadOverdue),
+                () = killed.as_mut() => Err(End::Shed),
+                _ = stop.wait_for(|s| *s) => Err(End::Stopped),
+            };
+            self.metrics.parked.dec();
+            match woke {
+                Ok(Ok(n)) if n > 0 => prefix = hyper::body::Bytes::copy_from_slice(&first[..n]),
+                // The client closed, or the stream failed.
+                Ok(_) => return End::Done,
+                Err(end) => return end,
             }
         }
     }
