@@ -32,6 +32,11 @@ export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 root="${MOUNTGUARD_UPSTREAM_DIR:-$HOME/.cache/mountguard-upstream}"
 out="$root/node-tools_k8s-${K8S_VERSION}_helm-${HELM_VERSION}_$("$GO" env GOVERSION)_r${RECIPE}"
 mkdir -p "$out/bin" "$out/src"
+# The cache's lock, the one scripts/upstream.sh takes: two runs at once (the
+# test suite and scripts/local-cluster.sh, say) build one after the other,
+# never into the same *.new file.
+exec 9>"$root/.upstream.lock"
+flock 9
 
 # kube-proxy: the module scripts/upstream.sh writes (same go.mod, so the
 # Go build cache it filled is reused).

