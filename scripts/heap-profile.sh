@@ -16,8 +16,8 @@ cd "$(dirname "$0")/.."
 
 if ! command -v heaptrack >/dev/null || ! command -v heaptrack_print >/dev/null; then
     if [ "$(id -u)" = 0 ]; then
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends heaptrack >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends heaptrack >/dev/null
     else
         echo "error: heaptrack is not installed (Debian: apt-get install heaptrack)" >&2
         exit 1
