@@ -37,6 +37,7 @@ while IFS='=' read -r name secs; do
     [ -n "$name" ] && tier_done "$name" "$secs"
 done <<<"${MOUNTGUARD_CI_TIMES:-}"
 mark=$SECONDS
+trap 'rc=$?; print_tier_times; exit $rc' EXIT
 # tier NAME: the time since the last mark goes to NAME.
 tier() { tier_done "$1" "$((SECONDS - mark))"; mark=$SECONDS; }
 print_tier_times() {
