@@ -36,6 +36,7 @@ use tracing::{debug, info, warn};
 use mountguard_core::PodUid;
 use mountguard_core::remediation::inputs::{
     IntOrString, NodeSetModel, candidates, cordon_of, group_old_gone, new_pod_check, nodeset_infos,
+    slurmd_started_at,
 };
 use mountguard_core::remediation::machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, MachineConfig, NodeCordon,
@@ -702,10 +703,11 @@ impl Executor {
                 Some(_) => &snap.workload_pods,
                 None => &snap.nodeset_pods,
             };
-            let pod_uid = pods
+            let pod_now = pods
                 .iter()
-                .find(|p| **p.namespace() == *a.namespace && *p.name == *a.pod)
-                .map(|p| p.uid.to_string());
+                .find(|p| **p.namespace() == *a.namespace && *p.name == *a.pod);
+            let pod_uid = pod_now.map(|p| p.uid.to_string());
+            let replacement_started = pod_now.and_then(|p| slurmd_started_at(p));
             let new_pod = new_pod_check(
                 &snap.verdicts,
                 pods,
@@ -785,6 +787,7 @@ impl Executor {
                 cordon,
                 group_old_gone,
                 workload: None,
+                replacement_started,
             };
             let (next, actions) = step(&a, &obs, now, &self.machine_cfg);
             if self.perform(snap, &a, next, actions).await {

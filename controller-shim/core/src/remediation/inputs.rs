@@ -267,6 +267,30 @@ pub fn settled(pod: &PodModel, scanned_at: Option<Timestamp>) -> bool {
     }
 }
 
+/// The name of a NodeSet worker's slurmd container (slurm-operator v1.2.1,
+/// `internal/builder/labels/labels.go` `WorkerApp`, used as the container
+/// name by `internal/builder/workerbuilder/worker_app.go`).
+pub const SLURMD_CONTAINER: &str = "slurmd";
+
+/// When the slurmd of `pod` started: its [`SLURMD_CONTAINER`] container's
+/// `startedAt`, or, for a pod without a container of that name, the latest
+/// start among its regular containers. `None` while one of them is not
+/// running. Compared with the node's `slurmd_start_time`
+/// ([`super::machine::Attempt::replacement_registered`]).
+pub fn slurmd_started_at(pod: &PodModel) -> Option<Timestamp> {
+    let regular = || {
+        pod.containers
+            .iter()
+            .filter(|c| c.kind == ContainerKind::Regular)
+    };
+    match regular().find(|c| &*c.name == SLURMD_CONTAINER) {
+        Some(c) => c.started_at(),
+        None => regular().try_fold(None, |latest: Option<Timestamp>, c| {
+            c.started_at().map(|s| latest.max(Some(s)))
+        })?,
+    }
+}
+
 /// Whether every old pod of group `group` that is being replaced is gone
 /// (`live`: UIDs of the NodeSet pods that exist). A member that failed
 /// before its eviction keeps its pod and is not waited for: the cordon
@@ -560,5 +584,38 @@ mod tests {
         ));
         assert!(!settled(&pod(Some(started)), Some(started + ms(999))));
         assert!(settled(&pod(Some(started)), Some(started + ms(1_000))));
+    }
+
+    #[test]
+    fn the_slurmd_start_is_the_slurmd_containers_or_else_the_latest_regular_one() {
+        use crate::testkit::PodB;
+        let t0: Timestamp = "2026-12-01T10:00:00Z".parse().unwrap();
+        let t1: Timestamp = "2026-12-01T10:05:00Z".parse().unwrap();
+        let pod = |containers: &[(&str, Option<Timestamp>)]| {
+            let mut b = PodB::new("slurm", "worker-0", "uid", "node-a");
+            for (name, start) in containers {
+                b = b.container(name, *start, &[], vec![]);
+            }
+            b.build()
+        };
+        // The slurmd container decides, whatever a sidecar did later.
+        assert_eq!(
+            slurmd_started_at(&pod(&[("slurmd", Some(t0)), ("logs", Some(t1))])),
+            Some(t0)
+        );
+        assert_eq!(
+            slurmd_started_at(&pod(&[("slurmd", None), ("logs", Some(t1))])),
+            None
+        );
+        // Without one, the latest regular container, and only once all run.
+        assert_eq!(
+            slurmd_started_at(&pod(&[("a", Some(t1)), ("b", Some(t0))])),
+            Some(t1)
+        );
+        assert_eq!(
+            slurmd_started_at(&pod(&[("a", Some(t1)), ("b", None)])),
+            None
+        );
+        assert_eq!(slurmd_started_at(&pod(&[])), None);
     }
 }

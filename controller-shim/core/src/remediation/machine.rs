@@ -43,7 +43,8 @@ mod workload_steps;
 pub use actions::{Action, EventReason};
 pub use attempt::{
     Attempt, AttemptsRecord, FailReason, Finding, Phase, PhaseEntry, PriorDrain, Retry,
-    SLURM_NOT_RESPONDING, attempt_id, drain_reason, owns_reason, reason_attempt_id,
+    SLURM_NOT_RESPONDING, attempt_id, drain_reason, owns_reason, reason_as_written,
+    reason_attempt_id, reason_is,
 };
 pub use observations::{
     EvictionResult, FailurePolicy, MachineConfig, NewPodCheck, NodeCordon, Observations,
@@ -330,23 +331,51 @@ pub fn step(
                     let msg = format!("the replacement pod is still not fresh: {message}");
                     s.fail(FailReason::ReplacementStale, msg, obs);
                 }
+                // Verified only by the node's own registration: slurmctld
+                // accepted the replacement's slurmd (authenticated, so on
+                // the current key) and the node answers, over several
+                // reads in a row.
                 (NewPodCheck::Fresh, SlurmObservation::Node(n))
-                    if current && s.a.replacement_responding(n) && !not_held =>
+                    if current
+                        && s.a.replacement_responding(n)
+                        && Attempt::replacement_registered(n, obs.replacement_started)
+                        && !not_held =>
                 {
-                    let msg = format!(
-                        "remediation {}: replacement {pod_label} (uid {}) verified fresh on node {} and Slurm node {slurm_node} responding ({:?})",
-                        s.a.id,
-                        s.a.new_pod_uid.clone().unwrap_or_default(),
-                        s.a.node,
-                        n.state
-                    );
-                    s.event(EventReason::RemediationVerified, msg);
-                    s.start_undrain(&obs.slurm);
+                    s.a.verified_reads += 1;
+                    if s.a.verified_reads >= cfg.verify_reads.max(1) {
+                        let msg = format!(
+                            "remediation {}: replacement {pod_label} (uid {}) verified fresh on node {}; Slurm node {slurm_node} registered its slurmd and answered {} reads in a row ({:?})",
+                            s.a.id,
+                            s.a.new_pod_uid.clone().unwrap_or_default(),
+                            s.a.node,
+                            s.a.verified_reads,
+                            n.state
+                        );
+                        s.event(EventReason::RemediationVerified, msg);
+                        s.start_undrain(&obs.slurm);
+                    }
                 }
                 _ => {
+                    s.a.verified_reads = 0;
                     s.read_error(obs);
                     if s.elapsed_since(s.a.phase_since) >= cfg.verification_timeout {
                         let why = match (&obs.new_pod, &obs.slurm) {
+                            (NewPodCheck::Fresh, SlurmObservation::Node(n))
+                                if s.a.replacement_responding(n)
+                                    && !Attempt::replacement_registered(
+                                        n,
+                                        obs.replacement_started,
+                                    ) =>
+                            {
+                                format!(
+                                    "fresh on the node, but Slurm node {slurm_node} has no registration of the replacement's slurmd (slurmd_start_time {}, container started {}): slurmctld did not accept it, so it is not on slurmctld's key (check the slurm.key it mounts); Slurm shows {:?}, which a slurmd on a stale key also shows",
+                                    n.slurmd_start_time
+                                        .map_or_else(|| "unset".to_string(), |t| t.to_string()),
+                                    obs.replacement_started
+                                        .map_or_else(|| "unknown".to_string(), |t| t.to_string()),
+                                    n.state
+                                )
+                            }
                             (NewPodCheck::Fresh, SlurmObservation::Node(n)) => {
                                 format!(
                                     "fresh on the node, but Slurm node {slurm_node} is {:?}",

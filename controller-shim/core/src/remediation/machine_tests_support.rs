@@ -9,7 +9,9 @@ pub fn t0() -> Timestamp {
     "2026-11-30T10:00:00Z".parse().expect("valid timestamp")
 }
 
-/// A Slurm node with `state` flags and `reason`.
+/// A Slurm node with `state` flags and `reason`, whose slurmd last
+/// registered at `t0()` (when the tests' replacement slurmd starts: a
+/// registered replacement).
 pub fn node(state: &[&str], reason: &str) -> SlurmNodeState {
     SlurmNodeState {
         state: state.iter().map(|s| s.to_string()).collect(),
@@ -20,6 +22,7 @@ pub fn node(state: &[&str], reason: &str) -> SlurmNodeState {
             "slurm".into()
         },
         alloc_cpus: 0,
+        slurmd_start_time: Some(t0().as_second()),
     }
 }
 

@@ -33,7 +33,7 @@ mod machine_workload_tests;
 pub use machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailReason, FailurePolicy,
     Finding, MachineConfig, NewPodCheck, NodeCordon, Observations, Phase, SlurmNodeState,
-    SlurmObservation, WorkloadObservation, WriteResult, step,
+    SlurmObservation, WorkloadObservation, WriteResult, reason_is, step,
 };
 
 /// Opt-in annotation: `"true"` on a NodeSet, `"evict"` on a Deployment,

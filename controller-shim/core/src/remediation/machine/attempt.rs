@@ -149,7 +149,7 @@ impl PriorDrain {
 
     /// Whether `n` shows this drain back in place.
     pub fn restored(&self, n: &SlurmNodeState) -> bool {
-        n.has(&self.state) && n.reason == self.reason
+        n.has(&self.state) && reason_is(&n.reason, &self.reason)
     }
 }
 
@@ -307,6 +307,12 @@ pub struct Attempt {
     /// Retry pacing.
     #[serde(default)]
     pub retry: Retry,
+    /// Verifying: consecutive reads so far that showed the replacement's
+    /// slurmd registered and responding (see
+    /// [`Attempt::replacement_registered`]). Not persisted: a restarted
+    /// controller counts again from zero.
+    #[serde(skip)]
+    pub verified_reads: u32,
 }
 
 impl Attempt {
@@ -358,6 +364,7 @@ impl Attempt {
             prior_drain: None,
             hold_requested: false,
             prestop_down: false,
+            verified_reads: 0,
             not_found_since: None,
             failure: None,
             retry: Retry::default(),
@@ -431,6 +438,24 @@ impl Attempt {
         !n.has("NOT_RESPONDING") && (!n.has("FAIL") || self.owns(n))
     }
 
+    /// Whether the node shows a registration of the replacement's slurmd:
+    /// slurmctld accepted a registration whose slurmd started when the
+    /// replacement's slurmd container did or later. Only an authenticated
+    /// registration moves `slurmd_start_time` (see
+    /// [`SlurmNodeState::slurmd_start_time`]), so a replacement still on a
+    /// stale key never shows one, even when Slurm has put the node back in
+    /// service by itself (`ReturnToService=1` returns a DOWN "Not
+    /// responding" node whose slurmd answers at all: `_node_did_resp` in
+    /// `src/slurmctld/node_mgr.c`). Both times come from the same node's
+    /// clock (the kubelet's `startedAt`, slurmd's own start time) in whole
+    /// seconds.
+    pub fn replacement_registered(n: &SlurmNodeState, started: Option<Timestamp>) -> bool {
+        match (n.slurmd_start_time, started) {
+            (Some(t), Some(started)) => t >= started.as_second(),
+            _ => false,
+        }
+    }
+
     /// Phase names gone through, in order.
     pub fn phase_names(&self) -> Vec<&'static str> {
         self.history.iter().map(|e| e.phase.name()).collect()
@@ -476,13 +501,43 @@ pub fn owns_reason(reason: &str, id: &str) -> bool {
     reason.starts_with(REASON_PREFIX) && reason_attempt_id(reason) == Some(id)
 }
 
-/// The attempt id at the end of a mountguard reason.
+/// The attempt id at the end of a mountguard reason, also after Slurm
+/// appended its own messages to it (see [`reason_as_written`]).
 pub fn reason_attempt_id(reason: &str) -> Option<&str> {
+    let reason = reason_as_written(reason);
     if !reason.starts_with(REASON_PREFIX) {
         return None;
     }
     let (_, id) = reason.trim_end().rsplit_once(" attempt ")?;
     (!id.is_empty() && !id.contains(' ')).then_some(id)
+}
+
+/// The separator slurmctld puts before each message it appends to a node's
+/// reason.
+const SLURM_APPENDED: &str = " : ";
+
+/// `reason` without the messages slurmctld appended to it. When a node
+/// that already has a reason (our drain) is set DOWN for not responding,
+/// `set_node_reason` (`src/slurmctld/node_mgr.c`, Slurm 26.05) appends
+/// `" : <message>"` (`" : Not responding"`) unless it is already there, and
+/// sets the reason's user to SlurmUser and its time to now. A mountguard
+/// reason never holds `" : "` itself, so everything from the first one on
+/// is Slurm's.
+pub fn reason_as_written(reason: &str) -> &str {
+    match reason.find(SLURM_APPENDED) {
+        Some(at) if reason.starts_with(REASON_PREFIX) => &reason[..at],
+        _ => reason,
+    }
+}
+
+/// Whether the node's current `reason` is still the drain reason
+/// `written` (exactly, or with messages slurmctld appended: see
+/// [`reason_as_written`]).
+pub fn reason_is(reason: &str, written: &str) -> bool {
+    reason == written
+        || reason
+            .strip_prefix(written)
+            .is_some_and(|rest| rest.starts_with(SLURM_APPENDED))
 }
 
 /// The attempts persisted in one NodeSet's annotation.

@@ -4,7 +4,7 @@
 //! eviction, the replacement's verdicts, the node's cordon, a workload's
 //! pods and availability). Plain data.
 
-use jiff::SignedDuration;
+use jiff::{SignedDuration, Timestamp};
 use serde::{Deserialize, Serialize};
 
 use crate::remediation::REASON_PREFIX;
@@ -58,6 +58,13 @@ pub struct MachineConfig {
     /// takes no new job either and leaves running ones alone (Slurm's
     /// `update_node`, src/slurmctld/node_mgr.c).
     pub fail_first: bool,
+    /// Consecutive reads that must show the replacement's slurmd registered
+    /// and responding before the node is released. One read proves little:
+    /// a slurmd on a stale key flaps between `IDLE` and
+    /// `IDLE+NOT_RESPONDING` (slurmctld counts its authentication-error
+    /// replies as responses: `node_not_resp` in `src/slurmctld/node_mgr.c`,
+    /// Slurm 26.05).
+    pub verify_reads: u32,
 }
 
 impl Default for MachineConfig {
@@ -73,6 +80,7 @@ impl Default for MachineConfig {
             write_settle: SignedDuration::from_secs(10),
             not_found_grace: SignedDuration::from_mins(5),
             fail_first: false,
+            verify_reads: 3,
         }
     }
 }
@@ -89,6 +97,15 @@ pub struct SlurmNodeState {
     /// `alloc_cpus`: CPUs Slurm still accounts to jobs on the node.
     #[serde(default)]
     pub alloc_cpus: u32,
+    /// `slurmd_start_time` (UNIX seconds): the start time the node's slurmd
+    /// sent in its last registration that slurmctld accepted. It moves only
+    /// when a registration authenticates (`validate_jobs_on_node` in
+    /// `src/slurmctld/job_mgr.c`, Slurm 26.05, called from
+    /// `_slurm_rpc_node_registration` in `src/slurmctld/proc_req.c` for a
+    /// message that passed auth/slurm), so a slurmd on a stale key never
+    /// moves it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurmd_start_time: Option<i64>,
 }
 
 impl SlurmNodeState {
@@ -225,6 +242,10 @@ pub struct Observations {
     /// For a workload's pod: the workload as read (`None`: not read this
     /// round: wait).
     pub workload: Option<WorkloadObservation>,
+    /// When the slurmd container of the pod now under the attempt's name
+    /// started (see [`crate::remediation::slurmd_started_at`]); `None`: not
+    /// running.
+    pub replacement_started: Option<Timestamp>,
 }
 
 /// A workload as the machine reads it.
