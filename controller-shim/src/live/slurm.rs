@@ -31,7 +31,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use mountguard_core::remediation::SlurmNodeState;
+use mountguard_core::remediation::{SlurmNodeState, reason_is};
 
 /// The API version spoken.
 pub const API_VERSION: &str = "v0.0.44";
@@ -86,6 +86,13 @@ pub enum SlurmError {
         /// HTTP status.
         status: u16,
         /// What is wrong.
+        message: String,
+    },
+    /// slurmctld refused the state change for the node's current state
+    /// (error 2180).
+    #[error("Slurm refused the node state change: {message}")]
+    InvalidTransition {
+        /// slurmrestd's error description.
         message: String,
     },
     /// No token available yet (Secret not read, missing key).
@@ -231,6 +238,10 @@ pub struct SlurmNode {
     /// `alloc_cpus`.
     #[serde(default)]
     pub alloc_cpus: u32,
+    /// `slurmd_start_time` (UNIX seconds), when set: moves only when a
+    /// registration of the node's slurmd authenticates.
+    #[serde(default, deserialize_with = "no_val")]
+    pub slurmd_start_time: Option<i64>,
 }
 
 impl SlurmNode {
@@ -241,6 +252,7 @@ impl SlurmNode {
             reason: self.reason.clone(),
             reason_set_by_user: self.reason_set_by_user.clone(),
             alloc_cpus: self.alloc_cpus,
+            slurmd_start_time: self.slurmd_start_time,
         }
     }
 }
@@ -286,8 +298,19 @@ struct UpdateNodeMsg<'a> {
     reason: Option<&'a str>,
 }
 
-/// Slurm's "Invalid node name specified".
+// Slurm error numbers (`slurm/slurm_errno.h`, Slurm 26.05) that change
+// what an answer means.
+/// "Invalid node name specified": a write (or, on older releases, a read)
+/// for a node slurmctld does not know.
 const ESLURM_INVALID_NODE_NAME: i64 = 2018;
+/// "User ID missing from credential": `_slurm_rpc_update_node`
+/// (`src/slurmctld/proc_req.c`) answers it to a user who is not a Slurm
+/// administrator (`validate_super_user`); slurmrestd sends it as HTTP 422.
+const ESLURM_USER_ID_MISSING: i64 = 2010;
+/// "Invalid node state transition requested": `update_node`
+/// (`src/slurmctld/node_mgr.c`, `_valid_node_state_change`), e.g. a RESUME
+/// of a node that is neither DOWN, DRAIN nor FAIL; HTTP 422.
+const ESLURM_INVALID_NODE_STATE_TRANSITION: i64 = 2180;
 
 /// The slurmrestd client.
 #[derive(Clone)]
@@ -476,14 +499,46 @@ impl SlurmClient {
             }
         };
         let code = status.as_u16();
-        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
-            let message = env.as_ref().map_or_else(
+        let numbers: Vec<i64> = env.as_ref().map_or_else(
+            |_| Vec::new(),
+            |e| e.errors.iter().map(|x| x.error_number).collect(),
+        );
+        let has = |number: i64| numbers.contains(&number);
+        // 401 (no token: a text/plain body), 403, and 511 (a token whose
+        // signature or expiry slurmrestd refused: error 1007,
+        // `SLURM_PROTOCOL_AUTHENTICATION_ERROR`, which `src/common/http.c`
+        // maps to `HTTP_STATUS_CODE_SRVERR_NETWORK_AUTH_REQ`): the token,
+        // not the server, is wrong, and retrying will not change it.
+        if status == StatusCode::UNAUTHORIZED
+            || status == StatusCode::FORBIDDEN
+            || status == StatusCode::NETWORK_AUTHENTICATION_REQUIRED
+        {
+            let detail = env.as_ref().map_or_else(
                 |_| status.canonical_reason().unwrap_or("").to_string(),
                 |e| describe(&e.errors),
             );
+            let message = if status == StatusCode::NETWORK_AUTHENTICATION_REQUIRED {
+                format!(
+                    "{detail}: slurmrestd could not verify the token's signature or it has expired; the token (or jwt.key) must be signed with the key slurmctld loads (AuthAltParameters jwt_key)"
+                )
+            } else {
+                detail
+            };
             return Err(SlurmError::Unauthorized {
                 status: code,
                 message,
+            });
+        }
+        // A user slurmctld does not count as an administrator may read, but
+        // its writes are refused.
+        if has(ESLURM_USER_ID_MISSING) {
+            return Err(SlurmError::Unauthorized {
+                status: code,
+                message: format!(
+                    "{}: the token's user is not a Slurm administrator; use a token of SlurmUser or of a user with AdminLevel=Admin",
+                    env.as_ref()
+                        .map_or_else(|_| String::new(), |e| describe(&e.errors))
+                ),
             });
         }
         let env = match env {
@@ -501,13 +556,34 @@ impl SlurmClient {
                 });
             }
         };
+        let node = || rest.rsplit('/').next().unwrap_or_default().to_string();
         if env
             .errors
             .iter()
             .any(|e| e.error_number == ESLURM_INVALID_NODE_NAME)
         {
             return Err(SlurmError::NotFound {
-                node: rest.rsplit('/').next().unwrap_or_default().to_string(),
+                node: node(),
+                message: describe(&env.errors),
+            });
+        }
+        // A read of one node slurmctld does not know: HTTP 200, no `nodes`,
+        // and an error entry "Failure to query node <name>" carrying the
+        // load's errno, 0 when the load itself worked
+        // (`src/slurmrestd/plugins/openapi/slurmctld/nodes.c`,
+        // `_dump_nodes`, Slurm 26.05).
+        if status.is_success()
+            && rest.starts_with("node/")
+            && env.nodes.is_none()
+            && !env.errors.is_empty()
+        {
+            return Err(SlurmError::NotFound {
+                node: node(),
+                message: describe(&env.errors),
+            });
+        }
+        if status == StatusCode::UNPROCESSABLE_ENTITY && has(ESLURM_INVALID_NODE_STATE_TRANSITION) {
+            return Err(SlurmError::InvalidTransition {
                 message: describe(&env.errors),
             });
         }
@@ -602,29 +678,37 @@ impl SlurmClient {
         .await
     }
 
-    /// `{"state":["RESUME"]}`: clears DOWN and DRAIN.
+    /// `{"state":["RESUME"]}`: clears DOWN, DRAIN and FAIL. Slurm refuses
+    /// a RESUME of a node that is none of these (error 2180): it is open
+    /// already, which is what a RESUME asks for.
     pub async fn resume(&self, name: &str) -> Result<(), SlurmError> {
-        self.update(
-            name,
-            &UpdateNodeMsg {
-                state: ["RESUME"],
-                reason: None,
-            },
-        )
-        .await
+        match self
+            .update(
+                name,
+                &UpdateNodeMsg {
+                    state: ["RESUME"],
+                    reason: None,
+                },
+            )
+            .await
+        {
+            Err(SlurmError::InvalidTransition { .. }) => Ok(()),
+            r => r,
+        }
     }
 
     /// Re-reads the node and resumes it only if it is drained (or FAIL)
-    /// with exactly `reason`. Returns whether it resumed.
+    /// with `reason` (exactly, or with Slurm's appended messages:
+    /// [`reason_is`]). Returns whether it resumed.
     pub async fn resume_if_reason(&self, name: &str, reason: &str) -> Result<bool, SlurmError> {
         let n = self.get_node(name).await?;
-        if !(held(&n.state) && n.reason == reason) {
+        if !(held(&n.state) && reason_is(&n.reason, reason)) {
             return Ok(false);
         }
         self.resume(name).await.map(|_| true)
     }
 
-    /// Re-reads the node and, only if it is drained (or FAIL) with exactly
+    /// Re-reads the node and, only if it is drained (or FAIL) with
     /// `owned_reason`, sets `state` (`DRAIN` or `FAIL`) with `reason`: a
     /// drain someone else had set before, handed back. Returns whether it
     /// wrote.
@@ -636,7 +720,7 @@ impl SlurmClient {
         reason: &str,
     ) -> Result<bool, SlurmError> {
         let n = self.get_node(name).await?;
-        if !(held(&n.state) && n.reason == owned_reason) {
+        if !(held(&n.state) && reason_is(&n.reason, owned_reason)) {
             return Ok(false);
         }
         let state = match state {
@@ -658,12 +742,12 @@ impl SlurmClient {
     }
 
     /// Releases an orphaned mountguard drain or FAIL hold whose reason is
-    /// still exactly `reason`: a FAIL first becomes a DRAIN with the same
+    /// still `reason` ([`reason_is`]): a FAIL first becomes a DRAIN with the same
     /// reason, then it is undrained (a DOWN stays, as an undrain leaves
     /// it). Returns whether it released.
     pub async fn release_if_reason(&self, name: &str, reason: &str) -> Result<bool, SlurmError> {
         let n = self.get_node(name).await?;
-        if !(held(&n.state) && n.reason == reason) {
+        if !(held(&n.state) && reason_is(&n.reason, reason)) {
             return Ok(false);
         }
         if n.state.iter().any(|s| s == "FAIL") {
@@ -673,11 +757,11 @@ impl SlurmClient {
     }
 
     /// Re-reads the node and clears DRAIN only if its reason is still
-    /// exactly `reason`. Returns whether it undrained. (Slurm has no
+    /// `reason` ([`reason_is`]). Returns whether it undrained. (Slurm has no
     /// compare-and-set; the window is one round trip.)
     pub async fn undrain_if_reason(&self, name: &str, reason: &str) -> Result<bool, SlurmError> {
         let n = self.get_node(name).await?;
-        if !(n.state.iter().any(|s| s == "DRAIN") && n.reason == reason) {
+        if !(n.state.iter().any(|s| s == "DRAIN") && reason_is(&n.reason, reason)) {
             return Ok(false);
         }
         self.undrain(name).await.map(|_| true)

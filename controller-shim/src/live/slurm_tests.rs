@@ -388,3 +388,57 @@ fn without_system_ca_roots_http_builds_and_https_asks_for_a_ca() {
         "{e}"
     );
 }
+
+/// The answers Slurm 26.05's slurmrestd gave when run here, each taken for
+/// what it means (docs/testing.md, "Slurm").
+#[tokio::test]
+async fn real_slurm_26_05_answers_are_classified_for_what_they_mean() {
+    let err = |d: &str, n: i64| {
+        json!({"meta": {}, "errors": [{"description": d, "error_number": n, "error": d, "source": "x"}], "warnings": []})
+            .to_string()
+    };
+    let s = server(vec![
+        // GET of a node slurmctld does not know: 200, no nodes, error 0.
+        (200, err("Failure to query node n9", 0)),
+        // A token with a bad signature or expired: 511, error 1007.
+        (511, err("Protocol authentication error", 1007)),
+        // No token: 401 with a text/plain body.
+        (401, "Authentication failure\n".into()),
+        // A non-admin user's write: 422, error 2010.
+        (422, err("User ID missing from credential", 2010)),
+        // A write to an unknown node: 422, error 2018.
+        (422, err("Invalid node name specified", 2018)),
+        // RESUME of a node that is open already: 422, error 2180.
+        (422, err("Invalid node state transition requested", 2180)),
+    ])
+    .await;
+    let c = client(&s.url, static_token("t"));
+    let e = c.get_node("n9").await.expect_err("unknown node");
+    assert!(matches!(e, SlurmError::NotFound { .. }), "{e}");
+    let e = c.get_node("n1").await.expect_err("511");
+    assert!(
+        matches!(e, SlurmError::Unauthorized { status: 511, .. }),
+        "{e}"
+    );
+    assert!(
+        !e.is_transient(),
+        "a refused token is not retried as transient"
+    );
+    assert!(e.to_string().contains("jwt_key"), "{e}");
+    let e = c.get_node("n1").await.expect_err("401");
+    assert!(
+        matches!(e, SlurmError::Unauthorized { status: 401, .. }),
+        "{e}"
+    );
+    let e = c.drain("n1", "r").await.expect_err("2010");
+    assert!(
+        matches!(e, SlurmError::Unauthorized { status: 422, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("not a Slurm administrator"), "{e}");
+    let e = c.drain("n9", "r").await.expect_err("2018");
+    assert!(matches!(e, SlurmError::NotFound { .. }), "{e}");
+    c.resume("n1")
+        .await
+        .expect("a RESUME of an open node is done");
+}
