@@ -257,9 +257,14 @@ pub struct Summary {
     /// Every `mountguard_*` sample of the controller's `/metrics`.
     pub metrics: Vec<MetricSample>,
     /// Slurm's view (slurmrestd double) of each slurmd host once the
-    /// stale verdicts were seen: slurmctld uses the new key, so a slurmd
-    /// on the old key is `DOWN`/`NOT_RESPONDING`.
+    /// stale verdicts were seen: slurmctld uses the new key, and a slurmd
+    /// still on the old key is not DOWN: its node reads `IDLE` (with
+    /// `NOT_RESPONDING` now and then), as Slurm 26.05 shows it.
     pub slurm_states: BTreeMap<String, Vec<String>>,
+    /// Per slurmd host: whether Slurm shows a registration of its slurmd
+    /// since the rotation (`slurmd_start_time` at or after it). A slurmd on
+    /// the old key never registers.
+    pub slurm_registered_since_rotation: BTreeMap<String, bool>,
     /// Replacement pods on node A and one other node.
     pub replacements: Vec<ServedKey>,
     /// Verdicts of the replacement pods' key volume (`State/Cause`).
@@ -493,6 +498,7 @@ pub async fn seed_scenario(
     let old_key = api_auth_key(&api)?;
     let new_key = rotate_auth_key(&api)?;
     let rotated = Instant::now();
+    let rotated_unix = crate::util::unix_now();
     say.say(format!(
         "ROTATION: immutable Secret {SLURM_NAMESPACE}/{AUTH_SECRET} deleted and recreated with a new slurm.key"
     ));
@@ -630,10 +636,23 @@ pub async fn seed_scenario(
             )
         })
         .collect();
+    let slurm_registered_since_rotation: BTreeMap<String, bool> = pods
+        .iter()
+        .map(|(p, _)| {
+            let at = slurm.node(p).and_then(|n| n.slurmd_start_time);
+            (p.clone(), at.is_some_and(|t| t >= rotated_unix))
+        })
+        .collect();
     for (host, state) in &slurm_states {
+        let registered = slurm_registered_since_rotation.get(host) == Some(&true);
         say.say(format!(
-            "Slurm (slurmrestd) sees {host} as {}",
-            state.join(",")
+            "Slurm (slurmrestd) sees {host} as {}; {}",
+            state.join(","),
+            if registered {
+                "its slurmd registered since the rotation"
+            } else {
+                "its slurmd has not registered since the rotation (a job sent there would queue forever)"
+            }
         ));
     }
     let final_doc = verdicts(&base, "namespace=slurm").await?;
@@ -725,6 +744,7 @@ pub async fn seed_scenario(
         remediation: opts.remediation,
         served_after_rotation,
         slurm_states,
+        slurm_registered_since_rotation,
         verdicts: final_doc["verdicts"]
             .as_array()
             .cloned()

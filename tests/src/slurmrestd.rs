@@ -10,22 +10,60 @@
 //!   an ended job's epilog runs, DOWN (admin or not responding); flags
 //!   DRAIN and NOT_RESPONDING; `reason`, `reason_set_by_user`,
 //!   `reason_changed_at`.
-//! - A node whose slurmd loaded an auth key other than slurmctld's (or whose
-//!   slurmd is not running) is `NOT_RESPONDING` and set DOWN (reason "Not
-//!   responding" unless it has one: `set_node_down_ptr`). The DOWN stays
-//!   once slurmd answers again unless `ReturnToService` returns it
-//!   ([`ReturnToService`], slurm.conf(5); `_node_did_resp` and
-//!   `validate_node_specs` in `src/slurmctld/node_mgr.c`, Slurm 25.11):
-//!   0 never, 1 only a DOWN whose reason is exactly "Not responding", 2 any
-//!   DOWN, the operator's preStop DOWN included. Returning keeps the flags
-//!   (DRAIN, FAIL): only the base state changes.
+//! - A node's slurmd, as Slurm 26.05 treats it (what real Slurm did, in
+//!   `docs/testing.md`, "Slurm"):
+//!   - on slurmctld's key: registered (`slurmd_start_time` is its start),
+//!     responding;
+//!   - running on another key: it answers pings with authentication
+//!     errors, which slurmctld counts as responses (`node_not_resp` in
+//!     `src/slurmctld/node_mgr.c` advances `last_response`), so the node is
+//!     never set DOWN: it flaps between its base state and
+//!     `+NOT_RESPONDING` (one phase per [`SlurmHandle::set_ping_interval`])
+//!     with an empty reason, no job starts on it, and `slurmd_start_time`
+//!     stays the last authenticated registration's (it moves only in
+//!     `validate_jobs_on_node`, `src/slurmctld/job_mgr.c`, for a registration
+//!     that authenticated);
+//!   - stopped: `NOT_RESPONDING`, and DOWN once `SlurmdTimeout` has passed
+//!     ([`SlurmHandle::set_slurmd_timeout`]; `ping_nodes` in
+//!     `src/slurmctld/ping_nodes.c` calls `set_node_down_ptr(node, "Not
+//!     responding")`), whose `set_node_reason` (`node_mgr.c`) sets the
+//!     reason "Not responding", or appends `" : Not responding"` to a reason
+//!     already there, and makes SlurmUser the reason's user, now its time.
+//! - The DOWN stays once slurmd answers again (on any key) unless
+//!   `ReturnToService` returns it ([`ReturnToService`], slurm.conf(5);
+//!   `_node_did_resp` and `validate_node_specs` in `node_mgr.c`): 0 never,
+//!   1 only a DOWN whose reason is exactly "Not responding", 2 any DOWN, the
+//!   operator's preStop DOWN included. Returning keeps the flags (DRAIN,
+//!   FAIL): only the base state changes, and the reason of a node neither
+//!   DRAIN nor FAIL goes.
+//! - UNDRAIN and RESUME: the node shows `NOT_RESPONDING` for a moment after
+//!   either ([`SlurmHandle::set_resume_settle`]; 0.5-2 s on Slurm 26.05).
 //! - The FAIL flag (`state: ["FAIL"]`, a reason required): like DRAIN, no
 //!   new job; setting DRAIN clears FAIL and setting FAIL clears DRAIN (one
 //!   branch of `update_node` in `node_mgr.c`), UNDRAIN leaves it, RESUME
 //!   clears DRAIN, FAIL and DOWN.
 //! - `X-SLURM-USER-TOKEN` is required: a configured static token, or an HS256
-//!   JWT (claims `sun`, `exp`) signed with the configured jwt key; otherwise
-//!   401 with an error envelope.
+//!   JWT (claims `sun`, `exp`) signed with the configured jwt key. Without
+//!   one: 401 with a text/plain body; with one slurmrestd cannot verify (bad
+//!   signature, expired, unknown): 511 with error 1007
+//!   (`SLURM_PROTOCOL_AUTHENTICATION_ERROR`, mapped to 511 in
+//!   `src/common/http.c`). Any user may read; a write by a user who is not
+//!   a Slurm administrator (SlurmUser `slurm`, `root`, or one given with
+//!   [`SlurmHandle::add_admin`]) is 422 with error 2010
+//!   (`ESLURM_USER_ID_MISSING`, `_slurm_rpc_update_node` in
+//!   `src/slurmctld/proc_req.c`).
+//! - Error shapes of Slurm 26.05: a read of a node slurmctld does not know is
+//!   HTTP 200 with no `nodes` and one error "Failure to query node <name>",
+//!   error number 0 (`_dump_nodes` in
+//!   `src/slurmrestd/plugins/openapi/slurmctld/nodes.c`); a write to one is
+//!   422 with error 2018 (`ESLURM_INVALID_NODE_NAME`); an unknown state is
+//!   500 with errors 9207 and 2180; a RESUME of a node neither DOWN, DRAIN
+//!   nor FAIL is 422 with error 2180
+//!   (`ESLURM_INVALID_NODE_STATE_TRANSITION`, `update_node` in
+//!   `node_mgr.c`); a `state` given as one string is taken as a one-element
+//!   array; a DRAIN, DOWN or FAIL without a reason is accepted (and
+//!   `reason_changed_at` is then `{"set":true,"number":0}`);
+//!   `GET nodes/?update_time=T` with nothing changed since T is 304.
 //! - `GET /slurm/v0.0.44/jobs/`: every job, RUNNING or (in its epilog)
 //!   COMPLETING, with `job_id`, `job_state`, `nodes`, `cpus`, `start_time`
 //!   and an infinite `time_limit` (`v0.0.44_openapi_job_info_resp`); and
@@ -40,9 +78,9 @@
 //! - A slurmd that stops (its pod deleted or evicted) while jobs run on its
 //!   node kills them; the double lists them as killed.
 //! - Fault on demand: after the next accepted write to a node, its next
-//!   reads answer "Invalid node name specified" (error 2018, HTTP 500), as
-//!   slurmctld does for a node it does not know at that moment (a dynamic
-//!   node re-registering, a slurmctld restarting).
+//!   reads answer as for a node slurmctld does not know at that moment (a
+//!   dynamic node re-registering, a slurmctld restarting): HTTP 200, no
+//!   `nodes`, error 0 "Failure to query node <name>".
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,7 +100,7 @@ use crate::http::{self, Body, Server};
 pub const VERSION: &str = "v0.0.44";
 
 /// Slurm release reported in `meta`.
-pub const SLURM_RELEASE: (&str, &str, &str) = ("25", "11", "7");
+pub const SLURM_RELEASE: (&str, &str, &str) = ("26", "05", "3");
 
 /// One recorded write.
 #[derive(Debug, Clone, PartialEq)]
@@ -114,8 +152,19 @@ struct Node {
     reason: Option<String>,
     reason_set_by: Option<String>,
     reason_changed_at: i64,
+    /// The key the running slurmd loaded (`None`: not running).
     slurmd_key_digest: Option<String>,
+    /// When the running (or last) slurmd process started (UNIX seconds).
     slurmd_start_time: i64,
+    /// When that slurmd started, for its flapping phase.
+    slurmd_started: Instant,
+    /// `slurmd_start_time` as slurmctld shows it: the start time of the
+    /// last slurmd whose registration authenticated.
+    registered_start: Option<i64>,
+    /// When the slurmd stopped (`None`: running, or never started).
+    stopped_at: Option<Instant>,
+    /// Shows `NOT_RESPONDING` until then (after an UNDRAIN or RESUME).
+    settling_until: Option<Instant>,
     /// The node's `comment` (`update_node_msg.comment`, kept as sent).
     comment: String,
 }
@@ -137,6 +186,15 @@ struct State {
     last_update: i64,
     cluster: String,
     return_to_service: ReturnToService,
+    /// slurm.conf `SlurmdTimeout`: a stopped slurmd's node is set DOWN this
+    /// long after it stopped.
+    slurmd_timeout: Duration,
+    /// How long each phase of a stale slurmd's flapping lasts.
+    ping_interval: Duration,
+    /// How long a node shows `NOT_RESPONDING` after an UNDRAIN or RESUME.
+    resume_settle: Duration,
+    /// Users whose writes slurmctld accepts.
+    admins: BTreeSet<String>,
     /// Node -> reads to answer "not found" after its next accepted write.
     not_found_after_write: HashMap<String, u32>,
     /// Node -> reads still to answer "not found".
@@ -155,6 +213,9 @@ pub struct NodeView {
     pub reason: String,
     /// `reason_set_by_user`.
     pub reason_set_by_user: String,
+    /// `slurmd_start_time`: the start of the last slurmd whose
+    /// registration authenticated (`None`: none has).
+    pub slurmd_start_time: Option<i64>,
 }
 
 impl NodeView {
@@ -172,12 +233,40 @@ impl NodeView {
 /// The reason slurmctld gives a node it set DOWN for not answering.
 pub const NOT_RESPONDING: &str = "Not responding";
 
-fn node_responding(n: &Node, controller: Option<&str>) -> bool {
+/// SlurmUser, who slurmctld's own reasons are set by.
+pub const SLURM_USER: &str = "slurm";
+
+/// A slurmd's standing with slurmctld.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slurmd {
+    /// Not running.
+    Stopped,
+    /// Running on a key other than slurmctld's: answers, never registers.
+    Stale,
+    /// Running on slurmctld's key (or slurmctld has none configured).
+    Current,
+}
+
+fn slurmd_of(n: &Node, controller: Option<&str>) -> Slurmd {
     match (&n.slurmd_key_digest, controller) {
-        (Some(k), Some(c)) => k == c,
-        (Some(_), None) => true,
-        (None, _) => false,
+        (None, _) => Slurmd::Stopped,
+        (Some(k), Some(c)) if k != c => Slurmd::Stale,
+        (Some(_), _) => Slurmd::Current,
     }
+}
+
+/// `set_node_reason` (`src/slurmctld/node_mgr.c`, Slurm 26.05) for a
+/// message of slurmctld's own: the reason becomes `message`, or gets
+/// `" : <message>"` appended when it has one without it; SlurmUser becomes
+/// its user and `now` its time.
+fn set_node_reason(n: &mut Node, message: &str, now: i64) {
+    n.reason = Some(match n.reason.take() {
+        Some(r) if r.contains(&format!(" : {message}")) => r,
+        Some(r) if !r.is_empty() => format!("{r} : {message}"),
+        _ => message.to_string(),
+    });
+    n.reason_set_by = Some(SLURM_USER.to_string());
+    n.reason_changed_at = now;
 }
 
 fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
@@ -245,20 +334,18 @@ impl State {
         }
         let now_unix = crate::util::unix_now();
         let rts = self.return_to_service;
+        let timeout = self.slurmd_timeout;
         let controller = self.controller_key_digest.clone();
         for n in self.nodes.values_mut() {
-            let responding = node_responding(n, controller.as_deref());
-            if !responding && !n.down {
-                // ping_nodes.c / set_node_down_ptr: DOWN, and "Not
-                // responding" only when the node has no reason yet.
+            let slurmd = slurmd_of(n, controller.as_deref());
+            // A slurmd that never ran is past any timeout.
+            let timed_out = n.stopped_at.is_none_or(|t| now >= t + timeout);
+            if slurmd == Slurmd::Stopped && timed_out && !n.down {
+                // ping_nodes.c: set_node_down_ptr(node, "Not responding").
                 n.down = true;
-                if n.reason.is_none() {
-                    n.reason = Some(NOT_RESPONDING.to_string());
-                    n.reason_set_by = Some("slurm".to_string());
-                    n.reason_changed_at = n.slurmd_start_time;
-                }
+                set_node_reason(n, NOT_RESPONDING, now_unix);
                 self.last_update = now_unix;
-            } else if responding && n.down {
+            } else if slurmd != Slurmd::Stopped && n.down {
                 let back = match rts {
                     ReturnToService::Never => false,
                     ReturnToService::NotResponding => n.reason.as_deref() == Some(NOT_RESPONDING),
@@ -266,7 +353,11 @@ impl State {
                 };
                 if back {
                     n.down = false;
-                    if n.reason.as_deref() == Some(NOT_RESPONDING) && !n.drain && !n.fail {
+                    // `_node_did_resp` (node_mgr.c): a node returned to
+                    // service that is neither DRAIN nor FAIL goes through
+                    // `clusteracct_storage_g_node_up`, which frees its
+                    // reason, whatever it was.
+                    if !n.drain && !n.fail {
                         n.reason = None;
                         n.reason_set_by = None;
                     }
@@ -276,8 +367,23 @@ impl State {
         }
     }
 
-    fn responding(&self, n: &Node) -> bool {
-        node_responding(n, self.controller_key_digest.as_deref())
+    fn slurmd(&self, n: &Node) -> Slurmd {
+        slurmd_of(n, self.controller_key_digest.as_deref())
+    }
+
+    /// Whether `n` shows `NOT_RESPONDING` now.
+    fn not_responding(&self, n: &Node) -> bool {
+        let now = Instant::now();
+        let settling = n.settling_until.is_some_and(|t| now < t);
+        settling
+            || match self.slurmd(n) {
+                Slurmd::Stopped => true,
+                Slurmd::Current => false,
+                Slurmd::Stale => {
+                    let phase = self.ping_interval.as_millis().max(1);
+                    (now.duration_since(n.slurmd_started).as_millis() / phase) % 2 == 1
+                }
+            }
     }
 
     fn view(&self, name: &str) -> Option<(NodeView, Value)> {
@@ -285,9 +391,10 @@ impl State {
         let jobs: Vec<&Job> = self.jobs.values().filter(|j| j.node == name).collect();
         let alloc: u32 = jobs.iter().map(|j| j.cpus).sum::<u32>().min(n.cpus);
         let completing = jobs.iter().any(|j| j.ended_at.is_some());
-        let responding = self.responding(n);
+        let answering = self.slurmd(n) != Slurmd::Stopped;
+        let not_responding = self.not_responding(n);
         let mut state = Vec::new();
-        if n.down || !responding {
+        if n.down {
             state.push("DOWN");
         } else if alloc == 0 {
             state.push("IDLE");
@@ -302,24 +409,19 @@ impl State {
         if n.fail {
             state.push("FAIL");
         }
-        if completing && responding {
+        if completing && answering {
             state.push("COMPLETING");
         }
-        if !responding {
+        if not_responding {
             state.push("NOT_RESPONDING");
         }
-        let (reason, by, at) = match (&n.reason, responding) {
-            (Some(r), _) => (
+        let (reason, by, at) = match &n.reason {
+            Some(r) => (
                 r.clone(),
                 n.reason_set_by.clone().unwrap_or_default(),
                 n.reason_changed_at,
             ),
-            (None, false) => (
-                NOT_RESPONDING.to_string(),
-                "slurm".to_string(),
-                n.slurmd_start_time,
-            ),
-            (None, true) => (String::new(), String::new(), 0),
+            None => (String::new(), String::new(), 0),
         };
         let no_val =
             |set: bool, number: i64| json!({"set": set, "infinite": false, "number": number});
@@ -366,16 +468,17 @@ impl State {
             "res_cores_per_gpu": 0,
             "comment": n.comment,
             "reason": reason,
-            "reason_changed_at": no_val(at != 0, at),
+            // Set, 0 when the node has no reason (as Slurm 26.05 shows it).
+            "reason_changed_at": no_val(true, at),
             "reason_set_by_user": by,
-            "resume_after": no_val(false, 0),
+            "resume_after": no_val(true, 0),
             "reservation": "",
             "alloc_memory": 0,
             "alloc_cpus": alloc,
             "alloc_idle_cpus": n.cpus - alloc,
             "tres_used": if alloc > 0 { format!("cpu={alloc}") } else { String::new() },
             "tres_weighted": 0.0,
-            "slurmd_start_time": no_val(n.slurmd_key_digest.is_some(), n.slurmd_start_time),
+            "slurmd_start_time": no_val(n.registered_start.is_some(), n.registered_start.unwrap_or(0)),
             "sockets": 1,
             "threads": 1,
             "temporary_disk": 0,
@@ -388,6 +491,7 @@ impl State {
             state: state.iter().map(|s| s.to_string()).collect(),
             reason,
             reason_set_by_user: by,
+            slurmd_start_time: n.registered_start,
         };
         Some((view, body))
     }
@@ -423,24 +527,43 @@ impl SlurmHandle {
             reason_changed_at: 0,
             slurmd_key_digest: None,
             slurmd_start_time: 0,
+            slurmd_started: Instant::now(),
+            registered_start: None,
+            stopped_at: None,
+            settling_until: None,
             comment: String::new(),
         });
         s.last_update = crate::util::unix_now();
     }
 
-    /// Sets the auth key slurmctld uses.
+    /// Sets the auth key slurmctld uses. A running slurmd on that key
+    /// registers (slurmctld asks every node to register from time to time:
+    /// `ping_nodes` in `src/slurmctld/ping_nodes.c`).
     pub fn set_controller_key(&self, key: &[u8]) {
         let mut s = lock(&self.state);
-        s.controller_key_digest = Some(key_digest(key));
+        let digest = key_digest(key);
+        for n in s.nodes.values_mut() {
+            if n.slurmd_key_digest.as_deref() == Some(digest.as_str()) {
+                n.registered_start = Some(n.slurmd_start_time);
+            }
+        }
+        s.controller_key_digest = Some(digest);
         s.last_update = crate::util::unix_now();
     }
 
-    /// Reports that a node's slurmd started with `key` loaded.
+    /// Reports that a node's slurmd started with `key` loaded: it registers
+    /// if `key` is slurmctld's.
     pub fn slurmd_started(&self, node: &str, key: &[u8]) {
         let mut s = lock(&self.state);
+        let controller = s.controller_key_digest.clone();
         if let Some(n) = s.nodes.get_mut(node) {
             n.slurmd_key_digest = Some(key_digest(key));
             n.slurmd_start_time = crate::util::unix_now();
+            n.slurmd_started = Instant::now();
+            n.stopped_at = None;
+            if slurmd_of(n, controller.as_deref()) == Slurmd::Current {
+                n.registered_start = Some(n.slurmd_start_time);
+            }
         }
         s.last_update = crate::util::unix_now();
     }
@@ -452,6 +575,7 @@ impl SlurmHandle {
         let mut s = lock(&self.state);
         if let Some(n) = s.nodes.get_mut(node) {
             n.slurmd_key_digest = None;
+            n.stopped_at = Some(Instant::now());
         }
         let running: Vec<u32> = s
             .jobs
@@ -483,8 +607,14 @@ impl SlurmHandle {
     pub fn start_job_if_open(&self, node: &str, cpus: u32) -> Option<u32> {
         let mut s = lock(&self.state);
         s.settle();
+        // A node whose slurmd is not registered on slurmctld's key takes no
+        // job (it would queue forever), whatever a read shows.
+        let registered = s
+            .nodes
+            .get(node)
+            .is_some_and(|n| s.slurmd(n) == Slurmd::Current);
         let (v, b) = s.view(node)?;
-        let free = b["alloc_idle_cpus"].as_u64().unwrap_or(0) >= u64::from(cpus);
+        let free = registered && b["alloc_idle_cpus"].as_u64().unwrap_or(0) >= u64::from(cpus);
         let open = matches!(v.state.first().map(String::as_str), Some("IDLE" | "MIXED"))
             && !v.state.iter().any(|f| {
                 matches!(
@@ -522,6 +652,32 @@ impl SlurmHandle {
         let mut s = lock(&self.state);
         s.return_to_service = rts;
         s.settle();
+    }
+
+    /// Sets slurm.conf `SlurmdTimeout`: how long after its slurmd stopped a
+    /// node is set DOWN (default 0: at once).
+    pub fn set_slurmd_timeout(&self, d: Duration) {
+        let mut s = lock(&self.state);
+        s.slurmd_timeout = d;
+        s.settle();
+    }
+
+    /// Sets how long each phase of a stale slurmd's `NOT_RESPONDING`
+    /// flapping lasts (default 1 s).
+    pub fn set_ping_interval(&self, d: Duration) {
+        lock(&self.state).ping_interval = d;
+    }
+
+    /// Sets how long a node shows `NOT_RESPONDING` after an UNDRAIN or
+    /// RESUME (default 1 s).
+    pub fn set_resume_settle(&self, d: Duration) {
+        lock(&self.state).resume_settle = d;
+    }
+
+    /// Makes `user` a Slurm administrator (AdminLevel=Admin): its writes
+    /// are accepted. SlurmUser `slurm` and `root` are from the start.
+    pub fn add_admin(&self, user: &str) {
+        lock(&self.state).admins.insert(user.to_string());
     }
 
     /// Sets how long an ended job stays COMPLETING.
@@ -651,6 +807,10 @@ impl SlurmrestdDouble {
                 last_update: crate::util::unix_now(),
                 cluster: cluster.to_string(),
                 return_to_service: ReturnToService::default(),
+                slurmd_timeout: Duration::ZERO,
+                ping_interval: Duration::from_secs(1),
+                resume_settle: Duration::from_secs(1),
+                admins: [SLURM_USER, "root"].into_iter().map(String::from).collect(),
                 not_found_after_write: HashMap::new(),
                 not_found: HashMap::new(),
                 not_found_served: 0,
@@ -697,6 +857,7 @@ fn error(description: &str, number: i64, source: &str) -> Value {
 
 async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
+    let req_query = req.uri().query().map(String::from);
     let method = req.method().clone();
     let token = req
         .headers()
@@ -718,6 +879,11 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
         .and_then(|r| r.strip_prefix("node/"))
         .map(|n| n.trim_end_matches('/').to_string());
     let is_write = method == Method::POST && node_name.is_some();
+    let update_time: Option<i64> = req_query.as_deref().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("update_time="))
+            .and_then(|v| v.parse().ok())
+    });
     let mut s = lock(&h.state);
     s.settle();
     let user = token.as_deref().and_then(|t| {
@@ -727,6 +893,14 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
             .or_else(|| s.jwt_key.as_ref().and_then(|k| verify_jwt(k, t)))
     });
     let Some(user) = user else {
+        // No token: 401 with a text/plain body; a token slurmrestd cannot
+        // verify (signature, expiry, unknown): 511 with error 1007
+        // (`SLURM_PROTOCOL_AUTHENTICATION_ERROR`, `src/common/http.c`).
+        let status = if token.is_some() {
+            StatusCode::NETWORK_AUTHENTICATION_REQUIRED
+        } else {
+            StatusCode::UNAUTHORIZED
+        };
         if is_write {
             let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
             let seq = s.next_seq();
@@ -734,20 +908,27 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
                 node: node_name.clone().unwrap_or_default(),
                 body,
                 user: None,
-                status: 401,
+                status: status.as_u16(),
                 seq,
             });
+        }
+        if token.is_none() {
+            return Response::builder()
+                .status(status)
+                .header("content-type", "text/plain")
+                .body(http::full("Authentication failure\n"))
+                .unwrap_or_else(|_| Response::new(http::full(hyper::body::Bytes::new())));
         }
         let env = envelope(
             &s,
             "",
             vec![error(
-                "Authentication failure",
+                "Protocol authentication error",
                 1007,
                 "rest_authenticate_http_request",
             )],
         );
-        return http::json(StatusCode::UNAUTHORIZED, &env);
+        return http::json(status, &env);
     };
     match (method, rest) {
         (Method::GET, Some("jobs/" | "jobs")) => {
@@ -802,6 +983,16 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
             http::json(StatusCode::OK, &env)
         }
         (Method::GET, Some("nodes/" | "nodes")) => {
+            // Nothing changed since `update_time`: 304 (`_dump_nodes`,
+            // SLURM_NO_CHANGE_IN_DATA).
+            if let Some(t) = update_time
+                && t >= s.last_update
+            {
+                return Response::builder()
+                    .status(StatusCode::NOT_MODIFIED)
+                    .body(http::full(hyper::body::Bytes::new()))
+                    .unwrap_or_else(|_| Response::new(http::full(hyper::body::Bytes::new())));
+            }
             let names: Vec<String> = s.nodes.keys().cloned().collect();
             let nodes: Vec<Value> = names
                 .iter()
@@ -832,16 +1023,19 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
                         json!({"set": true, "infinite": false, "number": s.last_update});
                     http::json(StatusCode::OK, &env)
                 }
+                // `_dump_nodes`: the single-node load found no record; the
+                // error carries errno, 0 since the load itself worked.
                 None => {
-                    let mut env = envelope(
+                    let env = envelope(
                         &s,
                         &user,
-                        vec![error("Invalid node name specified", 2018, "_dump_nodes")],
+                        vec![error(
+                            &format!("Failure to query node {name}"),
+                            0,
+                            "_dump_nodes",
+                        )],
                     );
-                    env["nodes"] = json!([]);
-                    env["last_update"] =
-                        json!({"set": true, "infinite": false, "number": s.last_update});
-                    http::json(StatusCode::INTERNAL_SERVER_ERROR, &env)
+                    http::json(StatusCode::OK, &env)
                 }
             }
         }
@@ -855,6 +1049,15 @@ async fn serve(h: SlurmHandle, req: Request<Incoming>) -> Response<Body> {
                         &format!("Unable to parse request body: {e}"),
                         9001,
                         "parse",
+                    )],
+                ),
+                // `_slurm_rpc_update_node`: only an administrator may.
+                Ok(_) if !s.admins.contains(&user) => (
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    vec![error(
+                        "User ID missing from credential",
+                        2010,
+                        "_slurm_rpc_update_node",
                     )],
                 ),
                 Ok(msg) => update_node(&mut s, &name, msg, &user),
@@ -906,31 +1109,77 @@ fn insert_job(s: &mut State, node: &str, cpus: u32) -> u32 {
 }
 
 fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCode, Vec<Value>) {
-    let bad = |d: &str| (StatusCode::BAD_REQUEST, vec![error(d, 2018, "update_node")]);
     if !s.nodes.contains_key(name) {
         return (
-            StatusCode::INTERNAL_SERVER_ERROR,
+            StatusCode::UNPROCESSABLE_ENTITY,
             vec![error("Invalid node name specified", 2018, "update_node")],
         );
     }
+    // A state given as one string is taken as a one-element array (the
+    // data parser's list parsing). Another JSON type is refused before
+    // slurmctld sees it (not measured against Slurm: 400 here).
     let states: BTreeSet<String> = match &msg["state"] {
         Value::Null => BTreeSet::new(),
+        Value::String(one) => [one.clone()].into(),
         Value::Array(a) => match a
             .iter()
             .map(|v| v.as_str().map(String::from))
             .collect::<Option<_>>()
         {
             Some(s) => s,
-            None => return bad("state must be an array of strings"),
+            None => {
+                return (
+                    StatusCode::BAD_REQUEST,
+                    vec![error("state must be an array of strings", 9202, "parse")],
+                );
+            }
         },
-        _ => return bad("state must be an array of strings"),
+        _ => {
+            return (
+                StatusCode::BAD_REQUEST,
+                vec![error("state must be an array of strings", 9202, "parse")],
+            );
+        }
     };
+    // An unknown state name: the data parser's error (9207), then
+    // slurmctld's refusal of the transition (2180), HTTP 500.
+    if let Some(other) = states.iter().find(|st| {
+        !matches!(
+            st.as_str(),
+            "DRAIN" | "DOWN" | "FAIL" | "UNDRAIN" | "RESUME"
+        )
+    }) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            vec![
+                error(&format!("Unknown node state {other}"), 9207, "parse"),
+                error(
+                    "Invalid node state transition requested",
+                    2180,
+                    "update_node",
+                ),
+            ],
+        );
+    }
     let reason = msg["reason"]
         .as_str()
         .filter(|r| !r.is_empty())
         .map(String::from);
     let now = crate::util::unix_now();
+    let settle = s.resume_settle;
     let n = s.nodes.get_mut(name).expect("checked above");
+    // RESUME of a node that is neither DOWN, DRAIN nor FAIL
+    // (`_valid_node_state_change` in `update_node`, node_mgr.c): refused.
+    if states.contains("RESUME") && !(n.down || n.drain || n.fail) {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            vec![error(
+                "Invalid node state transition requested",
+                2180,
+                "update_node",
+            )],
+        );
+    }
     // `comment` replaces the node's comment, whatever the states say
     // (Slurm `src/slurmctld/node_mgr.c`, `update_node`: `comment` is
     // applied before the state change). The Slinky operator keeps its pod
@@ -940,17 +1189,9 @@ fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCod
     }
     for st in &states {
         match st.as_str() {
+            // A reason is not required (slurmrestd 26.05 accepted a DRAIN
+            // without one: the node keeps the reason it had, if any).
             "DRAIN" | "DOWN" | "FAIL" => {
-                let Some(r) = &reason else {
-                    return (
-                        StatusCode::BAD_REQUEST,
-                        vec![error(
-                            "You must specify a reason when DOWNING or DRAINING a node. Request denied",
-                            2020,
-                            "update_node",
-                        )],
-                    );
-                };
                 match st.as_str() {
                     "DRAIN" => {
                         n.fail = false;
@@ -962,26 +1203,30 @@ fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCod
                     }
                     _ => n.down = true,
                 }
-                n.reason = Some(r.clone());
-                n.reason_set_by = Some(user.to_string());
-                n.reason_changed_at = now;
+                if let Some(r) = &reason {
+                    n.reason = Some(r.clone());
+                    n.reason_set_by = Some(user.to_string());
+                    n.reason_changed_at = now;
+                }
             }
+            // UNDRAIN also clears FAIL; both pass through NOT_RESPONDING
+            // for a moment (measured on Slurm 26.05: 0.5-2 s).
             "UNDRAIN" => {
                 n.drain = false;
-                if !n.down && !n.fail {
+                n.fail = false;
+                n.settling_until = Some(Instant::now() + settle);
+                if !n.down {
                     n.reason = None;
                     n.reason_set_by = None;
                 }
             }
-            "RESUME" => {
+            _ => {
                 n.drain = false;
                 n.fail = false;
                 n.down = false;
+                n.settling_until = Some(Instant::now() + settle);
                 n.reason = None;
                 n.reason_set_by = None;
-            }
-            other => {
-                return bad(&format!("Invalid node state specified: {other}"));
             }
         }
     }

@@ -226,11 +226,19 @@ async fn cluster_reproduces_a_rotated_immutable_key_pinned_on_one_node_end_to_en
                "data": {"slurm.key": base64::engine::general_purpose::STANDARD.encode(&new_key)}}),
     )
     .unwrap();
-    eventually(10, "workers not responding", || {
-        let s = slurm.node("slurm-worker-slinky-1").map(|n| n.state);
-        async move { (s == Some(vec!["DOWN".into(), "NOT_RESPONDING".into()])).then_some(()) }
+    // slurmctld is on the new key; the running workers are not. As Slurm
+    // 26.05 shows it: not DOWN, only not registered since.
+    let before = slurm
+        .node("slurm-worker-slinky-1")
+        .and_then(|n| n.slurmd_start_time);
+    eventually(10, "workers on the old key", || {
+        let stale = !slurm.slurmd_key_matches("slurm-worker-slinky-1");
+        async move { stale.then_some(()) }
     })
     .await;
+    let s1 = slurm.node("slurm-worker-slinky-1").unwrap();
+    assert_eq!(s1.state[0], "IDLE", "{:?}", s1.state);
+    assert_eq!(s1.slurmd_start_time, before);
 
     // Replace both workers: node-1's pod was the only reference and gets the
     // new key; node-0's replacement is served the pinned old key.
@@ -244,8 +252,20 @@ async fn cluster_reproduces_a_rotated_immutable_key_pinned_on_one_node_end_to_en
         async move { (s == Some(vec!["IDLE".into()])).then_some(()) }
     })
     .await;
+    // node-0's replacement runs on the pinned old key: it looks IDLE (with
+    // NOT_RESPONDING now and then) but has not registered.
+    assert!(!slurm.slurmd_key_matches("slurm-worker-slinky-0"));
     let s0 = slurm.node("slurm-worker-slinky-0").unwrap();
-    assert_eq!(s0.state, ["DOWN", "NOT_RESPONDING"]);
+    assert_eq!(s0.state[0], "IDLE", "{:?}", s0.state);
+    assert!(
+        s0.slurmd_start_time
+            < slurm
+                .node("slurm-worker-slinky-1")
+                .unwrap()
+                .slurmd_start_time
+            || s0.slurmd_start_time.is_none(),
+        "{s0:?}"
+    );
     c.shutdown().await;
 }
 

@@ -170,15 +170,14 @@ async fn slurmrestd_double_requires_a_valid_token() {
     h.add_token(TOKEN, "slurm");
     h.set_jwt_key(b"jwt-key-bytes");
     let url = d.url();
+    // No token: 401, a text/plain body (not JSON).
     let (st, body) = call(&url, "GET", "/slurm/v0.0.44/nodes/", None, None).await;
     assert_eq!(st, 401);
-    assert_eq!(body["errors"][0]["description"], "Authentication failure");
-    assert_eq!(
-        call(&url, "GET", "/slurm/v0.0.44/nodes/", Some("wrong"), None)
-            .await
-            .0,
-        401
-    );
+    assert_eq!(body, Value::Null, "{body}");
+    // A token slurmrestd cannot verify: 511, error 1007.
+    let (st, body) = call(&url, "GET", "/slurm/v0.0.44/nodes/", Some("wrong"), None).await;
+    assert_eq!(st, 511);
+    assert_eq!(body["errors"][0]["error_number"], 1007);
     assert_eq!(
         call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(TOKEN), None)
             .await
@@ -194,14 +193,14 @@ async fn slurmrestd_double_requires_a_valid_token() {
         call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(&forged), None)
             .await
             .0,
-        401
+        511
     );
     let expired = mint_token(b"jwt-key-bytes", "slurm", Duration::ZERO);
     assert_eq!(
         call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(&expired), None)
             .await
             .0,
-        401
+        511
     );
     // A rejected write is still recorded.
     let (st, _) = call(
@@ -226,6 +225,7 @@ async fn slurmrestd_double_keeps_a_reason_without_a_state_only_on_a_closed_node(
     let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
     let h = d.handle();
     h.add_token(TOKEN, "mountguard");
+    h.add_admin("mountguard");
     h.set_controller_key(b"key-1");
     h.add_node("slinky-0", 4);
     h.slurmd_started("slinky-0", b"key-1");
@@ -265,6 +265,8 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
     let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
     let h = d.handle();
     h.add_token(TOKEN, "mountguard");
+    h.add_admin("mountguard");
+    h.set_resume_settle(Duration::ZERO);
     h.set_controller_key(b"key-1");
     h.add_node("slinky-0", 4);
     h.add_node("slinky-1", 4);
@@ -278,9 +280,11 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
     h.slurmd_started("slinky-0", b"key-1");
     h.slurmd_started("slinky-1", b"stale-key");
     assert_eq!(state("slinky-0"), ["IDLE"]);
-    // An auth-key mismatch makes the node unreachable for slurmctld.
-    assert_eq!(state("slinky-1"), ["DOWN", "NOT_RESPONDING"]);
-    assert_eq!(h.node("slinky-1").unwrap().reason, "Not responding");
+    // An auth-key mismatch is not DOWN: the node flaps (its own test
+    // below), with no reason, and takes no job.
+    assert_eq!(state("slinky-1")[0], "IDLE");
+    assert_eq!(h.node("slinky-1").unwrap().reason, "");
+    assert_eq!(h.start_job_if_open("slinky-1", 1), None);
     h.slurmd_started("slinky-1", b"key-1");
     assert_eq!(state("slinky-1"), ["IDLE"]);
 
@@ -289,7 +293,7 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
     let j2 = h.start_job("slinky-0", 2);
     assert_eq!(state("slinky-0"), ["ALLOCATED"]);
 
-    // Drain without a reason is refused.
+    // A drain without a reason is accepted (Slurm 26.05): no reason yet.
     let (st, body) = call(
         &url,
         "POST",
@@ -298,13 +302,8 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
         Some(&json!({"state": ["DRAIN"]})),
     )
     .await;
-    assert_eq!(st, 400);
-    assert!(
-        body["errors"][0]["description"]
-            .as_str()
-            .unwrap()
-            .contains("reason")
-    );
+    assert_eq!(st, 200, "{body}");
+    assert_eq!(h.node("slinky-0").unwrap().reason, "");
     let drain = json!({"state": ["DRAIN"], "reason": "mountguard: stale slurm.key"});
     let (st, body) = call(
         &url,
@@ -341,6 +340,12 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
     h.slurmd_stopped("slinky-0");
     assert_eq!(h.killed_jobs(), vec![j3]);
     assert_eq!(state("slinky-0"), ["DOWN", "DRAIN", "NOT_RESPONDING"]);
+    // Slurm appended its own message to the drain's reason, as SlurmUser.
+    let v = h.node("slinky-0").unwrap();
+    assert_eq!(
+        (v.reason.as_str(), v.reason_set_by_user.as_str()),
+        ("mountguard: stale slurm.key : Not responding", "slurm")
+    );
     h.slurmd_started("slinky-0", b"key-1");
     assert!(
         h.node("slinky-0").unwrap().is_drained(),
@@ -415,17 +420,19 @@ async fn slurmrestd_double_follows_slurm_state_semantics_for_jobs_drain_and_auth
     .await;
     assert_eq!(state("slinky-1"), ["IDLE"]);
 
-    // Unknown node.
+    // Unknown node: 200, no nodes, error 0.
     let (st, body) = call(&url, "GET", "/slurm/v0.0.44/node/nope", Some(TOKEN), None).await;
-    assert_eq!(st, 500);
+    assert_eq!(st, 200);
     assert_eq!(
         body["errors"][0]["description"],
-        "Invalid node name specified"
+        "Failure to query node nope"
     );
+    assert_eq!(body["errors"][0]["error_number"], 0);
+    assert!(body.get("nodes").is_none(), "{body}");
     // Writes are recorded in order, GETs are not.
     let writes = h.writes();
     let statuses: Vec<u16> = writes.iter().map(|w| w.status).collect();
-    assert_eq!(statuses, [400, 200, 200, 200, 200, 200, 200]);
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 200]);
     assert_eq!(writes[1].body, drain);
     d.shutdown().await;
 }
@@ -436,6 +443,8 @@ async fn slurmrestd_double_returns_down_nodes_to_service_as_return_to_service_sa
     let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
     let h = d.handle();
     h.add_token(TOKEN, "mountguard");
+    h.add_admin("mountguard");
+    h.set_resume_settle(Duration::ZERO);
     h.set_controller_key(b"key-1");
     let url = d.url();
     let post = |node: &'static str, body: Value| {
@@ -466,7 +475,9 @@ async fn slurmrestd_double_returns_down_nodes_to_service_as_return_to_service_sa
         for n in ["n-nr", "n-dr", "n-admin"] {
             h.add_node(n, 4);
             h.slurmd_started(n, b"key-1");
-            assert_eq!(post(n, json!({"state": ["RESUME"]})).await, 200);
+            // Open it (left closed by the round before: 200; open: 422).
+            let resumed = post(n, json!({"state": ["RESUME"]})).await;
+            assert!(resumed == 200 || resumed == 422, "{resumed}");
             h.slurmd_stopped(n);
             assert_eq!(state(n), ["DOWN", "NOT_RESPONDING"], "{rts:?} {n}");
             assert_eq!(reason(n), "Not responding");
@@ -505,23 +516,29 @@ async fn slurmrestd_double_returns_down_nodes_to_service_as_return_to_service_sa
                 assert_eq!(admin, ["IDLE"], "{rts:?}: the hook's DOWN is gone");
             }
         }
-        assert_eq!(post("n-nr", json!({"state": ["RESUME"]})).await, 200);
+        // A RESUME opens a node still DOWN; one already open is refused
+        // (422, error 2180).
+        let want = if rts == ReturnToService::Never {
+            200
+        } else {
+            422
+        };
+        assert_eq!(post("n-nr", json!({"state": ["RESUME"]})).await, want);
         assert_eq!(state("n-nr"), ["IDLE"], "{rts:?}");
     }
-    // FAIL: a reason is required; DRAIN and FAIL replace each other; a DOWN
-    // and an UNDRAIN leave FAIL; a registration under ReturnToService=2
-    // keeps it; RESUME clears it.
+    // FAIL: DRAIN and FAIL replace each other; a DOWN leaves FAIL; an
+    // UNDRAIN clears it (Slurm 26.05); a registration under
+    // ReturnToService=2 keeps it; RESUME clears it.
     h.set_return_to_service(ReturnToService::NotResponding);
     h.add_node("n-fail", 4);
     h.slurmd_started("n-fail", b"key-1");
-    assert_eq!(post("n-fail", json!({"state": ["FAIL"]})).await, 400);
     let fail = json!({"state": ["FAIL"], "reason": "mountguard: y attempt 2"});
     assert_eq!(post("n-fail", fail.clone()).await, 200);
     assert_eq!(state("n-fail"), ["IDLE", "FAIL"]);
     let drain = json!({"state": ["DRAIN"], "reason": "mountguard: y attempt 2"});
     assert_eq!(post("n-fail", drain).await, 200);
     assert_eq!(state("n-fail"), ["IDLE", "DRAIN"]);
-    assert_eq!(post("n-fail", fail).await, 200);
+    assert_eq!(post("n-fail", fail.clone()).await, 200);
     assert_eq!(state("n-fail"), ["IDLE", "FAIL"]);
     let down = json!({"state": ["DOWN"], "reason": "slurm-operator: Pod is terminating"});
     assert_eq!(post("n-fail", down).await, 200);
@@ -529,6 +546,8 @@ async fn slurmrestd_double_returns_down_nodes_to_service_as_return_to_service_sa
         post("n-fail", json!({"state": ["UNDRAIN"], "reason": ""})).await,
         200
     );
+    assert_eq!(state("n-fail"), ["DOWN"]);
+    assert_eq!(post("n-fail", fail.clone()).await, 200);
     assert_eq!(state("n-fail"), ["DOWN", "FAIL"]);
     h.set_return_to_service(ReturnToService::Always);
     h.slurmd_stopped("n-fail");
@@ -600,6 +619,7 @@ async fn slurmrestd_double_responses_and_requests_match_the_v0_0_44_openapi_sche
     for body in [
         json!({"state": ["DRAIN"], "reason": "slurm-operator: cordon"}),
         json!({"state": ["UNDRAIN"]}),
+        json!({"state": ["DOWN"], "reason": "slurm-operator: Pod is terminating"}),
         json!({"state": ["RESUME"]}),
     ] {
         // The requests a client sends are valid update_node_msg documents.
@@ -622,8 +642,10 @@ async fn slurmrestd_double_responses_and_requests_match_the_v0_0_44_openapi_sche
             &resp,
         );
     }
-    // Error envelopes follow the schema too.
-    let (_, unauth) = call(&url, "GET", "/slurm/v0.0.44/nodes/", None, None).await;
+    // Error envelopes follow the schema too (a refused token's 511; a
+    // missing token's 401 is text/plain).
+    let (st, unauth) = call(&url, "GET", "/slurm/v0.0.44/nodes/", Some("forged"), None).await;
+    assert_eq!(st, 511);
     check(&doc, "v0.0.44_openapi_resp", &unauth);
     d.shutdown().await;
 }
@@ -733,5 +755,169 @@ async fn slurmrestd_double_serves_jobs_reservations_and_the_node_comment_the_ope
         h.unserved(),
         vec!["GET /slurm/v0.0.44/partitions/".to_string()]
     );
+    d.shutdown().await;
+}
+
+/// What Slurm 26.05 showed when run here (docs/testing.md, "Slurm"), held
+/// by the double: a running slurmd on a stale key is never DOWN and flaps
+/// with an empty reason; only an authenticated registration moves
+/// `slurmd_start_time`; a stopped slurmd's node goes DOWN only after
+/// `SlurmdTimeout`, and Slurm appends its reason to a drain's;
+/// `ReturnToService=1` returns a stale slurmd's "Not responding" node;
+/// UNDRAIN and RESUME pass through NOT_RESPONDING; and its error shapes.
+#[tokio::test]
+async fn slurmrestd_double_shows_what_slurm_26_05_showed_for_stale_keys_timeouts_and_errors() {
+    let mut d = SlurmrestdDouble::start("slinky").await.unwrap();
+    let h = d.handle();
+    h.add_token(TOKEN, "slurm");
+    h.add_token("user-token", "alice");
+    h.set_controller_key(b"key-new");
+    h.set_ping_interval(Duration::from_millis(100));
+    let url = d.url();
+    let get = |node: &str| {
+        let url = url.clone();
+        let path = format!("/slurm/v0.0.44/node/{node}");
+        async move { call(&url, "GET", &path, Some(TOKEN), None).await }
+    };
+    let post = |node: &str, token: &str, body: Value| {
+        let url = url.clone();
+        let path = format!("/slurm/v0.0.44/node/{node}");
+        let token = token.to_string();
+        async move { call(&url, "POST", &path, Some(&token), Some(&body)).await }
+    };
+
+    // A stale running slurmd: IDLE and IDLE+NOT_RESPONDING, never DOWN, no
+    // reason, no registration.
+    h.add_node("stale", 4);
+    h.slurmd_started("stale", b"key-old");
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..12 {
+        let (st, body) = get("stale").await;
+        assert_eq!(st, 200);
+        let n = &body["nodes"][0];
+        seen.insert(n["state"].to_string());
+        assert_eq!(n["reason"], "");
+        assert_eq!(n["slurmd_start_time"]["set"], false, "{n}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        seen,
+        [
+            r#"["IDLE","NOT_RESPONDING"]"#.to_string(),
+            r#"["IDLE"]"#.to_string()
+        ]
+        .into(),
+        "it flaps"
+    );
+    // On the current key it registers: slurmd_start_time set.
+    h.slurmd_started("stale", b"key-new");
+    let (_, body) = get("stale").await;
+    assert_eq!(body["nodes"][0]["state"], json!(["IDLE"]));
+    assert_eq!(body["nodes"][0]["slurmd_start_time"]["set"], true);
+
+    // A stopped slurmd: NOT_RESPONDING, DOWN only after SlurmdTimeout, and
+    // Slurm's reason appended to the drain's, as SlurmUser.
+    h.set_slurmd_timeout(Duration::from_millis(300));
+    h.add_node("gone", 4);
+    h.slurmd_started("gone", b"key-new");
+    let drain = json!({"state": ["DRAIN"], "reason": "mountguard: x attempt a1"});
+    assert_eq!(post("gone", TOKEN, drain).await.0, 200);
+    h.slurmd_stopped("gone");
+    assert_eq!(
+        h.node("gone").unwrap().state,
+        ["IDLE", "DRAIN", "NOT_RESPONDING"]
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let v = h.node("gone").unwrap();
+    assert_eq!(v.state, ["DOWN", "DRAIN", "NOT_RESPONDING"]);
+    assert_eq!(v.reason, "mountguard: x attempt a1 : Not responding");
+    assert_eq!(v.reason_set_by_user, "slurm");
+    // Registered again: DOWN+DRAIN stays until a RESUME (the reason is not
+    // exactly "Not responding"), which passes through NOT_RESPONDING.
+    h.slurmd_started("gone", b"key-new");
+    assert_eq!(h.node("gone").unwrap().state, ["DOWN", "DRAIN"]);
+    assert_eq!(
+        post("gone", TOKEN, json!({"state": ["RESUME"]})).await.0,
+        200
+    );
+    assert_eq!(h.node("gone").unwrap().state, ["IDLE", "NOT_RESPONDING"]);
+    eventually(10, "out of NOT_RESPONDING after the resume", || {
+        let s = h.node("gone").unwrap().state;
+        async move { (s == ["IDLE"]).then_some(()) }
+    })
+    .await;
+    // RESUME of an open node: 422, error 2180.
+    let (st, body) = post("gone", TOKEN, json!({"state": ["RESUME"]})).await;
+    assert_eq!(
+        (st, body["errors"][0]["error_number"].clone()),
+        (422, json!(2180))
+    );
+
+    // ReturnToService=1 returns a "Not responding" node whose slurmd
+    // answers on a stale key.
+    h.set_slurmd_timeout(Duration::ZERO);
+    h.add_node("rts", 4);
+    h.slurmd_stopped("rts");
+    assert_eq!(h.node("rts").unwrap().state, ["DOWN", "NOT_RESPONDING"]);
+    h.slurmd_started("rts", b"key-old");
+    assert_eq!(h.node("rts").unwrap().state[0], "IDLE");
+    assert_eq!(h.start_job_if_open("rts", 1), None, "no job on a stale key");
+
+    // Error shapes.
+    let (st, body) = post("nope", TOKEN, json!({"state": ["DRAIN"], "reason": "r"})).await;
+    assert_eq!(
+        (st, body["errors"][0]["error_number"].clone()),
+        (422, json!(2018))
+    );
+    let (st, _) = get("stale").await;
+    assert_eq!(st, 200);
+    let (st, body) = call(
+        &url,
+        "GET",
+        "/slurm/v0.0.44/node/stale",
+        Some("user-token"),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200, "a non-admin may read: {body}");
+    let (st, body) = post(
+        "stale",
+        "user-token",
+        json!({"state": ["DRAIN"], "reason": "r"}),
+    )
+    .await;
+    assert_eq!(
+        (st, body["errors"][0]["error_number"].clone()),
+        (422, json!(2010))
+    );
+    assert_eq!(h.node("stale").unwrap().state, ["IDLE"], "refused");
+    let (st, _) = post(
+        "stale",
+        TOKEN,
+        json!({"state": "DRAIN", "reason": "one string"}),
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert_eq!(h.node("stale").unwrap().state, ["IDLE", "DRAIN"]);
+    let (st, body) = post("stale", TOKEN, json!({"state": ["SLEEPY"]})).await;
+    let numbers: Vec<Value> = body["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["error_number"].clone())
+        .collect();
+    assert_eq!((st, numbers), (500, vec![json!(9207), json!(2180)]));
+    // Nothing new since update_time: 304.
+    let (_, body) = call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(TOKEN), None).await;
+    let t = body["last_update"]["number"].as_i64().unwrap();
+    let (st, _) = call(
+        &url,
+        "GET",
+        &format!("/slurm/v0.0.44/nodes/?update_time={t}"),
+        Some(TOKEN),
+        None,
+    )
+    .await;
+    assert_eq!(st, 304);
     d.shutdown().await;
 }
