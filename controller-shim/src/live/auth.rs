@@ -23,7 +23,7 @@ use kube::api::{Api, PostParams};
 use sha2::{Digest as _, Sha256};
 
 use super::metrics::Metrics;
-use super::shared::TokenBucket;
+use super::shared::SourceBuckets;
 
 /// `user.extra` key of the pod name in a projected token.
 pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
@@ -263,7 +263,7 @@ pub struct CachedReviewer<R> {
     others: Mutex<HashMap<CacheKey, CacheEntry>>,
     limits: ReviewLimits,
     in_flight: tokio::sync::Semaphore,
-    sources: Mutex<HashMap<std::net::IpAddr, TokenBucket>>,
+    sources: SourceBuckets,
 }
 
 /// Entries of the cache of users that are not the agent, for a main cache
@@ -296,8 +296,12 @@ impl<R: TokenReviewer> CachedReviewer<R> {
             agent_user: None,
             others: Mutex::new(HashMap::new()),
             in_flight: tokio::sync::Semaphore::new(limits.in_flight.max(1)),
+            sources: SourceBuckets::new(
+                limits.per_source_rate,
+                limits.per_source_burst,
+                limits.sources,
+            ),
             limits,
-            sources: Mutex::new(HashMap::new()),
         }
     }
 
@@ -330,24 +334,6 @@ impl<R: TokenReviewer> CachedReviewer<R> {
             }
         }
         others.insert(key, entry);
-    }
-
-    /// Charges one review to `source`, or says when to retry.
-    fn charge(&self, source: std::net::IpAddr, now: Instant) -> Result<(), u64> {
-        let (rate, burst) = (self.limits.per_source_rate, self.limits.per_source_burst);
-        let mut sources = self.sources.lock().unwrap();
-        if sources.len() >= self.limits.sources && !sources.contains_key(&source) {
-            sources.retain(|_, b| !b.is_full(rate, burst, now));
-            if sources.len() >= self.limits.sources {
-                // Every remembered source is still throttled: a flood from
-                // many addresses. Refuse the newcomers until some recover.
-                return Err(1);
-            }
-        }
-        sources
-            .entry(source)
-            .or_insert_with(|| TokenBucket::full(burst, now))
-            .take(rate, burst, now)
     }
 
     /// Stores an answer. When the cache is full: expired entries go first,
@@ -440,7 +426,7 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
             // bounded in flight across all sources. A user that is not the
             // agent is charged on a hit too.
             if let Some(ip) = source
-                && let Err(wait) = self.charge(ip, now)
+                && let Err(wait) = self.sources.take(ip, now)
             {
                 self.metrics.tokenreview_throttled("source");
                 return Err(AuthError::Throttled(

@@ -79,16 +79,18 @@ pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {
     }
 }
 
-/// Answers one request after the status gate for the `/v1/` paths.
+/// Answers one request after the status gate for the `/v1/` paths
+/// (`source`: the caller's address, which unknown tokens are charged to).
 pub async fn answer<B>(
     shared: &Shared,
     gate: &StatusGate,
     req: &Request<B>,
+    source: Option<std::net::IpAddr>,
 ) -> Response<Full<Bytes>> {
     let path = req.uri().path();
     if path.starts_with("/v1/") && (req.method() == Method::GET || req.method() == Method::HEAD) {
         let scope = scope_of(path, &Query::parse(req.uri().query()));
-        match gate.check(req.headers(), scope).await {
+        match gate.check(req.headers(), scope, source).await {
             Ok(_) => {
                 shared
                     .metrics
@@ -109,8 +111,8 @@ pub async fn answer<B>(
                 if r.status() == StatusCode::UNAUTHORIZED {
                     resp = resp.header(header::WWW_AUTHENTICATE, "Bearer");
                 }
-                if r.status() == StatusCode::SERVICE_UNAVAILABLE {
-                    resp = resp.header(header::RETRY_AFTER, "1");
+                if let Some(wait) = r.retry_after() {
+                    resp = resp.header(header::RETRY_AFTER, wait.to_string());
                 }
                 return resp
                     .body(Full::new(Bytes::from(format!("{}\n", r.message()))))
@@ -130,13 +132,13 @@ pub async fn serve(
     metrics: mountguard_serve::ServeMetrics,
     mut shutdown: Shutdown,
 ) {
-    let make = move |_peer| {
+    let make = move |peer: std::net::SocketAddr| {
         let s = shared.clone();
         let gate = gate.clone();
         hyper::service::service_fn(move |req: Request<mountguard_serve::RequestBody>| {
             let s = s.clone();
             let gate = gate.clone();
-            async move { Ok::<_, Infallible>(answer(&s, &gate, &req).await) }
+            async move { Ok::<_, Infallible>(answer(&s, &gate, &req, Some(peer.ip())).await) }
         })
     };
     mountguard_serve::serve(

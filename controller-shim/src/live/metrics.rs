@@ -94,7 +94,13 @@ pub struct Metrics {
 }
 
 /// Values of `mountguard_status_requests_total{result}`.
-pub const STATUS_RESULTS: [&str; 4] = ["allowed", "unauthenticated", "forbidden", "unavailable"];
+pub const STATUS_RESULTS: [&str; 5] = [
+    "allowed",
+    "unauthenticated",
+    "forbidden",
+    "unavailable",
+    "rate_limited",
+];
 
 /// Values of `mountguard_admission_requests_total{result}`: `allowed`
 /// (nothing to say), `warned`, `denied`, `not_ready` (allowed: the view is

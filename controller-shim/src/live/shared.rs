@@ -100,6 +100,50 @@ impl TokenBucket {
     }
 }
 
+/// A [`TokenBucket`] per source address: what callers not yet
+/// authenticated may cost (the TokenReviews of unknown tokens, on the
+/// report API and on the status API, each with its own). At most
+/// `sources` addresses are remembered; a full bucket is forgotten first,
+/// and while every remembered address is still throttled (a flood from
+/// many addresses) a new one is refused until some recover.
+#[derive(Debug)]
+pub struct SourceBuckets {
+    per_second: f64,
+    burst: u32,
+    sources: usize,
+    buckets: Mutex<HashMap<std::net::IpAddr, TokenBucket>>,
+}
+
+impl SourceBuckets {
+    /// Buckets of `burst` refilled at `per_second`, for at most `sources`
+    /// addresses.
+    pub fn new(per_second: f64, burst: u32, sources: usize) -> Self {
+        Self {
+            per_second,
+            burst,
+            sources,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one token from `source`'s bucket, or says how many seconds
+    /// until one is available.
+    pub fn take(&self, source: std::net::IpAddr, now: Instant) -> Result<(), u64> {
+        let (rate, burst) = (self.per_second, self.burst);
+        let mut buckets = self.buckets.lock().unwrap();
+        if buckets.len() >= self.sources && !buckets.contains_key(&source) {
+            buckets.retain(|_, b| !b.is_full(rate, burst, now));
+            if buckets.len() >= self.sources {
+                return Err(1);
+            }
+        }
+        buckets
+            .entry(source)
+            .or_insert_with(|| TokenBucket::full(burst, now))
+            .take(rate, burst, now)
+    }
+}
+
 /// One shutdown signal shared by every task.
 #[derive(Debug, Clone)]
 pub struct Shutdown(tokio_watch::Receiver<bool>);

@@ -294,7 +294,9 @@ pub struct StatusDoc {
     pub acting: bool,
     /// Whether the watches finished their initial lists.
     pub ready: bool,
-    /// Count of every verdict per `State` or `State/Cause`.
+    /// Count per `State` or `State/Cause` of every verdict in the
+    /// `namespace` and on the `node` asked for (any state: `all` and
+    /// `state` only select what is listed).
     pub by_state: BTreeMap<String, usize>,
     /// The selected verdicts.
     pub verdicts: Vec<StatusItem>,
@@ -336,18 +338,23 @@ impl Query {
         out
     }
 
-    fn matches(&self, pv: &PodVerdicts, v: &Verdict) -> bool {
+    /// Whether the pod is in the namespace and on the node asked for:
+    /// what `byState` counts (every state, so Fresh shows without
+    /// `all=1`), and never more, since the reader may be authorized for
+    /// that namespace only.
+    fn in_scope(&self, pv: &PodVerdicts) -> bool {
+        self.namespace
+            .as_deref()
+            .is_none_or(|ns| **pv.pod.namespace() == *ns)
+            && self
+                .node
+                .as_deref()
+                .is_none_or(|n| pv.pod.node_name() == Some(n))
+    }
+
+    /// Whether a verdict of a pod [`Query::in_scope`] is listed.
+    fn lists(&self, v: &Verdict) -> bool {
         if !self.all && self.state.is_none() && matches!(v.state, State::Fresh | State::Skipped(_))
-        {
-            return false;
-        }
-        if let Some(ns) = &self.namespace
-            && **pv.pod.namespace() != **ns
-        {
-            return false;
-        }
-        if let Some(n) = &self.node
-            && pv.pod.node_name() != Some(n.as_str())
         {
             return false;
         }
@@ -420,11 +427,11 @@ impl VerdictStore {
     pub fn document(&self, q: &Query, acting: bool, ready: bool) -> StatusDoc {
         let mut by_state = BTreeMap::new();
         let mut verdicts = Vec::new();
-        for p in self.pods.values() {
+        for p in self.pods.values().filter(|p| q.in_scope(&p.pv)) {
             let pv = &p.pv;
             for v in pv.verdicts.iter() {
                 *by_state.entry(v.state.tag()).or_insert(0) += 1;
-                if q.matches(pv, v) {
+                if q.lists(v) {
                     verdicts.push(item(pv, v, p.check.as_ref()));
                 }
             }
@@ -911,6 +918,81 @@ mod tests {
             Some("\u{fffd}")
         );
         assert_eq!(Query::parse(Some("&&=&node=")), Query::default());
+    }
+
+    /// A reader of one namespace sees the counts of that namespace only:
+    /// the whole cluster's `byState` would tell it of other tenants'
+    /// rotations and deletions.
+    #[test]
+    fn a_namespace_query_counts_only_that_namespaces_states() {
+        let mut ix = ClusterIndex::new();
+        for ns in ["team-a", "team-b"] {
+            put_config_map(
+                &mut ix,
+                ns,
+                "cm",
+                &[("a", b"new")],
+                &[],
+                Some(ts("2026-11-30T09:00:00Z")),
+            );
+        }
+        let cfg = || {
+            mountguard_core::model::VolumeSource::Object(obj(
+                SourceKind::ConfigMap,
+                "cm",
+                &[],
+                false,
+            ))
+        };
+        ix.apply_pod(
+            PodB::new("team-a", "a1", "ua", "n1")
+                .volume("cfg", cfg())
+                .build(),
+        );
+        ix.apply_pod(
+            PodB::new("team-b", "b1", "ub1", "n1")
+                .volume("cfg", cfg())
+                .build(),
+        );
+        ix.apply_pod(
+            PodB::new("team-b", "b2", "ub2", "n2")
+                .volume("cfg", cfg())
+                .build(),
+        );
+        let at = ts("2026-11-30T09:59:00Z");
+        NodeB::new("n1", ts("2026-11-30T10:00:00Z"))
+            .volume("ua", inventory_plugin(), "cfg", &[("a", b"new")], at)
+            .volume("ub1", inventory_plugin(), "cfg", &[("a", b"old")], at)
+            .apply(&mut ix);
+        NodeB::new("n2", ts("2026-11-30T10:00:00Z"))
+            .volume("ub2", inventory_plugin(), "cfg", &[("a", b"old")], at)
+            .apply(&mut ix);
+        let engine = Engine::new(Config::default(), Fingerprinter::new(&[7u8; 32]).unwrap());
+        let mut st = EngineState::default();
+        let ev = engine.evaluate_all(&ix, &mut st, ts("2026-11-30T10:00:01Z"));
+        let mut store = VerdictStore::default();
+        for pv in ev.pods {
+            store.pods.insert(PublishedPod { pv, check: None });
+        }
+        let counts = |q: &str| {
+            let doc = store.document(&Query::parse(Some(q)), true, true);
+            doc.by_state
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(counts("all=1"), "Fresh=1 Stale/Unknown=2");
+        assert_eq!(
+            counts("namespace=team-a"),
+            "Fresh=1",
+            "team-b's stale pods are not team-a's to count"
+        );
+        assert_eq!(counts("namespace=team-b"), "Stale/Unknown=2");
+        assert_eq!(counts("namespace=team-b&node=n2"), "Stale/Unknown=1");
+        assert_eq!(counts("namespace=team-c"), "");
+        // `all` and `state` choose what is listed, not what is counted.
+        assert_eq!(counts("namespace=team-a&state=Stale"), "Fresh=1");
     }
 
     #[test]

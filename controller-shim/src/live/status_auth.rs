@@ -21,12 +21,24 @@
 //! Answers are cached per token and namespace (allowed for
 //! [`StatusAuthLimits::allowed_ttl`], denied and unauthenticated apart, in
 //! their own bound, for [`StatusAuthLimits::denied_ttl`], so a flood of
-//! refused tokens never evicts a reader's entry); reviews in flight are
-//! bounded (503 beyond). An API error is a 503, never an answer.
-//! `--status-auth none` opens the API to anyone who reaches the port
-//! (docs/security.md).
+//! refused tokens never evicts a reader's entry). An API error is a 503,
+//! never an answer. `--status-auth none` opens the API to anyone who
+//! reaches the port (docs/security.md).
+//!
+//! A token is *known* once it was allowed somewhere: for
+//! [`StatusAuthLimits::known_ttl`] its reviews (a new namespace, or again
+//! after its answer expired) are neither charged to its source nor kept
+//! from the review slots by unknown tokens. An unknown token costs a
+//! TokenReview, so it is charged first to its source address, in the same
+//! per-source bucket as the report API's unknown tokens
+//! ([`super::shared::SourceBuckets`]; over it: 429 with `Retry-After`), and
+//! its review may use at most [`StatusAuthLimits::unknown_in_flight`] of
+//! the [`StatusAuthLimits::in_flight`] review slots (503 beyond): a flood
+//! of random tokens from one address costs at most its bucket in
+//! TokenReviews and never the slots a known reader needs.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,6 +51,8 @@ use k8s_openapi::api::authorization::v1::{
 use kube::Api;
 use kube::api::PostParams;
 use sha2::{Digest as _, Sha256};
+
+use super::shared::SourceBuckets;
 
 /// The header that carries the bearer token through the API server's
 /// service proxy.
@@ -76,6 +90,9 @@ pub enum Refusal {
     /// The API server could not answer, or too many reviews are in
     /// flight (503): try again.
     Unavailable(String),
+    /// Too many unknown tokens from the caller's address (429): retry
+    /// after the given seconds.
+    Throttled(String, u64),
 }
 
 impl Refusal {
@@ -85,6 +102,7 @@ impl Refusal {
             Refusal::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             Refusal::Forbidden(_) => StatusCode::FORBIDDEN,
             Refusal::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::Throttled(..) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -94,13 +112,26 @@ impl Refusal {
             Refusal::Unauthenticated(_) => "unauthenticated",
             Refusal::Forbidden(_) => "forbidden",
             Refusal::Unavailable(_) => "unavailable",
+            Refusal::Throttled(..) => "rate_limited",
         }
     }
 
     /// The message for the client.
     pub fn message(&self) -> &str {
         match self {
-            Refusal::Unauthenticated(m) | Refusal::Forbidden(m) | Refusal::Unavailable(m) => m,
+            Refusal::Unauthenticated(m)
+            | Refusal::Forbidden(m)
+            | Refusal::Unavailable(m)
+            | Refusal::Throttled(m, _) => m,
+        }
+    }
+
+    /// Seconds the client should wait before retrying (503, 429).
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Refusal::Unavailable(_) => Some(1),
+            Refusal::Throttled(_, wait) => Some(*wait),
+            Refusal::Unauthenticated(_) | Refusal::Forbidden(_) => None,
         }
     }
 }
@@ -240,43 +271,68 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     from(header::AUTHORIZATION.as_str()).or_else(|| from(PROXY_AUTH_HEADER))
 }
 
-/// Bounds of the status API's review cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Bounds of the status API's review cache and of the reviews callers
+/// can cause.
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StatusAuthLimits {
     /// How long an allowed answer is reused.
     pub allowed_ttl: Duration,
     /// How long a refusal (401/403) is reused.
     pub denied_ttl: Duration,
-    /// Allowed answers kept at most.
+    /// How long a token stays known after it was last allowed (its
+    /// reviews then skip the per-source bucket and may use every slot).
+    pub known_ttl: Duration,
+    /// Allowed answers kept at most (and known tokens at most).
     pub allowed_entries: usize,
     /// Refusals kept at most (apart: they never evict allowed answers).
     pub denied_entries: usize,
     /// Reviews in flight at once (503 beyond).
     pub in_flight: usize,
+    /// Of those, reviews of unknown tokens at most: the others are kept
+    /// for known readers.
+    pub unknown_in_flight: usize,
+    /// Per source address: reviews of unknown tokens per second.
+    pub per_source_rate: f64,
+    /// Per source address: burst.
+    pub per_source_burst: u32,
+    /// Source addresses remembered at most.
+    pub sources: usize,
 }
 
 impl Default for StatusAuthLimits {
     fn default() -> Self {
+        // The per-source bucket is the report API's
+        // (`super::auth::ReviewLimits`).
+        let report = super::auth::ReviewLimits::default();
         Self {
             allowed_ttl: Duration::from_secs(60),
             denied_ttl: Duration::from_secs(10),
+            known_ttl: Duration::from_secs(600),
             allowed_entries: 4_096,
             denied_entries: 1_024,
             in_flight: 8,
+            unknown_in_flight: 6,
+            per_source_rate: report.per_source_rate,
+            per_source_burst: report.per_source_burst,
+            sources: report.sources,
         }
     }
 }
 
-type Key = ([u8; 32], Option<String>);
+/// The SHA-256 of a token (never the token itself).
+type Digest = [u8; 32];
+
+/// A token and the namespace it reads.
+type Key = (Digest, Option<String>);
 
 /// A bounded map of answers that expire.
 #[derive(Debug)]
-struct Answers<V> {
-    entries: HashMap<Key, (Instant, V)>,
+struct Answers<K, V> {
+    entries: HashMap<K, (Instant, V)>,
     cap: usize,
 }
 
-impl<V: Clone> Answers<V> {
+impl<K: Clone + Eq + std::hash::Hash, V: Clone> Answers<K, V> {
     fn new(cap: usize) -> Self {
         Self {
             entries: HashMap::new(),
@@ -284,7 +340,7 @@ impl<V: Clone> Answers<V> {
         }
     }
 
-    fn get(&mut self, k: &Key, now: Instant) -> Option<V> {
+    fn get(&mut self, k: &K, now: Instant) -> Option<V> {
         match self.entries.get(k) {
             Some((until, v)) if *until > now => Some(v.clone()),
             Some(_) => {
@@ -295,7 +351,11 @@ impl<V: Clone> Answers<V> {
         }
     }
 
-    fn put(&mut self, k: Key, until: Instant, v: V, now: Instant) {
+    fn remove(&mut self, k: &K) {
+        self.entries.remove(k);
+    }
+
+    fn put(&mut self, k: K, until: Instant, v: V, now: Instant) {
         if self.cap == 0 {
             return;
         }
@@ -330,8 +390,11 @@ pub enum StatusAuthMode {
 
 #[derive(Debug)]
 struct Cache {
-    allowed: Answers<String>,
-    denied: Answers<Refusal>,
+    allowed: Answers<Key, String>,
+    denied: Answers<Key, Refusal>,
+    /// Tokens allowed somewhere: who they are, and until when that
+    /// TokenReview answer is reused (the entry itself lives `known_ttl`).
+    known: Answers<Digest, (Reader, Instant)>,
 }
 
 /// The status API's gate: [`StatusAuthMode::None`] lets everybody in,
@@ -342,7 +405,11 @@ pub struct StatusGate {
     reviewer: Option<Arc<dyn AccessReviewer>>,
     limits: StatusAuthLimits,
     cache: Mutex<Cache>,
+    /// Every review holds one of these.
     in_flight: tokio::sync::Semaphore,
+    /// A review of an unknown token holds one of these too.
+    unknown_in_flight: tokio::sync::Semaphore,
+    sources: SourceBuckets,
 }
 
 impl StatusGate {
@@ -368,8 +435,17 @@ impl StatusGate {
             cache: Mutex::new(Cache {
                 allowed: Answers::new(limits.allowed_entries),
                 denied: Answers::new(limits.denied_entries),
+                known: Answers::new(limits.allowed_entries),
             }),
             in_flight: tokio::sync::Semaphore::new(limits.in_flight),
+            unknown_in_flight: tokio::sync::Semaphore::new(
+                limits.unknown_in_flight.min(limits.in_flight),
+            ),
+            sources: SourceBuckets::new(
+                limits.per_source_rate,
+                limits.per_source_burst,
+                limits.sources,
+            ),
         }
     }
 
@@ -379,11 +455,13 @@ impl StatusGate {
     }
 
     /// Lets the request in (`Ok(user)`, `"anonymous"` when open) or says
-    /// why not. `namespace` is what it reads ([`scope_of`]).
+    /// why not. `namespace` is what it reads ([`scope_of`]), `source` the
+    /// caller's address (`None`: not charged to any).
     pub async fn check(
         &self,
         headers: &HeaderMap,
         namespace: Option<String>,
+        source: Option<IpAddr>,
     ) -> Result<String, Refusal> {
         let Some(reviewer) = self
             .reviewer
@@ -400,9 +478,10 @@ impl StatusGate {
                 "X-Mountguard-Authorization"
             )));
         };
-        let key: Key = (Sha256::digest(token.as_bytes()).into(), namespace.clone());
+        let digest: Digest = Sha256::digest(token.as_bytes()).into();
+        let key: Key = (digest, namespace.clone());
         let now = Instant::now();
-        {
+        let known = {
             let mut c = self.cache.lock().unwrap();
             if let Some(user) = c.allowed.get(&key, now) {
                 return Ok(user);
@@ -410,52 +489,98 @@ impl StatusGate {
             if let Some(r) = c.denied.get(&key, now) {
                 return Err(r);
             }
-        }
-        let Ok(_permit) = self.in_flight.try_acquire() else {
-            return Err(Refusal::Unavailable(
-                "too many status API reviews in flight; retry in a second".into(),
-            ));
+            c.known.get(&digest, now)
         };
+        // A known token's review holds any slot; an unknown one's is
+        // charged to its source, then holds one of the slots unknown
+        // tokens may use as well.
+        let _unknown_permit = match &known {
+            Some(_) => None,
+            None => {
+                if let Some(ip) = source
+                    && let Err(wait) = self.sources.take(ip, now)
+                {
+                    return Err(Refusal::Throttled(
+                        format!(
+                            "too many unknown tokens from {ip}; retry after {wait}s (a reader \
+                             allowed in the last {}s is not limited)",
+                            self.limits.known_ttl.as_secs()
+                        ),
+                        wait,
+                    ));
+                }
+                let Ok(p) = self.unknown_in_flight.try_acquire() else {
+                    return Err(busy());
+                };
+                Some(p)
+            }
+        };
+        let Ok(_permit) = self.in_flight.try_acquire() else {
+            return Err(busy());
+        };
+        // A known token's identity is reused while fresh: a new namespace
+        // then costs a SubjectAccessReview only.
+        let fresh = known.filter(|(_, until)| *until > now);
         let answer = self
-            .review(reviewer.as_ref(), token, namespace.as_deref())
+            .review(reviewer.as_ref(), token, fresh, namespace.as_deref())
             .await;
         let now = Instant::now();
         let mut c = self.cache.lock().unwrap();
-        match &answer {
-            Ok(user) => c
-                .allowed
-                .put(key, now + self.limits.allowed_ttl, user.clone(), now),
+        match answer {
+            Ok((reader, identity_until)) => {
+                let user = reader.username.clone();
+                c.allowed
+                    .put(key, now + self.limits.allowed_ttl, user.clone(), now);
+                c.known.put(
+                    digest,
+                    now + self.limits.known_ttl,
+                    (reader, identity_until),
+                    now,
+                );
+                Ok(user)
+            }
             Err(r @ (Refusal::Unauthenticated(_) | Refusal::Forbidden(_))) => {
+                if matches!(r, Refusal::Unauthenticated(_)) {
+                    // Revoked or expired: no longer known.
+                    c.known.remove(&digest);
+                }
                 c.denied
-                    .put(key, now + self.limits.denied_ttl, r.clone(), now)
+                    .put(key, now + self.limits.denied_ttl, r.clone(), now);
+                Err(r)
             }
             // Transient: never remembered.
-            Err(Refusal::Unavailable(_)) => {}
+            Err(r @ (Refusal::Unavailable(_) | Refusal::Throttled(..))) => Err(r),
         }
-        answer
     }
 
+    /// Reviews `token` (a TokenReview, unless `fresh` holds who it is and
+    /// until when that answer is reused), then its access to `namespace`;
+    /// on success, who it is and until when that is reused.
     async fn review(
         &self,
         reviewer: &dyn AccessReviewer,
         token: &str,
+        fresh: Option<(Reader, Instant)>,
         namespace: Option<&str>,
-    ) -> Result<String, Refusal> {
-        let reader = match reviewer.authenticate(token).await {
-            Ok(Some(r)) => r,
-            Ok(None) => {
-                return Err(Refusal::Unauthenticated(
-                    "the API server does not accept this token (TokenReview)".into(),
-                ));
-            }
-            Err(e) => {
-                return Err(Refusal::Unavailable(format!(
-                    "could not review the token: {e}"
-                )));
-            }
+    ) -> Result<(Reader, Instant), Refusal> {
+        let (reader, until) = match fresh {
+            Some(known) => known,
+            None => match reviewer.authenticate(token).await {
+                Ok(Some(r)) => (r, Instant::now() + self.limits.allowed_ttl),
+                Ok(None) => {
+                    return Err(Refusal::Unauthenticated(
+                        "the API server does not accept this token (TokenReview)".into(),
+                    ));
+                }
+                Err(e) => {
+                    return Err(Refusal::Unavailable(format!(
+                        "could not review the token: {e}"
+                    )));
+                }
+            },
         };
         match reviewer.authorize(&reader, namespace).await {
-            Ok(true) => Ok(reader.username),
+            Ok(true) => Ok((reader, until)),
             Ok(false) => Err(Refusal::Forbidden(format!(
                 "user {:?} may not {READER_VERB} {READER_RESOURCE}.{READER_GROUP} {}: bind the \
                  chart's status reader ClusterRole to it (docs/security.md)",
@@ -472,6 +597,11 @@ impl StatusGate {
     }
 }
 
+/// The refusal when every review slot a request may use is taken.
+fn busy() -> Refusal {
+    Refusal::Unavailable("too many status API reviews in flight; retry in a second".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,6 +613,12 @@ mod tests {
     struct Fake {
         reviews: AtomicUsize,
         fail: std::sync::atomic::AtomicBool,
+        /// `reader-token` is no longer accepted.
+        revoked: std::sync::atomic::AtomicBool,
+        /// When set, a TokenReview of a `flood-` token waits for a permit
+        /// of it (`parked` counts those waiting).
+        hold: Option<tokio::sync::Semaphore>,
+        parked: AtomicUsize,
     }
 
     impl AccessReviewer for Fake {
@@ -495,7 +631,14 @@ mod tests {
                 if self.fail.load(Ordering::SeqCst) {
                     return Err("connection refused".into());
                 }
+                if let Some(hold) = &self.hold
+                    && token.starts_with("flood-")
+                {
+                    self.parked.fetch_add(1, Ordering::SeqCst);
+                    let _ = hold.acquire().await.unwrap();
+                }
                 Ok(match token {
+                    "reader-token" if self.revoked.load(Ordering::SeqCst) => None,
                     "reader-token" => Some(Reader {
                         username: "alice".into(),
                         ..Default::default()
@@ -611,48 +754,244 @@ mod tests {
         let team = Some("team".to_string());
 
         let e = gate
-            .check(&HeaderMap::new(), team.clone())
+            .check(&HeaderMap::new(), team.clone(), None)
             .await
             .unwrap_err();
         assert_eq!(e.status(), StatusCode::UNAUTHORIZED);
         assert!(e.message().contains("bearer token"), "{e:?}");
 
         let alice = headers(&[("authorization", "Bearer reader-token")]);
-        assert_eq!(gate.check(&alice, team.clone()).await.unwrap(), "alice");
-        let e = gate.check(&alice, Some("prod".into())).await.unwrap_err();
+        assert_eq!(
+            gate.check(&alice, team.clone(), None).await.unwrap(),
+            "alice"
+        );
+        let e = gate
+            .check(&alice, Some("prod".into()), None)
+            .await
+            .unwrap_err();
         assert_eq!(e.status(), StatusCode::FORBIDDEN);
         assert!(
             e.message().contains("\"alice\"") && e.message().contains("prod"),
             "{e:?}"
         );
         assert_eq!(
-            gate.check(&alice, None).await.unwrap_err().status(),
+            gate.check(&alice, None, None).await.unwrap_err().status(),
             StatusCode::FORBIDDEN
         );
 
         let bad = headers(&[("x-mountguard-authorization", "Bearer forged")]);
         assert_eq!(
-            gate.check(&bad, team.clone()).await.unwrap_err().status(),
+            gate.check(&bad, team.clone(), None)
+                .await
+                .unwrap_err()
+                .status(),
             StatusCode::UNAUTHORIZED
         );
         let admin = headers(&[("x-mountguard-authorization", "Bearer admin-token")]);
-        assert_eq!(gate.check(&admin, None).await.unwrap(), "root");
+        assert_eq!(gate.check(&admin, None, None).await.unwrap(), "root");
 
         // Cached: no more reviews for the same answers.
         let n = fake.reviews.load(Ordering::SeqCst);
-        gate.check(&alice, team.clone()).await.unwrap();
-        gate.check(&alice, Some("prod".into())).await.unwrap_err();
-        gate.check(&bad, team.clone()).await.unwrap_err();
+        gate.check(&alice, team.clone(), None).await.unwrap();
+        gate.check(&alice, Some("prod".into()), None)
+            .await
+            .unwrap_err();
+        gate.check(&bad, team.clone(), None).await.unwrap_err();
         assert_eq!(fake.reviews.load(Ordering::SeqCst), n);
 
         // A flood of refused tokens does not evict the reader's entry.
         for i in 0..50 {
             let h = headers(&[("authorization", &format!("Bearer flood-{i}"))]);
-            gate.check(&h, team.clone()).await.unwrap_err();
+            gate.check(&h, team.clone(), None).await.unwrap_err();
         }
         let n = fake.reviews.load(Ordering::SeqCst);
-        gate.check(&alice, team.clone()).await.unwrap();
+        gate.check(&alice, team.clone(), None).await.unwrap();
         assert_eq!(fake.reviews.load(Ordering::SeqCst), n, "still cached");
+    }
+
+    fn ip(s: &str) -> Option<IpAddr> {
+        Some(s.parse().unwrap())
+    }
+
+    fn bearer_of(token: &str) -> HeaderMap {
+        headers(&[("authorization", &format!("Bearer {token}"))])
+    }
+
+    /// 24 callers on one address sending random tokens: at most the
+    /// address's burst of TokenReviews, 429 with `Retry-After` beyond; a
+    /// reader already known on that same address (e.g. every caller through
+    /// the API server's service proxy) reads namespaces it has not read yet
+    /// all along, at the cost of a SubjectAccessReview only.
+    #[tokio::test]
+    async fn a_flood_of_random_tokens_from_one_source_costs_its_burst_and_never_denies_a_known_reader()
+     {
+        let fake = Arc::new(Fake::default());
+        let limits = StatusAuthLimits {
+            per_source_rate: 0.001,
+            per_source_burst: 20,
+            ..Default::default()
+        };
+        let gate = StatusGate::kubernetes(fake.clone(), limits);
+        let proxy = ip("10.96.0.1");
+        let admin = bearer_of("admin-token");
+        assert_eq!(
+            gate.check(&admin, Some("a".into()), proxy).await.unwrap(),
+            "root"
+        );
+        let before = fake.reviews.load(Ordering::SeqCst);
+        let mut throttled = 0;
+        for i in 0..480 {
+            let e = gate
+                .check(&bearer_of(&format!("random-{i}")), Some("a".into()), proxy)
+                .await
+                .unwrap_err();
+            if let Refusal::Throttled(_, wait) = e {
+                assert!(wait >= 1, "{e:?}");
+                assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS);
+                assert_eq!(e.retry_after(), Some(wait));
+                throttled += 1;
+            } else {
+                assert_eq!(e.status(), StatusCode::UNAUTHORIZED, "{e:?}");
+            }
+            if i % 24 == 0 {
+                assert_eq!(
+                    gate.check(&admin, Some(format!("ns-{i}")), proxy)
+                        .await
+                        .unwrap(),
+                    "root",
+                    "the known reader, request {i} of the flood"
+                );
+            }
+        }
+        let reviews = fake.reviews.load(Ordering::SeqCst) - before;
+        assert_eq!(
+            reviews, 19,
+            "480 random tokens from one address: its burst of 20 TokenReviews (one was the \
+             reader's first), none for the known reader"
+        );
+        assert_eq!(throttled, 480 - 19);
+        // Another address has its own bucket: a new reader gets in.
+        assert_eq!(
+            gate.check(
+                &bearer_of("reader-token"),
+                Some("team".into()),
+                ip("10.0.0.9")
+            )
+            .await
+            .unwrap(),
+            "alice"
+        );
+    }
+
+    /// A known reader's answer expired: its new TokenReview is not charged
+    /// to an address that unknown tokens drained.
+    #[tokio::test]
+    async fn a_known_reader_is_reviewed_again_without_the_bucket_unknown_tokens_drain() {
+        let fake = Arc::new(Fake::default());
+        let limits = StatusAuthLimits {
+            allowed_ttl: Duration::ZERO,
+            denied_ttl: Duration::ZERO,
+            per_source_rate: 0.001,
+            per_source_burst: 2,
+            ..Default::default()
+        };
+        let gate = StatusGate::kubernetes(fake.clone(), limits);
+        let src = ip("10.96.0.1");
+        let alice = bearer_of("reader-token");
+        let team = || Some("team".to_string());
+        assert_eq!(gate.check(&alice, team(), src).await.unwrap(), "alice");
+        let e = gate
+            .check(&bearer_of("random-1"), team(), src)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), StatusCode::UNAUTHORIZED, "{e:?}");
+        let e = gate
+            .check(&bearer_of("random-2"), team(), src)
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS, "{e:?}");
+        for _ in 0..5 {
+            let n = fake.reviews.load(Ordering::SeqCst);
+            assert_eq!(gate.check(&alice, team(), src).await.unwrap(), "alice");
+            assert_eq!(
+                fake.reviews.load(Ordering::SeqCst),
+                n + 1,
+                "reviewed again: its answer had expired"
+            );
+        }
+        // A token the API server stops accepting is known no more: its
+        // next review is charged to its address again.
+        fake.revoked.store(true, Ordering::SeqCst);
+        let e = gate.check(&alice, team(), src).await.unwrap_err();
+        assert_eq!(e.status(), StatusCode::UNAUTHORIZED, "{e:?}");
+        let e = gate.check(&alice, team(), src).await.unwrap_err();
+        assert_eq!(e.status(), StatusCode::TOO_MANY_REQUESTS, "{e:?}");
+    }
+
+    /// Unknown tokens from many addresses (each within its own bucket)
+    /// hold every review slot they may: a known reader still gets one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn unknown_tokens_in_review_leave_slots_for_known_readers() {
+        let fake = Arc::new(Fake {
+            hold: Some(tokio::sync::Semaphore::new(0)),
+            ..Default::default()
+        });
+        let limits = StatusAuthLimits::default();
+        let gate = Arc::new(StatusGate::kubernetes(fake.clone(), limits));
+        let admin = bearer_of("admin-token");
+        assert_eq!(
+            gate.check(&admin, Some("a".into()), ip("10.0.0.1"))
+                .await
+                .unwrap(),
+            "root"
+        );
+        let flood = 3 * limits.in_flight;
+        let done = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for i in 0..flood {
+            let (gate, done) = (gate.clone(), done.clone());
+            tasks.push(tokio::spawn(async move {
+                let r = gate
+                    .check(
+                        &bearer_of(&format!("flood-{i}")),
+                        Some("a".into()),
+                        ip(&format!("10.1.0.{i}")),
+                    )
+                    .await;
+                done.fetch_add(1, Ordering::SeqCst);
+                r
+            }));
+        }
+        // Every flood request either holds a slot (its TokenReview parked)
+        // or was answered.
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while fake.parked.load(Ordering::SeqCst) + done.load(Ordering::SeqCst) < flood {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await
+        .expect("the flood settles");
+        assert_eq!(
+            gate.check(&admin, Some("b".into()), ip("10.0.0.1")).await,
+            Ok("root".to_string()),
+            "the known reader, every slot unknown tokens may use taken"
+        );
+        assert_eq!(
+            fake.parked.load(Ordering::SeqCst),
+            limits.unknown_in_flight,
+            "unknown tokens hold at most their share of the slots"
+        );
+        fake.hold.as_ref().unwrap().add_permits(flood);
+        for t in tasks {
+            let r = t.await.unwrap();
+            assert!(
+                matches!(
+                    r,
+                    Err(Refusal::Unauthenticated(_) | Refusal::Unavailable(_))
+                ),
+                "{r:?}"
+            );
+        }
     }
 
     #[tokio::test]
@@ -661,11 +1000,14 @@ mod tests {
         let gate = StatusGate::kubernetes(fake.clone(), StatusAuthLimits::default());
         let alice = headers(&[("authorization", "Bearer reader-token")]);
         fake.fail.store(true, Ordering::SeqCst);
-        let e = gate.check(&alice, Some("team".into())).await.unwrap_err();
+        let e = gate
+            .check(&alice, Some("team".into()), None)
+            .await
+            .unwrap_err();
         assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
         fake.fail.store(false, Ordering::SeqCst);
         assert_eq!(
-            gate.check(&alice, Some("team".into())).await.unwrap(),
+            gate.check(&alice, Some("team".into()), None).await.unwrap(),
             "alice"
         );
     }
@@ -674,7 +1016,7 @@ mod tests {
     async fn an_open_gate_lets_everybody_in() {
         let gate = StatusGate::open();
         assert_eq!(
-            gate.check(&HeaderMap::new(), None).await.unwrap(),
+            gate.check(&HeaderMap::new(), None, None).await.unwrap(),
             "anonymous"
         );
     }

@@ -977,9 +977,19 @@ fn watch_response(
         .unwrap_or_else(|_| Response::new(http::full(Bytes::new())))
 }
 
+/// The double's own audiences (the real API server's `--api-audiences`,
+/// by default its service account issuer).
+pub const API_AUDIENCES: [&str; 1] = ["https://kubernetes.default.svc"];
+
+/// A TokenReview, as kubernetes/kubernetes
+/// `pkg/registry/authentication/tokenreview/storage.go` `(*REST).Create`
+/// answers it: the audiences checked are `spec.audiences`, or when empty
+/// the API server's own (`auds = r.apiAudiences`, from `--api-audiences`),
+/// never "any"; a token none of whose audiences is among them is not
+/// authenticated, and `status.audiences` lists the ones that matched.
 fn token_review(h: &ApiHandle, body: Value) -> Value {
     let token = body["spec"]["token"].as_str().unwrap_or("");
-    let wanted: Vec<String> = body["spec"]["audiences"]
+    let mut wanted: Vec<String> = body["spec"]["audiences"]
         .as_array()
         .map(|a| {
             a.iter()
@@ -987,6 +997,9 @@ fn token_review(h: &ApiHandle, body: Value) -> Value {
                 .collect()
         })
         .unwrap_or_default();
+    if wanted.is_empty() {
+        wanted = API_AUDIENCES.iter().map(|a| a.to_string()).collect();
+    }
     let user = lock(&h.inner.tokens).get(token).cloned();
     let status = match user {
         None => {
@@ -994,19 +1007,15 @@ fn token_review(h: &ApiHandle, body: Value) -> Value {
         }
         Some(u) => {
             let token_aud = if u.audiences.is_empty() {
-                vec!["https://kubernetes.default.svc".to_string()]
+                API_AUDIENCES.iter().map(|a| a.to_string()).collect()
             } else {
                 u.audiences.clone()
             };
-            let matched: Vec<String> = if wanted.is_empty() {
-                token_aud.clone()
-            } else {
-                wanted
-                    .iter()
-                    .filter(|a| token_aud.contains(a))
-                    .cloned()
-                    .collect()
-            };
+            let matched: Vec<String> = wanted
+                .iter()
+                .filter(|a| token_aud.contains(a))
+                .cloned()
+                .collect();
             if matched.is_empty() {
                 json!({"authenticated": false, "user": {}, "error": "[invalid bearer token, token audiences is invalid for the target audiences]"})
             } else {

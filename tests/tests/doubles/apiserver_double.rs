@@ -13,7 +13,7 @@ use kube::api::{
 };
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, Config};
-use mountguard_tests::apiserver::{ApiServerDouble, TokenUser, resources};
+use mountguard_tests::apiserver::{API_AUDIENCES, ApiServerDouble, TokenUser, resources};
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -469,6 +469,60 @@ async fn patches_apply_delete_eviction_and_token_reviews_through_kube() {
         .await
         .unwrap();
     assert_eq!(unknown.status.unwrap().authenticated, Some(false));
+    api.shutdown().await;
+}
+
+/// A TokenReview without audiences checks the API server's own
+/// (kubernetes/kubernetes `pkg/registry/authentication/tokenreview/storage.go`
+/// `(*REST).Create`: `auds = r.apiAudiences` when `spec.audiences` is
+/// empty), never "any": a token of another audience is not authenticated.
+#[tokio::test]
+async fn a_token_review_without_audiences_accepts_only_the_api_servers_own() {
+    let mut api = ApiServerDouble::start().await.unwrap();
+    let client = client(&api).await;
+    let user = |aud: &[&str]| TokenUser {
+        username: "u".into(),
+        audiences: aud.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    };
+    api.handle().add_token("agent-token", user(&["mountguard"]));
+    api.handle().add_token("user-token", user(&[]));
+    api.handle()
+        .add_token("both-token", user(&["mountguard", API_AUDIENCES[0]]));
+    let reviews: Api<TokenReview> = Api::all(client);
+    let review = |token: &str, aud: Option<Vec<String>>| TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token.into()),
+            audiences: aud,
+        },
+        ..Default::default()
+    };
+    for audiences in [None, Some(vec![])] {
+        let other = reviews
+            .create(
+                &PostParams::default(),
+                &review("agent-token", audiences.clone()),
+            )
+            .await
+            .unwrap()
+            .status
+            .unwrap();
+        assert_eq!(other.authenticated, Some(false), "{other:?}");
+        for token in ["user-token", "both-token"] {
+            let own = reviews
+                .create(&PostParams::default(), &review(token, audiences.clone()))
+                .await
+                .unwrap()
+                .status
+                .unwrap();
+            assert_eq!(own.authenticated, Some(true), "{token}: {own:?}");
+            assert_eq!(
+                own.audiences,
+                Some(vec![API_AUDIENCES[0].to_string()]),
+                "{token}: only the audience checked is confirmed"
+            );
+        }
+    }
     api.shutdown().await;
 }
 
