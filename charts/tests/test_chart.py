@@ -1165,6 +1165,21 @@ def test_exec_into_the_agent_is_refused_by_a_policy_bound_to_the_release_namespa
     assert variables["excepted"].endswith("g in [])")
 
 
+def test_an_ephemeral_container_into_a_relabelled_agent_pod_is_matched_by_name_as_exec_is() -> None:
+    # An agent pod relabelled (orphaned from its DaemonSet, still running
+    # with the kubelet root) keeps its name: the one rule for exec, attach
+    # and ephemeral containers is the name the request carries, never the
+    # pod's labels, which whoever may patch pods here can change.
+    r = render()
+    policy = r.one("ValidatingAdmissionPolicy")
+    ds = r.one("DaemonSet")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["agentPod"] == f'request.name.startsWith("{ds["metadata"]["name"]}-")'
+    for v in policy["spec"]["variables"] + policy["spec"]["validations"]:
+        text = v.get("expression", "")
+        assert "labels" not in text and "object." not in text, text
+
+
 def test_exec_policy_break_glass_groups_and_off() -> None:
     r = render({"agent": {"denyExec": {"exceptGroups": ["system:masters"]}}})
     policy = r.one("ValidatingAdmissionPolicy")
