@@ -676,6 +676,7 @@ def test_chart_defaults_are_the_controller_defaults() -> None:
     assert env["MOUNTGUARD_MAX_CONNECTIONS"] == "10000"
     assert env["MOUNTGUARD_HEADER_READ_TIMEOUT"] == "10s"
     assert defaults["MOUNTGUARD_EVICTION_TIMEOUT"] == r["evictionTimeout"]
+    assert defaults["MOUNTGUARD_NODE_HOLD_TIMEOUT"] == r["nodeHoldTimeout"]
     assert defaults["MOUNTGUARD_VERIFICATION_TIMEOUT"] == r["verificationTimeout"]
     assert defaults["MOUNTGUARD_REPLACE_PINNING_PODS"] == str(r["replacePinningPods"]).lower()
     assert defaults["MOUNTGUARD_DRAIN_STATE"] == r["drainState"]
@@ -705,7 +706,8 @@ CONTROLLER_CONTRACT = {
     leader-election lease-name pod-name pod-namespace remediation slurmrestd-url
     slurmrestd-ca-file slurm-token-secret slurm-token-key slurm-jwt-key-secret slurm-user
     remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
-    replacement-timeout eviction-timeout verification-timeout on-failure replace-pinning-pods
+    replacement-timeout eviction-timeout node-hold-timeout verification-timeout on-failure
+    replace-pinning-pods
     drain-state remediate-workloads remediation-budget-workloads
     report-rate-limit report-body-timeout max-connections header-read-timeout idle-timeout
     admission-listen admission-mode admission-tls-cert-file admission-tls-key-file
