@@ -676,6 +676,7 @@ def test_chart_defaults_are_the_controller_defaults() -> None:
     assert env["MOUNTGUARD_MAX_CONNECTIONS"] == "10000"
     assert env["MOUNTGUARD_HEADER_READ_TIMEOUT"] == "10s"
     assert defaults["MOUNTGUARD_EVICTION_TIMEOUT"] == r["evictionTimeout"]
+    assert defaults["MOUNTGUARD_NODE_HOLD_TIMEOUT"] == r["nodeHoldTimeout"]
     assert defaults["MOUNTGUARD_VERIFICATION_TIMEOUT"] == r["verificationTimeout"]
     assert defaults["MOUNTGUARD_REPLACE_PINNING_PODS"] == str(r["replacePinningPods"]).lower()
     assert defaults["MOUNTGUARD_DRAIN_STATE"] == r["drainState"]
@@ -705,7 +706,8 @@ CONTROLLER_CONTRACT = {
     leader-election lease-name pod-name pod-namespace remediation slurmrestd-url
     slurmrestd-ca-file slurm-token-secret slurm-token-key slurm-jwt-key-secret slurm-user
     remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
-    replacement-timeout eviction-timeout verification-timeout on-failure replace-pinning-pods
+    replacement-timeout eviction-timeout node-hold-timeout verification-timeout on-failure
+    replace-pinning-pods
     drain-state remediate-workloads remediation-budget-workloads
     report-rate-limit report-body-timeout max-connections header-read-timeout idle-timeout
     admission-listen admission-mode admission-tls-cert-file admission-tls-key-file
@@ -1163,6 +1165,21 @@ def test_exec_into_the_agent_is_refused_by_a_policy_bound_to_the_release_namespa
     assert f'request.name.startsWith("{ds["metadata"]["name"]}-")' in variables["agentPod"]
     assert ds["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "agent"
     assert variables["excepted"].endswith("g in [])")
+
+
+def test_an_ephemeral_container_into_a_relabelled_agent_pod_is_matched_by_name_as_exec_is() -> None:
+    # An agent pod relabelled (orphaned from its DaemonSet, still running
+    # with the kubelet root) keeps its name: the one rule for exec, attach
+    # and ephemeral containers is the name the request carries, never the
+    # pod's labels, which whoever may patch pods here can change.
+    r = render()
+    policy = r.one("ValidatingAdmissionPolicy")
+    ds = r.one("DaemonSet")
+    variables = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+    assert variables["agentPod"] == f'request.name.startsWith("{ds["metadata"]["name"]}-")'
+    for v in policy["spec"]["variables"] + policy["spec"]["validations"]:
+        text = v.get("expression", "")
+        assert "labels" not in text and "object." not in text, text
 
 
 def test_exec_policy_break_glass_groups_and_off() -> None:

@@ -156,7 +156,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
     let workload = meta.owner_references.iter().flatten().find_map(|o| {
         let kind = ControllerKind::of_owner(&o.api_version, &o.kind)?;
         (o.controller == Some(true))
-            .then(|| ControllerRef::boxed(kind, interner.intern(&o.name)))?
+            .then(|| ControllerRef::boxed(kind, interner.intern(&o.name), &o.uid))?
     });
     let spec = p.spec.as_ref()?;
     let status = p.status.as_ref();

@@ -177,6 +177,8 @@ refused by server-side apply as "duplicate entries for key").
   value: {{ $r.replacementTimeout | quote }}
 - name: MOUNTGUARD_EVICTION_TIMEOUT
   value: {{ $r.evictionTimeout | quote }}
+- name: MOUNTGUARD_NODE_HOLD_TIMEOUT
+  value: {{ $r.nodeHoldTimeout | quote }}
 - name: MOUNTGUARD_VERIFICATION_TIMEOUT
   value: {{ $r.verificationTimeout | quote }}
 - name: MOUNTGUARD_ON_FAILURE

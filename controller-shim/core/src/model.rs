@@ -743,19 +743,29 @@ impl ControllerKind {
     }
 }
 
-/// A pod's controlling `apps/v1` owner.
+/// A pod's controlling `apps/v1` owner: its owner reference with
+/// `controller: true` (k8s.io/apimachinery/pkg/apis/meta/v1,
+/// `GetControllerOf`). The UID is what names the owner: a name is only a
+/// claim, which anyone who may create pods can make.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControllerRef {
     /// Its kind.
     pub kind: ControllerKind,
     /// Its name (same namespace as the pod).
     pub name: Arc<str>,
+    /// Its UID, as the reference gives it (held as a pod's UID is).
+    pub uid: PodUid,
 }
 
 impl ControllerRef {
-    /// A controller of kind `kind` named `name`, as a pod model holds it.
-    pub fn boxed(kind: ControllerKind, name: Arc<str>) -> Option<Box<Self>> {
-        Some(Box::new(Self { kind, name }))
+    /// A controller of kind `kind` named `name` with UID `uid`, as a pod
+    /// model holds it.
+    pub fn boxed(kind: ControllerKind, name: Arc<str>, uid: &str) -> Option<Box<Self>> {
+        Some(Box::new(Self {
+            kind,
+            name,
+            uid: PodUid::new(uid),
+        }))
     }
 }
 

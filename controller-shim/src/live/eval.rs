@@ -1308,7 +1308,7 @@ mod tests {
             let Input::Pod(mut p) = pod(uid, name, node) else {
                 unreachable!()
             };
-            p.workload = ControllerRef::boxed(kind, owner.into());
+            p.workload = ControllerRef::boxed(kind, owner.into(), &format!("uid-{owner}"));
             Input::Pod(p)
         };
         r.task.apply_batch(

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, EvictParams, Patch, Preconditions};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Secret};
+use kube::api::{Api, DynamicObject, Patch};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::watch as tokio_watch;
 use tokio::task::JoinHandle;
@@ -113,6 +113,8 @@ pub struct Executor {
     attempts: BTreeMap<String, Attempt>,
     last_write: HashMap<String, WriteResult>,
     last_eviction: HashMap<String, EvictionResult>,
+    /// Dry-run evictions' answers, for the next step.
+    last_eviction_check: HashMap<String, EvictionResult>,
     fresh_since: HashMap<String, Timestamp>,
     notified: HashSet<(String, &'static str)>,
     /// Bad workload annotations told (one Warning Event per value).
@@ -304,6 +306,7 @@ pub async fn spawn(
         attempts: BTreeMap::new(),
         last_write: HashMap::new(),
         last_eviction: HashMap::new(),
+        last_eviction_check: HashMap::new(),
         fresh_since: HashMap::new(),
         notified: HashSet::new(),
         annotation_notices: AnnotationNotices::default(),
@@ -418,6 +421,7 @@ impl Executor {
         self.unreadable.clear();
         self.last_write.clear();
         self.last_eviction.clear();
+        self.last_eviction_check.clear();
         self.fresh_since.clear();
         self.shared.verdicts.write().unwrap().attempts.clear();
     }
@@ -729,6 +733,7 @@ impl Executor {
                     cordon,
                     new_pod,
                     eviction: self.last_eviction.remove(&id),
+                    eviction_check: self.last_eviction_check.remove(&id),
                     workload: workloads.observe(&a.namespace, w, &snap.workload_pods),
                     ..Default::default()
                 };
@@ -783,6 +788,7 @@ impl Executor {
                 new_pod,
                 slurm_write: self.last_write.remove(&id),
                 eviction: self.last_eviction.remove(&id),
+                eviction_check: self.last_eviction_check.remove(&id),
                 group_drained,
                 cordon,
                 group_old_gone,
@@ -1152,9 +1158,21 @@ impl Executor {
                     if self.mode != Mode::On {
                         continue;
                     }
-                    let r = self.evict(&namespace, &pod, &uid).await;
+                    let r = self.evict(&namespace, &pod, &uid, false).await;
                     info!(attempt = %next.id, pod = %format!("{namespace}/{pod}"), result = ?r, "eviction requested");
                     self.last_eviction.insert(next.id.clone(), r);
+                }
+                Action::CheckEviction {
+                    namespace,
+                    pod,
+                    uid,
+                } => {
+                    if self.mode != Mode::On {
+                        continue;
+                    }
+                    let r = self.evict(&namespace, &pod, &uid, true).await;
+                    debug!(attempt = %next.id, pod = %format!("{namespace}/{pod}"), result = ?r, "eviction asked as a dry run");
+                    self.last_eviction_check.insert(next.id.clone(), r);
                 }
                 Action::CordonNode { node, owner } => {
                     self.cordon_action(&next.id, &node, &owner, true).await;
@@ -1197,6 +1215,20 @@ impl Executor {
         wrote
     }
 
+    /// The Eviction API (a dry run with `dry_run`), see [`super::eviction`].
+    async fn evict(&self, namespace: &str, pod: &str, uid: &str, dry_run: bool) -> EvictionResult {
+        super::eviction::evict(
+            &self.evict_client,
+            &self.client,
+            &self.shared.metrics,
+            namespace,
+            pod,
+            uid,
+            dry_run,
+        )
+        .await
+    }
+
     async fn persist(&self, next: &Attempt) -> Result<(), String> {
         let key = owner_key(next);
         if !self.read.contains(&key) {
@@ -1229,76 +1261,6 @@ impl Executor {
         .await
         .map(|_| ())
         .map_err(|e| e.to_string())
-    }
-
-    async fn evict(&self, namespace: &str, pod: &str, uid: &str) -> EvictionResult {
-        let api: Api<Pod> = Api::namespaced(self.evict_client.clone(), namespace);
-        let ep = EvictParams {
-            delete_options: Some(DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(uid.to_string()),
-                    resource_version: None,
-                }),
-                ..Default::default()
-            }),
-            post_options: Default::default(),
-        };
-        match tokio::time::timeout(Duration::from_secs(20), api.evict(pod, &ep)).await {
-            Ok(Ok(_)) => EvictionResult::Evicted,
-            Ok(Err(kube::Error::Api(s))) if s.code == 404 => EvictionResult::Gone,
-            Ok(Err(kube::Error::Api(s))) if s.code == 409 => {
-                // 409 is not proof that the pod is gone: the Eviction API
-                // answers Conflict both when the UID precondition fails
-                // (another pod holds the name) and when its update of the
-                // PodDisruptionBudget's status conflicts with another
-                // eviction (kubernetes pkg/registry/core/pod/storage/
-                // eviction.go, EvictionREST.Create and checkAndDecrement).
-                // Read the pod and decide by its UID.
-                self.pod_gone_after_conflict(namespace, pod, uid, &s.message)
-                    .await
-            }
-            Ok(Err(kube::Error::Api(s))) if s.code == 429 => EvictionResult::Refused {
-                retry_after: None,
-                message: s.message.clone(),
-            },
-            Ok(Err(e)) => {
-                self.shared.metrics.api_error("evict_pod");
-                EvictionResult::Error {
-                    message: e.to_string(),
-                }
-            }
-            Err(_) => EvictionResult::Error {
-                message: "the eviction request timed out".into(),
-            },
-        }
-    }
-
-    /// After a 409 from the Eviction API: Gone only when a read shows no
-    /// pod of that name, or one with another UID.
-    async fn pod_gone_after_conflict(
-        &self,
-        namespace: &str,
-        pod: &str,
-        uid: &str,
-        message: &str,
-    ) -> EvictionResult {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        match tokio::time::timeout(Duration::from_secs(10), api.get_opt(pod)).await {
-            Ok(Ok(None)) => EvictionResult::Gone,
-            Ok(Ok(Some(p))) if p.metadata.uid.as_deref() != Some(uid) => EvictionResult::Gone,
-            Ok(Ok(Some(_))) => EvictionResult::Error {
-                message: format!("eviction conflict (409), the pod is still there: {message}"),
-            },
-            Ok(Err(e)) => {
-                self.shared.metrics.api_error("get_pod");
-                EvictionResult::Error {
-                    message: format!("eviction conflict (409), and reading the pod failed: {e}"),
-                }
-            }
-            Err(_) => EvictionResult::Error {
-                message: "eviction conflict (409), and reading the pod timed out".into(),
-            },
-        }
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -14,8 +14,9 @@
 //! * Events ([`events`]), the metrics/status server ([`http`]) and leader
 //!   election ([`leader`]);
 //! * remediation (opt-in, [`executor`]): plans and steps attempts with the
-//!   core's pure machine and performs them (NodeSet annotations, evictions,
-//!   cordons, Events, and slurmrestd through [`slurm`]);
+//!   core's pure machine and performs them (NodeSet annotations, evictions
+//!   through [`eviction`], cordons, Events, and slurmrestd through
+//!   [`slurm`]);
 //! * the admission webhook (opt-in, [`admission`]): warns about deletes and
 //!   re-creations of immutable Secrets and ConfigMaps that nodes keep
 //!   serving from their kubelet's cache, from the evaluation task's view.
@@ -25,6 +26,7 @@ pub mod auth;
 pub mod client;
 pub mod eval;
 pub mod events;
+pub mod eviction;
 pub mod executor;
 pub mod failpoint;
 mod http;

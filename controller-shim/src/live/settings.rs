@@ -181,6 +181,12 @@ pub struct RunArgs {
     /// errors) before the attempt fails.
     #[arg(long, env = "MOUNTGUARD_EVICTION_TIMEOUT", default_value = "30m", value_parser = parse_duration)]
     pub eviction_timeout: Duration,
+    /// How long a workload attempt may hold a node (the
+    /// `mountguard.io/replacing` NoSchedule taint that keeps replacements
+    /// off it while the old pod goes); lifted after it whatever the attempt
+    /// waits for.
+    #[arg(long, env = "MOUNTGUARD_NODE_HOLD_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
+    pub node_hold_timeout: Duration,
     /// How long the replacement may take to show fresh on the node and
     /// responding in Slurm.
     #[arg(long, env = "MOUNTGUARD_VERIFICATION_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
@@ -415,6 +421,7 @@ impl TryFrom<RunArgs> for Settings {
             drain_timeout,
             replacement_timeout,
             eviction_timeout,
+            node_hold_timeout,
             verification_timeout,
             on_failure,
             replace_pinning_pods,
@@ -546,6 +553,7 @@ impl TryFrom<RunArgs> for Settings {
                         drain_timeout: signed(drain_timeout),
                         replacement_timeout: signed(replacement_timeout),
                         eviction_timeout: signed(eviction_timeout),
+                        node_hold_timeout: signed(node_hold_timeout),
                         verification_timeout: signed(verification_timeout),
                         on_failure: match on_failure {
                             OnFailure::KeepDrained => FailurePolicy::Auto,
@@ -861,6 +869,7 @@ mod tests {
         assert_eq!(r.machine.drain_timeout, SignedDuration::from_hours(24));
         assert_eq!(r.machine.replacement_timeout, SignedDuration::from_mins(15));
         assert_eq!(r.machine.eviction_timeout, SignedDuration::from_mins(30));
+        assert_eq!(r.machine.node_hold_timeout, SignedDuration::from_mins(10));
         assert_eq!(
             r.machine.verification_timeout,
             SignedDuration::from_mins(10)

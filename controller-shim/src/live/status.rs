@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 use mountguard_core::model::{CompactTime, FingerprintList, PodModel, SourceRef};
-use mountguard_core::remediation::workload::{WorkloadKind, WorkloadRef, workload_of};
+use mountguard_core::remediation::workload::{WorkloadKind, WorkloadRef, workload_named};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
@@ -475,11 +475,12 @@ impl VerdictStore {
         }
     }
 
-    /// The workload `pod` belongs to: its StatefulSet, DaemonSet or
-    /// ReplicaSet, or the Deployment controlling that ReplicaSet.
+    /// The workload `pod` names: its StatefulSet, DaemonSet or
+    /// ReplicaSet, or the Deployment controlling that ReplicaSet, by names
+    /// (this view may run without the workload watches).
     fn workload_of(&self, pod: &PodModel) -> Option<WorkloadRef> {
         let c = pod.controller()?;
-        Some(workload_of(c, |rs| {
+        Some(workload_named(c, |rs| {
             self.deployments
                 .get(&(pod.namespace().to_string(), rs.to_string()))
                 .cloned()

@@ -16,8 +16,8 @@ use mountguard_core::PodModel;
 use mountguard_core::model::ControllerKind;
 use mountguard_core::remediation::machine::WorkloadObservation;
 use mountguard_core::remediation::workload::{
-    MAX_IN_FLIGHT_ANNOTATION, OwnerPod, WHEN_UNAVAILABLE_ANNOTATION, WorkloadInfo, WorkloadKind,
-    WorkloadModel, WorkloadRef, WorkloadStatus, workload_of,
+    MAX_IN_FLIGHT_ANNOTATION, OwnerIdentity, OwnerPod, WHEN_UNAVAILABLE_ANNOTATION, WorkloadInfo,
+    WorkloadKind, WorkloadModel, WorkloadRef, WorkloadStatus, workload_of,
 };
 use mountguard_core::remediation::{
     ATTEMPTS_ANNOTATION, REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION,
@@ -32,6 +32,8 @@ pub struct WorkloadObject {
     pub uid: Option<String>,
     /// A ReplicaSet's controlling Deployment.
     pub deployment: Option<String>,
+    /// The UID in that controller reference.
+    pub deployment_uid: Option<String>,
     /// The persisted attempts ([`ATTEMPTS_ANNOTATION`]), raw.
     pub attempts: Option<String>,
 }
@@ -78,6 +80,7 @@ fn base(meta: &ObjectMeta, kind: WorkloadKind, status: WorkloadStatus) -> Option
         },
         uid: meta.uid.clone(),
         deployment: None,
+        deployment_uid: None,
         attempts: annotations
             .and_then(|a| a.get(ATTEMPTS_ANNOTATION))
             .cloned(),
@@ -123,10 +126,14 @@ pub fn from_replicaset(r: &ReplicaSet) -> Option<WorkloadObject> {
             available: count(s.available_replicas),
         },
     )?;
-    o.deployment = r.metadata.owner_references.iter().flatten().find_map(|o| {
-        (o.api_version == "apps/v1" && o.kind == "Deployment" && o.controller == Some(true))
-            .then(|| o.name.clone())
-    });
+    // Its controller reference (k8s.io/apimachinery/pkg/apis/meta/v1,
+    // `GetControllerOf`), if a Deployment.
+    if let Some(c) = r.metadata.owner_references.iter().flatten().find(|o| {
+        o.api_version == "apps/v1" && o.kind == "Deployment" && o.controller == Some(true)
+    }) {
+        o.deployment = Some(c.name.clone());
+        o.deployment_uid = Some(c.uid.clone());
+    }
     Some(o)
 }
 
@@ -165,12 +172,10 @@ pub fn from_daemonset(d: &DaemonSet) -> Option<WorkloadObject> {
     )
 }
 
-/// The workloads of a snapshot, looked up by namespace and owner.
+/// The workloads of a snapshot, looked up by namespace, kind and name.
 #[derive(Debug, Default)]
 pub struct Workloads<'a> {
-    by_ref: HashMap<(&'a str, &'a WorkloadRef), &'a WorkloadObject>,
-    /// `(namespace, ReplicaSet)` -> its Deployment.
-    deployment_of: HashMap<(&'a str, &'a str), &'a str>,
+    by_ref: HashMap<(&'a str, WorkloadKind, &'a str), &'a WorkloadObject>,
 }
 
 impl<'a> Workloads<'a> {
@@ -181,28 +186,33 @@ impl<'a> Workloads<'a> {
             let Some(r) = o.workload() else {
                 continue;
             };
-            w.by_ref.insert((o.model.namespace.as_str(), r), o);
-            if let (WorkloadKind::ReplicaSet, Some(d)) = (r.kind, o.deployment.as_deref()) {
-                w.deployment_of
-                    .insert((o.model.namespace.as_str(), r.name.as_str()), d);
-            }
+            w.by_ref
+                .insert((o.model.namespace.as_str(), r.kind, r.name.as_str()), o);
         }
         w
     }
 
     /// The workload pod `p` belongs to (a ReplicaSet's pods to its
-    /// Deployment), if any.
+    /// Deployment), if any: its controller reference's UID must be the
+    /// object's, and a ReplicaSet's reference to its Deployment the
+    /// Deployment's ([`workload_of`]).
     pub fn of_pod(&self, p: &PodModel) -> Option<WorkloadRef> {
         let c = p.controller()?;
-        let ns = p.namespace();
-        Some(workload_of(c, |rs| {
-            self.deployment_of.get(&(ns, rs)).map(|d| d.to_string())
-        }))
+        let ns: &str = p.namespace();
+        workload_of(c, |kind, name| {
+            let o = self.by_ref.get(&(ns, kind, name))?;
+            Some(OwnerIdentity {
+                uid: o.uid.as_deref()?,
+                deployment: o.deployment.as_deref().zip(o.deployment_uid.as_deref()),
+            })
+        })
     }
 
     /// The object of `w` in `namespace`.
     pub fn get(&self, namespace: &str, w: &WorkloadRef) -> Option<&'a WorkloadObject> {
-        self.by_ref.get(&(namespace, w)).copied()
+        self.by_ref
+            .get(&(namespace, w.kind, w.name.as_str()))
+            .copied()
     }
 
     /// The planner's view of every workload. Not a ReplicaSet controlled
@@ -340,29 +350,33 @@ mod tests {
     fn pods_of_a_deployments_replicaset_are_the_deployments() {
         use mountguard_core::model::ControllerRef;
         use mountguard_core::testkit::PodB;
-        let mut rs = from_replicaset(&obj(json!({"metadata": {"namespace": "shop", "name": "web-7d9f",
+        let mut rs = from_replicaset(&obj(json!({"metadata": {"namespace": "shop", "name": "web-7d9f", "uid": "rs-uid",
             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "u0", "controller": true}]},
             "spec": {"selector": {}}, "status": {"replicas": 1}})))
         .unwrap();
         rs.model.status.available = 1;
         let dep = from_deployment(&obj(
-            json!({"metadata": {"namespace": "shop", "name": "web"},
+            json!({"metadata": {"namespace": "shop", "name": "web", "uid": "u0"},
             "spec": {"replicas": 1, "selector": {}, "template": {}},
             "status": {"replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}}),
         ))
         .unwrap();
         let objects = vec![Arc::new(rs), Arc::new(dep)];
         let w = Workloads::new(&objects);
-        let pod = |name: &str, ns: &str, terminating: bool| {
+        let claims = |name: &str, ns: &str, terminating: bool, rs_uid: &str| {
             let mut p = PodB::new(ns, name, &format!("uid-{name}"), "node-a").build();
-            p.workload = ControllerRef::boxed(ControllerKind::ReplicaSet, "web-7d9f".into());
+            p.workload =
+                ControllerRef::boxed(ControllerKind::ReplicaSet, "web-7d9f".into(), rs_uid);
             p.terminating = terminating;
             Arc::new(p)
         };
+        let pod = |name: &str, ns: &str, terminating: bool| claims(name, ns, terminating, "rs-uid");
         let pods = vec![
             pod("web-7d9f-a", "shop", true),
             pod("web-7d9f-b", "shop", false),
             pod("web-7d9f-c", "other", false),
+            // Names the ReplicaSet, under a UID of its own making.
+            claims("web-7d9f-x", "shop", false, "forged"),
         ];
         let dref = WorkloadRef {
             kind: WorkloadKind::Deployment,
@@ -370,10 +384,11 @@ mod tests {
         };
         assert_eq!(w.of_pod(&pods[0]), Some(dref.clone()));
         assert_eq!(
-            w.of_pod(&pods[2]).map(|r| r.kind),
-            Some(WorkloadKind::ReplicaSet),
-            "no such ReplicaSet in that namespace: its own"
+            w.of_pod(&pods[2]),
+            None,
+            "no such ReplicaSet in that namespace"
         );
+        assert_eq!(w.of_pod(&pods[3]), None, "not the ReplicaSet's UID");
         let o = w.observe("shop", &dref, &pods).expect("known");
         let names: Vec<(&str, bool)> = o
             .pods

@@ -690,6 +690,11 @@ async fn route(
             if let Some(g) = q.get("gracePeriodSeconds").and_then(|g| g.parse().ok()) {
                 opts.grace_period_seconds = Some(g);
             }
+            if opts.dry_run || dry_run(&q) {
+                return Err(ApiError::bad_request(
+                    "dryRun is not supported by the API server double (but for evictions)",
+                ));
+            }
             let d = h.delete(&t.rt, &ns, name, &opts)?;
             if t.rt == resources::PODS || !d.gone {
                 Ok(http::json(StatusCode::OK, &d.object))
@@ -706,7 +711,8 @@ async fn route(
         }
         (&Method::POST, Some(name), Some("eviction")) => {
             let body = json_body(req).await?;
-            let opts = DeleteOptions::from_value(&body["deleteOptions"]);
+            let mut opts = DeleteOptions::from_value(&body["deleteOptions"]);
+            opts.dry_run = eviction_dry_run(&q, &body["deleteOptions"]["dryRun"])?;
             h.mutate(|s| s.evict(&ns, name, &opts))?;
             Ok(http::json(
                 StatusCode::CREATED,
@@ -719,6 +725,33 @@ async fn route(
 
 fn dry_run(q: &HashMap<String, String>) -> bool {
     q.get("dryRun").is_some_and(|v| !v.is_empty())
+}
+
+/// Whether an eviction is a dry run: `dryRun` in the query (the create
+/// options) or in the Eviction's `deleteOptions`, which must agree when
+/// both are given (kubernetes pkg/registry/core/pod/storage/eviction.go,
+/// `propagateDryRun`); `All` is the only value
+/// (k8s.io/apimachinery/pkg/apis/meta/v1/validation, `ValidateDryRun`).
+fn eviction_dry_run(q: &HashMap<String, String>, in_body: &Value) -> Result<bool, ApiError> {
+    let query: Vec<&str> = q
+        .get("dryRun")
+        .map(|v| vec![v.as_str()])
+        .unwrap_or_default();
+    let body: Vec<&str> = in_body
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if let Some(bad) = query.iter().chain(body.iter()).find(|v| **v != "All") {
+        return Err(ApiError::bad_request(format!(
+            "dryRun: Unsupported value: {bad:?}: supported values: \"All\""
+        )));
+    }
+    if !query.is_empty() && !body.is_empty() && query != body {
+        return Err(ApiError::bad_request(format!(
+            "Non-matching dry-run options in request and content: {query:?} and {body:?}"
+        )));
+    }
+    Ok(!query.is_empty() || !body.is_empty())
 }
 
 async fn json_body(req: Request<Incoming>) -> Result<Value, ApiError> {

@@ -116,6 +116,9 @@ pub struct DeleteOptions {
     pub uid: Option<String>,
     /// `preconditions.resourceVersion`.
     pub resource_version: Option<String>,
+    /// `dryRun` is not empty: every check, no write (k8s.io/apiserver
+    /// pkg/util/dryrun, `IsDryRun`). Only the eviction takes it here.
+    pub dry_run: bool,
 }
 
 impl DeleteOptions {
@@ -127,6 +130,7 @@ impl DeleteOptions {
             resource_version: v["preconditions"]["resourceVersion"]
                 .as_str()
                 .map(String::from),
+            dry_run: v["dryRun"].as_array().is_some_and(|a| !a.is_empty()),
         }
     }
 
@@ -136,6 +140,7 @@ impl DeleteOptions {
             grace_period_seconds: Some(0),
             uid: Some(uid.to_string()),
             resource_version: None,
+            dry_run: false,
         }
     }
 }
@@ -674,30 +679,7 @@ impl Store {
     ) -> Result<Deleted, ApiError> {
         let ns = if rt.namespaced { ns } else { "" };
         let old = self.get(rt, ns, name)?;
-        let uid = old["metadata"]["uid"].as_str().unwrap_or("");
-        if let Some(want) = &opts.uid
-            && want != uid
-        {
-            return Err(ApiError::conflict_msg(
-                rt,
-                name,
-                &format!(
-                    "Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"
-                ),
-            ));
-        }
-        let cur_rv = old["metadata"]["resourceVersion"].as_str().unwrap_or("");
-        if let Some(want) = &opts.resource_version
-            && want != cur_rv
-        {
-            return Err(ApiError::conflict_msg(
-                rt,
-                name,
-                &format!(
-                    "Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {cur_rv}"
-                ),
-            ));
-        }
+        preconditions(rt, name, &old, opts)?;
         let has_finalizers = old["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
@@ -791,6 +773,10 @@ impl Store {
                 ));
             }
             if let Some(pdb) = pdbs.first() {
+                // A dry run is checked like the eviction it stands for
+                // (EvictionREST.Create calls checkAndDecrement with
+                // dryRun, which refuses the same way and returns before
+                // the budget's status is written).
                 let sel = LabelSelector::from_object(&pdb["spec"]["selector"]);
                 let pods: Vec<Value> = self
                     .list(&Filter {
@@ -819,8 +805,47 @@ impl Store {
                 }
             }
         }
+        if opts.dry_run {
+            // The store's Delete under a dry run: its preconditions are
+            // checked, nothing is written (k8s.io/apiserver
+            // pkg/registry/generic/registry/store.go, `Store.Delete`).
+            return preconditions(&resources::PODS, name, &pod, opts);
+        }
         self.delete(&resources::PODS, ns, name, opts).map(|_| ())
     }
+}
+
+/// The UID and resourceVersion preconditions of a delete (409 when one
+/// does not hold).
+fn preconditions(
+    rt: &ResourceType,
+    name: &str,
+    old: &Value,
+    opts: &DeleteOptions,
+) -> Result<(), ApiError> {
+    let uid = old["metadata"]["uid"].as_str().unwrap_or("");
+    if let Some(want) = &opts.uid
+        && want != uid
+    {
+        return Err(ApiError::conflict_msg(
+            rt,
+            name,
+            &format!("Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"),
+        ));
+    }
+    let cur_rv = old["metadata"]["resourceVersion"].as_str().unwrap_or("");
+    if let Some(want) = &opts.resource_version
+        && want != cur_rv
+    {
+        return Err(ApiError::conflict_msg(
+            rt,
+            name,
+            &format!(
+                "Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {cur_rv}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn pod_healthy(p: &Value) -> bool {
@@ -1043,5 +1068,42 @@ mod tests {
             s.get(&resources::PODS, "ns", "free").unwrap()["metadata"]["deletionTimestamp"]
                 .is_string()
         );
+    }
+
+    #[test]
+    fn a_dry_run_eviction_is_refused_as_the_eviction_and_writes_nothing() {
+        let mut s = store();
+        s.create(
+            &resources::PDBS,
+            "ns",
+            json!({"metadata": {"name": "pdb"}, "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"protect": "true"}}}}),
+        )
+        .unwrap();
+        for (name, protect) in [("busy", "true"), ("free", "false")] {
+            s.create(
+                &resources::PODS,
+                "ns",
+                json!({"metadata": {"name": name, "labels": {"protect": protect}},
+                       "spec": {"nodeName": "n1", "containers": []},
+                       "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
+            )
+            .unwrap();
+        }
+        let dry = |uid: Option<&str>| DeleteOptions {
+            uid: uid.map(String::from),
+            dry_run: true,
+            ..DeleteOptions::default()
+        };
+        let rv = |s: &Store| s.get(&resources::PODS, "ns", "free").unwrap()["metadata"].clone();
+        let e = s.evict("ns", "busy", &dry(None)).unwrap_err();
+        assert_eq!((e.code, e.reason), (429, "TooManyRequests"));
+        let before = rv(&s);
+        s.evict("ns", "free", &dry(None)).unwrap();
+        assert_eq!(rv(&s), before, "a dry run writes nothing");
+        assert!(before["deletionTimestamp"].is_null());
+        let e = s
+            .evict("ns", "free", &dry(Some("another-uid")))
+            .unwrap_err();
+        assert_eq!(e.code, 409, "the UID precondition is checked");
     }
 }

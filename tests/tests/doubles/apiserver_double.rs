@@ -472,57 +472,94 @@ async fn patches_apply_delete_eviction_and_token_reviews_through_kube() {
     api.shutdown().await;
 }
 
-/// A TokenReview without audiences checks the API server's own
-/// (kubernetes/kubernetes `pkg/registry/authentication/tokenreview/storage.go`
-/// `(*REST).Create`: `auds = r.apiAudiences` when `spec.audiences` is
-/// empty), never "any": a token of another audience is not authenticated.
+/// The controller's own eviction request (`live::eviction::evict`)
+/// against the double: a dry run refused by a PodDisruptionBudget answers
+/// Refused, an allowed one writes nothing, and the UID precondition
+/// reaches the server (kube's `Api::evict` sends the options under a key
+/// the API server does not read, `delete_options`).
 #[tokio::test]
-async fn a_token_review_without_audiences_accepts_only_the_api_servers_own() {
+async fn a_dry_run_eviction_refused_by_a_pdb_writes_nothing_and_the_uid_precondition_reaches_the_server()
+ {
+    use mountguard_controller::live::eviction::evict;
+    use mountguard_controller::live::metrics::Metrics;
+    use mountguard_core::remediation::EvictionResult;
     let mut api = ApiServerDouble::start().await.unwrap();
-    let client = client(&api).await;
-    let user = |aud: &[&str]| TokenUser {
-        username: "u".into(),
-        audiences: aud.iter().map(|a| a.to_string()).collect(),
-        ..Default::default()
+    let client = client_no_retry(&api).await;
+    let metrics = Metrics::new();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let mut uids = BTreeMap::new();
+    for (name, protect) in [("busy", "true"), ("idle", "false")] {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"protect": protect}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "app"}]},
+        }))
+        .unwrap();
+        let p = pods.create(&PostParams::default(), &p).await.unwrap();
+        uids.insert(name, p.metadata.uid.unwrap());
+        let status = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
+        pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+    }
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "protect"},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"protect": "true"}}},
+    }))
+    .unwrap();
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &pdb)
+        .await
+        .unwrap();
+    let ask = |pod: &'static str, uid: String, dry_run: bool| {
+        let (client, metrics) = (client.clone(), metrics.clone());
+        async move { evict(&client, &client, &metrics, "default", pod, &uid, dry_run).await }
     };
-    api.handle().add_token("agent-token", user(&["mountguard"]));
-    api.handle().add_token("user-token", user(&[]));
-    api.handle()
-        .add_token("both-token", user(&["mountguard", API_AUDIENCES[0]]));
-    let reviews: Api<TokenReview> = Api::all(client);
-    let review = |token: &str, aud: Option<Vec<String>>| TokenReview {
-        spec: TokenReviewSpec {
-            token: Some(token.into()),
-            audiences: aud,
-        },
-        ..Default::default()
-    };
-    for audiences in [None, Some(vec![])] {
-        let other = reviews
-            .create(
-                &PostParams::default(),
-                &review("agent-token", audiences.clone()),
-            )
+    let r = ask("busy", uids["busy"].clone(), true).await;
+    assert!(
+        matches!(&r, EvictionResult::Refused { message, .. } if message.contains("disruption budget")),
+        "{r:?}"
+    );
+    let before = pods.get("idle").await.unwrap();
+    assert_eq!(
+        ask("idle", uids["idle"].clone(), true).await,
+        EvictionResult::Evicted
+    );
+    let after = pods.get("idle").await.unwrap();
+    assert_eq!(
+        (
+            after.metadata.resource_version,
+            after.metadata.deletion_timestamp
+        ),
+        (before.metadata.resource_version, None),
+        "a dry run writes nothing"
+    );
+    // Another UID: refused by the precondition (409), and the pod under
+    // the name is not the one asked for: Gone, the pod untouched.
+    assert_eq!(
+        ask("idle", "not-its-uid".into(), false).await,
+        EvictionResult::Gone
+    );
+    assert!(
+        pods.get("idle")
             .await
             .unwrap()
-            .status
-            .unwrap();
-        assert_eq!(other.authenticated, Some(false), "{other:?}");
-        for token in ["user-token", "both-token"] {
-            let own = reviews
-                .create(&PostParams::default(), &review(token, audiences.clone()))
-                .await
-                .unwrap()
-                .status
-                .unwrap();
-            assert_eq!(own.authenticated, Some(true), "{token}: {own:?}");
-            assert_eq!(
-                own.audiences,
-                Some(vec![API_AUDIENCES[0].to_string()]),
-                "{token}: only the audience checked is confirmed"
-            );
-        }
-    }
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+    // Its own UID: evicted.
+    assert_eq!(
+        ask("idle", uids["idle"].clone(), false).await,
+        EvictionResult::Evicted
+    );
+    assert!(
+        pods.get("idle")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
     api.shutdown().await;
 }
 
@@ -845,4 +882,58 @@ async fn service_proxy_reaches_the_backend_by_port_name_and_number() {
         "{}",
         s.message
     );
+}
+
+/// A TokenReview without audiences checks the API server's own
+/// (kubernetes/kubernetes `pkg/registry/authentication/tokenreview/storage.go`
+/// `(*REST).Create`: `auds = r.apiAudiences` when `spec.audiences` is
+/// empty), never "any": a token of another audience is not authenticated.
+#[tokio::test]
+async fn a_token_review_without_audiences_accepts_only_the_api_servers_own() {
+    let mut api = ApiServerDouble::start().await.unwrap();
+    let client = client(&api).await;
+    let user = |aud: &[&str]| TokenUser {
+        username: "u".into(),
+        audiences: aud.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    };
+    api.handle().add_token("agent-token", user(&["mountguard"]));
+    api.handle().add_token("user-token", user(&[]));
+    api.handle()
+        .add_token("both-token", user(&["mountguard", API_AUDIENCES[0]]));
+    let reviews: Api<TokenReview> = Api::all(client);
+    let review = |token: &str, aud: Option<Vec<String>>| TokenReview {
+        spec: TokenReviewSpec {
+            token: Some(token.into()),
+            audiences: aud,
+        },
+        ..Default::default()
+    };
+    for audiences in [None, Some(vec![])] {
+        let other = reviews
+            .create(
+                &PostParams::default(),
+                &review("agent-token", audiences.clone()),
+            )
+            .await
+            .unwrap()
+            .status
+            .unwrap();
+        assert_eq!(other.authenticated, Some(false), "{other:?}");
+        for token in ["user-token", "both-token"] {
+            let own = reviews
+                .create(&PostParams::default(), &review(token, audiences.clone()))
+                .await
+                .unwrap()
+                .status
+                .unwrap();
+            assert_eq!(own.authenticated, Some(true), "{token}: {own:?}");
+            assert_eq!(
+                own.audiences,
+                Some(vec![API_AUDIENCES[0].to_string()]),
+                "{token}: only the audience checked is confirmed"
+            );
+        }
+    }
+    api.shutdown().await;
 }

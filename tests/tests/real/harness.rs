@@ -559,14 +559,16 @@ impl RealSystem {
                     namespace: s(&e["objectRef"]["namespace"]),
                     name: s(&e["objectRef"]["name"]),
                     code: e["responseStatus"]["code"].as_u64().unwrap_or(0),
+                    dry_run: s(&e["requestURI"]).contains("dryRun="),
                 }
             })
             .collect()
     }
 
     /// The pods the controller evicted through the Eviction API (answered
-    /// 201), in order, from the audit log; panics if the controller ever
-    /// deleted a pod itself (remediation evicts, never deletes).
+    /// 201, not a dry run), in order, from the audit log; panics if the
+    /// controller ever deleted a pod itself (remediation evicts, never
+    /// deletes).
     pub fn evicted_never_deleted(&self) -> Vec<String> {
         let reqs = self.controller_requests();
         assert!(
@@ -576,7 +578,9 @@ impl RealSystem {
             "no pod DELETE by the controller: {reqs:?}"
         );
         reqs.into_iter()
-            .filter(|r| r.resource == "pods" && r.subresource == "eviction" && r.code == 201)
+            .filter(|r| {
+                r.resource == "pods" && r.subresource == "eviction" && r.code == 201 && !r.dry_run
+            })
             .map(|r| r.name)
             .collect()
     }
@@ -604,6 +608,8 @@ pub struct Audited {
     pub namespace: String,
     pub name: String,
     pub code: u64,
+    /// Asked with `dryRun` (in the query): checked, nothing written.
+    pub dry_run: bool,
 }
 
 impl Audited {
@@ -972,7 +978,9 @@ impl mountguard_tests::rig::Rig for RealSystem {
     fn evictions_of(&self, pod: &str) -> usize {
         self.controller_requests()
             .iter()
-            .filter(|r| r.resource == "pods" && r.subresource == "eviction" && r.name == pod)
+            .filter(|r| {
+                r.resource == "pods" && r.subresource == "eviction" && r.name == pod && !r.dry_run
+            })
             .count()
     }
 }

@@ -498,7 +498,8 @@ async fn real_daemonset_a_pod_on_a_pinned_node_is_reported_and_not_evicted() {
 /// timeout, fails cleanly: the pod is never evicted nor deleted, and a
 /// RemediationFailed Event says why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_pdb_max_unavailable_zero_makes_the_attempt_wait_then_fail_at_its_timeout() {
+async fn real_pdb_max_unavailable_zero_makes_the_attempt_wait_then_fail_at_its_timeout_never_holding_the_node()
+ {
     let mut sys = RealSystem::start_workload_remediation_on_real_kubelets(1).await;
     sys.restart_controller_with(&[("MOUNTGUARD_EVICTION_TIMEOUT", "20s")])
         .await;
@@ -529,17 +530,31 @@ async fn real_pdb_max_unavailable_zero_makes_the_attempt_wait_then_fail_at_its_t
         "{:?}",
         a.failure
     );
-    assert_eq!(phases(&a), ["Pending", "Evicting", "Failed"]);
+    // Refused by the dry runs all along: never held, never evicted.
+    assert_eq!(phases(&a), ["Pending", "Failed"]);
     let failure = a.failure.clone().unwrap_or_default();
     assert!(failure.contains("disruption budget"), "{failure}");
     assert_eq!(a.evicted_at, None);
-    // Refused (429) more than once, never accepted, never a delete.
-    let refused = sys
-        .controller_requests()
-        .into_iter()
-        .filter(|r| r.subresource == "eviction" && r.code == 429)
+    assert!(!a.cordon_requested, "the node was never held");
+    // Asked as dry runs, refused (429) more than once by the real API
+    // server's PodDisruptionBudget check; no eviction, no delete, and no
+    // write to any node (the hold taint is never asked for).
+    let reqs = sys.controller_requests();
+    let refused = reqs
+        .iter()
+        .filter(|r| r.subresource == "eviction" && r.code == 429 && r.dry_run)
         .count();
-    assert!(refused >= 2, "{refused} refused evictions");
+    assert!(refused >= 2, "{refused} refused dry-run evictions");
+    assert!(
+        !reqs
+            .iter()
+            .any(|r| r.subresource == "eviction" && !r.dry_run),
+        "{reqs:?}"
+    );
+    assert!(
+        !reqs.iter().any(|r| r.resource == "nodes" && r.is_write()),
+        "{reqs:?}"
+    );
     assert!(sys.evicted_never_deleted().is_empty());
     let still = running(&sys, "api", 1).await.remove(0);
     assert_eq!(uid(&still), uid(&pod));

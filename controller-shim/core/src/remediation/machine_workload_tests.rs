@@ -1,6 +1,7 @@
 //! The machine on workload pods (Deployment, ReplicaSet, StatefulSet,
 //! DaemonSet): each kind's replacement, PodDisruptionBudget refusals, the
-//! availability hold, stale replacements, and a crash at every step.
+//! availability hold, stale replacements, and a crash at every step (the
+//! node hold and PodDisruptionBudgets: `machine_hold_tests`).
 
 use jiff::{SignedDuration, Timestamp};
 
@@ -12,13 +13,13 @@ use super::machine::{
 use super::machine_tests_support::{finding, t0};
 use super::workload::{OwnerPod, WorkloadKind, WorkloadRef};
 
-fn s(n: i64) -> SignedDuration {
+pub(super) fn s(n: i64) -> SignedDuration {
     SignedDuration::from_secs(n)
 }
 
 /// A Pending attempt on `shop/<pod>` (uid `uid-old`, node `node-a`) of a
 /// workload of `kind`.
-fn attempt(kind: WorkloadKind, pod: &str) -> Attempt {
+pub(super) fn attempt(kind: WorkloadKind, pod: &str) -> Attempt {
     Attempt::for_workload(
         "w1".into(),
         "shop",
@@ -34,7 +35,7 @@ fn attempt(kind: WorkloadKind, pod: &str) -> Attempt {
     )
 }
 
-fn owner_pod(uid: &str, name: &str, node: &str) -> OwnerPod {
+pub(super) fn owner_pod(uid: &str, name: &str, node: &str) -> OwnerPod {
     OwnerPod {
         uid: uid.into(),
         name: name.into(),
@@ -45,7 +46,7 @@ fn owner_pod(uid: &str, name: &str, node: &str) -> OwnerPod {
 
 /// The workload's pods as read, the pod `pod_uid` under the attempt's
 /// name, and the node held for the attempt.
-fn seen(pod_uid: Option<&str>, pods: Vec<OwnerPod>) -> Observations {
+pub(super) fn seen(pod_uid: Option<&str>, pods: Vec<OwnerPod>) -> Observations {
     Observations {
         pod_uid: pod_uid.map(String::from),
         workload: Some(WorkloadObservation { pods, hold: None }),
@@ -55,7 +56,7 @@ fn seen(pod_uid: Option<&str>, pods: Vec<OwnerPod>) -> Observations {
 }
 
 /// The holds asked for (true) and lifted (false), each naming the attempt.
-fn holds(actions: &[Action]) -> Vec<bool> {
+pub(super) fn holds(actions: &[Action]) -> Vec<bool> {
     actions
         .iter()
         .filter_map(|a| match a {
@@ -70,7 +71,7 @@ fn holds(actions: &[Action]) -> Vec<bool> {
         .collect()
 }
 
-fn evictions(actions: &[Action]) -> usize {
+pub(super) fn evictions(actions: &[Action]) -> usize {
     actions
         .iter()
         .filter(|a| matches!(a, Action::Evict { .. }))
@@ -283,8 +284,20 @@ fn a_replicasets_or_daemonsets_pod_is_evicted_only_while_new_pods_are_held_off_i
             cordon: o,
             ..seen(Some("uid-old"), pods.clone())
         };
-        // Free: the hold first (recorded before), no eviction yet.
+        // Free: the Eviction API asked first, as a dry run; nothing held.
         let (a, act) = step(&attempt(kind, "web-a"), &at(NodeCordon::Free), t0(), &cfg);
+        assert_eq!(
+            (a.phase, evictions(&act), holds(&act)),
+            (Phase::Pending, 0, vec![])
+        );
+        assert!(
+            matches!(act.as_slice(), [Action::CheckEviction { uid, .. }] if uid == "uid-old"),
+            "{act:?}"
+        );
+        // It would evict the pod: the hold (recorded before), no eviction yet.
+        let mut yes = at(NodeCordon::Free);
+        yes.eviction_check = Some(EvictionResult::Evicted);
+        let (a, act) = step(&a, &yes, t0(), &cfg);
         assert_eq!(
             (a.phase, evictions(&act), holds(&act)),
             (Phase::Pending, 0, vec![true])
@@ -365,30 +378,35 @@ fn a_replicasets_or_daemonsets_pod_is_evicted_only_while_new_pods_are_held_off_i
 fn a_failed_attempt_releases_its_hold() {
     let cfg = MachineConfig::default();
     let pods = vec![owner_pod("uid-old", "web-a", "node-a")];
-    let free = |pods: &[OwnerPod]| Observations {
-        cordon: NodeCordon::Free,
-        ..seen(Some("uid-old"), pods.to_vec())
+    let at = |o: NodeCordon| Observations {
+        cordon: o,
+        ..seen(Some("uid-old"), pods.clone())
     };
+    let mut yes = at(NodeCordon::Free);
+    yes.eviction_check = Some(EvictionResult::Evicted);
     let (a, _) = step(
         &attempt(WorkloadKind::Deployment, "web-a"),
-        &free(&pods),
+        &yes,
         t0(),
         &cfg,
     );
-    let (a, _) = step(&a, &seen(Some("uid-old"), pods.clone()), t0() + s(11), &cfg);
+    assert!(a.cordon_pending());
+    let (a, _) = step(&a, &at(NodeCordon::Ours), t0() + s(11), &cfg);
     assert_eq!(a.phase, Phase::Evicting);
-    let mut o = seen(Some("uid-old"), pods.clone());
-    o.eviction = Some(EvictionResult::Refused {
-        retry_after: None,
-        message: "pdb".into(),
+    // The eviction failing with the hold on, and the hold not lifted
+    // (its removal failing) until the eviction timeout.
+    let mut o = at(NodeCordon::Ours);
+    o.eviction = Some(EvictionResult::Error {
+        message: "etcdserver: request timed out".into(),
     });
-    let (a, _) = step(&a, &o, t0() + s(12), &cfg);
+    let (a, act) = step(&a, &o, t0() + s(12), &cfg);
+    assert_eq!(holds(&act), vec![false]);
     let late = t0() + cfg.eviction_timeout + s(12);
-    let (a, act) = step(&a, &seen(Some("uid-old"), pods.clone()), late, &cfg);
+    let (a, act) = step(&a, &at(NodeCordon::Ours), late, &cfg);
     assert_eq!(a.phase, Phase::Failed(FailReason::EvictionTimeout));
     assert_eq!(holds(&act), vec![false]);
     assert!(a.is_open(), "open until the hold is seen gone");
-    let (a, act) = step(&a, &free(&pods), late + s(30), &cfg);
+    let (a, act) = step(&a, &at(NodeCordon::Free), late + s(30), &cfg);
     assert!(!a.is_open() && act == vec![Action::Persist], "{act:?}");
 }
 
@@ -737,6 +755,7 @@ fn run_with_crash(kind: WorkloadKind, crash_at: usize, after_write: bool) -> (At
     let mut persisted = AttemptsRecord::from_attempts([&attempt(kind, "web-0")]).to_json();
     let mut mem: Option<Attempt> = None;
     let mut last_eviction: Option<EvictionResult> = None;
+    let mut last_check: Option<EvictionResult> = None;
     let mut crashed = false;
     let mut at: Timestamp = t0();
     for i in 0..200 {
@@ -749,6 +768,7 @@ fn run_with_crash(kind: WorkloadKind, crash_at: usize, after_write: bool) -> (At
         }
         let mut o = w.observe(&a);
         o.eviction = last_eviction.take();
+        o.eviction_check = last_check.take();
         let (next, actions) = step(&a, &o, at, &cfg);
         let mut died = false;
         for act in actions {
@@ -768,6 +788,13 @@ fn run_with_crash(kind: WorkloadKind, crash_at: usize, after_write: bool) -> (At
                     );
                     last_eviction = Some(w.evict(&uid));
                 }
+                Action::CheckEviction { uid, .. } => {
+                    last_check = Some(if w.pods.iter().any(|p| p.uid == uid) {
+                        EvictionResult::Evicted
+                    } else {
+                        EvictionResult::Gone
+                    });
+                }
                 Action::CordonNode { owner, .. } => {
                     w.taint.get_or_insert(owner);
                 }
@@ -785,6 +812,7 @@ fn run_with_crash(kind: WorkloadKind, crash_at: usize, after_write: bool) -> (At
         if died {
             crashed = true;
             last_eviction = None;
+            last_check = None;
             mem = None;
         } else {
             mem = Some(next);
@@ -798,7 +826,7 @@ fn run_with_crash(kind: WorkloadKind, crash_at: usize, after_write: bool) -> (At
 #[test]
 fn killed_at_every_step_the_attempt_finishes_once_after_restart() {
     for kind in WorkloadKind::ALL {
-        for crash_at in 0..12 {
+        for crash_at in 0..14 {
             for after_write in [false, true] {
                 let (a, w) = run_with_crash(kind, crash_at, after_write);
                 let case =

@@ -26,6 +26,8 @@ pub mod recovery;
 pub mod workload;
 
 #[cfg(test)]
+mod machine_hold_tests;
+#[cfg(test)]
 mod machine_tests_support;
 #[cfg(test)]
 mod machine_workload_tests;

@@ -98,13 +98,68 @@ impl fmt::Display for WorkloadRef {
     }
 }
 
+/// A workload object as a pod's controller reference is matched against
+/// it (see [`workload_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerIdentity<'a> {
+    /// Its `metadata.uid`.
+    pub uid: &'a str,
+    /// A ReplicaSet's controlling Deployment (its owner reference with
+    /// `controller: true`): name and UID.
+    pub deployment: Option<(&'a str, &'a str)>,
+}
+
 /// The workload a pod belongs to: its StatefulSet or DaemonSet, its
-/// ReplicaSet, or the Deployment controlling that ReplicaSet
-/// (`deployment_of(replicaset)`; a Deployment's pods are budgeted and
-/// opted in through the Deployment, as the Deployment controller owns its
-/// ReplicaSets: pkg/controller/deployment/deployment_controller.go,
-/// `getReplicaSetsForDeployment`).
-pub fn workload_of(
+/// ReplicaSet, or the Deployment controlling that ReplicaSet (a
+/// Deployment's pods are budgeted and opted in through the Deployment, as
+/// the Deployment controller owns its ReplicaSets:
+/// pkg/controller/deployment/deployment_controller.go,
+/// `getReplicaSetsForDeployment`). `object(kind, name)` is the object of
+/// that kind and name in the pod's namespace, if known.
+///
+/// Owners are matched by UID, as Kubernetes' own controllers do: an owner
+/// reference is the pod's claim, and only the reference with `controller:
+/// true` whose UID is the object's makes the object its controller
+/// (k8s.io/apimachinery/pkg/apis/meta/v1, `GetControllerOf` and
+/// `IsControlledBy`; pkg/controller/controller_ref_manager.go,
+/// `ClaimObject`). A pod naming an opted-in workload under another UID
+/// (made by whoever may create pods in the namespace) belongs to no
+/// workload here; so does a ReplicaSet's pod whose ReplicaSet names a
+/// Deployment of another UID (one deleted and created again). `None` too
+/// when the object is not known.
+pub fn workload_of<'a>(
+    c: &ControllerRef,
+    object: impl Fn(WorkloadKind, &str) -> Option<OwnerIdentity<'a>>,
+) -> Option<WorkloadRef> {
+    let kind = match c.kind {
+        ControllerKind::StatefulSet => WorkloadKind::StatefulSet,
+        ControllerKind::DaemonSet => WorkloadKind::DaemonSet,
+        ControllerKind::ReplicaSet => WorkloadKind::ReplicaSet,
+    };
+    let owner = object(kind, &c.name)?;
+    if c.uid != *owner.uid {
+        return None;
+    }
+    match owner.deployment {
+        Some((name, uid)) if kind == WorkloadKind::ReplicaSet => {
+            let d = object(WorkloadKind::Deployment, name)?;
+            (d.uid == uid).then(|| WorkloadRef {
+                kind: WorkloadKind::Deployment,
+                name: name.to_string(),
+            })
+        }
+        _ => Some(WorkloadRef {
+            kind,
+            name: c.name.to_string(),
+        }),
+    }
+}
+
+/// The workload a pod names, by names alone: [`workload_of`] without the
+/// UIDs (`deployment_of(replicaset)`: the Deployment controlling a
+/// ReplicaSet). For the read-only rollout view, which may run without the
+/// workload watches; remediation decides with [`workload_of`].
+pub fn workload_named(
     c: &ControllerRef,
     deployment_of: impl Fn(&str) -> Option<String>,
 ) -> WorkloadRef {
@@ -468,21 +523,164 @@ mod tests {
 
     #[test]
     fn a_replicaset_of_a_deployment_is_budgeted_as_the_deployment() {
-        let rs = ControllerRef {
-            kind: ControllerKind::ReplicaSet,
-            name: "web-7d9f".into(),
+        let c = |kind, name: &str, uid: &str| ControllerRef {
+            kind,
+            name: name.into(),
+            uid: uid.into(),
         };
-        let of = |rs: &str| (rs == "web-7d9f").then(|| "web".to_string());
-        assert_eq!(workload_of(&rs, of).to_string(), "Deployment web",);
+        let objects = |kind: WorkloadKind, name: &str| match (kind, name) {
+            (WorkloadKind::ReplicaSet, "web-7d9f") => Some(OwnerIdentity {
+                uid: "rs-uid",
+                deployment: Some(("web", "dep-uid")),
+            }),
+            (WorkloadKind::ReplicaSet, "batch") => Some(OwnerIdentity {
+                uid: "batch-uid",
+                deployment: None,
+            }),
+            (WorkloadKind::Deployment, "web") => Some(OwnerIdentity {
+                uid: "dep-uid",
+                deployment: None,
+            }),
+            (WorkloadKind::StatefulSet, "db") => Some(OwnerIdentity {
+                uid: "db-uid",
+                deployment: None,
+            }),
+            _ => None,
+        };
+        let of = |r: ControllerRef| workload_of(&r, objects).map(|w| w.to_string());
         assert_eq!(
-            workload_of(&rs, |_| None).to_string(),
+            of(c(ControllerKind::ReplicaSet, "web-7d9f", "rs-uid")).as_deref(),
+            Some("Deployment web")
+        );
+        assert_eq!(
+            of(c(ControllerKind::ReplicaSet, "batch", "batch-uid")).as_deref(),
+            Some("ReplicaSet batch")
+        );
+        assert_eq!(
+            of(c(ControllerKind::StatefulSet, "db", "db-uid")).as_deref(),
+            Some("StatefulSet db")
+        );
+        assert_eq!(
+            of(c(ControllerKind::DaemonSet, "agent", "x")),
+            None,
+            "unknown"
+        );
+        // By names alone (the rollout view).
+        let rs = c(ControllerKind::ReplicaSet, "web-7d9f", "rs-uid");
+        let named = |rs: &str| (rs == "web-7d9f").then(|| "web".to_string());
+        assert_eq!(workload_named(&rs, named).to_string(), "Deployment web");
+        assert_eq!(
+            workload_named(&rs, |_| None).to_string(),
             "ReplicaSet web-7d9f"
         );
-        let sts = ControllerRef {
-            kind: ControllerKind::StatefulSet,
-            name: "db".into(),
+    }
+
+    #[test]
+    fn a_pod_naming_an_opted_in_workload_under_another_uid_is_not_its_pod() {
+        let dep = |uid: &'static str| OwnerIdentity {
+            uid,
+            deployment: None,
         };
-        assert_eq!(workload_of(&sts, of).to_string(), "StatefulSet db");
+        let rs = |uid: &'static str, d: &'static str| OwnerIdentity {
+            uid,
+            deployment: Some(("web", d)),
+        };
+        type Objects = Vec<(WorkloadKind, &'static str, OwnerIdentity<'static>)>;
+        /// (case, the pod's controller reference: kind, name, UID; the
+        /// objects; the owner found)
+        type Case = (
+            &'static str,
+            ControllerKind,
+            &'static str,
+            &'static str,
+            Objects,
+            Option<&'static str>,
+        );
+        let t: Vec<Case> = vec![
+            (
+                "a DaemonSet's pod, its UID",
+                ControllerKind::DaemonSet,
+                "agent",
+                "ds-uid",
+                vec![(WorkloadKind::DaemonSet, "agent", dep("ds-uid"))],
+                Some("DaemonSet agent"),
+            ),
+            (
+                "a pod naming the DaemonSet under another UID",
+                ControllerKind::DaemonSet,
+                "agent",
+                "forged-uid",
+                vec![(WorkloadKind::DaemonSet, "agent", dep("ds-uid"))],
+                None,
+            ),
+            (
+                "a pod naming the StatefulSet under another UID",
+                ControllerKind::StatefulSet,
+                "db",
+                "forged-uid",
+                vec![(WorkloadKind::StatefulSet, "db", dep("sts-uid"))],
+                None,
+            ),
+            (
+                "a pod naming a Deployment's ReplicaSet under another UID",
+                ControllerKind::ReplicaSet,
+                "web-7d9f",
+                "forged-uid",
+                vec![
+                    (
+                        WorkloadKind::ReplicaSet,
+                        "web-7d9f",
+                        rs("rs-uid", "dep-uid"),
+                    ),
+                    (WorkloadKind::Deployment, "web", dep("dep-uid")),
+                ],
+                None,
+            ),
+            (
+                "a ReplicaSet naming the Deployment under another UID",
+                ControllerKind::ReplicaSet,
+                "web-7d9f",
+                "rs-uid",
+                vec![
+                    (
+                        WorkloadKind::ReplicaSet,
+                        "web-7d9f",
+                        rs("rs-uid", "old-dep-uid"),
+                    ),
+                    (WorkloadKind::Deployment, "web", dep("dep-uid")),
+                ],
+                None,
+            ),
+            (
+                "a Deployment's pod through its ReplicaSet",
+                ControllerKind::ReplicaSet,
+                "web-7d9f",
+                "rs-uid",
+                vec![
+                    (
+                        WorkloadKind::ReplicaSet,
+                        "web-7d9f",
+                        rs("rs-uid", "dep-uid"),
+                    ),
+                    (WorkloadKind::Deployment, "web", dep("dep-uid")),
+                ],
+                Some("Deployment web"),
+            ),
+        ];
+        for (case, kind, name, uid, objects, want) in t {
+            let c = ControllerRef {
+                kind,
+                name: name.into(),
+                uid: uid.into(),
+            };
+            let got = workload_of(&c, |k, n| {
+                objects
+                    .iter()
+                    .find(|(ok, on, _)| *ok == k && *on == n)
+                    .map(|(_, _, o)| *o)
+            });
+            assert_eq!(got.map(|w| w.to_string()).as_deref(), want, "{case}");
+        }
     }
 
     #[test]

@@ -140,6 +140,23 @@ pub enum Action {
         /// Pod UID.
         uid: String,
     },
+    /// The Eviction API with `dryRun=All` and the pod's UID as
+    /// precondition: whether it would evict the pod now. The API server
+    /// runs every check of a real eviction, the PodDisruptionBudget's
+    /// included, and writes nothing (kubernetes
+    /// pkg/registry/core/pod/storage/eviction.go, `EvictionREST.Create`:
+    /// `checkAndDecrement` returns before the budget's status is updated
+    /// on a dry run, and the store's `Delete` honours the dry run). Not a
+    /// write: asked before a workload attempt holds its node, so that a
+    /// refusal holds nothing.
+    CheckEviction {
+        /// Namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+        /// Pod UID.
+        uid: String,
+    },
     /// An Event on the Pod and the NodeSet.
     Event {
         /// Reason.

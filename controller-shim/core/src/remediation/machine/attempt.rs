@@ -284,6 +284,15 @@ pub struct Attempt {
     /// Grouped attempts: our cordon is gone (released, or never took).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cordon_released: bool,
+    /// A workload attempt: when its hold on the node was last asked for
+    /// (bounded by [`super::MachineConfig::node_hold_timeout`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_since: Option<Timestamp>,
+    /// A workload attempt: its hold is being lifted before the eviction
+    /// (refused, failed, or held too long); no eviction is asked for until
+    /// the hold is gone and a dry run says the pod may go.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hold_lifting: bool,
     /// Someone else's drain found before mountguard acted: written back at
     /// the end instead of an undrain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -361,6 +370,8 @@ impl Attempt {
             kept_drained: false,
             cordon_requested: false,
             cordon_released: false,
+            hold_since: None,
+            hold_lifting: false,
             prior_drain: None,
             hold_requested: false,
             prestop_down: false,

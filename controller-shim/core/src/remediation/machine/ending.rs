@@ -154,6 +154,8 @@ impl Stepper<'_> {
             }
             NodeCordon::Free | NodeCordon::Foreign => {
                 self.a.cordon_released = true;
+                self.a.hold_since = None;
+                self.a.hold_lifting = false;
                 self.actions.push(Action::Persist);
             }
             NodeCordon::NotRead => {}

@@ -31,6 +31,15 @@ pub struct MachineConfig {
     pub drain_timeout: SignedDuration,
     /// Eviction refused (PDB, errors) for longer than this fails the attempt.
     pub eviction_timeout: SignedDuration,
+    /// The longest a workload attempt's hold
+    /// ([`crate::remediation::HOLD_TAINT_KEY`]) stays on a node: past it
+    /// the hold is lifted, whatever the attempt waits for (a refused
+    /// eviction, an old pod slow to go). The hold exists only to keep a
+    /// replacement off the node while the old pod pins its cache, so a
+    /// replacement may then land there and be judged by its verdicts; no
+    /// tenant's PodDisruptionBudget or grace period keeps a node closed to
+    /// others for longer.
+    pub node_hold_timeout: SignedDuration,
     /// From the eviction until the NodeSet recreated the pod.
     pub replacement_timeout: SignedDuration,
     /// From the replacement until it is verified fresh and responding.
@@ -72,6 +81,7 @@ impl Default for MachineConfig {
         Self {
             drain_timeout: SignedDuration::from_hours(24),
             eviction_timeout: SignedDuration::from_mins(30),
+            node_hold_timeout: SignedDuration::from_mins(10),
             replacement_timeout: SignedDuration::from_mins(15),
             verification_timeout: SignedDuration::from_mins(10),
             on_failure: FailurePolicy::Auto,
@@ -183,10 +193,12 @@ pub enum WriteResult {
     },
 }
 
-/// Outcome of the last eviction request.
+/// Outcome of the last eviction request (or of the last dry run, see
+/// [`Observations::eviction_check`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EvictionResult {
-    /// The API accepted the eviction.
+    /// The API accepted the eviction (a dry run: it would evict the pod
+    /// now).
     Evicted,
     /// The pod (with that UID) no longer exists.
     Gone,
@@ -233,6 +245,9 @@ pub struct Observations {
     pub slurm_write: Option<WriteResult>,
     /// Result of the eviction performed after the previous step.
     pub eviction: Option<EvictionResult>,
+    /// Result of the dry-run eviction ([`super::Action::CheckEviction`])
+    /// performed after the previous step.
+    pub eviction_check: Option<EvictionResult>,
     /// For grouped attempts: every member of the group is drained.
     pub group_drained: bool,
     /// For grouped attempts: the Kubernetes node's cordon.
