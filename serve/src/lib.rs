@@ -10,7 +10,8 @@
 //!   for a request, its connection may wait between requests as long as
 //!   the idle timeout allows (an agent's kept-alive connection survives
 //!   the gap between two heartbeats and costs no new TLS handshake), and
-//!   the header-read timeout runs from the first byte of the next head;
+//!   the header-read timeout runs from the first byte of the next head (a
+//!   head begun before the answer: from the answer);
 //! - an idle timeout: a connection that moves no byte in either direction
 //!   for that long is closed, whatever it is doing (a stalled body, a
 //!   client that never reads its answer, a vouched connection waiting
@@ -441,6 +442,24 @@ impl HeadClock {
                 .compare_exchange(NOT_YET, self.ms(), Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Bytes of the next head, read while the last request was served,
+    /// are handed to a new HTTP connection: that head started no later
+    /// than the answer, so it is due a header-read timeout after the
+    /// connection began waiting for it (those bytes came through no read
+    /// of the stream that [`HeadClock::read`] would see).
+    fn head_carried_over(&self) {
+        if self.in_flight.load(Ordering::Relaxed) == 0 {
+            let since = self.waiting_since.load(Ordering::Relaxed);
+            let _ = self.head_started.compare_exchange(
+                NOT_YET,
+                since,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
             self.changed.notify_waiters();
         }
     }
@@ -1136,6 +1155,7 @@ impl Connection {
             io = parking.inner;
             let read_buf = parts.read_buf;
             if !read_buf.is_empty() {
+                clock.head_carried_over();
                 prefix = read_buf;
                 continue;
             }
@@ -1625,6 +1645,26 @@ mod tests {
         assert!(answer(&mut s).await.ends_with("got 3"));
         wait_parked(&m, 1).await;
         assert_eq!(m.open.get(), 1);
+    }
+
+    /// A vouched connection that sent the start of its next head with
+    /// its request (before the answer) and then stalls is closed by the
+    /// header-read timeout, not left to the idle timeout.
+    #[tokio::test]
+    async fn a_head_begun_before_the_answer_is_bound_by_the_header_read_timeout() {
+        let header_read = Duration::from_millis(300);
+        let (addr, m, _stop) =
+            start_ranked(limits_with(header_read, Duration::from_secs(5), 16)).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nx-id: a\r\n\r\nGET / HTTP/1.1\r\nho")
+            .await
+            .unwrap();
+        assert!(answer(&mut s).await.contains("200"));
+        assert!(
+            closed_within(&mut s, header_read * 4).await,
+            "still open after four header-read timeouts"
+        );
+        assert_eq!(m.timed_out.get(), 1);
     }
 
     /// At shutdown a parked connection is closed at once and a request
