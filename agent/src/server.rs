@@ -66,9 +66,13 @@ fn route<B>(state: &ServerState, req: &Request<B>) -> Response<Full<Bytes>> {
 }
 
 /// Bounds of the agent's port: Prometheus and the kubelet's probes only.
+/// One source address holds at most half the cap of connections, so a
+/// flood of idle sockets from one pod leaves room for the kubelet's probes
+/// (which send their request at once and are then kept over idle sockets).
 pub fn limits() -> mountguard_serve::Limits {
     mountguard_serve::Limits {
         max_connections: 64,
+        per_source: 32,
         ..mountguard_serve::Limits::small()
     }
 }
@@ -98,4 +102,41 @@ pub async fn serve(listener: TcpListener, state: ServerState, mut shutdown: Shut
         async move { shutdown.wait().await },
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mountguard_serve::test_flood::{Flood, probe};
+
+    /// The agent's cap and four more idle sockets from one pod's address,
+    /// each reopened as soon as it is closed: the kubelet's probes (a
+    /// fresh connection each, from the node's address) are all answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_socket_flood_does_not_starve_the_agents_probes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = ServerState {
+            metrics: Metrics::new().unwrap(),
+            ready: Arc::new(AtomicBool::new(true)),
+        };
+        let (_stop, shutdown) = Shutdown::new();
+        tokio::spawn(serve(listener, state, shutdown));
+        let flood = Flood::start(
+            addr,
+            "127.0.0.2".parse().unwrap(),
+            limits().max_connections + 4,
+            200,
+            Duration::from_secs(30),
+        );
+        flood.wait_reopened(4, Duration::from_secs(10)).await;
+        let node = "127.0.0.1".parse().unwrap();
+        let mut answered = 0;
+        for path in ["/healthz", "/readyz"].repeat(15) {
+            answered += usize::from(probe(addr, node, path).await);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(flood);
+        assert_eq!(answered, 30, "probes answered under the flood");
+    }
 }

@@ -10,20 +10,28 @@
 //!   for a request, its connection may wait between requests as long as
 //!   the idle timeout allows (an agent's kept-alive connection survives
 //!   the gap between two heartbeats and costs no new TLS handshake), and
-//!   the header-read timeout runs from the first byte of the next head;
+//!   the header-read timeout runs from the first byte of the next head (a
+//!   head begun before the answer: from the answer);
 //! - an idle timeout: a connection that moves no byte in either direction
 //!   for that long is closed, whatever it is doing (a stalled body, a
 //!   client that never reads its answer, a vouched connection waiting
 //!   longer than that for its next request);
-//! - a cap on open connections: a connection over the cap is closed at
-//!   once (shed), before anything is read from it. With
-//!   [`Limits::shed_unproven`], a connection already open is shed in its
-//!   place when one can be spared: first one the service [`Standing::demote`]d
-//!   (refused, or over its identity's limit), then the oldest one no
-//!   request has proven yet from the newcomer's own address, then (only
-//!   for an address with none) the oldest one not proven yet from any: a
-//!   source opening connections in a flood competes with itself. One the
-//!   service vouched for is never shed for a newcomer;
+//! - a cap on open connections, and on the connections one source address
+//!   holds that no request was vouched for ([`Limits::per_source`]): a
+//!   newcomer over either takes the place of a connection worth less, or
+//!   is closed at once, before anything is read from it. One rule for
+//!   every listener (`registry.rs`): a connection is proven once a
+//!   complete request head arrived on it (a kubelet probe, a scrape, a
+//!   webhook call), vouched for once the service says who sent it
+//!   ([`Standing::vouch`]), demoted once refused ([`Standing::demote`]).
+//!   An address over its own limit sheds its own connections (demoted,
+//!   then the oldest unproven, then the oldest proven); at the cap the
+//!   oldest demoted one goes, else the oldest unproven one from the
+//!   newcomer's own address, else (only for an address with none) the
+//!   oldest unproven one from any. A proven or vouched connection is never
+//!   shed for another address: a flood of idle sockets from one address
+//!   holds at most its share, and a probe or a webhook call that sends its
+//!   head gets in and is answered;
 //! - a limit on the connections one identity holds
 //!   ([`Limits::per_identity`], counted by [`Standing::vouch`]);
 //! - a small read buffer (`max_buf_size`), which bounds the request head;
@@ -39,12 +47,15 @@
 //! binaries call it at start.
 //!
 //! With the feature `test-server`, [`test_server::TestServer`] is the one
-//! plain loopback server of the tests and the test doubles.
+//! plain loopback server of the tests and the test doubles, and
+//! [`test_flood::Flood`] the idle-socket flood of the listeners' tests.
 
+mod registry;
+#[cfg(feature = "test-server")]
+pub mod test_flood;
 #[cfg(feature = "test-server")]
 pub mod test_server;
 
-use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
@@ -61,6 +72,8 @@ use hyper::service::Service;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+
+use registry::{Admitted, Registry};
 
 /// At most one accept error is logged per this period.
 pub const ACCEPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -85,8 +98,13 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Longest TLS (or other) handshake.
     pub handshake_timeout: Duration,
-    /// Open connections at most; more are closed at once.
+    /// Open connections at most; a newcomer over it takes the place of a
+    /// demoted or unproven connection, or is closed at once.
     pub max_connections: usize,
+    /// Connections one source address may hold that no request was
+    /// vouched for (unproven, proven or demoted); a newcomer over it takes
+    /// the place of one of its address's own. 0: no limit.
+    pub per_source: usize,
     /// hyper's read buffer limit, which bounds a request head (at least
     /// 8192, hyper's minimum).
     pub max_buf_size: usize,
@@ -94,9 +112,6 @@ pub struct Limits {
     pub max_headers: usize,
     /// How long open connections may finish after shutdown starts.
     pub drain: Duration,
-    /// At the cap, shed a demoted or not yet proven connection for a
-    /// newcomer instead of the newcomer (see [`Standing`]).
-    pub shed_unproven: bool,
     /// Connections one identity may hold that a request vouched for
     /// ([`Standing::vouch`]); 0: no limit.
     pub per_identity: usize,
@@ -110,19 +125,24 @@ impl Limits {
             idle_timeout: Duration::from_secs(60),
             handshake_timeout: Duration::from_secs(10),
             max_connections: 256,
+            per_source: 128,
             max_buf_size: 16 * 1024,
             max_headers: 64,
             drain: Duration::from_secs(5),
-            shed_unproven: false,
             per_identity: 0,
         }
     }
 
     /// The cap lowered so that it fits in `fds` descriptors with `reserve`
-    /// kept for everything else (never below 1).
+    /// kept for everything else (never below 1), and
+    /// [`Limits::per_source`], when set, to at most half of it (never
+    /// below 1), so one address never fills the cap.
     pub fn fit_in(mut self, fds: u64, reserve: u64) -> Self {
         let room = fds.saturating_sub(reserve).max(1);
         self.max_connections = self.max_connections.min(room as usize).max(1);
+        if self.per_source > 0 {
+            self.per_source = self.per_source.min(self.max_connections / 2).max(1);
+        }
         self
     }
 }
@@ -132,7 +152,8 @@ impl Limits {
 pub struct ServeMetrics {
     /// Open connections (`{listener}`).
     pub open: prometheus::IntGauge,
-    /// Connections closed at once because the cap was reached.
+    /// Connections closed at once, or in a newcomer's place, at the cap
+    /// or at an address's [`Limits::per_source`].
     pub shed: prometheus::IntCounter,
     /// Connections closed by the header-read or idle timeout, or a
     /// handshake timeout.
@@ -151,156 +172,6 @@ impl ServeMetrics {
             timed_out: prometheus::IntCounter::new("timed_out", "timed out").expect("valid"),
             parked: prometheus::IntGauge::new("parked", "parked").expect("valid"),
         }
-    }
-}
-
-/// What a request has shown of its connection's client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    /// Nothing yet: shed (oldest first) when a newcomer needs the room.
-    Unproven,
-    /// A request the service vouched for: never shed for a newcomer.
-    Vouched,
-    /// Refused, or over its identity's limit: shed first.
-    Demoted,
-}
-
-#[derive(Debug)]
-struct Entry {
-    source: std::net::IpAddr,
-    class: Class,
-    identity: Option<Arc<str>>,
-    kill: Arc<tokio::sync::Notify>,
-}
-
-/// The open connections of one listener, by how much they are worth
-/// keeping.
-#[derive(Debug, Default)]
-struct Registry {
-    next: u64,
-    conns: HashMap<u64, Entry>,
-    /// Ids by class, oldest first.
-    unproven: BTreeSet<u64>,
-    /// Unproven ids by source address.
-    unproven_from: HashMap<std::net::IpAddr, BTreeSet<u64>>,
-    demoted: BTreeSet<u64>,
-    per_identity: HashMap<Arc<str>, usize>,
-}
-
-impl Registry {
-    fn open(&mut self, source: std::net::IpAddr) -> (u64, Arc<tokio::sync::Notify>) {
-        let id = self.next;
-        self.next += 1;
-        let kill = Arc::new(tokio::sync::Notify::new());
-        self.unproven_from.entry(source).or_default().insert(id);
-        self.conns.insert(
-            id,
-            Entry {
-                source,
-                class: Class::Unproven,
-                identity: None,
-                kill: kill.clone(),
-            },
-        );
-        self.unproven.insert(id);
-        (id, kill)
-    }
-
-    /// Forgets `id`'s class and identity.
-    fn unclass(&mut self, id: u64) {
-        let Some(e) = self.conns.get_mut(&id) else {
-            return;
-        };
-        match e.class {
-            Class::Unproven => {
-                self.unproven.remove(&id);
-                if let Some(set) = self.unproven_from.get_mut(&e.source) {
-                    set.remove(&id);
-                    if set.is_empty() {
-                        self.unproven_from.remove(&e.source);
-                    }
-                }
-            }
-            Class::Demoted => {
-                self.demoted.remove(&id);
-            }
-            Class::Vouched => {}
-        }
-        if let Some(who) = e.identity.take()
-            && let Some(n) = self.per_identity.get_mut(&who)
-        {
-            *n -= 1;
-            if *n == 0 {
-                self.per_identity.remove(&who);
-            }
-        }
-    }
-
-    fn close(&mut self, id: u64) {
-        self.unclass(id);
-        self.conns.remove(&id);
-    }
-
-    fn demote(&mut self, id: u64) {
-        if self
-            .conns
-            .get(&id)
-            .is_none_or(|e| e.class == Class::Demoted)
-        {
-            return;
-        }
-        self.unclass(id);
-        if let Some(e) = self.conns.get_mut(&id) {
-            e.class = Class::Demoted;
-            self.demoted.insert(id);
-        }
-    }
-
-    fn vouch(&mut self, id: u64, identity: &str, limit: usize) -> bool {
-        let Some(e) = self.conns.get(&id) else {
-            return false;
-        };
-        if e.class == Class::Vouched && e.identity.as_deref() == Some(identity) {
-            return true;
-        }
-        let held = self.per_identity.get(identity).copied().unwrap_or(0);
-        if limit > 0 && held >= limit {
-            self.demote(id);
-            return false;
-        }
-        self.unclass(id);
-        let who: Arc<str> = Arc::from(identity);
-        *self.per_identity.entry(who.clone()).or_insert(0) += 1;
-        let e = self.conns.get_mut(&id).expect("checked above");
-        e.class = Class::Vouched;
-        e.identity = Some(who);
-        true
-    }
-
-    /// Closes the connection most worth shedding for a newcomer from
-    /// `source`, if any may be: the oldest demoted one; else the oldest
-    /// unproven one from `source`; else, when `source` has none, the
-    /// oldest unproven one.
-    fn shed_one(&mut self, source: std::net::IpAddr) -> bool {
-        let own = self.unproven_from.get(&source).and_then(|s| s.first());
-        let Some(id) = self
-            .demoted
-            .first()
-            .or(own)
-            .or_else(|| {
-                (!self.unproven_from.contains_key(&source))
-                    .then(|| self.unproven.first())
-                    .flatten()
-            })
-            .copied()
-        else {
-            return false;
-        };
-        if let Some(e) = self.conns.get(&id) {
-            e.kill.notify_one();
-        }
-        self.close(id);
-        true
     }
 }
 
@@ -331,6 +202,12 @@ impl Standing {
             .vouch(self.id, identity, self.per_identity);
         self.clock.set_vouched(ok);
         ok
+    }
+
+    /// A complete request head arrived: an unproven connection is proven
+    /// (kept over unproven ones; see `registry.rs`).
+    fn prove(&self) {
+        self.registry.lock().unwrap().prove(self.id);
     }
 
     /// The request was refused: the connection is the first to be shed,
@@ -441,6 +318,24 @@ impl HeadClock {
                 .compare_exchange(NOT_YET, self.ms(), Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Bytes of the next head, read while the last request was served,
+    /// are handed to a new HTTP connection: that head started no later
+    /// than the answer, so it is due a header-read timeout after the
+    /// connection began waiting for it (those bytes came through no read
+    /// of the stream that [`HeadClock::read`] would see).
+    fn head_carried_over(&self) {
+        if self.in_flight.load(Ordering::Relaxed) == 0 {
+            let since = self.waiting_since.load(Ordering::Relaxed);
+            let _ = self.head_started.compare_exchange(
+                NOT_YET,
+                since,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
             self.changed.notify_waiters();
         }
     }
@@ -578,6 +473,7 @@ where
     fn call(&self, req: http::Request<Incoming>) -> Self::Future {
         let clock = self.standing.clock.clone();
         clock.request_started(req.body().is_end_stream());
+        self.standing.prove();
         let (mut parts, body) = req.into_parts();
         parts.extensions.insert(self.standing.clone());
         let req = http::Request::from_parts(parts, RequestBody::new(body, clock.clone()));
@@ -948,22 +844,24 @@ pub async fn serve<H, M, S, B>(
                 }
             },
         };
-        let opened = {
-            let mut reg = registry.lock().unwrap();
-            if reg.conns.len() >= cap {
-                if limits.shed_unproven && reg.shed_one(peer.ip()) {
+        let admitted = registry
+            .lock()
+            .unwrap()
+            .admit(peer.ip(), cap, limits.per_source);
+        let (id, kill) = match admitted {
+            Admitted::Open { id, kill, shed } => {
+                if let Some(why) = shed {
                     metrics.shed.inc();
-                    tracing::debug!(listener = name, %peer, "connection cap reached; an unproven or demoted connection shed for a newcomer");
-                } else {
-                    metrics.shed.inc();
-                    tracing::debug!(listener = name, %peer, "connection cap reached; closed at once");
+                    tracing::debug!(listener = name, %peer, limit = why.limit(), "a demoted or unproven connection shed for a newcomer");
                 }
+                (id, kill)
             }
-            (reg.conns.len() < cap).then(|| reg.open(peer.ip()))
-        };
-        let Some((id, kill)) = opened else {
-            drop(stream);
-            continue;
+            Admitted::Refused(why) => {
+                metrics.shed.inc();
+                tracing::debug!(listener = name, %peer, limit = why.limit(), "no connection to spare; closed at once");
+                drop(stream);
+                continue;
+            }
         };
         let _ = stream.set_nodelay(true);
         let clock = Arc::new(HeadClock::new());
@@ -1136,6 +1034,7 @@ impl Connection {
             io = parking.inner;
             let read_buf = parts.read_buf;
             if !read_buf.is_empty() {
+                clock.head_carried_over();
                 prefix = read_buf;
                 continue;
             }
@@ -1241,9 +1140,12 @@ mod tests {
         assert!(m.timed_out.get() >= 2);
     }
 
+    /// At the cap, a newcomer takes the place of the oldest connection
+    /// that never sent a head; with only proven connections it is closed
+    /// at once.
     #[tokio::test]
-    async fn connections_over_the_cap_are_closed_at_once() {
-        let (addr, m, _stop) = start(Limits {
+    async fn at_the_cap_a_newcomer_takes_the_place_of_the_oldest_idle_connection() {
+        let (addr, m, _stop) = start_ranked(Limits {
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
             ..quick()
@@ -1252,26 +1154,64 @@ mod tests {
         let mut held = Vec::new();
         for _ in 0..4 {
             held.push(TcpStream::connect(addr).await.unwrap());
-        }
-        // Wait until the four are accepted.
-        for _ in 0..100 {
-            if m.open.get() == 4 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        assert_eq!(m.open.get(), 4);
-        let mut extra = TcpStream::connect(addr).await.unwrap();
-        assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
-        assert_eq!(m.shed.get(), 1);
-        drop(held);
-        for _ in 0..100 {
-            if m.open.get() == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            wait_open(&m, held.len() as i64).await;
         }
         assert!(get(addr).await.unwrap().contains("200 OK"));
+        assert!(closed_within(&mut held[0], Duration::from_secs(2)).await);
+        assert_eq!(m.shed.get(), 1);
+        // Four connections whose requests are being served: a newcomer
+        // is closed at once.
+        drop(held);
+        wait_open(&m, 0).await;
+        let mut busy = Vec::new();
+        for _ in 0..4 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nx-slow-ms: 3000\r\n\r\n")
+                .await
+                .unwrap();
+            busy.push(s);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        wait_open(&m, 4).await;
+        let mut extra = TcpStream::connect(addr).await.unwrap();
+        assert!(closed_within(&mut extra, Duration::from_secs(2)).await);
+        for s in &mut busy {
+            assert!(!closed_within(s, Duration::from_millis(10)).await);
+        }
+    }
+
+    /// One address's idle sockets (more than the cap, each reopened as
+    /// soon as it is closed) hold at most that address's share: probes
+    /// from another address, and from the flooding address itself (a
+    /// fresh connection each, as a kubelet's), are all answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_socket_flood_does_not_starve_probes() {
+        let limits = Limits::small();
+        let (addr, m, _stop) = start(limits).await;
+        let flooder: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+        let flood = test_flood::Flood::start(
+            addr,
+            flooder,
+            limits.max_connections + 4,
+            500,
+            Duration::from_secs(30),
+        );
+        flood.wait_reopened(4, Duration::from_secs(10)).await;
+        let mut answered = 0;
+        for i in 0..30 {
+            let from = if i % 3 == 0 {
+                flooder
+            } else {
+                "127.0.0.1".parse().unwrap()
+            };
+            if test_flood::probe(addr, from, "/healthz").await {
+                answered += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(m.shed.get() > 0);
+        drop(flood);
+        assert_eq!(answered, 30, "probes answered under the flood");
     }
 
     /// A server whose service vouches for `x-id: <who>` (answering 429
@@ -1408,7 +1348,6 @@ mod tests {
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
             max_connections: 4,
-            shed_unproven: true,
             per_identity: 2,
             ..Limits::small()
         })
@@ -1462,7 +1401,6 @@ mod tests {
             header_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(30),
             max_connections: 4,
-            shed_unproven: true,
             per_identity: 2,
             ..Limits::small()
         })
@@ -1627,6 +1565,26 @@ mod tests {
         assert_eq!(m.open.get(), 1);
     }
 
+    /// A vouched connection that sent the start of its next head with
+    /// its request (before the answer) and then stalls is closed by the
+    /// header-read timeout, not left to the idle timeout.
+    #[tokio::test]
+    async fn a_head_begun_before_the_answer_is_bound_by_the_header_read_timeout() {
+        let header_read = Duration::from_millis(300);
+        let (addr, m, _stop) =
+            start_ranked(limits_with(header_read, Duration::from_secs(5), 16)).await;
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nx-id: a\r\n\r\nGET / HTTP/1.1\r\nho")
+            .await
+            .unwrap();
+        assert!(answer(&mut s).await.contains("200"));
+        assert!(
+            closed_within(&mut s, header_read * 4).await,
+            "still open after four header-read timeouts"
+        );
+        assert_eq!(m.timed_out.get(), 1);
+    }
+
     /// At shutdown a parked connection is closed at once and a request
     /// being served is answered first (within the drain).
     #[tokio::test]
@@ -1653,6 +1611,14 @@ mod tests {
         assert_eq!(Limits::small().fit_in(1024, 128).max_connections, 256);
         assert_eq!(Limits::small().fit_in(200, 128).max_connections, 72);
         assert_eq!(Limits::small().fit_in(10, 128).max_connections, 1);
+        assert_eq!(Limits::small().fit_in(1024, 128).per_source, 128);
+        assert_eq!(Limits::small().fit_in(200, 128).per_source, 36);
+        assert_eq!(Limits::small().fit_in(10, 128).per_source, 1);
+        let unlimited = Limits {
+            per_source: 0,
+            ..Limits::small()
+        };
+        assert_eq!(unlimited.fit_in(200, 128).per_source, 0);
         assert!(raise_nofile_limit().unwrap() >= nofile_limit().min(1024));
     }
 }

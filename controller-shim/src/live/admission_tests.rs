@@ -292,3 +292,147 @@ async fn bad_requests_get_clear_errors() {
     assert_eq!(count(&r, "other", "invalid"), 5);
     assert!(r.queries.lock().unwrap().is_empty());
 }
+
+/// A CA, the webhook's certificate (`localhost`) and key files signed by
+/// it, its PEM in `client-ca.crt`, and a client certificate of the same
+/// CA (the API server's): (server cert, server key, client-ca file, CA
+/// DER, client cert and key).
+#[allow(clippy::type_complexity)]
+fn webhook_pki(
+    dir: &std::path::Path,
+) -> (
+    PathBuf,
+    PathBuf,
+    PathBuf,
+    rustls::pki_types::CertificateDer<'static>,
+    (
+        rustls::pki_types::CertificateDer<'static>,
+        rustls::pki_types::PrivateKeyDer<'static>,
+    ),
+) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "webhook test CA");
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca, ca_key);
+    let srv_key = KeyPair::generate().unwrap();
+    let srv = CertificateParams::new(vec!["localhost".to_string()])
+        .unwrap()
+        .signed_by(&srv_key, &issuer)
+        .unwrap();
+    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "kube-apiserver");
+    let client_key = KeyPair::generate().unwrap();
+    let client = client.signed_by(&client_key, &issuer).unwrap();
+    let (cert, key, ca_file) = (
+        dir.join("tls.crt"),
+        dir.join("tls.key"),
+        dir.join("client-ca.crt"),
+    );
+    std::fs::write(&cert, srv.pem()).unwrap();
+    std::fs::write(&key, srv_key.serialize_pem()).unwrap();
+    std::fs::write(&ca_file, ca_cert.pem()).unwrap();
+    (
+        cert,
+        key,
+        ca_file,
+        ca_cert.der().clone(),
+        (
+            client.der().clone(),
+            rustls::pki_types::PrivateKeyDer::try_from(client_key.serialize_der()).unwrap(),
+        ),
+    )
+}
+
+/// The admission port's cap and four more idle sockets from one pod's
+/// address, each reopened as soon as it is closed (they never reach the
+/// TLS handshake): reviews from the API server (its client certificate,
+/// a fresh connection each, from another address) are all answered, and
+/// `deny` still refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_socket_flood_does_not_starve_admission_reviews() {
+    use mountguard_serve::test_flood::Flood;
+    use rustls::crypto::ring;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key, ca_file, ca_der, client_id) = webhook_pki(dir.path());
+    let config = crate::live::tls::ReloadingCert::load(cert, key)
+        .unwrap()
+        .server_config_verifying_clients(&ca_file)
+        .unwrap();
+    let Rig {
+        handler, shared, ..
+    } = rig(Mode::Deny, Some(pinned()), true);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = crate::live::http::limits(Duration::from_secs(10), Duration::from_secs(60));
+    let (_stop, shutdown) = Shutdown::new();
+    tokio::spawn(serve(
+        listener,
+        config,
+        Arc::new(handler),
+        limits,
+        shared.metrics.serve("admission"),
+        shutdown,
+    ));
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca_der).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![client_id.0], client_id.1)
+        .unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let body = serde_json::to_vec(&review("CREATE", "Secret", true)).unwrap();
+    let api_server = |from: std::net::IpAddr| {
+        let connector = connector.clone();
+        let body = body.clone();
+        async move {
+            let s = tokio::net::TcpSocket::new_v4()?;
+            s.bind(SocketAddr::new(from, 0))?;
+            let s = s.connect(addr).await?;
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let mut t = connector.connect(name, s).await?;
+            let head = format!(
+                "POST {PATH} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            t.write_all(head.as_bytes()).await?;
+            t.write_all(&body).await?;
+            let mut out = Vec::new();
+            t.read_to_end(&mut out).await?;
+            Ok::<_, std::io::Error>(String::from_utf8_lossy(&out).to_string())
+        }
+    };
+    let flood = Flood::start(
+        addr,
+        "127.0.0.2".parse().unwrap(),
+        limits.max_connections + 4,
+        200,
+        Duration::from_secs(30),
+    );
+    flood.wait_reopened(4, Duration::from_secs(10)).await;
+    let mut denied = 0;
+    for _ in 0..20 {
+        let out = tokio::time::timeout(
+            Duration::from_secs(2),
+            api_server("127.0.0.1".parse().unwrap()),
+        )
+        .await;
+        if let Ok(Ok(out)) = out
+            && out.starts_with("HTTP/1.1 200")
+            && out.contains("\"allowed\":false")
+        {
+            denied += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(flood);
+    assert_eq!(denied, 20, "reviews answered (denied) under the flood");
+}

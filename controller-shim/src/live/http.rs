@@ -123,6 +123,21 @@ pub async fn answer<B>(
     route(shared, req)
 }
 
+/// The serve limits of the metrics port and of the admission port (each
+/// its own cap): the small ports' defaults (256 connections, at most 128
+/// of them from one source address) with the header-read and idle
+/// timeouts given.
+pub fn limits(
+    header_read_timeout: std::time::Duration,
+    idle_timeout: std::time::Duration,
+) -> mountguard_serve::Limits {
+    mountguard_serve::Limits {
+        header_read_timeout,
+        idle_timeout,
+        ..mountguard_serve::Limits::small()
+    }
+}
+
 /// Serves until shutdown, with the shared bounded loop.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -237,5 +252,45 @@ mod tests {
         assert!(!h.sources_degraded(), "only Secret/ConfigMap watches count");
         h.error_for_test("secrets/ns");
         assert!(h.sources_degraded());
+    }
+
+    /// The metrics port's cap and four more idle sockets from one address,
+    /// each reopened as soon as it is closed: the kubelet's liveness and
+    /// readiness probes (a fresh connection each, from the node's
+    /// address) and a scrape are all answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_idle_socket_flood_does_not_starve_healthz() {
+        use mountguard_serve::test_flood::{Flood, probe};
+        use std::time::Duration;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared::new(Metrics::new()));
+        shared.ready.store(true, Ordering::SeqCst);
+        let limits = limits(Duration::from_secs(10), Duration::from_secs(60));
+        let (_stop, shutdown) = Shutdown::new();
+        tokio::spawn(serve(
+            listener,
+            shared.clone(),
+            Arc::new(StatusGate::open()),
+            limits,
+            shared.metrics.serve("metrics"),
+            shutdown,
+        ));
+        let flood = Flood::start(
+            addr,
+            "127.0.0.2".parse().unwrap(),
+            limits.max_connections + 4,
+            200,
+            Duration::from_secs(30),
+        );
+        flood.wait_reopened(4, Duration::from_secs(10)).await;
+        let node = "127.0.0.1".parse().unwrap();
+        let mut answered = 0;
+        for path in ["/healthz", "/readyz", "/metrics"].repeat(10) {
+            answered += usize::from(probe(addr, node, path).await);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(flood);
+        assert_eq!(answered, 30, "probes answered under the flood");
     }
 }

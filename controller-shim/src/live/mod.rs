@@ -120,12 +120,8 @@ impl Controller {
             Err(e) => warn!(error = %e, "keeping the open file limit"),
         }
         let fds = mountguard_serve::nofile_limit();
-        let metrics_limits = mountguard_serve::Limits {
-            header_read_timeout: serve.header_read_timeout,
-            idle_timeout: serve.idle_timeout,
-            ..mountguard_serve::Limits::small()
-        }
-        .fit_in(fds / 4, 0);
+        let metrics_limits =
+            http::limits(serve.header_read_timeout, serve.idle_timeout).fit_in(fds / 4, 0);
         // Room for the metrics port, the API client, watches and files.
         let report_limits = report::limits(
             serve.header_read_timeout,

@@ -106,9 +106,11 @@ pub const NODE_IN_FLIGHT: usize = 4;
 pub const READ_BUFFER: usize = 8 * 1024;
 
 /// The report port's serve limits: the header-read and idle timeouts and
-/// the connection cap given, [`READ_BUFFER`], refused and unproven
-/// connections shed first at the cap, and [`NODE_IN_FLIGHT`] connections
-/// per node vouched for.
+/// the connection cap given, half of it for the connections of one source
+/// address that no authorized report came on, [`READ_BUFFER`], and
+/// [`NODE_IN_FLIGHT`] connections per node vouched for. Refused and
+/// unproven connections are shed first (the serve loop's rule for every
+/// listener).
 pub fn limits(
     header_read_timeout: Duration,
     idle_timeout: Duration,
@@ -118,10 +120,10 @@ pub fn limits(
         header_read_timeout,
         idle_timeout,
         max_connections,
+        // Agents' connections are vouched for and not counted: nodes
+        // behind one address (SNAT) still get in.
+        per_source: (max_connections / 2).max(1),
         max_buf_size: READ_BUFFER,
-        // At the cap, refused and unproven connections go before the
-        // agents' (see the order of checks in `ReportHandler::handle`).
-        shed_unproven: true,
         per_identity: NODE_IN_FLIGHT,
         ..mountguard_serve::Limits::small()
     }
