@@ -231,6 +231,10 @@ async fn cluster_reproduces_a_rotated_immutable_key_pinned_on_one_node_end_to_en
     let before = slurm
         .node("slurm-worker-slinky-1")
         .and_then(|n| n.slurmd_start_time);
+    let before0 = slurm
+        .node("slurm-worker-slinky-0")
+        .and_then(|n| n.slurmd_start_time);
+    assert!(before0.is_some(), "worker 0 registered before the rotation");
     eventually(10, "workers on the old key", || {
         let stale = !slurm.slurmd_key_matches("slurm-worker-slinky-1");
         async move { stale.then_some(()) }
@@ -257,14 +261,9 @@ async fn cluster_reproduces_a_rotated_immutable_key_pinned_on_one_node_end_to_en
     assert!(!slurm.slurmd_key_matches("slurm-worker-slinky-0"));
     let s0 = slurm.node("slurm-worker-slinky-0").unwrap();
     assert_eq!(s0.state[0], "IDLE", "{:?}", s0.state);
-    assert!(
-        s0.slurmd_start_time
-            < slurm
-                .node("slurm-worker-slinky-1")
-                .unwrap()
-                .slurmd_start_time
-            || s0.slurmd_start_time.is_none(),
-        "{s0:?}"
+    assert_eq!(
+        s0.slurmd_start_time, before0,
+        "still the old pod's registration: {s0:?}"
     );
     c.shutdown().await;
 }

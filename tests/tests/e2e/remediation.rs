@@ -104,7 +104,7 @@ async fn slurm_client_against_the_slurmrestd_double() {
     assert!(!e.is_transient());
     let w = h.writes();
     assert_eq!(w.len(), before + 1);
-    assert_eq!(w.last().unwrap().status, 401, "refused, nothing changed");
+    assert_eq!(w.last().unwrap().status, 511, "refused, nothing changed");
     assert!(!h.node("w0").unwrap().state.contains(&"DRAIN".to_string()));
     let e = c.get_node("nope").await.unwrap_err();
     assert!(matches!(e, SlurmError::NotFound { .. }), "{e}");
