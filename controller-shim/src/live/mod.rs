@@ -16,11 +16,13 @@
 //! * remediation (opt-in, [`executor`]): plans and steps attempts with the
 //!   core's pure machine and performs them (NodeSet annotations, evictions,
 //!   cordons, Events, and slurmrestd through [`slurm`]);
-//! * the admission webhook (opt-in, [`admission`]): warns about deletes and
+//! * the admission webhook (opt-in, [`admission`]; its wire format
+//!   [`admission_review`]): warns about deletes and
 //!   re-creations of immutable Secrets and ConfigMaps that nodes keep
 //!   serving from their kubelet's cache, from the evaluation task's view.
 
 pub mod admission;
+pub mod admission_review;
 pub mod auth;
 pub mod client;
 pub mod eval;
