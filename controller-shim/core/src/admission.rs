@@ -21,7 +21,10 @@
 //!
 //! The caller of [`decide`] gives the call and what the controller's view
 //! says of the name ([`NameView`], built by [`holders`] from the index);
-//! the answer is a list of short warnings (each under the API server's
+//! the answer names nodes and pods only to a verified caller (the API
+//! server, by its client certificate): anyone else who reaches the webhook
+//! could ask about any name, so it gets counts and a pointer to the
+//! authorized status API. The answer is a list of short warnings (each under the API server's
 //! 256-rune truncation limit, `staging/src/k8s.io/apiserver/pkg/endpoints/
 //! filters/warning.go`, `truncateItemRunes`), a denial, or nothing.
 
@@ -99,6 +102,11 @@ pub struct Call<'a> {
     /// Remediation is enabled on this controller (the advice may say it
     /// will replace affected pods).
     pub remediation: bool,
+    /// The caller proved to be the API server (a client certificate of the
+    /// configured CA): warnings name nodes and pods. Otherwise they give
+    /// counts only and point to `kubectl mountguard status`, whose API
+    /// checks who asks.
+    pub verified_caller: bool,
 }
 
 /// The webhook's answer.
@@ -193,15 +201,17 @@ pub fn decide(mode: Mode, call: &Call<'_>, view: &NameView) -> Answer {
             } else {
                 "instead: create the new content under a new name and point the workloads at it"
             };
+            let head = format!(
+                "immutable {object} is referenced by {} on {}",
+                plural(pods, "pod"),
+                plural(nodes, "node"),
+            );
             Answer::Warn(vec![
-                within_limit(
-                    format!(
-                        "immutable {object} is referenced by {} on {}: ",
-                        plural(pods, "pod"),
-                        plural(nodes, "node"),
-                    ),
-                    |budget| node_list(&view.holders, budget),
-                ),
+                if call.verified_caller {
+                    within_limit(head + ": ", |budget| node_list(&view.holders, budget))
+                } else {
+                    head + &status_pointer(r)
+                },
                 format!(
                     "the kubelet of each of those nodes keeps serving the deleted content, also to \
                      pods that start there after a new {kind} is created under this name, until \
@@ -212,15 +222,17 @@ pub fn decide(mode: Mode, call: &Call<'_>, view: &NameView) -> Answer {
         }
         Operation::Delete => Answer::Allow,
         Operation::Create if view.previous_immutable => {
+            let head = format!(
+                "the previous immutable {object} is still cached on {}, held by {}",
+                plural(nodes, "node"),
+                plural(pods, "pod"),
+            );
             let warnings = vec![
-                within_limit(
-                    format!(
-                        "the previous immutable {object} is still cached on {}, held by {}: ",
-                        plural(nodes, "node"),
-                        plural(pods, "pod"),
-                    ),
-                    |budget| pod_list(&view.holders, budget),
-                ),
+                if call.verified_caller {
+                    within_limit(head + ": ", |budget| pod_list(&view.holders, budget))
+                } else {
+                    head + &status_pointer(r)
+                },
                 format!(
                     "pods on those nodes get the previous content under this name, not this \
                      object's, until every holding pod there is gone"
@@ -241,6 +253,16 @@ pub fn decide(mode: Mode, call: &Call<'_>, view: &NameView) -> Answer {
         }
         Operation::Create => Answer::Allow,
     }
+}
+
+/// Where a caller the webhook could not verify finds the names it leaves
+/// out: the status API answers only users who may read verdicts of the
+/// namespace.
+fn status_pointer(r: &SourceRef) -> String {
+    format!(
+        " (`kubectl mountguard status --namespace {} --all` lists them)",
+        short(&r.namespace)
+    )
 }
 
 /// `head` followed by the list `tail` renders within what is left of the

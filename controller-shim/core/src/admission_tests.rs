@@ -30,6 +30,7 @@ fn call(operation: Operation, r: &SourceRef, immutable: bool) -> Call<'_> {
         source: r,
         immutable,
         remediation: false,
+        verified_caller: true,
     }
 }
 
@@ -150,6 +151,54 @@ fn a_create_warning_names_the_holding_pods_and_a_denial_says_conflict() {
     }
 }
 
+/// Anyone who reaches the webhook port can send a review of their own for
+/// any name: unless the caller proved to be the API server, the answer
+/// counts the holding pods and nodes and names none of them (warnings and
+/// a denial alike), pointing to the status API instead.
+#[test]
+fn a_review_from_an_unverified_caller_names_no_node_and_no_pod() {
+    let r = secret("slurm", "slurm-key");
+    let v = view(&[("node-0", "slurmd-0"), ("node-1", "slurmd-1")], true);
+    let unverified = |op| Call {
+        verified_caller: false,
+        ..call(op, &r, true)
+    };
+    let mut said = Vec::new();
+    for mode in [Mode::Warn, Mode::Deny] {
+        for op in [Operation::Delete, Operation::Create] {
+            match decide(mode, &unverified(op), &v) {
+                Answer::Warn(w) => said.extend(w),
+                Answer::Deny { message, .. } => said.push(message),
+                Answer::Allow => panic!("{mode:?} {op:?}: a warning or a denial"),
+            }
+        }
+    }
+    for s in &said {
+        for name in ["node-0", "node-1", "slurmd-0", "slurmd-1"] {
+            assert!(
+                !s.contains(name),
+                "{name} named to an unverified caller: {s}"
+            );
+        }
+    }
+    let Answer::Warn(w) = decide(Mode::Warn, &unverified(Operation::Delete), &v) else {
+        panic!("a warning");
+    };
+    assert_eq!(
+        w[0],
+        "immutable Secret \"slurm/slurm-key\" is referenced by 2 pods on 2 nodes \
+         (`kubectl mountguard status --namespace slurm --all` lists them)"
+    );
+    let Answer::Warn(w) = decide(Mode::Warn, &unverified(Operation::Create), &v) else {
+        panic!("a warning");
+    };
+    assert_eq!(
+        w[0],
+        "the previous immutable Secret \"slurm/slurm-key\" is still cached on 2 nodes, held by \
+         2 pods (`kubectl mountguard status --namespace slurm --all` lists them)"
+    );
+}
+
 /// Every warning stays within the API server's per-warning limit of 256
 /// runes, whatever the names and however many holders.
 #[test]
@@ -172,9 +221,12 @@ fn every_warning_stays_under_256_runes() {
             previous_immutable,
         };
         for op in [Operation::Create, Operation::Delete] {
-            for remediation in [true, false] {
+            for (remediation, verified_caller) in
+                [(true, true), (true, false), (false, true), (false, false)]
+            {
                 let c = Call {
                     remediation,
+                    verified_caller,
                     ..call(op, &r, true)
                 };
                 if let Answer::Warn(w) = decide(Mode::Warn, &c, &v) {

@@ -26,16 +26,13 @@ use clap::{Args, ValueEnum};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Bytes};
-use kube::api::DynamicObject;
-use kube::core::admission::{
-    AdmissionRequest, AdmissionResponse, AdmissionReview, Operation as KubeOperation,
-};
 use mountguard_core::admission::{self, Answer, Call, Mode, NameView, Operation};
-use mountguard_core::model::{SourceKind, SourceRef};
+use mountguard_core::model::SourceRef;
 use mountguard_inventory::parse_duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::debug;
 
+use super::admission_review::{self, Reviewed, Verdict};
 use super::eval::Input;
 use super::report::json_response;
 use super::shared::{Shared, Shutdown};
@@ -50,6 +47,12 @@ pub const MAX_BODY: usize = 3 * 1024 * 1024;
 
 /// Longest time the review body may take to arrive.
 pub const BODY_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Reviews read and parsed at once per replica (from the first byte of the
+/// body to the parsed fields); one beyond is answered 503 unread. Each
+/// holds at most its body twice while the body is assembled (`MAX_BODY`):
+/// 8 x 6 MiB at worst. A review's wait for the view is not counted.
+pub const MAX_REVIEWS_AT_ONCE: usize = 8;
 
 /// What the admission webhook does with a create that a node's kubelet
 /// cache would not see (`--admission-mode`).
@@ -144,6 +147,8 @@ pub struct AdmissionHandler {
     settings: AdmissionSettings,
     shared: Arc<Shared>,
     inputs: mpsc::Sender<Input>,
+    /// [`MAX_REVIEWS_AT_ONCE`] permits: one per review being read.
+    reading: Semaphore,
 }
 
 /// What one review became, for the metrics and the answer.
@@ -164,6 +169,7 @@ impl AdmissionHandler {
             settings,
             shared,
             inputs,
+            reading: Semaphore::new(MAX_REVIEWS_AT_ONCE),
         }
     }
 
@@ -207,6 +213,21 @@ impl AdmissionHandler {
                 "POST an AdmissionReview".into(),
             );
         }
+        // Bound before the first byte of the body is read: what a review
+        // costs is its body (and, briefly, a copy of it).
+        let Ok(permit) = self.reading.try_acquire() else {
+            return Outcome {
+                operation: "other",
+                result: "overloaded",
+                response: text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "{MAX_REVIEWS_AT_ONCE} reviews are being read; this one is not \
+                         (failurePolicy Ignore lets the call through)"
+                    ),
+                ),
+            };
+        };
         let body = match tokio::time::timeout(
             BODY_TIMEOUT,
             Limited::new(req.into_body(), MAX_BODY).collect(),
@@ -227,38 +248,24 @@ impl AdmissionHandler {
             }
             Ok(Ok(b)) => b.to_bytes(),
         };
-        let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
-            Ok(r) => r,
-            Err(e) => {
-                return invalid(
-                    StatusCode::BAD_REQUEST,
-                    format!("not an admission.k8s.io/v1 AdmissionReview: {e}"),
-                );
-            }
-        };
+        let review = admission_review::parse(&body);
+        // The body (a Secret's data) goes now.
         drop(body);
-        let request: AdmissionRequest<DynamicObject> = match review.try_into() {
-            Ok(r) => r,
-            Err(e) => {
-                return invalid(
-                    StatusCode::BAD_REQUEST,
-                    format!("an AdmissionReview without a request: {e}"),
-                );
-            }
+        drop(permit);
+        let (uid, reviewed) = match review {
+            Ok(r) => (r.uid, r.subject),
+            Err(msg) => return invalid(StatusCode::BAD_REQUEST, msg),
         };
-        let reviewed = Reviewed::read(&request);
-        let response = AdmissionResponse::from(&request);
-        // The objects (a Secret's data) go now.
-        drop(request);
+        let allowed = Verdict::Allow(Vec::new());
         let Some(reviewed) = reviewed else {
-            return answer("other", "allowed", response);
+            return answer("other", "allowed", &uid, &allowed);
         };
         let operation = reviewed.operation.as_str();
         if self.settings.mode == Mode::Off {
-            return answer(operation, "allowed", response);
+            return answer(operation, "allowed", &uid, &allowed);
         }
         if !self.shared.is_ready() {
-            return answer(operation, "not_ready", response);
+            return answer(operation, "not_ready", &uid, &allowed);
         }
         let deadline = started + self.settings.answer_timeout;
         let view = match self.ask(&reviewed, deadline).await {
@@ -269,7 +276,7 @@ impl AdmissionHandler {
                     object = %reviewed.source.name,
                     "the view did not answer in time: allowed without a word"
                 );
-                return answer(operation, "busy", response);
+                return answer(operation, "busy", &uid, &allowed);
             }
         };
         let call = Call {
@@ -277,24 +284,27 @@ impl AdmissionHandler {
             source: &reviewed.source,
             immutable: reviewed.immutable,
             remediation: self.settings.remediation,
+            // With a client CA the handshake refused every caller without
+            // the API server's certificate.
+            verified_caller: self.settings.client_ca.is_some(),
         };
         match admission::decide(self.settings.mode, &call, &view) {
-            Answer::Allow => answer(operation, "allowed", response),
-            Answer::Warn(w) => {
-                let mut response = response;
-                response.warnings = Some(w);
-                answer(operation, "warned", response)
-            }
+            Answer::Allow => answer(operation, "allowed", &uid, &allowed),
+            Answer::Warn(w) => answer(operation, "warned", &uid, &Verdict::Allow(w)),
             Answer::Deny {
                 code,
                 reason,
                 message,
-            } => {
-                let mut response = response.deny(message);
-                response.result.code = code;
-                response.result.reason = reason.to_string();
-                answer(operation, "denied", response)
-            }
+            } => answer(
+                operation,
+                "denied",
+                &uid,
+                &Verdict::Deny {
+                    code,
+                    reason,
+                    message,
+                },
+            ),
         }
     }
 
@@ -315,54 +325,11 @@ impl AdmissionHandler {
     }
 }
 
-/// What a review is about, read from the request (the objects dropped).
-struct Reviewed {
-    operation: Operation,
-    source: SourceRef,
-    immutable: bool,
-}
-
-impl Reviewed {
-    /// `None`: not a create or delete of a Secret or ConfigMap (the chart's
-    /// rules send only those; anything else is allowed).
-    fn read(req: &AdmissionRequest<DynamicObject>) -> Option<Self> {
-        let kind = match (req.kind.group.as_str(), req.kind.kind.as_str()) {
-            ("", "Secret") => SourceKind::Secret,
-            ("", "ConfigMap") => SourceKind::ConfigMap,
-            _ => return None,
-        };
-        let (operation, object) = match req.operation {
-            KubeOperation::Create => (Operation::Create, req.object.as_ref()),
-            KubeOperation::Delete => (Operation::Delete, req.old_object.as_ref()),
-            _ => return None,
-        };
-        let namespace = req.namespace.clone()?;
-        // A create with `generateName` has no name in the request, only in
-        // the object; a new generated name cannot be held by anyone.
-        let name = if req.name.is_empty() {
-            object.and_then(|o| o.metadata.name.clone())?
-        } else {
-            req.name.clone()
-        };
-        // A delete's review has no oldObject when the API server could not
-        // read it; the object is then taken as immutable (the warning is
-        // then about pods that reference it, which is still true).
-        let immutable = object.map_or(operation == Operation::Delete, |o| {
-            o.data.get("immutable").and_then(|v| v.as_bool()) == Some(true)
-        });
-        Some(Reviewed {
-            operation,
-            source: SourceRef::new(kind, namespace.into(), name.into()),
-            immutable,
-        })
-    }
-}
-
-fn answer(operation: &'static str, result: &'static str, response: AdmissionResponse) -> Outcome {
+fn answer(operation: &'static str, result: &'static str, uid: &str, verdict: &Verdict) -> Outcome {
     Outcome {
         operation,
         result,
-        response: json_response(StatusCode::OK, &response.into_review()),
+        response: json_response(StatusCode::OK, &admission_review::answer(uid, verdict)),
     }
 }
 

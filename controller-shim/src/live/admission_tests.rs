@@ -20,7 +20,7 @@ fn settings(mode: Mode, answer_timeout: Duration) -> AdmissionSettings {
 }
 
 struct Rig {
-    handler: AdmissionHandler,
+    handler: Arc<AdmissionHandler>,
     shared: Arc<Shared>,
     queries: Arc<std::sync::Mutex<Vec<(String, Operation)>>>,
 }
@@ -28,6 +28,10 @@ struct Rig {
 /// A handler whose queries are answered with `view` (or never, with
 /// `None`), the view synced unless `ready` is false.
 fn rig(mode: Mode, view: Option<NameView>, ready: bool) -> Rig {
+    rig_with(settings(mode, Duration::from_millis(300)), view, ready)
+}
+
+fn rig_with(settings: AdmissionSettings, view: Option<NameView>, ready: bool) -> Rig {
     let shared = Arc::new(Shared::new(Metrics::new()));
     shared.ready.store(ready, Ordering::SeqCst);
     let (tx, mut rx) = mpsc::channel::<Input>(16);
@@ -51,11 +55,7 @@ fn rig(mode: Mode, view: Option<NameView>, ready: bool) -> Rig {
         }
     });
     Rig {
-        handler: AdmissionHandler::new(
-            settings(mode, Duration::from_millis(300)),
-            shared.clone(),
-            tx,
-        ),
+        handler: Arc::new(AdmissionHandler::new(settings, shared.clone(), tx)),
         shared,
         queries,
     }
@@ -375,7 +375,7 @@ async fn an_idle_socket_flood_does_not_starve_admission_reviews() {
     tokio::spawn(serve(
         listener,
         config,
-        Arc::new(handler),
+        handler,
         limits,
         shared.metrics.serve("admission"),
         shutdown,
@@ -435,4 +435,147 @@ async fn an_idle_socket_flood_does_not_starve_admission_reviews() {
     }
     drop(flood);
     assert_eq!(denied, 20, "reviews answered (denied) under the flood");
+}
+
+/// A request body that never sends a byte, and says whether it was polled.
+struct Stalled(Arc<std::sync::atomic::AtomicBool>);
+
+impl Body for Stalled {
+    type Data = Bytes;
+    type Error = Infallible;
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
+        self.0.store(true, Ordering::SeqCst);
+        std::task::Poll::Pending
+    }
+}
+
+fn stalled() -> (Request<Stalled>, Arc<std::sync::atomic::AtomicBool>) {
+    let polled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(PATH)
+        .body(Stalled(polled.clone()))
+        .unwrap();
+    (req, polled)
+}
+
+/// Many callers at once (each review's body up to 3 MiB): the replica
+/// reads at most `MAX_REVIEWS_AT_ONCE` of them; one beyond is answered 503
+/// at once without a byte of its body read (the API server's
+/// `failurePolicy: Ignore` allows the call), counted as `overloaded`; a
+/// freed place serves the next review.
+#[tokio::test]
+async fn a_flood_of_concurrent_reviews_is_answered_unread_beyond_the_bound() {
+    let r = rig(Mode::Warn, Some(pinned()), true);
+    let mut reading = Vec::new();
+    for _ in 0..MAX_REVIEWS_AT_ONCE {
+        let (req, polled) = stalled();
+        let h = r.handler.clone();
+        reading.push(tokio::spawn(async move { h.handle(req).await }));
+        while !polled.load(Ordering::SeqCst) {
+            tokio::task::yield_now().await;
+        }
+    }
+    let (req, polled) = stalled();
+    let resp = tokio::time::timeout(Duration::from_millis(500), r.handler.handle(req))
+        .await
+        .expect("answered at once, without waiting for the body");
+    assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(!polled.load(Ordering::SeqCst), "the body was read");
+    let msg = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&msg).contains("reviews are being read"),
+        "{msg:?}"
+    );
+    assert_eq!(count(&r, "other", "overloaded"), 1);
+    assert!(r.queries.lock().unwrap().is_empty());
+    // One reader gone: a review is read and answered again.
+    reading.pop().unwrap().abort();
+    while r.handler.reading.available_permits() == 0 {
+        tokio::task::yield_now().await;
+    }
+    let (status, v) = send(&r, &review("DELETE", "Secret", true)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(v["response"]["warnings"].is_array(), "{v}");
+    for t in reading {
+        t.abort();
+    }
+}
+
+/// The API server always sends the object being deleted as `oldObject`: a
+/// delete review without one (absent or null) is not taken as the delete
+/// of an immutable object, so it learns nothing about who holds the name.
+#[tokio::test]
+async fn a_delete_review_without_an_old_object_is_not_taken_as_immutable() {
+    let r = rig(Mode::Warn, Some(pinned()), true);
+    for old in [None, Some(Value::Null)] {
+        let mut body = review("DELETE", "ConfigMap", false);
+        match old {
+            None => {
+                body["request"].as_object_mut().unwrap().remove("oldObject");
+            }
+            Some(v) => body["request"]["oldObject"] = v,
+        }
+        let (status, v) = send(&r, &body).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(v["response"]["allowed"], true);
+        assert!(
+            v["response"].get("warnings").is_none_or(Value::is_null),
+            "{v}"
+        );
+    }
+    assert_eq!(count(&r, "delete", "allowed"), 2);
+}
+
+/// Without a client CA anyone who reaches the port can send a review for
+/// any name: the answer counts holders and names no node and no pod. With
+/// one (the handshake verified the API server) it names them.
+#[tokio::test]
+async fn an_unverified_caller_learns_no_node_or_pod_name() {
+    let said = |client_ca: Option<PathBuf>, operation: &'static str| async move {
+        let s = AdmissionSettings {
+            client_ca,
+            ..settings(Mode::Warn, Duration::from_millis(300))
+        };
+        let r = rig_with(s, Some(pinned()), true);
+        let (_, v) = send(&r, &review(operation, "Secret", true)).await;
+        assert_eq!(v["response"]["allowed"], true);
+        v["response"]["warnings"].to_string()
+    };
+    for operation in ["DELETE", "CREATE"] {
+        let w = said(None, operation).await;
+        assert!(w.contains("2 pods"), "{w}");
+        assert!(
+            w.contains("kubectl mountguard status --namespace slurm"),
+            "{w}"
+        );
+        for name in ["node-0", "node-1", "slurmd-0", "slurmd-1"] {
+            assert!(!w.contains(name), "{name} named to anyone: {w}");
+        }
+        let w = said(Some("/ca.crt".into()), operation).await;
+        assert!(w.contains("node-0"), "{w}");
+    }
+}
+
+/// The answer is an admission.k8s.io/v1 AdmissionReview echoing the uid;
+/// a review of another version is refused (the webhook is registered
+/// with v1 only, and the API server expects its own version back).
+#[tokio::test]
+async fn an_answer_speaks_admission_v1_and_echoes_the_uid() {
+    let r = rig(Mode::Warn, Some(NameView::default()), true);
+    let mut body = review("CREATE", "Secret", false);
+    body["request"]["uid"] = json!("0c9a8d74-9cb7-44dd-b98e-09fd62def2f4");
+    let (status, v) = send(&r, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+               "response": {"uid": "0c9a8d74-9cb7-44dd-b98e-09fd62def2f4", "allowed": true}})
+    );
+    body["apiVersion"] = json!("admission.k8s.io/v1beta1");
+    let (status, _) = send(&r, &body).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
 }

@@ -17,11 +17,13 @@
 //!   core's pure machine and performs them (NodeSet annotations, evictions
 //!   through [`eviction`], cordons, Events, and slurmrestd through
 //!   [`slurm`]);
-//! * the admission webhook (opt-in, [`admission`]): warns about deletes and
+//! * the admission webhook (opt-in, [`admission`]; its wire format
+//!   [`admission_review`]): warns about deletes and
 //!   re-creations of immutable Secrets and ConfigMaps that nodes keep
 //!   serving from their kubelet's cache, from the evaluation task's view.
 
 pub mod admission;
+pub mod admission_review;
 pub mod auth;
 pub mod client;
 pub mod eval;
