@@ -16,8 +16,7 @@ use serde_json::json;
 
 use crate::harness::{Options, System, wait, wait_all_fresh};
 use crate::remediation::{
-    FULL_RUN, attempts, evictions, in_service, opt_in, remediation_args, start,
-    wait_slurm_errors_counted,
+    FULL_RUN, attempts, evictions, opt_in, remediation_args, start, wait_slurm_errors_counted,
 };
 use crate::shared::remediation::{attempt_of, first_in, hold_evictions, pod_in, release_evictions};
 
@@ -93,8 +92,7 @@ async fn a_running_job_holds_the_eviction_until_it_ends_and_is_never_lost() {
     // The eviction came after the job ended, and no job was killed.
     assert!(slurm.killed_jobs().is_empty(), "{:?}", slurm.killed_jobs());
     for (host, _) in &pods {
-        let n = slurm.node(host).unwrap();
-        assert!(in_service(&n), "{host}: {n:?}");
+        crate::shared::remediation::assert_in_service_soon(&slurm, host).await;
     }
     assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
     sys.shutdown().await;
@@ -459,8 +457,7 @@ async fn the_controller_killed_at_every_step_leaves_no_orphan_drain_and_loses_no
         "the orphan drain is released first: {writes:?}"
     );
     for h in &hosts {
-        let n = slurm.node(h).unwrap();
-        assert!(in_service(&n), "{h}: {n:?}");
+        crate::shared::remediation::assert_in_service_soon(&slurm, h).await;
     }
     assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
     sys.shutdown().await;
