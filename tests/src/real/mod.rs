@@ -374,6 +374,12 @@ impl RealClusterBuilder {
                     }
                 };
                 d.handle().add_token(crate::cluster::SLURM_TOKEN, "slurm");
+                // The JWT user of the chart's remediation scenarios
+                // (charts/tests/render.py, `user: mountguard`) is a Slurm
+                // administrator here, as an operator makes it one
+                // (`sacctmgr add user mountguard AdminLevel=Admin`): slurmctld
+                // refuses node updates from any other user (error 2010).
+                d.handle().add_admin("mountguard");
                 Some(d)
             }
             None => None,
