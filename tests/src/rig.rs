@@ -62,6 +62,12 @@ pub trait Rig {
     }
     /// Eviction requests the controller replicas made for pod `pod`.
     fn evictions_of(&self, pod: &str) -> usize;
+    /// Those of [`Rig::evictions_of`] the API server granted, where the rig
+    /// can tell (the real API server's audit log); every request where it
+    /// cannot.
+    fn granted_evictions_of(&self, pod: &str) -> usize {
+        self.evictions_of(pod)
+    }
     /// Pod DELETE requests the controller replicas made (never expected:
     /// remediation evicts).
     fn pod_deletes(&self) -> Vec<String>;

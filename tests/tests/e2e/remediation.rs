@@ -420,3 +420,21 @@ async fn a_replacement_seen_while_the_kubelet_still_writes_its_volumes_is_not_ju
     crate::shared::operator::every_attempt_succeeded(&sys).await;
     sys.shutdown().await;
 }
+
+/// Asserts that `host` is in service within 3 s: Slurm shows a node
+/// `NOT_RESPONDING` for up to 2 s after the UNDRAIN or RESUME that
+/// released it (Slurm 26.05; the double's `set_resume_settle`).
+pub(crate) async fn assert_in_service_soon(
+    slurm: &mountguard_tests::slurmrestd::SlurmHandle,
+    host: &str,
+) {
+    let by = std::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        let n = slurm.node(host);
+        if n.as_ref().is_some_and(in_service) {
+            return;
+        }
+        assert!(std::time::Instant::now() < by, "{host}: {n:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -92,7 +92,7 @@ async fn a_running_job_holds_the_eviction_until_it_ends_and_is_never_lost() {
     // The eviction came after the job ended, and no job was killed.
     assert!(slurm.killed_jobs().is_empty(), "{:?}", slurm.killed_jobs());
     for (host, _) in &pods {
-        crate::shared::remediation::assert_in_service_soon(&slurm, host).await;
+        crate::remediation::assert_in_service_soon(&slurm, host).await;
     }
     assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
     sys.shutdown().await;
@@ -457,7 +457,7 @@ async fn the_controller_killed_at_every_step_leaves_no_orphan_drain_and_loses_no
         "the orphan drain is released first: {writes:?}"
     );
     for h in &hosts {
-        crate::shared::remediation::assert_in_service_soon(&slurm, h).await;
+        crate::remediation::assert_in_service_soon(&slurm, h).await;
     }
     assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
     sys.shutdown().await;

@@ -120,7 +120,7 @@ async fn a_restart_with_everything_fresh_writes_nothing_to_slurm_and_evicts_noth
         assert!(attempts(&sys).is_empty(), "restart {round}");
     }
     for (h, _) in &pods {
-        crate::shared::remediation::assert_in_service_soon(&slurm, h).await;
+        crate::remediation::assert_in_service_soon(&slurm, h).await;
     }
     sys.shutdown().await;
 }

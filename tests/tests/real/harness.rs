@@ -983,4 +983,17 @@ impl mountguard_tests::rig::Rig for RealSystem {
             })
             .count()
     }
+
+    fn granted_evictions_of(&self, pod: &str) -> usize {
+        self.controller_requests()
+            .iter()
+            .filter(|r| {
+                r.resource == "pods"
+                    && r.subresource == "eviction"
+                    && r.name == pod
+                    && !r.dry_run
+                    && (200..300).contains(&r.code)
+            })
+            .count()
+    }
 }

@@ -219,7 +219,15 @@ pub async fn leader_failover_mid_attempt_finishes_it_once<R: Rig>(sys: &mut R) {
     );
     for x in &all {
         assert_closed_until_verified(&samples, x);
-        assert_eq!(sys.evictions_of(&x.pod), 1, "{}: evicted once", x.pod);
+        // Granted once: while Slurm shows jobs on the worker (a slurmd on a
+        // stale key is not DOWN), the operator protects its pod and the
+        // PodDisruptionBudget refuses (429) until the jobs end.
+        assert_eq!(
+            sys.granted_evictions_of(&x.pod),
+            1,
+            "{}: evicted once",
+            x.pod
+        );
     }
     b.kill();
 }

@@ -37,21 +37,6 @@ pub fn in_service(n: &mountguard_tests::slurmrestd::NodeView) -> bool {
         .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "NOT_RESPONDING"))
 }
 
-/// Asserts that `host` is in service within 3 s: Slurm shows a node
-/// `NOT_RESPONDING` for up to 2 s after the UNDRAIN or RESUME that
-/// released it (Slurm 26.05; the double's `set_resume_settle`).
-pub async fn assert_in_service_soon(slurm: &mountguard_tests::slurmrestd::SlurmHandle, host: &str) {
-    let by = std::time::Instant::now() + Duration::from_secs(3);
-    loop {
-        let n = slurm.node(host);
-        if n.as_ref().is_some_and(in_service) {
-            return;
-        }
-        assert!(std::time::Instant::now() < by, "{host}: {n:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// `sys` runs the controller with remediation on (jwt.key Secret,
 /// remediation delay 1 s); `pin` is a pod referencing `slurm-auth-slurm`,
 /// named `pin_name`, placed (`spec.nodeName`) on the node of slurmd pod 0
