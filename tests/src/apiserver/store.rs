@@ -1036,8 +1036,9 @@ mod tests {
         assert_eq!(s.get(&resources::PODS, "ns", "p").unwrap_err().code, 404);
     }
 
-    #[test]
-    fn eviction_honours_pdb() {
+    /// A store with PDB `pdb` (`maxUnavailable: 0`) protecting pod `busy`
+    /// (label `protect=true`) and not pod `free`, both running and Ready.
+    fn pdb_store() -> Store {
         let mut s = store();
         s.create(
             &resources::PDBS,
@@ -1055,6 +1056,12 @@ mod tests {
             )
             .unwrap();
         }
+        s
+    }
+
+    #[test]
+    fn eviction_honours_pdb() {
+        let mut s = pdb_store();
         let e = s
             .evict("ns", "busy", &DeleteOptions::default())
             .unwrap_err();
@@ -1072,23 +1079,7 @@ mod tests {
 
     #[test]
     fn a_dry_run_eviction_is_refused_as_the_eviction_and_writes_nothing() {
-        let mut s = store();
-        s.create(
-            &resources::PDBS,
-            "ns",
-            json!({"metadata": {"name": "pdb"}, "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"protect": "true"}}}}),
-        )
-        .unwrap();
-        for (name, protect) in [("busy", "true"), ("free", "false")] {
-            s.create(
-                &resources::PODS,
-                "ns",
-                json!({"metadata": {"name": name, "labels": {"protect": protect}},
-                       "spec": {"nodeName": "n1", "containers": []},
-                       "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}),
-            )
-            .unwrap();
-        }
+        let mut s = pdb_store();
         let dry = |uid: Option<&str>| DeleteOptions {
             uid: uid.map(String::from),
             dry_run: true,
