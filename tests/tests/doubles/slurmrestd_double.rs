@@ -817,7 +817,7 @@ async fn slurmrestd_double_shows_what_slurm_26_05_showed_for_stale_keys_timeouts
 
     // A stopped slurmd: NOT_RESPONDING, DOWN only after SlurmdTimeout, and
     // Slurm's reason appended to the drain's, as SlurmUser.
-    h.set_slurmd_timeout(Duration::from_millis(300));
+    h.set_slurmd_timeout(Duration::from_secs(2));
     h.add_node("gone", 4);
     h.slurmd_started("gone", b"key-new");
     let drain = json!({"state": ["DRAIN"], "reason": "mountguard: x attempt a1"});
@@ -827,7 +827,7 @@ async fn slurmrestd_double_shows_what_slurm_26_05_showed_for_stale_keys_timeouts
         h.node("gone").unwrap().state,
         ["IDLE", "DRAIN", "NOT_RESPONDING"]
     );
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
     let v = h.node("gone").unwrap();
     assert_eq!(v.state, ["DOWN", "DRAIN", "NOT_RESPONDING"]);
     assert_eq!(v.reason, "mountguard: x attempt a1 : Not responding");
@@ -836,12 +836,13 @@ async fn slurmrestd_double_shows_what_slurm_26_05_showed_for_stale_keys_timeouts
     // exactly "Not responding"), which passes through NOT_RESPONDING.
     h.slurmd_started("gone", b"key-new");
     assert_eq!(h.node("gone").unwrap().state, ["DOWN", "DRAIN"]);
+    h.set_resume_settle(Duration::from_secs(5));
     assert_eq!(
         post("gone", TOKEN, json!({"state": ["RESUME"]})).await.0,
         200
     );
     assert_eq!(h.node("gone").unwrap().state, ["IDLE", "NOT_RESPONDING"]);
-    eventually(10, "out of NOT_RESPONDING after the resume", || {
+    eventually(15, "out of NOT_RESPONDING after the resume", || {
         let s = h.node("gone").unwrap().state;
         async move { (s == ["IDLE"]).then_some(()) }
     })
