@@ -1118,28 +1118,17 @@ fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCod
     // A state given as one string is taken as a one-element array (the
     // data parser's list parsing). Another JSON type is refused before
     // slurmctld sees it (not measured against Slurm: 400 here).
-    let states: BTreeSet<String> = match &msg["state"] {
-        Value::Null => BTreeSet::new(),
-        Value::String(one) => [one.clone()].into(),
-        Value::Array(a) => match a
-            .iter()
-            .map(|v| v.as_str().map(String::from))
-            .collect::<Option<_>>()
-        {
-            Some(s) => s,
-            None => {
-                return (
-                    StatusCode::BAD_REQUEST,
-                    vec![error("state must be an array of strings", 9202, "parse")],
-                );
-            }
-        },
-        _ => {
-            return (
-                StatusCode::BAD_REQUEST,
-                vec![error("state must be an array of strings", 9202, "parse")],
-            );
-        }
+    let states: Option<BTreeSet<String>> = match &msg["state"] {
+        Value::Null => Some(BTreeSet::new()),
+        Value::String(one) => Some([one.clone()].into()),
+        Value::Array(a) => a.iter().map(|v| v.as_str().map(String::from)).collect(),
+        _ => None,
+    };
+    let Some(states) = states else {
+        return (
+            StatusCode::BAD_REQUEST,
+            vec![error("state must be an array of strings", 9202, "parse")],
+        );
     };
     // An unknown state name: the data parser's error (9207), then
     // slurmctld's refusal of the transition (2180), HTTP 500.

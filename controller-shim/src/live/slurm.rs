@@ -504,6 +504,10 @@ impl SlurmClient {
             |e| e.errors.iter().map(|x| x.error_number).collect(),
         );
         let has = |number: i64| numbers.contains(&number);
+        let detail = env.as_ref().map_or_else(
+            |_| status.canonical_reason().unwrap_or("").to_string(),
+            |e| describe(&e.errors),
+        );
         // 401 (no token: a text/plain body), 403, and 511 (a token whose
         // signature or expiry slurmrestd refused: error 1007,
         // `SLURM_PROTOCOL_AUTHENTICATION_ERROR`, which `src/common/http.c`
@@ -513,10 +517,6 @@ impl SlurmClient {
             || status == StatusCode::FORBIDDEN
             || status == StatusCode::NETWORK_AUTHENTICATION_REQUIRED
         {
-            let detail = env.as_ref().map_or_else(
-                |_| status.canonical_reason().unwrap_or("").to_string(),
-                |e| describe(&e.errors),
-            );
             let message = if status == StatusCode::NETWORK_AUTHENTICATION_REQUIRED {
                 format!(
                     "{detail}: slurmrestd could not verify the token's signature or it has expired; the token (or jwt.key) must be signed with the key slurmctld loads (AuthAltParameters jwt_key)"
@@ -535,9 +535,7 @@ impl SlurmClient {
             return Err(SlurmError::Unauthorized {
                 status: code,
                 message: format!(
-                    "{}: the token's user is not a Slurm administrator; use a token of SlurmUser or of a user with AdminLevel=Admin",
-                    env.as_ref()
-                        .map_or_else(|_| String::new(), |e| describe(&e.errors))
+                    "{detail}: the token's user is not a Slurm administrator; use a token of SlurmUser or of a user with AdminLevel=Admin"
                 ),
             });
         }
@@ -556,30 +554,19 @@ impl SlurmClient {
                 });
             }
         };
-        let node = || rest.rsplit('/').next().unwrap_or_default().to_string();
-        if env
-            .errors
-            .iter()
-            .any(|e| e.error_number == ESLURM_INVALID_NODE_NAME)
-        {
-            return Err(SlurmError::NotFound {
-                node: node(),
-                message: describe(&env.errors),
-            });
-        }
-        // A read of one node slurmctld does not know: HTTP 200, no `nodes`,
-        // and an error entry "Failure to query node <name>" carrying the
-        // load's errno, 0 when the load itself worked
-        // (`src/slurmrestd/plugins/openapi/slurmctld/nodes.c`,
+        // A node slurmctld does not know: error 2018 on a write; on a read of
+        // one node, HTTP 200, no `nodes`, and an error entry "Failure to
+        // query node <name>" carrying the load's errno, 0 when the load
+        // itself worked (`src/slurmrestd/plugins/openapi/slurmctld/nodes.c`,
         // `_dump_nodes`, Slurm 26.05).
-        if status.is_success()
+        let unknown_read = status.is_success()
             && rest.starts_with("node/")
             && env.nodes.is_none()
-            && !env.errors.is_empty()
-        {
+            && !env.errors.is_empty();
+        if has(ESLURM_INVALID_NODE_NAME) || unknown_read {
             return Err(SlurmError::NotFound {
-                node: node(),
-                message: describe(&env.errors),
+                node: rest.rsplit('/').next().unwrap_or_default().to_string(),
+                message: detail,
             });
         }
         if status == StatusCode::UNPROCESSABLE_ENTITY && has(ESLURM_INVALID_NODE_STATE_TRANSITION) {
