@@ -35,6 +35,7 @@ pub mod prometheus;
 pub mod real_node;
 pub mod services;
 pub mod slinky;
+pub mod slurm;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};

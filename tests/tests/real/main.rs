@@ -31,4 +31,6 @@ mod kubelet_updates;
 mod node_double;
 mod operator;
 mod remediation;
+mod slurm;
+mod slurm_contract;
 mod workload_remediation;

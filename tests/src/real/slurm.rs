@@ -1,0 +1,633 @@
+//! Real Slurm 26.05 on loopback: slurmctld, slurmrestd (JWT) and one slurmd
+//! per node, built from SchedMD's source by `scripts/slurm.sh` into the
+//! upstream cache (nothing of Slurm's is in this repository).
+//!
+//! How the daemons are started, and why (each is a wall real Slurm put up):
+//! - auth/slurm with one key file per daemon (`SLURM_SACK_KEY`,
+//!   `init_internal` in `src/plugins/auth/slurm/internal.c`): slurmctld's key
+//!   is the cluster's; each slurmd reads the file it is given (in the tiers
+//!   with a kubelet: the `slurm.key` the kubelet wrote into the worker pod's
+//!   volume). The key must have no permission bit for others
+//!   (`_check_key_permissions`).
+//! - Every auth/slurm daemon binds its credential socket at a fixed path
+//!   under `/run` (`init_sack_conmgr` in `src/plugins/auth/slurm/sack.c`:
+//!   `/run/slurmctld/sack.socket`, `/run/slurm/sack.socket`), so each
+//!   daemon runs in a mount namespace of its own whose `/run` is a
+//!   directory of this rig: several slurmd (and several rigs) share the
+//!   host, and a daemon's slurmstepd children find their slurmd's socket.
+//! - slurmrestd runs as `nobody` (it refuses root and SlurmUser,
+//!   `src/slurmrestd/slurmrestd.c`) with `SLURM_JWT=daemon` and
+//!   `rest_auth/jwt`, so it forwards each request's token to slurmctld,
+//!   which verifies it with `AuthAltParameters=jwt_key=...` (auth/jwt).
+//! - SlurmUser is `slurm` (the user the Slinky images run as; the token
+//!   mountguard mints names it, and `scripts/slurm.sh` creates it);
+//!   `--enable-multiple-slurmd` lets every slurmd of the rig share this host,
+//!   each `-N <node>` on the port its `NodeName` line gives.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+use crate::mountguard::ChildGuard;
+
+/// The Slurm release the Slinky operator v1.2 images ship, at the tag
+/// `scripts/slurm.sh` builds.
+pub const SLURM_TAG: &str = "slurm-26-05-3-1";
+
+/// The REST API version mountguard and the Slinky operator use.
+pub const API: &str = "v0.0.44";
+
+/// The SlurmUser of the rig (an administrator by being SlurmUser).
+pub const SLURM_USER: &str = "slurm";
+
+/// The installed Slurm: `$MOUNTGUARD_SLURM_PREFIX` when set, else what
+/// `scripts/slurm.sh` prints (it answers at once from its cache). `Err`
+/// carries the reason a test prints with SKIPPED.
+pub fn prefix() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("MOUNTGUARD_SLURM_PREFIX") {
+        let p = PathBuf::from(p);
+        return if p.join("sbin/slurmctld").is_file() {
+            Ok(p)
+        } else {
+            Err(format!(
+                "MOUNTGUARD_SLURM_PREFIX={} holds no sbin/slurmctld",
+                p.display()
+            ))
+        };
+    }
+    let out = Command::new("bash")
+        .arg(super::repo().join("scripts/slurm.sh"))
+        .output()
+        .map_err(|e| format!("running scripts/slurm.sh: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    match out.status.code() {
+        Some(0) => Ok(PathBuf::from(stdout.lines().last().unwrap_or("").trim())),
+        _ => Err(String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .filter(|l| l.starts_with("SKIPPED") || l.starts_with("error"))
+            .collect::<Vec<_>>()
+            .join("; ")),
+    }
+}
+
+/// The installed Slurm, or `None` after printing a SKIPPED line that says
+/// why (the test then asserts nothing and says so).
+pub fn prefix_or_skip(test: &str) -> Option<PathBuf> {
+    match prefix() {
+        Ok(p) => Some(p),
+        Err(why) => {
+            eprintln!("SKIPPED: {test}: no Slurm {SLURM_TAG}: {why}");
+            None
+        }
+    }
+}
+
+/// What the rig's slurm.conf sets that the tests vary.
+#[derive(Debug, Clone)]
+pub struct SlurmConfig {
+    /// Node names, each with a slurmd of its own.
+    pub nodes: Vec<String>,
+    /// `SlurmdTimeout` in seconds (Slurm's default is 300; Slinky's
+    /// generated slurm.conf leaves the default).
+    pub slurmd_timeout: u32,
+    /// `ReturnToService` (0, 1 or 2; Slurm's default is 1).
+    pub return_to_service: u8,
+}
+
+impl SlurmConfig {
+    /// `n` nodes `node-0`..; SlurmdTimeout 6 s (pings every 2 s), RTS 1.
+    pub fn nodes(n: usize) -> Self {
+        Self {
+            nodes: (0..n).map(|i| format!("node-{i}")).collect(),
+            slurmd_timeout: 6,
+            return_to_service: 1,
+        }
+    }
+}
+
+/// One running Slurm cluster on loopback.
+pub struct RealSlurm {
+    prefix: PathBuf,
+    dir: PathBuf,
+    _tmp: tempfile::TempDir,
+    config: SlurmConfig,
+    ctld: Mutex<Option<ChildGuard>>,
+    restd: Mutex<Option<ChildGuard>>,
+    slurmds: Mutex<BTreeMap<String, ChildGuard>>,
+    restd_addr: SocketAddr,
+    jwt_key: Vec<u8>,
+}
+
+impl std::fmt::Debug for RealSlurm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealSlurm")
+            .field("dir", &self.dir)
+            .field("restd_addr", &self.restd_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A fresh random key of `len` bytes.
+pub fn random_key(len: usize) -> Vec<u8> {
+    use std::io::Read;
+    let mut k = vec![0u8; len];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut k))
+        .expect("/dev/urandom");
+    k
+}
+
+fn uid_gid(user: &str) -> io::Result<(u32, u32)> {
+    let u = nix::unistd::User::from_name(user)
+        .map_err(|e| io::Error::other(format!("looking up user {user}: {e}")))?
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "no user {user} on this host (scripts/slurm.sh creates it: useradd --system {user})"
+            ))
+        })?;
+    Ok((u.uid.as_raw(), u.gid.as_raw()))
+}
+
+fn chown(path: &Path, user: &str) -> io::Result<()> {
+    let (uid, gid) = uid_gid(user)?;
+    std::os::unix::fs::chown(path, Some(uid), Some(gid))
+}
+
+/// Writes a key file readable by its owner only (auth/slurm refuses any
+/// bit for others).
+pub fn write_key(path: &Path, key: &[u8]) -> io::Result<()> {
+    std::fs::write(path, key)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
+impl RealSlurm {
+    /// Starts slurmctld and slurmrestd on a new cluster key, and a slurmd
+    /// on that key for every node; returns once slurmrestd answers and
+    /// every node has registered.
+    pub async fn start(prefix: &Path, config: SlurmConfig) -> io::Result<Self> {
+        let tmp = tempfile::Builder::new().prefix("mg-slurm-").tempdir()?;
+        let dir = tmp.path().to_path_buf();
+        // slurmrestd (as nobody) reads slurm.conf in here.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+        for d in ["state", "logs", "run-ctld"] {
+            std::fs::create_dir_all(dir.join(d))?;
+        }
+        chown(&dir.join("state"), SLURM_USER)?;
+        // Every port at once, each listener held until all are chosen, so
+        // no two daemons are given the same one.
+        let held = (0..config.nodes.len() + 2)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+            .collect::<io::Result<Vec<_>>>()?;
+        let mut ports = held
+            .iter()
+            .map(|l| l.local_addr().map(|a| a.port()))
+            .collect::<io::Result<Vec<_>>>()?;
+        drop(held);
+        let ctld_port = ports.pop().unwrap_or_default();
+        let restd_addr = SocketAddr::from(([127, 0, 0, 1], ports.pop().unwrap_or_default()));
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")?
+            .trim()
+            .split('.')
+            .next()
+            .unwrap_or("localhost")
+            .to_string();
+        let mut node_lines = String::new();
+        for n in &config.nodes {
+            let port = ports.pop().unwrap_or_default();
+            node_lines.push_str(&format!(
+                "NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 RealMemory=64 State=UNKNOWN\n"
+            ));
+            std::fs::create_dir_all(dir.join(format!("spool-{n}")))?;
+            std::fs::create_dir_all(dir.join(format!("run-{n}")))?;
+        }
+        let d = dir.display();
+        let conf = format!(
+            "ClusterName=mountguard\n\
+             SlurmctldHost={host}(127.0.0.1)\n\
+             SlurmctldPort={ctld_port}\n\
+             SlurmUser={SLURM_USER}\n\
+             SlurmdUser=root\n\
+             AuthType=auth/slurm\n\
+             CredType=cred/slurm\n\
+             AuthAltTypes=auth/jwt\n\
+             AuthAltParameters=jwt_key={d}/jwt.key\n\
+             StateSaveLocation={d}/state\n\
+             SlurmdSpoolDir={d}/spool-%n\n\
+             SlurmctldPidFile={d}/slurmctld.pid\n\
+             SlurmdPidFile={d}/slurmd-%n.pid\n\
+             PluginDir={d}/slurm/lib/slurm\n\
+             SlurmctldDebug=debug\n\
+             SlurmdDebug=debug\n\
+             ProctrackType=proctrack/pgid\n\
+             TaskPlugin=task/none\n\
+             JobAcctGatherType=jobacct_gather/none\n\
+             AccountingStorageType=accounting_storage/none\n\
+             JobCompType=jobcomp/none\n\
+             SchedulerType=sched/builtin\n\
+             SelectType=select/cons_tres\n\
+             MpiDefault=none\n\
+             MessageTimeout=2\n\
+             SlurmdTimeout={timeout}\n\
+             ReturnToService={rts}\n\
+             {node_lines}\
+             PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP\n",
+            timeout = config.slurmd_timeout,
+            rts = config.return_to_service,
+        );
+        std::fs::write(dir.join("slurm.conf"), conf)?;
+        std::fs::write(dir.join("cgroup.conf"), "CgroupPlugin=disabled\n")?;
+        link_tree(&prefix.join("lib/slurm"), &dir.join("slurm/lib/slurm"))?;
+        link_tree(&prefix.join("sbin"), &dir.join("slurm/sbin"))?;
+        let jwt_key = random_key(32);
+        write_key(&dir.join("jwt.key"), &jwt_key)?;
+        chown(&dir.join("jwt.key"), SLURM_USER)?;
+        write_key(&dir.join("cluster.key"), &random_key(64))?;
+        chown(&dir.join("cluster.key"), SLURM_USER)?;
+
+        let slurm = Self {
+            prefix: prefix.to_path_buf(),
+            dir,
+            _tmp: tmp,
+            config,
+            ctld: Mutex::new(None),
+            restd: Mutex::new(None),
+            slurmds: Mutex::new(BTreeMap::new()),
+            restd_addr,
+            jwt_key,
+        };
+        slurm.start_ctld()?;
+        // slurmrestd as nobody: SLURM_JWT=daemon makes it take each
+        // request's token (src/slurmrestd/slurmrestd.c, `_parse_env`).
+        let (uid, gid) = uid_gid("nobody")?;
+        // SlurmUser and nobody cannot look into the cache under root's
+        // home: every daemon runs the links in the rig's directory (slurmctld
+        // execs itself as slurmscriptd after dropping to SlurmUser), with
+        // their plugins and libslurmfull.
+        let mut restd = Command::new(slurm.dir.join("slurm/sbin/slurmrestd"));
+        restd
+            .args(["-a", "rest_auth/jwt", "-s", "openapi/slurmctld"])
+            .arg(restd_addr.to_string())
+            .env("SLURM_CONF", slurm.conf())
+            .env("SLURM_JWT", "daemon")
+            .env("LD_LIBRARY_PATH", slurm.dir.join("slurm/lib/slurm"))
+            .env(
+                "SLURMRESTD_SECURITY",
+                "disable_unshare_files,disable_unshare_sysv",
+            )
+            .uid(uid)
+            .gid(gid);
+        *slurm.restd.lock().unwrap() = Some(ChildGuard::spawn(
+            "slurmrestd",
+            restd,
+            &slurm.dir.join("logs/slurmrestd.out"),
+        )?);
+        let nodes = slurm.config.nodes.clone();
+        for n in &nodes {
+            let key = slurm.dir.join(format!("{n}.key"));
+            std::fs::copy(slurm.dir.join("cluster.key"), &key)?;
+            write_key(&key, &std::fs::read(slurm.dir.join("cluster.key"))?)?;
+            slurm.start_slurmd(n, &key)?;
+        }
+        let token = slurm.token(SLURM_USER);
+        for n in &nodes {
+            let n = n.clone();
+            slurm
+                .wait(
+                    &format!("{n} registered and idle"),
+                    Duration::from_secs(60),
+                    || {
+                        let node = slurm.node(&n, &token);
+                        async move {
+                            let (_, v) = node.await;
+                            let states = node_states(&v);
+                            (states.iter().any(|s| s == "IDLE")
+                                && !states.iter().any(|s| s == "NOT_RESPONDING" || s == "DOWN"))
+                            .then_some(())
+                        }
+                    },
+                )
+                .await?;
+        }
+        Ok(slurm)
+    }
+
+    /// The rig's slurm.conf.
+    pub fn conf(&self) -> PathBuf {
+        self.dir.join("slurm.conf")
+    }
+
+    /// The installed Slurm.
+    pub fn prefix(&self) -> &Path {
+        &self.prefix
+    }
+
+    /// slurmrestd's base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.restd_addr)
+    }
+
+    /// slurmrestd's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.restd_addr
+    }
+
+    /// The key slurmctld verifies tokens with (`jwt_key`).
+    pub fn jwt_key(&self) -> &[u8] {
+        &self.jwt_key
+    }
+
+    /// A token for `user`, valid for ten minutes, as `scontrol token` makes
+    /// one (HS256, claims `sun`, `iat`, `exp`).
+    pub fn token(&self, user: &str) -> String {
+        crate::slurmrestd::mint_token(&self.jwt_key, user, Duration::from_secs(600))
+    }
+
+    /// The cluster key slurmctld runs on.
+    pub fn cluster_key(&self) -> Vec<u8> {
+        std::fs::read(self.dir.join("cluster.key")).unwrap_or_default()
+    }
+
+    /// Restarts slurmctld on `key` (the rotation: slurmctld's key file
+    /// replaced, the daemon restarted to read it; the slurmd keep theirs).
+    pub async fn restart_ctld_with_key(&self, key: &[u8]) -> io::Result<()> {
+        if let Some(mut c) = self.ctld.lock().unwrap().take() {
+            c.kill();
+        }
+        write_key(&self.dir.join("cluster.key"), key)?;
+        chown(&self.dir.join("cluster.key"), SLURM_USER)?;
+        self.start_ctld()?;
+        let token = self.token(SLURM_USER);
+        let path = format!("/slurm/{API}/ping/");
+        self.wait("slurmctld back", Duration::from_secs(60), || async {
+            (self.get(&path, Some(&token)).await.0 == 200).then_some(())
+        })
+        .await
+    }
+
+    fn start_ctld(&self) -> io::Result<()> {
+        let mut cmd = private_run(
+            &self.dir.join("slurm/sbin/slurmctld"),
+            &self.dir.join("run-ctld"),
+        )?;
+        cmd.args(["-D", "-f"])
+            .arg(self.conf())
+            .env("LD_LIBRARY_PATH", self.dir.join("slurm/lib/slurm"))
+            .env("SLURM_CONF", self.conf())
+            .env("SLURM_SACK_KEY", self.dir.join("cluster.key"));
+        *self.ctld.lock().unwrap() = Some(ChildGuard::spawn(
+            "slurmctld",
+            cmd,
+            &self.dir.join("logs/slurmctld.out"),
+        )?);
+        Ok(())
+    }
+
+    /// Starts (or restarts) `node`'s slurmd reading its key from
+    /// `key_file` (as a worker pod's slurmd reads the kubelet's file).
+    pub fn start_slurmd(&self, node: &str, key_file: &Path) -> io::Result<()> {
+        self.stop_slurmd(node);
+        let mut cmd = private_run(
+            &self.dir.join("slurm/sbin/slurmd"),
+            &self.dir.join(format!("run-{node}")),
+        )?;
+        cmd.args(["-D", "-N", node, "-f"])
+            .arg(self.conf())
+            .env("LD_LIBRARY_PATH", self.dir.join("slurm/lib/slurm"))
+            .env("SLURM_CONF", self.conf())
+            .env("SLURM_SACK_KEY", key_file);
+        let child = ChildGuard::spawn(
+            &format!("slurmd {node}"),
+            cmd,
+            &self.dir.join(format!("logs/slurmd-{node}.out")),
+        )?;
+        self.slurmds.lock().unwrap().insert(node.to_string(), child);
+        Ok(())
+    }
+
+    /// Stops `node`'s slurmd (its pod deleted); no-op when none runs.
+    pub fn stop_slurmd(&self, node: &str) {
+        if let Some(mut c) = self.slurmds.lock().unwrap().remove(node) {
+            c.kill();
+        }
+    }
+
+    /// Writes a key file for a slurmd in the rig's directory.
+    pub fn key_file(&self, name: &str, key: &[u8]) -> io::Result<PathBuf> {
+        let p = self.dir.join(format!("{name}.key"));
+        write_key(&p, key)?;
+        Ok(p)
+    }
+
+    /// A request to slurmrestd; the body parsed as JSON (`Null` when it
+    /// is not JSON), with the status.
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        call(&self.url(), method, path, token, body).await
+    }
+
+    /// GET `path`.
+    pub async fn get(&self, path: &str, token: Option<&str>) -> (u16, Value) {
+        self.call("GET", path, token, None).await
+    }
+
+    /// GET one node.
+    pub async fn node(&self, name: &str, token: &str) -> (u16, Value) {
+        self.get(&format!("/slurm/{API}/node/{name}"), Some(token))
+            .await
+    }
+
+    /// Submits a batch job pinned to `node` as SlurmUser, through
+    /// slurmrestd (`POST /slurm/v0.0.44/job/submit`); its id.
+    pub async fn submit_pinned_job(&self, node: &str, script: &str) -> io::Result<u64> {
+        let token = self.token(SLURM_USER);
+        let body = json!({"job": {
+            "name": format!("pinned-{node}"),
+            "partition": "all",
+            "required_nodes": [node],
+            "script": script,
+            "current_working_directory": "/tmp",
+            "environment": ["PATH=/usr/bin:/bin"],
+            "time_limit": {"set": true, "number": 2},
+        }});
+        let (code, v) = self
+            .call(
+                "POST",
+                &format!("/slurm/{API}/job/submit"),
+                Some(&token),
+                Some(&body),
+            )
+            .await;
+        v["job_id"]
+            .as_u64()
+            .filter(|_| code == 200)
+            .ok_or_else(|| io::Error::other(format!("job submit: HTTP {code}: {v}")))
+    }
+
+    /// A job's state names (`job_state`).
+    pub async fn job_state(&self, id: u64) -> Vec<String> {
+        let token = self.token(SLURM_USER);
+        let (_, v) = self
+            .get(&format!("/slurm/{API}/job/{id}"), Some(&token))
+            .await;
+        v["jobs"][0]["job_state"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Polls `f` every 250 ms until it answers or `timeout` passes.
+    pub async fn wait<T, F, Fut>(&self, what: &str, timeout: Duration, mut f: F) -> io::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(v) = f().await {
+                return Ok(v);
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "timed out after {timeout:?} waiting for {what}\n{}",
+                    self.logs(30)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// The end of every daemon's log, for a failure message.
+    pub fn logs(&self, lines: usize) -> String {
+        let mut out = String::new();
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("logs")) {
+            let mut files: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+            files.sort();
+            for f in files {
+                let text = std::fs::read_to_string(&f).unwrap_or_default();
+                out.push_str(&format!(
+                    "--- {} ---\n{}\n",
+                    f.file_name().unwrap_or_default().to_string_lossy(),
+                    crate::mountguard::tail(&text, lines)
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// The state names of the one node in a `node/{name}` answer.
+pub fn node_states(v: &Value) -> Vec<String> {
+    v["nodes"][0]["state"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The error numbers of an answer, in order.
+pub fn error_numbers(v: &Value) -> Vec<i64> {
+    v["errors"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["error_number"].as_i64())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Hard links (or copies, across file systems) the files of `from` into
+/// `to`, symbolic links as they are.
+fn link_tree(from: &Path, to: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        let ft = e.file_type()?;
+        if ft.is_symlink() {
+            std::os::unix::fs::symlink(std::fs::read_link(&src)?, &dst)?;
+        } else if ft.is_file() && std::fs::hard_link(&src, &dst).is_err() {
+            std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(())
+}
+
+/// A command that runs `program` in a mount namespace of its own whose
+/// `/run` is `run_dir` (see the module docs: the fixed credential socket
+/// paths), through util-linux's unshare(1).
+fn private_run(program: &Path, run_dir: &Path) -> io::Result<Command> {
+    std::fs::create_dir_all(run_dir)?;
+    let mut cmd = Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+        .arg(r#"mount --bind "$0" /run && exec "$@""#)
+        .arg(run_dir)
+        .arg(program);
+    Ok(cmd)
+}
+
+/// One HTTP/1.1 request with an optional `X-SLURM-USER-TOKEN`.
+pub async fn call(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{url}{path}"));
+    if let Some(t) = token {
+        req = req.header("X-SLURM-USER-TOKEN", t);
+    }
+    let body = body
+        .map(|b| serde_json::to_vec(b).unwrap_or_default())
+        .unwrap_or_default();
+    let Ok(req) = req
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+    else {
+        return (0, Value::Null);
+    };
+    match client.request(req).await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        }
+        Err(_) => (0, Value::Null),
+    }
+}

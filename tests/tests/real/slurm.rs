@@ -1,0 +1,401 @@
+//! mountguard's Slurm side against real Slurm 26.05 (slurmctld, slurmd and
+//! slurmrestd on loopback, built by `scripts/slurm.sh`): the controller's
+//! own slurmrestd client, drain reason and verification rules, on the
+//! seed's rotation as Slurm shows it. Without a Slurm build each test
+//! prints SKIPPED with the reason.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mountguard_controller::live::slurm::{
+    JwtMinter, SharedSecret, SlurmClient, SlurmError, SlurmNode,
+};
+use mountguard_core::remediation::machine::{Attempt, drain_reason, owns_reason, reason_is};
+use mountguard_tests::real::slurm::{RealSlurm, SLURM_USER, SlurmConfig, random_key};
+
+const TIMEOUT: Duration = Duration::from_secs(6);
+
+async fn start(test: &str, config: SlurmConfig) -> Option<RealSlurm> {
+    let prefix = mountguard_tests::real::slurm::prefix_or_skip(test)?;
+    Some(RealSlurm::start(&prefix, config).await.unwrap())
+}
+
+/// mountguard's client as the controller builds it with
+/// `--slurm-jwt-key-secret`: tokens minted from `jwt_key` for `user`.
+fn client(slurm: &RealSlurm, jwt_key: &[u8], user: &str) -> SlurmClient {
+    let key = SharedSecret::default();
+    key.set(Some(jwt_key.to_vec()));
+    let minter = JwtMinter {
+        key,
+        user: user.to_string(),
+        ttl: Duration::from_secs(300),
+    };
+    SlurmClient::new(
+        &slurm.url(),
+        None,
+        Arc::new(minter),
+        Duration::from_secs(10),
+    )
+    .unwrap()
+}
+
+async fn node(c: &SlurmClient, name: &str) -> SlurmNode {
+    c.get_node(name).await.unwrap()
+}
+
+fn has(n: &SlurmNode, s: &str) -> bool {
+    n.state.iter().any(|x| x == s)
+}
+
+fn now() -> jiff::Timestamp {
+    jiff::Timestamp::now()
+}
+
+/// Waits until `f` holds for the node, reading every 250 ms.
+async fn until(
+    slurm: &RealSlurm,
+    c: &SlurmClient,
+    name: &str,
+    what: &str,
+    limit: Duration,
+    f: impl Fn(&SlurmNode) -> bool,
+) -> SlurmNode {
+    slurm
+        .wait(what, limit, || {
+            let c = c.clone();
+            let name = name.to_string();
+            let ok = &f;
+            async move {
+                let n = c.get_node(&name).await.ok()?;
+                ok(&n).then_some(n)
+            }
+        })
+        .await
+        .unwrap()
+}
+
+/// Waits for a job to reach `state`; panics with Slurm's logs after `limit`.
+async fn job_reaches(slurm: &RealSlurm, id: u64, state: &str, limit: Duration) {
+    slurm
+        .wait(&format!("job {id} {state}"), limit, || async move {
+            slurm
+                .job_state(id)
+                .await
+                .iter()
+                .any(|s| s == state)
+                .then_some(())
+        })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_slurm_answers_are_classified_by_mountguards_slurmrestd_client() {
+    let Some(slurm) = start(
+        "real_slurm_answers_are_classified_by_mountguards_slurmrestd_client",
+        SlurmConfig::nodes(1),
+    )
+    .await
+    else {
+        return;
+    };
+    let admin = client(&slurm, slurm.jwt_key(), SLURM_USER);
+
+    // A node slurmctld does not know: 200 without nodes on a read, 422/2018
+    // on a write; both NotFound, neither transient.
+    let e = admin.get_node("node-9").await.unwrap_err();
+    assert!(matches!(e, SlurmError::NotFound { .. }), "{e:?}");
+    let e = admin.drain("node-9", "mountguard: x").await.unwrap_err();
+    assert!(matches!(e, SlurmError::NotFound { .. }), "{e:?}");
+    assert!(!e.is_transient());
+
+    // A token signed with another key: 511 (error 1007), an authentication
+    // failure that names the key to check, not a transient server error.
+    let forged = client(&slurm, &random_key(32), SLURM_USER);
+    let e = forged.get_node("node-0").await.unwrap_err();
+    assert!(
+        matches!(e, SlurmError::Unauthorized { status: 511, .. }),
+        "{e:?}"
+    );
+    assert!(!e.is_transient(), "{e:?}");
+    assert!(e.to_string().contains("jwt"), "{e}");
+
+    // A user who is not a Slurm administrator reads, and is refused a write
+    // (422/2010) with a message that says so.
+    let user = client(&slurm, slurm.jwt_key(), "nobody");
+    assert!(user.get_node("node-0").await.is_ok());
+    let e = user.drain("node-0", "mountguard: x").await.unwrap_err();
+    assert!(matches!(e, SlurmError::Unauthorized { .. }), "{e:?}");
+    assert!(e.to_string().contains("administrator"), "{e}");
+    assert!(!has(&node(&admin, "node-0").await, "DRAIN"));
+
+    // RESUME of an open node (422/2180) is what a RESUME asks for: done.
+    admin.resume("node-0").await.unwrap();
+
+    // A drain, its reason and user as Slurm keeps them, released by reason.
+    admin
+        .drain("node-0", "mountguard: classified")
+        .await
+        .unwrap();
+    let n = node(&admin, "node-0").await;
+    assert!(has(&n, "DRAIN"), "{n:?}");
+    assert_eq!(n.reason, "mountguard: classified");
+    assert_eq!(n.reason_set_by_user, SLURM_USER);
+    assert!(
+        !admin
+            .undrain_if_reason("node-0", "mountguard: other")
+            .await
+            .unwrap()
+    );
+    assert!(
+        admin
+            .undrain_if_reason("node-0", "mountguard: classified")
+            .await
+            .unwrap()
+    );
+    let n = until(&slurm, &admin, "node-0", "node-0 open", TIMEOUT, |n| {
+        !has(n, "DRAIN") && !has(n, "NOT_RESPONDING")
+    })
+    .await;
+    assert!(has(&n, "IDLE"), "{n:?}");
+}
+
+/// The seed's failure as Slurm shows it, and its repair: slurmctld on the
+/// new key, node-1's slurmd still on the old one. The stale node is never
+/// DOWN and no read of it looks broken for long, but no job starts on it
+/// and its `slurmd_start_time` never moves, so mountguard's verification
+/// (a registration after the replacement started) fails it. The repair:
+/// drain, the slurmd replaced on the new key, verified by registration,
+/// resumed by reason; a job pinned to it then completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_slurm_a_slurmd_on_the_old_key_looks_idle_runs_nothing_and_is_repaired_by_registration()
+ {
+    let Some(slurm) = start(
+        "real_slurm_a_slurmd_on_the_old_key_looks_idle_runs_nothing_and_is_repaired_by_registration",
+        SlurmConfig::nodes(2),
+    )
+    .await
+    else {
+        return;
+    };
+    let c = client(&slurm, slurm.jwt_key(), SLURM_USER);
+    let before = node(&c, "node-1").await;
+    let new_key = random_key(64);
+    let rotated = now();
+    slurm.restart_ctld_with_key(&new_key).await.unwrap();
+    let current = slurm.key_file("node-0-new", &new_key).unwrap();
+    slurm.start_slurmd("node-0", &current).unwrap();
+
+    // A job pinned to each node: node-0's completes, node-1's never starts.
+    let good = slurm
+        .submit_pinned_job("node-0", "#!/bin/sh\ntrue\n")
+        .await
+        .unwrap();
+    let stale = slurm
+        .submit_pinned_job("node-1", "#!/bin/sh\ntrue\n")
+        .await
+        .unwrap();
+    job_reaches(&slurm, good, "COMPLETED", TIMEOUT * 5).await;
+    let mut seen = std::collections::BTreeSet::new();
+    let deadline = tokio::time::Instant::now() + TIMEOUT * 4;
+    while tokio::time::Instant::now() < deadline {
+        let n = node(&c, "node-1").await;
+        seen.extend(n.state.iter().cloned());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        !seen.contains("DOWN"),
+        "a stale running slurmd is never DOWN: {seen:?}"
+    );
+    assert!(seen.contains("IDLE"), "{seen:?}");
+    // Between NOT_RESPONDING phases the node looks IDLE, so slurmctld may
+    // try the job there; its launch then fails authentication. Either way
+    // it never runs.
+    let states = slurm.job_state(stale).await;
+    assert!(
+        !states.iter().any(|s| s == "COMPLETED" || s == "RUNNING"),
+        "the job pinned to the stale node: {states:?}"
+    );
+    // The restarted slurmctld has seen no registration of node-1's slurmd:
+    // it shows slurmd_start_time 0 (it was the slurmd's start before).
+    let n1 = node(&c, "node-1").await;
+    assert!(before.slurmd_start_time > Some(0), "{before:?}");
+    assert_eq!(n1.slurmd_start_time, Some(0), "{n1:?}");
+    assert!(!Attempt::replacement_registered(
+        &n1.to_state(),
+        Some(rotated)
+    ));
+    let n0 = node(&c, "node-0").await;
+    assert!(
+        Attempt::replacement_registered(&n0.to_state(), Some(rotated)),
+        "{n0:?}"
+    );
+
+    // The repair, with mountguard's client and rules.
+    let reason = drain_reason("slurm", "slinky-1", &[], "a1b2c3d4e5");
+    c.drain("node-1", &reason).await.unwrap();
+    slurm.stop_slurmd("node-1");
+    // A container starts on whole seconds of the node's clock.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let replaced = now();
+    let file = slurm.key_file("node-1-new", &new_key).unwrap();
+    slurm.start_slurmd("node-1", &file).unwrap();
+    let n = until(
+        &slurm,
+        &c,
+        "node-1",
+        "node-1 registered on the new key",
+        TIMEOUT * 3,
+        |n| {
+            Attempt::replacement_registered(&n.to_state(), Some(replaced))
+                && !has(n, "NOT_RESPONDING")
+        },
+    )
+    .await;
+    assert!(
+        has(&n, "DRAIN") && owns_reason(&n.reason, "a1b2c3d4e5"),
+        "{n:?}"
+    );
+    assert!(c.resume_if_reason("node-1", &reason).await.unwrap());
+    let job = slurm
+        .submit_pinned_job("node-1", "#!/bin/sh\ntrue\n")
+        .await
+        .unwrap();
+    job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
+}
+
+/// A replacement that takes longer than SlurmdTimeout: Slurm sets the
+/// drained node DOWN and rewrites the reason to `<ours> : Not responding`
+/// under SlurmUser. The drain is still mountguard's (its attempt id), the
+/// node stays DOWN+DRAIN after the new slurmd registers, and mountguard's
+/// resume by reason releases it; a pinned job then completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_slurm_rewrites_the_drain_reason_past_slurmd_timeout_and_the_drain_stays_mountguards()
+{
+    let Some(slurm) = start(
+        "real_slurm_rewrites_the_drain_reason_past_slurmd_timeout_and_the_drain_stays_mountguards",
+        SlurmConfig::nodes(1),
+    )
+    .await
+    else {
+        return;
+    };
+    let c = client(&slurm, slurm.jwt_key(), SLURM_USER);
+    let reason = drain_reason("slurm", "slinky-0", &[], "0f1e2d3c4b");
+    c.drain("node-0", &reason).await.unwrap();
+    slurm.stop_slurmd("node-0");
+    let down = until(&slurm, &c, "node-0", "node-0 DOWN", TIMEOUT * 4, |n| {
+        has(n, "DOWN")
+    })
+    .await;
+    assert_eq!(
+        down.reason,
+        format!("{reason} : Not responding"),
+        "{down:?}"
+    );
+    assert_eq!(down.reason_set_by_user, SLURM_USER);
+    assert!(owns_reason(&down.reason, "0f1e2d3c4b"), "{down:?}");
+    assert!(reason_is(&down.reason, &reason));
+
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let replaced = now();
+    let file = slurm
+        .key_file("node-0-again", &slurm.cluster_key())
+        .unwrap();
+    slurm.start_slurmd("node-0", &file).unwrap();
+    let n = until(
+        &slurm,
+        &c,
+        "node-0",
+        "node-0 registered",
+        TIMEOUT * 3,
+        |n| {
+            Attempt::replacement_registered(&n.to_state(), Some(replaced))
+                && !has(n, "NOT_RESPONDING")
+        },
+    )
+    .await;
+    // Registered, and still DOWN+DRAIN: Slurm returns only a DOWN whose
+    // reason is exactly "Not responding" (ReturnToService=1).
+    assert!(has(&n, "DOWN") && has(&n, "DRAIN"), "{n:?}");
+    assert!(c.resume_if_reason("node-0", &reason).await.unwrap());
+    let n = until(&slurm, &c, "node-0", "node-0 in service", TIMEOUT, |n| {
+        !has(n, "DOWN") && !has(n, "DRAIN") && !has(n, "NOT_RESPONDING")
+    })
+    .await;
+    assert!(has(&n, "IDLE"), "{n:?}");
+    let job = slurm
+        .submit_pinned_job("node-0", "#!/bin/sh\ntrue\n")
+        .await
+        .unwrap();
+    job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
+}
+
+/// A pinned node: its replacement's slurmd still reads the old key.
+/// With ReturnToService=1, Slurm puts a DOWN "Not responding" node whose
+/// slurmd answers back in service by itself (IDLE); nothing registered,
+/// so mountguard's verification fails it, and no job runs there. Under
+/// mountguard's drain, Slurm's rewritten reason keeps the node drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_slurm_return_to_service_reopens_a_stale_slurmd_and_verification_still_fails_it() {
+    let Some(slurm) = start(
+        "real_slurm_return_to_service_reopens_a_stale_slurmd_and_verification_still_fails_it",
+        SlurmConfig::nodes(2),
+    )
+    .await
+    else {
+        return;
+    };
+    let c = client(&slurm, slurm.jwt_key(), SLURM_USER);
+    let old_key = slurm.cluster_key();
+    // node-0 without a drain, node-1 under mountguard's; both slurmd
+    // stopped (their pods evicted) until Slurm sets them DOWN.
+    let reason = drain_reason("slurm", "slinky-1", &[], "9a8b7c6d5e");
+    c.drain("node-1", &reason).await.unwrap();
+    for n in ["node-0", "node-1"] {
+        slurm.stop_slurmd(n);
+    }
+    for n in ["node-0", "node-1"] {
+        until(&slurm, &c, n, "DOWN for not responding", TIMEOUT * 4, |x| {
+            has(x, "DOWN")
+        })
+        .await;
+    }
+    // The rotation: slurmctld on the new key; the replacements' slurmd
+    // still read the old one (the kubelet's pinned copy).
+    slurm.restart_ctld_with_key(&random_key(64)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let replaced = now();
+    for n in ["node-0", "node-1"] {
+        let file = slurm.key_file(&format!("{n}-old"), &old_key).unwrap();
+        slurm.start_slurmd(n, &file).unwrap();
+    }
+    let reopened = until(
+        &slurm,
+        &c,
+        "node-0",
+        "node-0 back in service",
+        TIMEOUT * 4,
+        |n| !has(n, "DOWN"),
+    )
+    .await;
+    assert!(
+        !Attempt::replacement_registered(&reopened.to_state(), Some(replaced)),
+        "{reopened:?}"
+    );
+    let job = slurm
+        .submit_pinned_job("node-0", "#!/bin/sh\ntrue\n")
+        .await
+        .unwrap();
+    tokio::time::sleep(TIMEOUT * 2).await;
+    assert_eq!(slurm.job_state(job).await, ["PENDING"]);
+    let held = node(&c, "node-1").await;
+    assert!(
+        has(&held, "DRAIN") && reason_is(&held.reason, &reason),
+        "{held:?}"
+    );
+    assert!(!Attempt::replacement_registered(
+        &held.to_state(),
+        Some(replaced)
+    ));
+}
