@@ -36,6 +36,12 @@
 //!   operator's preStop DOWN included. Returning keeps the flags (DRAIN,
 //!   FAIL): only the base state changes, and the reason of a node neither
 //!   DRAIN nor FAIL goes.
+//! - slurmctld restarted on a new key ([`SlurmHandle::set_controller_key`]
+//!   replacing another): a node whose slurmd is not on the new key shows
+//!   `slurmd_start_time` 0 (the saved node state holds none:
+//!   `_node_record_pack` in `src/common/node_conf.c`) and the base state
+//!   UNKNOWN until its slurmd answers (`_node_did_resp` in `node_mgr.c`),
+//!   or until it is set DOWN when its slurmd is stopped.
 //! - UNDRAIN and RESUME: the node shows `NOT_RESPONDING` for a moment after
 //!   either ([`SlurmHandle::set_resume_settle`]; 0.5-2 s on Slurm 26.05).
 //! - The FAIL flag (`state: ["FAIL"]`, a reason required): like DRAIN, no
@@ -165,6 +171,9 @@ struct Node {
     stopped_at: Option<Instant>,
     /// Shows `NOT_RESPONDING` until then (after an UNDRAIN or RESUME).
     settling_until: Option<Instant>,
+    /// Base state `UNKNOWN` until then: after slurmctld restarted, until
+    /// the node's slurmd answers.
+    unknown_until: Option<Instant>,
     /// The node's `comment` (`update_node_msg.comment`, kept as sent).
     comment: String,
 }
@@ -343,6 +352,7 @@ impl State {
             if slurmd == Slurmd::Stopped && timed_out && !n.down {
                 // ping_nodes.c: set_node_down_ptr(node, "Not responding").
                 n.down = true;
+                n.unknown_until = None;
                 set_node_reason(n, NOT_RESPONDING, now_unix);
                 self.last_update = now_unix;
             } else if slurmd != Slurmd::Stopped && n.down {
@@ -396,6 +406,11 @@ impl State {
         let mut state = Vec::new();
         if n.down {
             state.push("DOWN");
+        } else if n
+            .unknown_until
+            .is_some_and(|t| Instant::now() < t || !answering)
+        {
+            state.push("UNKNOWN");
         } else if alloc == 0 {
             state.push("IDLE");
         } else if alloc >= n.cpus {
@@ -529,6 +544,7 @@ impl SlurmHandle {
             slurmd_start_time: 0,
             slurmd_started: Instant::now(),
             registered_start: None,
+            unknown_until: None,
             stopped_at: None,
             settling_until: None,
             comment: String::new(),
@@ -539,12 +555,30 @@ impl SlurmHandle {
     /// Sets the auth key slurmctld uses. A running slurmd on that key
     /// registers (slurmctld asks every node to register from time to time:
     /// `ping_nodes` in `src/slurmctld/ping_nodes.c`).
+    ///
+    /// A new key replacing another is slurmctld restarted on it (it reads
+    /// its key at start, `init_internal` in
+    /// `src/plugins/auth/slurm/internal.c`). The restarted slurmctld
+    /// restores each node's state and flags but not `slurmd_start_time`
+    /// (`_node_record_pack` in `src/common/node_conf.c` saves none), so a
+    /// node whose slurmd is not on the new key shows `slurmd_start_time`
+    /// 0 and, unless DOWN, the base state `UNKNOWN` until its slurmd
+    /// answers at all (`_node_did_resp` in `src/slurmctld/node_mgr.c` makes
+    /// an UNKNOWN node that answers IDLE; here: two ping intervals).
     pub fn set_controller_key(&self, key: &[u8]) {
         let mut s = lock(&self.state);
         let digest = key_digest(key);
+        let restarted = s
+            .controller_key_digest
+            .as_deref()
+            .is_some_and(|old| old != digest);
+        let unknown_until = Instant::now() + s.ping_interval * 2;
         for n in s.nodes.values_mut() {
             if n.slurmd_key_digest.as_deref() == Some(digest.as_str()) {
                 n.registered_start = Some(n.slurmd_start_time);
+            } else if restarted {
+                n.registered_start = Some(0);
+                n.unknown_until = Some(unknown_until);
             }
         }
         s.controller_key_digest = Some(digest);
@@ -563,6 +597,7 @@ impl SlurmHandle {
             n.stopped_at = None;
             if slurmd_of(n, controller.as_deref()) == Slurmd::Current {
                 n.registered_start = Some(n.slurmd_start_time);
+                n.unknown_until = None;
             }
         }
         s.last_update = crate::util::unix_now();
