@@ -196,29 +196,62 @@ if [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 ]; then
         # docs/testing.md): its real_operator_* tests run with it, and are
         # left out with a loud SKIPPED line without it.
         operator_dir="$(sed -n 's/^slinky-operator-dir: //p' "$build_log" | tail -n 1)"
-        real_filter=()
+        real_expr='not test(/real_slurm_/)'
         if [ -n "$operator_dir" ]; then
             export MOUNTGUARD_SLINKY_OPERATOR_DIR="$operator_dir"
             echo "the real Slinky operator: $operator_dir"
             sed 's/^/    /' "$operator_dir/versions.txt"
         else
-            real_filter=(-E 'not test(/real_operator_/)')
+            real_expr="$real_expr and not test(/real_operator_/)"
             printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
             grep '^SKIPPED: the Slinky operator v' "$build_log" | sed 's/^/!!! /' || true
             printf '!!! The real_operator_* tests are left out; the operator double stands in.\n'
             printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n'
         fi
+        # Real Slurm (slurmctld, slurmd, slurmrestd 26.05) from a clone of
+        # SchedMD/slurm at its pinned tag (scripts/slurm.sh, cached beside
+        # the other programs): built in the background while the control
+        # plane's tests mostly wait on their programs; the real_slurm_*
+        # tests run after them.
+        slurm_log="$(mktemp)"
+        nice -n 15 bash scripts/slurm.sh >"$slurm_log" 2>&1 &
+        slurm_pid=$!
         log "tests against the real control plane"
         tests_start=$SECONDS
         # --lib: also the unit tests of the rig's own code (tests/src/real),
         # which is compiled only with the feature.
+        set +e
         MOUNTGUARD_UPSTREAM_BIN="$upstream_bin" \
             cargo nextest run -p mountguard-tests --features real-upstream --lib --test real --no-fail-fast \
-            "${real_filter[@]}"
+            -E "$real_expr"
+        real_rc=$?
+        set -e
         echo "real control plane tier: $((SECONDS - real_start)) s (tests $((SECONDS - tests_start)) s)"
         tier_done "real control plane: upstream build or cache" "$((tests_start - real_start))"
         tier_done "real control plane: tests" "$((SECONDS - tests_start))"
         mark=$SECONDS
+        log "real Slurm: slurmctld, slurmd, slurmrestd (scripts/slurm.sh, cached)"
+        slurm_rc=0
+        wait "$slurm_pid" || slurm_rc=$?
+        grep -v '^ *$' "$slurm_log" | tail -n 5
+        tier "real Slurm: build or cache (beyond the tests' time)"
+        if [ "$slurm_rc" = 0 ]; then
+            MOUNTGUARD_SLURM_PREFIX="$(tail -n 1 "$slurm_log")" \
+                cargo nextest run -p mountguard-tests --features real-upstream --test real --no-fail-fast \
+                -E 'test(/real_slurm_/)' || real_rc=1
+            tier "real Slurm: tests"
+        elif [ "$slurm_rc" = 3 ]; then
+            printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
+            grep '^SKIPPED' "$slurm_log" | sed 's/^/!!! /'
+            printf '!!! The real_slurm_* tests are left out.\n'
+            printf '!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n\n'
+            tier "real Slurm: SKIPPED"
+        else
+            echo "error: scripts/slurm.sh failed (exit $slurm_rc)" >&2
+            real_rc=1
+        fi
+        rm -f "$slurm_log"
+        [ "$real_rc" = 0 ] || exit "$real_rc"
     else
         echo "SKIPPED: tests against the real control plane: scripts/upstream.sh exited $build_rc:" >&2
         tail -n 20 "$build_log" | sed 's/^/SKIPPED:   /' >&2
