@@ -248,6 +248,8 @@ pub struct RealClusterBuilder {
     slinky_doubles: Option<bool>,
     /// The real Slinky operator (see [`Self::real_slinky_operator`]).
     slinky_operator: Option<operator::OperatorBuild>,
+    /// Real Slurm's install prefix (see [`Self::real_slurm`]).
+    real_slurm: Option<PathBuf>,
 }
 
 impl RealClusterBuilder {
@@ -297,6 +299,20 @@ impl RealClusterBuilder {
     pub fn real_slinky_operator(mut self, build: operator::OperatorBuild) -> Self {
         self.slinky_doubles = Some(false);
         self.slinky_operator = Some(build);
+        self
+    }
+
+    /// The Slinky doubles of [`Self::slinky_doubles`] (without the
+    /// operator's rules) with real Slurm in place of the slurmrestd double
+    /// ([`slurm::RealSlurm`], installed at `prefix`): slurmctld on the
+    /// `slurm.key` Secret's key (restarted on a new one), slurmrestd on its
+    /// `jwt.key`, and for every worker pod a slurmd process on the
+    /// `slurm.key` file the node double wrote into the pod's volume,
+    /// started once the pod runs and stopped once it is gone. Slurm nodes:
+    /// `<NodeSet>-<i>` for each node double, the pods' hostnames.
+    pub fn real_slurm(mut self, prefix: PathBuf) -> Self {
+        self.slinky_doubles = Some(false);
+        self.real_slurm = Some(prefix);
         self
     }
 
@@ -363,7 +379,23 @@ impl RealClusterBuilder {
                 ),
             )?;
         }
+        let real_slurm = match &self.real_slurm {
+            Some(prefix) => {
+                let mut config = slurm::SlurmConfig::nodes(0);
+                config.nodes = (0..self.nodes)
+                    .map(|i| format!("{}-{i}", crate::cluster::NODESET))
+                    .collect();
+                config.jwt_key = Some(slinky::JWT_KEY.to_vec());
+                config.cluster_key = Some(slinky::first_slurm_key());
+                config.start_slurmd = false;
+                Some(std::sync::Arc::new(
+                    slurm::RealSlurm::start(prefix, config).await?,
+                ))
+            }
+            None => None,
+        };
         let slurm = match self.slinky_doubles {
+            Some(_) if real_slurm.is_some() => None,
             Some(_) => {
                 let d = match &self.slinky_operator {
                     Some(_) => {
@@ -390,6 +422,7 @@ impl RealClusterBuilder {
         }
         let mut cluster = RealCluster {
             slurm,
+            real_slurm,
             slinky: None,
             operator: None,
             operator_build: self.slinky_operator.clone(),
@@ -458,6 +491,7 @@ impl RealClusterBuilder {
 #[derive(Debug)]
 pub struct RealCluster {
     slurm: Option<crate::slurmrestd::SlurmrestdDouble>,
+    real_slurm: Option<std::sync::Arc<slurm::RealSlurm>>,
     slinky: Option<slinky::SlinkyDoubles>,
     operator: Option<operator::RealOperator>,
     operator_build: Option<operator::OperatorBuild>,
@@ -491,6 +525,7 @@ impl RealCluster {
             slinky_crds: true,
             slinky_doubles: None,
             slinky_operator: None,
+            real_slurm: None,
         }
     }
 
@@ -548,9 +583,19 @@ impl RealCluster {
         self.slurm.as_ref().map(|d| d.handle())
     }
 
-    /// The slurmrestd double's URL (with [`RealClusterBuilder::slinky_doubles`]).
+    /// slurmrestd's URL: the double's (with
+    /// [`RealClusterBuilder::slinky_doubles`]) or real Slurm's (with
+    /// [`RealClusterBuilder::real_slurm`]).
     pub fn slurmrestd_url(&self) -> Option<String> {
-        self.slurm.as_ref().map(|d| d.url())
+        match &self.real_slurm {
+            Some(r) => Some(r.url()),
+            None => self.slurm.as_ref().map(|d| d.url()),
+        }
+    }
+
+    /// Real Slurm (with [`RealClusterBuilder::real_slurm`]).
+    pub fn real_slurm(&self) -> Option<std::sync::Arc<slurm::RealSlurm>> {
+        self.real_slurm.clone()
     }
 
     /// The slurmrestd double's address (loopback).
@@ -603,7 +648,16 @@ impl RealCluster {
         &mut self,
         roots: std::collections::BTreeMap<String, PathBuf>,
     ) -> io::Result<()> {
-        let (Some(rules), Some(slurm)) = (self.slinky_rules, self.slurm.as_ref()) else {
+        let side = match (&self.real_slurm, self.slurm.as_ref()) {
+            (Some(r), _) => slinky::SlurmSide::Real(r.clone()),
+            (None, Some(d)) => slinky::SlurmSide::Double(d.handle()),
+            (None, None) => None.ok_or_else(|| {
+                io::Error::other(
+                    "the cluster was built without the Slinky doubles (RealClusterBuilder::slinky_doubles)",
+                )
+            })?,
+        };
+        let Some(rules) = self.slinky_rules else {
             return Err(io::Error::other(
                 "the cluster was built without the Slinky doubles (RealClusterBuilder::slinky_doubles)",
             ));
@@ -614,7 +668,7 @@ impl RealCluster {
         let client = self.client().await?;
         self.slinky = Some(slinky::SlinkyDoubles::start(
             std::sync::Arc::new(objects::RealObjects::new(client)),
-            slurm.handle(),
+            side,
             roots,
             rules,
             self.operator_build.is_none(),

@@ -58,6 +58,9 @@ fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
 
+/// The `jwt.key` of [`create_auth_and_hooks`].
+pub const JWT_KEY: [u8; 32] = [7u8; 32];
+
 /// The first `slurm.key` of [`create_auth_and_hooks`] (1024 bytes).
 pub fn first_slurm_key() -> Vec<u8> {
     (0..1024u32).map(|i| (i * 7 + 3) as u8).collect()
@@ -70,7 +73,7 @@ pub async fn create_auth_and_hooks(client: &kube::Client) -> io::Result<()> {
     super::ensure_namespace(client, SLURM_NAMESPACE).await?;
     for o in [
         json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": AUTH_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"slurm.key": b64(&first_slurm_key())}}),
-        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"jwt.key": b64(&[7u8; 32])}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": JWT_SECRET, "namespace": SLURM_NAMESPACE}, "immutable": true, "data": {"jwt.key": b64(&JWT_KEY)}}),
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": HOOKS_CONFIGMAP, "namespace": SLURM_NAMESPACE}, "data": {"99-mountguard.sh": "#!/bin/sh\nexit 0\n"}}),
     ] {
         super::create(client, &o).await?;
@@ -122,6 +125,68 @@ pub async fn create_nodeset(
 /// The relative path of `slurm.key` in a slurmd pod's directory.
 const KEY_FILE: &str = "volumes/kubernetes.io~projected/slurm-etc/slurm.key";
 
+/// Who plays Slurm for the bridge: the slurmrestd double, or real Slurm
+/// (slurmctld, slurmrestd, and one slurmd process per worker pod, started
+/// on the `slurm.key` file the node wrote into the pod's volume).
+#[derive(Debug, Clone)]
+pub enum SlurmSide {
+    /// The slurmrestd double.
+    Double(SlurmHandle),
+    /// Real Slurm ([`super::slurm::RealSlurm`]).
+    Real(Arc<super::slurm::RealSlurm>),
+}
+
+impl SlurmSide {
+    /// slurmctld on `key`: the double takes it; real slurmctld is
+    /// restarted on it when it is another key (it reads its key at start).
+    fn controller_key(&self, key: &[u8]) {
+        match self {
+            SlurmSide::Double(h) => h.set_controller_key(key),
+            SlurmSide::Real(r) => {
+                if r.cluster_key() != key {
+                    let r = r.clone();
+                    let key = key.to_vec();
+                    let restarted = tokio::runtime::Handle::current()
+                        .block_on(async move { r.restart_ctld_with_key(&key).await });
+                    if let Err(e) = restarted {
+                        eprintln!("bridge: restarting slurmctld on the new key: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A worker's slurmd started with the key in `key_file`; false when the
+    /// file cannot be read yet.
+    fn slurmd_started(&self, host: &str, key_file: &std::path::Path) -> bool {
+        match self {
+            SlurmSide::Double(h) => match std::fs::read(key_file) {
+                Ok(key) => {
+                    if h.node(host).is_none() {
+                        h.add_node(host, 4);
+                    }
+                    h.slurmd_started(host, &key);
+                    true
+                }
+                Err(_) => false,
+            },
+            SlurmSide::Real(r) => {
+                key_file.is_file()
+                    && r.start_slurmd(host, key_file)
+                        .map_err(|e| eprintln!("bridge: starting slurmd {host}: {e}"))
+                        .is_ok()
+            }
+        }
+    }
+
+    fn slurmd_stopped(&self, host: &str) {
+        match self {
+            SlurmSide::Double(h) => h.slurmd_stopped(host),
+            SlurmSide::Real(r) => r.stop_slurmd(host),
+        }
+    }
+}
+
 /// The node doubles' container exec: runs the slurmd preStop command
 /// against the slurmrestd double's slurmctld (not a REST write: scontrol),
 /// as user `slurm`, when the pod's key file is slurmctld's key.
@@ -154,7 +219,7 @@ impl SlinkyDoubles {
     /// names to their kubelet roots.
     pub fn start(
         api: Arc<RealObjects>,
-        slurm: SlurmHandle,
+        slurm: SlurmSide,
         roots: BTreeMap<String, PathBuf>,
         operator_rules: bool,
         nodeset_double: bool,
@@ -214,11 +279,30 @@ impl Drop for SlinkyDoubles {
     }
 }
 
+/// Whether the pod's slurmd container started at least `delay` ago
+/// (`status.containerStatuses[name=slurmd].state.running.startedAt`).
+fn started_for(pod: &Value, delay: Duration) -> bool {
+    if delay.is_zero() {
+        return true;
+    }
+    let started = pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["name"] == "slurmd")
+        .and_then(|c| c["state"]["running"]["startedAt"].as_str())
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok());
+    started.is_some_and(|t| {
+        jiff::Timestamp::now().as_millisecond() - t.as_millisecond()
+            >= i64::try_from(delay.as_millis()).unwrap_or(i64::MAX)
+    })
+}
+
 /// One pass of the bridge (see the module doc). A failed list changes
 /// nothing (a slurmd is stopped only for a pod the API says is gone).
 fn bridge_pass(
     api: &RealObjects,
-    slurm: &SlurmHandle,
+    slurm: &SlurmSide,
     roots: &BTreeMap<String, PathBuf>,
     started: &mut BTreeMap<String, String>,
     operator_rules: bool,
@@ -233,10 +317,11 @@ fn bridge_pass(
             .ok()
             .and_then(|s| crate::cluster::decode_key(&s, key))
         {
-            if set {
-                slurm.set_controller_key(&k);
-            } else {
-                slurm.set_jwt_key(&k);
+            match (set, slurm) {
+                (true, _) => slurm.controller_key(&k),
+                (false, SlurmSide::Double(h)) => h.set_jwt_key(&k),
+                // Real slurmctld was started on the jwt.key Secret's key.
+                (false, SlurmSide::Real(_)) => {}
             }
         }
     }
@@ -265,8 +350,10 @@ fn bridge_pass(
             continue;
         };
         let uid = pod["metadata"]["uid"].as_str().unwrap_or("").to_string();
-        if slurm.node(host).is_none() {
-            slurm.add_node(host, 4);
+        if let SlurmSide::Double(h) = slurm
+            && h.node(host).is_none()
+        {
+            h.add_node(host, 4);
         }
         if pod["status"]["phase"] != "Running"
             || !pod["metadata"]["deletionTimestamp"].is_null()
@@ -277,15 +364,23 @@ fn bridge_pass(
         let Some(root) = pod["spec"]["nodeName"].as_str().and_then(|n| roots.get(n)) else {
             continue;
         };
+        if let SlurmSide::Real(r) = slurm
+            && !started_for(pod, r.slurmd_delay())
+        {
+            continue;
+        }
         let key_file = mountguard_inventory::layout::pod_dir(root, &uid).join(KEY_FILE);
-        if let Ok(key) = std::fs::read(&key_file) {
-            slurm.slurmd_started(host, &key);
+        if slurm.slurmd_started(host, &key_file) {
             started.insert(host.to_string(), uid);
         }
     }
     // With the real operator, its own rules label busy pods (the
     // workload disruption protection) and cordon: the bridge only plays
-    // Slurm.
+    // Slurm. Against real Slurm no job runs during a repair, and the
+    // operator's rules are the real operator's to play.
+    let SlurmSide::Double(slurm) = slurm else {
+        return;
+    };
     if nodeset_double {
         crate::operator::protect_busy_pods(api, slurm, SLURM_NAMESPACE, started);
     }

@@ -104,6 +104,14 @@ pub struct SlurmConfig {
     pub slurmd_timeout: u32,
     /// `ReturnToService` (0, 1 or 2; Slurm's default is 1).
     pub return_to_service: u8,
+    /// The key slurmctld verifies tokens with (None: a random one).
+    pub jwt_key: Option<Vec<u8>>,
+    /// The cluster's `slurm.key` (None: a random one).
+    pub cluster_key: Option<Vec<u8>>,
+    /// Whether [`RealSlurm::start`] starts a slurmd on the cluster key for
+    /// every node and waits for their registrations (false: the caller
+    /// starts them, on key files of its own).
+    pub start_slurmd: bool,
 }
 
 impl SlurmConfig {
@@ -113,6 +121,9 @@ impl SlurmConfig {
             nodes: (0..n).map(|i| format!("node-{i}")).collect(),
             slurmd_timeout: 6,
             return_to_service: 1,
+            jwt_key: None,
+            cluster_key: None,
+            start_slurmd: true,
         }
     }
 }
@@ -128,6 +139,7 @@ pub struct RealSlurm {
     slurmds: Mutex<BTreeMap<String, ChildGuard>>,
     restd_addr: SocketAddr,
     jwt_key: Vec<u8>,
+    slurmd_delay: Mutex<Duration>,
 }
 
 impl std::fmt::Debug for RealSlurm {
@@ -250,10 +262,13 @@ impl RealSlurm {
         std::fs::write(dir.join("cgroup.conf"), "CgroupPlugin=disabled\n")?;
         link_tree(&prefix.join("lib/slurm"), &dir.join("slurm/lib/slurm"))?;
         link_tree(&prefix.join("sbin"), &dir.join("slurm/sbin"))?;
-        let jwt_key = random_key(32);
+        let jwt_key = config.jwt_key.clone().unwrap_or_else(|| random_key(32));
         write_key(&dir.join("jwt.key"), &jwt_key)?;
         chown(&dir.join("jwt.key"), SLURM_USER)?;
-        write_key(&dir.join("cluster.key"), &random_key(64))?;
+        write_key(
+            &dir.join("cluster.key"),
+            &config.cluster_key.clone().unwrap_or_else(|| random_key(64)),
+        )?;
         chown(&dir.join("cluster.key"), SLURM_USER)?;
 
         let slurm = Self {
@@ -266,6 +281,7 @@ impl RealSlurm {
             slurmds: Mutex::new(BTreeMap::new()),
             restd_addr,
             jwt_key,
+            slurmd_delay: Mutex::new(Duration::ZERO),
         };
         slurm.start_ctld()?;
         // slurmrestd as nobody: SLURM_JWT=daemon makes it take each
@@ -294,6 +310,16 @@ impl RealSlurm {
             &slurm.dir.join("logs/slurmrestd.out"),
         )?);
         let nodes = slurm.config.nodes.clone();
+        if !slurm.config.start_slurmd {
+            let token = slurm.token(SLURM_USER);
+            let path = format!("/slurm/{API}/ping/");
+            slurm
+                .wait("slurmctld answering", Duration::from_secs(60), || async {
+                    (slurm.get(&path, Some(&token)).await.0 == 200).then_some(())
+                })
+                .await?;
+            return Ok(slurm);
+        }
         for n in &nodes {
             let key = slurm.dir.join(format!("{n}.key"));
             std::fs::copy(slurm.dir.join("cluster.key"), &key)?;
@@ -414,6 +440,17 @@ impl RealSlurm {
         )?;
         self.slurmds.lock().unwrap().insert(node.to_string(), child);
         Ok(())
+    }
+
+    /// How long after its container started a worker pod's slurmd starts
+    /// (a slow image or entrypoint; the rig's bridge waits for it).
+    pub fn slurmd_delay(&self) -> Duration {
+        *self.slurmd_delay.lock().unwrap()
+    }
+
+    /// Sets [`Self::slurmd_delay`].
+    pub fn set_slurmd_delay(&self, d: Duration) {
+        *self.slurmd_delay.lock().unwrap() = d;
     }
 
     /// Stops `node`'s slurmd (its pod deleted); no-op when none runs.

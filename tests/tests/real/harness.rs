@@ -197,6 +197,22 @@ impl RealSystem {
         Self::start_full(nodes, Nodes::Doubles, Tier::Slinky(false), Some(build)).await
     }
 
+    /// The remediation tier of [`Self::start_remediation`] (without the
+    /// operator's rules) with real Slurm in place of the slurmrestd double
+    /// (`RealClusterBuilder::real_slurm`): the controller drains, verifies
+    /// and resumes through real slurmrestd, as SlurmUser `slurm` (without
+    /// Slurm accounting the only administrators are SlurmUser and root).
+    pub async fn start_remediation_on_real_slurm(nodes: usize, prefix: PathBuf) -> RealSystem {
+        Self::start_with_slurm(
+            nodes,
+            Nodes::Doubles,
+            Tier::Slinky(false),
+            None,
+            Some(prefix),
+        )
+        .await
+    }
+
     async fn start_opts(nodes: usize, kind: Nodes, tier: Tier) -> RealSystem {
         Self::start_full(nodes, kind, tier, None).await
     }
@@ -206,6 +222,16 @@ impl RealSystem {
         kind: Nodes,
         tier: Tier,
         operator: Option<OperatorBuild>,
+    ) -> RealSystem {
+        Self::start_with_slurm(nodes, kind, tier, operator, None).await
+    }
+
+    async fn start_with_slurm(
+        nodes: usize,
+        kind: Nodes,
+        tier: Tier,
+        operator: Option<OperatorBuild>,
+        real_slurm: Option<PathBuf>,
     ) -> RealSystem {
         let slinky = match tier {
             Tier::Slinky(rules) => Some(rules),
@@ -225,6 +251,9 @@ impl RealSystem {
             }
             if let Some(build) = operator {
                 b = b.real_slinky_operator(build);
+            }
+            if let Some(prefix) = real_slurm {
+                b = b.real_slurm(prefix);
             }
             match b.start().await {
                 Ok(c) => c,
@@ -381,6 +410,12 @@ impl RealSystem {
         let mut rig_env = Vec::new();
         if let Some(url) = cluster.slurmrestd_url() {
             rig_env.push(("MOUNTGUARD_SLURMRESTD_URL", url));
+        }
+        if cluster.real_slurm().is_some() {
+            rig_env.push((
+                "MOUNTGUARD_SLURM_USER",
+                mountguard_tests::real::slurm::SLURM_USER.to_string(),
+            ));
         }
         if tier != Tier::Detect {
             rig_env.push(("MOUNTGUARD_REMEDIATION_DELAY", "1s".to_string()));

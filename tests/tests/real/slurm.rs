@@ -12,6 +12,7 @@ use mountguard_controller::live::slurm::{
 };
 use mountguard_core::remediation::machine::{Attempt, drain_reason, owns_reason, reason_is};
 use mountguard_tests::real::slurm::{RealSlurm, SLURM_USER, SlurmConfig, random_key};
+use mountguard_tests::rig::Rig as _;
 
 const TIMEOUT: Duration = Duration::from_secs(6);
 
@@ -398,4 +399,124 @@ async fn real_slurm_return_to_service_reopens_a_stale_slurmd_and_verification_st
         &held.to_state(),
         Some(replaced)
     ));
+}
+
+/// Every attempt of the rig closed; panics with the logs when one failed
+/// or when they are not all closed within `limit`.
+async fn attempts_succeeded(
+    sys: &crate::harness::RealSystem,
+    count: usize,
+    limit: Duration,
+) -> Vec<Attempt> {
+    use mountguard_core::remediation::Phase;
+    let all = mountguard_tests::rig::wait(sys, "every worker repaired", limit, || {
+        let a = mountguard_tests::rig::attempts(sys);
+        let failed = a.iter().any(|a| matches!(a.phase, Phase::Failed(_)));
+        async move { (failed || (a.len() >= count && a.iter().all(|a| !a.is_open()))).then_some(a) }
+    })
+    .await;
+    for a in &all {
+        assert_eq!(a.phase, Phase::Succeeded, "{a:?}\n{}", sys.logs());
+    }
+    all
+}
+
+/// The seed's rotation repaired by mountguard's controller with Slurm
+/// itself judging it: the immutable `slurm-auth-slurm` recreated with a new
+/// key; slurmctld restarted on it; each worker's slurmd (a process on the
+/// `slurm.key` file the node wrote into the pod's volume) still on the old
+/// key. The controller drains through real slurmrestd, evicts, and
+/// verifies the replacement by its registration with the new key before it
+/// resumes; a job pinned to each worker then completes. A second rotation
+/// with the replacements' slurmd starting 15 s after their containers
+/// (longer than SlurmdTimeout): Slurm sets the drained nodes DOWN and
+/// rewrites mountguard's reason to `<reason> : Not responding`; the drains
+/// are still mountguard's, and released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_slurm_the_controller_repairs_a_stale_key_and_slurm_runs_a_job_on_every_worker() {
+    let test = "real_slurm_the_controller_repairs_a_stale_key_and_slurm_runs_a_job_on_every_worker";
+    let Some(prefix) = mountguard_tests::real::slurm::prefix_or_skip(test) else {
+        return;
+    };
+    let sys = crate::harness::RealSystem::start_remediation_on_real_slurm(2, prefix).await;
+    let slurm = sys.cluster.real_slurm().expect("real Slurm");
+    let c = client(&slurm, slurm.jwt_key(), SLURM_USER);
+    let pods = mountguard_tests::rig::wait_for_slurmd_pods(&sys).await;
+    let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
+    for h in &hosts {
+        until(
+            &slurm,
+            &c,
+            h,
+            "registered on the first key",
+            TIMEOUT * 5,
+            |n| n.slurmd_start_time > Some(0) && !has(n, "NOT_RESPONDING"),
+        )
+        .await;
+    }
+    mountguard_tests::rig::wait_all_fresh(&sys).await;
+    mountguard_tests::rig::opt_in(&sys);
+
+    // Round 1: the rotation; replacements start at once.
+    mountguard_tests::scenario::rotate_auth_key(&*sys.objects()).unwrap();
+    let first = attempts_succeeded(&sys, hosts.len(), Duration::from_secs(200)).await;
+    for a in &first {
+        let n = until(&slurm, &c, &a.slurm_node, "in service", TIMEOUT * 2, |n| {
+            !has(n, "DRAIN") && !has(n, "DOWN") && !has(n, "NOT_RESPONDING")
+        })
+        .await;
+        assert!(n.slurmd_start_time > Some(0), "{n:?}");
+    }
+    for h in &hosts {
+        let job = slurm
+            .submit_pinned_job(h, "#!/bin/sh\ntrue\n")
+            .await
+            .unwrap();
+        job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
+    }
+
+    // Round 2: replacements whose slurmd starts after SlurmdTimeout.
+    slurm.set_slurmd_delay(TIMEOUT * 5 / 2);
+    let reasons = std::sync::Arc::new(std::sync::Mutex::new(std::collections::BTreeSet::new()));
+    let sampler = {
+        let (c, hosts, reasons) = (c.clone(), hosts.clone(), reasons.clone());
+        tokio::spawn(async move {
+            loop {
+                for h in &hosts {
+                    if let Ok(n) = c.get_node(h).await {
+                        reasons.lock().unwrap().insert(n.reason);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        })
+    };
+    mountguard_tests::scenario::rotate_auth_key(&*sys.objects()).unwrap();
+    let all = attempts_succeeded(&sys, hosts.len() * 2, Duration::from_secs(240)).await;
+    sampler.abort();
+    let second: Vec<&Attempt> = all
+        .iter()
+        .filter(|a| !first.iter().any(|f| f.id == a.id))
+        .collect();
+    assert_eq!(second.len(), hosts.len(), "{all:?}");
+    let seen = reasons.lock().unwrap().clone();
+    for a in &second {
+        assert!(
+            seen.contains(&format!("{} : Not responding", a.drain_reason)),
+            "Slurm rewrote {:?}: {seen:?}",
+            a.drain_reason
+        );
+    }
+    for h in &hosts {
+        until(&slurm, &c, h, "in service", TIMEOUT * 2, |n| {
+            !has(n, "DRAIN") && !has(n, "DOWN") && !has(n, "NOT_RESPONDING")
+        })
+        .await;
+        let job = slurm
+            .submit_pinned_job(h, "#!/bin/sh\ntrue\n")
+            .await
+            .unwrap();
+        job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
+    }
+    sys.shutdown().await;
 }
