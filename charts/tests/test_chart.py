@@ -1015,6 +1015,7 @@ EXPECTED_ALERTS = {
     "MountguardAgentCannotRead",
     "MountguardControllerDown",
     "MountguardRemediationFailed",
+    "MountguardRemediationUnresolved",
     "MountguardRemediationStuck",
     "MountguardReportRejections",
 }

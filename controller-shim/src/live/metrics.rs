@@ -75,6 +75,8 @@ pub struct Metrics {
     pub slurm_nodes_drained: IntGauge,
     /// `mountguard_remediation_failed`.
     pub remediation_failed: IntGauge,
+    /// `mountguard_remediation_failed_unresolved{owner_kind}`.
+    pub remediation_failed_unresolved: IntGaugeVec,
     /// `mountguard_remediation_blocked{reason}`.
     pub remediation_blocked: IntGaugeVec,
     /// Report request latency by kind (`mountguard_report_duration_seconds{kind}`).
@@ -321,6 +323,22 @@ impl Metrics {
             ))
             .unwrap(),
         );
+        let remediation_failed_unresolved = reg(
+            &r,
+            IntGaugeVec::new(
+                o(
+                    "remediation_failed_unresolved",
+                    "Failed remediation attempts whose pod is still not fresh and is not tried again, by owner kind",
+                ),
+                &["owner_kind"],
+            )
+            .unwrap(),
+        );
+        for kind in mountguard_core::remediation::plan::OWNER_KINDS {
+            remediation_failed_unresolved
+                .with_label_values(&[kind])
+                .set(0);
+        }
         let remediation_blocked = reg(
             &r,
             IntGaugeVec::new(
@@ -485,6 +503,7 @@ impl Metrics {
             remediation_oldest_open_attempt_age,
             slurm_nodes_drained,
             remediation_failed,
+            remediation_failed_unresolved,
             remediation_blocked,
             report_duration,
             report_clock_clamped,
@@ -784,6 +803,7 @@ mod tests {
             "mountguard_remediation_oldest_open_attempt_age_seconds",
             "mountguard_slurm_nodes_drained",
             "mountguard_remediation_failed",
+            "mountguard_remediation_failed_unresolved",
             "mountguard_remediation_blocked",
         ] {
             assert!(t.contains(&format!("\n{name}")), "{name} missing");
