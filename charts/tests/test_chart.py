@@ -269,6 +269,63 @@ def test_durations_follow_the_table_the_binaries_are_tested_on(text: str, millis
             chart().validate_schema(values)
 
 
+SIZE_CASES = json.loads((REPO / "inventory" / "src" / "size_cases.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize(("text", "size"), SIZE_CASES, ids=lambda v: repr(v))
+def test_sizes_follow_the_table_the_binaries_are_tested_on(text: str, size: int | None) -> None:
+    # The same table is parsed by the agent's --max-file-size and the
+    # controller's --max-report-bytes (inventory/src/size.rs): the chart
+    # accepts exactly what they do and hands the string on unchanged.
+    for values in ({"agent": {"maxFileSize": text}}, {"controller": {"maxReportBytes": text}}):
+        if size is None:
+            with pytest.raises(helm_python.HelmValuesError):
+                chart().validate_schema(values)
+        else:
+            chart().validate_schema(values)
+    if size is not None and size >= 1024:
+        r = render({"agent": {"maxFileSize": text}, "controller": {"maxReportBytes": text}})
+        agent = env_of(r.one("DaemonSet")["spec"]["template"]["spec"]["containers"][0])
+        controller = env_of(r.one("Deployment")["spec"]["template"]["spec"]["containers"][0])
+        assert agent["MOUNTGUARD_MAX_FILE_SIZE"] == text
+        assert controller["MOUNTGUARD_MAX_REPORT_BYTES"] == text
+
+
+def test_sizes_as_integers_are_rendered_as_before() -> None:
+    r = render({"agent": {"maxFileSize": 16777216}, "controller": {"maxReportBytes": 33554432}})
+    agent = env_of(r.one("DaemonSet")["spec"]["template"]["spec"]["containers"][0])
+    controller = env_of(r.one("Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert agent["MOUNTGUARD_MAX_FILE_SIZE"] == "16777216"
+    assert controller["MOUNTGUARD_MAX_REPORT_BYTES"] == "33554432"
+    # The defaults are strings the binaries read as 16 MiB and 32 MiB.
+    r = render()
+    agent = env_of(r.one("DaemonSet")["spec"]["template"]["spec"]["containers"][0])
+    controller = env_of(r.one("Deployment")["spec"]["template"]["spec"]["containers"][0])
+    assert (agent["MOUNTGUARD_MAX_FILE_SIZE"], controller["MOUNTGUARD_MAX_REPORT_BYTES"]) == (
+        "16Mi",
+        "32Mi",
+    )
+
+
+@pytest.mark.parametrize("small", [1023, "1023", "1K", "1KB", "1000B"])
+def test_a_report_limit_below_1024_bytes_fails_the_render_whatever_its_spelling(
+    small: int | str,
+) -> None:
+    with pytest.raises(helm_python.HelmError) as e:
+        render({"controller": {"maxReportBytes": small}})
+    assert "controller.maxReportBytes" in str(e.value) and "1024" in str(e.value), str(e.value)
+    render({"controller": {"maxReportBytes": "1Ki"}})
+    render({"controller": {"maxReportBytes": 1024}})
+
+
+def test_error_hint_a_bad_size_says_what_a_size_is() -> None:
+    with pytest.raises(helm_python.HelmValuesError) as e:
+        chart().validate_schema({"agent": {"maxFileSize": "16 MiB"}})
+    msg = str(e.value)
+    assert "/agent/maxFileSize" in msg, msg
+    assert "whole_number_of_bytes_optionally_with_Ki_Mi_Gi_K_M_G_or_B__like_16Mi" in msg, msg
+
+
 def test_schema_accepts_every_scenario() -> None:
     for name, s in SCENARIOS.items():
         chart().validate_schema(s.values)
@@ -1015,6 +1072,7 @@ EXPECTED_ALERTS = {
     "MountguardAgentCannotRead",
     "MountguardControllerDown",
     "MountguardRemediationFailed",
+    "MountguardRemediationUnresolved",
     "MountguardRemediationStuck",
     "MountguardReportRejections",
 }

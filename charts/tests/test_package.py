@@ -23,20 +23,37 @@ def test_artifact_hub_metadata() -> None:
     icon = META["icon"].rsplit("/main/", 1)[1]
     assert (CHART.parents[1] / icon).is_file(), f"{icon} is not in the repository"
     ann = META["annotations"]
-    for key in ("artifacthub.io/license", "artifacthub.io/images", "artifacthub.io/changes",
+    for key in ("artifacthub.io/license", "artifacthub.io/changes",
                 "artifacthub.io/links", "artifacthub.io/category"):
         assert key in ann, key
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    images = yaml.safe_load(ann["artifacthub.io/images"])
-    want = {
-        f"{values[c]['image']['repository']}:{META['appVersion']}" for c in ("agent", "controller")
-    }
-    assert {i["image"] for i in images} == want, "images annotation out of date with appVersion"
-    for i in images:
-        assert set(i["platforms"]) == {"linux/amd64", "linux/arm64"}
+    if ann.get("artifacthub.io/prerelease") == "true":
+        # The images of a pre-release are not published: advertising them
+        # would send users to a pull that fails.
+        assert "artifacthub.io/images" not in ann, "a pre-release advertises no images"
+        assert "not published" in META["description"], "say the images are not published"
+    else:
+        images = yaml.safe_load(ann["artifacthub.io/images"])
+        want = {
+            f"{values[c]['image']['repository']}:{META['appVersion']}"
+            for c in ("agent", "controller")
+        }
+        assert {i["image"] for i in images} == want, "images annotation out of date with appVersion"
+        for i in images:
+            assert set(i["platforms"]) == {"linux/amd64", "linux/arm64"}
     changes = yaml.safe_load(ann["artifacthub.io/changes"])
     assert changes and all(c["kind"] in {"added", "changed", "deprecated", "removed",
                                          "fixed", "security"} for c in changes)
+    if ann.get("artifacthub.io/prerelease") == "true":
+        # Nothing was released before: nothing can have changed.
+        assert not [c for c in changes if c["kind"] in {"changed", "deprecated", "removed"}]
+
+
+def test_an_unreleased_version_has_no_changed_entries() -> None:
+    text = (CHART / "CHANGELOG.md").read_text()
+    newest = re.split(r"^## ", text, flags=re.M)[1]
+    if "(unreleased)" in newest.splitlines()[0] and len(re.findall(r"^## ", text, re.M)) == 1:
+        assert "### Changed" not in newest and "### Removed" not in newest
 
 
 def test_changelog_has_the_chart_version() -> None:

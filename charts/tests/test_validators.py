@@ -186,7 +186,8 @@ def test_promtool_unit_tests_catch_a_wrong_alert(tmp_path: pathlib.Path) -> None
 def test_extra_rules_and_disabled_alerts_pass_promtool(tmp_path: pathlib.Path) -> None:
     rules = _rules({"metrics": {"prometheusRule": {
         "enabled": True,
-        "disabled": {"MountguardRemediationFailed": True, "MountguardRemediationStuck": True},
+        "disabled": {"MountguardRemediationFailed": True, "MountguardRemediationUnresolved": True,
+                     "MountguardRemediationStuck": True},
         "extraRules": [
             {"record": "mountguard:stale_mounts:count", "expr": 'count(mountguard_mount_state{state="Stale"})'},
             {"alert": "MountguardManyStale", "expr": "mountguard:stale_mounts:count > 10",

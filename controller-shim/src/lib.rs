@@ -134,6 +134,18 @@ pub enum Error {
         /// The flag that allowed it.
         flag: &'static str,
     },
+    /// The status API refused the request (401, 403) or failed (another
+    /// status): the message says what to do.
+    #[error("GET {url}: the controller answered {status}: {advice}")]
+    Refused {
+        /// The URL requested.
+        url: String,
+        /// The HTTP status.
+        status: u16,
+        /// What it means and what to do (for 401 and 403), else the start
+        /// of the answer.
+        advice: String,
+    },
     /// An answer of the controller was larger than allowed.
     #[error(
         "{request}: the answer is larger than {max_bytes} bytes (--max-response-size); \

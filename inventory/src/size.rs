@@ -44,6 +44,20 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
 mod tests {
     use super::*;
 
+    /// The table shared with the chart's schema tests: every string the
+    /// flags accept means the same number of bytes in the chart.
+    #[test]
+    fn the_shared_table() {
+        let doc: serde_json::Value =
+            serde_json::from_str(include_str!("size_cases.json")).expect("valid table");
+        let cases: Vec<(String, Option<u64>)> =
+            serde_json::from_value(doc["cases"].clone()).expect("rows of [string, bytes]");
+        assert!(cases.len() > 20);
+        for (s, want) in cases {
+            assert_eq!(parse_size(&s).ok(), want, "{s:?}");
+        }
+    }
+
     #[test]
     fn sizes() {
         for (s, want) in [

@@ -6,7 +6,7 @@ metrics.prometheusRule.disabled and empty groups.
 {{- define "mountguard.alertGroups" -}}
 mountguard.mounts: [MountguardStaleMount, MountguardKubeletCachePinned, MountguardFrozenMount]
 mountguard.components: [MountguardAgentNotReporting, MountguardAgentCannotRead, MountguardControllerDown, MountguardReportRejections]
-mountguard.remediation: [MountguardRemediationFailed, MountguardRemediationStuck]
+mountguard.remediation: [MountguardRemediationFailed, MountguardRemediationUnresolved, MountguardRemediationStuck]
 {{- end -}}
 
 {{- define "mountguard.alert.MountguardStaleMount" -}}
@@ -168,6 +168,26 @@ mountguard.remediation: [MountguardRemediationFailed, MountguardRemediationStuck
       {{`{{ $value }}`}} remediation attempt(s) ended in Failed with the Slurm node kept drained
       (reason prefixed "mountguard:"). The node takes no jobs until an operator acts.
     runbook_url: {{ $base }}/mountguard-remediation-failed.md
+{{- end -}}
+
+{{- define "mountguard.alert.MountguardRemediationUnresolved" -}}
+{{- $p := .Values.metrics.prometheusRule -}}
+{{- $base := trimSuffix "/" $p.runbookBaseURL -}}
+- alert: MountguardRemediationUnresolved
+  expr: |-
+    max by (owner_kind) (mountguard_remediation_failed_unresolved) > 0
+  for: {{ $p.for.remediationUnresolved }}
+  labels:
+    severity: warning
+    {{- with $p.alertLabels }}{{ toYaml . | nindent 4 }}{{- end }}
+  annotations:
+    summary: A failed mountguard remediation left {{`{{ $labels.owner_kind }}`}} pod(s) not fresh
+    description: >-
+      {{`{{ $value }}`}} remediation attempt(s) of {{`{{ $labels.owner_kind }}`}} pods ended in Failed and
+      the pod they leave behind (the replacement, or the pod itself when it was never evicted)
+      still does not see current content. mountguard does not try that pod again: an operator
+      has to act.
+    runbook_url: {{ $base }}/mountguard-remediation-unresolved.md
 {{- end -}}
 
 {{- define "mountguard.alert.MountguardRemediationStuck" -}}

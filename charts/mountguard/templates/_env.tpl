@@ -30,7 +30,7 @@ refused by server-side apply as "duplicate entries for key").
 - name: MOUNTGUARD_RESCAN_INTERVAL
   value: {{ .Values.agent.rescanInterval | quote }}
 - name: MOUNTGUARD_MAX_FILE_SIZE
-  value: {{ .Values.agent.maxFileSize | int64 | quote }}
+  value: {{ include "mountguard.size" .Values.agent.maxFileSize | quote }}
 - name: MOUNTGUARD_CONTROLLER_URL
   value: {{ include "mountguard.controllerURL" . | quote }}
 - name: MOUNTGUARD_TOKEN_FILE
@@ -120,7 +120,7 @@ refused by server-side apply as "duplicate entries for key").
 - name: MOUNTGUARD_FINGERPRINT_KEY_FILE
   value: /var/run/mountguard/fingerprint/key
 - name: MOUNTGUARD_MAX_REPORT_BYTES
-  value: {{ .Values.controller.maxReportBytes | int64 | quote }}
+  value: {{ include "mountguard.size" .Values.controller.maxReportBytes | quote }}
 - name: MOUNTGUARD_REPORT_RATE_LIMIT
   value: {{ .Values.controller.reportRateLimit | quote }}
 - name: MOUNTGUARD_REPORT_BODY_TIMEOUT

@@ -150,6 +150,33 @@ empty without remediation or without workload kinds. */}}
 {{- end -}}
 {{- end -}}
 
+{{/*
+A size value (values.schema.json $defs/size) as the binaries' flags take it:
+a string as written (16Mi), a number as its digits (YAML numbers reach the
+templates as floats).
+*/}}
+{{- define "mountguard.size" -}}
+{{- if kindIs "string" . -}}{{ . }}{{- else -}}{{ int64 . }}{{- end -}}
+{{- end -}}
+
+{{/* A size value in bytes (the units of inventory/src/size.rs). */}}
+{{- define "mountguard.bytes" -}}
+{{- $s := include "mountguard.size" . -}}
+{{- $n := regexFind "^[0-9]+" $s -}}
+{{- $unit := trimPrefix $n $s -}}
+{{- $mult := dict "" 1 "B" 1 "Ki" 1024 "KiB" 1024 "Mi" 1048576 "MiB" 1048576 "Gi" 1073741824 "GiB" 1073741824 "K" 1000 "KB" 1000 "M" 1000000 "MB" 1000000 "G" 1000000000 "GB" 1000000000 -}}
+{{- mul (atoi $n) (get $mult $unit) -}}
+{{- end -}}
+
+{{/* Fails the render on sizes below what the binaries can work with. */}}
+{{- define "mountguard.validateSizes" -}}
+{{- $s := include "mountguard.size" .Values.controller.maxReportBytes -}}
+{{- /* Seven digits or more are a million bytes at least (and could overflow int64 times Gi). */ -}}
+{{- if and (le (len (regexFind "^[0-9]+" $s)) 6) (lt (atoi (include "mountguard.bytes" .Values.controller.maxReportBytes)) 1024) -}}
+{{- fail (printf "controller.maxReportBytes: %v is below 1024 bytes; a report of one small node does not fit" .Values.controller.maxReportBytes) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Fails the render on inconsistent TLS settings. */}}
 {{- define "mountguard.validateTLS" -}}
 {{- if and (not .Values.tls.insecurePlaintextReports) (not .Values.tls.certManager.enabled) (not .Values.tls.existingSecret) -}}

@@ -510,17 +510,75 @@ async fn http_get(url: &str, token: Option<&str>, max_bytes: u64) -> Result<Vec<
     let status = resp.status();
     let body = read_capped(resp.into_body(), max_bytes, url, |e| err(e.to_string())).await?;
     if !status.is_success() {
-        return Err(err(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(500)])
-        )));
+        return Err(refused(url, status.as_u16(), &body));
     }
     Ok(body)
+}
+
+/// The error for a status API answer that is not a success: for 401 and
+/// 403, what the reader is missing and how to get it (the default
+/// `--status-auth kubernetes` wants a reader's token).
+fn refused(url: &str, status: u16, body: &[u8]) -> Error {
+    let reader = format!(
+        "{}-status-reader",
+        mountguard_inventory::names::fullname(mountguard_inventory::names::RELEASE)
+    );
+    let ns = mountguard_inventory::names::NAMESPACE;
+    let advice = match status {
+        401 => format!(
+            "the status API wants a reader's bearer token: pass --token-file FILE or --token \
+             (for example from `kubectl -n {ns} create token {reader}`, the chart's status \
+             reader), or use `kubectl mountguard status`, which reads with your kubeconfig"
+        ),
+        403 => "the token's user may not get verdicts.mountguard.io for what was asked: \
+             bind it to the chart's ClusterRole <fullname>-reader in that namespace, or ask \
+             for a namespace it may read (--namespace)"
+            .to_string(),
+        _ => String::from_utf8_lossy(&body[..body.len().min(500)]).into_owned(),
+    };
+    Error::Refused {
+        url: url.to_string(),
+        status,
+        advice,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `status --url` without a token against the default
+    /// `--status-auth kubernetes`: the 401 says what to pass, and is not
+    /// called a configuration error.
+    #[test]
+    fn a_401_from_the_status_api_says_which_token_to_pass() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/v1/verdicts", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).unwrap();
+            s.write_all(
+                b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 21\r\nconnection: close\r\n\r\nbearer token required",
+            )
+            .unwrap();
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let e = rt.block_on(http_get(&url, None, 1 << 20)).unwrap_err();
+        server.join().unwrap();
+        let msg = e.to_string();
+        assert!(!msg.contains("invalid configuration"), "{msg}");
+        assert!(msg.contains("401"), "{msg}");
+        assert!(msg.contains("--token-file"), "{msg}");
+        assert!(
+            msg.contains("create token mountguard-status-reader"),
+            "{msg}"
+        );
+    }
 
     #[test]
     fn the_status_reader_follows_the_charts_names() {

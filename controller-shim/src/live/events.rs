@@ -51,6 +51,15 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason (docs/reference/events.md lists them).
+    pub const ALL: [Reason; 5] = [
+        Reason::StaleMount,
+        Reason::KubeletCachePinned,
+        Reason::FrozenMount,
+        Reason::SourceMissing,
+        Reason::MountRecovered,
+    ];
+
     /// The Event reason string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -387,6 +396,68 @@ pub async fn run_emitter(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// docs/reference/events.md lists every Event the controller emits,
+    /// with its type, and nothing else: the verdicts' reasons in its first
+    /// table, the remediation's in its second. Every variant is matched
+    /// below, so a new one fails to compile until it is listed in `ALL`.
+    #[test]
+    fn the_events_reference_lists_every_reason_with_its_type() {
+        use mountguard_core::remediation::EventReason;
+        for r in Reason::ALL {
+            match r {
+                Reason::StaleMount
+                | Reason::KubeletCachePinned
+                | Reason::FrozenMount
+                | Reason::SourceMissing
+                | Reason::MountRecovered => {}
+            }
+        }
+        for r in EventReason::ALL {
+            match r {
+                EventReason::RemediationStarted
+                | EventReason::SlurmNodeDrained
+                | EventReason::PodEvicted
+                | EventReason::RemediationVerified
+                | EventReason::RemediationSucceeded
+                | EventReason::RemediationFailed
+                | EventReason::RemediationDryRun
+                | EventReason::KubeletCachePinned
+                | EventReason::InvalidRemediationAnnotation => {}
+            }
+        }
+        let doc = include_str!("../../../docs/reference/events.md");
+        let table = |heading: &str| -> std::collections::BTreeSet<(String, String)> {
+            doc.split("\n## ")
+                .find(|s| s.starts_with(heading))
+                .unwrap_or_else(|| panic!("no `## {heading}` section"))
+                .lines()
+                .filter(|l| l.starts_with("| `"))
+                .map(|l| {
+                    let cells: Vec<&str> = l.split(" | ").collect();
+                    (
+                        cells[0].trim_matches(['|', ' ', '`']).to_string(),
+                        cells[1].to_string(),
+                    )
+                })
+                .collect()
+        };
+        let kind = |w: bool| if w { "Warning" } else { "Normal" }.to_string();
+        let verdicts: std::collections::BTreeSet<(String, String)> = Reason::ALL
+            .iter()
+            .map(|r| (r.as_str().to_string(), kind(r.is_warning())))
+            .collect();
+        assert_eq!(
+            table("Verdicts"),
+            verdicts,
+            "docs/reference/events.md, verdicts"
+        );
+        let repair: std::collections::BTreeSet<(String, String)> = EventReason::ALL
+            .iter()
+            .map(|r| (r.as_str().to_string(), kind(r.warning())))
+            .collect();
+        assert_eq!(table("Repair"), repair, "docs/reference/events.md, repair");
+    }
 
     #[test]
     fn notes_are_cut_at_a_character_boundary_under_the_limit() {

@@ -822,13 +822,18 @@ impl Executor {
             .iter()
             .map(crate::live::status::AttemptItem::from_attempt)
             .collect();
-        let s = summarize(&all, now);
+        let s = summarize(&all, &cands, now);
         let m = &self.shared.metrics;
         m.remediation_open_attempts.set(s.open as i64);
         m.remediation_oldest_open_attempt_age
             .set(s.oldest_open_age_seconds);
         m.slurm_nodes_drained.set(s.nodes_drained as i64);
         m.remediation_failed.set(s.failed_kept_drained as i64);
+        for (kind, n) in &s.failed_unresolved {
+            m.remediation_failed_unresolved
+                .with_label_values(&[kind])
+                .set(*n as i64);
+        }
     }
 
     async fn node(

@@ -75,6 +75,8 @@ pub struct Metrics {
     pub slurm_nodes_drained: IntGauge,
     /// `mountguard_remediation_failed`.
     pub remediation_failed: IntGauge,
+    /// `mountguard_remediation_failed_unresolved{owner_kind}`.
+    pub remediation_failed_unresolved: IntGaugeVec,
     /// `mountguard_remediation_blocked{reason}`.
     pub remediation_blocked: IntGaugeVec,
     /// Report request latency by kind (`mountguard_report_duration_seconds{kind}`).
@@ -91,6 +93,40 @@ pub struct Metrics {
     pub connections_timed_out: IntCounterVec,
     /// `mountguard_connections_parked{listener}`.
     pub connections_parked: IntGaugeVec,
+}
+
+/// The Prometheus type of a metric, as its exposition says it.
+trait Kind: prometheus::core::Collector {
+    const KIND: &'static str;
+}
+macro_rules! kind {
+    ($k:literal: $($t:ty),*) => { $(impl Kind for $t { const KIND: &'static str = $k; })* };
+}
+kind!("gauge": Gauge, IntGauge, GaugeVec, IntGaugeVec);
+kind!("counter": IntCounter, IntCounterVec);
+kind!("histogram": Histogram, HistogramVec);
+
+/// Appends the families `c` describes.
+fn family<C: Kind>(out: &mut Vec<Family>, c: &C) {
+    out.extend(c.desc().into_iter().map(|d| Family {
+        name: d.fq_name.clone(),
+        kind: C::KIND,
+        help: d.help.clone(),
+        labels: d.variable_labels.clone(),
+    }));
+}
+
+/// One registered metric family (see [`Metrics::families`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Family {
+    /// Full name, e.g. `mountguard_mounts`.
+    pub name: String,
+    /// `gauge`, `counter` or `histogram`.
+    pub kind: &'static str,
+    /// The HELP text.
+    pub help: String,
+    /// Label names, in order.
+    pub labels: Vec<String>,
 }
 
 /// Values of `mountguard_status_requests_total{result}`.
@@ -321,6 +357,22 @@ impl Metrics {
             ))
             .unwrap(),
         );
+        let remediation_failed_unresolved = reg(
+            &r,
+            IntGaugeVec::new(
+                o(
+                    "remediation_failed_unresolved",
+                    "Failed remediation attempts whose pod is still not fresh and is not tried again, by owner kind",
+                ),
+                &["owner_kind"],
+            )
+            .unwrap(),
+        );
+        for kind in mountguard_core::remediation::plan::OWNER_KINDS {
+            remediation_failed_unresolved
+                .with_label_values(&[kind])
+                .set(0);
+        }
         let remediation_blocked = reg(
             &r,
             IntGaugeVec::new(
@@ -485,6 +537,7 @@ impl Metrics {
             remediation_oldest_open_attempt_age,
             slurm_nodes_drained,
             remediation_failed,
+            remediation_failed_unresolved,
             remediation_blocked,
             report_duration,
             report_clock_clamped,
@@ -494,6 +547,84 @@ impl Metrics {
             connections_timed_out,
             connections_parked,
         }
+    }
+
+    /// Every metric family this controller registers, with its type and
+    /// label names, whether or not it has a series yet (the reference in
+    /// docs/reference/metrics.md is checked against this list). The
+    /// destructuring names every field, so a metric added to [`Metrics`]
+    /// and left out here does not compile.
+    pub fn families(&self) -> Vec<Family> {
+        let Self {
+            registry: _,
+            mount_state,
+            mounts,
+            node_inventory_timestamp,
+            node_agent_reporting,
+            nodes,
+            report_requests,
+            status_requests,
+            admission_requests,
+            admission_answer,
+            tokenreview_duration,
+            evaluation_duration,
+            watch_restarts,
+            api_errors,
+            events,
+            events_suppressed,
+            leader,
+            tokio_alive_tasks,
+            build_info,
+            remediation_attempts,
+            remediation_open_attempts,
+            remediation_oldest_open_attempt_age,
+            slurm_nodes_drained,
+            remediation_failed,
+            remediation_failed_unresolved,
+            remediation_blocked,
+            report_duration,
+            report_clock_clamped,
+            tokenreview_throttled,
+            connections_open,
+            connections_shed,
+            connections_timed_out,
+            connections_parked,
+        } = self;
+        let mut out = Vec::new();
+        family(&mut out, mount_state);
+        family(&mut out, mounts);
+        family(&mut out, node_inventory_timestamp);
+        family(&mut out, node_agent_reporting);
+        family(&mut out, nodes);
+        family(&mut out, report_requests);
+        family(&mut out, status_requests);
+        family(&mut out, admission_requests);
+        family(&mut out, admission_answer);
+        family(&mut out, tokenreview_duration);
+        family(&mut out, evaluation_duration);
+        family(&mut out, watch_restarts);
+        family(&mut out, api_errors);
+        family(&mut out, events);
+        family(&mut out, events_suppressed);
+        family(&mut out, leader);
+        family(&mut out, tokio_alive_tasks);
+        family(&mut out, build_info);
+        family(&mut out, remediation_attempts);
+        family(&mut out, remediation_open_attempts);
+        family(&mut out, remediation_oldest_open_attempt_age);
+        family(&mut out, slurm_nodes_drained);
+        family(&mut out, remediation_failed);
+        family(&mut out, remediation_failed_unresolved);
+        family(&mut out, remediation_blocked);
+        family(&mut out, report_duration);
+        family(&mut out, report_clock_clamped);
+        family(&mut out, tokenreview_throttled);
+        family(&mut out, connections_open);
+        family(&mut out, connections_shed);
+        family(&mut out, connections_timed_out);
+        family(&mut out, connections_parked);
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
     }
 
     /// The connection metrics of one listener.
@@ -743,6 +874,64 @@ mod tests {
         assert!(t.contains(r#"mountguard_mounts{state="Stale"} 2"#), "{t}");
     }
 
+    /// docs/reference/metrics.md lists every family the controller
+    /// registers, with its type and labels, and nothing else: a metric
+    /// added without its row, a row left behind, or labels that changed
+    /// fail here. The message prints the rows the code expects.
+    #[test]
+    fn the_metrics_reference_lists_what_the_controller_registers() {
+        let doc = include_str!("../../../docs/reference/metrics.md");
+        let section = doc
+            .split("\n## ")
+            .find(|s| s.starts_with("Controller"))
+            .expect("a `## Controller` section");
+        let ticked = |cell: &str| -> Vec<String> {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_string)
+                .collect()
+        };
+        let documented: std::collections::BTreeSet<(String, String, Vec<String>)> = section
+            .lines()
+            .filter(|l| l.starts_with("| `mountguard_"))
+            .map(|l| {
+                let cells: Vec<&str> = l.split(" | ").collect();
+                (
+                    ticked(cells[0])[0].clone(),
+                    cells[1].trim().to_string(),
+                    ticked(cells[2]),
+                )
+            })
+            .collect();
+        let families = Metrics::new().families();
+        let registered: std::collections::BTreeSet<(String, String, Vec<String>)> = families
+            .iter()
+            .map(|f| (f.name.clone(), f.kind.to_string(), f.labels.clone()))
+            .collect();
+        let rows: Vec<String> = families
+            .iter()
+            .map(|f| {
+                let labels = if f.labels.is_empty() {
+                    "-".to_string()
+                } else {
+                    f.labels
+                        .iter()
+                        .map(|l| format!("`{l}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                format!("| `{}` | {} | {labels} | {} |", f.name, f.kind, f.help)
+            })
+            .collect();
+        assert_eq!(
+            documented,
+            registered,
+            "docs/reference/metrics.md differs from the registry; the rows it should have:\n{}",
+            rows.join("\n")
+        );
+    }
+
     #[test]
     fn every_contract_name_is_exported() {
         let m = Metrics::new();
@@ -784,6 +973,7 @@ mod tests {
             "mountguard_remediation_oldest_open_attempt_age_seconds",
             "mountguard_slurm_nodes_drained",
             "mountguard_remediation_failed",
+            "mountguard_remediation_failed_unresolved",
             "mountguard_remediation_blocked",
         ] {
             assert!(t.contains(&format!("\n{name}")), "{name} missing");

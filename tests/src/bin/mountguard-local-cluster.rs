@@ -11,7 +11,7 @@
 //! mountguard-local-cluster rotate --state DIR  # the seed rotation, pinned
 //! ```
 //!
-//! `up` writes `DIR/env` (shell assignments: KUBECONFIG, HELM, the URLs)
+//! `up` writes `DIR/env` (`export` lines: KUBECONFIG, HELM, the URLs)
 //! and `DIR/ready` once everything answers, prints how to look at it, and
 //! on SIGINT or SIGTERM uninstalls the release and takes everything down
 //! (nothing of the run is left on the machine); `DIR/ready` is removed
@@ -53,8 +53,17 @@ fn read_env(state: &Path) -> Result<Vec<(String, String)>, String> {
     Ok(helm::parse_env(&text))
 }
 
-fn shell_quote(v: &str) -> String {
-    format!("'{}'", v.replace('\'', r"'\''"))
+/// The page listing the alerts on this Prometheus: `/alerts` (the React
+/// UI), else `/classic/alerts` (Debian's Prometheus 2.42 is built without
+/// the React UI: `/alerts` answers 404), else the API's `/api/v1/alerts`.
+async fn alerts_page(prom: &str) -> String {
+    for path in ["/alerts", "/classic/alerts"] {
+        let url = format!("{prom}{path}");
+        if mountguard_tests::mountguard::http_get(&url).await.is_ok() {
+            return url;
+        }
+    }
+    format!("{prom}/api/v1/alerts")
 }
 
 async fn up(state: &Path) -> Result<(), String> {
@@ -105,6 +114,7 @@ async fn up(state: &Path) -> Result<(), String> {
     )
     .await
     .map_err(|e| format!("Prometheus: {e}"))?;
+    let alerts = alerts_page(prom.url()).await;
     let kubeconfig = state.join("kubeconfig");
     std::fs::copy(node.cluster.kubeconfig_path(), &kubeconfig)
         .map_err(|e| format!("copying the kubeconfig: {e}"))?;
@@ -118,13 +128,11 @@ async fn up(state: &Path) -> Result<(), String> {
         ),
         ("AGENT_METRICS", format!("http://{agent_ip}:9808/metrics")),
         ("PROMETHEUS", prom.url().to_string()),
+        ("ALERTS", alerts),
         ("PAUSE_IMAGE", node.images.pause.clone()),
         ("LOGS", node.cluster.logs_dir().display().to_string()),
     ];
-    let env: String = vars
-        .iter()
-        .map(|(k, v)| format!("{k}={}\n", shell_quote(v)))
-        .collect();
+    let env = mountguard_tests::envfile::write(&vars);
     std::fs::write(state.join("env"), env).map_err(|e| format!("writing env: {e}"))?;
     // Prometheus has scraped the controller once.
     prom.wait_scraped("mountguard-controller", Duration::from_secs(60))
@@ -144,19 +152,21 @@ async fn up(state: &Path) -> Result<(), String> {
          \n  \"$HELM\" status {RELEASE} -n {NAMESPACE}\n\
          \n  curl -s {cm} | grep '^mountguard_mount_state'   # the controller's verdicts\
          \n  curl -s {am} | grep '^mountguard_agent'         # the agent on the node\
-         \n  {prom}/alerts                                   # Prometheus with the chart's rules\
+         \n  {alerts}   # Prometheus's alerts (the chart's rules)\
          \n\nThe seed rotation (an immutable slurm.key recreated while a pod pins it):\
          \n  scripts/local-cluster.sh rotate\
-         \nthen watch MountguardKubeletCachePinned in {prom}/alerts and\
+         \nthen watch MountguardKubeletCachePinned in {alerts} and\
          \n  curl -s {cm} | grep 'namespace=\"{rns}\"'\
          \n\nLogs of the control plane, kubelet and containerd: {logs}\
+         \nkubectl port-forward, logs and exec do not reach this node (the API server\
+         \ncannot resolve its name): use the URLs above and the logs directory.\
          \nInstalled with controller.grace=20s and the rules with {FOR_PINNED} (chart\
          \ndefaults: 180s and 5m), so the rotation shows in a minute or two.\
          \nStop and remove everything: scripts/local-cluster.sh down\n",
         env = state.join("env").display(),
         cm = get("CONTROLLER_METRICS"),
         am = get("AGENT_METRICS"),
-        prom = get("PROMETHEUS"),
+        alerts = get("ALERTS"),
         rns = ROTATION_NAMESPACE,
         logs = get("LOGS"),
     );
@@ -200,10 +210,10 @@ async fn rotate(state: &Path) -> Result<(), String> {
     println!(
         "Secret {ns}/slurm-key recreated with new bytes while pod {ns}/pinner pins it;\n\
          pod {ns}/worker is served the old bytes by the kubelet. Watch:\n  \
-         curl -s {cm} | grep 'namespace=\"{ns}\"'\n  {prom}/alerts",
+         curl -s {cm} | grep 'namespace=\"{ns}\"'\n  {alerts}",
         ns = ROTATION_NAMESPACE,
         cm = get("CONTROLLER_METRICS")?,
-        prom = get("PROMETHEUS")?,
+        alerts = get("ALERTS")?,
     );
     Ok(())
 }

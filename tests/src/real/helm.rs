@@ -161,13 +161,9 @@ pub fn uninstall_args(timeout: &str) -> [&str; 7] {
     ]
 }
 
-/// The `KEY='value'` lines of a local cluster's `env` file
-/// (`mountguard-local-cluster`, `scripts/local-cluster.sh`).
+/// The pairs of a local cluster's `env` file ([`crate::envfile`]).
 pub fn parse_env(text: &str) -> Vec<(String, String)> {
-    text.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.trim_matches('\'').to_string()))
-        .collect()
+    crate::envfile::parse(text)
 }
 
 /// Waits until the pod of `component` in the release namespace is Running

@@ -11,6 +11,7 @@ mod shared;
 mod blind;
 mod clock;
 mod demo;
+mod docs_commands;
 mod forged;
 mod fresh;
 mod gate;

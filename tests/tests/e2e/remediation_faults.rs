@@ -164,6 +164,32 @@ async fn an_eviction_refused_until_the_timeout_fails_and_releases_the_untouched_
             == "mountguard_remediation_attempts_total{phase=\"Failed\",result=\"EvictionTimeout\"} 1"),
         "{text}"
     );
+    // No node is kept drained, but the pod stays stale and is not tried
+    // again: the unresolved failure is what pages.
+    wait(
+        &sys,
+        "mountguard_remediation_failed_unresolved{owner_kind=\"NodeSet\"} 1",
+        Duration::from_secs(30),
+        || {
+            let url = format!("{}/metrics", sys.metrics_base());
+            async move {
+                let text = http_get(&url).await.ok()?;
+                text.lines()
+                    .any(|l| {
+                        l == "mountguard_remediation_failed_unresolved{owner_kind=\"NodeSet\"} 1"
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let text = http_get(&format!("{}/metrics", sys.metrics_base()))
+        .await
+        .unwrap();
+    assert!(
+        text.lines().any(|l| l == "mountguard_remediation_failed 0"),
+        "{text}"
+    );
     assert!(pod_deletes(&sys).is_empty(), "{:?}", pod_deletes(&sys));
     sys.shutdown().await;
 }

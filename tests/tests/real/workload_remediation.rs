@@ -566,6 +566,34 @@ async fn real_pdb_max_unavailable_zero_makes_the_attempt_wait_then_fail_at_its_t
             && note.contains("EvictionTimeout")),
         "{ev:?}"
     );
+    // The pod stays stale and is not tried again: an alert's metric says
+    // so, though no node is kept drained.
+    let base = sys.metrics_base();
+    wait(
+        &sys,
+        "mountguard_remediation_failed_unresolved{owner_kind=\"Deployment\"} 1",
+        Duration::from_secs(30),
+        || {
+            let url = format!("{base}/metrics");
+            async move {
+                let n = mountguard_tests::real::helm::metric(
+                    &url,
+                    "mountguard_remediation_failed_unresolved",
+                    &[("owner_kind", "Deployment")],
+                )
+                .await?;
+                (n == 1.0).then_some(())
+            }
+        },
+    )
+    .await;
+    let kept = mountguard_tests::real::helm::metric(
+        &format!("{base}/metrics"),
+        "mountguard_remediation_failed",
+        &[],
+    )
+    .await;
+    assert_eq!(kept, Some(0.0), "no node is kept drained");
     sys.shutdown().await;
 }
 

@@ -706,11 +706,61 @@ pub struct Summary {
     pub nodes_drained: usize,
     /// Failed attempts whose node is kept drained.
     pub failed_kept_drained: usize,
+    /// Failed attempts (of every kind) that left a pod not fresh: the
+    /// replacement, or the pod itself when it was never evicted, still has
+    /// a non-Fresh verdict and no later attempt took it on. mountguard does
+    /// not try that pod again, so nothing repairs it until an operator
+    /// acts. By owner kind (`NodeSet`, `Deployment`, `ReplicaSet`,
+    /// `StatefulSet`, `DaemonSet`); every kind is present, 0 when none.
+    pub failed_unresolved: BTreeMap<&'static str, usize>,
 }
 
-/// Summarizes `attempts` at `now`.
-pub fn summarize(attempts: &[Attempt], now: Timestamp) -> Summary {
+/// The owner kinds of [`Summary::failed_unresolved`].
+pub const OWNER_KINDS: [&str; 5] = [
+    "NodeSet",
+    "Deployment",
+    "ReplicaSet",
+    "StatefulSet",
+    "DaemonSet",
+];
+
+/// The pod a failed attempt leaves behind: its replacement when one was
+/// seen, otherwise the pod itself unless it was evicted.
+fn left_behind(a: &Attempt) -> Option<&str> {
+    match (&a.new_pod_uid, a.evicted_at) {
+        (Some(uid), _) => Some(uid),
+        (None, None) => Some(&a.pod_uid),
+        (None, Some(_)) => None,
+    }
+}
+
+/// Summarizes `attempts` at `now`; `candidates` are the pods as the
+/// planner sees them (a pod with findings is not fresh).
+pub fn summarize(attempts: &[Attempt], candidates: &[Candidate], now: Timestamp) -> Summary {
     use super::machine::Phase;
+    let not_fresh: HashSet<&str> = candidates
+        .iter()
+        .filter(|c| !c.terminated && !c.findings.is_empty())
+        .map(|c| c.uid.as_str())
+        .collect();
+    let mut failed_unresolved: BTreeMap<&'static str, usize> =
+        OWNER_KINDS.iter().map(|k| (*k, 0)).collect();
+    for a in attempts {
+        if !matches!(a.phase, Phase::Failed(_)) {
+            continue;
+        }
+        let Some(uid) = left_behind(a) else {
+            continue;
+        };
+        let taken_on = attempts
+            .iter()
+            .any(|b| b.id != a.id && b.pod_uid == uid && b.started_at >= a.started_at);
+        if taken_on || !not_fresh.contains(uid) {
+            continue;
+        }
+        let kind = a.workload.as_ref().map_or("NodeSet", |w| w.kind.as_str());
+        *failed_unresolved.entry(kind).or_default() += 1;
+    }
     let open: Vec<&Attempt> = attempts.iter().filter(|a| a.is_open()).collect();
     let nodes: BTreeSet<&str> = open
         .iter()
@@ -740,6 +790,7 @@ pub fn summarize(attempts: &[Attempt], now: Timestamp) -> Summary {
             .iter()
             .filter(|a| matches!(a.phase, Phase::Failed(_)) && a.kept_drained)
             .count(),
+        failed_unresolved,
     }
 }
 

@@ -494,10 +494,17 @@ fn summary_counts_open_drained_and_failed() {
     b.slurm_node = "n2".into();
     b.kept_drained = true;
     let c = attempt_in(Phase::Succeeded);
-    let s = summarize(&[a, b, c], t0());
+    let s = summarize(&[a, b, c], &[], t0());
     assert_eq!(s.open, 2);
     assert_eq!(s.nodes_drained, 2);
     assert_eq!(s.failed_kept_drained, 1);
     assert_eq!(s.oldest_open_age_seconds, 600.0);
-    assert_eq!(summarize(&[], t0()), Summary::default());
+    let empty = summarize(&[], &[], t0());
+    assert_eq!(
+        empty,
+        Summary {
+            failed_unresolved: OWNER_KINDS.iter().map(|k| (*k, 0)).collect(),
+            ..Summary::default()
+        }
+    );
 }

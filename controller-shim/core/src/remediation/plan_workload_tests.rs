@@ -447,3 +447,104 @@ fn workload_attempts_leave_the_nodeset_budgets_alone() {
     assert_eq!(started(&p), vec!["worker-0"]);
     assert!(!p.start[0].drain_reason.is_empty());
 }
+
+/// A Deployment attempt that failed: `evicted` says whether the pod was
+/// evicted, `replacement` the replacement's UID when one was seen.
+fn failed_workload_attempt(
+    reason: FailReason,
+    evicted: bool,
+    replacement: Option<&str>,
+) -> Attempt {
+    let k = WorkloadKind::Deployment;
+    let mut a = plan(
+        &[pod(k, "web-1", "node-a", vec![stale()])],
+        &[],
+        &[info(k)],
+        &[],
+        now(),
+        &on(),
+    )
+    .start
+    .remove(0);
+    a.phase = Phase::Failed(reason);
+    a.evicted_at = evicted.then(now);
+    a.new_pod_uid = replacement.map(String::from);
+    a.new_pod_name = replacement.map(|_| "web-2".to_string());
+    a
+}
+
+fn unresolved(s: &Summary, kind: &str) -> usize {
+    s.failed_unresolved[kind]
+}
+
+#[test]
+fn a_failed_workload_repair_that_leaves_a_stale_pod_counts_as_unresolved_until_it_is_fresh() {
+    let k = WorkloadKind::Deployment;
+    let failed = failed_workload_attempt(FailReason::ReplacementStale, true, Some("uid-web-2"));
+    // The replacement still stale: the failure needs an operator, though no
+    // node is kept drained (a workload attempt never drains one).
+    let stale_replacement = pod(k, "web-2", "node-a", vec![stale()]);
+    let s = summarize(std::slice::from_ref(&failed), &[stale_replacement], now());
+    assert_eq!(s.failed_kept_drained, 0);
+    assert_eq!(unresolved(&s, "Deployment"), 1, "{s:?}");
+    assert_eq!(unresolved(&s, "NodeSet"), 0);
+    // Fresh (or gone): resolved.
+    let fresh_replacement = pod(k, "web-2", "node-a", vec![]);
+    let s = summarize(std::slice::from_ref(&failed), &[fresh_replacement], now());
+    assert_eq!(unresolved(&s, "Deployment"), 0, "{s:?}");
+    assert_eq!(
+        summarize(std::slice::from_ref(&failed), &[], now()).failed_unresolved["Deployment"],
+        0
+    );
+    // A PDB that kept refusing: the pod itself was never evicted and stays
+    // stale.
+    let refused = failed_workload_attempt(FailReason::EvictionTimeout, false, None);
+    let s = summarize(
+        &[refused],
+        &[pod(k, "web-1", "node-a", vec![stale()])],
+        now(),
+    );
+    assert_eq!(unresolved(&s, "Deployment"), 1, "{s:?}");
+    // Evicted, no replacement seen: no pod is left stale by this attempt
+    // (a stale replacement appearing later gets an attempt of its own).
+    let gone = failed_workload_attempt(FailReason::ReplacementTimeout, true, None);
+    let s = summarize(&[gone], &[pod(k, "web-1", "node-a", vec![stale()])], now());
+    assert_eq!(unresolved(&s, "Deployment"), 0, "{s:?}");
+}
+
+#[test]
+fn a_failed_nodeset_repair_that_released_its_drain_still_counts_while_its_pod_is_stale() {
+    // The drain timed out: the drain was handed back (not kept), the pod
+    // was never evicted and stays stale.
+    let mut a = crate::remediation::machine_tests_support::attempt_in(Phase::Failed(
+        FailReason::DrainTimeout,
+    ));
+    a.kept_drained = false;
+    let worker = Candidate {
+        namespace: "slurm".into(),
+        name: "worker-0".into(),
+        uid: "uid-old".into(),
+        node: Some("node-a".into()),
+        nodeset: Some("worker".into()),
+        workload: None,
+        slurm_node: Some("n1".into()),
+        terminated: false,
+        findings: vec![stale()],
+    };
+    let s = summarize(
+        std::slice::from_ref(&a),
+        std::slice::from_ref(&worker),
+        now(),
+    );
+    assert_eq!(
+        (s.failed_kept_drained, unresolved(&s, "NodeSet")),
+        (0, 1),
+        "{s:?}"
+    );
+    // A later attempt on the same pod takes it on: not counted twice.
+    let mut later = crate::remediation::machine_tests_support::attempt_in(Phase::Drained);
+    later.id = "d4e5f6".into();
+    later.started_at = now();
+    let s = summarize(&[a, later], &[worker], now());
+    assert_eq!(unresolved(&s, "NodeSet"), 0, "{s:?}");
+}

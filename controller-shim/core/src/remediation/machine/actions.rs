@@ -30,6 +30,21 @@ pub enum EventReason {
 }
 
 impl EventReason {
+    /// Every reason (docs/reference/events.md lists them). A variant added
+    /// to the enum stops [`Self::as_str`] from compiling until it is named
+    /// there; add it here too.
+    pub const ALL: [EventReason; 9] = [
+        EventReason::RemediationStarted,
+        EventReason::SlurmNodeDrained,
+        EventReason::PodEvicted,
+        EventReason::RemediationVerified,
+        EventReason::RemediationSucceeded,
+        EventReason::RemediationFailed,
+        EventReason::RemediationDryRun,
+        EventReason::KubeletCachePinned,
+        EventReason::InvalidRemediationAnnotation,
+    ];
+
     /// The reason string.
     pub fn as_str(self) -> &'static str {
         match self {
