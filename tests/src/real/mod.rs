@@ -248,8 +248,8 @@ pub struct RealClusterBuilder {
     slinky_doubles: Option<bool>,
     /// The real Slinky operator (see [`Self::real_slinky_operator`]).
     slinky_operator: Option<operator::OperatorBuild>,
-    /// Real Slurm's install prefix (see [`Self::real_slurm`]).
-    real_slurm: Option<PathBuf>,
+    /// Real Slurm's install prefix and node count (see [`Self::real_slurm`]).
+    real_slurm: Option<(PathBuf, usize)>,
 }
 
 impl RealClusterBuilder {
@@ -309,10 +309,10 @@ impl RealClusterBuilder {
     /// `jwt.key`, and for every worker pod a slurmd process on the
     /// `slurm.key` file the node double wrote into the pod's volume,
     /// started once the pod runs and stopped once it is gone. Slurm nodes:
-    /// `<NodeSet>-<i>` for each node double, the pods' hostnames.
-    pub fn real_slurm(mut self, prefix: PathBuf) -> Self {
+    /// `<NodeSet>-<i>` for `i` below `nodes`, the pods' hostnames.
+    pub fn real_slurm(mut self, prefix: PathBuf, nodes: usize) -> Self {
         self.slinky_doubles = Some(false);
-        self.real_slurm = Some(prefix);
+        self.real_slurm = Some((prefix, nodes));
         self
     }
 
@@ -380,9 +380,9 @@ impl RealClusterBuilder {
             )?;
         }
         let real_slurm = match &self.real_slurm {
-            Some(prefix) => {
+            Some((prefix, nodes)) => {
                 let mut config = slurm::SlurmConfig::nodes(0);
-                config.nodes = (0..self.nodes)
+                config.nodes = (0..*nodes)
                     .map(|i| format!("{}-{i}", crate::cluster::NODESET))
                     .collect();
                 config.jwt_key = Some(slinky::JWT_KEY.to_vec());

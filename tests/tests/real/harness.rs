@@ -213,6 +213,23 @@ impl RealSystem {
         .await
     }
 
+    /// [`Self::start_remediation_on_real_slurm`] with the real kubelet on
+    /// the fake CRI runtime running every node's pods: each slurmd reads
+    /// the `slurm.key` the real kubelet wrote into its pod's volume.
+    pub async fn start_remediation_on_real_kubelets_and_real_slurm(
+        nodes: usize,
+        prefix: PathBuf,
+    ) -> RealSystem {
+        Self::start_with_slurm(
+            nodes,
+            Nodes::RealKubelets,
+            Tier::Slinky(false),
+            None,
+            Some(prefix),
+        )
+        .await
+    }
+
     async fn start_opts(nodes: usize, kind: Nodes, tier: Tier) -> RealSystem {
         Self::start_full(nodes, kind, tier, None).await
     }
@@ -253,7 +270,7 @@ impl RealSystem {
                 b = b.real_slinky_operator(build);
             }
             if let Some(prefix) = real_slurm {
-                b = b.real_slurm(prefix);
+                b = b.real_slurm(prefix, nodes);
             }
             match b.start().await {
                 Ok(c) => c,

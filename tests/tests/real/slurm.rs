@@ -432,6 +432,8 @@ async fn attempts_succeeded(
 /// (longer than SlurmdTimeout): Slurm sets the drained nodes DOWN and
 /// rewrites mountguard's reason to `<reason> : Not responding`; the drains
 /// are still mountguard's, and released.
+///
+/// On node doubles (each slurmd on the key file its node double wrote).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_slurm_the_controller_repairs_a_stale_key_and_slurm_runs_a_job_on_every_worker() {
     let test = "real_slurm_the_controller_repairs_a_stale_key_and_slurm_runs_a_job_on_every_worker";
@@ -439,6 +441,26 @@ async fn real_slurm_the_controller_repairs_a_stale_key_and_slurm_runs_a_job_on_e
         return;
     };
     let sys = crate::harness::RealSystem::start_remediation_on_real_slurm(2, prefix).await;
+    controller_repairs_a_stale_key_on_real_slurm(sys).await;
+}
+
+/// The same on real kubelets: each slurmd reads the `slurm.key` the real
+/// kubelet's Secret manager and volume manager wrote into its pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_slurm_on_real_kubelets_the_controller_repairs_a_stale_key_and_slurm_runs_a_job_on_every_worker()
+ {
+    let test = "real_slurm_on_real_kubelets_the_controller_repairs_a_stale_key_and_slurm_runs_a_job_on_every_worker";
+    let Some(prefix) = mountguard_tests::real::slurm::prefix_or_skip(test) else {
+        return;
+    };
+    let sys =
+        crate::harness::RealSystem::start_remediation_on_real_kubelets_and_real_slurm(2, prefix)
+            .await;
+    controller_repairs_a_stale_key_on_real_slurm(sys).await;
+}
+
+/// The body of the two tests above.
+async fn controller_repairs_a_stale_key_on_real_slurm(sys: crate::harness::RealSystem) {
     let slurm = sys.cluster.real_slurm().expect("real Slurm");
     let c = client(&slurm, slurm.jwt_key(), SLURM_USER);
     let pods = mountguard_tests::rig::wait_for_slurmd_pods(&sys).await;
