@@ -1273,3 +1273,47 @@ fn update_node(s: &mut State, name: &str, msg: &Value, user: &str) -> (StatusCod
     s.last_update = now;
     (StatusCode::OK, vec![])
 }
+
+/// One HTTP/1.1 request with an optional `X-SLURM-USER-TOKEN`.
+pub async fn call(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    use http_body_util::BodyExt as _;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<hyper::body::Bytes>>();
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(format!("{url}{path}"));
+    if let Some(t) = token {
+        req = req.header("X-SLURM-USER-TOKEN", t);
+    }
+    let body = body
+        .map(|b| serde_json::to_vec(b).unwrap_or_default())
+        .unwrap_or_default();
+    let Ok(req) = req
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(hyper::body::Bytes::from(body)))
+    else {
+        return (0, Value::Null);
+    };
+    match client.request(req).await {
+        Ok(resp) => {
+            let status = resp.status().as_u16();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            (
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            )
+        }
+        Err(_) => (0, Value::Null),
+    }
+}

@@ -34,10 +34,6 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
 use crate::mountguard::ChildGuard;
@@ -523,14 +519,7 @@ impl RealSlurm {
         let (_, v) = self
             .get(&format!("/slurm/{API}/job/{id}"), Some(&token))
             .await;
-        v["jobs"][0]["job_state"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|s| s.as_str().map(String::from))
-                    .collect()
-            })
-            .unwrap_or_default()
+        strings(&v["jobs"][0]["job_state"])
     }
 
     /// Polls `f` every 250 ms until it answers or `timeout` passes.
@@ -575,8 +564,12 @@ impl RealSlurm {
 
 /// The state names of the one node in a `node/{name}` answer.
 pub fn node_states(v: &Value) -> Vec<String> {
-    v["nodes"][0]["state"]
-        .as_array()
+    strings(&v["nodes"][0]["state"])
+}
+
+/// The strings of a JSON array (none when it is not one).
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
         .map(|a| {
             a.iter()
                 .filter_map(|s| s.as_str().map(String::from))
@@ -627,44 +620,4 @@ fn private_run(program: &Path, run_dir: &Path) -> io::Result<Command> {
     Ok(cmd)
 }
 
-/// One HTTP/1.1 request with an optional `X-SLURM-USER-TOKEN`.
-pub async fn call(
-    url: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&Value>,
-) -> (u16, Value) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("{url}{path}"));
-    if let Some(t) = token {
-        req = req.header("X-SLURM-USER-TOKEN", t);
-    }
-    let body = body
-        .map(|b| serde_json::to_vec(b).unwrap_or_default())
-        .unwrap_or_default();
-    let Ok(req) = req
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-    else {
-        return (0, Value::Null);
-    };
-    match client.request(req).await {
-        Ok(resp) => {
-            let status = resp.status().as_u16();
-            let bytes = resp
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            (
-                status,
-                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-            )
-        }
-        Err(_) => (0, Value::Null),
-    }
-}
+pub use crate::slurmrestd::call;

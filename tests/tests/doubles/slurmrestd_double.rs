@@ -3,46 +3,12 @@
 
 use std::time::Duration;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
-use mountguard_tests::slurmrestd::{ReturnToService, SlurmrestdDouble, mint_token};
+use mountguard_tests::slurmrestd::{ReturnToService, SlurmrestdDouble, call, mint_token};
 use serde_json::{Value, json};
 
 use crate::eventually;
 
 const TOKEN: &str = "static-token";
-
-async fn call(
-    url: &str,
-    method: &str,
-    path: &str,
-    token: Option<&str>,
-    body: Option<&Value>,
-) -> (u16, Value) {
-    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let mut req = hyper::Request::builder()
-        .method(method)
-        .uri(format!("{url}{path}"));
-    if let Some(t) = token {
-        req = req.header("X-SLURM-USER-TOKEN", t);
-    }
-    let body = body
-        .map(|b| serde_json::to_vec(b).unwrap())
-        .unwrap_or_default();
-    let req = req
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let resp = client.request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
 
 fn openapi() -> Value {
     let path = concat!(

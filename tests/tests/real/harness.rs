@@ -202,32 +202,20 @@ impl RealSystem {
     /// (`RealClusterBuilder::real_slurm`): the controller drains, verifies
     /// and resumes through real slurmrestd, as SlurmUser `slurm` (without
     /// Slurm accounting the only administrators are SlurmUser and root).
-    pub async fn start_remediation_on_real_slurm(nodes: usize, prefix: PathBuf) -> RealSystem {
-        Self::start_with_slurm(
-            nodes,
-            Nodes::Doubles,
-            Tier::Slinky(false),
-            None,
-            Some(prefix),
-        )
-        .await
-    }
-
-    /// [`Self::start_remediation_on_real_slurm`] with the real kubelet on
-    /// the fake CRI runtime running every node's pods: each slurmd reads
-    /// the `slurm.key` the real kubelet wrote into its pod's volume.
-    pub async fn start_remediation_on_real_kubelets_and_real_slurm(
+    /// With `real_kubelets`, the real kubelet on the fake CRI runtime runs
+    /// every node's pods, and each slurmd reads the `slurm.key` the real
+    /// kubelet wrote; else the node doubles do.
+    pub async fn start_remediation_on_real_slurm(
         nodes: usize,
         prefix: PathBuf,
+        real_kubelets: bool,
     ) -> RealSystem {
-        Self::start_with_slurm(
-            nodes,
-            Nodes::RealKubelets,
-            Tier::Slinky(false),
-            None,
-            Some(prefix),
-        )
-        .await
+        let kind = if real_kubelets {
+            Nodes::RealKubelets
+        } else {
+            Nodes::Doubles
+        };
+        Self::start_with_slurm(nodes, kind, Tier::Slinky(false), None, Some(prefix)).await
     }
 
     async fn start_opts(nodes: usize, kind: Nodes, tier: Tier) -> RealSystem {

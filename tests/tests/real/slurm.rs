@@ -440,7 +440,7 @@ async fn real_slurm_the_controller_repairs_a_stale_key_and_slurm_runs_a_job_on_e
     let Some(prefix) = mountguard_tests::real::slurm::prefix_or_skip(test) else {
         return;
     };
-    let sys = crate::harness::RealSystem::start_remediation_on_real_slurm(2, prefix).await;
+    let sys = crate::harness::RealSystem::start_remediation_on_real_slurm(2, prefix, false).await;
     controller_repairs_a_stale_key_on_real_slurm(sys).await;
 }
 
@@ -453,9 +453,7 @@ async fn real_slurm_on_real_kubelets_the_controller_repairs_a_stale_key_and_slur
     let Some(prefix) = mountguard_tests::real::slurm::prefix_or_skip(test) else {
         return;
     };
-    let sys =
-        crate::harness::RealSystem::start_remediation_on_real_kubelets_and_real_slurm(2, prefix)
-            .await;
+    let sys = crate::harness::RealSystem::start_remediation_on_real_slurm(2, prefix, true).await;
     controller_repairs_a_stale_key_on_real_slurm(sys).await;
 }
 

@@ -110,6 +110,16 @@ fn node_path(n: &str) -> String {
     format!("/slurm/{API}/node/{n}")
 }
 
+/// `POST node/{node}` with `body` as the token's user.
+async fn post(side: &impl Side, token: &str, node: &str, body: Value) -> (u16, Value) {
+    call(side, "POST", &node_path(node), Some(token), Some(&body)).await
+}
+
+/// `GET node/{node}`.
+async fn get(side: &impl Side, token: &str, node: &str) -> (u16, Value) {
+    call(side, "GET", &node_path(node), Some(token), None).await
+}
+
 /// What mountguard reads of one node.
 fn view(v: &Value) -> String {
     let mut states = node_states(v);
@@ -176,7 +186,7 @@ pub async fn script(side: &impl Side, key: &[u8]) -> Vec<String> {
     };
 
     // Errors and authentication.
-    let r = call(side, "GET", &node_path("node-9"), Some(admin), None).await;
+    let r = get(side, admin, "node-9").await;
     step("read of an unknown node", answer(&r));
     let drain = json!({"state": ["DRAIN"], "reason": "mountguard: contract"});
     let r = call(
@@ -246,56 +256,21 @@ pub async fn script(side: &impl Side, key: &[u8]) -> Vec<String> {
     )
     .await;
     step("drain", answer(&r));
-    let r = call(side, "GET", &node_path("node-0"), Some(admin), None).await;
+    let r = get(side, admin, "node-0").await;
     step("drained", view(&r.1));
-    let r = call(
-        side,
-        "POST",
-        &node_path("node-0"),
-        Some(admin),
-        Some(&json!({"state": "UNDRAIN"})),
-    )
-    .await;
+    let r = post(side, admin, "node-0", json!({"state": "UNDRAIN"})).await;
     step("undrain with the state as one string", answer(&r));
     let v = settled(side, admin, "node-0", Duration::from_secs(10)).await;
     step("undrained, settled", view(&v));
-    let r = call(
-        side,
-        "POST",
-        &node_path("node-0"),
-        Some(admin),
-        Some(&json!({"state": ["RESUME"]})),
-    )
-    .await;
+    let r = post(side, admin, "node-0", json!({"state": ["RESUME"]})).await;
     step("resume of an open node", answer(&r));
-    let r = call(
-        side,
-        "POST",
-        &node_path("node-0"),
-        Some(admin),
-        Some(&json!({"state": ["NO_SUCH_STATE"]})),
-    )
-    .await;
+    let r = post(side, admin, "node-0", json!({"state": ["NO_SUCH_STATE"]})).await;
     step("an unknown state", answer(&r));
-    let r = call(
-        side,
-        "POST",
-        &node_path("node-1"),
-        Some(admin),
-        Some(&json!({"state": ["DRAIN"]})),
-    )
-    .await;
+    let r = post(side, admin, "node-1", json!({"state": ["DRAIN"]})).await;
     step("drain without a reason", answer(&r));
-    let r = call(side, "GET", &node_path("node-1"), Some(admin), None).await;
+    let r = get(side, admin, "node-1").await;
     step("drained without a reason", view(&r.1));
-    let r = call(
-        side,
-        "POST",
-        &node_path("node-1"),
-        Some(admin),
-        Some(&json!({"state": ["RESUME"]})),
-    )
-    .await;
+    let r = post(side, admin, "node-1", json!({"state": ["RESUME"]})).await;
     step("resume of a drained node", answer(&r));
     let v = settled(side, admin, "node-1", Duration::from_secs(10)).await;
     step("resumed, settled", view(&v));
@@ -312,23 +287,22 @@ pub async fn script(side: &impl Side, key: &[u8]) -> Vec<String> {
 
     // A drained node whose slurmd stops: Slurm's own DOWN rewrites the reason.
     let reason = "mountguard: replacing slurmd";
-    let r = call(
+    let r = post(
         side,
-        "POST",
-        &node_path("node-0"),
-        Some(admin),
-        Some(&json!({"state": ["DRAIN"], "reason": reason})),
+        admin,
+        "node-0",
+        json!({"state": ["DRAIN"], "reason": reason}),
     )
     .await;
     step("drain before the replacement", answer(&r));
-    let (_, before) = call(side, "GET", &node_path("node-0"), Some(admin), None).await;
+    let (_, before) = get(side, admin, "node-0").await;
     side.slurmd_stopped("node-0");
     let (states, reasons) = watch(side, admin, "node-0", TIMEOUT * 3).await;
     step(
         "slurmd stopped past SlurmdTimeout",
         format!("seen={states:?} reasons={reasons:?}"),
     );
-    let (_, down) = call(side, "GET", &node_path("node-0"), Some(admin), None).await;
+    let (_, down) = get(side, admin, "node-0").await;
     step("down for not responding", view(&down));
     side.slurmd_started("node-0", key);
     tokio::time::sleep(TIMEOUT).await;
@@ -338,14 +312,7 @@ pub async fn script(side: &impl Side, key: &[u8]) -> Vec<String> {
         "its registration moved slurmd_start_time",
         format!("{}", start_time(&after) > start_time(&before)),
     );
-    let r = call(
-        side,
-        "POST",
-        &node_path("node-0"),
-        Some(admin),
-        Some(&json!({"state": ["RESUME"]})),
-    )
-    .await;
+    let r = post(side, admin, "node-0", json!({"state": ["RESUME"]})).await;
     step("resume of the DOWN+DRAIN node", answer(&r));
     let v = settled(side, admin, "node-0", Duration::from_secs(10)).await;
     step("in service", view(&v));
@@ -353,7 +320,7 @@ pub async fn script(side: &impl Side, key: &[u8]) -> Vec<String> {
     // The rotation: slurmctld on a new key; node-0's slurmd restarted on
     // it, node-1's still running on the old one.
     let new_key = random_key(64);
-    let (_, n1_before) = call(side, "GET", &node_path("node-1"), Some(admin), None).await;
+    let (_, n1_before) = get(side, admin, "node-1").await;
     side.controller_key(&new_key).await;
     side.slurmd_started("node-0", &new_key);
     let (states, reasons) = watch(side, admin, "node-1", TIMEOUT * 4).await;
@@ -361,7 +328,7 @@ pub async fn script(side: &impl Side, key: &[u8]) -> Vec<String> {
         "a slurmd on the old key, over four SlurmdTimeouts",
         format!("seen={states:?} reasons={reasons:?}"),
     );
-    let (_, n1) = call(side, "GET", &node_path("node-1"), Some(admin), None).await;
+    let (_, n1) = get(side, admin, "node-1").await;
     let shown = match start_time(&n1) {
         None => "not set".to_string(),
         Some(0) => "0".to_string(),
