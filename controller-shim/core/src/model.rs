@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 use mountguard_inventory::{NodeInventory, Plugin, ReadErrorKind, file_digest, volume_digest};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 use crate::uid::PodUid;
 
@@ -35,7 +35,34 @@ pub type VolumeList = Arc<Box<[VolumeModel]>>;
 /// A list of source fingerprints (what a published pod's verdicts were
 /// computed against), shared between equal lists; boxed inside the `Arc`
 /// like a [`FileList`], so it is one word in every published pod.
-pub type FingerprintList = Arc<Box<[Option<crate::Fingerprint>]>>;
+pub type FingerprintList = Arc<Box<[Option<Fingerprint>]>>;
+
+/// A short keyed fingerprint of a digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Fingerprint(pub [u8; Fingerprint::LEN]);
+
+impl Fingerprint {
+    /// Bytes kept from the HMAC (12 hex characters).
+    pub const LEN: usize = 6;
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({self})")
+    }
+}
+
+impl Serialize for Fingerprint {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
 
 /// Interns strings, volume sources and observed file lists, so equal values
 /// (the same ConfigMap mounted by thousands of pods) share one allocation.
@@ -151,7 +178,7 @@ impl Interner {
     /// The shared copy of a list of source fingerprints (what a published
     /// pod's verdicts were computed against: the pods of one workload
     /// reference the same sources, so they share one list).
-    pub fn intern_fingerprints(&mut self, v: Vec<Option<crate::Fingerprint>>) -> FingerprintList {
+    pub fn intern_fingerprints(&mut self, v: Vec<Option<Fingerprint>>) -> FingerprintList {
         let (a, new) = shared_value(&mut self.fingerprint_lists, v.into_boxed_slice());
         if new {
             self.inserted();
