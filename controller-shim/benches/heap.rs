@@ -27,9 +27,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use jiff::Timestamp;
-use mountguard_controller::live::Shared;
-use mountguard_controller::live::eval::{EvalTask, EvaluationSnapshot, Input};
-use mountguard_controller::live::metrics::Metrics;
+use mountguard_controller::eval::{EvalTask, EvaluationSnapshot, Input};
+use mountguard_controller::runtime::metrics::Metrics;
+use mountguard_controller::state::Shared;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{Interner, ObservedNode};
 use mountguard_core::{Config, Engine, EngineState, Fingerprinter};
@@ -220,7 +220,7 @@ fn live_pass(c: Cluster) {
 /// Sizes of the per-pod, per-volume and per-verdict types (their own
 /// bytes; what they point to is counted by the passes).
 fn sizes() {
-    use mountguard_controller::live::status::{PodCheck, PublishedPod};
+    use mountguard_controller::api::store::{PodCheck, PublishedPod};
     use mountguard_core::model::{
         ContainerModel, ObservedPod, ObservedVolume, PodModel, SourceRef, VolumeModel,
     };

@@ -35,14 +35,15 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use jiff::Timestamp;
-use mountguard_controller::live::auth::{
+use mountguard_controller::eval::Input;
+use mountguard_controller::intake::auth::{
     AgentPod, AgentPods, AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewLimits,
     ReviewedUser, TokenReviewer,
 };
-use mountguard_controller::live::eval::Input;
-use mountguard_controller::live::metrics::Metrics;
-use mountguard_controller::live::report::{self, CountLimits, ReportConfig, ReportHandler};
-use mountguard_controller::live::{Shared, Shutdown};
+use mountguard_controller::intake::report::{self, CountLimits, ReportConfig, ReportHandler};
+use mountguard_controller::runtime::metrics::Metrics;
+use mountguard_controller::runtime::shutdown::Shutdown;
+use mountguard_controller::state::Shared;
 use mountguard_inventory::NodeInventory;
 use mountguard_inventory::report::Heartbeat;
 use tokio::io::AsyncWriteExt;

@@ -41,14 +41,15 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use jiff::Timestamp;
-use mountguard_controller::live::auth::{
+use mountguard_controller::eval::{self, EvalTask, EvaluationSnapshot, Input};
+use mountguard_controller::intake::auth::{
     AgentPod, AgentPods, AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewedUser,
     TokenReviewer,
 };
-use mountguard_controller::live::eval::{self, EvalTask, EvaluationSnapshot, Input};
-use mountguard_controller::live::metrics::Metrics;
-use mountguard_controller::live::report::{self, CountLimits, ReportConfig, ReportHandler};
-use mountguard_controller::live::{Shared, Shutdown};
+use mountguard_controller::intake::report::{self, CountLimits, ReportConfig, ReportHandler};
+use mountguard_controller::runtime::metrics::Metrics;
+use mountguard_controller::runtime::shutdown::Shutdown;
+use mountguard_controller::state::Shared;
 use mountguard_core::model::{Interner, SourceKind};
 use mountguard_core::{Config, Engine, Fingerprinter};
 use mountguard_inventory::report::Heartbeat;
@@ -363,7 +364,7 @@ async fn server(cluster: Cluster, rounds: usize) {
             Reviewer { nodes },
             metrics.clone(),
             100_000,
-            mountguard_controller::live::auth::ReviewLimits {
+            mountguard_controller::intake::auth::ReviewLimits {
                 per_source_burst: u32::MAX,
                 ..Default::default()
             },

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::Error;
-use crate::convert::{self, RawPodExtras, describe_item};
+use crate::edge::convert::{self, RawPodExtras, describe_item};
 use mountguard_core::fingerprint::Fingerprinter;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::ObservedNode;

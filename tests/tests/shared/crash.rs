@@ -12,7 +12,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
-use mountguard_controller::live::failpoint::PERSISTED;
+use mountguard_controller::runtime::failpoint::PERSISTED;
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::mountguard::{ChildGuard, poll, wait_ready};
 use mountguard_tests::rig::{Rig, attempts, opt_in, wait_all_fresh, wait_for_slurmd_pods};

@@ -1,0 +1,4 @@
+//! The agents' report API.
+
+pub mod auth;
+pub mod report;

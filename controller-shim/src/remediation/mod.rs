@@ -1,0 +1,5 @@
+//! Remediation.
+
+pub mod eviction;
+pub mod executor;
+pub mod slurm;
