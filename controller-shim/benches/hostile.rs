@@ -36,13 +36,15 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use jiff::Timestamp;
 use mountguard_controller::eval::Input;
-use mountguard_controller::intake::auth::{
-    AgentPod, AgentPods, AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewLimits,
-    ReviewedUser, TokenReviewer,
-};
-use mountguard_controller::intake::report::{self, CountLimits, ReportConfig, ReportHandler};
+use mountguard_controller::intake::auth::{AgentPod, AgentPods};
+use mountguard_controller::intake::limits::{self, CountLimits, ReportConfig};
+use mountguard_controller::intake::report::{self, ReportHandler};
 use mountguard_controller::runtime::metrics::Metrics;
 use mountguard_controller::runtime::shutdown::Shutdown;
+use mountguard_controller::runtime::token_review::{
+    AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewLimits, ReviewedUser,
+    TokenReviewer,
+};
 use mountguard_controller::state::Shared;
 use mountguard_inventory::NodeInventory;
 use mountguard_inventory::report::Heartbeat;
@@ -394,7 +396,7 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
             rate: "100/s,100".parse().unwrap(),
             limits: CountLimits::default(),
             body_timeout: Duration::from_secs(10),
-            node_in_flight: report::NODE_IN_FLIGHT,
+            node_in_flight: limits::NODE_IN_FLIGHT,
         },
         shared.clone(),
         // Every simulated agent connects from 127.0.0.1: no per-source limit.
@@ -416,7 +418,7 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
     ));
     // The controller's defaults (`--max-connections`, timeouts).
     let small = mountguard_serve::Limits::small();
-    let limits = report::limits(small.header_read_timeout, small.idle_timeout, 10_000)
+    let limits = limits::limits(small.header_read_timeout, small.idle_timeout, 10_000)
         .fit_in(mountguard_serve::nofile_limit(), 512);
     tokio::spawn(report::serve(
         listener,

@@ -42,13 +42,14 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use jiff::Timestamp;
 use mountguard_controller::eval::{self, EvalTask, EvaluationSnapshot, Input};
-use mountguard_controller::intake::auth::{
-    AgentPod, AgentPods, AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewedUser,
-    TokenReviewer,
-};
-use mountguard_controller::intake::report::{self, CountLimits, ReportConfig, ReportHandler};
+use mountguard_controller::intake::auth::{AgentPod, AgentPods};
+use mountguard_controller::intake::limits::{self, CountLimits, ReportConfig};
+use mountguard_controller::intake::report::{self, ReportHandler};
 use mountguard_controller::runtime::metrics::Metrics;
 use mountguard_controller::runtime::shutdown::Shutdown;
+use mountguard_controller::runtime::token_review::{
+    AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewedUser, TokenReviewer,
+};
 use mountguard_controller::state::Shared;
 use mountguard_core::model::{Interner, SourceKind};
 use mountguard_core::{Config, Engine, Fingerprinter};
@@ -356,7 +357,7 @@ async fn server(cluster: Cluster, rounds: usize) {
             rate: "100/s,100".parse().unwrap(),
             limits: CountLimits::default(),
             body_timeout: Duration::from_secs(10),
-            node_in_flight: report::NODE_IN_FLIGHT,
+            node_in_flight: limits::NODE_IN_FLIGHT,
         },
         shared.clone(),
         // Every simulated agent connects from 127.0.0.1: no per-source limit.
@@ -364,7 +365,7 @@ async fn server(cluster: Cluster, rounds: usize) {
             Reviewer { nodes },
             metrics.clone(),
             100_000,
-            mountguard_controller::intake::auth::ReviewLimits {
+            mountguard_controller::runtime::token_review::ReviewLimits {
                 per_source_burst: u32::MAX,
                 ..Default::default()
             },
@@ -380,7 +381,7 @@ async fn server(cluster: Cluster, rounds: usize) {
         // The defaults' proportions to the 30 s heartbeat (10 s, 60 s),
         // at the compressed interval.
         // The controller's report limits, with the timeouts compressed.
-        report::limits(hb_interval() / 3, hb_interval() * 2, 20_000),
+        limits::limits(hb_interval() / 3, hb_interval() * 2, 20_000),
         metrics.serve("report"),
         shutdown.clone(),
     ));

@@ -19,6 +19,7 @@ pub mod cli;
 pub mod edge;
 pub mod eval;
 pub mod intake;
+pub(crate) mod leader;
 pub mod offline;
 pub mod query;
 pub mod remediation;

@@ -33,12 +33,14 @@ use tracing::{info, warn};
 use crate::api::authorize as status_auth;
 use crate::api::routes as http;
 use crate::eval::{self, EvaluationSnapshot};
-use crate::intake::auth::{self, TokenReviewer};
+use crate::intake::auth;
 use crate::intake::report;
+use crate::leader;
 use crate::remediation::executor;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shutdown::Shutdown;
-use crate::runtime::{events, kube, leader, tls};
+use crate::runtime::token_review::TokenReviewer;
+use crate::runtime::{events, kube, tls, token_review};
 use crate::settings::{RunArgs, Settings};
 use crate::state::Shared;
 use crate::{admission, edge::watch};
@@ -109,7 +111,7 @@ impl Controller {
         let metrics_limits =
             http::limits(serve.header_read_timeout, serve.idle_timeout).fit_in(fds / 4, 0);
         // Room for the metrics port, the API client, watches and files.
-        let report_limits = report::limits(
+        let report_limits = crate::intake::limits::limits(
             serve.header_read_timeout,
             serve.idle_timeout,
             serve.max_connections,
@@ -169,8 +171,8 @@ impl Controller {
 
         let agents = Arc::new(auth::AgentPods::default());
         let reviewer: Arc<dyn TokenReviewer> = Arc::new(
-            auth::CachedReviewer::new(
-                auth::KubeTokenReviewer::new(client.clone()),
+            token_review::CachedReviewer::new(
+                token_review::KubeTokenReviewer::new(client.clone()),
                 shared.metrics.clone(),
                 10_000,
             )

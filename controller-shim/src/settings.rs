@@ -22,11 +22,11 @@ use crate::admission::{AdmissionArgs, AdmissionMode, AdmissionSettings};
 use crate::api::authorize::StatusAuthMode;
 use crate::edge::watch::WatchSettings;
 use crate::intake::auth::ServiceAccountRef;
-use crate::intake::report::{CountLimits, ReportConfig};
+use crate::intake::limits::{CountLimits, ReportConfig};
+use crate::leader::LeaderConfig;
 use crate::remediation::executor::{
     ObjectName, Prepared, RemediationSettings, SlurmCredential, SlurmSettings,
 };
-use crate::runtime::leader::LeaderConfig;
 use crate::runtime::limits::RateLimit;
 
 /// Arguments of `mountguard-controller run`.
@@ -576,7 +576,7 @@ impl TryFrom<RunArgs> for Settings {
             rate: report_rate_limit,
             limits: CountLimits::default(),
             body_timeout: report_body_timeout,
-            node_in_flight: crate::intake::report::NODE_IN_FLIGHT,
+            node_in_flight: crate::intake::limits::NODE_IN_FLIGHT,
         };
         let leader = LeaderConfig {
             enabled: leader_election,
@@ -762,7 +762,7 @@ mod tests {
         assert_eq!(s.report.body_timeout, Duration::from_secs(7));
         assert_eq!(
             s.report.node_in_flight,
-            crate::intake::report::NODE_IN_FLIGHT
+            crate::intake::limits::NODE_IN_FLIGHT
         );
         assert!(s.leader.enabled);
         assert_eq!(s.leader.lease_name, "the-lease");

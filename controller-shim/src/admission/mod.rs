@@ -34,7 +34,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::debug;
 
 use crate::eval::{AdmissionQuery, Input};
-use crate::intake::report::json_response;
+use crate::runtime::http::json_response;
 use crate::runtime::shutdown::Shutdown;
 use crate::state::Shared;
 use review::{Reviewed, Verdict};
@@ -324,7 +324,7 @@ fn answer(operation: &'static str, result: &'static str, uid: &str, verdict: &Ve
 }
 
 fn text(code: StatusCode, msg: String) -> Response<Full<Bytes>> {
-    crate::api::routes::text(code, msg + "\n")
+    crate::runtime::http::text(code, msg + "\n")
 }
 
 /// Serves the webhook over TLS (`config`: with or without client

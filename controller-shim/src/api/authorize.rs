@@ -302,8 +302,8 @@ pub struct StatusAuthLimits {
 impl Default for StatusAuthLimits {
     fn default() -> Self {
         // The per-source bucket is the report API's
-        // (`crate::intake::auth::ReviewLimits`).
-        let report = crate::intake::auth::ReviewLimits::default();
+        // (`crate::runtime::token_review::ReviewLimits`).
+        let report = crate::runtime::token_review::ReviewLimits::default();
         Self {
             allowed_ttl: Duration::from_secs(60),
             denied_ttl: Duration::from_secs(10),

@@ -12,18 +12,9 @@ use hyper::body::Bytes;
 
 use crate::api::authorize::{StatusGate, scope_of};
 use crate::api::store::Query;
-use crate::intake::report::json_response;
+use crate::runtime::http::{json_response, text};
 use crate::runtime::shutdown::Shutdown;
 use crate::state::Shared;
-
-/// A plain-text response (also the admission webhook's errors).
-pub(crate) fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Full::new(body.into()))
-        .expect("static response parts are valid")
-}
 
 /// Answers one request.
 pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {

@@ -53,10 +53,10 @@ use crate::Error;
 use crate::edge::watch::nodeset_resource;
 use crate::edge::workloads::{Workloads, workload_key};
 use crate::eval::EvaluationSnapshot;
+use crate::leader::LeaderConfig;
 use crate::remediation::slurm::{
     JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource,
 };
-use crate::runtime::leader::LeaderConfig;
 use crate::runtime::shutdown::Shutdown;
 use crate::state::Shared;
 use mountguard_core::remediation::workload::{
@@ -469,8 +469,8 @@ impl Executor {
             }
         };
         let spec = lease.spec.unwrap_or_default();
-        let margin = SignedDuration::from_secs(crate::runtime::leader::LEASE_GRACE_SECS as i64);
-        match crate::runtime::leader::lease_valid_until(&spec, &f.identity, margin) {
+        let margin = SignedDuration::from_secs(crate::leader::LEASE_GRACE_SECS as i64);
+        match crate::leader::lease_valid_until(&spec, &f.identity, margin) {
             None => {
                 f.transitions = None;
                 FenceState::Lost

@@ -3,9 +3,10 @@
 pub mod events;
 pub mod failpoint;
 pub mod health;
+pub mod http;
 pub mod kube;
-pub(crate) mod leader;
 pub mod limits;
 pub mod metrics;
 pub mod shutdown;
 pub mod tls;
+pub mod token_review;
