@@ -355,7 +355,7 @@ field_for_field!(VerifyArgs => Verify {
 mod tests {
     use super::*;
     use crate::intake::auth::ServiceAccountRef;
-    use crate::remediation::executor::ObjectName;
+    use crate::remediation::settings::ObjectName;
     use crate::runtime::limits::RateLimit;
 
     #[test]

@@ -24,7 +24,7 @@ use crate::edge::watch::WatchSettings;
 use crate::intake::auth::ServiceAccountRef;
 use crate::intake::limits::{CountLimits, ReportConfig};
 use crate::leader::LeaderConfig;
-use crate::remediation::executor::{
+use crate::remediation::settings::{
     ObjectName, Prepared, RemediationSettings, SlurmCredential, SlurmSettings,
 };
 use crate::runtime::limits::RateLimit;

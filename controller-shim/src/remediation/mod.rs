@@ -2,4 +2,5 @@
 
 pub mod eviction;
 pub mod executor;
+pub mod settings;
 pub mod slurm;
