@@ -16,7 +16,7 @@ use clap::Args;
 use jiff::{SignedDuration, Timestamp};
 use mountguard_core::rollout::Target;
 
-use crate::offline::{FailOn, Output, Verify};
+use crate::offline::verify::{FailOn, Output, Verify};
 use crate::query::endpoint::Proxy;
 use crate::query::status::{StatusOutput, StatusQuery};
 use crate::query::wait::{WaitFor, WaitOptions};

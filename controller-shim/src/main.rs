@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 use mountguard_controller::cli::{Cli, Command, PluginCli, PluginCommand, invoked_as_plugin};
-use mountguard_controller::offline::Verify;
+use mountguard_controller::offline::verify::Verify;
 use mountguard_controller::query::endpoint::{Endpoint, Proxy};
 use mountguard_controller::query::status::StatusQuery;
 use mountguard_controller::query::wait::WaitOptions;
