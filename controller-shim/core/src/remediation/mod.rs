@@ -26,11 +26,7 @@ pub mod recovery;
 pub mod workload;
 
 #[cfg(test)]
-mod machine_hold_tests;
-#[cfg(test)]
-mod machine_tests_support;
-#[cfg(test)]
-mod machine_workload_tests;
+mod test_support;
 
 pub use machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailReason, FailurePolicy,

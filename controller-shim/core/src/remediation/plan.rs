@@ -744,9 +744,7 @@ pub fn summarize(attempts: &[Attempt], now: Timestamp) -> Summary {
 }
 
 #[cfg(test)]
-#[path = "plan_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "plan_workload_tests.rs"]
 mod workload_tests;

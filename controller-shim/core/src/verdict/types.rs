@@ -444,5 +444,4 @@ impl Evaluation {
 }
 
 #[cfg(test)]
-#[path = "types_tests.rs"]
 mod tests;

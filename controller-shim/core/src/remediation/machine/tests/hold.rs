@@ -3,12 +3,12 @@
 //! asked as a dry run, would evict the pod; lifted when the eviction is
 //! refused; never longer than the node hold timeout.
 
-use super::machine::{
+use super::workload::{attempt, evictions, holds, owner_pod, s, seen};
+use crate::remediation::machine::{
     Action, EvictionResult, FailReason, MachineConfig, NodeCordon, Observations, Phase, step,
 };
-use super::machine_tests_support::t0;
-use super::machine_workload_tests::{attempt, evictions, holds, owner_pod, s, seen};
-use super::workload::{OwnerPod, WorkloadKind};
+use crate::remediation::test_support::t0;
+use crate::remediation::workload::{OwnerPod, WorkloadKind};
 
 const HELD_KINDS: [WorkloadKind; 3] = [
     WorkloadKind::Deployment,

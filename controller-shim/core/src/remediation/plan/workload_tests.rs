@@ -7,7 +7,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::*;
 use crate::remediation::machine::{FailReason, Phase};
-use crate::remediation::machine_tests_support::t0;
+use crate::remediation::test_support::t0;
 use crate::remediation::workload::{WorkloadInfo, WorkloadKind, WorkloadRef};
 
 fn now() -> Timestamp {

@@ -1,17 +1,17 @@
 //! The machine on workload pods (Deployment, ReplicaSet, StatefulSet,
 //! DaemonSet): each kind's replacement, PodDisruptionBudget refusals, the
 //! availability hold, stale replacements, and a crash at every step (the
-//! node hold and PodDisruptionBudgets: `machine_hold_tests`).
+//! node hold and PodDisruptionBudgets: `hold.rs`).
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::inputs::cordon_of;
-use super::machine::{
+use crate::remediation::inputs::cordon_of;
+use crate::remediation::machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailReason, MachineConfig,
     NewPodCheck, NodeCordon, Observations, Phase, WorkloadObservation, step,
 };
-use super::machine_tests_support::{finding, t0};
-use super::workload::{OwnerPod, WorkloadKind, WorkloadRef};
+use crate::remediation::test_support::{finding, t0};
+use crate::remediation::workload::{OwnerPod, WorkloadKind, WorkloadRef};
 
 pub(super) fn s(n: i64) -> SignedDuration {
     SignedDuration::from_secs(n)

@@ -2,7 +2,7 @@ use jiff::{SignedDuration, Timestamp};
 
 use super::*;
 use crate::remediation::machine::{FailReason, Phase};
-use crate::remediation::machine_tests_support::{attempt_in, t0};
+use crate::remediation::test_support::{attempt_in, t0};
 use crate::verdict::UnverifiableReason;
 
 fn now() -> Timestamp {
