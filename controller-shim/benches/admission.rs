@@ -3,7 +3,7 @@
 //! its object's `data` holding 1.5 million small JSON numbers), in the
 //! same run.
 //!
-//! 1. One parse each, by the webhook's parser (`live::admission_review`)
+//! 1. One parse each, by the webhook's parser (`admission::review`)
 //!    and, for comparison, into kube's generic `AdmissionReview<
 //!    DynamicObject>` (the object read into a JSON value, as the webhook
 //!    once did): heap bytes allocated during the parse (an upper bound of

@@ -8,7 +8,7 @@
 //! 1. the engine's structures alone (sources, pod models as the pod watch
 //!    builds them, the index's reverse maps, converted inventories, the
 //!    engine's history, every verdict held at once), built step by step;
-//! 2. the live evaluation task (`live::eval`, as `run` drives it, without
+//! 2. the live evaluation task (`eval`, as `run` drives it, without
 //!    HTTP): everything of pass 1 it holds plus the published verdicts and
 //!    what each pod's verdicts were computed against; then torn down piece
 //!    by piece.

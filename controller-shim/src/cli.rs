@@ -6,7 +6,7 @@
 //!
 //! `run`'s flags, [`RunArgs`] (each also read from `MOUNTGUARD_<FLAG>`),
 //! sit with the one conversion that checks them into
-//! [`Settings`](crate::live::Settings), in `live/settings.rs`; the other
+//! [`Settings`](crate::settings::Settings), in `settings.rs`; the other
 //! commands' flags convert field for field into their settings.
 
 use std::path::PathBuf;

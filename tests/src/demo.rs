@@ -13,7 +13,7 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use mountguard_agent::{Backoff, Daemon, DaemonConfig, HttpSink, HttpSinkConfig, ScanOptions};
-use mountguard_controller::remediation::executor::ObjectName;
+use mountguard_controller::remediation::settings::ObjectName;
 use mountguard_controller::run::Controller;
 use mountguard_controller::settings::RemediationMode;
 use mountguard_controller::settings::RunArgs;

@@ -173,3 +173,73 @@ fn path_attributes_inline_modules_and_self_paths_are_followed() {
         ["cycle among {crate::outer, crate::outer::inner, crate::moved}:"]
     );
 }
+
+/// The edges of the controller library as `from -> to`, each with where it
+/// is written, test modules left out.
+fn controller_edges() -> Vec<(String, String, String)> {
+    let lib = workspace_root().join("controller-shim/src/lib.rs");
+    let graph = Graph::read(&lib).unwrap_or_else(|e| panic!("reading {}: {e}", lib.display()));
+    let mut out = Vec::new();
+    for ((from, to), site) in graph.edges() {
+        let (from, to) = (graph.name(from), graph.name(to));
+        if from.split("::").any(|s| s == "tests") {
+            continue;
+        }
+        out.push((
+            from,
+            to,
+            format!("{}:{}: {}", site.file.display(), site.line, site.text),
+        ));
+    }
+    out
+}
+
+fn under(module: &str, folder: &str) -> bool {
+    module == folder || module.starts_with(&format!("{folder}::"))
+}
+
+#[test]
+fn the_controller_runtime_names_nothing_above_it() {
+    let up: Vec<String> = controller_edges()
+        .into_iter()
+        .filter(|(from, to, _)| under(from, "crate::runtime") && !under(to, "crate::runtime"))
+        .map(|(from, to, site)| format!("{from} -> {to} ({site})"))
+        .collect();
+    assert!(
+        up.is_empty(),
+        "runtime/ names the floors above it:\n{}",
+        up.join("\n")
+    );
+}
+
+#[test]
+fn the_always_on_path_names_no_opt_in_feature_and_no_client() {
+    let always_on = [
+        "crate::runtime",
+        "crate::edge",
+        "crate::intake",
+        "crate::eval",
+        "crate::api",
+        "crate::state",
+    ];
+    let apart = [
+        "crate::admission",
+        "crate::remediation",
+        "crate::query",
+        "crate::offline",
+        "crate::cli",
+        "crate::run",
+    ];
+    let wrong: Vec<String> = controller_edges()
+        .into_iter()
+        .filter(|(from, to, _)| {
+            always_on.iter().any(|f| under(from, f)) && apart.iter().any(|f| under(to, f))
+        })
+        .map(|(from, to, site)| format!("{from} -> {to} ({site})"))
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "the always-on path names what stands apart from it:\n{}",
+        wrong.join("\n")
+    );
+}

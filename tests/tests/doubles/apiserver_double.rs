@@ -472,7 +472,7 @@ async fn patches_apply_delete_eviction_and_token_reviews_through_kube() {
     api.shutdown().await;
 }
 
-/// The controller's own eviction request (`live::eviction::evict`)
+/// The controller's own eviction request (`remediation::eviction::evict`)
 /// against the double: a dry run refused by a PodDisruptionBudget answers
 /// Refused, an allowed one writes nothing, and the UID precondition
 /// reaches the server (kube's `Api::evict` sends the options under a key

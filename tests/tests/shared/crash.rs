@@ -4,7 +4,7 @@
 //! the attempt: each one finishes once, every pod is evicted once, no node
 //! is opened before its replacement is verified, and none stays drained.
 //! The controller binary of the test build has the `failpoints` feature
-//! (controller-shim/src/live/failpoint.rs).
+//! (controller-shim/src/runtime/failpoint.rs).
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;

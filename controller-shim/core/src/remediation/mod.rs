@@ -17,7 +17,7 @@
 //!
 //! All of it is pure: no I/O, no clock reads. The slurmrestd client and the
 //! executor (the thin I/O loop) are part of the live controller
-//! (`mountguard-controller`, `live::slurm` and `live::executor`).
+//! (`mountguard-controller`, `remediation::slurm` and `remediation::executor`).
 
 pub mod inputs;
 pub mod machine;
