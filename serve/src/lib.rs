@@ -51,7 +51,7 @@
 //! [`test_flood::Flood`] the idle-socket flood of the listeners' tests.
 
 mod registry;
-#[cfg(feature = "test-server")]
+#[cfg(any(test, feature = "test-server"))]
 pub mod test_flood;
 #[cfg(feature = "test-server")]
 pub mod test_server;

@@ -5,6 +5,8 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use crate::test_flood::closed_within;
+
 async fn start(limits: Limits) -> (SocketAddr, ServeMetrics, tokio::sync::oneshot::Sender<()>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -36,18 +38,6 @@ async fn get(addr: SocketAddr) -> io::Result<String> {
     let mut out = String::new();
     s.read_to_string(&mut out).await?;
     Ok(out)
-}
-
-/// Reads until EOF or error; true when the server closed.
-async fn closed_within(s: &mut TcpStream, d: Duration) -> bool {
-    let mut buf = [0u8; 512];
-    loop {
-        match tokio::time::timeout(d, s.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => continue,
-            Err(_) => return false,
-        }
-    }
 }
 
 /// The small limits with these timeouts and cap.

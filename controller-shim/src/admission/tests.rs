@@ -410,14 +410,7 @@ async fn an_idle_socket_flood_does_not_starve_admission_reviews() {
             Ok::<_, std::io::Error>(String::from_utf8_lossy(&out).to_string())
         }
     };
-    let flood = Flood::start(
-        addr,
-        "127.0.0.2".parse().unwrap(),
-        limits.max_connections + 4,
-        200,
-        Duration::from_secs(30),
-    );
-    flood.wait_reopened(4, Duration::from_secs(10)).await;
+    let flood = Flood::past_the_cap(addr, limits.max_connections).await;
     let mut denied = 0;
     for _ in 0..20 {
         let out = tokio::time::timeout(

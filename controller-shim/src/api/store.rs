@@ -619,11 +619,32 @@ impl VerdictStore {
     }
 }
 
+/// A store of every pod of `ix`, evaluated at 2026-11-30T10:00:01Z with the
+/// default configuration (the tests of the store and of its printer).
+#[cfg(test)]
+impl VerdictStore {
+    pub(crate) fn evaluated(ix: &mountguard_core::ClusterIndex) -> Self {
+        use mountguard_core::{Config, Engine, EngineState, Fingerprinter};
+        let engine = Engine::new(Config::default(), Fingerprinter::new(&[7u8; 32]).unwrap());
+        let mut st = EngineState::default();
+        let ev = engine.evaluate_all(
+            ix,
+            &mut st,
+            mountguard_core::testkit::ts("2026-11-30T10:00:01Z"),
+        );
+        let mut store = VerdictStore::default();
+        for pv in ev.pods {
+            store.pods.insert(PublishedPod { pv, check: None });
+        }
+        store
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use mountguard_core::testkit::*;
-    use mountguard_core::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
+    use mountguard_core::{ClusterIndex, SourceKind};
 
     /// One published pod per pod: its check holds the fingerprint list as
     /// one word (the list is interned) and its scan time in 8 bytes, so
@@ -737,13 +758,7 @@ mod tests {
         NodeB::new("n2", ts("2026-11-30T10:00:00Z"))
             .volume("ub2", inventory_plugin(), "cfg", &[("a", b"old")], at)
             .apply(&mut ix);
-        let engine = Engine::new(Config::default(), Fingerprinter::new(&[7u8; 32]).unwrap());
-        let mut st = EngineState::default();
-        let ev = engine.evaluate_all(&ix, &mut st, ts("2026-11-30T10:00:01Z"));
-        let mut store = VerdictStore::default();
-        for pv in ev.pods {
-            store.pods.insert(PublishedPod { pv, check: None });
-        }
+        let store = VerdictStore::evaluated(&ix);
         let counts = |q: &str| {
             let doc = store.document(&Query::parse(Some(q)), true, true);
             doc.by_state

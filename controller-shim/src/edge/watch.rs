@@ -449,7 +449,7 @@ pub fn spawn_all(
             wc().fields(&format!("metadata.name={agent_daemonset}")),
             "agent-daemonset".into(),
             "agent_daemonset",
-            DaemonSetEdge {
+            AgentEdge {
                 agents: agents.clone(),
                 daemonset: agent_daemonset.clone(),
             },
@@ -626,9 +626,7 @@ fn mark_synced(shared: &Shared, name: &str) {
 
 mod edges;
 
-use edges::{
-    AgentEdge, DaemonSetEdge, Edge, NodeEdge, NodeSetEdge, PodEdge, SourceEdge, WorkloadEdge,
-};
+use edges::{AgentEdge, Edge, NodeEdge, NodeSetEdge, PodEdge, SourceEdge, WorkloadEdge};
 
 #[cfg(test)]
 mod retry_tests {

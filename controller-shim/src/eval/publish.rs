@@ -7,6 +7,7 @@ use mountguard_core::verdict::{PodVerdicts, State, UnverifiableReason, Verdict};
 use crate::api::store::PodCheck;
 use crate::runtime::metrics::{MountLabels, StateCounts};
 
+/// A fingerprint as the engine's history spells it (12 hex characters).
 pub(crate) fn parse_fingerprint(hex_text: &str) -> Option<mountguard_core::Fingerprint> {
     let mut fp = [0u8; mountguard_core::Fingerprint::LEN];
     hex::decode_to_slice(hex_text, &mut fp).ok()?;

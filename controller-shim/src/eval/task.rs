@@ -27,7 +27,7 @@ use crate::eval::input::{EvaluationSnapshot, Input};
 use crate::eval::publish::{counts_of, event_message, has_series, mount_labels, parse_fingerprint};
 use crate::runtime::events::{EventRequest, RateLimiter, Tracker};
 use crate::runtime::metrics::{MountLabels, MountSeries};
-use crate::runtime::shutdown::Shutdown;
+use crate::runtime::shutdown::{Shutdown, ticker};
 use crate::state::Shared;
 use mountguard_core::PodUid;
 use mountguard_core::index::ClusterIndex;
@@ -605,11 +605,9 @@ impl EvalTask {
     }
 }
 
-/// A fingerprint as the engine's history spells it (12 hex characters).
 /// Runs the task until shutdown.
 pub async fn run(mut task: EvalTask, mut rx: mpsc::Receiver<Input>, mut shutdown: Shutdown) {
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = ticker(TICK);
     loop {
         tokio::select! {
             _ = shutdown.wait() => return,

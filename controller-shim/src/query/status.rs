@@ -240,7 +240,7 @@ mod tests {
     use super::*;
     use crate::api::store::*;
     use mountguard_core::testkit::*;
-    use mountguard_core::{ClusterIndex, Config, Engine, EngineState, Fingerprinter, SourceKind};
+    use mountguard_core::{ClusterIndex, SourceKind};
 
     #[test]
     fn query_filters_and_table() {
@@ -276,13 +276,7 @@ mod tests {
                 ts("2026-11-30T09:59:00Z"),
             )
             .apply(&mut ix);
-        let engine = Engine::new(Config::default(), Fingerprinter::new(&[7u8; 32]).unwrap());
-        let mut st = EngineState::default();
-        let ev = engine.evaluate_all(&ix, &mut st, ts("2026-11-30T10:00:01Z"));
-        let mut store = VerdictStore::default();
-        for pv in ev.pods {
-            store.pods.insert(PublishedPod { pv, check: None });
-        }
+        let store = VerdictStore::evaluated(&ix);
         let doc = store.document(&Query::parse(Some("")), true, true);
         assert_eq!(doc.verdicts.len(), 1, "{doc:?}");
         assert_eq!(doc.verdicts[0].state, "Stale");

@@ -63,7 +63,7 @@ use crate::eval::EvaluationSnapshot;
 use crate::leader::LeaderConfig;
 use crate::remediation::settings::{Prepared, RemediationSettings, SlurmCredential};
 use crate::remediation::slurm::{SharedSecret, SlurmClient, SlurmError};
-use crate::runtime::shutdown::Shutdown;
+use crate::runtime::shutdown::{Shutdown, ticker};
 use crate::state::Shared;
 use mountguard_core::remediation::workload::{
     AnnotationNotices, AnnotationProblem, WorkloadKind, WorkloadRef,
@@ -232,8 +232,7 @@ async fn run(
     mut snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
     mut shutdown: Shutdown,
 ) {
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tick = ticker(TICK);
     loop {
         tokio::select! {
             _ = shutdown.wait() => return,

@@ -23,3 +23,11 @@ impl Shutdown {
         *self.0.borrow()
     }
 }
+
+/// A timer of `period` for a task's housekeeping: a tick missed while the
+/// task was busy is delayed, not made up in a burst.
+pub fn ticker(period: std::time::Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}

@@ -193,6 +193,22 @@ mod tests {
         (c, k, ck.cert.der().to_vec())
     }
 
+    /// Everything `addr` sends over TLS with the client configuration `cfg`
+    /// (server name `localhost`).
+    async fn read_over_tls(
+        addr: std::net::SocketAddr,
+        cfg: rustls::ClientConfig,
+    ) -> std::io::Result<Vec<u8>> {
+        use tokio::io::AsyncReadExt;
+        let conn = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+        let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut t = conn.connect(name, s).await?;
+        let mut buf = Vec::new();
+        t.read_to_end(&mut buf).await?;
+        Ok(buf)
+    }
+
     #[test]
     fn reloads_changed_files_and_keeps_old_pair_on_garbage() {
         let dir = tempfile::tempdir().unwrap();
@@ -213,7 +229,7 @@ mod tests {
 
     #[tokio::test]
     async fn serves_tls_with_the_reloaded_certificate() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let dir = tempfile::tempdir().unwrap();
         let (c, k, _) = write_pair(dir.path(), "localhost");
         let r = ReloadingCert::load(c, k).unwrap();
@@ -237,13 +253,7 @@ mod tests {
                     .unwrap()
                     .with_root_certificates(roots)
                     .with_no_client_auth();
-            let conn = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-            let s = tokio::net::TcpStream::connect(addr).await.unwrap();
-            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-            let mut t = conn.connect(name, s).await?;
-            let mut buf = Vec::new();
-            t.read_to_end(&mut buf).await?;
-            Ok::<_, std::io::Error>(buf)
+            read_over_tls(addr, cfg).await
         };
         let first = std::fs::read(dir.path().join("tls.crt")).unwrap();
         let der1 = CertificateDer::from_pem_slice(&first).unwrap().to_vec();
@@ -262,7 +272,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_ca_refuses_clients_without_its_certificate() {
         use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let dir = tempfile::tempdir().unwrap();
         let (c, k, server_der) = write_pair(dir.path(), "localhost");
         let ca = |name: &str| {
@@ -321,13 +331,7 @@ mod tests {
                     Some((c, k)) => b.with_client_auth_cert(vec![c], k).unwrap(),
                     None => b.with_no_client_auth(),
                 };
-                let conn = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-                let s = tokio::net::TcpStream::connect(addr).await.unwrap();
-                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-                let mut t = conn.connect(name, s).await?;
-                let mut buf = Vec::new();
-                t.read_to_end(&mut buf).await?;
-                Ok::<_, std::io::Error>(buf)
+                read_over_tls(addr, cfg).await
             }
         };
         assert!(connect(None).await.is_err(), "no client certificate");

@@ -37,30 +37,25 @@ impl Edge<Pod> for PodEdge {
     }
 }
 
+/// How a Secret or ConfigMap becomes a source: its reference and its
+/// hashed content (`convert::secret`, `convert::config_map`).
+type ConvertSource<K> = fn(
+    &mut Interner,
+    &K,
+) -> Option<(
+    mountguard_core::SourceRef,
+    mountguard_core::model::SourceContent,
+)>;
+
 /// Secrets and ConfigMaps: hashed on arrival into a source input.
 pub(super) struct SourceEdge<K> {
     pub(super) interner: Interner,
     pub(super) kind: mountguard_core::SourceKind,
-    pub(super) convert: fn(
-        &mut Interner,
-        &K,
-    ) -> Option<(
-        mountguard_core::SourceRef,
-        mountguard_core::model::SourceContent,
-    )>,
+    pub(super) convert: ConvertSource<K>,
 }
 
 impl<K> SourceEdge<K> {
-    pub(super) fn new(
-        kind: mountguard_core::SourceKind,
-        convert: fn(
-            &mut Interner,
-            &K,
-        ) -> Option<(
-            mountguard_core::SourceRef,
-            mountguard_core::model::SourceContent,
-        )>,
-    ) -> Self {
+    pub(super) fn new(kind: mountguard_core::SourceKind, convert: ConvertSource<K>) -> Self {
         Self {
             interner: Interner::default(),
             kind,
@@ -155,6 +150,9 @@ impl<K: kube::Resource + Send + 'static> Edge<K> for WorkloadEdge<K> {
     }
 }
 
+/// The agents' registry: the agent pods (`Edge<Pod>`) and the agent
+/// DaemonSet (`Edge<DaemonSet>`), whose UID is what an agent pod's
+/// controlling ownerReference must carry.
 pub(super) struct AgentEdge {
     pub(super) agents: Arc<AgentPods>,
     pub(super) daemonset: String,
@@ -179,14 +177,7 @@ impl Edge<Pod> for AgentEdge {
     }
 }
 
-/// The agent DaemonSet: its UID is what an agent pod's controlling
-/// ownerReference must carry.
-pub(super) struct DaemonSetEdge {
-    pub(super) agents: Arc<AgentPods>,
-    pub(super) daemonset: String,
-}
-
-impl Edge<DaemonSet> for DaemonSetEdge {
+impl Edge<DaemonSet> for AgentEdge {
     type Key = String;
     fn key(&self, d: &DaemonSet) -> Option<String> {
         d.metadata.name.clone()

@@ -9,6 +9,7 @@ use crate::runtime::limits::RateLimit;
 use crate::runtime::metrics::Metrics;
 use crate::state::Shared;
 use http_body_util::BodyExt;
+use mountguard_serve::test_flood::closed_within;
 use std::sync::atomic::Ordering;
 
 struct Rig {
@@ -616,19 +617,6 @@ async fn exchange_with(
             .unwrap_or("")
             .to_string()
     })
-}
-
-/// Whether the server closes `s` within `d`.
-async fn closed_within(s: &mut tokio::net::TcpStream, d: Duration) -> bool {
-    use tokio::io::AsyncReadExt;
-    let mut buf = [0u8; 512];
-    loop {
-        match tokio::time::timeout(d, s.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => continue,
-            Err(_) => return false,
-        }
-    }
 }
 
 /// An agent's connection that sent a valid authenticated report stays

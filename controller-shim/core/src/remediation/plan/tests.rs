@@ -41,7 +41,8 @@ fn pod(name: &str, node: &str, findings: Vec<CandidateFinding>) -> Candidate {
     }
 }
 
-fn nodeset() -> NodeSetInfo {
+/// The NodeSet `slurm/worker`, opted in, one pod at a time.
+pub(super) fn nodeset() -> NodeSetInfo {
     NodeSetInfo {
         namespace: "slurm".into(),
         name: "worker".into(),

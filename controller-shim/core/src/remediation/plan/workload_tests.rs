@@ -431,14 +431,7 @@ fn workload_attempts_leave_the_nodeset_budgets_alone() {
         terminated: false,
         findings: vec![stale()],
     };
-    let set = NodeSetInfo {
-        namespace: "slurm".into(),
-        name: "worker".into(),
-        opt_in: true,
-        remediate_on: None,
-        max_unavailable: 1,
-        unavailable: 0,
-    };
+    let set = super::tests::nodeset();
     let cfg = PlanConfig {
         budget_cluster: 1,
         ..on()
