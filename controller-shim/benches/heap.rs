@@ -160,7 +160,7 @@ fn live_pass(c: Cluster) {
     let shared = Arc::new(Shared::new(Metrics::new()));
     shared.acting.store(true, Ordering::SeqCst);
     let (etx, _erx) = tokio::sync::mpsc::channel(1024);
-    let (stx, _srx) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
+    let (stx, _) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[9u8; 32]).unwrap());
     let mut task = EvalTask::new(engine, shared.clone(), etx, stx);
     let mut watch = Interner::default();

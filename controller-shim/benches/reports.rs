@@ -242,7 +242,7 @@ async fn server(cluster: Cluster, rounds: usize) {
     let (tx, rx) = tokio::sync::mpsc::channel::<Input>(4096);
     let (etx, mut erx) = tokio::sync::mpsc::channel(1024);
     tokio::spawn(async move { while erx.recv().await.is_some() {} });
-    let (stx, _srx) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
+    let (stx, _) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[9u8; 32]).unwrap());
     tokio::spawn(eval::run(
         EvalTask::new(engine, shared.clone(), etx, stx),

@@ -59,7 +59,6 @@ pub struct Controller {
     shared: Arc<Shared>,
     trigger: tokio_watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
-    snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
 }
 
 impl Controller {
@@ -273,11 +272,14 @@ impl Controller {
                 &leader_config,
                 client.clone(),
                 shared.clone(),
-                snapshots.clone(),
+                snapshots,
                 shutdown.clone(),
             )
             .await?;
             tasks.push(("remediation", t));
+        } else {
+            // Nobody subscribes: the evaluation builds no snapshot.
+            drop(snapshots);
         }
         for (name, t) in watch::spawn_all(
             &client,
@@ -308,7 +310,6 @@ impl Controller {
             shared,
             trigger,
             tasks,
-            snapshots,
         })
     }
 
@@ -340,13 +341,6 @@ impl Controller {
     /// The metrics (remediation registers and drives its own series here).
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
-    }
-
-    /// The seam for remediation: a new snapshot (non-fresh verdicts,
-    /// NodeSet pods, NodeSets) after every evaluation batch of the acting
-    /// replica.
-    pub fn evaluations(&self) -> tokio_watch::Receiver<Arc<EvaluationSnapshot>> {
-        self.snapshots.clone()
     }
 
     /// Stops every task (leader label removed and Lease released when

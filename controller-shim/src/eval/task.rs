@@ -544,7 +544,8 @@ impl EvalTask {
             seconds = secs,
             "evaluated"
         );
-        if self.snapshots.receiver_count() > 1 {
+        // Built only while someone subscribes (the remediation executor).
+        if self.snapshots.receiver_count() > 0 {
             let store = self.shared.verdicts.read().unwrap();
             let nodeset_pods: Vec<Arc<PodModel>> = self
                 .index

@@ -20,7 +20,7 @@ fn rig() -> Rig {
     shared.acting.store(true, Ordering::SeqCst);
     shared.ready.store(true, Ordering::SeqCst);
     let (etx, events) = mpsc::channel(100);
-    let (stx, _srx) = tokio_watch::channel(Arc::new(EvaluationSnapshot::default()));
+    let (stx, _) = tokio_watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[1u8; 32]).unwrap());
     Rig {
         task: EvalTask::new(engine, shared.clone(), etx, stx),
