@@ -349,32 +349,23 @@ fn steady_state_rescan(root: &Path, naive: Option<Duration>) {
 /// child is the agent (`getrusage(RUSAGE_CHILDREN)` is a high-water mark
 /// over every child waited for).
 fn scan_json_peak(root: &Path) {
-    let bin = env!("CARGO_BIN_EXE_mountguard-agent");
-    let mut agent = Command::new(bin);
-    agent
-        .args([
-            "scan",
-            "--node",
-            "bench",
-            "--output",
-            "json",
-            "--kubelet-root",
-        ])
-        .arg(root);
-    let agent_kib = child_peak_kib(&agent);
+    let scan = || {
+        let mut agent = Command::new(env!("CARGO_BIN_EXE_mountguard-agent"));
+        agent
+            .args([
+                "scan",
+                "--node",
+                "bench",
+                "--output",
+                "json",
+                "--kubelet-root",
+            ])
+            .arg(root);
+        agent
+    };
+    let agent_kib = child_peak_kib(&scan());
     let naive_kib = naive_poll_command(root).map(|c| child_peak_kib(&c));
-    let out = Command::new(bin)
-        .args([
-            "scan",
-            "--node",
-            "bench",
-            "--output",
-            "json",
-            "--kubelet-root",
-        ])
-        .arg(root)
-        .output()
-        .expect("scan");
+    let out = scan().output().expect("scan");
     assert!(out.status.success());
     let text = match naive_kib {
         Some(n) => format!(

@@ -22,7 +22,7 @@ use mountguard_inventory::{FileDigest, ReadError, ReadErrorKind, escape_name};
 use nix::dir::{Dir, Type};
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag, openat};
-use nix::sys::stat::{Mode, SFlag, fstat, fstatat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
 use sha2::{Digest, Sha256};
 
 /// Flags for opening a directory below a volume.
@@ -375,15 +375,7 @@ fn open_checked(dir: &impl AsFd, name: &CStr, path: &str) -> Result<OwnedFd, Rea
     match nix::fcntl::open(via_proc.as_str(), reopen_flags(), Mode::empty()) {
         Ok(fd) => {
             // The magic link resolves to the checked inode; compare anyway.
-            match fstat(&fd) {
-                Ok(again) if again.st_dev == st.st_dev && again.st_ino == st.st_ino => Ok(fd),
-                Ok(_) => Err(error(
-                    path,
-                    ReadErrorKind::Vanished,
-                    "replaced while opened",
-                )),
-                Err(errno) => Err(errno_error(path, "stat", errno)),
-            }
+            same_inode(fd, &st, path)
         }
         Err(Errno::ENOENT) if !proc_fd_available() => {
             // No /proc: open by name again and keep it only if it is the
@@ -391,17 +383,23 @@ fn open_checked(dir: &impl AsFd, name: &CStr, path: &str) -> Result<OwnedFd, Rea
             // be opened, then rejected by the caller's fstat).
             let fd = openat(dir.as_fd(), name, file_flags(), Mode::empty())
                 .map_err(|errno| errno_error(path, "opening file", errno))?;
-            match fstat(&fd) {
-                Ok(again) if again.st_dev == st.st_dev && again.st_ino == st.st_ino => Ok(fd),
-                Ok(_) => Err(error(
-                    path,
-                    ReadErrorKind::Vanished,
-                    "replaced while opened",
-                )),
-                Err(errno) => Err(errno_error(path, "stat", errno)),
-            }
+            same_inode(fd, &st, path)
         }
         Err(errno) => Err(errno_error(path, "reopening file", errno)),
+    }
+}
+
+/// `fd` if it is still the inode `st` describes; a replacement is
+/// `Vanished`.
+fn same_inode(fd: OwnedFd, st: &FileStat, path: &str) -> Result<OwnedFd, ReadError> {
+    match fstat(&fd) {
+        Ok(again) if again.st_dev == st.st_dev && again.st_ino == st.st_ino => Ok(fd),
+        Ok(_) => Err(error(
+            path,
+            ReadErrorKind::Vanished,
+            "replaced while opened",
+        )),
+        Err(errno) => Err(errno_error(path, "stat", errno)),
     }
 }
 

@@ -1,5 +1,5 @@
 //! The one shutdown signal every long-running agent task stops on. Same
-//! shape as the controller's `live::Shutdown` (a `tokio::sync::watch` flag
+//! shape as the controller's `runtime::shutdown::Shutdown` (a `tokio::sync::watch` flag
 //! and its trigger), so both binaries stop their tasks the same way.
 
 use tokio::sync::watch;

@@ -3,7 +3,7 @@
 //! its object's `data` holding 1.5 million small JSON numbers), in the
 //! same run.
 //!
-//! 1. One parse each, by the webhook's parser (`live::admission_review`)
+//! 1. One parse each, by the webhook's parser (`admission::review`)
 //!    and, for comparison, into kube's generic `AdmissionReview<
 //!    DynamicObject>` (the object read into a JSON value, as the webhook
 //!    once did): heap bytes allocated during the parse (an upper bound of
@@ -31,12 +31,12 @@ use http_body_util::StreamBody;
 use hyper::body::{Bytes, Frame};
 use kube::api::DynamicObject;
 use kube::core::admission::AdmissionReview;
-use mountguard_controller::live::Shared;
-use mountguard_controller::live::admission::{
+use mountguard_controller::admission::review;
+use mountguard_controller::admission::{
     AdmissionHandler, AdmissionSettings, MAX_BODY, MAX_REVIEWS_AT_ONCE, PATH,
 };
-use mountguard_controller::live::admission_review;
-use mountguard_controller::live::metrics::Metrics;
+use mountguard_controller::runtime::metrics::Metrics;
+use mountguard_controller::state::Shared;
 use mountguard_core::admission::Mode;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -111,8 +111,8 @@ fn measure<T>(label: &str, body: &[u8], parse: impl Fn(&[u8]) -> T) {
     );
 }
 
-fn typed(body: &[u8]) -> admission_review::Review {
-    admission_review::parse(body).expect("a valid review")
+fn typed(body: &[u8]) -> review::Review {
+    review::parse(body).expect("a valid review")
 }
 
 fn generic(body: &[u8]) -> AdmissionReview<DynamicObject> {

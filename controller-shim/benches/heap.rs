@@ -8,7 +8,7 @@
 //! 1. the engine's structures alone (sources, pod models as the pod watch
 //!    builds them, the index's reverse maps, converted inventories, the
 //!    engine's history, every verdict held at once), built step by step;
-//! 2. the live evaluation task (`live::eval`, as `run` drives it, without
+//! 2. the live evaluation task (`eval`, as `run` drives it, without
 //!    HTTP): everything of pass 1 it holds plus the published verdicts and
 //!    what each pod's verdicts were computed against; then torn down piece
 //!    by piece.
@@ -27,9 +27,9 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use jiff::Timestamp;
-use mountguard_controller::live::Shared;
-use mountguard_controller::live::eval::{EvalTask, EvaluationSnapshot, Input};
-use mountguard_controller::live::metrics::Metrics;
+use mountguard_controller::eval::{EvalTask, EvaluationSnapshot, Input};
+use mountguard_controller::runtime::metrics::Metrics;
+use mountguard_controller::state::Shared;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{Interner, ObservedNode};
 use mountguard_core::{Config, Engine, EngineState, Fingerprinter};
@@ -160,7 +160,7 @@ fn live_pass(c: Cluster) {
     let shared = Arc::new(Shared::new(Metrics::new()));
     shared.acting.store(true, Ordering::SeqCst);
     let (etx, _erx) = tokio::sync::mpsc::channel(1024);
-    let (stx, _srx) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
+    let (stx, _) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[9u8; 32]).unwrap());
     let mut task = EvalTask::new(engine, shared.clone(), etx, stx);
     let mut watch = Interner::default();
@@ -220,7 +220,7 @@ fn live_pass(c: Cluster) {
 /// Sizes of the per-pod, per-volume and per-verdict types (their own
 /// bytes; what they point to is counted by the passes).
 fn sizes() {
-    use mountguard_controller::live::status::{PodCheck, PublishedPod};
+    use mountguard_controller::api::store::{PodCheck, PublishedPod};
     use mountguard_core::model::{
         ContainerModel, ObservedPod, ObservedVolume, PodModel, SourceRef, VolumeModel,
     };

@@ -26,56 +26,31 @@
 //! Run: `cargo bench -p mountguard-controller --bench hostile`
 //! (`-- --nodes N --hostile H --rounds R`).
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use jiff::Timestamp;
-use mountguard_controller::live::auth::{
-    AgentPod, AgentPods, AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewLimits,
-    ReviewedUser, TokenReviewer,
-};
-use mountguard_controller::live::eval::Input;
-use mountguard_controller::live::metrics::Metrics;
-use mountguard_controller::live::report::{self, CountLimits, ReportConfig, ReportHandler};
-use mountguard_controller::live::{Shared, Shutdown};
+use mountguard_controller::eval::Input;
+use mountguard_controller::intake::auth::AgentPods;
+use mountguard_controller::intake::limits::{self};
+use mountguard_controller::intake::report::{self, ReportHandler};
+use mountguard_controller::runtime::metrics::Metrics;
+use mountguard_controller::runtime::shutdown::Shutdown;
+use mountguard_controller::runtime::token_review::{CachedReviewer, ReviewLimits};
+use mountguard_controller::state::Shared;
 use mountguard_inventory::NodeInventory;
 use mountguard_inventory::report::Heartbeat;
 use tokio::io::AsyncWriteExt;
 
-use common::{arg, connect, node_name, peak_rss_mib, put, status_mib};
+use common::{
+    Reviewer, agent_pod, arg, client_runtime, heartbeat_rounds, load_generator, node_name,
+    peak_rss_mib, put_inventories, report_config, status_mib,
+};
 
 mod common;
-
-#[derive(Debug)]
-struct Reviewer;
-
-impl TokenReviewer for Reviewer {
-    fn review<'a>(
-        &'a self,
-        token: &'a str,
-        _audience: &'a str,
-    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
-        Box::pin(async move {
-            let n: usize = token
-                .strip_prefix("token-")
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| AuthError::Unauthenticated("unknown".into()))?;
-            let mut extra = BTreeMap::new();
-            extra.insert(EXTRA_POD_NAME.to_string(), vec![format!("agent-{n}")]);
-            extra.insert(EXTRA_POD_UID.to_string(), vec![format!("agent-uid-{n}")]);
-            Ok(ReviewedUser {
-                username: "system:serviceaccount:mg:agent".into(),
-                uid: format!("sa-{n}"),
-                extra,
-            })
-        })
-    }
-}
 
 // ---------------------------------------------------------------- client
 
@@ -238,38 +213,16 @@ async fn slow_body_phase(addr: SocketAddr, nodes: usize, hostiles: usize, rounds
 }
 
 fn client(addr: SocketAddr, slow_addr: SocketAddr, nodes: usize, hostiles: usize, rounds: usize) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
+    client_runtime().block_on(async move {
         const CONNS: usize = 64;
         let out = std::io::stdout();
         // Every node's inventory, so heartbeats are answered `unchanged`.
-        let mut tasks = Vec::new();
-        for c in 0..CONNS {
-            tasks.push(tokio::spawn(async move {
-                let mut s = connect(addr).await;
-                let mut n = c;
-                while n < nodes {
-                    let mut inv = NodeInventory::new(node_name(n), "bench", Timestamp::now());
-                    inv.generation = 1;
-                    let st = put(
-                        &mut s,
-                        &format!("/v1/nodes/{}/inventory", node_name(n)),
-                        &format!("token-{n}"),
-                        serde_json::to_vec(&inv).unwrap(),
-                    )
-                    .await;
-                    assert_eq!(st, "accepted");
-                    n += CONNS;
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
+        put_inventories(addr, nodes, CONNS, |n| {
+            let mut inv = NodeInventory::new(node_name(n), "bench", Timestamp::now());
+            inv.generation = 1;
+            inv
+        })
+        .await;
         writeln!(out.lock(), "inventories").unwrap();
         out.lock().flush().unwrap();
         let mut line = String::new();
@@ -289,35 +242,7 @@ fn client(addr: SocketAddr, slow_addr: SocketAddr, nodes: usize, hostiles: usize
         std::io::stdin().read_line(&mut line).unwrap();
         // The heartbeats, while the attack goes on.
         let t = Instant::now();
-        let mut tasks = Vec::new();
-        for c in 0..CONNS {
-            tasks.push(tokio::spawn(async move {
-                let mut lat = Vec::new();
-                let mut s = connect(addr).await;
-                for _ in 0..rounds {
-                    let mut n = c;
-                    while n < nodes {
-                        let hb = Heartbeat::new(node_name(n), 1, Timestamp::now());
-                        let t = Instant::now();
-                        let st = put(
-                            &mut s,
-                            &format!("/v1/nodes/{}/heartbeat", node_name(n)),
-                            &format!("token-{n}"),
-                            serde_json::to_vec(&hb).unwrap(),
-                        )
-                        .await;
-                        lat.push(t.elapsed());
-                        assert_eq!(st, "unchanged");
-                        n += CONNS;
-                    }
-                }
-                lat
-            }));
-        }
-        let mut lat = Vec::new();
-        for t in tasks {
-            lat.extend(t.await.unwrap());
-        }
+        let mut lat = heartbeat_rounds(addr, nodes, rounds, CONNS).await;
         let secs = t.elapsed().as_secs_f64();
         lat.sort();
         let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize].as_secs_f64() * 1000.0;
@@ -374,32 +299,17 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
     let agents = Arc::new(AgentPods::default());
     agents.set_daemonset_uid(Some("ds".into()));
     for n in 0..nodes {
-        agents.apply(AgentPod {
-            namespace: "mg".into(),
-            name: format!("agent-{n}"),
-            uid: format!("agent-uid-{n}"),
-            node: Some(node_name(n)),
-            controller: Some(("agent".into(), "ds".into())),
-        });
+        agents.apply(agent_pod(n, "ds"));
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let handler = Arc::new(ReportHandler::new(
-        ReportConfig {
-            audience: "mountguard".into(),
-            agent_sa: "mg:agent".parse().unwrap(),
-            agent_daemonset: "agent".into(),
-            max_bytes: 32 << 20,
-            rate: "100/s,100".parse().unwrap(),
-            limits: CountLimits::default(),
-            body_timeout: Duration::from_secs(10),
-            node_in_flight: report::NODE_IN_FLIGHT,
-        },
+        report_config(),
         shared.clone(),
         // Every simulated agent connects from 127.0.0.1: no per-source limit.
         Arc::new(
             CachedReviewer::with_limits(
-                Reviewer,
+                Reviewer { nodes: usize::MAX },
                 metrics.clone(),
                 100_000,
                 ReviewLimits {
@@ -415,7 +325,7 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
     ));
     // The controller's defaults (`--max-connections`, timeouts).
     let small = mountguard_serve::Limits::small();
-    let limits = report::limits(small.header_read_timeout, small.idle_timeout, 10_000)
+    let limits = limits::limits(small.header_read_timeout, small.idle_timeout, 10_000)
         .fit_in(mountguard_serve::nofile_limit(), 512);
     tokio::spawn(report::serve(
         listener,
@@ -441,31 +351,23 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
         metrics.serve("slow"),
         shutdown.clone(),
     ));
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("MOUNTGUARD_BENCH_CLIENT", addr.to_string())
-        .env("MOUNTGUARD_BENCH_SLOW", slow_addr.to_string())
-        .args([
-            "--nodes",
-            &nodes.to_string(),
-            "--hostile",
-            &hostiles.to_string(),
-            "--rounds",
-            &rounds.to_string(),
-            "--slow-secs",
-            &arg("--slow-secs", 12).to_string(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (ltx, mut lrx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let _ = ltx.send(line.unwrap());
-        }
-    });
+    let (mut child, mut stdin, mut lrx) = load_generator(
+        &[
+            ("MOUNTGUARD_BENCH_CLIENT", addr.to_string()),
+            ("MOUNTGUARD_BENCH_SLOW", slow_addr.to_string()),
+        ],
+        &[
+            "--nodes".into(),
+            nodes.to_string(),
+            "--hostile".into(),
+            hostiles.to_string(),
+            "--rounds".into(),
+            rounds.to_string(),
+            "--slow-secs".into(),
+            arg("--slow-secs", 12).to_string(),
+        ],
+        |line| line,
+    );
     let (mut rss_calm, mut rss_attack, mut opened) = (0.0, 0.0, 0usize);
     let mut server_open = 0;
     let mut hb_line = String::new();

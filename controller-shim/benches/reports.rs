@@ -32,60 +32,47 @@
 //! (`-- --nodes N --pods P --rounds R` for other sizes; `--pods 30` is the
 //! Kubernetes envelope of 150,000 pods on 5,000 nodes).
 
-use std::collections::BTreeMap;
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
 use jiff::Timestamp;
-use mountguard_controller::live::auth::{
-    AgentPod, AgentPods, AuthError, CachedReviewer, EXTRA_POD_NAME, EXTRA_POD_UID, ReviewedUser,
-    TokenReviewer,
-};
-use mountguard_controller::live::eval::{self, EvalTask, EvaluationSnapshot, Input};
-use mountguard_controller::live::metrics::Metrics;
-use mountguard_controller::live::report::{self, CountLimits, ReportConfig, ReportHandler};
-use mountguard_controller::live::{Shared, Shutdown};
+use mountguard_controller::eval::{self, EvalTask, EvaluationSnapshot, Input};
+use mountguard_controller::intake::auth::AgentPods;
+use mountguard_controller::intake::limits::{self};
+use mountguard_controller::intake::report::{self, ReportHandler};
+use mountguard_controller::runtime::metrics::Metrics;
+use mountguard_controller::runtime::shutdown::Shutdown;
+use mountguard_controller::runtime::token_review::CachedReviewer;
+use mountguard_controller::state::Shared;
 use mountguard_core::model::{Interner, SourceKind};
 use mountguard_core::{Config, Engine, Fingerprinter};
 use mountguard_inventory::report::Heartbeat;
 use nix::sys::resource::{UsageWho, getrusage};
 
 use cluster::Cluster;
-use common::{arg, connect, node_name, peak_rss_mib, put, status_mib};
+use common::{
+    Reviewer, agent_pod, arg, client_runtime, connect, heartbeat_rounds, load_generator, node_name,
+    peak_rss_mib, put_inventories, report_config, status_mib,
+};
 
 mod cluster;
 mod common;
 
-#[derive(Debug)]
-struct Reviewer {
-    nodes: usize,
-}
-
-impl TokenReviewer for Reviewer {
-    fn review<'a>(
-        &'a self,
-        token: &'a str,
-        _audience: &'a str,
-    ) -> BoxFuture<'a, Result<ReviewedUser, AuthError>> {
-        Box::pin(async move {
-            let n: usize = token
-                .strip_prefix("token-")
-                .and_then(|s| s.parse().ok())
-                .filter(|n| *n < self.nodes)
-                .ok_or_else(|| AuthError::Unauthenticated("unknown".into()))?;
-            let mut extra = BTreeMap::new();
-            extra.insert(EXTRA_POD_NAME.to_string(), vec![format!("agent-{n}")]);
-            extra.insert(EXTRA_POD_UID.to_string(), vec![format!("agent-uid-{n}")]);
-            Ok(ReviewedUser {
-                username: "system:serviceaccount:mg:agent".into(),
-                uid: format!("sa-{n}"),
-                extra,
-            })
-        })
+/// Waits (at most `within`) until `mounts` mounts are Fresh: every
+/// inventory sent was evaluated.
+async fn wait_all_fresh(metrics: &Metrics, mounts: i64, within: Duration) {
+    let fresh = || metrics.mounts.with_label_values(&["Fresh"]).get();
+    let deadline = Instant::now() + within;
+    while fresh() < mounts {
+        assert!(
+            Instant::now() < deadline,
+            "inventories not evaluated: {}",
+            fresh()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -191,37 +178,14 @@ async fn steady_state(addr: SocketAddr, nodes: usize, rounds: usize) -> (usize, 
 
 fn client(addr: SocketAddr, cluster: Cluster, rounds: usize) {
     let nodes = cluster.nodes;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
+    client_runtime().block_on(async move {
         const CONNS: usize = 16;
         let out = std::io::stdout();
         let t = Instant::now();
-        let mut tasks = Vec::new();
-        for c in 0..CONNS {
-            tasks.push(tokio::spawn(async move {
-                let mut s = connect(addr).await;
-                let mut n = c;
-                while n < nodes {
-                    let inv = cluster.inventory(n, 1, Timestamp::now());
-                    let st = put(
-                        &mut s,
-                        &format!("/v1/nodes/{}/inventory", node_name(n)),
-                        &format!("token-{n}"),
-                        serde_json::to_vec(&inv).unwrap(),
-                    )
-                    .await;
-                    assert_eq!(st, "accepted");
-                    n += CONNS;
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
+        put_inventories(addr, nodes, CONNS, move |n| {
+            cluster.inventory(n, 1, Timestamp::now())
+        })
+        .await;
         writeln!(out.lock(), "inventories {:.3}", t.elapsed().as_secs_f64()).unwrap();
         out.lock().flush().unwrap();
         // Wait until the controller evaluated them (it writes a line).
@@ -230,30 +194,7 @@ fn client(addr: SocketAddr, cluster: Cluster, rounds: usize) {
         writeln!(out.lock(), "heartbeats-start").unwrap();
         out.lock().flush().unwrap();
         let t = Instant::now();
-        let mut tasks = Vec::new();
-        for c in 0..CONNS {
-            tasks.push(tokio::spawn(async move {
-                let mut s = connect(addr).await;
-                for _ in 0..rounds {
-                    let mut n = c;
-                    while n < nodes {
-                        let hb = Heartbeat::new(node_name(n), 1, Timestamp::now());
-                        let st = put(
-                            &mut s,
-                            &format!("/v1/nodes/{}/heartbeat", node_name(n)),
-                            &format!("token-{n}"),
-                            serde_json::to_vec(&hb).unwrap(),
-                        )
-                        .await;
-                        assert_eq!(st, "unchanged");
-                        n += CONNS;
-                    }
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
+        heartbeat_rounds(addr, nodes, rounds, CONNS).await;
         let secs = t.elapsed().as_secs_f64();
         writeln!(out.lock(), "heartbeats-done {secs:.3}").unwrap();
         writeln!(out.lock(), "steady-start").unwrap();
@@ -301,7 +242,7 @@ async fn server(cluster: Cluster, rounds: usize) {
     let (tx, rx) = tokio::sync::mpsc::channel::<Input>(4096);
     let (etx, mut erx) = tokio::sync::mpsc::channel(1024);
     tokio::spawn(async move { while erx.recv().await.is_some() {} });
-    let (stx, _srx) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
+    let (stx, _) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[9u8; 32]).unwrap());
     tokio::spawn(eval::run(
         EvalTask::new(engine, shared.clone(), etx, stx),
@@ -319,13 +260,7 @@ async fn server(cluster: Cluster, rounds: usize) {
     let agents = Arc::new(AgentPods::default());
     agents.set_daemonset_uid(Some("agent-ds-uid".into()));
     for n in 0..nodes {
-        agents.apply(AgentPod {
-            namespace: "mg".into(),
-            name: format!("agent-{n}"),
-            uid: format!("agent-uid-{n}"),
-            node: Some(node_name(n)),
-            controller: Some(("agent".into(), "agent-ds-uid".into())),
-        });
+        agents.apply(agent_pod(n, "agent-ds-uid"));
         for pod in cluster.node_pods(&mut ix, n) {
             tx.send(Input::Pod(Box::new(pod))).await.unwrap();
         }
@@ -347,23 +282,14 @@ async fn server(cluster: Cluster, rounds: usize) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let handler = Arc::new(ReportHandler::new(
-        ReportConfig {
-            audience: "mountguard".into(),
-            agent_sa: "mg:agent".parse().unwrap(),
-            agent_daemonset: "agent".into(),
-            max_bytes: 32 << 20,
-            rate: "100/s,100".parse().unwrap(),
-            limits: CountLimits::default(),
-            body_timeout: Duration::from_secs(10),
-            node_in_flight: report::NODE_IN_FLIGHT,
-        },
+        report_config(),
         shared.clone(),
         // Every simulated agent connects from 127.0.0.1: no per-source limit.
         Arc::new(CachedReviewer::with_limits(
             Reviewer { nodes },
             metrics.clone(),
             100_000,
-            mountguard_controller::live::auth::ReviewLimits {
+            mountguard_controller::runtime::token_review::ReviewLimits {
                 per_source_burst: u32::MAX,
                 ..Default::default()
             },
@@ -379,39 +305,27 @@ async fn server(cluster: Cluster, rounds: usize) {
         // The defaults' proportions to the 30 s heartbeat (10 s, 60 s),
         // at the compressed interval.
         // The controller's report limits, with the timeouts compressed.
-        report::limits(hb_interval() / 3, hb_interval() * 2, 20_000),
+        limits::limits(hb_interval() / 3, hb_interval() * 2, 20_000),
         metrics.serve("report"),
         shutdown.clone(),
     ));
 
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .env("MOUNTGUARD_BENCH_CLIENT", addr.to_string())
-        .args([
-            "--nodes",
-            &nodes.to_string(),
-            "--pods",
-            &cluster.pods_per_node.to_string(),
-            "--rounds",
-            &rounds.to_string(),
-            "--hb-interval-ms",
-            &hb_interval().as_millis().to_string(),
-            "--steady-rounds",
-            &arg("--steady-rounds", 4).to_string(),
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut child_stdin = child.stdin.take().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (ltx, mut lrx) = tokio::sync::mpsc::unbounded_channel::<(String, f64)>();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines() {
-            let line = line.unwrap();
-            let _ = ltx.send((line, cpu_seconds()));
-        }
-    });
-    let fresh = || metrics.mounts.with_label_values(&["Fresh"]).get();
+    let (mut child, mut child_stdin, mut lrx) = load_generator(
+        &[("MOUNTGUARD_BENCH_CLIENT", addr.to_string())],
+        &[
+            "--nodes".into(),
+            nodes.to_string(),
+            "--pods".into(),
+            cluster.pods_per_node.to_string(),
+            "--rounds".into(),
+            rounds.to_string(),
+            "--hb-interval-ms".into(),
+            hb_interval().as_millis().to_string(),
+            "--steady-rounds".into(),
+            arg("--steady-rounds", 4).to_string(),
+        ],
+        |line| (line, cpu_seconds()),
+    );
     let mut inv_secs = 0.0;
     let inv_cpu_start = cpu_seconds();
     let mut inv_cpu = 0.0;
@@ -430,15 +344,7 @@ async fn server(cluster: Cluster, rounds: usize) {
                 inv_secs = s.parse().unwrap();
                 // Every inventory evaluated (all Fresh) before heartbeats.
                 let t = Instant::now();
-                let deadline = t + Duration::from_secs(300);
-                while fresh() < (pods * 3) as i64 {
-                    assert!(
-                        Instant::now() < deadline,
-                        "inventories not evaluated: {}",
-                        fresh()
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                wait_all_fresh(&metrics, (pods * 3) as i64, Duration::from_secs(300)).await;
                 inv_eval_secs = inv_secs + t.elapsed().as_secs_f64();
                 inv_cpu = cpu_seconds() - inv_cpu_start;
                 inv_mem = memory_mib();
@@ -461,16 +367,7 @@ async fn server(cluster: Cluster, rounds: usize) {
     }
     assert!(child.wait().unwrap().success(), "load generator failed");
     // Wait for the inventories to be evaluated (all Fresh).
-    let fresh = || metrics.mounts.with_label_values(&["Fresh"]).get();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while fresh() < (pods * 3) as i64 {
-        assert!(
-            Instant::now() < deadline,
-            "inventories not evaluated: {}",
-            fresh()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_all_fresh(&metrics, (pods * 3) as i64, Duration::from_secs(120)).await;
 
     // A Secret referenced by one pod in 1,000 changes.
     let propagating = || metrics.mounts.with_label_values(&["Propagating"]).get();

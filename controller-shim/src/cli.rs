@@ -6,7 +6,7 @@
 //!
 //! `run`'s flags, [`RunArgs`] (each also read from `MOUNTGUARD_<FLAG>`),
 //! sit with the one conversion that checks them into
-//! [`Settings`](crate::live::Settings), in `live/settings.rs`; the other
+//! [`Settings`](crate::settings::Settings), in `settings.rs`; the other
 //! commands' flags convert field for field into their settings.
 
 use std::path::PathBuf;
@@ -16,11 +16,11 @@ use clap::Args;
 use jiff::{SignedDuration, Timestamp};
 use mountguard_core::rollout::Target;
 
-use crate::live::client::Proxy;
-use crate::live::settings::{RunArgs, parse_bytes};
-use crate::live::status::{StatusOutput, StatusQuery};
-use crate::live::wait::{WaitFor, WaitOptions};
-use crate::offline::{FailOn, Output, Verify};
+use crate::offline::verify::{FailOn, Output, Verify};
+use crate::query::endpoint::Proxy;
+use crate::query::status::{StatusOutput, StatusQuery};
+use crate::query::wait::{WaitFor, WaitOptions};
+use crate::settings::{RunArgs, parse_bytes};
 
 /// Command line of `mountguard-controller` (all subcommands).
 #[derive(Debug, clap::Parser)]
@@ -354,9 +354,9 @@ field_for_field!(VerifyArgs => Verify {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::live::auth::ServiceAccountRef;
-    use crate::live::executor::ObjectName;
-    use crate::live::shared::RateLimit;
+    use crate::intake::auth::ServiceAccountRef;
+    use crate::remediation::settings::ObjectName;
+    use crate::runtime::limits::RateLimit;
 
     #[test]
     fn rate_limit_forms() {
@@ -675,7 +675,7 @@ mod tests {
             unreachable!("status parses as status")
         };
         let endpoint =
-            crate::live::client::Endpoint::direct(args.controller.url, None, None).unwrap();
+            crate::query::endpoint::Endpoint::direct(args.controller.url, None, None).unwrap();
         let query = StatusQuery::from(args.query);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

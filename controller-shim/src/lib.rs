@@ -13,10 +13,20 @@
 //!   the report API, evaluation, metrics, Events, leader election, the
 //!   slurmrestd client and the remediation executor.
 
+pub mod admission;
+pub mod api;
 pub mod cli;
-pub mod convert;
-pub mod live;
+pub mod edge;
+pub mod eval;
+pub mod intake;
+pub(crate) mod leader;
 pub mod offline;
+pub mod query;
+pub mod remediation;
+pub mod run;
+pub mod runtime;
+pub mod settings;
+pub mod state;
 
 pub use mountguard_core::READ_AT_START_ANNOTATION;
 

@@ -5,12 +5,12 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 use mountguard_controller::cli::{Cli, Command, PluginCli, PluginCommand, invoked_as_plugin};
-use mountguard_controller::live::Controller;
-use mountguard_controller::live::client::{Endpoint, Proxy};
-use mountguard_controller::live::settings::LogFormat;
-use mountguard_controller::live::status::StatusQuery;
-use mountguard_controller::live::wait::WaitOptions;
-use mountguard_controller::offline::Verify;
+use mountguard_controller::offline::verify::Verify;
+use mountguard_controller::query::endpoint::{Endpoint, Proxy};
+use mountguard_controller::query::status::StatusQuery;
+use mountguard_controller::query::wait::WaitOptions;
+use mountguard_controller::run::Controller;
+use mountguard_controller::settings::LogFormat;
 
 /// mimalloc instead of the C library's allocator: the static images link
 /// musl, whose allocator doubled the CPU time of a catch-up after a restart
@@ -23,7 +23,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 fn main() -> ExitCode {
     // Fault injection for the crash tests (feature `failpoints` only).
     #[cfg(feature = "failpoints")]
-    let _failpoints = mountguard_controller::live::failpoint::setup();
+    let _failpoints = mountguard_controller::runtime::failpoint::setup();
     let as_plugin = std::env::args_os()
         .next()
         .is_some_and(|a| invoked_as_plugin(&a));

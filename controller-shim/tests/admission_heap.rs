@@ -12,8 +12,8 @@
 
 use std::alloc::System;
 
-use mountguard_controller::live::admission::MAX_BODY;
-use mountguard_controller::live::admission_review::parse;
+use mountguard_controller::admission::MAX_BODY;
+use mountguard_controller::admission::review::parse;
 use mountguard_core::admission::Operation;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
@@ -47,7 +47,7 @@ fn review(numbers: usize) -> Vec<u8> {
 
 /// Bytes the parse of `body` allocated (whatever it freed again: an upper
 /// bound of its peak), and the review.
-fn parse_cost(body: &[u8]) -> (usize, mountguard_controller::live::admission_review::Review) {
+fn parse_cost(body: &[u8]) -> (usize, mountguard_controller::admission::review::Review) {
     let region = Region::new(GLOBAL);
     let review = parse(body).expect("a valid review");
     (region.change().bytes_allocated, review)

@@ -2,8 +2,9 @@
 //! every listener: `sockets` connections from one loopback address that
 //! never send a byte, each reopened as soon as the server closes it, at
 //! most `per_second` connects a second, for at most `lasting` (it stops
-//! by itself, or when dropped); and [`probe`], a kubelet's
-//! HTTP probe (a fresh connection from a given address each time).
+//! by itself, or when dropped); [`probe`], a kubelet's HTTP probe (a
+//! fresh connection from a given address each time); and
+//! [`closed_within`], whether the server closed a connection in time.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -47,6 +48,21 @@ impl Flood {
             counts,
             task,
         }
+    }
+
+    /// The flood of the listeners' tests: from 127.0.0.2, four sockets more
+    /// than `max_connections`, 200 connects a second for at most 30 s;
+    /// returns once four closed by the server were reopened.
+    pub async fn past_the_cap(target: SocketAddr, max_connections: usize) -> Self {
+        let flood = Self::start(
+            target,
+            IpAddr::from([127, 0, 0, 2]),
+            max_connections + 4,
+            200,
+            Duration::from_secs(30),
+        );
+        flood.wait_reopened(4, Duration::from_secs(10)).await;
+        flood
     }
 
     /// Connections opened so far.
@@ -144,6 +160,19 @@ async fn run(
         }
         if open.len() >= sockets {
             let _ = open.join_next().await;
+        }
+    }
+}
+
+/// Reads `s` until EOF or an error: true when the server closed it within
+/// `d` (data it sends meanwhile is read and dropped).
+pub async fn closed_within(s: &mut TcpStream, d: Duration) -> bool {
+    let mut buf = [0u8; 512];
+    loop {
+        match tokio::time::timeout(d, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
         }
     }
 }

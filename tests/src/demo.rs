@@ -13,9 +13,10 @@ use std::io;
 use std::time::{Duration, Instant};
 
 use mountguard_agent::{Backoff, Daemon, DaemonConfig, HttpSink, HttpSinkConfig, ScanOptions};
-use mountguard_controller::live::executor::ObjectName;
-use mountguard_controller::live::settings::RemediationMode;
-use mountguard_controller::live::{Controller, RunArgs};
+use mountguard_controller::remediation::settings::ObjectName;
+use mountguard_controller::run::Controller;
+use mountguard_controller::settings::RemediationMode;
+use mountguard_controller::settings::RunArgs;
 use mountguard_core::remediation::REMEDIATE_ANNOTATION;
 use serde::Serialize;
 use serde_json::Value;

@@ -312,11 +312,11 @@ fn family(name: &str) -> &str {
         .unwrap_or(name)
 }
 
-/// Metric names registered in `controller-shim/src/live/metrics.rs`: the
+/// Metric names registered in `controller-shim/src/runtime/metrics.rs`: the
 /// `o("name", ..)` options (prefixed `mountguard_`) and the full
 /// `"mountguard_..."` names of the histograms.
 fn registered_controller_names() -> BTreeSet<String> {
-    let src = std::fs::read_to_string(repo().join("controller-shim/src/live/metrics.rs"))
+    let src = std::fs::read_to_string(repo().join("controller-shim/src/runtime/metrics.rs"))
         .expect("metrics.rs");
     let mut names = BTreeSet::new();
     let mut rest = src.as_str();

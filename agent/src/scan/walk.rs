@@ -236,14 +236,8 @@ impl Scanner {
         for (i, entry) in entries.iter().enumerate() {
             let name = escape_name(entry.bytes());
             let mut volume = VolumeInventory {
-                plugin,
                 name,
-                data_dir: None,
-                written_at: None,
-                digest: None,
-                files: BTreeMap::new(),
-                modes: BTreeMap::new(),
-                errors: Vec::new(),
+                ..placeholder(plugin)
             };
             let mut rel_vol = rel.as_bytes().to_vec();
             rel_vol.push(b'/');

@@ -360,5 +360,4 @@ fn fitting(candidates: impl Iterator<Item = String>, budget: usize) -> String {
 }
 
 #[cfg(test)]
-#[path = "admission_tests.rs"]
 mod tests;

@@ -22,38 +22,11 @@
 use std::fmt;
 
 use hmac::{Hmac, KeyInit, Mac};
-use serde::{Serialize, Serializer};
 use sha2::Sha256;
 
 use crate::Error;
+pub use crate::model::Fingerprint;
 use crate::model::{Digest, ProjectedSource, SourceProjection, SourceRef, VolumeSource};
-
-/// A short keyed fingerprint of a digest.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Fingerprint(pub [u8; Fingerprint::LEN]);
-
-impl Fingerprint {
-    /// Bytes kept from the HMAC (12 hex characters).
-    pub const LEN: usize = 6;
-}
-
-impl fmt::Display for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&hex::encode(self.0))
-    }
-}
-
-impl fmt::Debug for Fingerprint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Fingerprint({self})")
-    }
-}
-
-impl Serialize for Fingerprint {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
 
 /// Computes fingerprints under one installation key.
 #[derive(Clone)]

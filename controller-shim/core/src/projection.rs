@@ -333,5 +333,4 @@ where
 }
 
 #[cfg(test)]
-#[path = "projection_tests.rs"]
 mod tests;

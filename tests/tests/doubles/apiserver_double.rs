@@ -472,7 +472,7 @@ async fn patches_apply_delete_eviction_and_token_reviews_through_kube() {
     api.shutdown().await;
 }
 
-/// The controller's own eviction request (`live::eviction::evict`)
+/// The controller's own eviction request (`remediation::eviction::evict`)
 /// against the double: a dry run refused by a PodDisruptionBudget answers
 /// Refused, an allowed one writes nothing, and the UID precondition
 /// reaches the server (kube's `Api::evict` sends the options under a key
@@ -480,8 +480,8 @@ async fn patches_apply_delete_eviction_and_token_reviews_through_kube() {
 #[tokio::test]
 async fn a_dry_run_eviction_refused_by_a_pdb_writes_nothing_and_the_uid_precondition_reaches_the_server()
  {
-    use mountguard_controller::live::eviction::evict;
-    use mountguard_controller::live::metrics::Metrics;
+    use mountguard_controller::remediation::eviction::evict;
+    use mountguard_controller::runtime::metrics::Metrics;
     use mountguard_core::remediation::EvictionResult;
     let mut api = ApiServerDouble::start().await.unwrap();
     let client = client_no_retry(&api).await;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mountguard_controller::live::slurm::{
+use mountguard_controller::remediation::slurm::{
     JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource,
 };
 use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};

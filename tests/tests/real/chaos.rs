@@ -2,7 +2,7 @@
 //! middle of an attempt, the controller SIGKILLed after every persist,
 //! the Lease lost while a write is pending. The controller stops itself
 //! at a chosen point of the attempt machine (its `failpoints` feature,
-//! controller-shim/src/live/failpoint.rs), so each fault lands exactly
+//! controller-shim/src/runtime/failpoint.rs), so each fault lands exactly
 //! there. Each attempt must finish once: one eviction per pod in the real
 //! API server's audit log, no Slurm node opened before its replacement is
 //! verified, none left drained, no failure Event.

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mountguard_controller::live::slurm::{
+use mountguard_controller::remediation::slurm::{
     JwtMinter, SharedSecret, SlurmClient, SlurmError, SlurmNode,
 };
 use mountguard_core::remediation::machine::{Attempt, drain_reason, owns_reason, reason_is};

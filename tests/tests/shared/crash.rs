@@ -4,7 +4,7 @@
 //! the attempt: each one finishes once, every pod is evicted once, no node
 //! is opened before its replacement is verified, and none stays drained.
 //! The controller binary of the test build has the `failpoints` feature
-//! (controller-shim/src/live/failpoint.rs).
+//! (controller-shim/src/runtime/failpoint.rs).
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;
@@ -12,7 +12,7 @@ use std::time::Duration;
 use jiff::{SignedDuration, Timestamp};
 use serde_json::{Value, json};
 
-use mountguard_controller::live::failpoint::PERSISTED;
+use mountguard_controller::runtime::failpoint::PERSISTED;
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::mountguard::{ChildGuard, poll, wait_ready};
 use mountguard_tests::rig::{Rig, attempts, opt_in, wait_all_fresh, wait_for_slurmd_pods};

@@ -406,5 +406,4 @@ pub fn step(
 }
 
 #[cfg(test)]
-#[path = "machine_tests.rs"]
 mod tests;

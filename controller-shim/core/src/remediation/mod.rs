@@ -17,7 +17,7 @@
 //!
 //! All of it is pure: no I/O, no clock reads. The slurmrestd client and the
 //! executor (the thin I/O loop) are part of the live controller
-//! (`mountguard-controller`, `live::slurm` and `live::executor`).
+//! (`mountguard-controller`, `remediation::slurm` and `remediation::executor`).
 
 pub mod inputs;
 pub mod machine;
@@ -26,11 +26,7 @@ pub mod recovery;
 pub mod workload;
 
 #[cfg(test)]
-mod machine_hold_tests;
-#[cfg(test)]
-mod machine_tests_support;
-#[cfg(test)]
-mod machine_workload_tests;
+mod test_support;
 
 pub use machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailReason, FailurePolicy,

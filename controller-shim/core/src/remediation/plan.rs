@@ -795,9 +795,7 @@ pub fn summarize(attempts: &[Attempt], candidates: &[Candidate], now: Timestamp)
 }
 
 #[cfg(test)]
-#[path = "plan_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "plan_workload_tests.rs"]
 mod workload_tests;

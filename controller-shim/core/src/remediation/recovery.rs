@@ -156,7 +156,7 @@ mod tests {
     use crate::remediation::machine::{
         Action, FailReason, MachineConfig, NewPodCheck, Observations, Phase, SlurmObservation, step,
     };
-    use crate::remediation::machine_tests_support::{attempt_in, node, t0};
+    use crate::remediation::test_support::{attempt_in, node, t0};
 
     fn run(a: &Attempt, obs: Observations, now: Timestamp) -> (Attempt, Vec<Action>) {
         step(a, &obs, now, &MachineConfig::default())

@@ -537,5 +537,4 @@ impl Engine {
 }
 
 #[cfg(test)]
-#[path = "engine_tests.rs"]
 mod tests;

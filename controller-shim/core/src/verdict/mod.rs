@@ -18,6 +18,7 @@ pub mod advice;
 mod cache;
 mod engine;
 pub mod history;
+pub mod output;
 mod rules;
 pub mod subject;
 pub mod types;
@@ -31,5 +32,6 @@ pub use engine::Engine;
 pub use history::{
     EngineState, KeyHistory, NodeHistory, PodHistory, PresentContent, SourceHistory, SubjectHistory,
 };
+pub use output::{SourceView, VerdictView};
 pub use subject::{Subject, SubjectId, SubjectKey, subject_of};
 pub use types::*;

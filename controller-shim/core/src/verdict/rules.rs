@@ -1036,13 +1036,10 @@ pub(super) fn pod_volume_index(pod: &PodModel, name: &str) -> Option<u16> {
 }
 
 #[cfg(test)]
-#[path = "rules_tests.rs"]
 mod tests;
 
 #[cfg(test)]
-#[path = "kubelet_rules_tests.rs"]
 mod kubelet_tests;
 
 #[cfg(test)]
-#[path = "same_content_tests.rs"]
 mod same_content_tests;

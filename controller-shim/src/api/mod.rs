@@ -1,0 +1,5 @@
+//! The status API.
+
+pub mod authorize;
+pub(crate) mod routes;
+pub mod store;

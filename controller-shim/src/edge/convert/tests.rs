@@ -1,0 +1,348 @@
+//! Tests of the conversion of Kubernetes objects into the core model.
+
+use super::*;
+use mountguard_core::model::{CompactTime, Interner, VolumeSource};
+use mountguard_inventory::file_digest;
+use serde_json::json;
+
+fn kaa_pod() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "namespace": "slurm", "name": "worker-0", "uid": "u-0",
+            "annotations": {"mountguard.io/read-at-start": " slurm-etc , hooks,"},
+            "labels": {"nodeset.slinky.slurm.net/pod-hostname": "gpu-0"},
+            "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+                "name": "gpu", "uid": "ns-uid", "controller": true}]
+        },
+        "spec": {
+            "nodeName": "node-a",
+            "imagePullSecrets": [{"name": "regcred"}],
+            "volumes": [
+                {"name": "slurm-etc", "projected": {"defaultMode": 384, "sources": [
+                    {"secret": {"name": "auth", "items": [{"key": "slurm.key", "path": "slurm.key"}]}},
+                    {"podCertificate": {"signerName": "x/y", "keyType": "ED25519",
+                        "credentialBundlePath": "cred.pem"}}
+                ]}},
+                {"name": "hooks", "configMap": {"name": "enroot-hooks", "optional": true}},
+                {"name": "scratch", "emptyDir": {}},
+                {"name": "kube-api-access-abcde", "projected": {"sources": [
+                    {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                    {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}]}}
+                ]}}
+            ],
+            "initContainers": [
+                {"name": "done-init", "image": "x"},
+                {"name": "sidecar", "image": "x", "restartPolicy": "Always",
+                 "envFrom": [{"secretRef": {"name": "side"}, "prefix": "S_"}]}
+            ],
+            "containers": [{
+                "name": "slurmd", "image": "x",
+                "volumeMounts": [
+                    {"name": "scratch", "mountPath": "/tmp"},
+                    {"name": "slurm-etc", "mountPath": "/etc/slurm"},
+                    {"name": "hooks", "mountPath": "/etc/enroot/hooks.d/10.sh", "subPath": "10.sh"},
+                    {"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+                ],
+                "env": [
+                    {"name": "PLAIN", "value": "x"},
+                    {"name": "JWT", "valueFrom": {"secretKeyRef": {"name": "jwt", "key": "jwt.key", "optional": true}}},
+                    {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+                ],
+                "envFrom": [{"configMapRef": {"name": "env-cm"}}]
+            }]
+        },
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "slurmd", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                "state": {"running": {"startedAt": "2026-11-30T10:00:00Z"}}}],
+            "initContainerStatuses": [
+                {"name": "done-init", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+                 "state": {"terminated": {"exitCode": 0, "startedAt": "2026-11-30T09:59:00Z", "finishedAt": "2026-11-30T09:59:30Z"}}},
+                {"name": "sidecar", "ready": true, "restartCount": 0, "image": "x", "imageID": "",
+                 "state": {"running": {"startedAt": "2026-11-30T09:59:40Z"}}}
+            ]
+        }
+    })
+}
+
+#[test]
+fn pod_conversion_keeps_what_the_engine_needs() {
+    let raw = kaa_pod();
+    let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+    let mut it = Interner::default();
+    let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+    assert_eq!(
+        (&**m.namespace(), &*m.name, &*m.uid.to_string()),
+        ("slurm", "worker-0", "u-0")
+    );
+    assert_eq!(m.node_name(), Some("node-a"));
+    assert_eq!(m.nodeset(), Some("gpu"));
+    assert_eq!(m.slurm_node(), Some("gpu-0"));
+    assert!(!m.terminated);
+    assert!(m.ready);
+    let mut not_ready = raw.clone();
+    not_ready["status"]["conditions"][0]["status"] = serde_json::json!("False");
+    let p2: Pod = serde_json::from_value(not_ready.clone()).unwrap();
+    let m2 = super::pod(&mut it, &p2, &RawPodExtras::from_json(&not_ready)).unwrap();
+    assert!(!m2.ready);
+    let names: Vec<&str> = m.volumes.iter().map(|v| &*v.name).collect();
+    assert_eq!(
+        names,
+        ["slurm-etc", "hooks", "kube-api-access-abcde"],
+        "emptyDir left out"
+    );
+    assert!(m.volumes[0].read_at_start && m.volumes[1].read_at_start);
+    assert!(!m.volumes[2].read_at_start);
+    match &*m.volumes[0].source {
+        VolumeSource::Projected(s) => {
+            assert_eq!(
+                s[1],
+                ProjectedSource::NotFromApi {
+                    reason: SkipReason::PodCertificate,
+                    paths: Box::new([it.intern("cred.pem")]),
+                },
+                "podCertificate paths come from the raw JSON"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Containers: slurmd, then the init containers: the finished one
+    // keeps its references and its start time, the sidecar runs.
+    let cs: Vec<(&str, ContainerKind, bool, Option<Timestamp>)> = m
+        .containers
+        .iter()
+        .map(|c| (&*c.name, c.kind, c.finished, c.started_at()))
+        .collect();
+    let t = |s: &str| Some(s.parse::<Timestamp>().unwrap());
+    assert_eq!(
+        cs,
+        [
+            (
+                "slurmd",
+                ContainerKind::Regular,
+                false,
+                t("2026-11-30T10:00:00Z")
+            ),
+            (
+                "done-init",
+                ContainerKind::Init,
+                true,
+                t("2026-11-30T09:59:00Z")
+            ),
+            (
+                "sidecar",
+                ContainerKind::Init,
+                false,
+                t("2026-11-30T09:59:40Z")
+            ),
+        ]
+    );
+    let slurmd = &m.containers[0];
+    assert_eq!(
+        slurmd.started_at(),
+        Some("2026-11-30T10:00:00Z".parse().unwrap())
+    );
+    // Mount indexes are positions in volumeMounts: slurm-etc (read at
+    // start) is 1, the hooks subPath is 2.
+    let mounts: Vec<(u32, u16, Option<&str>)> = slurmd
+        .mounts
+        .iter()
+        .map(|mm| (mm.index, mm.volume, mm.sub_path.as_deref()))
+        .collect();
+    assert_eq!(mounts, [(1, 0, None), (2, 1, Some("10.sh"))]);
+    assert_eq!(
+        slurmd.env.len(),
+        2,
+        "fieldRef and plain values are not references"
+    );
+    assert!(
+        matches!(&slurmd.env[0], EnvRef::Key { key, optional: true, .. } if &**key == "jwt.key")
+    );
+    assert!(matches!(
+        &slurmd.env[1],
+        EnvRef::From {
+            kind: SourceKind::ConfigMap,
+            ..
+        }
+    ));
+    let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
+    assert_eq!(
+        refs,
+        [
+            "Secret/slurm/auth",
+            "Secret/slurm/jwt",
+            "Secret/slurm/regcred",
+            "Secret/slurm/side",
+            "ConfigMap/slurm/enroot-hooks",
+            "ConfigMap/slurm/env-cm",
+            "ConfigMap/slurm/kube-root-ca.crt",
+        ]
+    );
+}
+
+#[test]
+fn the_controlling_apps_owner_is_kept_and_only_that() {
+    use mountguard_core::model::ControllerKind as K;
+    let t = [
+        ("apps/v1", "ReplicaSet", Some(true), Some(K::ReplicaSet)),
+        ("apps/v1", "StatefulSet", Some(true), Some(K::StatefulSet)),
+        ("apps/v1", "DaemonSet", Some(true), Some(K::DaemonSet)),
+        ("apps/v1", "ReplicaSet", None, None),
+        ("apps/v1", "Deployment", Some(true), None),
+        ("batch/v1", "Job", Some(true), None),
+        ("example.com/v1", "ReplicaSet", Some(true), None),
+    ];
+    for (api_version, kind, controller, want) in t {
+        let mut raw = kaa_pod();
+        raw["metadata"]["ownerReferences"] = serde_json::json!([{
+            "apiVersion": api_version, "kind": kind, "name": "web-7d9f",
+            "uid": "o-uid", "controller": controller,
+        }]);
+        let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+        let m = super::pod(
+            &mut Interner::default(),
+            &pod,
+            &RawPodExtras::from_json(&raw),
+        )
+        .unwrap();
+        let got = m.controller().map(|c| (c.kind, &*c.name));
+        assert_eq!(
+            got,
+            want.map(|k| (k, "web-7d9f")),
+            "{api_version} {kind} {controller:?}"
+        );
+        assert_eq!(m.nodeset(), None);
+    }
+}
+
+#[test]
+fn secrets_are_decoded_and_hashed_config_maps_keep_binary_keys() {
+    let s: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"namespace": "n", "name": "s", "uid": "1",
+            "creationTimestamp": "2026-11-30T08:00:00Z",
+            "managedFields": [
+                {"manager": "a", "operation": "Update", "time": "2026-11-30T09:00:00Z"},
+                {"manager": "b", "operation": "Update", "time": "2026-11-30T09:30:00Z"}
+            ]},
+        "immutable": true,
+        "data": {"slurm.key": "c2VjcmV0"}
+    }))
+    .unwrap();
+    let mut it = Interner::default();
+    let (r, c) = secret(&mut it, &s).unwrap();
+    assert_eq!(r.to_string(), "Secret/n/s");
+    assert!(c.immutable);
+    assert_eq!(
+        c.keys[&it.intern("slurm.key")].digest,
+        file_digest(b"secret")
+    );
+    assert_eq!(c.last_write, Some("2026-11-30T09:30:00Z".parse().unwrap()));
+
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"namespace": "n", "name": "c", "creationTimestamp": "2026-11-30T08:00:00Z"},
+        "data": {"t": "text"},
+        "binaryData": {"b": "AAE="}
+    }))
+    .unwrap();
+    let (_, c) = config_map(&mut it, &cm).unwrap();
+    assert_eq!(c.keys.len(), 2);
+    assert!(!c.keys[&it.intern("t")].binary);
+    assert!(c.keys[&it.intern("b")].binary);
+    assert_eq!(c.keys[&it.intern("b")].digest, file_digest(&[0, 1]));
+    assert_eq!(c.last_write, Some("2026-11-30T08:00:00Z".parse().unwrap()));
+}
+
+/// `pkg/api/v1/pod/util.go` `VisitPodSecretNames`: the secretRef of
+/// every other volume type, env of exited ephemeral containers, and
+/// empty names skipped.
+#[test]
+fn references_cover_every_kind_the_kubelet_visits() {
+    let cases: Vec<(&str, Value)> = vec![
+        (
+            "azureFile",
+            json!({"name": "v", "azureFile": {"secretName": "x", "shareName": "s"}}),
+        ),
+        (
+            "cephfs",
+            json!({"name": "v", "cephfs": {"monitors": ["m"], "secretRef": {"name": "x"}}}),
+        ),
+        (
+            "cinder",
+            json!({"name": "v", "cinder": {"volumeID": "i", "secretRef": {"name": "x"}}}),
+        ),
+        (
+            "flexVolume",
+            json!({"name": "v", "flexVolume": {"driver": "d", "secretRef": {"name": "x"}}}),
+        ),
+        (
+            "iscsi",
+            json!({"name": "v", "iscsi": {"targetPortal": "t", "iqn": "q", "lun": 0, "secretRef": {"name": "x"}}}),
+        ),
+        (
+            "rbd",
+            json!({"name": "v", "rbd": {"monitors": ["m"], "image": "i", "secretRef": {"name": "x"}}}),
+        ),
+        (
+            "scaleIO",
+            json!({"name": "v", "scaleIO": {"gateway": "g", "system": "s", "secretRef": {"name": "x"}}}),
+        ),
+        (
+            "storageos",
+            json!({"name": "v", "storageos": {"secretRef": {"name": "x"}}}),
+        ),
+        (
+            "csi",
+            json!({"name": "v", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "x"}}}),
+        ),
+    ];
+    for (case, volume) in cases {
+        let raw = json!({"metadata": {"namespace": "ns", "name": "p", "uid": "u"},
+            "spec": {"nodeName": "n", "containers": [], "volumes": [volume]}});
+        let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+        let mut it = Interner::default();
+        let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+        let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
+        assert_eq!(refs, ["Secret/ns/x"], "{case}");
+        assert!(m.volumes.is_empty(), "{case}: no verdict of its own");
+    }
+    // Ephemeral containers: a running one is a consumer, an exited one
+    // only references; an empty name is no reference.
+    let raw = json!({"metadata": {"namespace": "ns", "name": "p", "uid": "u"},
+    "spec": {"nodeName": "n", "containers": [],
+        "volumes": [{"name": "e", "csi": {"driver": "d", "nodePublishSecretRef": {"name": ""}}}],
+        "ephemeralContainers": [
+            {"name": "live", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "a", "key": "k"}}}]},
+            {"name": "gone", "envFrom": [{"configMapRef": {"name": "b"}}]}
+        ]},
+    "status": {"startTime": "2026-11-30T10:00:00Z", "ephemeralContainerStatuses": [
+        {"name": "live", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+         "state": {"running": {"startedAt": "2026-11-30T10:05:00Z"}}},
+        {"name": "gone", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+         "state": {"terminated": {"exitCode": 0, "startedAt": "2026-11-30T10:01:00Z"}}}
+    ]}});
+    let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+    let mut it = Interner::default();
+    let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+    let cs: Vec<(&str, ContainerKind)> = m.containers.iter().map(|c| (&*c.name, c.kind)).collect();
+    assert_eq!(cs, [("live", ContainerKind::Ephemeral)]);
+    let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
+    assert_eq!(refs, ["Secret/ns/a", "ConfigMap/ns/b"]);
+    assert_eq!(
+        m.synced_at.map(CompactTime::get),
+        Some("2026-11-30T10:00:00Z".parse().unwrap())
+    );
+    assert!(!m.terminating);
+    let mut deleting = raw.clone();
+    deleting["metadata"]["deletionTimestamp"] = json!("2026-11-30T11:00:00Z");
+    let pod: Pod = serde_json::from_value(deleting.clone()).unwrap();
+    let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&deleting)).unwrap();
+    assert!(
+        m.terminating && m.registered(),
+        "terminating pods stay registered"
+    );
+}

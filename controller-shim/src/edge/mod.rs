@@ -1,0 +1,5 @@
+//! The Kubernetes edge.
+
+pub mod convert;
+pub mod watch;
+pub mod workloads;
