@@ -513,6 +513,22 @@ impl RealSlurm {
             .ok_or_else(|| io::Error::other(format!("job submit: HTTP {code}: {v}")))
     }
 
+    /// Cancels a job (`DELETE /slurm/v0.0.44/job/{id}`) as SlurmUser.
+    pub async fn cancel_job(&self, id: u64) -> io::Result<()> {
+        let token = self.token(SLURM_USER);
+        let (code, v) = self
+            .call(
+                "DELETE",
+                &format!("/slurm/{API}/job/{id}"),
+                Some(&token),
+                None,
+            )
+            .await;
+        (code == 200)
+            .then_some(())
+            .ok_or_else(|| io::Error::other(format!("job cancel: HTTP {code}: {v}")))
+    }
+
     /// A job's state names (`job_state`).
     pub async fn job_state(&self, id: u64) -> Vec<String> {
         let token = self.token(SLURM_USER);

@@ -232,13 +232,26 @@ async fn an_admin_drain_arriving_during_the_attempt_is_never_undrained() {
         .filter(|w| w.node == host && w.body.to_string().contains("UNDRAIN"))
         .collect();
     assert!(undrains.is_empty(), "{undrains:?}");
-    let ev = recorded_events(&api);
-    assert!(
-        ev.iter().any(|e| e.reason == "RemediationSucceeded"
-            && e.message.contains("left drained")
-            && e.message.contains(admin_reason)),
-        "{ev:?}"
-    );
+    // The executor persists the attempt's end before it publishes the
+    // Event that tells it: wait for the Event.
+    wait(
+        &sys,
+        "the Event that the node was left drained",
+        Duration::from_secs(10),
+        || {
+            let ev = recorded_events(&api);
+            async move {
+                ev.iter()
+                    .any(|e| {
+                        e.reason == "RemediationSucceeded"
+                            && e.message.contains("left drained")
+                            && e.message.contains(admin_reason)
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
     assert!(slurm.killed_jobs().is_empty());
     sys.shutdown().await;
 }

@@ -217,6 +217,10 @@ async fn real_slurm_a_slurmd_on_the_old_key_looks_idle_runs_nothing_and_is_repai
         !states.iter().any(|s| s == "COMPLETED"),
         "the job pinned to the stale node: {states:?}"
     );
+    // A job whose launch failed is requeued and held by Slurm (and would
+    // hold the queue of the node under sched/builtin): it has shown what
+    // it had to.
+    slurm.cancel_job(stale).await.unwrap();
     // The restarted slurmctld has seen no registration of node-1's slurmd:
     // it shows slurmd_start_time 0 (it was the slurmd's start before).
     let n1 = node(&c, "node-1").await;
