@@ -248,3 +248,63 @@ fn the_always_on_path_names_no_opt_in_feature_and_no_client() {
         wrong.join("\n")
     );
 }
+
+/// Every `.rs` file below `dir`, skipping build output and hidden folders.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let p = e.path();
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || name == "target" {
+            continue;
+        }
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if name.ends_with(".rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The files over `limit` lines among `files`, with their lengths.
+fn over(files: &[PathBuf], root: &Path, limit: usize) -> Vec<String> {
+    files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).ok()?.lines().count();
+            (n > limit)
+                .then(|| format!("{}: {n} lines", f.strip_prefix(root).unwrap_or(f).display()))
+        })
+        .collect()
+}
+
+/// A file a reader can hold in mind: none over 1,500 lines outside the
+/// `tests` crate, none over 800 in the controller's `src` (its folders
+/// answer one question each; a larger file is two).
+#[test]
+fn no_source_file_is_longer_than_its_limit() {
+    let root = workspace_root();
+    let mut files = Vec::new();
+    for m in members(&root) {
+        if m.file_name().is_some_and(|n| n == "tests") {
+            continue;
+        }
+        rust_files(&m, &mut files);
+    }
+    assert!(files.len() > 50, "found only {} files", files.len());
+    let long = over(&files, &root, 1_500);
+    assert!(long.is_empty(), "over 1,500 lines: {long:#?}");
+    let controller: Vec<PathBuf> = files
+        .iter()
+        .filter(|f| f.starts_with(root.join("controller-shim/src")))
+        .cloned()
+        .collect();
+    let long = over(&controller, &root, 800);
+    assert!(
+        long.is_empty(),
+        "over 800 lines in controller-shim/src: {long:#?}"
+    );
+}
