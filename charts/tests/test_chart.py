@@ -708,7 +708,7 @@ def test_report_rate_limit_reaches_the_controller() -> None:
 def run_arg_defaults() -> dict[str, str]:
     """MOUNTGUARD_* env name -> default of `mountguard-controller run`."""
     # The flags of `run` are defined beside their conversion into settings.
-    src = (REPO / "controller-shim" / "src" / "live" / "settings.rs").read_text()
+    src = (REPO / "controller-shim" / "src" / "settings.rs").read_text()
     out = {}
     for attr in re.findall(r"#\[arg\((.*?)\)\]\s*pub ", src, re.S):
         env = re.search(r'env = "(MOUNTGUARD_[A-Z_]+)"', attr)
@@ -910,7 +910,7 @@ def test_status_reader_may_only_get_verdicts() -> None:
         {"kind": "ServiceAccount", "name": STATUS_READER, "namespace": NAMESPACE}
     ]
     # The plugin derives the name from the metrics Service's
-    # (controller-shim/src/live/client.rs, status_reader_account).
+    # (controller-shim/src/query/endpoint.rs, status_reader_account).
     assert r.one("Service", f"{RELEASE}-mountguard-controller-metrics")
     for values in (
         {"controller": {"statusAuth": "none"}},
