@@ -384,7 +384,22 @@ impl RealSlurm {
     /// Restarts slurmctld on `key` (the rotation: slurmctld's key file
     /// replaced, the daemon restarted to read it; the slurmd keep theirs).
     pub async fn restart_ctld_with_key(&self, key: &[u8]) -> io::Result<()> {
-        if let Some(mut c) = self.ctld.lock().unwrap().take() {
+        // As Kubernetes stops slurmctld's container: SIGTERM, so it saves
+        // its state (a job that ended but is not yet saved as ended would
+        // be restored COMPLETING, waiting for a slurmd that may no longer
+        // authenticate), then SIGKILL after a grace period.
+        let ctld = self.ctld.lock().unwrap().take();
+        if let Some(mut c) = ctld {
+            if let Some(pid) = c.id().and_then(|p| i32::try_from(p).ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+            while c.exited().is_none() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
             c.kill();
         }
         write_key(&self.dir.join("cluster.key"), key)?;

@@ -76,15 +76,14 @@ async fn until(
 }
 
 /// Waits for a job to reach `state`; panics with Slurm's logs after `limit`.
+/// Waits for a job to reach `state` with nothing else: a job that ended is
+/// `COMPLETING` until its node's slurmd confirms the end (and a slurmctld
+/// restarted meanwhile would wait for that confirmation from a slurmd it
+/// may no longer be able to hear).
 async fn job_reaches(slurm: &RealSlurm, id: u64, state: &str, limit: Duration) {
     slurm
         .wait(&format!("job {id} {state}"), limit, || async move {
-            slurm
-                .job_state(id)
-                .await
-                .iter()
-                .any(|s| s == state)
-                .then_some(())
+            (slurm.job_state(id).await == [state]).then_some(())
         })
         .await
         .unwrap();
@@ -415,16 +414,29 @@ async fn real_slurm_return_to_service_reopens_a_stale_slurmd_and_verification_st
 /// or when they are not all closed within `limit`.
 async fn attempts_succeeded(
     sys: &crate::harness::RealSystem,
+    slurm: &RealSlurm,
+    c: &SlurmClient,
     count: usize,
     limit: Duration,
 ) -> Vec<Attempt> {
     use mountguard_core::remediation::Phase;
-    let all = mountguard_tests::rig::wait(sys, "every worker repaired", limit, || {
+    let deadline = tokio::time::Instant::now() + limit;
+    let all = loop {
         let a = mountguard_tests::rig::attempts(sys);
         let failed = a.iter().any(|a| matches!(a.phase, Phase::Failed(_)));
-        async move { (failed || (a.len() >= count && a.iter().all(|a| !a.is_open()))).then_some(a) }
-    })
-    .await;
+        if failed || (a.len() >= count && a.iter().all(|a| !a.is_open())) {
+            break a;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!(
+                "timed out after {limit:?} waiting for every worker repaired: {a:#?}\nSlurm: {:#?}\n{}\n{}",
+                c.nodes().await,
+                slurm.logs(15),
+                sys.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     for a in &all {
         assert_eq!(a.phase, Phase::Succeeded, "{a:?}\n{}", sys.logs());
     }
@@ -489,7 +501,7 @@ async fn controller_repairs_a_stale_key_on_real_slurm(sys: crate::harness::RealS
 
     // Round 1: the rotation; replacements start at once.
     mountguard_tests::scenario::rotate_auth_key(&*sys.objects()).unwrap();
-    let first = attempts_succeeded(&sys, hosts.len(), Duration::from_secs(200)).await;
+    let first = attempts_succeeded(&sys, &slurm, &c, hosts.len(), Duration::from_secs(200)).await;
     for a in &first {
         let n = until(&slurm, &c, &a.slurm_node, "in service", TIMEOUT * 2, |n| {
             !has(n, "DRAIN") && !has(n, "DOWN") && !has(n, "NOT_RESPONDING")
@@ -522,7 +534,7 @@ async fn controller_repairs_a_stale_key_on_real_slurm(sys: crate::harness::RealS
         })
     };
     mountguard_tests::scenario::rotate_auth_key(&*sys.objects()).unwrap();
-    let all = attempts_succeeded(&sys, hosts.len() * 2, Duration::from_secs(240)).await;
+    let all = attempts_succeeded(&sys, &slurm, &c, hosts.len() * 2, Duration::from_secs(240)).await;
     sampler.abort();
     let second: Vec<&Attempt> = all
         .iter()
