@@ -307,19 +307,11 @@ impl RealSlurm {
         )?);
         let nodes = slurm.config.nodes.clone();
         if !slurm.config.start_slurmd {
-            let token = slurm.token(SLURM_USER);
-            let path = format!("/slurm/{API}/ping/");
-            slurm
-                .wait("slurmctld answering", Duration::from_secs(60), || async {
-                    (slurm.get(&path, Some(&token)).await.0 == 200).then_some(())
-                })
-                .await?;
+            slurm.wait_ctld().await?;
             return Ok(slurm);
         }
         for n in &nodes {
-            let key = slurm.dir.join(format!("{n}.key"));
-            std::fs::copy(slurm.dir.join("cluster.key"), &key)?;
-            write_key(&key, &std::fs::read(slurm.dir.join("cluster.key"))?)?;
+            let key = slurm.key_file(n, &slurm.cluster_key())?;
             slurm.start_slurmd(n, &key)?;
         }
         let token = slurm.token(SLURM_USER);
@@ -405,9 +397,14 @@ impl RealSlurm {
         write_key(&self.dir.join("cluster.key"), key)?;
         chown(&self.dir.join("cluster.key"), SLURM_USER)?;
         self.start_ctld()?;
+        self.wait_ctld().await
+    }
+
+    /// Waits (up to 60 s) until slurmctld answers slurmrestd's ping.
+    async fn wait_ctld(&self) -> io::Result<()> {
         let token = self.token(SLURM_USER);
         let path = format!("/slurm/{API}/ping/");
-        self.wait("slurmctld back", Duration::from_secs(60), || async {
+        self.wait("slurmctld answering", Duration::from_secs(60), || async {
             (self.get(&path, Some(&token)).await.0 == 200).then_some(())
         })
         .await
