@@ -221,6 +221,19 @@ impl RealSlurm {
             std::fs::create_dir_all(dir.join(format!("run-{n}")))?;
         }
         let d = dir.display();
+        // A job Slurm tried to launch on a slurmd it cannot authenticate
+        // stays COMPLETING on that node (requeued held, or cancelled) until
+        // a TERMINATE_JOB reaches a slurmd that answers: slurmctld re-sends
+        // it for a job completing longer than KillWait + 2 * MessageTimeout
+        // (src/slurmctld/job_mgr.c `_list_find_job_old` -> `re_kill_job`),
+        // checked every MinJobAge when that is under 60 s, else every 60 s
+        // (src/slurmctld/controller.c `_slurmctld_background`,
+        // PURGE_JOB_INTERVAL), and only while the node is not
+        // NOT_RESPONDING (src/slurmctld/node_scheduler.c `re_kill_job`).
+        // A node holding such a job takes no new one. Slurm's defaults
+        // (KillWait 30, MinJobAge 300) leave a repaired node busy for up to
+        // about 95 s after its new slurmd registered; the rig's 2 and 10
+        // bring that to about 16 s. Slurm 26.05.3.
         let conf = format!(
             "ClusterName=mountguard\n\
              SlurmctldHost={host}(127.0.0.1)\n\
@@ -247,6 +260,8 @@ impl RealSlurm {
              SelectType=select/cons_tres\n\
              MpiDefault=none\n\
              MessageTimeout=2\n\
+             KillWait=2\n\
+             MinJobAge=10\n\
              SlurmdTimeout={timeout}\n\
              ReturnToService={rts}\n\
              {node_lines}\

@@ -11,7 +11,7 @@ use mountguard_controller::remediation::slurm::{
     JwtMinter, SharedSecret, SlurmClient, SlurmError, SlurmNode,
 };
 use mountguard_core::remediation::machine::{Attempt, drain_reason, owns_reason, reason_is};
-use mountguard_tests::real::slurm::{RealSlurm, SLURM_USER, SlurmConfig, random_key};
+use mountguard_tests::real::slurm::{API, RealSlurm, SLURM_USER, SlurmConfig, random_key};
 use mountguard_tests::rig::Rig as _;
 
 const TIMEOUT: Duration = Duration::from_secs(6);
@@ -81,12 +81,44 @@ async fn until(
 /// restarted meanwhile would wait for that confirmation from a slurmd it
 /// may no longer be able to hear).
 async fn job_reaches(slurm: &RealSlurm, id: u64, state: &str, limit: Duration) {
-    slurm
+    let waited = slurm
         .wait(&format!("job {id} {state}"), limit, || async move {
             (slurm.job_state(id).await == [state]).then_some(())
         })
-        .await
-        .unwrap();
+        .await;
+    if let Err(e) = waited {
+        // Every job and node as slurmctld sees them: which job holds the
+        // node, and why the one waited for did not run.
+        let token = slurm.token(SLURM_USER);
+        let (_, jobs) = slurm
+            .call("GET", &format!("/slurm/{API}/jobs"), Some(&token), None)
+            .await;
+        let (_, nodes) = slurm
+            .call("GET", &format!("/slurm/{API}/nodes"), Some(&token), None)
+            .await;
+        let jobs: Vec<_> = jobs["jobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|j| {
+                format!(
+                    "job {} {} {} nodes={} reason={}",
+                    j["job_id"],
+                    j["job_state"],
+                    j["state_description"],
+                    j["nodes"],
+                    j["state_reason"]
+                )
+            })
+            .collect();
+        let nodes: Vec<_> = nodes["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|n| format!("node {} {} reason={}", n["name"], n["state"], n["reason"]))
+            .collect();
+        panic!("{e}\n{}\n{}", jobs.join("\n"), nodes.join("\n"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -218,7 +250,9 @@ async fn real_slurm_a_slurmd_on_the_old_key_looks_idle_runs_nothing_and_is_repai
     );
     // A job whose launch failed is requeued and held by Slurm (and would
     // hold the queue of the node under sched/builtin): it has shown what
-    // it had to.
+    // it had to. Cancelled, it stays COMPLETING on node-1 until slurmctld
+    // re-sends its termination to a slurmd that answers (the rig's
+    // KillWait and MinJobAge: about 16 s after the repair below).
     slurm.cancel_job(stale).await.unwrap();
     // The restarted slurmctld has seen no registration of node-1's slurmd:
     // it shows slurmd_start_time 0 (it was the slurmd's start before).
@@ -265,7 +299,8 @@ async fn real_slurm_a_slurmd_on_the_old_key_looks_idle_runs_nothing_and_is_repai
         .submit_pinned_job("node-1", "#!/bin/sh\ntrue\n")
         .await
         .unwrap();
-    job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
+    // Up to one re-sent termination of the cancelled job, then the job.
+    job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 10).await;
 }
 
 /// A replacement that takes longer than SlurmdTimeout: Slurm sets the
