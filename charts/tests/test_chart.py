@@ -561,6 +561,7 @@ def test_remediation_settings_reach_the_controller() -> None:
     assert env["MOUNTGUARD_VERIFICATION_TIMEOUT"] == "10m"
     assert env["MOUNTGUARD_REPLACE_PINNING_PODS"] == "false"
     assert env["MOUNTGUARD_DRAIN_STATE"] == "drain"
+    assert env["MOUNTGUARD_ABSENT_SLURM_NODE"] == "fail"
     # A token Secret: nothing of the jwt.key alternative.
     assert "MOUNTGUARD_SLURM_JWT_KEY_SECRET" not in env
     assert "MOUNTGUARD_SLURM_USER" not in env
@@ -581,11 +582,13 @@ def test_remediation_values_reach_the_controller() -> None:
                 "budgetCluster": 7,
                 "onFailure": "undrain",
                 "drainState": "fail",
+                "absentSlurmNode": "replace",
             }
         },
     )
     env = controller_env(render(values))
     assert env["MOUNTGUARD_DRAIN_STATE"] == "fail"
+    assert env["MOUNTGUARD_ABSENT_SLURM_NODE"] == "replace"
     assert env["MOUNTGUARD_EVICTION_TIMEOUT"] == "45m"
     assert env["MOUNTGUARD_VERIFICATION_TIMEOUT"] == "2h"
     assert env["MOUNTGUARD_REPLACE_PINNING_PODS"] == "true"
@@ -652,6 +655,7 @@ def test_remediation_flags_are_absent_when_remediation_is_off() -> None:
             "MOUNTGUARD_VERIFICATION_TIMEOUT",
             "MOUNTGUARD_REPLACE_PINNING_PODS",
             "MOUNTGUARD_DRAIN_STATE",
+            "MOUNTGUARD_ABSENT_SLURM_NODE",
         ):
             assert name not in env, (values, name)
 
@@ -737,6 +741,7 @@ def test_chart_defaults_are_the_controller_defaults() -> None:
     assert defaults["MOUNTGUARD_VERIFICATION_TIMEOUT"] == r["verificationTimeout"]
     assert defaults["MOUNTGUARD_REPLACE_PINNING_PODS"] == str(r["replacePinningPods"]).lower()
     assert defaults["MOUNTGUARD_DRAIN_STATE"] == r["drainState"]
+    assert defaults["MOUNTGUARD_ABSENT_SLURM_NODE"] == r["absentSlurmNode"]
     assert defaults["MOUNTGUARD_SLURM_USER"] == r["slurmrestd"]["user"]
     assert defaults["MOUNTGUARD_SLURM_TOKEN_KEY"] == r["slurmrestd"]["tokenSecret"]["key"]
     assert defaults["MOUNTGUARD_DRAIN_TIMEOUT"] == r["drainTimeout"]
@@ -765,7 +770,7 @@ CONTROLLER_CONTRACT = {
     remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
     replacement-timeout eviction-timeout node-hold-timeout verification-timeout on-failure
     replace-pinning-pods
-    drain-state remediate-workloads remediation-budget-workloads
+    drain-state absent-slurm-node remediate-workloads remediation-budget-workloads
     report-rate-limit report-body-timeout max-connections header-read-timeout idle-timeout
     admission-listen admission-mode admission-tls-cert-file admission-tls-key-file
     admission-answer-timeout admission-client-ca-file log log-format""".split()

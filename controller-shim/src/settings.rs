@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use jiff::SignedDuration;
-use mountguard_core::remediation::machine::{FailurePolicy, MachineConfig};
+use mountguard_core::remediation::machine::{AbsentNodePolicy, FailurePolicy, MachineConfig};
 use mountguard_core::remediation::plan::{Mode, PlanConfig};
 use mountguard_core::remediation::workload::WorkloadKind;
 use mountguard_inventory::parse_duration;
@@ -229,6 +229,18 @@ pub struct RunArgs {
         default_value = "drain"
     )]
     pub drain_state: DrainState,
+    /// What to do with a NodeSet pod whose Slurm node slurmctld does not
+    /// know for the whole not-found grace (a dynamic node whose slurmd
+    /// never registered on the current key): `fail` the attempt, or
+    /// `replace` the pod without a drain and verify the replacement by its
+    /// slurmd's registration.
+    #[arg(
+        long,
+        env = "MOUNTGUARD_ABSENT_SLURM_NODE",
+        value_enum,
+        default_value = "fail"
+    )]
+    pub absent_slurm_node: AbsentSlurmNode,
     /// The admission webhook.
     #[command(flatten)]
     pub admission: AdmissionArgs,
@@ -298,6 +310,17 @@ pub enum DrainState {
     Drain,
     /// The FAIL hold at once.
     Fail,
+}
+
+/// What to do with a NodeSet pod whose Slurm node slurmctld does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum AbsentSlurmNode {
+    /// Fail the attempt; nothing is touched.
+    #[default]
+    Fail,
+    /// Evict the pod without a drain; verify the replacement's
+    /// registration.
+    Replace,
 }
 
 /// What to do with a Slurm node when remediation fails.
@@ -428,6 +451,7 @@ impl TryFrom<RunArgs> for Settings {
             on_failure,
             replace_pinning_pods,
             drain_state,
+            absent_slurm_node,
             remediate_workloads,
             remediation_budget_workloads,
             admission,
@@ -562,6 +586,10 @@ impl TryFrom<RunArgs> for Settings {
                             OnFailure::Undrain => FailurePolicy::Undrain,
                         },
                         fail_first: drain_state == DrainState::Fail,
+                        absent_node: match absent_slurm_node {
+                            AbsentSlurmNode::Fail => AbsentNodePolicy::Fail,
+                            AbsentSlurmNode::Replace => AbsentNodePolicy::Replace,
+                        },
                         ..Default::default()
                     },
                     slurm,

@@ -187,6 +187,8 @@ refused by server-side apply as "duplicate entries for key").
   value: {{ $r.replacePinningPods | quote }}
 - name: MOUNTGUARD_DRAIN_STATE
   value: {{ $r.drainState | quote }}
+- name: MOUNTGUARD_ABSENT_SLURM_NODE
+  value: {{ $r.absentSlurmNode | quote }}
 {{- end }}
 - name: MOUNTGUARD_LOG_FORMAT
   value: {{ .Values.controller.logFormat | quote }}

@@ -5,6 +5,9 @@
 //!               -> AwaitingReplacement -> Verifying -> Undraining -> Succeeded
 //! workload pod: Pending -> Evicting -> AwaitingReplacement -> Verifying
 //!               -> Succeeded
+//! NodeSet pod whose Slurm node slurmctld does not know (opt-in):
+//!               Pending -> Evicting -> AwaitingReplacement -> Verifying
+//!               -> Succeeded
 //!        (any) -> Failed{reason}
 //! ```
 //!
@@ -31,8 +34,11 @@
 //! * `ending`: how an attempt ends, failed (its drain kept or handed back)
 //!   or undrained after a verified replacement;
 //! * `workload_steps`: the attempt on a workload's pod (Deployment,
-//!   ReplicaSet, StatefulSet, DaemonSet): the phases without Slurm.
+//!   ReplicaSet, StatefulSet, DaemonSet): the phases without Slurm;
+//! * `absent`: the attempt on a NodeSet pod whose Slurm node slurmctld
+//!   does not know: replaced without a drain, verified by registration.
 
+mod absent;
 mod actions;
 mod attempt;
 mod ending;
@@ -47,8 +53,8 @@ pub use attempt::{
     reason_attempt_id, reason_is,
 };
 pub use observations::{
-    EvictionResult, FailurePolicy, MachineConfig, NewPodCheck, NodeCordon, Observations,
-    SlurmNodeState, SlurmObservation, WorkloadObservation, WriteResult,
+    AbsentNodePolicy, EvictionResult, FailurePolicy, MachineConfig, NewPodCheck, NodeCordon,
+    Observations, SlurmNodeState, SlurmObservation, WorkloadObservation, WriteResult,
 };
 
 use jiff::Timestamp;
@@ -121,7 +127,7 @@ pub fn step(
                         s.close_node();
                     }
                     SlurmObservation::NotFound => {
-                        if s.not_found_for_good() {
+                        if s.not_found_for_good() && !s.replace_absent() {
                             let msg = format!(
                                 "slurmrestd does not know Slurm node {slurm_node} (label {})",
                                 crate::remediation::POD_HOSTNAME_LABEL
@@ -253,12 +259,7 @@ pub fn step(
                         s.a.id
                     );
                     s.event(EventReason::SlurmNodeDrained, msg);
-                    s.actions.push(Action::Evict {
-                        namespace: s.a.namespace.clone(),
-                        pod: s.a.pod.clone(),
-                        uid: s.a.pod_uid.clone(),
-                    });
-                    s.wrote();
+                    s.evict_pod();
                 }
             }
             SlurmObservation::NotFound => {
@@ -269,6 +270,7 @@ pub fn step(
             }
             _ => s.read_error(obs),
         },
+        Phase::Evicting if s.a.slurm_absent => s.evicting_absent(obs),
         Phase::Evicting => {
             if !s.evicted(obs) && !s.eviction_timed_out(obs) && s.due() {
                 // Never evict a pod whose node is not drained right now.
@@ -280,12 +282,7 @@ pub fn step(
                         s.fail(FailReason::DrainRemoved, msg, obs);
                     }
                     SlurmObservation::Node(n) if !n.busy() => {
-                        s.wrote();
-                        s.actions.push(Action::Evict {
-                            namespace: s.a.namespace.clone(),
-                            pod: s.a.pod.clone(),
-                            uid: s.a.pod_uid.clone(),
-                        });
+                        s.evict_pod();
                     }
                     SlurmObservation::Node(_) => {}
                     _ => s.read_error(obs),
@@ -352,7 +349,11 @@ pub fn step(
                             n.state
                         );
                         s.event(EventReason::RemediationVerified, msg);
-                        s.start_undrain(&obs.slurm);
+                        if s.a.slurm_absent {
+                            s.absent_verified(n);
+                        } else {
+                            s.start_undrain(&obs.slurm);
+                        }
                     }
                 }
                 _ => {
@@ -380,6 +381,11 @@ pub fn step(
                                 format!(
                                     "fresh on the node, but Slurm node {slurm_node} is {:?}",
                                     n.state
+                                )
+                            }
+                            (NewPodCheck::Fresh, SlurmObservation::NotFound) => {
+                                format!(
+                                    "fresh on the node, but slurmctld does not know Slurm node {slurm_node}: the replacement's slurmd never registered (check the slurm.key it mounts against slurmctld's)"
                                 )
                             }
                             (NewPodCheck::Fresh, _) => {

@@ -310,6 +310,13 @@ pub struct Attempt {
     /// the next read that finds it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_found_since: Option<Timestamp>,
+    /// The Slurm node was absent from slurmctld when the attempt began, and
+    /// [`super::AbsentNodePolicy::Replace`] replaces its pod without a
+    /// drain (nothing of Slurm's runs on a node slurmctld does not know);
+    /// the attempt ends when the replacement's slurmd registers, with no
+    /// undrain.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub slurm_absent: bool,
     /// Failure detail.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
@@ -377,6 +384,7 @@ impl Attempt {
             prestop_down: false,
             verified_reads: 0,
             not_found_since: None,
+            slurm_absent: false,
             failure: None,
             retry: Retry::default(),
         }

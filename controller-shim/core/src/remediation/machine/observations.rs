@@ -24,6 +24,29 @@ pub enum FailurePolicy {
     Undrain,
 }
 
+/// What to do with a NodeSet pod whose Slurm node slurmctld does not know
+/// (slurmrestd answers "not found" for the whole
+/// [`MachineConfig::not_found_grace`]).
+///
+/// The Slinky operator runs slurmd as a dynamic node (slurm-operator v1.2.1
+/// `internal/builder/workerbuilder/worker_app.go`, `slurmdArgs`: `-Z`): the
+/// node exists in Slurm only once its slurmd has registered. A slurmd on a
+/// stale `slurm.key` never authenticates, so after slurmctld starts without
+/// its saved state the node is absent: no drain is possible, and no job of
+/// Slurm's runs there (Slurm 26.05: a dynamic node is created by its
+/// registration: `_slurm_rpc_node_registration` in
+/// `src/slurmctld/proc_req.c` calls `create_dynamic_reg_node`,
+/// `src/slurmctld/node_mgr.c`, for a node name it does not know).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum AbsentNodePolicy {
+    /// Fail the attempt (`SlurmNodeNotFound`); nothing is touched.
+    #[default]
+    Fail,
+    /// Evict the pod without a drain, and verify the replacement by its
+    /// slurmd's registration (the node then exists again); no undrain.
+    Replace,
+}
+
 /// Timeouts and retry pacing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineConfig {
@@ -74,6 +97,9 @@ pub struct MachineConfig {
     /// replies as responses: `node_not_resp` in `src/slurmctld/node_mgr.c`,
     /// Slurm 26.05).
     pub verify_reads: u32,
+    /// A Slurm node slurmctld does not know: fail, or replace its pod
+    /// without a drain.
+    pub absent_node: AbsentNodePolicy,
 }
 
 impl Default for MachineConfig {
@@ -91,6 +117,7 @@ impl Default for MachineConfig {
             not_found_grace: SignedDuration::from_mins(5),
             fail_first: false,
             verify_reads: 3,
+            absent_node: AbsentNodePolicy::Fail,
         }
     }
 }

@@ -78,6 +78,16 @@ impl Stepper<'_> {
         }
     }
 
+    /// Asks for the eviction of the attempt's pod (by its UID).
+    pub(super) fn evict_pod(&mut self) {
+        self.wrote();
+        self.actions.push(Action::Evict {
+            namespace: self.a.namespace.clone(),
+            pod: self.a.pod.clone(),
+            uid: self.a.pod_uid.clone(),
+        });
+    }
+
     pub(super) fn elapsed_since(&self, t: Timestamp) -> SignedDuration {
         self.now.duration_since(t)
     }
@@ -126,12 +136,14 @@ impl Stepper<'_> {
     /// ours until the verification: note the hook's DOWN, and set the hold
     /// again with our reason (an administrator's reason is left alone).
     /// Returns whether the node is not held by our drain right now (then
-    /// nothing is verified this step).
+    /// nothing is verified this step). An attempt on a node that was
+    /// absent from slurmctld holds nothing: the node comes back by the
+    /// replacement's registration and is left as Slurm makes it.
     pub(super) fn hold_drain_after_eviction(&mut self, obs: &Observations) -> bool {
         let SlurmObservation::Node(n) = &obs.slurm else {
             return false;
         };
-        if self.a.evicted_at.is_none() || self.a.owns(n) {
+        if self.a.evicted_at.is_none() || self.a.owns(n) || self.a.slurm_absent {
             return false;
         }
         let operators = n.reason.is_empty()

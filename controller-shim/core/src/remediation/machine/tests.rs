@@ -1406,6 +1406,7 @@ fn the_fail_hold_outlasts_the_operator_and_return_to_service_until_the_verificat
     assert_eq!(writes(&actions), vec![W::Resume]);
 }
 
+mod absent;
 mod hold;
 mod verification;
 mod workload;

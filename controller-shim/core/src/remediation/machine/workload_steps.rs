@@ -314,12 +314,7 @@ impl Stepper<'_> {
             self.a.known_pods = known;
             self.actions.push(Action::Persist);
         }
-        self.wrote();
-        self.actions.push(Action::Evict {
-            namespace: self.a.namespace.clone(),
-            pod: self.a.pod.clone(),
-            uid: self.a.pod_uid.clone(),
-        });
+        self.evict_pod();
     }
 
     fn verify_workload_pod(&mut self, kind: WorkloadKind, obs: &Observations) {
