@@ -562,6 +562,7 @@ def test_remediation_settings_reach_the_controller() -> None:
     assert env["MOUNTGUARD_REPLACE_PINNING_PODS"] == "false"
     assert env["MOUNTGUARD_DRAIN_STATE"] == "drain"
     assert env["MOUNTGUARD_ABSENT_SLURM_NODE"] == "fail"
+    assert env["MOUNTGUARD_SLURM_NOT_FOUND_GRACE"] == "5m"
     # A token Secret: nothing of the jwt.key alternative.
     assert "MOUNTGUARD_SLURM_JWT_KEY_SECRET" not in env
     assert "MOUNTGUARD_SLURM_USER" not in env
@@ -583,12 +584,14 @@ def test_remediation_values_reach_the_controller() -> None:
                 "onFailure": "undrain",
                 "drainState": "fail",
                 "absentSlurmNode": "replace",
+                "slurmNotFoundGrace": "90s",
             }
         },
     )
     env = controller_env(render(values))
     assert env["MOUNTGUARD_DRAIN_STATE"] == "fail"
     assert env["MOUNTGUARD_ABSENT_SLURM_NODE"] == "replace"
+    assert env["MOUNTGUARD_SLURM_NOT_FOUND_GRACE"] == "90s"
     assert env["MOUNTGUARD_EVICTION_TIMEOUT"] == "45m"
     assert env["MOUNTGUARD_VERIFICATION_TIMEOUT"] == "2h"
     assert env["MOUNTGUARD_REPLACE_PINNING_PODS"] == "true"
@@ -656,6 +659,7 @@ def test_remediation_flags_are_absent_when_remediation_is_off() -> None:
             "MOUNTGUARD_REPLACE_PINNING_PODS",
             "MOUNTGUARD_DRAIN_STATE",
             "MOUNTGUARD_ABSENT_SLURM_NODE",
+            "MOUNTGUARD_SLURM_NOT_FOUND_GRACE",
         ):
             assert name not in env, (values, name)
 
@@ -742,6 +746,7 @@ def test_chart_defaults_are_the_controller_defaults() -> None:
     assert defaults["MOUNTGUARD_REPLACE_PINNING_PODS"] == str(r["replacePinningPods"]).lower()
     assert defaults["MOUNTGUARD_DRAIN_STATE"] == r["drainState"]
     assert defaults["MOUNTGUARD_ABSENT_SLURM_NODE"] == r["absentSlurmNode"]
+    assert defaults["MOUNTGUARD_SLURM_NOT_FOUND_GRACE"] == r["slurmNotFoundGrace"]
     assert defaults["MOUNTGUARD_SLURM_USER"] == r["slurmrestd"]["user"]
     assert defaults["MOUNTGUARD_SLURM_TOKEN_KEY"] == r["slurmrestd"]["tokenSecret"]["key"]
     assert defaults["MOUNTGUARD_DRAIN_TIMEOUT"] == r["drainTimeout"]
@@ -768,7 +773,8 @@ CONTROLLER_CONTRACT = {
     leader-election lease-name pod-name pod-namespace remediation slurmrestd-url
     slurmrestd-ca-file slurm-token-secret slurm-token-key slurm-jwt-key-secret slurm-user
     remediation-budget-per-nodeset remediation-budget-cluster remediation-delay drain-timeout
-    replacement-timeout eviction-timeout node-hold-timeout verification-timeout on-failure
+    replacement-timeout eviction-timeout node-hold-timeout verification-timeout
+    slurm-not-found-grace on-failure
     replace-pinning-pods
     drain-state absent-slurm-node remediate-workloads remediation-budget-workloads
     report-rate-limit report-body-timeout max-connections header-read-timeout idle-timeout

@@ -193,6 +193,12 @@ pub struct RunArgs {
     /// responding in Slurm.
     #[arg(long, env = "MOUNTGUARD_VERIFICATION_TIMEOUT", default_value = "10m", value_parser = parse_duration)]
     pub verification_timeout: Duration,
+    /// How long slurmrestd may answer "not found" for a NodeSet pod's Slurm
+    /// node before it counts (until then it is retried like any transient
+    /// error: a node re-registering or a slurmctld restarting answers so
+    /// for a while).
+    #[arg(long, env = "MOUNTGUARD_SLURM_NOT_FOUND_GRACE", default_value = "5m", value_parser = parse_duration)]
+    pub slurm_not_found_grace: Duration,
     /// What to do with the Slurm node when remediation fails.
     #[arg(
         long,
@@ -448,6 +454,7 @@ impl TryFrom<RunArgs> for Settings {
             eviction_timeout,
             node_hold_timeout,
             verification_timeout,
+            slurm_not_found_grace,
             on_failure,
             replace_pinning_pods,
             drain_state,
@@ -581,6 +588,7 @@ impl TryFrom<RunArgs> for Settings {
                         eviction_timeout: signed(eviction_timeout),
                         node_hold_timeout: signed(node_hold_timeout),
                         verification_timeout: signed(verification_timeout),
+                        not_found_grace: signed(slurm_not_found_grace),
                         on_failure: match on_failure {
                             OnFailure::KeepDrained => FailurePolicy::Auto,
                             OnFailure::Undrain => FailurePolicy::Undrain,

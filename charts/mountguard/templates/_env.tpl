@@ -181,6 +181,8 @@ refused by server-side apply as "duplicate entries for key").
   value: {{ $r.nodeHoldTimeout | quote }}
 - name: MOUNTGUARD_VERIFICATION_TIMEOUT
   value: {{ $r.verificationTimeout | quote }}
+- name: MOUNTGUARD_SLURM_NOT_FOUND_GRACE
+  value: {{ $r.slurmNotFoundGrace | quote }}
 - name: MOUNTGUARD_ON_FAILURE
   value: {{ $r.onFailure | quote }}
 - name: MOUNTGUARD_REPLACE_PINNING_PODS
