@@ -457,6 +457,11 @@ pub enum SkipReason {
     /// volumes), so its mounts stay as they are until it is gone. It still
     /// pins the kubelet's cache.
     PodTerminating,
+    /// An env `valueFrom.fileKeyRef`: a value the kubelet reads at
+    /// container start from a file in an emptyDir volume of the pod
+    /// (`pkg/kubelet/kubelet_pods.go` `makeEnvironmentVariables`, gate
+    /// `EnvFiles`, on from 1.35), with no Secret or ConfigMap behind it.
+    FileKeyRef,
 }
 
 impl SkipReason {
@@ -470,6 +475,7 @@ impl SkipReason {
             SkipReason::UnknownSource => "unknownSource",
             SkipReason::SubPathExpr => "subPathExpr",
             SkipReason::PodTerminating => "podTerminating",
+            SkipReason::FileKeyRef => "fileKeyRef",
         }
     }
 }
@@ -549,7 +555,9 @@ pub struct MountModel {
     pub sub_path_expr: bool,
 }
 
-/// An environment reference to a Secret or ConfigMap.
+/// An environment reference: to a Secret or ConfigMap, or a `valueFrom`
+/// the kubelet fills from something else that the engine lists as not
+/// checked.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum EnvRef {
     /// `env[].valueFrom.secretKeyRef` / `configMapKeyRef`.
@@ -576,19 +584,30 @@ pub enum EnvRef {
         /// `optional: true`.
         optional: bool,
     },
+    /// `env[].valueFrom` of a source with no Secret or ConfigMap behind it
+    /// (`fileKeyRef`): no cache registration, nothing to compare; its
+    /// verdict is Skipped with `reason`.
+    NotFromApi {
+        /// The variable name.
+        var: Arc<str>,
+        /// Why it is not checked.
+        reason: SkipReason,
+    },
 }
 
 impl EnvRef {
-    /// The referenced object kind and name.
-    pub fn target(&self) -> (SourceKind, &Arc<str>) {
+    /// The referenced object kind and name; `None` for a source that is no
+    /// Secret or ConfigMap.
+    pub fn target(&self) -> Option<(SourceKind, &Arc<str>)> {
         match self {
-            EnvRef::Key { kind, name, .. } | EnvRef::From { kind, name, .. } => (*kind, name),
+            EnvRef::Key { kind, name, .. } | EnvRef::From { kind, name, .. } => Some((*kind, name)),
+            EnvRef::NotFromApi { .. } => None,
         }
     }
 }
 
 /// Which list of the pod spec a container comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum ContainerKind {
     /// `spec.containers`.
@@ -851,8 +870,9 @@ impl PodModel {
     /// registers a cache reference for, as `pkg/api/v1/pod/util.go`
     /// `VisitPodSecretNames` / `VisitPodConfigmapNames` visit them:
     /// imagePullSecrets; env `valueFrom` and `envFrom` of regular, init and
-    /// ephemeral containers whatever their state; secret, configMap and
-    /// projected volume sources; the secretRefs of other volume types. Empty
+    /// ephemeral containers whatever their state (a `fileKeyRef` names no
+    /// object); secret, configMap and projected volume sources; the
+    /// secretRefs of other volume types. Empty
     /// names are skipped (`skipEmptyNames`). Sorted, without duplicates.
     pub fn references(&self) -> Vec<SourceRef> {
         let mut out = Vec::new();
@@ -872,8 +892,7 @@ impl PodModel {
             }
         }
         for c in self.containers.iter() {
-            for e in c.env.iter() {
-                let (kind, name) = e.target();
+            for (kind, name) in c.env.iter().filter_map(EnvRef::target) {
                 push(kind, name);
             }
         }
@@ -900,10 +919,10 @@ impl PodModel {
                 .iter()
                 .any(|s| matches!(s, ProjectedSource::Object(p) if hit(p.kind, &p.name))),
         }) || self.containers.iter().any(|c| {
-            c.env.iter().any(|e| {
-                let (k, n) = e.target();
-                hit(k, n)
-            })
+            c.env
+                .iter()
+                .filter_map(EnvRef::target)
+                .any(|(k, n)| hit(k, n))
         }) || (r.kind == SourceKind::Secret
             && self
                 .extra_refs

@@ -271,15 +271,17 @@ pub struct ExpectedEnv {
     pub missing: Option<Missing>,
 }
 
-/// Computes the expected content of an environment reference.
-pub fn project_env<'a, F>(namespace: &Arc<str>, env: &EnvRef, lookup: F) -> ExpectedEnv
+/// Computes the expected content of an environment reference; `None` for
+/// one with no Secret or ConfigMap behind it ([`EnvRef::NotFromApi`]).
+pub fn project_env<'a, F>(namespace: &Arc<str>, env: &EnvRef, lookup: F) -> Option<ExpectedEnv>
 where
     F: Fn(&SourceRef) -> Option<&'a SourceContent>,
 {
-    let (kind, name) = env.target();
+    let (kind, name) = env.target()?;
     let source = SourceRef::new(kind, namespace.clone(), name.clone());
     let content = lookup(&source);
-    match env {
+    Some(match env {
+        EnvRef::NotFromApi { .. } => return None,
         EnvRef::Key { key, optional, .. } => {
             let value = content.and_then(|c| c.keys.get(key)).filter(|v| {
                 // configMapKeyRef reads `data` only.
@@ -329,7 +331,7 @@ where
                 digest: None,
             },
         },
-    }
+    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The edge: k8s-openapi objects (and raw JSON items) into the compact
 //! model. Secret and ConfigMap values are hashed here and never stored.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
@@ -98,16 +98,37 @@ fn items(
 
 /// Extra facts only the raw JSON has (fields newer than the k8s-openapi
 /// version compiled in): podCertificate paths per (volume index, source
-/// index).
+/// index), and which `env[].valueFrom` entries are `fileKeyRef`.
 #[derive(Debug, Default)]
 pub struct RawPodExtras {
     pod_certificate_paths: BTreeMap<(usize, usize), Vec<String>>,
+    /// `(container list, container index, env index)` of every
+    /// `valueFrom.fileKeyRef`; `None` when no raw JSON was read (a typed
+    /// object from the watch).
+    file_key_refs: Option<BTreeSet<(ContainerKind, usize, usize)>>,
 }
 
 impl RawPodExtras {
     /// Reads the extras from a pod's raw JSON.
     pub fn from_json(pod: &Value) -> Self {
         let mut out = Self::default();
+        let mut file_key_refs = BTreeSet::new();
+        for (kind, list) in [
+            (ContainerKind::Regular, "/spec/containers"),
+            (ContainerKind::Init, "/spec/initContainers"),
+            (ContainerKind::Ephemeral, "/spec/ephemeralContainers"),
+        ] {
+            let containers = pod.pointer(list).and_then(Value::as_array);
+            for (ci, c) in containers.into_iter().flatten().enumerate() {
+                let env = c.get("env").and_then(Value::as_array);
+                for (ei, e) in env.into_iter().flatten().enumerate() {
+                    if e.pointer("/valueFrom/fileKeyRef").is_some() {
+                        file_key_refs.insert((kind, ci, ei));
+                    }
+                }
+            }
+        }
+        out.file_key_refs = Some(file_key_refs);
         let Some(volumes) = pod.pointer("/spec/volumes").and_then(Value::as_array) else {
             return out;
         };
@@ -263,9 +284,9 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         |st: Option<&ContainerState>| st?.terminated.as_ref()?.started_at.as_ref().map(|t| t.0);
     let mut containers = Vec::new();
     let mut other_refs = Vec::new();
-    for c in &spec.containers {
+    for (ci, c) in spec.containers.iter().enumerate() {
         let st = status_of(status.and_then(|s| s.container_statuses.as_ref()), &c.name);
-        let parts = ContainerParts::of(c);
+        let parts = ContainerParts::of(c, extras, ContainerKind::Regular, ci);
         containers.push(container(
             interner,
             parts,
@@ -275,7 +296,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             &volumes,
         ));
     }
-    for c in spec.init_containers.iter().flatten() {
+    for (ci, c) in spec.init_containers.iter().flatten().enumerate() {
         let st = status_of(
             status.and_then(|s| s.init_container_statuses.as_ref()),
             &c.name,
@@ -292,7 +313,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             },
             None => (None, false),
         };
-        let parts = ContainerParts::of(c);
+        let parts = ContainerParts::of(c, extras, ContainerKind::Init, ci);
         containers.push(container(
             interner,
             parts,
@@ -302,7 +323,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             &volumes,
         ));
     }
-    for c in spec.ephemeral_containers.iter().flatten() {
+    for (ci, c) in spec.ephemeral_containers.iter().flatten().enumerate() {
         let st = status_of(
             status.and_then(|s| s.ephemeral_container_statuses.as_ref()),
             &c.name,
@@ -312,6 +333,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             mounts: c.volume_mounts.as_deref().unwrap_or_default(),
             env: c.env.as_deref().unwrap_or_default(),
             env_from: c.env_from.as_deref().unwrap_or_default(),
+            file_key_refs: extras.file_key_refs_of(ContainerKind::Ephemeral, ci),
         };
         let exited = st.is_some_and(|s| s.terminated.is_some());
         let model = container(
@@ -325,10 +347,13 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         if exited {
             // Ephemeral containers never restart: no verdicts, but the
             // kubelet still counts their references.
-            other_refs.extend(model.env.iter().map(|e| {
-                let (kind, name) = e.target();
-                (kind, name.clone())
-            }));
+            other_refs.extend(
+                model
+                    .env
+                    .iter()
+                    .filter_map(EnvRef::target)
+                    .map(|(kind, name)| (kind, name.clone())),
+            );
         } else {
             containers.push(model);
         }
@@ -403,16 +428,33 @@ struct ContainerParts<'a> {
     mounts: &'a [VolumeMount],
     env: &'a [EnvVar],
     env_from: &'a [EnvFromSource],
+    /// The indexes in `env` of its `fileKeyRef` entries, when the raw JSON
+    /// was read ([`RawPodExtras`]).
+    file_key_refs: Option<BTreeSet<usize>>,
 }
 
 impl<'a> ContainerParts<'a> {
-    fn of(c: &'a Container) -> Self {
+    fn of(c: &'a Container, extras: &RawPodExtras, kind: ContainerKind, index: usize) -> Self {
         Self {
             name: &c.name,
             mounts: c.volume_mounts.as_deref().unwrap_or_default(),
             env: c.env.as_deref().unwrap_or_default(),
             env_from: c.env_from.as_deref().unwrap_or_default(),
+            file_key_refs: extras.file_key_refs_of(kind, index),
         }
+    }
+}
+
+impl RawPodExtras {
+    /// The env indexes of the `fileKeyRef` entries of container `index` of
+    /// list `kind`; `None` without raw JSON.
+    fn file_key_refs_of(&self, kind: ContainerKind, index: usize) -> Option<BTreeSet<usize>> {
+        let refs = self.file_key_refs.as_ref()?;
+        Some(
+            refs.range((kind, index, 0)..=(kind, index, usize::MAX))
+                .map(|(_, _, ei)| *ei)
+                .collect(),
+        )
     }
 }
 
@@ -446,7 +488,7 @@ fn container(
         });
     }
     let mut env = Vec::new();
-    for e in c.env {
+    for (ei, e) in c.env.iter().enumerate() {
         let Some(vf) = &e.value_from else { continue };
         if let Some(s) = &vf.secret_key_ref {
             env.push(EnvRef::Key {
@@ -463,6 +505,23 @@ fn container(
                 name: interner.intern(&s.name),
                 key: interner.intern(&s.key),
                 optional: s.optional.unwrap_or(false),
+            });
+        } else if vf.field_ref.is_none() && vf.resource_field_ref.is_none() {
+            // None of the sources the compiled-in API (1.33) knows: the API
+            // server accepts exactly one source per `valueFrom`
+            // (`pkg/apis/core/validation/validation.go`
+            // `validateEnvVarValueFrom`, v1.37.2), and the only one newer
+            // than 1.33 is `fileKeyRef` (gate `EnvFiles`, beta and on from
+            // 1.35), a file of an emptyDir volume. The raw JSON, when read,
+            // says so; the typed watch object cannot, and is taken to be
+            // that one source.
+            let reason = match &c.file_key_refs {
+                Some(refs) if !refs.contains(&ei) => SkipReason::UnknownSource,
+                _ => SkipReason::FileKeyRef,
+            };
+            env.push(EnvRef::NotFromApi {
+                var: interner.intern(&e.name),
+                reason,
             });
         }
     }

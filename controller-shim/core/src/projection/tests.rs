@@ -279,33 +279,33 @@ fn env_projection_rules() {
     );
     let look = |r: &crate::model::SourceRef| ix.source(r);
 
-    let e = project_env(&ns(), &env_key("X", SECRET, "s", "pw", false), look);
+    let e = project_env(&ns(), &env_key("X", SECRET, "s", "pw", false), look).unwrap();
     assert_eq!(e.digest, Some(d(b"hunter2")));
     assert_eq!(e.missing, None);
 
     // configMapKeyRef reads `data` only: a binaryData key is missing.
-    let e = project_env(&ns(), &env_key("X", CM, "c", "BIN", false), look);
+    let e = project_env(&ns(), &env_key("X", CM, "c", "BIN", false), look).unwrap();
     assert_eq!(e.digest, None);
     assert_eq!(
         e.missing.unwrap().to_string(),
         "key \"BIN\" missing in ConfigMap/ns/c"
     );
-    let e = project_env(&ns(), &env_key("X", CM, "c", "BIN", true), look);
+    let e = project_env(&ns(), &env_key("X", CM, "c", "BIN", true), look).unwrap();
     assert_eq!((e.digest, e.missing), (None, None));
 
     // envFrom: data keys with the prefix, binaryData left out.
-    let e = project_env(&ns(), &env_from(CM, "c", "P_", false), look);
+    let e = project_env(&ns(), &env_from(CM, "c", "P_", false), look).unwrap();
     let want = volume_digest([("P_K", &d(b"v")), ("P_L", &d(b"w"))]);
     assert_eq!(e.digest, Some(want));
-    let other_prefix = project_env(&ns(), &env_from(CM, "c", "", false), look);
+    let other_prefix = project_env(&ns(), &env_from(CM, "c", "", false), look).unwrap();
     assert_ne!(
         other_prefix.digest,
         Some(want),
         "the prefix is part of the variable set"
     );
 
-    let e = project_env(&ns(), &env_from(SECRET, "gone", "", true), look);
+    let e = project_env(&ns(), &env_from(SECRET, "gone", "", true), look).unwrap();
     assert_eq!((e.digest, e.missing), (None, None));
-    let e = project_env(&ns(), &env_from(SECRET, "gone", "", false), look);
+    let e = project_env(&ns(), &env_from(SECRET, "gone", "", false), look).unwrap();
     assert_eq!(e.missing.unwrap().to_string(), "Secret/ns/gone not found");
 }

@@ -95,13 +95,16 @@ fn restart(containers: &[Container<'_>], why: &str) -> String {
 /// The advice for a verdict in `state` about a subject of `kind`:
 /// `containers` are the containers it concerns (the subPath's or env's
 /// container, or a ReadAtStart verdict's containers), `pinned_by` the pods
-/// pinning an immutable cache entry. `None` for Fresh, Propagating and
-/// Skipped: nothing to do.
+/// pinning an immutable cache entry, `cached_env` that the verdict is a
+/// `Frozen/Env` whose container read an older immutable object from the
+/// kubelet's cache entry its pod keeps registered (a restart reads it
+/// again). `None` for Fresh, Propagating and Skipped: nothing to do.
 pub fn advice(
     state: &State,
     kind: SubjectKind,
     containers: &[Container<'_>],
     pinned_by: &[Arc<str>],
+    cached_env: bool,
 ) -> Option<String> {
     use FrozenCause as F;
     use StaleCause as S;
@@ -140,6 +143,19 @@ pub fn advice(
             containers,
             "a subPath mount is bound when the container starts and never updated, and the \
              volume behind it is current",
+        ),
+        State::Frozen(F::Env) if cached_env && pinned_by.is_empty() => "Replace the pod if \
+             its environment must hold the current object's values (delete it so its owner \
+             recreates it; a NodeSet pod: drain, evict, verify, undrain): the kubelet serves \
+             this immutable object from the cache entry this pod keeps registered, so a \
+             container restart reads the same older values."
+            .to_string(),
+        State::Frozen(F::Env) if cached_env => format!(
+            "Release the pin if the environment must hold the current object's values: replace \
+             this pod and the pod(s) {} that keep the kubelet's cache entry of this immutable \
+             object alive, restart the kubelet, or recreate the object under a new name; a \
+             container restart reads the same older values.",
+            names(pinned_by)
         ),
         State::Frozen(F::Env) => restart(
             containers,
@@ -292,7 +308,7 @@ mod tests {
         ];
         for s in State::all() {
             for kind in [SubjectKind::Volume, SubjectKind::SubPath, SubjectKind::Env] {
-                let got = super::advice(&s, kind, &c, &pins);
+                let got = super::advice(&s, kind, &c, &pins, false);
                 if let State::Skipped(_) = s {
                     assert_eq!(got, None, "{s:?}");
                     continue;
@@ -322,7 +338,8 @@ mod tests {
         }
         // A finished init container cannot be restarted: replace the pod.
         for cause in [F::SubPath, F::Env, F::ReadAtStart] {
-            let got = super::advice(&State::Frozen(cause), SubjectKind::Env, &init, &[]).unwrap();
+            let got =
+                super::advice(&State::Frozen(cause), SubjectKind::Env, &init, &[], false).unwrap();
             assert!(
                 got.starts_with("Replace the pod") && got.contains("copy-key"),
                 "{got}"
@@ -334,8 +351,38 @@ mod tests {
             SubjectKind::Volume,
             &[],
             &[],
+            false,
         )
         .unwrap();
         assert!(got.contains("pinnedBy"), "{got}");
+        // Env read from an older immutable object the pod's own
+        // registration keeps cached: a restart reads it again, so never
+        // "restart" (`watch_based_manager.go`; `makeEnvironmentVariables`
+        // reads through `secretManager.GetSecret`). Alone: replace the pod;
+        // with other holders: release the pin, naming them.
+        let frozen = State::Frozen(F::Env);
+        for (pins, start, has) in [
+            (
+                &[][..],
+                "Replace the pod if",
+                &["restart reads the same older values"][..],
+            ),
+            (
+                &pins[..],
+                "Release the pin if",
+                &["monitor-b, sshd-b", "restart reads the same older values"][..],
+            ),
+        ] {
+            let got = super::advice(&frozen, SubjectKind::Env, &c, pins, true).unwrap();
+            assert!(got.starts_with(start), "{got}");
+            assert!(
+                got.ends_with('.') && !got.trim_end_matches('.').contains(". "),
+                "{got}"
+            );
+            for h in has {
+                assert!(got.contains(h), "{h:?} in {got}");
+            }
+            assert!(!got.contains("Restart "), "{got}");
+        }
     }
 }

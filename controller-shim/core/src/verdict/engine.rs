@@ -66,8 +66,9 @@ impl Engine {
 
     /// Records the current content of `r` in the history: a changed (or
     /// vanished, or reappeared with other content) content sets
-    /// `content_changed_at = now`; a source seen for the first time takes
-    /// its last write time. An object deleted and recreated with the same
+    /// `content_changed_at = now`, a change seen (`change_seen`: what it
+    /// held before is known to differ); a source seen for the first time
+    /// takes its last write time, a change not seen. An object deleted and recreated with the same
     /// content (a `replace --force`, a re-applied manifest) has the same
     /// fingerprint (same scope, same content): it keeps the change time it
     /// had before it vanished, and each key whose value is the same keeps
@@ -99,29 +100,36 @@ impl Engine {
                             h.before_absence = Some(PresentContent {
                                 fingerprint: last,
                                 changed_at: h.content_changed_at,
+                                change_seen: h.change_seen,
                             });
                         }
                         h.content_changed_at = Some(now);
+                        h.change_seen = true;
                         return;
                     };
-                    h.content_changed_at = match h.before_absence.take() {
-                        Some(b) if fp.as_ref() == Some(&b.fingerprint) => b.changed_at,
-                        _ => Some(now),
+                    (h.content_changed_at, h.change_seen) = match h.before_absence.take() {
+                        Some(b) if fp.as_ref() == Some(&b.fingerprint) => {
+                            (b.changed_at, b.change_seen)
+                        }
+                        _ => (Some(now), true),
                     };
                     h.fingerprint = fp;
                     // Only the keys whose value changed (or that appeared)
                     // take `now`; vanished keys are forgotten.
                     let mut keys = BTreeMap::new();
                     for (k, kfp) in key_fps(c) {
-                        let changed_at = match h.keys.get(&k) {
-                            Some(old) if old.fingerprint == kfp => old.changed_at,
-                            _ => Some(now),
+                        let (changed_at, change_seen) = match h.keys.get(&k) {
+                            Some(old) if old.fingerprint == kfp => {
+                                (old.changed_at, old.change_seen)
+                            }
+                            _ => (Some(now), true),
                         };
                         keys.insert(
                             k,
                             KeyHistory {
                                 fingerprint: kfp,
                                 changed_at,
+                                change_seen,
                             },
                         );
                     }
@@ -136,6 +144,7 @@ impl Engine {
                         SourceHistory {
                             fingerprint: fp,
                             content_changed_at: first,
+                            change_seen: false,
                             before_absence: None,
                             keys: key_fps(c)
                                 .into_iter()
@@ -145,6 +154,7 @@ impl Engine {
                                         KeyHistory {
                                             fingerprint,
                                             changed_at: first,
+                                            change_seen: false,
                                         },
                                     )
                                 })

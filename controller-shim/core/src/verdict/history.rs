@@ -26,6 +26,11 @@ pub struct SourceHistory {
     pub fingerprint: Option<String>,
     /// When the content last changed, if known.
     pub content_changed_at: Option<Timestamp>,
+    /// `content_changed_at` is a change the engine saw (from content it had
+    /// seen, or the object's vanishing), not the object's last write taken
+    /// on first sight: the content before it is known to differ.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub change_seen: bool,
     /// Per key: keyed fingerprint of the value and when it last changed, so
     /// an env var fed by one key is not judged by another key's change.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -45,6 +50,9 @@ pub struct PresentContent {
     pub fingerprint: String,
     /// When it last changed, if known.
     pub changed_at: Option<Timestamp>,
+    /// That change was seen (see [`SourceHistory::change_seen`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub change_seen: bool,
 }
 
 /// History of one key of a source.
@@ -55,6 +63,11 @@ pub struct KeyHistory {
     pub fingerprint: String,
     /// When the value last changed, if known.
     pub changed_at: Option<Timestamp>,
+    /// `changed_at` is a change the engine saw (the value differs from one
+    /// it had seen, or the key appeared), not a first sight: the value
+    /// before it is known to differ.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub change_seen: bool,
 }
 
 /// History of one subject.
@@ -312,6 +325,23 @@ impl EngineState {
         match present.and_then(|h| h.keys.get(key)) {
             Some(k) => k.changed_at,
             None => self.changed_at(index, r),
+        }
+    }
+
+    /// Whether the engine saw the change [`Self::key_changed_at`] (with
+    /// `key`) or [`Self::changed_at`] (without) gives: then what `r` (its
+    /// key) held before that time is known to differ from what it holds
+    /// now. False without history (a one-off `verify`, a restarted
+    /// controller: the change time is then the object's last write, which a
+    /// recreation with the same content moves too).
+    pub(super) fn change_seen(&self, r: &SourceRef, key: Option<&str>) -> bool {
+        let Some(h) = self.sources.get(r) else {
+            return false;
+        };
+        let present = h.fingerprint.is_some();
+        match key.and_then(|k| h.keys.get(k)).filter(|_| present) {
+            Some(k) => k.change_seen,
+            None => h.change_seen,
         }
     }
 }

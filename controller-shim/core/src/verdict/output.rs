@@ -185,6 +185,7 @@ impl Verdict {
             _ => Vec::new(),
         };
         let kind = SubjectKind::of(&pod.subject(self));
-        super::advice::advice(&self.state, kind, &containers, self.pinned_by())
+        let cached_env = self.detail.as_deref().is_some_and(|d| d.cached_env);
+        super::advice::advice(&self.state, kind, &containers, self.pinned_by(), cached_env)
     }
 }

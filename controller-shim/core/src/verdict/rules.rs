@@ -31,6 +31,18 @@ use crate::index::{ClusterIndex, PodId};
 use crate::model::{CompactTime, Digest, ObservedError, PodModel, SkipReason, SourceRef};
 use crate::projection::{ExpectedSubPath, ExpectedVolume, project_env, sub_path_skip};
 
+/// What the node's volumes show of the kubelet's cache entry an env
+/// reference reads ([`Ctx::node_shows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NodeShows {
+    /// A volume fed by the entry shows the current values.
+    Current,
+    /// None does, and one shows other bytes: the entry's values differ.
+    Older,
+    /// No volume tells.
+    Nothing,
+}
+
 pub(super) struct Ctx<'a> {
     pub(super) engine: EngineView<'a>,
     pub(super) index: &'a ClusterIndex,
@@ -294,22 +306,28 @@ impl Ctx<'_> {
     /// old object shows the current values. `written_by`: only volumes the
     /// kubelet last wrote at or before that time count (what the entry
     /// held then).
-    pub(super) fn node_shows_current(
+    ///
+    /// The same volumes are the evidence that the entry holds other values
+    /// ([`NodeShows::Older`]): a file of the key (`envFrom`: of any key the
+    /// kubelet turns into a variable, or of a key the object no longer has)
+    /// with other bytes than the current ones.
+    pub(super) fn node_shows(
         &self,
         r: &SourceRef,
         env: &crate::model::EnvRef,
         written_by: Option<Timestamp>,
-    ) -> bool {
+    ) -> NodeShows {
         use crate::model::{EnvRef, ProjectedSource, SourceKind, VolumeSource};
         let Some(content) = self.index.source(r) else {
-            return false;
+            return NodeShows::Nothing;
         };
         let Some(node) = self.index.inventory(self.node) else {
-            return false;
+            return NodeShows::Nothing;
         };
         if self.now.duration_since(node.scanned_at) > self.engine.config.inventory_max_age {
-            return false;
+            return NodeShows::Nothing;
         }
+        let mut older = false;
         let pods = self
             .index
             .pods_on_node(self.node)
@@ -363,6 +381,31 @@ impl Ctx<'_> {
                         ev.sources[f.source as usize] == *r && ov.file(path) == Some(&f.digest)
                     })
                 };
+                // The file at `path` comes from `r` and shows other bytes.
+                let other_at = |path: &str| {
+                    ev.file(path).is_some_and(|f| {
+                        ev.sources[f.source as usize] == *r
+                            && ov.file(path).is_some_and(|d| *d != f.digest)
+                    })
+                };
+                older |= match env {
+                    EnvRef::Key { key, .. } => projections.iter().any(|p| match &p.items {
+                        None => other_at(key),
+                        Some(items) => items.iter().any(|i| i.key == *key && other_at(&i.path)),
+                    }),
+                    EnvRef::From { .. } => {
+                        projections.iter().any(|p| p.items.is_none())
+                            && (content
+                                .keys
+                                .iter()
+                                .filter(|(_, v)| r.kind == SourceKind::Secret || !v.binary)
+                                .any(|(k, _)| other_at(k))
+                                || ov.files().iter().any(|(path, _)| {
+                                    ev.file(path).is_none() && ev.skip_reason(path).is_none()
+                                }))
+                    }
+                    EnvRef::NotFromApi { .. } => false,
+                };
                 let shows = match env {
                     EnvRef::Key { key, .. } => projections.iter().any(|p| match &p.items {
                         None => current_at(key),
@@ -382,13 +425,18 @@ impl Ctx<'_> {
                                 ev.file(path).is_some() || ev.skip_reason(path).is_some()
                             })
                     }
+                    EnvRef::NotFromApi { .. } => false,
                 };
                 if shows {
-                    return true;
+                    return NodeShows::Current;
                 }
             }
         }
-        false
+        if older {
+            NodeShows::Older
+        } else {
+            NodeShows::Nothing
+        }
     }
 
     pub(super) fn unverifiable_for(&self, view: &NodeView<'_>) -> Option<State> {
@@ -781,20 +829,31 @@ impl Ctx<'_> {
     /// Env is filled from the same kubelet cache entry as volumes
     /// (`pkg/kubelet/kubelet_pods.go` `makeEnvironmentVariables` reads
     /// through `secretManager.GetSecret` / `configMapManager.GetConfigMap`)
-    /// and fixed when the container starts.
+    /// and fixed when the container starts. A `valueFrom` with no Secret or
+    /// ConfigMap behind it (`fileKeyRef`, read from a file of an emptyDir
+    /// volume at start) is Skipped: nothing of it is in the API, so it is
+    /// never Stale and never remediated.
     pub(super) fn env_verdict(
         &self,
         id: SubjectId,
         c: &crate::model::ContainerModel,
         e: &crate::model::EnvRef,
     ) -> Prelim {
-        let ee = project_env(self.pod.namespace(), e, |r| self.index.source(r));
+        use crate::model::EnvRef;
+        if let EnvRef::NotFromApi { reason, .. } = e {
+            return self.env_not_checked(id, *reason);
+        }
+        let Some(ee) = project_env(self.pod.namespace(), e, |r| self.index.source(r)) else {
+            return self.env_not_checked(id, SkipReason::UnknownSource);
+        };
         // Keyed to the referenced object: a `valueFrom` value as that key's
         // value, an `envFrom` set as a part of the object.
         let source = self.engine.fingerprinter.source(&ee.source);
         let scope = match e {
-            crate::model::EnvRef::Key { key, .. } => source.key(key),
-            crate::model::EnvRef::From { prefix, .. } => source.part("envFrom", prefix),
+            EnvRef::Key { key, .. } => source.key(key),
+            EnvRef::From { prefix, .. } => source.part("envFrom", prefix),
+            // Returned above.
+            EnvRef::NotFromApi { .. } => source,
         };
         let expected = ee.digest.as_ref().map(|d| scope.fingerprint(d));
         let mut p = if let Some(m) = &ee.missing {
@@ -806,11 +865,13 @@ impl Ctx<'_> {
         } else if let Some(started_at) = c.started_at() {
             // A `valueFrom` key changes only when that key does; `envFrom`
             // with the object.
-            let changed_at = match e {
-                crate::model::EnvRef::Key { key, .. } => {
-                    self.state.key_changed_at(self.index, &ee.source, key)
-                }
-                crate::model::EnvRef::From { .. } => self.state.changed_at(self.index, &ee.source),
+            let key = match e {
+                EnvRef::Key { key, .. } => Some(&**key),
+                _ => None,
+            };
+            let changed_at = match key {
+                Some(key) => self.state.key_changed_at(self.index, &ee.source, key),
+                None => self.state.changed_at(self.index, &ee.source),
             };
             let immutable = self.index.source(&ee.source).is_some_and(|s| s.immutable);
             let fresh = || {
@@ -820,13 +881,29 @@ impl Ctx<'_> {
             };
             match changed_at {
                 // The node's cache entry predates the change: the old
-                // values, unless its volumes show the entry holds the
-                // current ones (recreated with the same content).
+                // object's values, unless its volumes show the entry holds
+                // the current ones (recreated with the same content).
+                // Stale only when they are known to differ: the engine saw
+                // the content change, or a volume of the same entry shows
+                // other bytes, or the container (re)started after the
+                // change and was served the old object. A container that
+                // started before the change holds what the object held
+                // then, like any env: Frozen while nothing shows that it
+                // differs.
                 Some(t) if immutable && self.cache_predates(&ee.source, t) => {
-                    if self.node_shows_current(&ee.source, e, None) {
-                        fresh()
-                    } else {
-                        self.env_from_old_cache(id, c, &ee.source, t, started_at)
+                    match self.node_shows(&ee.source, e, None) {
+                        NodeShows::Current => fresh(),
+                        NodeShows::Older => {
+                            self.env_from_old_cache(id, c, &ee.source, t, started_at)
+                        }
+                        NodeShows::Nothing
+                            if started_at > t || self.state.change_seen(&ee.source, key) =>
+                        {
+                            self.env_from_old_cache(id, c, &ee.source, t, started_at)
+                        }
+                        NodeShows::Nothing => {
+                            self.env_from_older_object(id, c, &ee.source, t, started_at)
+                        }
                     }
                 }
                 // Changed after the start, unless a volume the kubelet last
@@ -834,7 +911,8 @@ impl Ctx<'_> {
                 // the container got them.
                 Some(t)
                     if t > started_at
-                        && !self.node_shows_current(&ee.source, e, Some(started_at)) =>
+                        && self.node_shows(&ee.source, e, Some(started_at))
+                            != NodeShows::Current =>
                 {
                     let mut p = self.simple(id, State::Frozen(FrozenCause::Env),
                         Some(format!(
@@ -855,6 +933,53 @@ impl Ctx<'_> {
             )
         };
         p.verdict.expected = expected;
+        p
+    }
+
+    /// An env reference with no Secret or ConfigMap behind it: Skipped,
+    /// saying so for `fileKeyRef`.
+    fn env_not_checked(&self, id: SubjectId, reason: SkipReason) -> Prelim {
+        let message = (reason == SkipReason::FileKeyRef).then(|| {
+            "valueFrom.fileKeyRef: read by the kubelet at container start from a file in an emptyDir volume of the pod, not from a Secret or ConfigMap; mountguard does not check it".to_string()
+        });
+        self.simple(id, State::Skipped(reason), message)
+    }
+
+    /// An env reference to an immutable object recreated at `changed`
+    /// after the container started at `started_at`, while the node's cache
+    /// entry (held by this pod's registration, at least) keeps the older
+    /// object, with nothing showing that its values differ from the
+    /// current ones: Frozen/Env, as any env the container read before a
+    /// change. A restart reads the same cached copy, so the detail says so
+    /// (`cached_env`, read by the advice) and names the other pods holding
+    /// the entry.
+    pub(super) fn env_from_older_object(
+        &self,
+        id: SubjectId,
+        c: &crate::model::ContainerModel,
+        source: &SourceRef,
+        changed: Timestamp,
+        started_at: Timestamp,
+    ) -> Prelim {
+        let pinned = self.pinning_pods(&[source]);
+        let held = if pinned.is_empty() {
+            "this pod keeps that cache entry".to_string()
+        } else {
+            format!(
+                "this pod and pods {} keep that cache entry",
+                pinned.iter().map(|s| &**s).collect::<Vec<_>>().join(", ")
+            )
+        };
+        let message = format!(
+            "environment is fixed at start; container {} started at {started_at}, before immutable {source} was recreated at {changed}: it holds the older object's values, which mountguard cannot compare (no history of that object, no volume of it on this node shows them), so they may equal the current ones; {held} alive, so a container restart reads the same values again",
+            c.name
+        );
+        let mut p = self.simple(id, State::Frozen(FrozenCause::Env), Some(message));
+        if let Some(d) = p.verdict.detail.as_deref_mut() {
+            d.pinned_by = pinned;
+            d.cached_env = true;
+        }
+        p.estimate = changed;
         p
     }
 

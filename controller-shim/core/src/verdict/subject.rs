@@ -98,7 +98,10 @@ pub fn subject_of(pod: &PodModel, id: SubjectId) -> Subject {
                 return unknown();
             };
             let var: Arc<str> = match c.env.get(ei as usize) {
-                Some(crate::model::EnvRef::Key { var, .. }) => var.clone(),
+                Some(
+                    crate::model::EnvRef::Key { var, .. }
+                    | crate::model::EnvRef::NotFromApi { var, .. },
+                ) => var.clone(),
                 Some(crate::model::EnvRef::From { prefix, .. }) if prefix.is_empty() => {
                     Arc::from("envFrom")
                 }

@@ -195,6 +195,7 @@ impl State {
             SkipReason::UnknownSource,
             SkipReason::SubPathExpr,
             SkipReason::PodTerminating,
+            SkipReason::FileKeyRef,
         ] {
             v.push(State::Skipped(r));
         }
@@ -271,6 +272,10 @@ pub struct VerdictDetail {
     pub pinned_by: Vec<Arc<str>>,
     /// Containers concerned (ReadAtStart).
     pub containers: Vec<Arc<str>>,
+    /// An env verdict whose container read the kubelet's cache entry of an
+    /// immutable object older than the current one, which its pod keeps
+    /// registered: a container restart reads the same values again.
+    pub cached_env: bool,
     /// Human-readable explanation (never content).
     pub message: Option<String>,
 }
@@ -405,8 +410,8 @@ impl PodVerdicts {
                 .containers
                 .get(ci as usize)
                 .and_then(|c| c.env.get(ei as usize))
-                .map(|e| {
-                    let (kind, name) = e.target();
+                .and_then(|e| e.target())
+                .map(|(kind, name)| {
                     vec![SourceRef::new(kind, pod.namespace().clone(), name.clone())]
                 })
                 .unwrap_or_default(),

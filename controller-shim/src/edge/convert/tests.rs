@@ -346,3 +346,163 @@ fn references_cover_every_kind_the_kubelet_visits() {
         "terminating pods stay registered"
     );
 }
+
+/// `env[].valueFrom.fileKeyRef` (k8s.io/api v0.37.2 `core/v1/types.go`
+/// `EnvVarSource.FileKeyRef`, gate `EnvFiles`, beta and on from 1.35): a
+/// value the kubelet reads at container start from a file of an emptyDir
+/// volume (`pkg/kubelet/kubelet_pods.go` `makeEnvironmentVariables`,
+/// v1.37.2). No Secret or ConfigMap is behind it, so it registers nothing
+/// (`pkg/api/v1/pod/util.go` `VisitPodSecretNames` does not visit it) and
+/// becomes an env reference that is not checked, in every container list,
+/// at its own index; `envFrom` has no such source at v1.37.2. The
+/// compiled-in API (1.33) decodes it as an empty `valueFrom`: with the
+/// raw JSON its kind is read from there, from a typed watch object it is
+/// inferred (the only source newer than 1.33 that
+/// `pkg/apis/core/validation/validation.go` `validateEnvVarValueFrom`
+/// accepts), and a `valueFrom` the raw JSON shows to be something else
+/// again is an unknown source, never taken for a Secret, a ConfigMap or a
+/// fileKeyRef.
+#[test]
+fn file_key_ref_env_is_a_reference_that_is_not_checked() {
+    let file = |var: &str| json!({"name": var, "valueFrom": {"fileKeyRef": {"volumeName": "envs", "path": "e.env", "key": var}}});
+    let secret = json!({"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}});
+    let field = json!({"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}});
+    let future = json!({"name": "F", "valueFrom": {"someNewRef": {"x": "y"}}});
+    let raw = json!({"metadata": {"namespace": "ns", "name": "p", "uid": "u"},
+    "spec": {"nodeName": "n",
+        "volumes": [{"name": "envs", "emptyDir": {}}],
+        "initContainers": [{"name": "init", "env": [secret.clone(), file("I")]}],
+        "containers": [{"name": "c", "env": [file("A"), field, secret, future, file("B")]}],
+        "ephemeralContainers": [{"name": "dbg", "env": [file("E")]}]},
+    "status": {"startTime": "2026-11-30T10:00:00Z"}});
+    let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+    // The premise: the compiled-in API drops the field, keeping an empty
+    // `valueFrom` (a newer k8s-openapi feature would read it typed).
+    let vf = pod.spec.as_ref().unwrap().containers[0]
+        .env
+        .as_ref()
+        .unwrap()[0]
+        .value_from
+        .clone()
+        .unwrap();
+    assert_eq!(
+        vf,
+        Default::default(),
+        "fileKeyRef decodes as an empty valueFrom"
+    );
+
+    let not_checked = |var: &str, reason| EnvRef::NotFromApi {
+        var: var.into(),
+        reason,
+    };
+    let key = |var: &str| EnvRef::Key {
+        var: var.into(),
+        kind: SourceKind::Secret,
+        name: "s".into(),
+        key: "k".into(),
+        optional: false,
+    };
+    let file_ref = SkipReason::FileKeyRef;
+    // (case, extras, the env of c, init, dbg)
+    type Case = (
+        &'static str,
+        RawPodExtras,
+        Vec<EnvRef>,
+        Vec<EnvRef>,
+        Vec<EnvRef>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "raw JSON (verify)",
+            RawPodExtras::from_json(&raw),
+            vec![
+                not_checked("A", file_ref),
+                key("S"),
+                not_checked("F", SkipReason::UnknownSource),
+                not_checked("B", file_ref),
+            ],
+            vec![key("S"), not_checked("I", file_ref)],
+            vec![not_checked("E", file_ref)],
+        ),
+        (
+            "typed watch object (the controller)",
+            RawPodExtras::default(),
+            vec![
+                not_checked("A", file_ref),
+                key("S"),
+                not_checked("F", file_ref),
+                not_checked("B", file_ref),
+            ],
+            vec![key("S"), not_checked("I", file_ref)],
+            vec![not_checked("E", file_ref)],
+        ),
+    ];
+    for (case, extras, c, init, dbg) in cases {
+        let mut it = Interner::default();
+        let m = super::pod(&mut it, &pod, &extras).unwrap();
+        let env = |name: &str| -> Vec<EnvRef> {
+            m.containers
+                .iter()
+                .find(|x| &*x.name == name)
+                .unwrap_or_else(|| panic!("{case}: no container {name}"))
+                .env
+                .to_vec()
+        };
+        assert_eq!(env("c"), c, "{case}");
+        assert_eq!(env("init"), init, "{case}");
+        assert_eq!(env("dbg"), dbg, "{case}");
+        let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
+        assert_eq!(refs, ["Secret/ns/s"], "{case}: a file registers nothing");
+    }
+}
+
+/// In-place container restarts (gate `ContainerRestartRules`, beta and on
+/// from 1.35; `RestartAllContainersOnContainerExits`, on from 1.36,
+/// `pkg/features/kube_features.go` v1.37.2): the kubelet starts the
+/// container again in the same pod (same UID, same cache registration)
+/// and reads its env and binds its subPaths again
+/// (`pkg/kubelet/kuberuntime/kuberuntime_container.go` `startContainer` ->
+/// `generateContainerConfig` -> `pkg/kubelet/kubelet_pods.go`
+/// `GenerateRunContainerOptions`: `makeEnvironmentVariables`, `makeMounts`).
+/// What the container holds dates from its current process:
+/// `state.running.startedAt`, never the pod's `status.startTime` nor the
+/// previous process in `lastState`; a container waiting to be started
+/// again has no start.
+#[test]
+fn a_container_restarted_in_place_starts_at_its_current_process() {
+    let status = |state: serde_json::Value| {
+        json!({"metadata": {"namespace": "ns", "name": "p", "uid": "u"},
+        "spec": {"nodeName": "n", "containers": [{"name": "c", "image": "x",
+            "env": [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]}]},
+        "status": {"startTime": "2026-11-30T09:00:00Z", "containerStatuses": [
+            {"name": "c", "ready": true, "restartCount": 1, "image": "x", "imageID": "",
+             "lastState": {"terminated": {"exitCode": 1,
+                "startedAt": "2026-11-30T09:00:05Z", "finishedAt": "2026-11-30T10:29:00Z"}},
+             "state": state}]}})
+    };
+    let t = |s: &str| Some(s.parse::<Timestamp>().unwrap());
+    let cases = [
+        (
+            "running again",
+            json!({"running": {"startedAt": "2026-11-30T10:30:00Z"}}),
+            t("2026-11-30T10:30:00Z"),
+        ),
+        (
+            "waiting to restart",
+            json!({"waiting": {"reason": "CrashLoopBackOff"}}),
+            None,
+        ),
+    ];
+    for (case, state, want) in cases {
+        let raw = status(state);
+        let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
+        let mut it = Interner::default();
+        let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+        assert_eq!(m.containers[0].started_at(), want, "{case}");
+        assert_eq!(
+            m.synced_at.map(CompactTime::get),
+            t("2026-11-30T09:00:00Z"),
+            "{case}: the registration stays the pod's"
+        );
+    }
+}

@@ -1,8 +1,10 @@
 //! Table-driven tests of the rules the engine takes from the kubelet: which
 //! references pin a cache entry, init and ephemeral containers as
-//! consumers, terminating pods, env served from a pinned cache, per-key env
-//! history. Each case names the upstream rule it checks (see the comments on
-//! `PodModel::references`, `PodModel::registered` and `Ctx::env_verdict`).
+//! consumers, terminating pods, env served from a pinned cache (Stale only
+//! when known to differ), per-key env history, containers restarted in
+//! place, env not from the API (`fileKeyRef`). Each case names the upstream
+//! rule it checks (see the comments on `PodModel::references`,
+//! `PodModel::registered` and `Ctx::env_verdict`).
 
 use mountguard_inventory::Plugin;
 
@@ -459,8 +461,17 @@ fn env_case(synced: &str, started: &str, others: Vec<PodB>) -> Evaluation {
     engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW))
 }
 
+/// `pkg/kubelet/util/manager/watch_based_manager.go` (v1.37.2): the
+/// entry of an immutable object is never refreshed and lives while a
+/// registered pod references it; `pkg/kubelet/kubelet_pods.go`
+/// `makeEnvironmentVariables` reads env from it at each container start.
+/// Without history (one dump, as `verify` has) the change time is the new
+/// object's creation, and nothing says the old object's values differ: a
+/// container that started before the recreation is Frozen/Env (never
+/// Stale), with advice that never says restart; one that (re)started after
+/// it was served the pinned old object and is Stale.
 #[test]
-fn env_from_a_cache_entry_older_than_the_recreation_is_stale_not_fresh_or_frozen() {
+fn env_from_a_cache_entry_older_than_the_recreation() {
     let early = || other("early").image_pull_secret("auth");
     let late = || {
         other("late")
@@ -479,12 +490,20 @@ fn env_from_a_cache_entry_older_than_the_recreation_is_stale_not_fresh_or_frozen
             vec![],
         ),
         (
-            "started before the recreation: a restart cannot help either",
+            "started before the recreation, nothing shows the old values: not known to differ",
             SYNCED,
             START,
             vec![],
-            State::Stale(StaleCause::ImmutableCache),
+            State::Frozen(FrozenCause::Env),
             vec![],
+        ),
+        (
+            "started before the recreation, another pod holds the entry too",
+            SYNCED,
+            START,
+            vec![early()],
+            State::Frozen(FrozenCause::Env),
+            vec!["early"],
         ),
         (
             "a new pod while an older pod holds the entry",
@@ -524,8 +543,21 @@ fn env_from_a_cache_entry_older_than_the_recreation_is_stale_not_fresh_or_frozen
                 "{case}: {m}"
             );
         }
+        if let State::Frozen(_) = want {
+            let m = v.message().unwrap();
+            assert!(m.contains("may equal the current ones"), "{case}: {m}");
+            assert!(m.contains("restart reads the same values"), "{case}: {m}");
+            let p = eval.pods.iter().find(|p| &*p.pod.name == "p").unwrap();
+            let advice = v.advice(p).unwrap();
+            assert!(!advice.contains("Restart "), "{case}: {advice}");
+            assert!(
+                advice.contains("reads the same older values"),
+                "{case}: {advice}"
+            );
+        }
     }
-    // Within grace of the recreation: Propagating, as a volume would be.
+    // Within grace of a recreation after the start, with nothing showing
+    // the old values: Frozen at once, as a mutable object's env is.
     let mut ix = ClusterIndex::new();
     put_source(
         &mut ix,
@@ -548,7 +580,106 @@ fn env_from_a_cache_entry_older_than_the_recreation_is_stale_not_fresh_or_frozen
     );
     NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
     let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
-    assert_eq!(find(&eval, "p", env("c", "KEY")).state, State::Propagating);
+    assert_eq!(
+        find(&eval, "p", env("c", "KEY")).state,
+        State::Frozen(FrozenCause::Env)
+    );
+}
+
+/// The same container (started before the recreation of immutable `auth`,
+/// its pod registered before it), with evidence that the old object's
+/// values differ: Stale. Evidence is the engine's history of the key (it
+/// saw the value change: `Engine::observe_source`) or a volume of the same
+/// cache entry on the node showing other bytes for the key
+/// (`pkg/volume/util/atomic_writer.go` `Write` writes what the entry
+/// holds). Within grace, as a volume: Propagating.
+#[test]
+fn env_of_a_container_older_than_the_recreation_is_stale_only_when_known_to_differ() {
+    let key = || vec![env_key("KEY", SECRET, "auth", "slurm.key", false)];
+    let put = |ix: &mut ClusterIndex, value: &[u8], at: &str| {
+        put_source(
+            ix,
+            SECRET,
+            "slurm",
+            "auth",
+            &[("slurm.key", value)],
+            true,
+            Some(ts(at)),
+        );
+    };
+    let pod = |with_volume: bool| {
+        let p = other("p");
+        let p = if with_volume {
+            p.volume("v", VolumeSource::Object(obj(SECRET, "auth", &[], false)))
+        } else {
+            p
+        };
+        p.container("c", Some(ts(START)), &[], key()).build()
+    };
+    // (case, volume on disk, history seen before, recreated with, want)
+    type Case<'a> = (&'a str, Option<&'a [u8]>, Option<&'a [u8]>, &'a [u8], State);
+    let stale = State::Stale(StaleCause::ImmutableCache);
+    let frozen = State::Frozen(FrozenCause::Env);
+    let cases: Vec<Case> = vec![
+        ("no history, no volume", None, None, b"new", frozen),
+        (
+            "no history, the volume shows other bytes",
+            Some(b"old"),
+            None,
+            b"new",
+            stale,
+        ),
+        (
+            "no history, the volume shows the current bytes",
+            Some(b"new"),
+            None,
+            b"new",
+            State::Fresh,
+        ),
+        (
+            "history saw the value change",
+            None,
+            Some(b"old"),
+            b"new",
+            stale,
+        ),
+        (
+            "history saw the same value come back",
+            None,
+            Some(b"new"),
+            b"new",
+            State::Fresh,
+        ),
+    ];
+    for (case, on_disk, before, now_value, want) in cases {
+        let e = engine();
+        let mut ix = ClusterIndex::new();
+        ix.apply_pod(pod(on_disk.is_some()));
+        let mut node = NodeB::new("node-a", ts(SCAN));
+        if let Some(bytes) = on_disk {
+            node = node.volume(
+                "uid-p",
+                Plugin::Secret,
+                "v",
+                &[("slurm.key", bytes)],
+                ts(START),
+            );
+        }
+        node.apply(&mut ix);
+        let mut state = EngineState::default();
+        if let Some(old) = before {
+            put(&mut ix, old, SYNCED);
+            e.evaluate_all(&ix, &mut state, ts("2026-11-30T10:20:00Z"));
+            let r = crate::model::SourceRef::new(SECRET, "slurm".into(), "auth".into());
+            ix.delete_source(&r);
+            e.evaluate_all(&ix, &mut state, ts(RECREATED));
+            put(&mut ix, now_value, RECREATED);
+            e.evaluate_all(&ix, &mut state, ts(RECREATED));
+        }
+        put(&mut ix, now_value, RECREATED);
+        let eval = e.evaluate_all(&ix, &mut state, ts(NOW));
+        assert_eq!(find(&eval, "p", env("c", "KEY")).state, want, "{case}");
+    }
 }
 
 /// One pod's verdicts never give contradicting advice: with the volume of an
@@ -727,4 +858,172 @@ fn history_written_before_per_key_tracking_still_loads() {
     let s: EngineState = serde_json::from_str(json).unwrap();
     let h = s.sources.values().next().unwrap();
     assert!(h.keys.is_empty());
+}
+
+// ------------------------------------------- 6. containers restarted in place
+
+/// A container restarted in place (`ContainerRestartRules`, on from 1.35;
+/// `RestartAllContainersOnContainerExits`, on from 1.36:
+/// `pkg/features/kube_features.go`; the restart is decided by
+/// `pkg/kubelet/kuberuntime/kuberuntime_manager.go` `computePodActions`,
+/// v1.37.2) keeps its pod's UID and cache registration, and its new
+/// process reads env and binds subPaths again
+/// (`pkg/kubelet/kuberuntime/kuberuntime_container.go` `startContainer` ->
+/// `generateContainerConfig` -> `pkg/kubelet/kubelet_pods.go`
+/// `GenerateRunContainerOptions`: `makeEnvironmentVariables`, `makeMounts`
+/// -> `pkg/volume/util/subpath/subpath_linux.go` `prepareSubpathTarget`,
+/// which binds again when the target is not the file now at the path).
+/// The rules judge env and subPath by the container's current start
+/// (`state.running.startedAt`), never by the pod's registration
+/// (`status.startTime`, long before): restarted after the change, both are
+/// current; running since before it, both are Frozen. For an immutable
+/// object the same registration keeps the old entry: a restart in place
+/// after the recreation is served the old object (Stale, never Fresh).
+#[test]
+fn a_container_restarted_in_place_is_judged_from_its_current_start() {
+    let refs = || vec![env_key("K", CM, "hooks", "10.sh", false)];
+    // (case, container start, bind on disk, want env, want subPath)
+    let frozen = |c| State::Frozen(c);
+    let cases: Vec<(&str, &str, &[u8], State, State)> = vec![
+        (
+            "restarted in place after the change",
+            "2026-11-30T10:45:00Z",
+            b"v2",
+            State::Fresh,
+            State::Fresh,
+        ),
+        (
+            "running since before the change",
+            START,
+            b"v1",
+            frozen(FrozenCause::Env),
+            frozen(FrozenCause::SubPath),
+        ),
+    ];
+    for (case, started, bind, want_env, want_sub_path) in cases {
+        let mut ix = ClusterIndex::new();
+        put_source(
+            &mut ix,
+            CM,
+            "slurm",
+            "hooks",
+            &[("10.sh", b"v2")],
+            false,
+            Some(ts(RECREATED)),
+        );
+        ix.apply_pod(
+            other("w")
+                .volume("hooks", VolumeSource::Object(obj(CM, "hooks", &[], false)))
+                .container("slurmd", Some(ts(started)), &[("hooks", "10.sh")], refs())
+                .build(),
+        );
+        NodeB::new("node-a", ts(SCAN))
+            .volume(
+                "uid-w",
+                Plugin::Configmap,
+                "hooks",
+                &[("10.sh", b"v2")],
+                ts("2026-11-30T10:31:00Z"),
+            )
+            .sub_path("uid-w", "hooks", "slurmd", 0, &[("", bind)])
+            .apply(&mut ix);
+        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        assert_eq!(find(&eval, "w", vol("hooks")).state, State::Fresh, "{case}");
+        assert_eq!(
+            find(&eval, "w", env("slurmd", "K")).state,
+            want_env,
+            "{case}"
+        );
+        let sp = find(&eval, "w", |s| matches!(s, Subject::SubPath { .. }));
+        assert_eq!(sp.state, want_sub_path, "{case}");
+    }
+    // Immutable, recreated while the pod is registered: the restart in
+    // place reads the entry its own registration keeps.
+    let eval = env_case(SYNCED, "2026-11-30T10:45:00Z", vec![]);
+    assert_eq!(
+        find(&eval, "p", env("c", "KEY")).state,
+        State::Stale(StaleCause::ImmutableCache)
+    );
+}
+
+// -------------------------------------------- 7. env not from the API
+
+/// `env[].valueFrom.fileKeyRef` (gate `EnvFiles`, on from 1.35): the
+/// kubelet reads the value at container start from a file of an emptyDir
+/// volume (`pkg/kubelet/kubelet_pods.go` `makeEnvironmentVariables`,
+/// v1.37.2). Nothing of it is in the API: its verdict is
+/// `Skipped/fileKeyRef`, saying mountguard does not check it, whatever the
+/// container's state or the objects around it; it names no source, gives
+/// no advice, pins nothing, and no remediation setting can select it
+/// (`parse_remediate_on` takes Stale and Frozen only). Its neighbours keep
+/// their verdicts (subject indexes unchanged).
+#[test]
+fn a_file_key_ref_env_is_skipped_and_never_stale() {
+    use crate::model::EnvRef;
+    use crate::remediation::plan::{default_qualifying, parse_remediate_on};
+    let file = || EnvRef::NotFromApi {
+        var: "FROM_FILE".into(),
+        reason: SkipReason::FileKeyRef,
+    };
+    // (case, container start)
+    let cases: Vec<(&str, Option<&str>)> = vec![
+        ("running", Some(START)),
+        (
+            "restarted after everything changed",
+            Some("2026-11-30T10:59:00Z"),
+        ),
+        ("not running", None),
+    ];
+    for (case, started) in cases {
+        let mut ix = ClusterIndex::new();
+        put_source(
+            &mut ix,
+            CM,
+            "slurm",
+            "cfg",
+            &[("k", b"v2")],
+            false,
+            Some(ts(RECREATED)),
+        );
+        ix.apply_pod(
+            other("p")
+                .container(
+                    "c",
+                    started.map(ts),
+                    &[],
+                    vec![file(), env_key("K", CM, "cfg", "k", false)],
+                )
+                .build(),
+        );
+        NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
+        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        let v = find(&eval, "p", env("c", "FROM_FILE"));
+        assert_eq!(v.state, State::Skipped(SkipReason::FileKeyRef), "{case}");
+        assert_eq!(v.state.tag(), "Skipped/fileKeyRef", "{case}");
+        assert!(
+            v.message()
+                .unwrap()
+                .contains("mountguard does not check it"),
+            "{case}"
+        );
+        let p = eval.pods.iter().find(|p| &*p.pod.name == "p").unwrap();
+        assert!(p.sources(v).is_empty(), "{case}");
+        assert_eq!(v.advice(p), None, "{case}");
+        let view = v.view(p);
+        assert_eq!(
+            (view.subject, view.env.as_deref()),
+            ("env", Some("FROM_FILE"))
+        );
+        // The other variable of the container is judged as ever.
+        let other = find(&eval, "p", env("c", "K")).state;
+        assert!(!matches!(other, State::Skipped(_)), "{case}: {other:?}");
+        assert_eq!(p.pod.references().len(), 1, "{case}: only ConfigMap cfg");
+    }
+    assert!(
+        !default_qualifying()
+            .iter()
+            .any(|s| matches!(s, State::Skipped(_)))
+    );
+    assert!(parse_remediate_on("Skipped/fileKeyRef").is_err());
+    assert!(parse_remediate_on("Skipped").is_err());
 }
