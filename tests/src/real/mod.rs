@@ -250,6 +250,8 @@ pub struct RealClusterBuilder {
     slinky_operator: Option<operator::OperatorBuild>,
     /// Real Slurm's install prefix and node count (see [`Self::real_slurm`]).
     real_slurm: Option<(PathBuf, usize)>,
+    /// See [`Self::dynamic_slurm_nodes`].
+    real_slurm_dynamic: bool,
 }
 
 impl RealClusterBuilder {
@@ -313,6 +315,14 @@ impl RealClusterBuilder {
     pub fn real_slurm(mut self, prefix: PathBuf, nodes: usize) -> Self {
         self.slinky_doubles = Some(false);
         self.real_slurm = Some((prefix, nodes));
+        self
+    }
+
+    /// With [`Self::real_slurm`]: the workers are dynamic Slurm nodes, as
+    /// the Slinky operator runs them, and slurmctld restarts without its
+    /// saved state (see [`slurm::SlurmConfig::dynamic`]).
+    pub fn dynamic_slurm_nodes(mut self) -> Self {
+        self.real_slurm_dynamic = true;
         self
     }
 
@@ -388,6 +398,8 @@ impl RealClusterBuilder {
                 config.jwt_key = Some(slinky::JWT_KEY.to_vec());
                 config.cluster_key = Some(slinky::first_slurm_key());
                 config.start_slurmd = false;
+                config.dynamic = self.real_slurm_dynamic;
+                config.keep_state = !self.real_slurm_dynamic;
                 Some(std::sync::Arc::new(
                     slurm::RealSlurm::start(prefix, config).await?,
                 ))
@@ -526,6 +538,7 @@ impl RealCluster {
             slinky_doubles: None,
             slinky_operator: None,
             real_slurm: None,
+            real_slurm_dynamic: false,
         }
     }
 

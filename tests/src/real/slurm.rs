@@ -108,6 +108,18 @@ pub struct SlurmConfig {
     /// every node and waits for their registrations (false: the caller
     /// starts them, on key files of its own).
     pub start_slurmd: bool,
+    /// Dynamic nodes, as the Slinky operator runs them (slurm-operator
+    /// v1.2.1 internal/builder/workerbuilder/worker_app.go, `slurmdArgs`:
+    /// `-Z`): slurm.conf names no node and bounds them with MaxNodeCount;
+    /// each slurmd creates its node by registering (Slurm 26.05
+    /// src/slurmctld/proc_req.c `_slurm_rpc_node_registration` ->
+    /// src/slurmctld/node_mgr.c `create_dynamic_reg_node`, which takes the
+    /// `--conf` line, its Port included).
+    pub dynamic: bool,
+    /// Whether slurmctld keeps its saved state across a restart (false:
+    /// `slurmctld -c`, as on a new StateSaveLocation; dynamic nodes are
+    /// then gone until their slurmd registers again).
+    pub keep_state: bool,
 }
 
 impl SlurmConfig {
@@ -120,6 +132,8 @@ impl SlurmConfig {
             jwt_key: None,
             cluster_key: None,
             start_slurmd: true,
+            dynamic: false,
+            keep_state: true,
         }
     }
 }
@@ -133,6 +147,8 @@ pub struct RealSlurm {
     ctld: Mutex<Option<ChildGuard>>,
     restd: Mutex<Option<ChildGuard>>,
     slurmds: Mutex<BTreeMap<String, ChildGuard>>,
+    /// Each node's slurmd port.
+    ports: BTreeMap<String, u16>,
     restd_addr: SocketAddr,
     jwt_key: Vec<u8>,
     slurmd_delay: Mutex<Duration>,
@@ -212,11 +228,18 @@ impl RealSlurm {
             .unwrap_or("localhost")
             .to_string();
         let mut node_lines = String::new();
+        let mut node_ports = BTreeMap::new();
+        if config.dynamic {
+            node_lines.push_str(&format!("MaxNodeCount={}\n", config.nodes.len()));
+        }
         for n in &config.nodes {
             let port = ports.pop().unwrap_or_default();
-            node_lines.push_str(&format!(
-                "NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 RealMemory=64 State=UNKNOWN\n"
-            ));
+            node_ports.insert(n.clone(), port);
+            if !config.dynamic {
+                node_lines.push_str(&format!(
+                    "NodeName={n} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs=1 RealMemory=64 State=UNKNOWN\n"
+                ));
+            }
             std::fs::create_dir_all(dir.join(format!("spool-{n}")))?;
             std::fs::create_dir_all(dir.join(format!("run-{n}")))?;
         }
@@ -290,11 +313,12 @@ impl RealSlurm {
             ctld: Mutex::new(None),
             restd: Mutex::new(None),
             slurmds: Mutex::new(BTreeMap::new()),
+            ports: node_ports,
             restd_addr,
             jwt_key,
             slurmd_delay: Mutex::new(Duration::ZERO),
         };
-        slurm.start_ctld()?;
+        slurm.start_ctld(false)?;
         // slurmrestd as nobody: SLURM_JWT=daemon makes it take each
         // request's token (src/slurmrestd/slurmrestd.c, `_parse_env`).
         let (uid, gid) = uid_gid("nobody")?;
@@ -411,7 +435,7 @@ impl RealSlurm {
         }
         write_key(&self.dir.join("cluster.key"), key)?;
         chown(&self.dir.join("cluster.key"), SLURM_USER)?;
-        self.start_ctld()?;
+        self.start_ctld(!self.config.keep_state)?;
         self.wait_ctld().await
     }
 
@@ -425,11 +449,15 @@ impl RealSlurm {
         .await
     }
 
-    fn start_ctld(&self) -> io::Result<()> {
+    /// Starts slurmctld; `clear` starts it without its saved state (`-c`).
+    fn start_ctld(&self, clear: bool) -> io::Result<()> {
         let mut cmd = private_run(
             &self.dir.join("slurm/sbin/slurmctld"),
             &self.dir.join("run-ctld"),
         )?;
+        if clear {
+            cmd.arg("-c");
+        }
         cmd.args(["-D", "-f"])
             .arg(self.conf())
             .env("LD_LIBRARY_PATH", self.dir.join("slurm/lib/slurm"))
@@ -451,9 +479,13 @@ impl RealSlurm {
             &self.dir.join("slurm/sbin/slurmd"),
             &self.dir.join(format!("run-{node}")),
         )?;
-        cmd.args(["-D", "-N", node, "-f"])
-            .arg(self.conf())
-            .env("LD_LIBRARY_PATH", self.dir.join("slurm/lib/slurm"))
+        cmd.args(["-D", "-N", node, "-f"]).arg(self.conf());
+        if self.config.dynamic {
+            let port = self.ports.get(node).copied().unwrap_or_default();
+            cmd.arg("-Z")
+                .args(["--conf", &format!("Port={port} CPUs=1 RealMemory=64")]);
+        }
+        cmd.env("LD_LIBRARY_PATH", self.dir.join("slurm/lib/slurm"))
             .env("SLURM_CONF", self.conf())
             .env("SLURM_SACK_KEY", key_file);
         let child = ChildGuard::spawn(

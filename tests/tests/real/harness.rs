@@ -215,7 +215,32 @@ impl RealSystem {
         } else {
             Nodes::Doubles
         };
-        Self::start_with_slurm(nodes, kind, Tier::Slinky(false), None, Some(prefix)).await
+        Self::start_with_slurm(
+            nodes,
+            kind,
+            Tier::Slinky(false),
+            None,
+            Some((prefix, false)),
+        )
+        .await
+    }
+
+    /// [`Self::start_remediation_on_real_slurm`] on node doubles, the
+    /// workers dynamic Slurm nodes as Slinky runs them, slurmctld losing
+    /// its saved state on a restart
+    /// (`RealClusterBuilder::dynamic_slurm_nodes`).
+    pub async fn start_remediation_on_real_dynamic_slurm(
+        nodes: usize,
+        prefix: PathBuf,
+    ) -> RealSystem {
+        Self::start_with_slurm(
+            nodes,
+            Nodes::Doubles,
+            Tier::Slinky(false),
+            None,
+            Some((prefix, true)),
+        )
+        .await
     }
 
     async fn start_opts(nodes: usize, kind: Nodes, tier: Tier) -> RealSystem {
@@ -236,7 +261,7 @@ impl RealSystem {
         kind: Nodes,
         tier: Tier,
         operator: Option<OperatorBuild>,
-        real_slurm: Option<PathBuf>,
+        real_slurm: Option<(PathBuf, bool)>,
     ) -> RealSystem {
         let slinky = match tier {
             Tier::Slinky(rules) => Some(rules),
@@ -257,8 +282,11 @@ impl RealSystem {
             if let Some(build) = operator {
                 b = b.real_slinky_operator(build);
             }
-            if let Some(prefix) = real_slurm {
+            if let Some((prefix, dynamic)) = real_slurm {
                 b = b.real_slurm(prefix, nodes);
+                if dynamic {
+                    b = b.dynamic_slurm_nodes();
+                }
             }
             match b.start().await {
                 Ok(c) => c,

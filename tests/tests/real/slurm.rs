@@ -514,16 +514,20 @@ async fn real_slurm_on_real_kubelets_the_controller_repairs_a_stale_key_and_slur
     controller_repairs_a_stale_key_on_real_slurm(sys).await;
 }
 
-/// The body of the two tests above.
-async fn controller_repairs_a_stale_key_on_real_slurm(sys: crate::harness::RealSystem) {
-    let slurm = sys.cluster.real_slurm().expect("real Slurm");
-    let c = client(&slurm, slurm.jwt_key(), SLURM_USER);
-    let pods = mountguard_tests::rig::wait_for_slurmd_pods(&sys).await;
+/// Waits until every worker pod's slurmd registered on the first key and
+/// every verdict is fresh, then opts the NodeSet in; returns the workers'
+/// Slurm node names.
+async fn workers_registered_and_opted_in(
+    sys: &crate::harness::RealSystem,
+    slurm: &RealSlurm,
+    c: &SlurmClient,
+) -> Vec<String> {
+    let pods = mountguard_tests::rig::wait_for_slurmd_pods(sys).await;
     let hosts: Vec<String> = pods.iter().map(|p| p.0.clone()).collect();
     for h in &hosts {
         until(
-            &slurm,
-            &c,
+            slurm,
+            c,
             h,
             "registered on the first key",
             TIMEOUT * 5,
@@ -531,8 +535,16 @@ async fn controller_repairs_a_stale_key_on_real_slurm(sys: crate::harness::RealS
         )
         .await;
     }
-    mountguard_tests::rig::wait_all_fresh(&sys).await;
-    mountguard_tests::rig::opt_in(&sys);
+    mountguard_tests::rig::wait_all_fresh(sys).await;
+    mountguard_tests::rig::opt_in(sys);
+    hosts
+}
+
+/// The body of the two tests above.
+async fn controller_repairs_a_stale_key_on_real_slurm(sys: crate::harness::RealSystem) {
+    let slurm = sys.cluster.real_slurm().expect("real Slurm");
+    let c = client(&slurm, slurm.jwt_key(), SLURM_USER);
+    let hosts = workers_registered_and_opted_in(&sys, &slurm, &c).await;
 
     // Round 1: the rotation; replacements start at once.
     mountguard_tests::scenario::rotate_auth_key(&*sys.objects()).unwrap();
@@ -596,4 +608,67 @@ async fn controller_repairs_a_stale_key_on_real_slurm(sys: crate::harness::RealS
         job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
     }
     sys.shutdown().await;
+}
+
+/// Slinky's workers are dynamic Slurm nodes (`slurmd -Z`). The rotation
+/// with slurmctld restarted on the new key without its saved state (a new
+/// StateSaveLocation): a worker whose slurmd is on the old key never
+/// registers, so slurmctld does not know its node at all and there is
+/// nothing to drain. With `--absent-slurm-node replace` the controller
+/// evicts each worker without a Slurm write; each replacement's slurmd
+/// creates its node by registering on the new key; the attempts succeed
+/// with no drain and no undrain, and a job pinned to each worker completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_slurm_a_dynamic_node_gone_from_slurmctld_is_replaced_without_a_drain() {
+    let test = "real_slurm_a_dynamic_node_gone_from_slurmctld_is_replaced_without_a_drain";
+    let Some(prefix) = mountguard_tests::real::slurm::prefix_or_skip(test) else {
+        return;
+    };
+    let mut sys =
+        crate::harness::RealSystem::start_remediation_on_real_dynamic_slurm(2, prefix).await;
+    sys.restart_controller_with(&[
+        ("MOUNTGUARD_ABSENT_SLURM_NODE", "replace"),
+        ("MOUNTGUARD_SLURM_NOT_FOUND_GRACE", "5s"),
+    ])
+    .await;
+    let slurm = sys.cluster.real_slurm().expect("real Slurm");
+    let c = client(&slurm, slurm.jwt_key(), SLURM_USER);
+    let hosts = workers_registered_and_opted_in(&sys, &slurm, &c).await;
+
+    mountguard_tests::scenario::rotate_auth_key(&*sys.objects()).unwrap();
+    // slurmctld, restarted on the new key without its state, does not know
+    // the workers whose slurmd is still on the old key.
+    for h in &hosts {
+        slurm
+            .wait(&format!("{h} unknown to slurmctld"), TIMEOUT * 10, || {
+                let c = c.clone();
+                let h = h.clone();
+                async move {
+                    matches!(c.get_node(&h).await, Err(SlurmError::NotFound { .. })).then_some(())
+                }
+            })
+            .await
+            .unwrap();
+    }
+    let all = attempts_succeeded(&sys, &slurm, &c, hosts.len(), Duration::from_secs(200)).await;
+    for a in &all {
+        assert!(a.slurm_absent && !a.drain_requested, "{a:?}");
+        let phases = a.phase_names();
+        assert!(
+            !phases.iter().any(|p| p.contains("rain")),
+            "no Draining, Drained or Undraining: {phases:?}"
+        );
+        let n = node(&c, &a.slurm_node).await;
+        assert!(
+            !has(&n, "DRAIN") && !has(&n, "FAIL") && n.reason.is_empty(),
+            "{n:?}"
+        );
+    }
+    for h in &hosts {
+        let job = slurm
+            .submit_pinned_job(h, "#!/bin/sh\ntrue\n")
+            .await
+            .unwrap();
+        job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
+    }
 }

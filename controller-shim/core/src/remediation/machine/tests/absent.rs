@@ -43,6 +43,21 @@ fn absent(pod: &str) -> Observations {
     obs(SlurmObservation::NotFound, Some(pod))
 }
 
+/// The replacement fresh on its node, Slurm read as `slurm`.
+fn fresh(slurm: SlurmObservation) -> Observations {
+    Observations {
+        new_pod: NewPodCheck::Fresh,
+        ..obs(slurm, Some(NEW))
+    }
+}
+
+/// The default attempt, its node unknown to slurmctld for a whole grace.
+fn unknown_for_the_grace(cfg: &MachineConfig) -> Attempt {
+    let mut a = attempt();
+    a.not_found_since = Some(t0() - cfg.not_found_grace);
+    a
+}
+
 #[test]
 fn by_default_an_absent_node_fails_the_attempt_and_touches_nothing() {
     let cfg = one_read();
@@ -81,12 +96,7 @@ fn an_absent_node_is_replaced_without_a_drain_only_after_the_grace() {
 #[test]
 fn a_replaced_absent_node_succeeds_on_the_replacements_registration_with_no_undrain() {
     let cfg = replace();
-    let mut a = attempt();
-    a.not_found_since = Some(t0() - cfg.not_found_grace);
-    let fresh = |slurm| Observations {
-        new_pod: NewPodCheck::Fresh,
-        ..obs(slurm, Some(NEW))
-    };
+    let a = unknown_for_the_grace(&cfg);
     let evicted = Observations {
         eviction: Some(EvictionResult::Evicted),
         ..absent(OLD)
@@ -134,14 +144,8 @@ fn a_node_that_shows_again_without_a_registration_of_the_replacement_is_not_veri
     // flaps NOT_RESPONDING: nothing is verified, nothing is held.
     let mut n = node(&["IDLE"], "");
     n.slurmd_start_time = Some(0);
-    let unregistered = Observations {
-        new_pod: NewPodCheck::Fresh,
-        ..obs(SlurmObservation::Node(n), Some(NEW))
-    };
-    let flapping = Observations {
-        new_pod: NewPodCheck::Fresh,
-        ..obs(plain(&["IDLE", "NOT_RESPONDING"]), Some(NEW))
-    };
+    let unregistered = fresh(SlurmObservation::Node(n));
+    let flapping = fresh(plain(&["IDLE", "NOT_RESPONDING"]));
     let (b, act) = run(
         a.clone(),
         &[unregistered.clone(), flapping.clone(), unregistered],
@@ -153,11 +157,12 @@ fn a_node_that_shows_again_without_a_registration_of_the_replacement_is_not_veri
     assert!(writes(&act).is_empty(), "{act:?}");
     // Absent until the verification timeout: failed, saying so, with no
     // drain to keep or release.
-    let gone = Observations {
-        new_pod: NewPodCheck::Fresh,
-        ..obs(SlurmObservation::NotFound, Some(NEW))
-    };
-    let (b, act) = step(&a, &gone, t0() + cfg.verification_timeout, &cfg);
+    let (b, act) = step(
+        &a,
+        &fresh(SlurmObservation::NotFound),
+        t0() + cfg.verification_timeout,
+        &cfg,
+    );
     assert_eq!(b.phase, Phase::Failed(FailReason::VerificationTimeout));
     assert!(!b.kept_drained && !b.release_pending);
     assert!(writes(&act).is_empty(), "{act:?}");
@@ -168,8 +173,7 @@ fn a_node_that_shows_again_without_a_registration_of_the_replacement_is_not_veri
 #[test]
 fn an_absent_node_known_again_before_the_eviction_is_drained_first() {
     let cfg = replace();
-    let mut a = attempt();
-    a.not_found_since = Some(t0() - cfg.not_found_grace);
+    let a = unknown_for_the_grace(&cfg);
     let (a, _) = step(&a, &absent(OLD), t0(), &cfg);
     assert_eq!(a.phase, Phase::Evicting);
     // The eviction did not go through yet; the node is known again.
@@ -186,8 +190,7 @@ fn an_absent_node_known_again_before_the_eviction_is_drained_first() {
 #[test]
 fn an_absent_node_whose_read_fails_is_not_evicted_again() {
     let cfg = replace();
-    let mut a = attempt();
-    a.not_found_since = Some(t0() - cfg.not_found_grace);
+    let a = unknown_for_the_grace(&cfg);
     let (a, _) = step(&a, &absent(OLD), t0(), &cfg);
     let later = t0() + cfg.write_settle;
     let (b, act) = step(&a, &obs(transient(), Some(OLD)), later, &cfg);
