@@ -4,8 +4,9 @@
 //! `slurm-auth-slurm` recreated with a new key, slurmctld restarted on it,
 //! every slurmd still on the old one). Each worker's Stale `slurm-etc`
 //! verdict says what Slurm shows of its node: no registration since the
-//! rotation. A slurmrestd that refuses the controller's token leaves the
-//! verdicts Stale and says "Slurm not read".
+//! rotation, whether the nodes are read one by one (three workers) or in
+//! one list (five due at once). A slurmrestd that refuses the controller's
+//! token leaves the verdicts Stale and says "Slurm not read".
 
 use std::time::Duration;
 
@@ -16,7 +17,7 @@ use mountguard_tests::scenario::{rotate_auth_key, wait_for_slurmd_pods};
 use serde_json::{Value, json};
 
 use crate::harness::{Options, System, wait, wait_all_fresh};
-use crate::remediation::{remediation_args, start};
+use crate::remediation::remediation_args;
 
 /// The `volume slurm-etc` items of the slurmd pods `hosts`, once every one
 /// is Stale and `ok` holds for it.
@@ -46,10 +47,29 @@ async fn key_items(sys: &System, hosts: &[String], ok: fn(&Value) -> bool) -> Ve
     .await
 }
 
+/// Three workers: each node is read with `GET node/{name}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_workers_verdict_says_its_node_has_not_registered_since_the_rotation() {
+    not_registered_since_the_rotation(3).await;
+}
+
+/// Five workers due at once: read with one `GET nodes/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_stale_workers_are_read_with_one_list_and_say_the_same() {
+    not_registered_since_the_rotation(5).await;
+}
+
+async fn not_registered_since_the_rotation(nodes: usize) {
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
-    let sys = start("dry-run", &["--slurm-jwt-key-secret", &jwt]).await;
+    let mut sys = System::start(Options {
+        nodes,
+        ..Options::default()
+    })
+    .await;
+    let url = sys.cluster.slurmrestd_url();
+    sys.opts.extra_controller_args =
+        remediation_args(&url, "dry-run", &["--slurm-jwt-key-secret", &jwt]);
+    sys.start_controller().await;
     let api = sys.cluster.api();
     let slurm = sys.cluster.slurm();
     let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
@@ -115,6 +135,7 @@ async fn a_stale_workers_verdict_says_its_node_has_not_registered_since_the_rota
     );
     // Read only: nothing written to Slurm.
     assert!(slurm.writes().is_empty(), "{:?}", slurm.writes());
+    assert_eq!(hosts.len(), nodes);
     sys.shutdown().await;
 }
 
