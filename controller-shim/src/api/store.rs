@@ -1,7 +1,8 @@
 //! The status API's read model and wire documents: what the evaluation
-//! task publishes (verdicts, sources, attempts, unscheduled pods,
-//! deployments) and what `GET /v1/verdicts` and `GET /v1/rollouts/..`
-//! answer from it (the `status` command prints them: `query/status.rs`).
+//! task publishes (verdicts, sources, unscheduled pods, deployments), what
+//! remediation's executor publishes (attempts, the Slurm nodes of stale
+//! workers) and what `GET /v1/verdicts` and `GET /v1/rollouts/..` answer
+//! from it (the `status` command prints them: `query/status.rs`).
 //!
 //! The endpoint lists verdicts that need attention (not Fresh, not
 //! Skipped) by default, every verdict with `?all=1`, filtered by
@@ -21,6 +22,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use mountguard_core::model::{CompactTime, FingerprintList, PodModel, SourceRef};
+use mountguard_core::remediation::slurm_view::{SlurmReads, SlurmSide, with_side};
 use mountguard_core::remediation::workload::{WorkloadKind, WorkloadRef, workload_named};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
@@ -155,6 +157,9 @@ pub struct VerdictStore {
     /// Whether ReplicaSets are watched (`--remediate-workloads` lists
     /// `deployment`): only then can a pod be told to be a Deployment's.
     pub replicasets_watched: bool,
+    /// The last read of each Slurm node a stale worker's verdict shows, as
+    /// remediation's executor keeps them (with slurmrestd configured).
+    pub slurm: SlurmReads,
 }
 
 /// One remediation attempt as the status endpoint returns it.
@@ -279,9 +284,15 @@ pub struct StatusItem {
     /// Explanation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-    /// What to do, in one sentence (`mountguard_core::verdict::advice`).
+    /// What to do, in one sentence (`mountguard_core::verdict::advice`),
+    /// followed by `slurm.message` when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advice: Option<String>,
+    /// What Slurm shows of the worker's node, for a NodeSet pod whose
+    /// verdict about its `slurm.key` is Stale or Frozen, with slurmrestd
+    /// configured (`mountguard_core::remediation::slurm_view`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmSide>,
 }
 
 /// The endpoint's document.
@@ -386,8 +397,14 @@ fn verified_sources(
 }
 
 /// One verdict as a status item (`check`: what the pod's verdicts were
-/// computed against, when known).
-pub fn item(pv: &PodVerdicts, v: &Verdict, check: Option<&PodCheck>) -> StatusItem {
+/// computed against, when known; `slurm`: what Slurm shows, when the
+/// verdict shows it).
+pub fn item(
+    pv: &PodVerdicts,
+    v: &Verdict,
+    check: Option<&PodCheck>,
+    slurm: Option<SlurmSide>,
+) -> StatusItem {
     let view = v.view(pv);
     StatusItem {
         namespace: view.namespace.to_string(),
@@ -416,11 +433,18 @@ pub fn item(pv: &PodVerdicts, v: &Verdict, check: Option<&PodCheck>) -> StatusIt
         differing_paths: view.differing_paths.iter().map(|s| s.to_string()).collect(),
         since: view.since.to_string(),
         message: view.message.map(str::to_string),
-        advice: view.advice,
+        advice: with_side(view.advice, slurm.as_ref()),
+        slurm,
     }
 }
 
 impl VerdictStore {
+    /// When `r`'s current content appeared, as the evaluation published it
+    /// (the engine's change time).
+    fn changed_at(&self, r: &SourceRef) -> Option<jiff::Timestamp> {
+        self.sources.get(r)?.changed_at.as_deref()?.parse().ok()
+    }
+
     /// The document for `q`.
     pub fn document(&self, q: &Query, acting: bool, ready: bool) -> StatusDoc {
         let mut by_state = BTreeMap::new();
@@ -430,7 +454,8 @@ impl VerdictStore {
             for v in pv.verdicts.iter() {
                 *by_state.entry(v.state.tag()).or_insert(0) += 1;
                 if q.lists(v) {
-                    verdicts.push(item(pv, v, p.check.as_ref()));
+                    let slurm = self.slurm.side(pv, v, |r| self.changed_at(r));
+                    verdicts.push(item(pv, v, p.check.as_ref(), slurm));
                 }
             }
         }
@@ -641,146 +666,4 @@ impl VerdictStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use mountguard_core::testkit::*;
-    use mountguard_core::{ClusterIndex, SourceKind};
-
-    /// One published pod per pod: its check holds the fingerprint list as
-    /// one word (the list is interned) and its scan time in 8 bytes, so
-    /// the check is 16 bytes and the record (with the pod's verdicts, 16)
-    /// 32; pods with equal lists share one, which still reads back each
-    /// source's fingerprint.
-    #[test]
-    fn a_published_pod_is_32_bytes_and_equal_checks_share_one_list() {
-        use mountguard_core::model::Interner;
-        assert_eq!(std::mem::size_of::<PodCheck>(), 16);
-        assert_eq!(std::mem::size_of::<PublishedPod>(), 32);
-        let mut it = Interner::default();
-        let fp = Some(Fingerprint([1, 2, 3, 4, 5, 6]));
-        let a = it.intern_fingerprints(vec![fp, None]);
-        let b = it.intern_fingerprints(vec![fp, None]);
-        let c = it.intern_fingerprints(vec![None, fp]);
-        assert!(Arc::ptr_eq(&a, &b) && !Arc::ptr_eq(&a, &c));
-        let pod = PodB::new("ns", "p", "uid-p", "node-a")
-            .image_pull_secret("s")
-            .other_ref(SourceKind::ConfigMap, "m")
-            .build();
-        let check = PodCheck {
-            scanned_at: None,
-            fingerprints: a,
-        };
-        let refs = pod.references();
-        assert_eq!(check.source(&pod, &refs[0]), Some(fp));
-        assert_eq!(check.source(&pod, &refs[1]), Some(None));
-        drop((b, c, check));
-        it.prune();
-        assert_eq!(it.held(), 0);
-    }
-
-    #[test]
-    fn query_strings_decode_and_no_byte_sequence_panics() {
-        let q = Query::parse(Some(
-            "all&namespace=slurm%2Dx&node=node+a&state=Stale%2FUnknown",
-        ));
-        assert_eq!(
-            q,
-            Query {
-                all: true,
-                namespace: Some("slurm-x".into()),
-                node: Some("node a".into()),
-                state: Some("Stale/Unknown".into()),
-            }
-        );
-        // A bad escape is kept as written.
-        assert_eq!(
-            Query::parse(Some("node=a%zz")).node.as_deref(),
-            Some("a%zz")
-        );
-        assert_eq!(Query::parse(Some("node=a%4")).node.as_deref(), Some("a%4"));
-        // A multi-byte character right after `%` (a byte offset two past
-        // the `%` falls inside it) and bytes that are not UTF-8.
-        for q in ["node=%1\u{e9}", "node=%\u{e9}1"] {
-            let want = q.strip_prefix("node=");
-            assert_eq!(Query::parse(Some(q)).node.as_deref(), want, "{q}");
-        }
-        assert_eq!(
-            Query::parse(Some("node=%C3")).node.as_deref(),
-            Some("\u{fffd}")
-        );
-        assert_eq!(Query::parse(Some("&&=&node=")), Query::default());
-    }
-
-    /// A reader of one namespace sees the counts of that namespace only:
-    /// the whole cluster's `byState` would tell it of other tenants'
-    /// rotations and deletions.
-    #[test]
-    fn a_namespace_query_counts_only_that_namespaces_states() {
-        let mut ix = ClusterIndex::new();
-        for ns in ["team-a", "team-b"] {
-            put_config_map(
-                &mut ix,
-                ns,
-                "cm",
-                &[("a", b"new")],
-                &[],
-                Some(ts("2026-11-30T09:00:00Z")),
-            );
-        }
-        let cfg = || {
-            mountguard_core::model::VolumeSource::Object(obj(
-                SourceKind::ConfigMap,
-                "cm",
-                &[],
-                false,
-            ))
-        };
-        ix.apply_pod(
-            PodB::new("team-a", "a1", "ua", "n1")
-                .volume("cfg", cfg())
-                .build(),
-        );
-        ix.apply_pod(
-            PodB::new("team-b", "b1", "ub1", "n1")
-                .volume("cfg", cfg())
-                .build(),
-        );
-        ix.apply_pod(
-            PodB::new("team-b", "b2", "ub2", "n2")
-                .volume("cfg", cfg())
-                .build(),
-        );
-        let at = ts("2026-11-30T09:59:00Z");
-        NodeB::new("n1", ts("2026-11-30T10:00:00Z"))
-            .volume("ua", inventory_plugin(), "cfg", &[("a", b"new")], at)
-            .volume("ub1", inventory_plugin(), "cfg", &[("a", b"old")], at)
-            .apply(&mut ix);
-        NodeB::new("n2", ts("2026-11-30T10:00:00Z"))
-            .volume("ub2", inventory_plugin(), "cfg", &[("a", b"old")], at)
-            .apply(&mut ix);
-        let store = VerdictStore::evaluated(&ix);
-        let counts = |q: &str| {
-            let doc = store.document(&Query::parse(Some(q)), true, true);
-            doc.by_state
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
-        assert_eq!(counts("all=1"), "Fresh=1 Stale/Unknown=2");
-        assert_eq!(
-            counts("namespace=team-a"),
-            "Fresh=1",
-            "team-b's stale pods are not team-a's to count"
-        );
-        assert_eq!(counts("namespace=team-b"), "Stale/Unknown=2");
-        assert_eq!(counts("namespace=team-b&node=n2"), "Stale/Unknown=1");
-        assert_eq!(counts("namespace=team-c"), "");
-        // `all` and `state` choose what is listed, not what is counted.
-        assert_eq!(counts("namespace=team-a&state=Stale"), "Fresh=1");
-    }
-
-    fn inventory_plugin() -> mountguard_inventory::Plugin {
-        mountguard_inventory::Plugin::Configmap
-    }
-}
+mod tests;

@@ -1,7 +1,8 @@
 //! What the evaluation task publishes of a pod's verdicts: its state
 //! counts, which verdicts keep a mount series and their labels, and the
-//! text of its Events.
+//! text of its Events (with what Slurm shows of a stale worker's node).
 
+use mountguard_core::remediation::slurm_view::{SlurmSide, with_side};
 use mountguard_core::verdict::{PodVerdicts, State, UnverifiableReason, Verdict};
 
 use crate::api::store::PodCheck;
@@ -67,8 +68,14 @@ pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
 /// The Event note of a verdict: subject, sources, fingerprints (of the
 /// projected content, and of each source's content the verdict was
 /// computed against), the node scan it was verified from, pinning pods,
-/// the engine's explanation, and the advice.
-pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &PodCheck) -> String {
+/// the engine's explanation, and the advice, followed by what Slurm shows
+/// (`slurm`, when the verdict shows it).
+pub fn event_message(
+    pv: &PodVerdicts,
+    v: &Verdict,
+    check: &PodCheck,
+    slurm: Option<&SlurmSide>,
+) -> String {
     let view = v.view(pv);
     let mut m = format!("{} is {}", pv.subject(v).text(), v.state.tag());
     let sources: Vec<String> = view
@@ -119,9 +126,9 @@ pub fn event_message(pv: &PodVerdicts, v: &Verdict, check: &PodCheck) -> String 
         m.push_str("; ");
         m.push_str(msg);
     }
-    if let Some(a) = &view.advice {
+    if let Some(a) = with_side(view.advice, slurm) {
         m.push_str(". ");
-        m.push_str(a);
+        m.push_str(&a);
     }
     m
 }

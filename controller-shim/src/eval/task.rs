@@ -460,6 +460,7 @@ impl EvalTask {
         store.sources.clear();
         store.reporting.clear();
         store.unscheduled.clear();
+        store.slurm.nodes.clear();
         store.evaluated = false;
     }
 
@@ -501,7 +502,7 @@ impl EvalTask {
                 .map(|p| counts_of(&p.pv))
                 .unwrap_or_default();
             let check = self.pod_check(&pv);
-            self.publish_pod(&pv, &check, &old, &mut requests);
+            self.publish_pod(&pv, &check, &store.slurm, &old, &mut requests);
             store.pods.insert(PublishedPod {
                 pv,
                 check: Some(check),

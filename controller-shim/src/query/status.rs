@@ -130,6 +130,16 @@ pub fn write_table(doc: &StatusDoc, out: &mut dyn Write) -> std::io::Result<()> 
         if !v.pinned_by.is_empty() {
             cause.push_str(&format!(" (pinned by {})", v.pinned_by.join(",")));
         }
+        // What Slurm shows beside it (the advice note says it in full).
+        if let Some(s) = &v.slurm {
+            use mountguard_core::remediation::slurm_view::SlurmFinding as F;
+            cause.push_str(match s.finding {
+                F::NotRegistered => " (Slurm: not registered)",
+                F::Registered => " (Slurm: registered)",
+                F::UnknownNode => " (Slurm: unknown node)",
+                F::NotRead => " (Slurm: not read)",
+            });
+        }
         rows.push([
             v.state.clone(),
             cause,
@@ -321,7 +331,7 @@ mod tests {
             "{text}"
         );
         let p = &store.pods["u1"];
-        let note = crate::eval::event_message(&p.pv, &p.pv.verdicts[0], &PodCheck::default());
+        let note = crate::eval::event_message(&p.pv, &p.pv.verdicts[0], &PodCheck::default(), None);
         assert!(note.ends_with(&advice), "{note}");
         assert!(text.contains("ns/p1"), "{text}");
         assert!(text.contains("verdicts: Stale/Unknown=1"), "{text}");
@@ -465,6 +475,51 @@ mod tests {
                 .unwrap()
                 .get("attempts")
                 .is_none()
+        );
+    }
+
+    /// A stale worker's row says what Slurm shows, and its note the
+    /// whole sentence after the advice.
+    #[test]
+    fn a_stale_workers_row_and_note_say_what_slurm_shows() {
+        use mountguard_core::remediation::slurm_view::side;
+        let s = side("w0", None, None);
+        let item = StatusItem {
+            namespace: "slurm".into(),
+            pod: "w0".into(),
+            node: Some("n1".into()),
+            nodeset: Some("worker".into()),
+            subject: "volume slurm-etc".into(),
+            state: "Stale".into(),
+            cause: Some("ImmutableCache".into()),
+            sources: vec!["Secret/auth".into()],
+            expected: None,
+            observed: None,
+            pinned_by: vec![],
+            source_content: vec![],
+            verified_at: None,
+            differing_paths: vec!["slurm.key".into()],
+            since: "2026-11-30T10:00:00Z".into(),
+            message: None,
+            advice: Some(format!("Replace the pod. {}", s.message)),
+            slurm: Some(s),
+        };
+        let doc = StatusDoc {
+            acting: true,
+            ready: true,
+            by_state: Default::default(),
+            verdicts: vec![item],
+            attempts: vec![],
+        };
+        let mut out = Vec::new();
+        write_table(&doc, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("ImmutableCache (Slurm: not read)")
+                && text.contains(
+                    "slurm/w0 volume slurm-etc: Replace the pod. Slurm not read yet (node w0)."
+                ),
+            "{text}"
         );
     }
 

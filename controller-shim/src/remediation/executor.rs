@@ -20,12 +20,17 @@
 //!    attempt owns (from a complete view only);
 //! 5. updates the remediation metrics.
 //!
+//! Before its plan, every round also reads (never writes) the Slurm node of
+//! each NodeSet pod whose `slurm.key` verdict is not Fresh, so that verdict
+//! can say what Slurm shows (`executor/slurm_view.rs`).
+//!
 //! This file holds the executor's state, its task and the round above; the
 //! round's parts add methods in `executor/`: `observe.rs` (the token
 //! Secret, the Lease fence, Slurm nodes, holds, NodeSet models), `plan.rs`
 //! (recovery, the round's plan and notices, the sweep), `step.rs` (each
-//! open attempt's observations into `step`) and `perform.rs` (the actions,
-//! Persist first). Its settings are `settings.rs`.
+//! open attempt's observations into `step`), `perform.rs` (the actions,
+//! Persist first) and `slurm_view.rs` (the Slurm nodes of stale workers,
+//! read for their verdicts). Its settings are `settings.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -181,6 +186,7 @@ pub async fn spawn(
         },
     );
     let client_for_fence = client.clone();
+    shared.verdicts.write().unwrap().slurm.enabled = slurm.is_some();
     let ex = Executor {
         client,
         evict_client,
@@ -262,7 +268,9 @@ impl Executor {
         self.last_eviction.clear();
         self.last_eviction_check.clear();
         self.fresh_since.clear();
-        self.shared.verdicts.write().unwrap().attempts.clear();
+        let mut store = self.shared.verdicts.write().unwrap();
+        store.attempts.clear();
+        store.slurm.nodes.clear();
     }
 
     /// Reads the records of NodeSets listed since recovery (or whose
@@ -332,6 +340,7 @@ impl Executor {
             }
         }
         self.refresh_secret(now, false).await;
+        self.refresh_slurm_view(snap, now).await;
         if !self.recovered && !self.recover(snap, now).await {
             if self.lost {
                 self.pause("the Lease was lost during recovery");
@@ -422,6 +431,7 @@ fn candidate_owner_key(c: &Candidate) -> String {
 mod observe;
 mod perform;
 mod plan;
+mod slurm_view;
 mod step;
 
 use observe::{attempts_annotation, nodeset_key};

@@ -25,5 +25,6 @@ mod remediation_operator;
 mod remediation_transient;
 mod restart;
 mod seed;
+mod slurm_view;
 mod status_api;
 mod tls;

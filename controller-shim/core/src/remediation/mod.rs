@@ -14,6 +14,9 @@
 //!   availability, how each kind replaces a pod.
 //! * [`inputs`]: what the executor computes from verdicts, NodeSets and
 //!   Nodes for the planner and the machine.
+//! * [`slurm_view`]: what Slurm shows of a worker whose `slurm.key` is
+//!   stale (read-only, beside the verdict): which nodes to read, when, and
+//!   what to say.
 //!
 //! All of it is pure: no I/O, no clock reads. The slurmrestd client and the
 //! executor (the thin I/O loop) are part of the live controller
@@ -23,6 +26,7 @@ pub mod inputs;
 pub mod machine;
 pub mod plan;
 pub mod recovery;
+pub mod slurm_view;
 pub mod workload;
 
 #[cfg(test)]

@@ -663,6 +663,23 @@ impl Ctx<'_> {
                         late.iter().map(|s| &**s).collect::<Vec<_>>().join(", ")
                     ));
                     detail.containers = late;
+                    // Not Fresh, so its files are listed (all current):
+                    // they say what the containers read at start.
+                    if detail.files.is_empty() {
+                        detail.files = cv
+                            .triples
+                            .iter()
+                            .map(|(path, digest, _)| {
+                                let fp = Some(cv.scope.fingerprint(digest));
+                                FileVerdict {
+                                    path: path.clone(),
+                                    state: FileState::Fresh,
+                                    expected: fp,
+                                    observed: fp,
+                                }
+                            })
+                            .collect();
+                    }
                     let frozen = State::Frozen(FrozenCause::ReadAtStart);
                     return self.compared(id, frozen, written_at, fps, detail);
                 }

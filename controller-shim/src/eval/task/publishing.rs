@@ -115,10 +115,22 @@ impl EvalTask {
             fingerprints: self.index.interner.intern_fingerprints(fingerprints),
         }
     }
+    /// When `r`'s current content appeared: the engine's change time, else
+    /// the object's last write.
+    fn changed_at(&self, r: &SourceRef) -> Option<Timestamp> {
+        match self.state.sources.get(r) {
+            Some(h) => h.content_changed_at,
+            None => self.index.source(r).and_then(|c| c.last_write),
+        }
+    }
+    /// Publishes `pv`'s series and queues its Events; `slurm`: the Slurm
+    /// reads remediation keeps (what a stale worker's Event says of its
+    /// node).
     pub(super) fn publish_pod(
         &mut self,
         pv: &PodVerdicts,
         check: &crate::api::store::PodCheck,
+        slurm: &mountguard_core::remediation::slurm_view::SlurmReads,
         old_counts: &[(&'static str, i64)],
         requests: &mut Vec<EventRequest>,
     ) {
@@ -133,12 +145,13 @@ impl EvalTask {
                 labels.push(mount_labels(pv, v));
             }
             if let Some(reason) = self.tracker.observe(&pod.uid, v.id, &v.state, baselined) {
+                let side = slurm.side(pv, v, |r| self.changed_at(r));
                 requests.push(EventRequest {
                     namespace: pod.namespace().to_string(),
                     pod: pod.name.to_string(),
                     uid: pod.uid.to_string(),
                     reason,
-                    message: event_message(pv, v, check),
+                    message: event_message(pv, v, check, side.as_ref()),
                 });
             }
         }

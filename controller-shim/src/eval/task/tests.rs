@@ -463,7 +463,7 @@ fn rollout_document_tracks_rotation_per_consumer() {
         let store = r.shared.verdicts.read().unwrap();
         let p = &store.pods["u2"];
         let pv = &p.pv;
-        let m = event_message(pv, &pv.verdicts[0], p.check.as_ref().unwrap());
+        let m = event_message(pv, &pv.verdicts[0], p.check.as_ref().unwrap(), None);
         assert!(
             m.contains(&format!("source content Secret auth {new_fp}"))
                 && m.contains("node scanned at 2026-11-30T10:05:20Z"),
@@ -728,4 +728,66 @@ fn reset_forgets_reports_and_stale_inventory_ages_out() {
     assert_eq!(tag(&r), "Unverifiable/NoInventory");
     assert!(r.task.index().inventory("n1").is_none());
     assert!(drain(&mut r.events).is_empty());
+}
+
+/// A NodeSet worker's StaleMount Event says what Slurm shows of its node
+/// (kept by remediation's reads), compared with when the new key arrived.
+#[test]
+fn a_stale_workers_event_says_what_slurm_shows() {
+    use mountguard_core::model::NodeSetMember;
+    use mountguard_core::remediation::SlurmNodeState;
+    use mountguard_core::remediation::slurm_view::{ReadOutcome, SlurmRead};
+    let mut r = rig();
+    let mut ix = Interner::default();
+    let t0 = ts("2026-11-30T10:00:00Z");
+    let Input::Pod(mut worker) = pod("u1", "w-0", "n1") else {
+        unreachable!()
+    };
+    worker.slinky = NodeSetMember::boxed("worker".into(), Some("w-0".into()));
+    r.task
+        .apply_batch(vec![secret(&mut ix, b"new", "s1"), Input::Pod(worker)], t0);
+    r.task.apply_batch(
+        vec![inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"new")])],
+        t0,
+    );
+    assert!(drain(&mut r.events).is_empty(), "baseline");
+    {
+        let mut store = r.shared.verdicts.write().unwrap();
+        store.slurm.enabled = true;
+        store.slurm.nodes.insert(
+            "w-0".into(),
+            SlurmRead {
+                at: ts("2026-11-30T10:06:00Z"),
+                outcome: ReadOutcome::Node(SlurmNodeState {
+                    state: vec!["IDLE".into()],
+                    reason: String::new(),
+                    reason_set_by_user: String::new(),
+                    alloc_cpus: 0,
+                    slurmd_start_time: Some(0),
+                }),
+            },
+        );
+    }
+    // The key is recreated at 10:05; the node keeps serving the old one.
+    let rotated = ts("2026-11-30T10:05:00Z");
+    r.task
+        .apply_batch(vec![secret(&mut ix, b"newer", "s2")], rotated);
+    r.task.apply_batch(
+        vec![inv("n1", 2, "2026-11-30T10:10:00Z", &[("u1", b"new")])],
+        rotated,
+    );
+    let ev = drain(&mut r.events);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].reason.as_str(), "StaleMount");
+    let m = &ev[0].message;
+    assert!(
+        m.contains(". Replace the pod")
+            && m.ends_with(
+                "Slurm: node w-0 has not registered since the content changed at \
+                 2026-11-30T10:05:00Z (slurmctld holds no registration of its slurmd, \
+                 slurmd_start_time 0); Slurm shows it IDLE with no reason, and a slurmd on a \
+                 stale key is never set DOWN: it flaps between IDLE and IDLE+NOT_RESPONDING."
+            ),
+        "{m}"
+    );
 }

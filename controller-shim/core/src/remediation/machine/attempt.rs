@@ -469,10 +469,7 @@ impl Attempt {
     /// clock (the kubelet's `startedAt`, slurmd's own start time) in whole
     /// seconds.
     pub fn replacement_registered(n: &SlurmNodeState, started: Option<Timestamp>) -> bool {
-        match (n.slurmd_start_time, started) {
-            (Some(t), Some(started)) => t >= started.as_second(),
-            _ => false,
-        }
+        started.is_some_and(|started| n.registered_since(started))
     }
 
     /// Phase names gone through, in order.

@@ -185,6 +185,17 @@ impl SlurmNodeState {
     pub fn reason_is_mountguard(&self) -> bool {
         self.reason.starts_with(REASON_PREFIX)
     }
+
+    /// Whether slurmctld accepted a registration of a slurmd that started
+    /// at `t` or later: only an authenticated registration moves
+    /// [`Self::slurmd_start_time`], so a slurmd on a key slurmctld does not
+    /// hold never shows one, whatever its state says. Compared in whole
+    /// seconds (slurmd's start time has no finer part); 0 or unset is no
+    /// registration at all.
+    pub fn registered_since(&self, t: Timestamp) -> bool {
+        self.slurmd_start_time
+            .is_some_and(|s| s > 0 && s >= t.as_second())
+    }
 }
 
 /// What the executor read from slurmrestd for the attempt's node.

@@ -359,6 +359,13 @@ fn read_at_start_volume_refreshed_after_start_is_frozen() {
         if want == State::Frozen(FrozenCause::ReadAtStart) {
             assert_eq!(v.since.get(), ts(written));
             assert!(v.message().unwrap().contains("slurmd"));
+            // Not Fresh: its (current) files are listed, which says the
+            // containers read Slurm's key from it.
+            let files: Vec<(&str, FileState)> =
+                v.files().iter().map(|f| (&*f.path, f.state)).collect();
+            assert_eq!(files, [("slurm.key", FileState::Fresh)]);
+            assert!(v.files()[0].expected.is_some());
+            assert_eq!(v.files()[0].expected, v.files()[0].observed);
         }
     }
 }
