@@ -514,6 +514,17 @@ async fn real_slurm_on_real_kubelets_the_controller_repairs_a_stale_key_and_slur
     controller_repairs_a_stale_key_on_real_slurm(sys).await;
 }
 
+/// Submits a job pinned to each of `hosts` and waits until each completed.
+async fn a_job_completes_on_each(slurm: &RealSlurm, hosts: &[String]) {
+    for h in hosts {
+        let job = slurm
+            .submit_pinned_job(h, "#!/bin/sh\ntrue\n")
+            .await
+            .unwrap();
+        job_reaches(slurm, job, "COMPLETED", TIMEOUT * 5).await;
+    }
+}
+
 /// Waits until every worker pod's slurmd registered on the first key and
 /// every verdict is fresh, then opts the NodeSet in; returns the workers'
 /// Slurm node names.
@@ -556,13 +567,7 @@ async fn controller_repairs_a_stale_key_on_real_slurm(sys: crate::harness::RealS
         .await;
         assert!(n.slurmd_start_time > Some(0), "{n:?}");
     }
-    for h in &hosts {
-        let job = slurm
-            .submit_pinned_job(h, "#!/bin/sh\ntrue\n")
-            .await
-            .unwrap();
-        job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
-    }
+    a_job_completes_on_each(&slurm, &hosts).await;
 
     // Round 2: replacements whose slurmd starts after SlurmdTimeout.
     slurm.set_slurmd_delay(TIMEOUT * 5 / 2);
@@ -601,12 +606,8 @@ async fn controller_repairs_a_stale_key_on_real_slurm(sys: crate::harness::RealS
             !has(n, "DRAIN") && !has(n, "DOWN") && !has(n, "NOT_RESPONDING")
         })
         .await;
-        let job = slurm
-            .submit_pinned_job(h, "#!/bin/sh\ntrue\n")
-            .await
-            .unwrap();
-        job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
     }
+    a_job_completes_on_each(&slurm, &hosts).await;
     sys.shutdown().await;
 }
 
@@ -664,11 +665,5 @@ async fn real_slurm_a_dynamic_node_gone_from_slurmctld_is_replaced_without_a_dra
             "{n:?}"
         );
     }
-    for h in &hosts {
-        let job = slurm
-            .submit_pinned_job(h, "#!/bin/sh\ntrue\n")
-            .await
-            .unwrap();
-        job_reaches(&slurm, job, "COMPLETED", TIMEOUT * 5).await;
-    }
+    a_job_completes_on_each(&slurm, &hosts).await;
 }
