@@ -9,7 +9,7 @@
 use mountguard_inventory::Plugin;
 
 use crate::index::ClusterIndex;
-use crate::model::{ProjectedSource, SkipReason, VolumeSource};
+use crate::model::{EnvRef, ProjectedSource, SkipReason, VolumeSource};
 use crate::testkit::*;
 use crate::verdict::test_support::{CM, NOW, SCAN, SECRET, START, engine, verdict as find, vol};
 use crate::verdict::{EngineState, Evaluation, FrozenCause, StaleCause, State, Subject, Verdict};
@@ -31,44 +31,74 @@ fn names(v: &Verdict) -> Vec<&str> {
 /// pod `victim` on node-a still shows `old` in its `slurm-etc` volume.
 fn recreated_auth() -> ClusterIndex {
     let mut ix = ClusterIndex::new();
-    put_source(
-        &mut ix,
-        SECRET,
-        "slurm",
-        "auth",
-        &[("slurm.key", b"new")],
-        true,
-        Some(ts(RECREATED)),
-    );
+    put_auth(&mut ix, b"new", RECREATED);
+    let auth = ProjectedSource::Object(obj(SECRET, "auth", &[], false));
     ix.apply_pod(
         PodB::new("slurm", "victim", "uid-v", "node-a")
             .synced_at(Some(ts(SYNCED)))
-            .volume(
-                "slurm-etc",
-                VolumeSource::Projected(Box::new([ProjectedSource::Object(obj(
-                    SECRET,
-                    "auth",
-                    &[],
-                    false,
-                ))])),
-            )
+            .volume("slurm-etc", VolumeSource::Projected(Box::new([auth])))
             .container("slurmd", Some(ts(START)), &[], vec![])
             .build(),
     );
-    NodeB::new("node-a", ts(SCAN))
-        .volume(
-            "uid-v",
-            Plugin::Projected,
-            "slurm-etc",
-            &[("slurm.key", b"old")],
-            ts(START),
+    victim_node().apply(&mut ix);
+    ix
+}
+
+/// Node-a showing the victim's `slurm-etc` with the old key, written at
+/// [`START`].
+fn victim_node() -> NodeB {
+    NodeB::new("node-a", ts(SCAN)).volume(
+        "uid-v",
+        Plugin::Projected,
+        "slurm-etc",
+        &[("slurm.key", b"old")],
+        ts(START),
+    )
+}
+
+/// [`recreated_auth`] with the victim's container `slurmd` also reading
+/// `slurm.key` through a subPath of `slurm-etc` and as env `K`; `terminating`
+/// marks the victim as deleted. The caller applies node-a.
+fn victim_reading_the_key(terminating: bool) -> ClusterIndex {
+    let mut ix = recreated_auth();
+    let mut victim = ix
+        .pod(ix.pod_id(&uid("uid-v")).unwrap())
+        .unwrap()
+        .as_ref()
+        .clone();
+    victim.terminating = terminating;
+    victim.containers = Box::new([]);
+    let victim = PodB { pod: victim }
+        .container(
+            "slurmd",
+            Some(ts(START)),
+            &[("slurm-etc", "slurm.key")],
+            vec![env_key("K", SECRET, "auth", "slurm.key", false)],
         )
-        .apply(&mut ix);
+        .build();
+    ix.apply_pod(victim);
     ix
 }
 
 fn other(name: &str) -> PodB {
     PodB::new("slurm", name, &format!("uid-{name}"), "node-a").synced_at(Some(ts(SYNCED)))
+}
+
+/// Immutable Secret `slurm/auth` holding `slurm.key` = `value`, created at
+/// `at`.
+fn put_auth(ix: &mut ClusterIndex, value: &[u8], at: &str) {
+    let values: &[(&str, &[u8])] = &[("slurm.key", value)];
+    put_source(ix, SECRET, "slurm", "auth", values, true, Some(ts(at)));
+}
+
+/// Mutable ConfigMap `slurm/{name}` whose one key `key` became `v2` at `at`.
+fn put_cm(ix: &mut ClusterIndex, name: &str, key: &str, at: &str) {
+    put_source(ix, CM, "slurm", name, &[(key, b"v2")], false, Some(ts(at)));
+}
+
+/// One evaluation of `ix` at [`NOW`], with no history.
+fn evaluate(ix: &ClusterIndex) -> Evaluation {
+    engine().evaluate_all(ix, &mut EngineState::default(), ts(NOW))
 }
 
 // ------------------------------------------------ 1. what pins a cache entry
@@ -184,7 +214,7 @@ fn every_reference_the_kubelet_counts_pins_and_nothing_else_does() {
     for (case, pod, pins) in cases {
         let mut ix = recreated_auth();
         ix.apply_pod(pod.build());
-        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        let eval = evaluate(&ix);
         let v = find(&eval, "victim", vol("slurm-etc"));
         if pins {
             assert_eq!(
@@ -205,97 +235,70 @@ fn every_reference_the_kubelet_counts_pins_and_nothing_else_does() {
 #[test]
 fn init_and_ephemeral_containers_get_env_verdicts_with_the_right_advice() {
     // A mutable ConfigMap whose key changed at 10:30.
-    // (case, container, its name, expected state, advice fragment)
-    type Build = fn(PodB) -> PodB;
-    let cases: Vec<(&str, Build, &str, State, Option<&str>)> = vec![
+    // (case, container, started, finished init container (None:
+    // ephemeral), expected state, advice fragment)
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        Option<&'a str>,
+        Option<bool>,
+        State,
+        Option<&'a str>,
+    );
+    let cases: Vec<Case> = vec![
         (
             "finished init container started before the change",
-            |b| {
-                b.init_container(
-                    "i",
-                    Some(ts(START)),
-                    true,
-                    &[],
-                    vec![env_key("HOOK", CM, "hooks", "k", false)],
-                )
-            },
             "i",
+            Some(START),
+            Some(true),
             State::Frozen(FrozenCause::Env),
             Some("replace the pod"),
         ),
         (
             "finished init container started after the change",
-            |b| {
-                b.init_container(
-                    "i",
-                    Some(ts("2026-11-30T10:45:00Z")),
-                    true,
-                    &[],
-                    vec![env_key("HOOK", CM, "hooks", "k", false)],
-                )
-            },
             "i",
+            Some("2026-11-30T10:45:00Z"),
+            Some(true),
             State::Fresh,
             None,
         ),
         (
             "sidecar init container running since before the change",
-            |b| {
-                b.init_container(
-                    "i",
-                    Some(ts(START)),
-                    false,
-                    &[],
-                    vec![env_key("HOOK", CM, "hooks", "k", false)],
-                )
-            },
             "i",
+            Some(START),
+            Some(false),
             State::Frozen(FrozenCause::Env),
             Some("restart container i"),
         ),
         (
             "init container not started yet",
-            |b| {
-                b.init_container(
-                    "i",
-                    None,
-                    false,
-                    &[],
-                    vec![env_key("HOOK", CM, "hooks", "k", false)],
-                )
-            },
             "i",
+            None,
+            Some(false),
             State::Unverifiable(crate::verdict::UnverifiableReason::ContainerNotRunning),
             None,
         ),
         (
             "running ephemeral container started before the change",
-            |b| {
-                b.ephemeral_container(
-                    "debug",
-                    Some(ts(START)),
-                    vec![env_key("HOOK", CM, "hooks", "k", false)],
-                )
-            },
             "debug",
+            Some(START),
+            None,
             State::Frozen(FrozenCause::Env),
             Some("restart container debug"),
         ),
     ];
-    for (case, build, container, want, advice) in cases {
+    for (case, container, started, finished, want, advice) in cases {
         let mut ix = ClusterIndex::new();
-        put_source(
-            &mut ix,
-            CM,
-            "slurm",
-            "hooks",
-            &[("k", b"v2")],
-            false,
-            Some(ts(RECREATED)),
-        );
-        ix.apply_pod(build(other("p")).build());
+        put_cm(&mut ix, "hooks", "k", RECREATED);
+        let hook = vec![env_key("HOOK", CM, "hooks", "k", false)];
+        let started = started.map(ts);
+        let pod = match finished {
+            Some(done) => other("p").init_container(container, started, done, &[], hook),
+            None => other("p").ephemeral_container(container, started, hook),
+        };
+        ix.apply_pod(pod.build());
         NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
-        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        let eval = evaluate(&ix);
         let v = find(&eval, "p", env(container, "HOOK"));
         assert_eq!(v.state, want, "{case}");
         match advice {
@@ -321,18 +324,9 @@ fn an_init_container_that_read_a_read_at_start_volume_freezes_the_pod() {
     ];
     for (written, want, advice) in cases {
         let mut ix = ClusterIndex::new();
-        put_source(
-            &mut ix,
-            CM,
-            "slurm",
-            "hooks",
-            &[("10.sh", b"v2")],
-            false,
-            Some(ts("2026-11-30T10:39:00Z")),
-        );
+        put_cm(&mut ix, "hooks", "10.sh", "2026-11-30T10:39:00Z");
         ix.apply_pod(
-            other("w")
-                .volume("hooks", VolumeSource::Object(obj(CM, "hooks", &[], false)))
+            hooks_pod()
                 .read_at_start("hooks")
                 .container("slurmd", Some(ts(START)), &[], vec![])
                 .init_container(
@@ -344,16 +338,8 @@ fn an_init_container_that_read_a_read_at_start_volume_freezes_the_pod() {
                 )
                 .build(),
         );
-        NodeB::new("node-a", ts(SCAN))
-            .volume(
-                "uid-w",
-                Plugin::Configmap,
-                "hooks",
-                &[("10.sh", b"v2")],
-                ts(written),
-            )
-            .apply(&mut ix);
-        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        hooks_node(b"v2", written).apply(&mut ix);
+        let eval = evaluate(&ix);
         let v = find(&eval, "w", vol("hooks"));
         assert_eq!(v.state, want, "written {written}");
         if let Some(a) = advice {
@@ -367,24 +353,8 @@ fn an_init_container_that_read_a_read_at_start_volume_freezes_the_pod() {
 
 #[test]
 fn a_terminating_pod_is_skipped_whole_and_still_pins() {
-    let mut ix = recreated_auth();
     // The victim itself is terminating: stale bytes, but no Stale verdict.
-    let mut victim = ix
-        .pod(ix.pod_id(&uid("uid-v")).unwrap())
-        .unwrap()
-        .as_ref()
-        .clone();
-    victim.terminating = true;
-    victim.containers = Box::new([]);
-    let victim = PodB { pod: victim }
-        .container(
-            "slurmd",
-            Some(ts(START)),
-            &[("slurm-etc", "slurm.key")],
-            vec![env_key("K", SECRET, "auth", "slurm.key", false)],
-        )
-        .build();
-    ix.apply_pod(victim);
+    let mut ix = victim_reading_the_key(true);
     // A fresh pod on the same node is pinned by the terminating one.
     ix.apply_pod(
         other("newcomer")
@@ -392,14 +362,7 @@ fn a_terminating_pod_is_skipped_whole_and_still_pins() {
             .volume("v", VolumeSource::Object(obj(SECRET, "auth", &[], false)))
             .build(),
     );
-    NodeB::new("node-a", ts(SCAN))
-        .volume(
-            "uid-v",
-            Plugin::Projected,
-            "slurm-etc",
-            &[("slurm.key", b"old")],
-            ts(START),
-        )
+    victim_node()
         .volume(
             "uid-newcomer",
             Plugin::Secret,
@@ -433,32 +396,21 @@ fn a_terminating_pod_is_skipped_whole_and_still_pins() {
 /// registered at `synced`, its container started at `started`; `others`
 /// also on node-a.
 fn env_case(synced: &str, started: &str, others: Vec<PodB>) -> Evaluation {
+    evaluate(&env_index(RECREATED, synced, started, others))
+}
+
+/// The cluster of [`env_case`], with `auth` recreated at `recreated`.
+fn env_index(recreated: &str, synced: &str, started: &str, others: Vec<PodB>) -> ClusterIndex {
     let mut ix = ClusterIndex::new();
-    put_source(
-        &mut ix,
-        SECRET,
-        "slurm",
-        "auth",
-        &[("slurm.key", b"new")],
-        true,
-        Some(ts(RECREATED)),
-    );
-    ix.apply_pod(
-        other("p")
-            .synced_at(Some(ts(synced)))
-            .container(
-                "c",
-                Some(ts(started)),
-                &[],
-                vec![env_key("KEY", SECRET, "auth", "slurm.key", false)],
-            )
-            .build(),
-    );
+    put_auth(&mut ix, b"new", recreated);
+    let key = vec![env_key("KEY", SECRET, "auth", "slurm.key", false)];
+    let p = other("p").synced_at(Some(ts(synced)));
+    ix.apply_pod(p.container("c", Some(ts(started)), &[], key).build());
     for o in others {
         ix.apply_pod(o.build());
     }
     NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
-    engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW))
+    ix
 }
 
 /// `pkg/kubelet/util/manager/watch_based_manager.go` (v1.37.2): the
@@ -558,28 +510,7 @@ fn env_from_a_cache_entry_older_than_the_recreation() {
     }
     // Within grace of a recreation after the start, with nothing showing
     // the old values: Frozen at once, as a mutable object's env is.
-    let mut ix = ClusterIndex::new();
-    put_source(
-        &mut ix,
-        SECRET,
-        "slurm",
-        "auth",
-        &[("slurm.key", b"new")],
-        true,
-        Some(ts("2026-11-30T11:00:00Z")),
-    );
-    ix.apply_pod(
-        other("p")
-            .container(
-                "c",
-                Some(ts(START)),
-                &[],
-                vec![env_key("KEY", SECRET, "auth", "slurm.key", false)],
-            )
-            .build(),
-    );
-    NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
-    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    let eval = evaluate(&env_index("2026-11-30T11:00:00Z", SYNCED, START, vec![]));
     assert_eq!(
         find(&eval, "p", env("c", "KEY")).state,
         State::Frozen(FrozenCause::Env)
@@ -596,17 +527,6 @@ fn env_from_a_cache_entry_older_than_the_recreation() {
 #[test]
 fn env_of_a_container_older_than_the_recreation_is_stale_only_when_known_to_differ() {
     let key = || vec![env_key("KEY", SECRET, "auth", "slurm.key", false)];
-    let put = |ix: &mut ClusterIndex, value: &[u8], at: &str| {
-        put_source(
-            ix,
-            SECRET,
-            "slurm",
-            "auth",
-            &[("slurm.key", value)],
-            true,
-            Some(ts(at)),
-        );
-    };
     let pod = |with_volume: bool| {
         let p = other("p");
         let p = if with_volume {
@@ -668,15 +588,15 @@ fn env_of_a_container_older_than_the_recreation_is_stale_only_when_known_to_diff
         node.apply(&mut ix);
         let mut state = EngineState::default();
         if let Some(old) = before {
-            put(&mut ix, old, SYNCED);
+            put_auth(&mut ix, old, SYNCED);
             e.evaluate_all(&ix, &mut state, ts("2026-11-30T10:20:00Z"));
             let r = crate::model::SourceRef::new(SECRET, "slurm".into(), "auth".into());
             ix.delete_source(&r);
             e.evaluate_all(&ix, &mut state, ts(RECREATED));
-            put(&mut ix, now_value, RECREATED);
+            put_auth(&mut ix, now_value, RECREATED);
             e.evaluate_all(&ix, &mut state, ts(RECREATED));
         }
-        put(&mut ix, now_value, RECREATED);
+        put_auth(&mut ix, now_value, RECREATED);
         let eval = e.evaluate_all(&ix, &mut state, ts(NOW));
         assert_eq!(find(&eval, "p", env("c", "KEY")).state, want, "{case}");
     }
@@ -687,33 +607,11 @@ fn env_of_a_container_older_than_the_recreation_is_stale_only_when_known_to_diff
 /// "restart".
 #[test]
 fn one_pods_verdicts_never_contradict_each_other() {
-    let mut ix = recreated_auth();
-    let mut victim = ix
-        .pod(ix.pod_id(&uid("uid-v")).unwrap())
-        .unwrap()
-        .as_ref()
-        .clone();
-    victim.containers = Box::new([]);
-    let victim = PodB { pod: victim }
-        .container(
-            "slurmd",
-            Some(ts(START)),
-            &[("slurm-etc", "slurm.key")],
-            vec![env_key("K", SECRET, "auth", "slurm.key", false)],
-        )
-        .build();
-    ix.apply_pod(victim);
-    NodeB::new("node-a", ts(SCAN))
-        .volume(
-            "uid-v",
-            Plugin::Projected,
-            "slurm-etc",
-            &[("slurm.key", b"old")],
-            ts(START),
-        )
+    let mut ix = victim_reading_the_key(false);
+    victim_node()
         .sub_path("uid-v", "slurm-etc", "slurmd", 0, &[("", b"old")])
         .apply(&mut ix);
-    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    let eval = evaluate(&ix);
     let states: Vec<State> = eval.iter().map(|(_, v)| v.state).collect();
     assert_eq!(
         states,
@@ -728,16 +626,14 @@ fn one_pods_verdicts_never_contradict_each_other() {
 
     // A mutable volume that is current: its subPath is Frozen and a
     // restart is the advice.
-    let ix = hooks_sub_path(b"v2", "2026-11-30T10:31:00Z");
-    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    let eval = evaluate(&hooks_sub_path(b"v2", "2026-11-30T10:31:00Z"));
     let sp = find(&eval, "w", |s| matches!(s, Subject::SubPath { .. }));
     assert_eq!(sp.state, State::Frozen(FrozenCause::SubPath));
     assert!(sp.message().unwrap().contains("restart container slurmd"));
 
     // The same, with the volume itself still behind (kubelet late): the
     // subPath follows the volume instead of advising a restart.
-    let ix = hooks_sub_path(b"v1", START);
-    let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+    let eval = evaluate(&hooks_sub_path(b"v1", START));
     let v = find(&eval, "w", vol("hooks"));
     let sp = find(&eval, "w", |s| matches!(s, Subject::SubPath { .. }));
     assert_eq!(v.state, State::Stale(StaleCause::Unknown));
@@ -748,33 +644,46 @@ fn one_pods_verdicts_never_contradict_each_other() {
 /// pod `w` as a volume and through subPath `10.sh` bound at start (`v1`);
 /// the volume on disk shows `on_disk`, written at `written`.
 fn hooks_sub_path(on_disk: &[u8], written: &str) -> ClusterIndex {
+    hooks_bound(START, vec![], on_disk, written, b"v1")
+}
+
+/// [`hooks_sub_path`] with container `slurmd` started at `started`, reading
+/// `env`, and its subPath bind showing `bind`.
+fn hooks_bound(
+    started: &str,
+    env: Vec<EnvRef>,
+    on_disk: &[u8],
+    written: &str,
+    bind: &[u8],
+) -> ClusterIndex {
     let mut ix = ClusterIndex::new();
-    put_source(
-        &mut ix,
-        CM,
-        "slurm",
-        "hooks",
-        &[("10.sh", b"v2")],
-        false,
-        Some(ts(RECREATED)),
-    );
+    put_cm(&mut ix, "hooks", "10.sh", RECREATED);
     ix.apply_pod(
-        other("w")
-            .volume("hooks", VolumeSource::Object(obj(CM, "hooks", &[], false)))
-            .container("slurmd", Some(ts(START)), &[("hooks", "10.sh")], vec![])
+        hooks_pod()
+            .container("slurmd", Some(ts(started)), &[("hooks", "10.sh")], env)
             .build(),
     );
-    NodeB::new("node-a", ts(SCAN))
-        .volume(
-            "uid-w",
-            Plugin::Configmap,
-            "hooks",
-            &[("10.sh", on_disk)],
-            ts(written),
-        )
-        .sub_path("uid-w", "hooks", "slurmd", 0, &[("", b"v1")])
+    hooks_node(on_disk, written)
+        .sub_path("uid-w", "hooks", "slurmd", 0, &[("", bind)])
         .apply(&mut ix);
     ix
+}
+
+/// Pod `w` with volume `hooks` of ConfigMap `hooks`.
+fn hooks_pod() -> PodB {
+    other("w").volume("hooks", VolumeSource::Object(obj(CM, "hooks", &[], false)))
+}
+
+/// Node-a showing `w`'s volume `hooks` with `10.sh` = `on_disk`, written at
+/// `written`.
+fn hooks_node(on_disk: &[u8], written: &str) -> NodeB {
+    NodeB::new("node-a", ts(SCAN)).volume(
+        "uid-w",
+        Plugin::Configmap,
+        "hooks",
+        &[("10.sh", on_disk)],
+        ts(written),
+    )
 }
 
 // --------------------------------------------------- 5. env history per key
@@ -901,33 +810,8 @@ fn a_container_restarted_in_place_is_judged_from_its_current_start() {
         ),
     ];
     for (case, started, bind, want_env, want_sub_path) in cases {
-        let mut ix = ClusterIndex::new();
-        put_source(
-            &mut ix,
-            CM,
-            "slurm",
-            "hooks",
-            &[("10.sh", b"v2")],
-            false,
-            Some(ts(RECREATED)),
-        );
-        ix.apply_pod(
-            other("w")
-                .volume("hooks", VolumeSource::Object(obj(CM, "hooks", &[], false)))
-                .container("slurmd", Some(ts(started)), &[("hooks", "10.sh")], refs())
-                .build(),
-        );
-        NodeB::new("node-a", ts(SCAN))
-            .volume(
-                "uid-w",
-                Plugin::Configmap,
-                "hooks",
-                &[("10.sh", b"v2")],
-                ts("2026-11-30T10:31:00Z"),
-            )
-            .sub_path("uid-w", "hooks", "slurmd", 0, &[("", bind)])
-            .apply(&mut ix);
-        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        let ix = hooks_bound(started, refs(), b"v2", "2026-11-30T10:31:00Z", bind);
+        let eval = evaluate(&ix);
         assert_eq!(find(&eval, "w", vol("hooks")).state, State::Fresh, "{case}");
         assert_eq!(
             find(&eval, "w", env("slurmd", "K")).state,
@@ -959,7 +843,6 @@ fn a_container_restarted_in_place_is_judged_from_its_current_start() {
 /// their verdicts (subject indexes unchanged).
 #[test]
 fn a_file_key_ref_env_is_skipped_and_never_stale() {
-    use crate::model::EnvRef;
     use crate::remediation::plan::{default_qualifying, parse_remediate_on};
     let file = || EnvRef::NotFromApi {
         var: "FROM_FILE".into(),
@@ -976,15 +859,7 @@ fn a_file_key_ref_env_is_skipped_and_never_stale() {
     ];
     for (case, started) in cases {
         let mut ix = ClusterIndex::new();
-        put_source(
-            &mut ix,
-            CM,
-            "slurm",
-            "cfg",
-            &[("k", b"v2")],
-            false,
-            Some(ts(RECREATED)),
-        );
+        put_cm(&mut ix, "cfg", "k", RECREATED);
         ix.apply_pod(
             other("p")
                 .container(
@@ -996,7 +871,7 @@ fn a_file_key_ref_env_is_skipped_and_never_stale() {
                 .build(),
         );
         NodeB::new("node-a", ts(SCAN)).apply(&mut ix);
-        let eval = engine().evaluate_all(&ix, &mut EngineState::default(), ts(NOW));
+        let eval = evaluate(&ix);
         let v = find(&eval, "p", env("c", "FROM_FILE"));
         assert_eq!(v.state, State::Skipped(SkipReason::FileKeyRef), "{case}");
         assert_eq!(v.state.tag(), "Skipped/fileKeyRef", "{case}");
