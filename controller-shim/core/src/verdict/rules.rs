@@ -66,6 +66,34 @@ pub(super) struct Comparison {
     pub(super) observed_digest: Option<Digest>,
 }
 
+impl Comparison {
+    /// Records expected file `e` (path, digest, source) found in `state`
+    /// with `observed` content: `Differs` and `Missing` make it differ (its
+    /// source is involved); its file verdict is listed when it is not
+    /// `Fresh` or `list_files` asks for every file.
+    fn expected_file(
+        &mut self,
+        scope: &Scope,
+        e: &(Arc<str>, Digest, u16),
+        state: FileState,
+        observed: Option<&Digest>,
+        list_files: bool,
+    ) {
+        if matches!(state, FileState::Differs | FileState::Missing) {
+            self.differing.push(e.0.clone());
+            self.involved.push(e.2);
+        }
+        if list_files || state != FileState::Fresh {
+            self.files.push(FileVerdict {
+                path: e.0.clone(),
+                state,
+                expected: Some(scope.fingerprint(&e.1)),
+                observed: observed.map(|o| scope.fingerprint(o)),
+            });
+        }
+    }
+}
+
 impl Ctx<'_> {
     pub(super) fn simple(&self, id: SubjectId, state: State, message: Option<String>) -> Prelim {
         Prelim {
@@ -132,43 +160,23 @@ impl Ctx<'_> {
                 std::cmp::Ordering::Equal => {
                     let (e, o) = (e.unwrap(), o.unwrap());
                     obs_kept.push((&o.0, &o.1));
-                    let same = e.1 == o.1;
-                    if !same {
-                        c.differing.push(e.0.clone());
-                        c.involved.push(e.2);
-                    }
-                    if list_files || !same {
-                        c.files.push(FileVerdict {
-                            path: e.0.clone(),
-                            state: if same {
-                                FileState::Fresh
-                            } else {
-                                FileState::Differs
-                            },
-                            expected: Some(scope.fingerprint(&e.1)),
-                            observed: Some(scope.fingerprint(&o.1)),
-                        });
-                    }
+                    let state = if e.1 == o.1 {
+                        FileState::Fresh
+                    } else {
+                        FileState::Differs
+                    };
+                    c.expected_file(scope, e, state, Some(&o.1), list_files);
                     i += 1;
                     j += 1;
                 }
                 std::cmp::Ordering::Less => {
                     let e = e.unwrap();
-                    let unreadable = err_at(&e.0);
-                    if !unreadable {
-                        c.differing.push(e.0.clone());
-                        c.involved.push(e.2);
-                    }
-                    c.files.push(FileVerdict {
-                        path: e.0.clone(),
-                        state: if unreadable {
-                            FileState::Unreadable
-                        } else {
-                            FileState::Missing
-                        },
-                        expected: Some(scope.fingerprint(&e.1)),
-                        observed: None,
-                    });
+                    let state = if err_at(&e.0) {
+                        FileState::Unreadable
+                    } else {
+                        FileState::Missing
+                    };
+                    c.expected_file(scope, e, state, None, list_files);
                     i += 1;
                 }
                 std::cmp::Ordering::Greater => {
@@ -527,6 +535,18 @@ impl Ctx<'_> {
         }
     }
 
+    /// A comparison the agent could not complete (a file or the volume
+    /// unreadable): Unverifiable/ReadError now, its detail saying what.
+    fn unreadable(
+        &self,
+        id: SubjectId,
+        fps: (Option<Fingerprint>, Option<Fingerprint>),
+        detail: VerdictDetail,
+    ) -> Prelim {
+        let state = State::Unverifiable(UnverifiableReason::ReadError);
+        self.compared(id, state, self.now, fps, detail)
+    }
+
     /// A verdict after a comparison.
     fn compared(
         &self,
@@ -625,13 +645,7 @@ impl Ctx<'_> {
                     .collect::<Vec<_>>()
                     .join(", ")
             ));
-            return self.compared(
-                id,
-                State::Unverifiable(UnverifiableReason::ReadError),
-                self.now,
-                fps,
-                detail,
-            );
+            return self.unreadable(id, fps, detail);
         }
         let written_at = ov.written_at.map_or(node.scanned_at, CompactTime::get);
         if cmp.differing.is_empty() {
@@ -792,13 +806,7 @@ impl Ctx<'_> {
         };
         if !cmp.unreadable.is_empty() {
             detail.message = Some("the agent could not read the subPath target".to_string());
-            return self.compared(
-                id,
-                State::Unverifiable(UnverifiableReason::ReadError),
-                self.now,
-                fps,
-                detail,
-            );
+            return self.unreadable(id, fps, detail);
         }
         if cmp.differing.is_empty() {
             return self.compared(id, State::Fresh, started_at, fps, detail);
@@ -908,18 +916,17 @@ impl Ctx<'_> {
                 // then, like any env: Frozen while nothing shows that it
                 // differs.
                 Some(t) if immutable && self.cache_predates(&ee.source, t) => {
-                    match self.node_shows(&ee.source, e, None) {
-                        NodeShows::Current => fresh(),
-                        NodeShows::Older => {
-                            self.env_from_old_cache(id, c, &ee.source, t, started_at)
-                        }
-                        NodeShows::Nothing
-                            if started_at > t || self.state.change_seen(&ee.source, key) =>
-                        {
-                            self.env_from_old_cache(id, c, &ee.source, t, started_at)
-                        }
+                    let known_to_differ = match self.node_shows(&ee.source, e, None) {
+                        NodeShows::Current => None,
+                        NodeShows::Older => Some(true),
                         NodeShows::Nothing => {
-                            self.env_from_older_object(id, c, &ee.source, t, started_at)
+                            Some(started_at > t || self.state.change_seen(&ee.source, key))
+                        }
+                    };
+                    match known_to_differ {
+                        None => fresh(),
+                        Some(differ) => {
+                            self.env_from_cached_copy(id, c, &ee.source, t, started_at, differ)
                         }
                     }
                 }
@@ -962,87 +969,72 @@ impl Ctx<'_> {
         self.simple(id, State::Skipped(reason), message)
     }
 
-    /// An env reference to an immutable object recreated at `changed`
-    /// after the container started at `started_at`, while the node's cache
-    /// entry (held by this pod's registration, at least) keeps the older
-    /// object, with nothing showing that its values differ from the
-    /// current ones: Frozen/Env, as any env the container read before a
-    /// change. A restart reads the same cached copy, so the detail says so
-    /// (`cached_env`, read by the advice) and names the other pods holding
-    /// the entry.
-    pub(super) fn env_from_older_object(
+    /// An env reference to immutable `source` recreated at `changed`
+    /// while the node's cache entry (held by this pod's registration, at
+    /// least) keeps the older object; the container started at
+    /// `started_at`.
+    ///
+    /// Nothing showing that the older values differ from the current ones
+    /// (`known_to_differ` false): Frozen/Env, as any env the container read
+    /// before a change. A restart reads the same cached copy, so the detail
+    /// says so (`cached_env`, read by the advice) and names the other pods
+    /// holding the entry.
+    ///
+    /// Known to differ: the container got (or, restarted, gets again) the
+    /// old values. Like a volume mismatch: Propagating within grace, then
+    /// Stale, pinned when other pods hold the entry.
+    pub(super) fn env_from_cached_copy(
         &self,
         id: SubjectId,
         c: &crate::model::ContainerModel,
         source: &SourceRef,
         changed: Timestamp,
         started_at: Timestamp,
+        known_to_differ: bool,
     ) -> Prelim {
-        let pinned = self.pinning_pods(&[source]);
-        let held = if pinned.is_empty() {
-            "this pod keeps that cache entry".to_string()
-        } else {
-            format!(
-                "this pod and pods {} keep that cache entry",
-                pinned.iter().map(|s| &**s).collect::<Vec<_>>().join(", ")
-            )
-        };
-        let message = format!(
-            "environment is fixed at start; container {} started at {started_at}, before immutable {source} was recreated at {changed}: it holds the older object's values, which mountguard cannot compare (no history of that object, no volume of it on this node shows them), so they may equal the current ones; {held} alive, so a container restart reads the same values again",
-            c.name
-        );
-        let mut p = self.simple(id, State::Frozen(FrozenCause::Env), Some(message));
-        if let Some(d) = p.verdict.detail.as_deref_mut() {
-            d.pinned_by = pinned;
-            d.cached_env = true;
-        }
-        p.estimate = changed;
-        p
-    }
-
-    /// An env reference to an immutable object changed at `changed` while
-    /// the node's cache entry kept the old object: the container got (or,
-    /// restarted, gets again) the old values. Like a volume mismatch:
-    /// Propagating within grace, then Stale, pinned when other pods hold
-    /// the entry.
-    pub(super) fn env_from_old_cache(
-        &self,
-        id: SubjectId,
-        c: &crate::model::ContainerModel,
-        source: &SourceRef,
-        changed: Timestamp,
-        started_at: Timestamp,
-    ) -> Prelim {
-        let since = changed.max(started_at);
-        if self.now.duration_since(changed) < self.engine.config.grace {
+        if known_to_differ && self.now.duration_since(changed) < self.engine.config.grace {
             let mut p = self.simple(id, State::Propagating, None);
             p.estimate = changed;
             return p;
         }
         let pinned = self.pinning_pods(&[source]);
-        let (state, message) = if pinned.is_empty() {
+        let pods = pinned.iter().map(|s| &**s).collect::<Vec<_>>().join(", ");
+        let got = format!(
+            "container {} got its environment from the kubelet's cached copy of immutable {source}, older than its recreation at {changed}",
+            c.name
+        );
+        let (state, message, estimate) = if !known_to_differ {
+            let held = if pinned.is_empty() {
+                "this pod keeps that cache entry".to_string()
+            } else {
+                format!("this pod and pods {pods} keep that cache entry")
+            };
+            let message = format!(
+                "environment is fixed at start; container {} started at {started_at}, before immutable {source} was recreated at {changed}: it holds the older object's values, which mountguard cannot compare (no history of that object, no volume of it on this node shows them), so they may equal the current ones; {held} alive, so a container restart reads the same values again",
+                c.name
+            );
+            (State::Frozen(FrozenCause::Env), message, changed)
+        } else if pinned.is_empty() {
             (
                 State::Stale(StaleCause::ImmutableCache),
-                format!(
-                    "container {} got its environment from the kubelet's cached copy of immutable {source}, older than its recreation at {changed}; a container restart gets the same values: replace the pod",
-                    c.name
-                ),
+                format!("{got}; a container restart gets the same values: replace the pod"),
+                changed.max(started_at),
             )
         } else {
             (
                 State::Stale(StaleCause::ImmutableCachePinned),
                 format!(
-                    "container {} got its environment from the kubelet's cached copy of immutable {source}, older than its recreation at {changed}; pods {} on this node keep that cache entry alive, so neither a restart nor replacing this pod alone can help",
-                    c.name,
-                    pinned.iter().map(|s| &**s).collect::<Vec<_>>().join(", ")
+                    "{got}; pods {pods} on this node keep that cache entry alive, so neither a restart nor replacing this pod alone can help"
                 ),
+                changed.max(started_at),
             )
         };
         let mut p = self.simple(id, state, Some(message));
         if let Some(d) = p.verdict.detail.as_deref_mut() {
             d.pinned_by = pinned;
+            d.cached_env = !known_to_differ;
         }
-        p.estimate = since;
+        p.estimate = estimate;
         p
     }
 }
