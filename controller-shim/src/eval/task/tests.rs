@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::runtime::metrics::Metrics;
-use mountguard_core::model::{SourceContent, SourceKind, VolumeSource};
+use mountguard_core::model::{PodModel, SourceContent, SourceKind, VolumeSource};
 use mountguard_core::testkit::*;
 use mountguard_core::{Config, Fingerprinter};
 use mountguard_inventory::Plugin;
@@ -42,13 +42,60 @@ fn secret(ix: &mut Interner, value: &[u8], uid: &str) -> Input {
 }
 
 fn pod(uid: &str, name: &str, node: &str) -> Input {
+    Input::Pod(pod_model(uid, name, node))
+}
+
+/// Pod `name` in slurm on `node` with volume `etc` of Secret `auth`.
+fn pod_model(uid: &str, name: &str, node: &str) -> Box<PodModel> {
     let p = PodB::new("slurm", name, uid, node)
         .volume(
             "etc",
             VolumeSource::Object(obj(SourceKind::Secret, "auth", &[], false)),
         )
         .build();
-    Input::Pod(Box::new(p))
+    Box::new(p)
+}
+
+/// A rig given immutable Secret `slurm/auth` (`key`, UID `s1`) and
+/// `more` in one batch at 10:00, with its interner and that time.
+fn started(key: &[u8], more: Vec<Input>) -> (Rig, Interner, Timestamp) {
+    let mut r = rig();
+    let mut ix = Interner::default();
+    let t0 = ts("2026-11-30T10:00:00Z");
+    let mut batch = vec![secret(&mut ix, key, "s1")];
+    batch.extend(more);
+    r.task.apply_batch(batch, t0);
+    (r, ix, t0)
+}
+
+/// Pod `w-0` (UID `u1`) on n1, of [`pod`].
+fn w0() -> Input {
+    pod("u1", "w-0", "n1")
+}
+
+/// Node n1's inventory `generation` scanned at `at`, its pod u1 showing
+/// `key`, applied at `now`.
+fn n1_shows(r: &mut Rig, generation: u64, at: &str, key: &[u8], now: Timestamp) {
+    let i = inv("n1", generation, at, &[("u1", key)]);
+    r.task.apply_batch(vec![i], now);
+}
+
+/// `auth` recreated with `newer` (UID `s2`) at `now` while n1 keeps showing
+/// `new` (inventory `generation` scanned at `at`): the one Event sent, a
+/// StaleMount, its message.
+fn stale_mount_after_rotation(
+    r: &mut Rig,
+    ix: &mut Interner,
+    generation: u64,
+    at: &str,
+    now: Timestamp,
+) -> String {
+    r.task.apply_batch(vec![secret(ix, b"newer", "s2")], now);
+    n1_shows(r, generation, at, b"new", now);
+    let ev = drain(&mut r.events);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].reason.as_str(), "StaleMount");
+    ev[0].message.clone()
 }
 
 fn inv(node: &str, generation: u64, at: &str, pods: &[(&str, &[u8])]) -> Input {
@@ -125,13 +172,7 @@ fn ask(
 #[test]
 fn the_admission_view_remembers_an_immutable_object_held_after_it_went_away() {
     use mountguard_core::admission::Operation::{Create, Delete};
-    let mut r = rig();
-    let mut ix = Interner::default();
-    let t0 = ts("2026-11-30T10:00:00Z");
-    r.task.apply_batch(
-        vec![secret(&mut ix, b"k", "s1"), pod("u1", "w-0", "n1")],
-        t0,
-    );
+    let (mut r, mut ix, _) = started(b"k", vec![w0()]);
     let auth = SourceRef::new(SourceKind::Secret, ix.intern("slurm"), ix.intern("auth"));
     assert_eq!(
         ask(&mut r.task, &auth, Delete),
@@ -141,9 +182,7 @@ fn the_admission_view_remembers_an_immutable_object_held_after_it_went_away() {
     r.task
         .apply_batch(vec![Input::SourceDeleted(auth.clone())], t1);
     // Registered after the Secret went away, on another node.
-    let Input::Pod(mut late) = pod("u2", "w-1", "n2") else {
-        unreachable!()
-    };
+    let mut late = pod_model("u2", "w-1", "n2");
     late.synced_at = Some(ts("2026-11-30T10:20:00Z").into());
     r.task.apply_batch(vec![Input::Pod(late)], t1);
     assert_eq!(
@@ -193,22 +232,12 @@ fn the_admission_view_remembers_an_immutable_object_held_after_it_went_away() {
 #[test]
 fn the_admission_view_sees_a_replacement_found_by_a_relist() {
     use mountguard_core::admission::Operation::Create;
-    let mut r = rig();
-    let mut ix = Interner::default();
-    let t0 = ts("2026-11-30T10:00:00Z");
-    r.task.apply_batch(
-        vec![secret(&mut ix, b"k", "s1"), pod("u1", "w-0", "n1")],
-        t0,
-    );
+    let (mut r, mut ix, t0) = started(b"k", vec![w0()]);
     r.task.apply_batch(vec![secret(&mut ix, b"k2", "s2")], t0);
     let auth = SourceRef::new(SourceKind::Secret, ix.intern("slurm"), ix.intern("auth"));
     assert_eq!(r.task.gone_immutable.get(&auth), Some(&t0));
     // The same object again (same UID): nothing went away.
-    let mut r = rig();
-    r.task.apply_batch(
-        vec![secret(&mut ix, b"k", "s1"), pod("u1", "w-0", "n1")],
-        t0,
-    );
+    let (mut r, mut ix, t0) = started(b"k", vec![w0()]);
     r.task.apply_batch(vec![secret(&mut ix, b"k", "s1")], t0);
     assert!(r.task.gone_immutable.is_empty());
     assert_eq!(
@@ -225,18 +254,11 @@ fn the_admission_view_sees_a_replacement_found_by_a_relist() {
 /// evaluated when the window closes.
 #[tokio::test(start_paused = true)]
 async fn an_inventory_frees_its_permit_before_the_window_closes() {
-    let r = rig();
+    let (r, _, _) = started(b"k", vec![w0()]);
     let shared = r.shared.clone();
     let (tx, rx) = mpsc::channel(8);
     let (_trigger, shutdown) = Shutdown::new();
-    let mut ix = Interner::default();
-    let t0 = ts("2026-11-30T10:00:00Z");
-    let mut task = r.task;
-    task.apply_batch(
-        vec![secret(&mut ix, b"k", "s1"), pod("u1", "w-0", "n1")],
-        t0,
-    );
-    tokio::spawn(run(task, rx, shutdown));
+    tokio::spawn(run(r.task, rx, shutdown));
     let sem = Arc::new(tokio::sync::Semaphore::new(1));
     let permit = sem.clone().acquire_owned().await.unwrap();
     let now = Timestamp::now().to_string();
@@ -280,9 +302,7 @@ fn workload_rollouts_select_the_pods_of_their_owner() {
     let mut ix = Interner::default();
     let t0 = ts("2026-11-30T10:00:00Z");
     let owned = |uid: &str, name: &str, node: &str, kind, owner: &str| {
-        let Input::Pod(mut p) = pod(uid, name, node) else {
-            unreachable!()
-        };
+        let mut p = pod_model(uid, name, node);
         p.workload = ControllerRef::boxed(kind, owner.into(), &format!("uid-{owner}"));
         Input::Pod(p)
     };
@@ -383,19 +403,9 @@ fn workload_rollouts_select_the_pods_of_their_owner() {
 #[test]
 fn rollout_document_tracks_rotation_per_consumer() {
     use mountguard_core::rollout::{Target, decide};
-    let mut r = rig();
-    let mut ix = Interner::default();
-    let t0 = ts("2026-11-30T10:00:00Z");
+    let (mut r, mut ix, t0) = started(b"old", vec![w0(), pod("u2", "w-1", "n2")]);
     let target: Target = "secret/slurm/auth".parse().unwrap();
     let doc = |r: &Rig| rollout_doc(r, &target);
-    r.task.apply_batch(
-        vec![
-            secret(&mut ix, b"old", "s1"),
-            pod("u1", "w-0", "n1"),
-            pod("u2", "w-1", "n2"),
-        ],
-        t0,
-    );
     r.task.apply_batch(
         vec![
             inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"old")]),
@@ -430,10 +440,7 @@ fn rollout_document_tracks_rotation_per_consumer() {
     );
     let p = decide(&d, &target, Some("s2"));
     assert_eq!((p.verified, p.total), (0, 2), "{p:?}");
-    r.task.apply_batch(
-        vec![inv("n1", 2, "2026-11-30T10:05:10Z", &[("u1", b"new")])],
-        t1,
-    );
+    n1_shows(&mut r, 2, "2026-11-30T10:05:10Z", b"new", t1);
     let p = decide(&doc(&r), &target, Some("s2"));
     assert_eq!((p.verified, p.total), (1, 2), "{p:?}");
     assert_eq!(p.missing[0].pod, "w-1");
@@ -472,9 +479,7 @@ fn rollout_document_tracks_rotation_per_consumer() {
     }
     // A new pod of the Secret not scheduled yet keeps the gate closed
     // until it runs on a node.
-    let Input::Pod(mut pending) = pod("u3", "w-2", "n1") else {
-        unreachable!()
-    };
+    let mut pending = pod_model("u3", "w-2", "n1");
     pending.set_node(None);
     r.task.apply_batch(vec![Input::Pod(pending)], t1);
     let d = doc(&r);
@@ -489,10 +494,7 @@ fn rollout_document_tracks_rotation_per_consumer() {
     assert!(decide(&doc(&r), &target, Some("s2")).complete());
     // A node whose agent stops reporting: its consumer no longer counts.
     let late = ts("2026-11-30T10:20:00Z");
-    r.task.apply_batch(
-        vec![inv("n1", 3, "2026-11-30T10:19:50Z", &[("u1", b"new")])],
-        late,
-    );
+    n1_shows(&mut r, 3, "2026-11-30T10:19:50Z", b"new", late);
     let p = decide(&doc(&r), &target, None);
     assert_eq!((p.verified, p.total), (1, 2), "{p:?}");
     assert_eq!(p.missing[0].node, "n2");
@@ -521,31 +523,27 @@ fn a_recreation_with_the_same_content_alarms_nothing_and_completes_the_rollout()
     let mut ix = Interner::default();
     let t0 = ts("2026-11-30T10:00:00Z");
     let target: Target = "secret/slurm/auth".parse().unwrap();
-    let Input::Pod(p) = pod("u1", "w-0", "n1") else {
-        unreachable!()
-    };
-    let p = PodB { pod: *p }
-        .container(
-            "slurmd",
-            Some(ts("2026-11-30T09:30:00Z")),
-            &[("etc", "")],
-            vec![env_key(
-                "KEY",
-                SourceKind::Secret,
-                "auth",
-                "slurm.key",
-                false,
-            )],
-        )
-        .build();
+    let p = PodB {
+        pod: *pod_model("u1", "w-0", "n1"),
+    }
+    .container(
+        "slurmd",
+        Some(ts("2026-11-30T09:30:00Z")),
+        &[("etc", "")],
+        vec![env_key(
+            "KEY",
+            SourceKind::Secret,
+            "auth",
+            "slurm.key",
+            false,
+        )],
+    )
+    .build();
     r.task.apply_batch(
         vec![secret(&mut ix, b"same", "s1"), Input::Pod(Box::new(p))],
         t0,
     );
-    r.task.apply_batch(
-        vec![inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"same")])],
-        t0,
-    );
+    n1_shows(&mut r, 1, "2026-11-30T10:00:00Z", b"same", t0);
     let states = |r: &Rig| -> Vec<String> {
         let store = r.shared.verdicts.read().unwrap();
         store.pods["u1"]
@@ -562,10 +560,7 @@ fn a_recreation_with_the_same_content_alarms_nothing_and_completes_the_rollout()
     r.task.apply_batch(vec![secret(&mut ix, b"same", "s2")], t1);
     // Past the grace period, the node still showing the same bytes.
     let t2 = ts("2026-11-30T10:15:00Z");
-    r.task.apply_batch(
-        vec![inv("n1", 2, "2026-11-30T10:14:50Z", &[("u1", b"same")])],
-        t2,
-    );
+    n1_shows(&mut r, 2, "2026-11-30T10:14:50Z", b"same", t2);
     assert_eq!(states(&r), ["Fresh", "Fresh"]);
     assert!(
         drain(&mut r.events)
@@ -581,19 +576,10 @@ fn a_recreation_with_the_same_content_alarms_nothing_and_completes_the_rollout()
 
 #[test]
 fn baseline_without_events_then_rotation_alarms_and_recovery() {
-    let mut r = rig();
-    let mut ix = Interner::default();
-    let t0 = ts("2026-11-30T10:00:00Z");
     // Start: the mount is already stale (old key) when the controller
     // first hears of the node: that is the baseline, no Event.
-    r.task.apply_batch(
-        vec![secret(&mut ix, b"new", "s1"), pod("u1", "w-0", "n1")],
-        t0,
-    );
-    r.task.apply_batch(
-        vec![inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"old")])],
-        t0,
-    );
+    let (mut r, mut ix, t0) = started(b"new", vec![w0()]);
+    n1_shows(&mut r, 1, "2026-11-30T10:00:00Z", b"old", t0);
     let m = metrics(&r);
     assert!(m.contains(r#"state="Stale""#), "{m}");
     assert!(
@@ -602,34 +588,19 @@ fn baseline_without_events_then_rotation_alarms_and_recovery() {
     );
     assert!(drain(&mut r.events).is_empty(), "no Event for the baseline");
     // The node catches up: recovery Event.
-    r.task.apply_batch(
-        vec![inv("n1", 2, "2026-11-30T10:01:00Z", &[("u1", b"new")])],
-        t0,
-    );
+    n1_shows(&mut r, 2, "2026-11-30T10:01:00Z", b"new", t0);
     let ev = drain(&mut r.events);
     assert_eq!(ev.len(), 1);
     assert_eq!(ev[0].reason, crate::runtime::events::Reason::MountRecovered);
     assert!(!metrics(&r).contains("mountguard_mount_state{"));
     // Rotation (recreated with new content) while the node keeps the old
     // bytes: a StaleMount Event naming fingerprints, not digests.
-    r.task
-        .apply_batch(vec![secret(&mut ix, b"newer", "s2")], t0);
-    r.task.apply_batch(
-        vec![inv("n1", 3, "2026-11-30T10:10:00Z", &[("u1", b"new")])],
-        t0,
-    );
-    let ev = drain(&mut r.events);
-    assert_eq!(ev.len(), 1, "{ev:?}");
-    assert_eq!(ev[0].reason.as_str(), "StaleMount");
-    assert!(ev[0].message.contains("volume etc"), "{}", ev[0].message);
-    assert!(ev[0].message.contains("Secret auth"), "{}", ev[0].message);
-    assert!(
-        !ev[0]
-            .message
-            .contains(&mountguard_inventory::digest::to_hex(
-                &mountguard_inventory::file_digest(b"newer")
-            ))
-    );
+    let m = stale_mount_after_rotation(&mut r, &mut ix, 3, "2026-11-30T10:10:00Z", t0);
+    assert!(m.contains("volume etc"), "{m}");
+    assert!(m.contains("Secret auth"), "{m}");
+    assert!(!m.contains(&mountguard_inventory::digest::to_hex(
+        &mountguard_inventory::file_digest(b"newer")
+    )));
     // Repeated heartbeats: deduplicated.
     for s in ["2026-11-30T10:10:30Z", "2026-11-30T10:11:00Z"] {
         r.task.apply_batch(
@@ -670,17 +641,8 @@ fn baseline_without_events_then_rotation_alarms_and_recovery() {
 
 #[test]
 fn reset_forgets_reports_and_stale_inventory_ages_out() {
-    let mut r = rig();
-    let mut ix = Interner::default();
-    let t0 = ts("2026-11-30T10:00:00Z");
-    r.task.apply_batch(
-        vec![
-            secret(&mut ix, b"k", "s1"),
-            pod("u1", "w-0", "n1"),
-            inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"k")]),
-        ],
-        t0,
-    );
+    let inventory = inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"k")]);
+    let (mut r, _, _) = started(b"k", vec![w0(), inventory]);
     assert!(
         r.shared
             .verdicts
@@ -737,19 +699,10 @@ fn a_stale_workers_event_says_what_slurm_shows() {
     use mountguard_core::model::NodeSetMember;
     use mountguard_core::remediation::SlurmNodeState;
     use mountguard_core::remediation::slurm_view::{ReadOutcome, SlurmRead};
-    let mut r = rig();
-    let mut ix = Interner::default();
-    let t0 = ts("2026-11-30T10:00:00Z");
-    let Input::Pod(mut worker) = pod("u1", "w-0", "n1") else {
-        unreachable!()
-    };
+    let mut worker = pod_model("u1", "w-0", "n1");
     worker.slinky = NodeSetMember::boxed("worker".into(), Some("w-0".into()));
-    r.task
-        .apply_batch(vec![secret(&mut ix, b"new", "s1"), Input::Pod(worker)], t0);
-    r.task.apply_batch(
-        vec![inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"new")])],
-        t0,
-    );
+    let (mut r, mut ix, t0) = started(b"new", vec![Input::Pod(worker)]);
+    n1_shows(&mut r, 1, "2026-11-30T10:00:00Z", b"new", t0);
     assert!(drain(&mut r.events).is_empty(), "baseline");
     {
         let mut store = r.shared.verdicts.write().unwrap();
@@ -770,16 +723,7 @@ fn a_stale_workers_event_says_what_slurm_shows() {
     }
     // The key is recreated at 10:05; the node keeps serving the old one.
     let rotated = ts("2026-11-30T10:05:00Z");
-    r.task
-        .apply_batch(vec![secret(&mut ix, b"newer", "s2")], rotated);
-    r.task.apply_batch(
-        vec![inv("n1", 2, "2026-11-30T10:10:00Z", &[("u1", b"new")])],
-        rotated,
-    );
-    let ev = drain(&mut r.events);
-    assert_eq!(ev.len(), 1, "{ev:?}");
-    assert_eq!(ev[0].reason.as_str(), "StaleMount");
-    let m = &ev[0].message;
+    let m = stale_mount_after_rotation(&mut r, &mut ix, 2, "2026-11-30T10:10:00Z", rotated);
     assert!(
         m.contains(". Replace the pod")
             && m.ends_with(
