@@ -111,19 +111,14 @@ pub fn step(
                         }
                         s.a.drain_requested = true;
                         s.a.drain_requested_at = Some(now);
-                        s.goto(Phase::Draining);
-                        let f = s.a.findings.first().map_or(String::new(), Finding::note);
                         let before = s.a.prior_drain.as_ref().map_or(String::new(), |p| {
                             format!(
                                 " (drained before by {:?}: {:?}; handed back at the end)",
                                 p.set_by, p.reason
                             )
                         });
-                        let msg = format!(
-                            "remediation {} of {pod_label}{f}: draining Slurm node {slurm_node}{before}",
-                            s.a.id
-                        );
-                        s.event(EventReason::RemediationStarted, msg);
+                        let what = format!("draining Slurm node {slurm_node}{before}");
+                        s.start(Phase::Draining, "", what);
                         s.close_node();
                     }
                     SlurmObservation::NotFound => {

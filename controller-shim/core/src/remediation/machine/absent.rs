@@ -5,8 +5,7 @@
 //! with no undrain. A node that shows up again before the eviction sends
 //! the attempt back to Pending, to be drained like any other.
 
-use super::actions::EventReason;
-use super::attempt::{Finding, Phase};
+use super::attempt::Phase;
 use super::observations::{AbsentNodePolicy, Observations, SlurmNodeState, SlurmObservation};
 use super::stepper::Stepper;
 
@@ -19,15 +18,11 @@ impl Stepper<'_> {
         }
         let since = self.a.not_found_since.unwrap_or(self.now);
         self.a.slurm_absent = true;
-        self.goto(Phase::Evicting);
-        let f = self.a.findings.first().map_or(String::new(), Finding::note);
-        let msg = format!(
-            "remediation {} of {}{f}: slurmctld does not know Slurm node {} (slurmrestd has answered \"not found\" since {since}: a dynamic node whose slurmd cannot register on the current key); nothing to drain, evicting the pod",
-            self.a.id,
-            self.pod_label(),
+        let what = format!(
+            "slurmctld does not know Slurm node {} (slurmrestd has answered \"not found\" since {since}: a dynamic node whose slurmd cannot register on the current key); nothing to drain, evicting the pod",
             self.a.slurm_node,
         );
-        self.event(EventReason::RemediationStarted, msg);
+        self.start(Phase::Evicting, "", what);
         self.evict_pod();
         true
     }
@@ -53,14 +48,9 @@ impl Stepper<'_> {
     /// again, by the replacement's own registration. Nothing of ours to
     /// release.
     pub(super) fn absent_verified(&mut self, n: &SlurmNodeState) {
-        self.goto(Phase::Succeeded);
-        let msg = format!(
-            "remediation {} of {}: replacement verified fresh; Slurm node {} registered by the replacement's slurmd ({:?}; it was absent from slurmctld, so it was never drained)",
-            self.a.id,
-            self.pod_label(),
-            self.a.slurm_node,
-            n.state
-        );
-        self.event(EventReason::RemediationSucceeded, msg);
+        self.succeed(format!(
+            ": replacement verified fresh; Slurm node {} registered by the replacement's slurmd ({:?}; it was absent from slurmctld, so it was never drained)",
+            self.a.slurm_node, n.state
+        ));
     }
 }

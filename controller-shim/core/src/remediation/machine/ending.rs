@@ -68,13 +68,8 @@ impl Stepper<'_> {
         } else {
             format!("; {node_word}")
         };
-        let msg = format!(
-            "remediation {} of {} failed ({}): {detail}{node_word}",
-            self.a.id,
-            self.pod_label(),
-            reason.as_str()
-        );
-        self.event(EventReason::RemediationFailed, msg);
+        let rest = format!(" failed ({}): {detail}{node_word}", reason.as_str());
+        self.attempt_event(EventReason::RemediationFailed, rest);
         self.failed(obs);
     }
 
@@ -181,17 +176,10 @@ impl Stepper<'_> {
                 if self.a.prior_drain.as_ref().is_some_and(|p| p.restored(n)) =>
             {
                 let p = self.a.prior_drain.clone().unwrap_or_default();
-                self.goto(Phase::Succeeded);
-                let msg = format!(
-                    "remediation {} of {}: replacement verified fresh and Slurm node {} responding; handed back with the drain {:?} had set ({:?}): {:?}",
-                    self.a.id,
-                    self.pod_label(),
-                    self.a.slurm_node,
-                    p.set_by,
-                    p.reason,
-                    n.state
-                );
-                self.event(EventReason::RemediationSucceeded, msg);
+                self.succeed(format!(
+                    ": replacement verified fresh and Slurm node {} responding; handed back with the drain {:?} had set ({:?}): {:?}",
+                    self.a.slurm_node, p.set_by, p.reason, n.state
+                ));
             }
             SlurmObservation::Node(n) => {
                 let left = if n.held() {
@@ -203,14 +191,10 @@ impl Stepper<'_> {
                 } else {
                     String::new()
                 };
-                self.goto(Phase::Succeeded);
-                let msg = format!(
-                    "remediation {} of {}: replacement verified fresh and Slurm node {} responding{left}",
-                    self.a.id,
-                    self.pod_label(),
+                self.succeed(format!(
+                    ": replacement verified fresh and Slurm node {} responding{left}",
                     self.a.slurm_node
-                );
-                self.event(EventReason::RemediationSucceeded, msg);
+                ));
             }
             SlurmObservation::NotFound => {
                 if self.not_found_for_good() {

@@ -7,7 +7,7 @@
 use jiff::{SignedDuration, Timestamp};
 
 use super::actions::{Action, EventReason};
-use super::attempt::{Attempt, FailReason, Phase, PhaseEntry, Retry};
+use super::attempt::{Attempt, FailReason, Finding, Phase, PhaseEntry, Retry};
 use super::observations::{
     EvictionResult, MachineConfig, Observations, SlurmObservation, WriteResult,
 };
@@ -36,6 +36,32 @@ impl Stepper<'_> {
 
     pub(super) fn event(&mut self, reason: EventReason, message: String) {
         self.actions.push(Action::Event { reason, message });
+    }
+
+    /// An Event about the attempt and its pod: "remediation {id} of
+    /// {namespace}/{pod}" followed by `rest`.
+    pub(super) fn attempt_event(&mut self, reason: EventReason, rest: impl std::fmt::Display) {
+        let message = format!("remediation {} of {}{rest}", self.a.id, self.pod_label());
+        self.event(reason, message);
+    }
+
+    /// Enters `to` and sends RemediationStarted: the attempt and its pod,
+    /// `owner` (empty, or the owner in parentheses), what was found, then
+    /// `what` is done.
+    pub(super) fn start(&mut self, to: Phase, owner: &str, what: impl std::fmt::Display) {
+        self.goto(to);
+        let f = self.a.findings.first().map_or(String::new(), Finding::note);
+        self.attempt_event(
+            EventReason::RemediationStarted,
+            format!("{owner}{f}: {what}"),
+        );
+    }
+
+    /// Enters Succeeded and sends RemediationSucceeded: the attempt and
+    /// its pod followed by `rest`.
+    pub(super) fn succeed(&mut self, rest: impl std::fmt::Display) {
+        self.goto(Phase::Succeeded);
+        self.attempt_event(EventReason::RemediationSucceeded, rest);
     }
 
     pub(super) fn due(&self) -> bool {

@@ -35,8 +35,8 @@
 //!   pinned, say) fails the attempt, and the planner never selects that
 //!   replacement again.
 
-use super::actions::{Action, EventReason};
-use super::attempt::{FailReason, Finding, Phase};
+use super::actions::Action;
+use super::attempt::{FailReason, Phase};
 use super::observations::{
     EvictionResult, MachineConfig, NewPodCheck, NodeCordon, Observations, WorkloadObservation,
 };
@@ -83,15 +83,9 @@ impl Stepper<'_> {
                     } else if !self.ready_to_evict(kind, obs) {
                         // Waiting for a dry run's yes, or for our hold.
                     } else {
-                        self.goto(Phase::Evicting);
-                        let f = self.a.findings.first().map_or(String::new(), Finding::note);
-                        let msg = format!(
-                            "remediation {} of {} ({}){f}: evicting it through the Eviction API",
-                            self.a.id,
-                            self.pod_label(),
-                            self.owner_label()
-                        );
-                        self.event(EventReason::RemediationStarted, msg);
+                        let owner = format!(" ({})", self.owner_label());
+                        let what = "evicting it through the Eviction API";
+                        self.start(Phase::Evicting, &owner, what);
                         self.evict(w);
                     }
                 }
@@ -362,14 +356,10 @@ impl Stepper<'_> {
                 self.fail(FailReason::ReplacementStale, msg, obs);
             }
             NewPodCheck::Fresh if current.is_some() => {
-                self.goto(Phase::Succeeded);
-                let msg = format!(
-                    "remediation {} of {} ({}): replacement {new} verified fresh on node {on}",
-                    self.a.id,
-                    self.pod_label(),
+                self.succeed(format!(
+                    " ({}): replacement {new} verified fresh on node {on}",
                     self.owner_label()
-                );
-                self.event(EventReason::RemediationSucceeded, msg);
+                ));
             }
             _ => {
                 if self.elapsed_since(self.a.phase_since) >= self.cfg.verification_timeout {
