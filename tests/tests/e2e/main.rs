@@ -27,4 +27,5 @@ mod restart;
 mod seed;
 mod slurm_view;
 mod status_api;
+mod support;
 mod tls;
