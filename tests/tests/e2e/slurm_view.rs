@@ -47,21 +47,17 @@ async fn dry_run(
 /// is Stale and `ok` holds for it.
 async fn key_items(sys: &System, hosts: &[String], ok: fn(&Value) -> bool) -> Vec<Value> {
     let what = "every worker's slurm-etc Stale with its Slurm side";
-    wait_verdicts(
-        sys,
-        what,
-        Duration::from_secs(60),
-        "namespace=slurm",
-        |all| {
-            let items: Vec<Value> = all
-                .iter()
-                .filter(|v| v["subject"] == "volume slurm-etc" && v["state"] == "Stale")
-                .filter(|v| ok(v))
-                .cloned()
-                .collect();
-            (items.len() == hosts.len()).then_some(items)
-        },
-    )
+    let query = "namespace=slurm";
+    wait_verdicts(sys, what, Duration::from_secs(60), query, |doc| {
+        let items: Vec<Value> = doc["verdicts"]
+            .as_array()?
+            .iter()
+            .filter(|v| v["subject"] == "volume slurm-etc" && v["state"] == "Stale")
+            .filter(|v| ok(v))
+            .cloned()
+            .collect();
+        (items.len() == hosts.len()).then_some(items)
+    })
     .await
 }
 

@@ -8,15 +8,15 @@ use serde_json::Value;
 
 use crate::harness::{System, wait};
 
-/// Polls the verdicts answering `query` (e.g. `namespace=slurm&all=1`)
-/// until `pick` takes what it waits for from their items; on timeout,
-/// panics with `what` and the processes' logs.
+/// Polls the verdicts document answering `query` (e.g.
+/// `namespace=slurm&all=1`) until `pick` takes what it waits for from it;
+/// on timeout, panics with `what` and the processes' logs.
 pub async fn wait_verdicts<T>(
     sys: &System,
     what: &str,
     timeout: Duration,
     query: &str,
-    pick: impl Fn(&[Value]) -> Option<T>,
+    pick: impl Fn(Value) -> Option<T>,
 ) -> T {
     let base = sys.metrics_base();
     let pick = &pick;
@@ -24,7 +24,7 @@ pub async fn wait_verdicts<T>(
         let url = (base.clone(), query.to_string());
         async move {
             let doc = mountguard_tests::scenario::verdicts(&url.0, &url.1).await;
-            pick(doc.ok()?["verdicts"].as_array()?)
+            pick(doc.ok()?)
         }
     };
     wait(sys, what, timeout, check).await
