@@ -183,6 +183,24 @@ pub async fn verdicts(metrics_base: &str, query: &str) -> io::Result<Value> {
     serde_json::from_str(&text).map_err(io::Error::other)
 }
 
+/// Whether a `/v1/verdicts?all=1` document has every one of `pods`' (name,
+/// UID) key volume (`volume slurm-etc`) Fresh and every verdict Fresh or
+/// Skipped.
+pub fn all_fresh(doc: &Value, pods: &[(String, String)]) -> bool {
+    let Some(items) = doc["verdicts"].as_array() else {
+        return false;
+    };
+    let slurmd_fresh = pods.iter().all(|(p, _)| {
+        items.iter().any(|v| {
+            v["pod"] == p.as_str() && v["subject"] == "volume slurm-etc" && v["state"] == "Fresh"
+        })
+    });
+    let all_ok = items
+        .iter()
+        .all(|v| v["state"] == "Fresh" || v["state"] == "Skipped");
+    slurmd_fresh && all_ok
+}
+
 /// The verdict of `pod`'s subject `subject` (e.g. `volume slurm-etc`) in a
 /// `/v1/verdicts` document.
 pub fn find_verdict<'a>(doc: &'a Value, pod: &str, subject: &str) -> Option<&'a Value> {

@@ -8,7 +8,7 @@ use mountguard_tests::mountguard::recorded_events;
 use mountguard_tests::scenario::{state_tag, wait_for_slurmd_pods};
 use serde_json::json;
 
-use crate::harness::{Options, System, wait, wait_all_fresh};
+use crate::harness::{Options, System, wait_all_fresh, wait_verdicts};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_cluster_is_all_fresh_or_skipped_without_events() {
@@ -74,31 +74,29 @@ async fn mutable_configmap_edit_is_propagating_then_fresh_without_alert() {
             None,
         )
         .unwrap();
-    let base = sys.metrics_base();
-    wait(&sys, "hooks Propagating", Duration::from_secs(10), || {
-        let base = base.clone();
-        async move {
-            let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm")
-                .await
-                .ok()?;
+    wait_verdicts(
+        &sys,
+        "hooks Propagating",
+        Duration::from_secs(10),
+        "namespace=slurm",
+        |doc| {
             doc["verdicts"]
                 .as_array()?
                 .iter()
                 .any(|v| v["subject"] == "volume hooks" && state_tag(v) == "Propagating")
                 .then_some(())
-        }
-    })
+        },
+    )
     .await;
     for i in 0..pods.len() {
         sys.cluster.kubelet(i).resync_now();
     }
-    wait(&sys, "hooks Fresh again", Duration::from_secs(15), || {
-        let base = base.clone();
-        let pods = pods.clone();
-        async move {
-            let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm&all=1")
-                .await
-                .ok()?;
+    wait_verdicts(
+        &sys,
+        "hooks Fresh again",
+        Duration::from_secs(15),
+        "namespace=slurm&all=1",
+        |doc| {
             let items = doc["verdicts"].as_array()?;
             pods.iter()
                 .all(|(p, _)| {
@@ -109,8 +107,8 @@ async fn mutable_configmap_edit_is_propagating_then_fresh_without_alert() {
                     })
                 })
                 .then_some(())
-        }
-    })
+        },
+    )
     .await;
     assert!(
         recorded_events(&sys.cluster.api()).is_empty(),

@@ -16,7 +16,7 @@ use mountguard_tests::scenario::{rotate_auth_key, slurmd_pod, wait_for_slurmd_po
 use mountguard_tests::slurmrestd::SlurmrestdDouble;
 use serde_json::json;
 
-use crate::harness::{Options, System, wait, wait_all_fresh};
+use crate::harness::{Options, System, wait, wait_all_fresh, wait_verdicts};
 
 fn token(t: &str) -> Arc<dyn TokenSource> {
     let value = SharedSecret::default();
@@ -330,34 +330,26 @@ async fn a_refused_slurm_token_drains_nothing_and_touches_no_pod() {
     // slurmrestd refuses the token: the controller says so (API error
     // metric, log) and neither drains nor evicts.
     wait_slurm_errors_counted(&sys).await;
-    let base = sys.metrics_base();
     // Long enough for the stale verdicts to pass the remediation delay.
-    wait(
+    wait_verdicts(
         &sys,
         "stale verdicts past the delay",
         Duration::from_secs(30),
-        || {
-            let base = base.clone();
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm")
-                    .await
-                    .ok()?;
-                let now = jiff::Timestamp::now();
-                let n = doc["verdicts"]
-                    .as_array()?
-                    .iter()
-                    .filter(|v| v["state"] == "Stale")
-                    .filter(|v| {
-                        v["since"]
-                            .as_str()
-                            .and_then(|s| s.parse::<jiff::Timestamp>().ok())
-                            .is_some_and(|t| {
-                                now.duration_since(t) > jiff::SignedDuration::from_secs(3)
-                            })
-                    })
-                    .count();
-                (n >= 3).then_some(())
-            }
+        "namespace=slurm",
+        |doc| {
+            let now = jiff::Timestamp::now();
+            let n = doc["verdicts"]
+                .as_array()?
+                .iter()
+                .filter(|v| v["state"] == "Stale")
+                .filter(|v| {
+                    v["since"]
+                        .as_str()
+                        .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+                        .is_some_and(|t| now.duration_since(t) > jiff::SignedDuration::from_secs(3))
+                })
+                .count();
+            (n >= 3).then_some(())
         },
     )
     .await;

@@ -7,7 +7,7 @@ use mountguard_tests::scenario::{
     add_pinning_pod, rotate_auth_key, state_tag, wait_for_slurmd_pods,
 };
 
-use crate::harness::{HEARTBEAT, Options, System, wait, wait_all_fresh};
+use crate::harness::{HEARTBEAT, Options, System, wait_all_fresh, wait_verdicts};
 
 fn tags(doc: &serde_json::Value) -> Vec<String> {
     let mut v: Vec<String> = doc["verdicts"]
@@ -38,30 +38,22 @@ async fn controller_restart_rebuilds_from_heartbeats_without_spurious_events() {
     wait_all_fresh(&sys).await;
     // Some alarms to remember: the seed rotation.
     rotate_auth_key(&api).unwrap();
-    let base = sys.metrics_base();
-    let before = wait(
+    let before = wait_verdicts(
         &sys,
         "stale verdicts and their Events",
         Duration::from_secs(20),
-        || {
-            let base = base.clone();
-            let pods = pods.clone();
-            let api = api.clone();
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
-                    .await
-                    .ok()?;
-                let stale = doc["verdicts"]
-                    .as_array()?
-                    .iter()
-                    .filter(|v| v["state"] == "Stale")
-                    .count();
-                let events = recorded_events(&api);
-                let all_events = pods
-                    .iter()
-                    .all(|(p, _)| events.iter().any(|e| e.name == *p));
-                (stale >= pods.len() && all_events).then_some(doc)
-            }
+        "all=1",
+        |doc| {
+            let stale = doc["verdicts"]
+                .as_array()?
+                .iter()
+                .filter(|v| v["state"] == "Stale")
+                .count();
+            let events = recorded_events(&api);
+            let all_events = pods
+                .iter()
+                .all(|(p, _)| events.iter().any(|e| e.name == *p));
+            (stale >= pods.len() && all_events).then_some(doc)
         },
     )
     .await;
@@ -70,20 +62,12 @@ async fn controller_restart_rebuilds_from_heartbeats_without_spurious_events() {
     let events_before = recorded_events(&api);
     sys.start_controller().await;
     let want = tags(&before);
-    let after = wait(
+    let after = wait_verdicts(
         &sys,
         "the same verdicts after the restart",
         Duration::from_secs(20),
-        || {
-            let base = base.clone();
-            let want = want.clone();
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
-                    .await
-                    .ok()?;
-                (tags(&doc) == want).then_some(doc)
-            }
-        },
+        "all=1",
+        |doc| (tags(&doc) == want).then_some(doc),
     )
     .await;
     assert_eq!(tags(&after), want);

@@ -12,7 +12,7 @@ use mountguard_tests::scenario::{
 };
 use serde_json::json;
 
-use crate::harness::{HEARTBEAT, Options, System, wait, wait_all_fresh};
+use crate::harness::{HEARTBEAT, Options, System, wait, wait_all_fresh, wait_verdicts};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_immutable_key_rotation_pinned_on_node_a() {
@@ -39,12 +39,12 @@ async fn seed_immutable_key_rotation_pinned_on_node_a() {
 
     let base = sys.metrics_base();
     let subject = "volume slurm-etc";
-    let doc = wait(&sys, "stale verdicts", Duration::from_secs(20), || {
-        let (base, pods) = (base.clone(), pods.clone());
-        async move {
-            let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm")
-                .await
-                .ok()?;
+    let doc = wait_verdicts(
+        &sys,
+        "stale verdicts",
+        Duration::from_secs(20),
+        "namespace=slurm",
+        |doc| {
             let ok = pods.iter().enumerate().all(|(i, (p, _))| {
                 let want = if i == 0 {
                     "Stale/ImmutableCachePinned"
@@ -54,8 +54,8 @@ async fn seed_immutable_key_rotation_pinned_on_node_a() {
                 find_verdict(&doc, p, subject).is_some_and(|v| state_tag(v) == want)
             });
             ok.then_some(doc)
-        }
-    })
+        },
+    )
     .await;
     let pinned = find_verdict(&doc, &pods[0].0, subject).unwrap();
     let pinned_by: Vec<&str> = pinned["pinnedBy"]
@@ -158,22 +158,16 @@ async fn seed_immutable_key_rotation_pinned_on_node_a() {
     assert_eq!(served_key(&sys.cluster, 1, &uid1).unwrap(), new_key);
     let (p0, uid0) = replace_slurmd_pod(&sys.cluster, 0).await.unwrap();
     assert_eq!(served_key(&sys.cluster, 0, &uid0).unwrap(), old_key);
-    wait(
+    wait_verdicts(
         &sys,
         "replacement verdicts",
         Duration::from_secs(20),
-        || {
-            let base = base.clone();
-            let (p0, p1) = (p0.clone(), p1.clone());
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm&all=1")
-                    .await
-                    .ok()?;
-                let v1 = find_verdict(&doc, &p1, subject)?;
-                let v0 = find_verdict(&doc, &p0, subject)?;
-                (state_tag(v1) == "Fresh" && state_tag(v0) == "Stale/ImmutableCachePinned")
-                    .then_some(())
-            }
+        "namespace=slurm&all=1",
+        |doc| {
+            let v1 = find_verdict(&doc, &p1, subject)?;
+            let v0 = find_verdict(&doc, &p0, subject)?;
+            (state_tag(v1) == "Fresh" && state_tag(v0) == "Stale/ImmutableCachePinned")
+                .then_some(())
         },
     )
     .await;
@@ -195,54 +189,41 @@ async fn subpath_configmap_change_is_frozen_until_the_pod_restarts() {
             None,
         )
         .unwrap();
-    let base = sys.metrics_base();
     let is_subpath = |v: &serde_json::Value| {
         v["subject"]
             .as_str()
             .is_some_and(|s| s.starts_with("subPath ") && s.contains("sshd-config"))
     };
-    wait(
+    wait_verdicts(
         &sys,
         "subPath Frozen on every node",
         Duration::from_secs(20),
-        || {
-            let (base, pods) = (base.clone(), pods.clone());
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm")
-                    .await
-                    .ok()?;
-                let items = doc["verdicts"].as_array()?;
-                pods.iter()
-                    .all(|(p, _)| {
-                        items.iter().any(|v| {
-                            v["pod"] == p.as_str()
-                                && is_subpath(v)
-                                && state_tag(v) == "Frozen/SubPath"
-                        })
+        "namespace=slurm",
+        |doc| {
+            let items = doc["verdicts"].as_array()?;
+            pods.iter()
+                .all(|(p, _)| {
+                    items.iter().any(|v| {
+                        v["pod"] == p.as_str() && is_subpath(v) && state_tag(v) == "Frozen/SubPath"
                     })
-                    .then_some(())
-            }
+                })
+                .then_some(())
         },
     )
     .await;
     // The volume itself is updated by the kubelet's resync: Fresh.
-    wait(
+    wait_verdicts(
         &sys,
         "the sshd-config volume Fresh",
         Duration::from_secs(20),
-        || {
-            let (base, pods) = (base.clone(), pods.clone());
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm&all=1")
-                    .await
-                    .ok()?;
-                pods.iter()
-                    .all(|(p, _)| {
-                        find_verdict(&doc, p, "volume sshd-config")
-                            .is_some_and(|v| v["state"] == "Fresh")
-                    })
-                    .then_some(())
-            }
+        "namespace=slurm&all=1",
+        |doc| {
+            pods.iter()
+                .all(|(p, _)| {
+                    find_verdict(&doc, p, "volume sshd-config")
+                        .is_some_and(|v| v["state"] == "Fresh")
+                })
+                .then_some(())
         },
     )
     .await;
@@ -271,23 +252,17 @@ async fn subpath_configmap_change_is_frozen_until_the_pod_restarts() {
         "{doc}"
     );
     let (p2, _) = replace_slurmd_pod(&sys.cluster, 2).await.unwrap();
-    wait(
+    wait_verdicts(
         &sys,
         "the restarted pod's subPath Fresh",
         Duration::from_secs(20),
-        || {
-            let base = base.clone();
-            let p2 = p2.clone();
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm&all=1")
-                    .await
-                    .ok()?;
-                doc["verdicts"]
-                    .as_array()?
-                    .iter()
-                    .any(|v| v["pod"] == p2.as_str() && is_subpath(v) && v["state"] == "Fresh")
-                    .then_some(())
-            }
+        "namespace=slurm&all=1",
+        |doc| {
+            doc["verdicts"]
+                .as_array()?
+                .iter()
+                .any(|v| v["pod"] == p2.as_str() && is_subpath(v) && v["state"] == "Fresh")
+                .then_some(())
         },
     )
     .await;
