@@ -82,13 +82,19 @@ pub async fn add_running_pod<A: Objects + ?Sized>(api: &A, pod: Value) -> io::Re
     .await
 }
 
-/// Deletes the immutable `slurm-auth-slurm` and creates it again (still
-/// immutable) with a new random `slurm.key`; returns the new key.
-pub fn rotate_auth_key<A: Objects + ?Sized>(api: &A) -> io::Result<Vec<u8>> {
+/// A new random `slurm.key` (1024 bytes).
+pub fn random_auth_key() -> Vec<u8> {
     let mut key = Vec::with_capacity(1024);
     while key.len() < 1024 {
         key.extend_from_slice(&crate::util::random_u64().to_le_bytes());
     }
+    key
+}
+
+/// Deletes the immutable `slurm-auth-slurm` and creates it again (still
+/// immutable) with a new random `slurm.key`; returns the new key.
+pub fn rotate_auth_key<A: Objects + ?Sized>(api: &A) -> io::Result<Vec<u8>> {
+    let key = random_auth_key();
     api.delete(
         &resources::SECRETS,
         SLURM_NAMESPACE,

@@ -242,6 +242,20 @@ impl System {
         format!("http://{}", self.report_addr)
     }
 
+    /// Exposes the controller's metrics port behind the chart's metrics
+    /// Service in the chart's default namespace, through the API server
+    /// double's service proxy.
+    pub fn expose_metrics(&self) {
+        mountguard_tests::apiserver::proxy::expose(
+            &self.cluster.api(),
+            "mountguard-system",
+            "mountguard-controller-metrics",
+            "metrics",
+            self.metrics_addr,
+        )
+        .unwrap();
+    }
+
     pub async fn verdicts(&self, query: &str) -> Value {
         mountguard_tests::scenario::verdicts(&self.metrics_base(), query)
             .await

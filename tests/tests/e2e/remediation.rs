@@ -181,6 +181,30 @@ pub(crate) fn evictions(sys: &System) -> usize {
         .count()
 }
 
+/// Scales the NodeSet to a fourth worker (two may be unavailable at a
+/// time), which the NodeSet double places on node-0 next to worker 0: two
+/// NodeSet pods pinning each other's cache entries of an immutable source,
+/// which `--replace-pinning-pods` releases by replacing both together.
+/// Waits (up to 60 s) until the four run; returns them (name, UID).
+pub(crate) async fn four_workers(sys: &System) -> Vec<(String, String)> {
+    let api = sys.cluster.api();
+    api.merge_patch(
+        &resources::NODESETS,
+        SLURM_NAMESPACE,
+        NODESET,
+        &json!({"spec": {"replicas": 4, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 2}}}}),
+        None,
+    )
+    .unwrap();
+    wait(sys, "four workers running", Duration::from_secs(60), || {
+        let w = (0..4)
+            .map(|i| slurmd_pod(&api, i))
+            .collect::<Option<Vec<_>>>();
+        async move { w }
+    })
+    .await
+}
+
 pub(crate) use crate::shared::remediation::in_service;
 
 /// Waits until the controller counted a failed slurmrestd call.

@@ -12,11 +12,11 @@ use mountguard_tests::mountguard::{free_addr, http_get, recorded_events};
 use mountguard_tests::scenario::{
     PINNING_POD, add_pinning_pod, rotate_auth_key, slurmd_pod, wait_for_slurmd_pods,
 };
-use serde_json::json;
 
 use crate::harness::{Options, System, wait, wait_all_fresh};
 use crate::remediation::{
-    FULL_RUN, attempts, evictions, opt_in, remediation_args, start, wait_slurm_errors_counted,
+    FULL_RUN, attempts, evictions, four_workers, opt_in, remediation_args, start,
+    wait_slurm_errors_counted,
 };
 use crate::shared::remediation::{attempt_of, first_in, hold_evictions, pod_in, release_evictions};
 
@@ -539,25 +539,8 @@ async fn pinning_nodeset_pods_are_replaced_together_when_enabled() {
     let slurm = sys.cluster.slurm();
     // A fourth worker lands on node-0 next to worker 0: the two pin each
     // other's cache entry of the key Secret.
-    api.merge_patch(
-        &resources::NODESETS,
-        SLURM_NAMESPACE,
-        mountguard_tests::cluster::NODESET,
-        &json!({"spec": {"replicas": 4, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 2}}}}),
-        None,
-    )
-    .unwrap();
+    four_workers(&sys).await;
     let fourth = format!("{}-3", mountguard_tests::cluster::NODESET);
-    wait(
-        &sys,
-        "a fourth worker running",
-        Duration::from_secs(30),
-        || {
-            let p = api.get(&resources::PODS, SLURM_NAMESPACE, &fourth).ok();
-            async move { p.filter(|p| p["status"]["phase"] == "Running").map(|_| ()) }
-        },
-    )
-    .await;
     let first = format!("{}-0", mountguard_tests::cluster::NODESET);
     wait_all_fresh(&sys).await;
     opt_in(&sys);
