@@ -129,6 +129,22 @@ where
     .await
 }
 
+/// Polls the controller's `/metrics` until `check` answers for the text (an
+/// answer that cannot be read is no answer) or `timeout`; on timeout panics
+/// with the rig's logs.
+pub async fn wait_metrics<R, T, F>(sys: &R, what: &str, timeout: Duration, check: F) -> T
+where
+    R: Rig + ?Sized,
+    F: Fn(&str) -> Option<T>,
+{
+    let url = format!("{}/metrics", sys.metrics_base());
+    let (url, check) = (&url, &check);
+    wait(sys, what, timeout, || async move {
+        check(&crate::mountguard::http_get(url).await.ok()?)
+    })
+    .await
+}
+
 /// Waits until every slurmd pod's key volume is Fresh and every verdict is
 /// Fresh or Skipped; returns the verdicts document.
 pub async fn wait_all_fresh<R: Rig + ?Sized>(sys: &R) -> Value {

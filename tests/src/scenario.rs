@@ -196,15 +196,27 @@ pub fn all_fresh(doc: &Value, pods: &[(String, String)]) -> bool {
     let Some(items) = doc["verdicts"].as_array() else {
         return false;
     };
-    let slurmd_fresh = pods.iter().all(|(p, _)| {
-        items.iter().any(|v| {
-            v["pod"] == p.as_str() && v["subject"] == "volume slurm-etc" && v["state"] == "Fresh"
-        })
+    let slurmd_fresh = every_pod_has(doc, pods, |v| {
+        v["subject"] == "volume slurm-etc" && v["state"] == "Fresh"
     });
     let all_ok = items
         .iter()
         .all(|v| v["state"] == "Fresh" || v["state"] == "Skipped");
     slurmd_fresh && all_ok
+}
+
+/// Whether each of `pods` (name, UID) has a verdict in a `/v1/verdicts`
+/// document that `want` accepts.
+pub fn every_pod_has(
+    doc: &Value,
+    pods: &[(String, String)],
+    want: impl Fn(&Value) -> bool,
+) -> bool {
+    let Some(items) = doc["verdicts"].as_array() else {
+        return false;
+    };
+    pods.iter()
+        .all(|(p, _)| items.iter().any(|v| v["pod"] == p.as_str() && want(v)))
 }
 
 /// The verdict of `pod`'s subject `subject` (e.g. `volume slurm-etc`) in a

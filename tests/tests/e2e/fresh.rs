@@ -5,7 +5,7 @@ use std::time::Duration;
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{HOOKS_CONFIGMAP, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;
-use mountguard_tests::scenario::{state_tag, wait_for_slurmd_pods};
+use mountguard_tests::scenario::{every_pod_has, state_tag, wait_for_slurmd_pods};
 use serde_json::json;
 
 use crate::harness::{Options, System, wait_all_fresh, wait_verdicts};
@@ -97,16 +97,10 @@ async fn mutable_configmap_edit_is_propagating_then_fresh_without_alert() {
         Duration::from_secs(15),
         "namespace=slurm&all=1",
         |doc| {
-            let items = doc["verdicts"].as_array()?;
-            pods.iter()
-                .all(|(p, _)| {
-                    items.iter().any(|v| {
-                        v["pod"] == p.as_str()
-                            && v["subject"] == "volume hooks"
-                            && v["state"] == "Fresh"
-                    })
-                })
-                .then_some(())
+            every_pod_has(&doc, &pods, |v| {
+                v["subject"] == "volume hooks" && v["state"] == "Fresh"
+            })
+            .then_some(())
         },
     )
     .await;

@@ -13,7 +13,7 @@ use mountguard_tests::mountguard::{
 use serde_json::Value;
 
 /// The rig's waits: on a timeout they panic with the processes' logs.
-pub use mountguard_tests::rig::{wait, wait_all_fresh, wait_verdicts};
+pub use mountguard_tests::rig::{wait, wait_all_fresh, wait_metrics, wait_verdicts};
 
 /// Short timings so scenarios finish in seconds.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);

@@ -16,7 +16,7 @@ use mountguard_tests::scenario::{rotate_auth_key, slurmd_pod, wait_for_slurmd_po
 use mountguard_tests::slurmrestd::SlurmrestdDouble;
 use serde_json::json;
 
-use crate::harness::{Options, System, wait, wait_all_fresh, wait_verdicts};
+use crate::harness::{Options, System, wait, wait_all_fresh, wait_metrics, wait_verdicts};
 
 fn token(t: &str) -> Arc<dyn TokenSource> {
     let value = SharedSecret::default();
@@ -209,24 +209,17 @@ pub(crate) use crate::shared::remediation::in_service;
 
 /// Waits until the controller counted a failed slurmrestd call.
 pub(crate) async fn wait_slurm_errors_counted(sys: &System) {
-    let base = sys.metrics_base();
-    wait(
+    wait_metrics(
         sys,
         "slurmrestd errors counted",
         Duration::from_secs(60),
-        || {
-            let base = base.clone();
-            async move {
-                let text = mountguard_tests::mountguard::http_get(&format!("{base}/metrics"))
-                    .await
-                    .ok()?;
-                text.lines()
-                    .any(|l| {
-                        l.starts_with("mountguard_api_errors_total{operation=\"slurm_")
-                            && !l.ends_with(" 0")
-                    })
-                    .then_some(())
-            }
+        |text| {
+            text.lines()
+                .any(|l| {
+                    l.starts_with("mountguard_api_errors_total{operation=\"slurm_")
+                        && !l.ends_with(" 0")
+                })
+                .then_some(())
         },
     )
     .await;

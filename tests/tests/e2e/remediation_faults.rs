@@ -13,7 +13,7 @@ use mountguard_tests::scenario::{
     PINNING_POD, add_pinning_pod, rotate_auth_key, slurmd_pod, wait_for_slurmd_pods,
 };
 
-use crate::harness::{Options, System, wait, wait_all_fresh};
+use crate::harness::{Options, System, wait, wait_all_fresh, wait_metrics};
 use crate::remediation::{
     FULL_RUN, attempts, evictions, four_workers, opt_in, remediation_args, start,
     wait_slurm_errors_counted,
@@ -166,20 +166,14 @@ async fn an_eviction_refused_until_the_timeout_fails_and_releases_the_untouched_
     );
     // No node is kept drained, but the pod stays stale and is not tried
     // again: the unresolved failure is what pages.
-    wait(
+    wait_metrics(
         &sys,
         "mountguard_remediation_failed_unresolved{owner_kind=\"NodeSet\"} 1",
         Duration::from_secs(30),
-        || {
-            let url = format!("{}/metrics", sys.metrics_base());
-            async move {
-                let text = http_get(&url).await.ok()?;
-                text.lines()
-                    .any(|l| {
-                        l == "mountguard_remediation_failed_unresolved{owner_kind=\"NodeSet\"} 1"
-                    })
-                    .then_some(())
-            }
+        |text| {
+            text.lines()
+                .any(|l| l == "mountguard_remediation_failed_unresolved{owner_kind=\"NodeSet\"} 1")
+                .then_some(())
         },
     )
     .await;
@@ -315,19 +309,14 @@ async fn a_replacement_still_stale_fails_and_keeps_the_node_drained_with_a_reaso
     )
     .await;
     // The gauge is computed from the attempts in the next round: wait for it.
-    let base = sys.metrics_base();
-    wait(
+    wait_metrics(
         &sys,
         "mountguard_remediation_failed 1",
         Duration::from_secs(30),
-        || {
-            let base = base.clone();
-            async move {
-                let text = http_get(&format!("{base}/metrics")).await.ok()?;
-                text.lines()
-                    .any(|l| l == "mountguard_remediation_failed 1")
-                    .then_some(())
-            }
+        |text| {
+            text.lines()
+                .any(|l| l == "mountguard_remediation_failed 1")
+                .then_some(())
         },
     )
     .await;

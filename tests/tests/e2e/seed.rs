@@ -4,15 +4,17 @@ use std::time::{Duration, Instant};
 
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{SLURM_NAMESPACE, SSHD_CONFIGMAP};
-use mountguard_tests::demo::scrape;
+use mountguard_tests::demo::metric_samples;
 use mountguard_tests::mountguard::recorded_events;
 use mountguard_tests::scenario::{
-    PINNING_POD, add_pinning_pod, api_auth_key, find_verdict, replace_slurmd_pod, rotate_auth_key,
-    served_key, state_tag, wait_for_slurmd_pods,
+    PINNING_POD, add_pinning_pod, api_auth_key, every_pod_has, find_verdict, replace_slurmd_pod,
+    rotate_auth_key, served_key, state_tag, wait_for_slurmd_pods,
 };
 use serde_json::json;
 
-use crate::harness::{HEARTBEAT, Options, System, wait, wait_all_fresh, wait_verdicts};
+use crate::harness::{
+    HEARTBEAT, Options, System, wait, wait_all_fresh, wait_metrics, wait_verdicts,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_immutable_key_rotation_pinned_on_node_a() {
@@ -37,7 +39,6 @@ async fn seed_immutable_key_rotation_pinned_on_node_a() {
         );
     }
 
-    let base = sys.metrics_base();
     let subject = "volume slurm-etc";
     let doc = wait_verdicts(
         &sys,
@@ -80,36 +81,33 @@ async fn seed_immutable_key_rotation_pinned_on_node_a() {
     // Metric and Event: within 5 s of the first report after the grace
     // period (one heartbeat interval).
     let bound = grace + HEARTBEAT + Duration::from_secs(5);
-    wait(
+    wait_metrics(
         &sys,
         "the mount_state metric",
         bound.saturating_sub(rotated.elapsed()),
-        || {
-            let (base, pods) = (base.clone(), pods.clone());
-            async move {
-                let samples = scrape(&base).await.ok()?;
-                pods.iter()
-                    .enumerate()
-                    .all(|(i, (p, _))| {
-                        let cause = if i == 0 {
-                            "ImmutableCachePinned"
-                        } else {
-                            "ImmutableCache"
-                        };
-                        samples.iter().any(|s| {
-                            s.name == "mountguard_mount_state"
-                                && s.value == 1.0
-                                && s.labels.get("pod") == Some(p)
-                                && s.labels.get("volume").map(String::as_str) == Some("slurm-etc")
-                                && s.labels.get("source_kind").map(String::as_str) == Some("Secret")
-                                && s.labels.get("source_name").map(String::as_str)
-                                    == Some("slurm-auth-slurm")
-                                && s.labels.get("state").map(String::as_str) == Some("Stale")
-                                && s.labels.get("cause").map(String::as_str) == Some(cause)
-                        })
+        |text| {
+            let samples = metric_samples(text);
+            pods.iter()
+                .enumerate()
+                .all(|(i, (p, _))| {
+                    let cause = if i == 0 {
+                        "ImmutableCachePinned"
+                    } else {
+                        "ImmutableCache"
+                    };
+                    samples.iter().any(|s| {
+                        s.name == "mountguard_mount_state"
+                            && s.value == 1.0
+                            && s.labels.get("pod") == Some(p)
+                            && s.labels.get("volume").map(String::as_str) == Some("slurm-etc")
+                            && s.labels.get("source_kind").map(String::as_str) == Some("Secret")
+                            && s.labels.get("source_name").map(String::as_str)
+                                == Some("slurm-auth-slurm")
+                            && s.labels.get("state").map(String::as_str) == Some("Stale")
+                            && s.labels.get("cause").map(String::as_str) == Some(cause)
                     })
-                    .then_some(())
-            }
+                })
+                .then_some(())
         },
     )
     .await;
@@ -200,14 +198,10 @@ async fn subpath_configmap_change_is_frozen_until_the_pod_restarts() {
         Duration::from_secs(20),
         "namespace=slurm",
         |doc| {
-            let items = doc["verdicts"].as_array()?;
-            pods.iter()
-                .all(|(p, _)| {
-                    items.iter().any(|v| {
-                        v["pod"] == p.as_str() && is_subpath(v) && state_tag(v) == "Frozen/SubPath"
-                    })
-                })
-                .then_some(())
+            every_pod_has(&doc, &pods, |v| {
+                is_subpath(v) && state_tag(v) == "Frozen/SubPath"
+            })
+            .then_some(())
         },
     )
     .await;
