@@ -406,14 +406,8 @@ async fn the_controller_killed_at_every_step_leaves_no_orphan_drain_and_loses_no
     opt_in(&sys);
     rotate_auth_key(&api).unwrap();
 
-    let steps = [
-        "Draining",
-        "Drained",
-        "Evicting",
-        "AwaitingReplacement",
-        "Verifying",
-        "Undraining",
-    ];
+    // Every phase of a run but the first (Pending) and the last (Succeeded).
+    let steps = &FULL_RUN[1..FULL_RUN.len() - 1];
     let mut killed_in: Vec<&str> = Vec::new();
     let mut orphan: Option<String> = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
