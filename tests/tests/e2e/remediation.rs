@@ -8,7 +8,7 @@ use std::time::Duration;
 use mountguard_controller::remediation::slurm::{
     JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource,
 };
-use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
+use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord};
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{JWT_SECRET, NODESET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;
@@ -147,18 +147,7 @@ pub(crate) async fn start(mode: &str, extra: &[&str]) -> System {
     sys
 }
 
-pub(crate) fn opt_in(sys: &System) {
-    sys.cluster
-        .api()
-        .merge_patch(
-            &resources::NODESETS,
-            SLURM_NAMESPACE,
-            NODESET,
-            &json!({"metadata": {"annotations": {REMEDIATE_ANNOTATION: "true"}}}),
-            None,
-        )
-        .unwrap();
-}
+pub(crate) use mountguard_tests::rig::opt_in;
 
 pub(crate) fn attempts(sys: &System) -> Vec<mountguard_core::remediation::Attempt> {
     let ns = sys
