@@ -16,32 +16,26 @@ use mountguard_tests::mountguard::recorded_events;
 use mountguard_tests::scenario::{rotate_auth_key, wait_for_slurmd_pods};
 use serde_json::{Value, json};
 
-use crate::harness::{Options, System, wait, wait_all_fresh};
+use crate::harness::{Options, System, wait, wait_all_fresh, wait_verdicts};
 use crate::remediation::remediation_args;
 
 /// The `volume slurm-etc` items of the slurmd pods `hosts`, once every one
 /// is Stale and `ok` holds for it.
 async fn key_items(sys: &System, hosts: &[String], ok: fn(&Value) -> bool) -> Vec<Value> {
-    let base = sys.metrics_base();
-    wait(
+    wait_verdicts(
         sys,
         "every worker's slurm-etc Stale with its Slurm side",
         Duration::from_secs(60),
-        || {
-            let base = base.clone();
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm")
-                    .await
-                    .ok()?;
-                let items: Vec<Value> = doc["verdicts"]
-                    .as_array()?
-                    .iter()
-                    .filter(|v| v["subject"] == "volume slurm-etc" && v["state"] == "Stale")
-                    .filter(|v| ok(v))
-                    .cloned()
-                    .collect();
-                (items.len() == hosts.len()).then_some(items)
-            }
+        "namespace=slurm",
+        |doc| {
+            let items: Vec<Value> = doc["verdicts"]
+                .as_array()?
+                .iter()
+                .filter(|v| v["subject"] == "volume slurm-etc" && v["state"] == "Stale")
+                .filter(|v| ok(v))
+                .cloned()
+                .collect();
+            (items.len() == hosts.len()).then_some(items)
         },
     )
     .await
