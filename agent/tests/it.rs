@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -610,15 +610,33 @@ fn namespace_tests_unavailable() -> Option<String> {
     }
 }
 
-/// The agent command line (`[qemu ...] mountguard-agent scan ...`) as argv,
-/// for a shell script to exec.
-fn agent_scan_argv(root: &Path) -> Vec<String> {
+/// The agent command line (`[qemu ...] mountguard-agent`) as argv, for a
+/// shell script to exec.
+fn agent_argv() -> Vec<String> {
     let cmd = agent_cmd(&[]);
     let mut argv = vec![cmd.get_program().to_string_lossy().into_owned()];
     argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
+    argv
+}
+
+/// [`agent_argv`] with `scan ...` of kubelet root `root`.
+fn agent_scan_argv(root: &Path) -> Vec<String> {
+    let mut argv = agent_argv();
     argv.extend(["scan", "--node", "n", "--output", "json", "--kubelet-root"].map(String::from));
     argv.push(root.to_string_lossy().into_owned());
     argv
+}
+
+/// Runs shell `script` in a scratch mount namespace of its own (private
+/// propagation), with `paths` then `argv` as its arguments; its output.
+fn in_private_mount_namespace(script: &str, paths: &[&Path], argv: &[String]) -> Output {
+    Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", script, "sh"])
+        .args(paths)
+        .args(argv)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
 }
 
 /// Runs `$1..$4` = kubelet root, volume dir, staged volume content, work
@@ -681,24 +699,11 @@ fn host_to_container_propagation_shows_volumes_mounted_after_the_agent_started()
         .unwrap();
     let work = tempfile::tempdir().unwrap();
 
-    let out = Command::new("unshare")
-        .args([
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            PROPAGATION_SCRIPT,
-            "sh",
-        ])
-        .arg(r.path())
-        .arg(&vol)
-        .arg(stage.path().join("v"))
-        .arg(work.path())
-        .args(agent_scan_argv(r.path()))
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = in_private_mount_namespace(
+        PROPAGATION_SCRIPT,
+        &[r.path(), &vol, &stage.path().join("v"), work.path()],
+        &agent_scan_argv(r.path()),
+    );
     let read = |f: &str| std::fs::read_to_string(work.path().join(f)).unwrap_or_default();
     assert!(
         out.status.success(),
@@ -878,26 +883,11 @@ fn landlock_keeps_the_agent_from_writing_to_volumes_mounted_after_it_started() {
     let vol = volume_dir(r.path(), "u1", Plugin::Secret, "s");
     std::fs::create_dir_all(&vol).unwrap();
     let work = tempfile::tempdir().unwrap();
-    let cmd = agent_cmd(&[]);
-    let mut argv = vec![cmd.get_program().to_string_lossy().into_owned()];
-    argv.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
-    let out = Command::new("unshare")
-        .args([
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            LANDLOCK_SCRIPT,
-            "sh",
-        ])
-        .arg(r.path())
-        .arg(&vol)
-        .arg(work.path())
-        .args(&argv)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
+    let out = in_private_mount_namespace(
+        LANDLOCK_SCRIPT,
+        &[r.path(), &vol, work.path()],
+        &agent_argv(),
+    );
     let read = |f: &str| std::fs::read_to_string(work.path().join(f)).unwrap_or_default();
     assert!(
         out.status.success(),

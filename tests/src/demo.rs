@@ -409,7 +409,12 @@ fn io_err(msg: impl Into<String>) -> io::Error {
 /// The `mountguard_*` samples of the controller's `/metrics`.
 pub async fn scrape(metrics_base: &str) -> io::Result<Vec<MetricSample>> {
     let text = http_get(&format!("{metrics_base}/metrics")).await?;
-    Ok(parse_metrics(&text)
+    Ok(metric_samples(&text))
+}
+
+/// The `mountguard_*` samples of a `/metrics` exposition `text`.
+pub fn metric_samples(text: &str) -> Vec<MetricSample> {
+    parse_metrics(text)
         .into_iter()
         .filter(|s| s.name.starts_with("mountguard_"))
         .map(|s| MetricSample {
@@ -417,7 +422,7 @@ pub async fn scrape(metrics_base: &str) -> io::Result<Vec<MetricSample>> {
             labels: s.labels.into_iter().collect(),
             value: s.value,
         })
-        .collect())
+        .collect()
 }
 
 fn event_summary(e: &RecordedEvent) -> EventSummary {

@@ -107,34 +107,54 @@ pub async fn wait_for_slurmd_pods<R: Rig + ?Sized>(sys: &R) -> Vec<(String, Stri
     .await
 }
 
+/// Polls the controller's `/v1/verdicts?{query}` until `check` answers for
+/// the document (one that cannot be read is no answer) or `timeout`; on
+/// timeout panics with the rig's logs.
+pub async fn wait_verdicts<R, T, F>(
+    sys: &R,
+    what: &str,
+    timeout: Duration,
+    query: &str,
+    check: F,
+) -> T
+where
+    R: Rig + ?Sized,
+    F: Fn(Value) -> Option<T>,
+{
+    let base = sys.metrics_base();
+    let (base, check) = (&base, &check);
+    wait(sys, what, timeout, || async move {
+        check(crate::scenario::verdicts(base, query).await.ok()?)
+    })
+    .await
+}
+
+/// Polls the controller's `/metrics` until `check` answers for the text (an
+/// answer that cannot be read is no answer) or `timeout`; on timeout panics
+/// with the rig's logs.
+pub async fn wait_metrics<R, T, F>(sys: &R, what: &str, timeout: Duration, check: F) -> T
+where
+    R: Rig + ?Sized,
+    F: Fn(&str) -> Option<T>,
+{
+    let url = format!("{}/metrics", sys.metrics_base());
+    let (url, check) = (&url, &check);
+    wait(sys, what, timeout, || async move {
+        check(&crate::mountguard::http_get(url).await.ok()?)
+    })
+    .await
+}
+
 /// Waits until every slurmd pod's key volume is Fresh and every verdict is
 /// Fresh or Skipped; returns the verdicts document.
 pub async fn wait_all_fresh<R: Rig + ?Sized>(sys: &R) -> Value {
     let pods = wait_for_slurmd_pods(sys).await;
-    let base = sys.metrics_base();
-    wait(
+    wait_verdicts(
         sys,
         "every verdict Fresh or Skipped",
         Duration::from_secs(60),
-        || {
-            let base = base.clone();
-            let pods = pods.clone();
-            async move {
-                let doc = crate::scenario::verdicts(&base, "all=1").await.ok()?;
-                let items = doc["verdicts"].as_array()?;
-                let slurmd_fresh = pods.iter().all(|(p, _)| {
-                    items.iter().any(|v| {
-                        v["pod"] == p.as_str()
-                            && v["subject"] == "volume slurm-etc"
-                            && v["state"] == "Fresh"
-                    })
-                });
-                let all_ok = items
-                    .iter()
-                    .all(|v| v["state"] == "Fresh" || v["state"] == "Skipped");
-                (slurmd_fresh && all_ok).then_some(doc)
-            }
-        },
+        "all=1",
+        |doc| crate::scenario::all_fresh(&doc, &pods).then_some(doc),
     )
     .await
 }

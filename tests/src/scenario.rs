@@ -82,13 +82,19 @@ pub async fn add_running_pod<A: Objects + ?Sized>(api: &A, pod: Value) -> io::Re
     .await
 }
 
-/// Deletes the immutable `slurm-auth-slurm` and creates it again (still
-/// immutable) with a new random `slurm.key`; returns the new key.
-pub fn rotate_auth_key<A: Objects + ?Sized>(api: &A) -> io::Result<Vec<u8>> {
+/// A new random `slurm.key` (1024 bytes).
+pub fn random_auth_key() -> Vec<u8> {
     let mut key = Vec::with_capacity(1024);
     while key.len() < 1024 {
         key.extend_from_slice(&crate::util::random_u64().to_le_bytes());
     }
+    key
+}
+
+/// Deletes the immutable `slurm-auth-slurm` and creates it again (still
+/// immutable) with a new random `slurm.key`; returns the new key.
+pub fn rotate_auth_key<A: Objects + ?Sized>(api: &A) -> io::Result<Vec<u8>> {
+    let key = random_auth_key();
     api.delete(
         &resources::SECRETS,
         SLURM_NAMESPACE,
@@ -181,6 +187,36 @@ pub async fn replace_slurmd_pod(cluster: &Cluster, i: usize) -> io::Result<(Stri
 pub async fn verdicts(metrics_base: &str, query: &str) -> io::Result<Value> {
     let text = http_get(&format!("{metrics_base}/v1/verdicts?{query}")).await?;
     serde_json::from_str(&text).map_err(io::Error::other)
+}
+
+/// Whether a `/v1/verdicts?all=1` document has every one of `pods`' (name,
+/// UID) key volume (`volume slurm-etc`) Fresh and every verdict Fresh or
+/// Skipped.
+pub fn all_fresh(doc: &Value, pods: &[(String, String)]) -> bool {
+    let Some(items) = doc["verdicts"].as_array() else {
+        return false;
+    };
+    let slurmd_fresh = every_pod_has(doc, pods, |v| {
+        v["subject"] == "volume slurm-etc" && v["state"] == "Fresh"
+    });
+    let all_ok = items
+        .iter()
+        .all(|v| v["state"] == "Fresh" || v["state"] == "Skipped");
+    slurmd_fresh && all_ok
+}
+
+/// Whether each of `pods` (name, UID) has a verdict in a `/v1/verdicts`
+/// document that `want` accepts.
+pub fn every_pod_has(
+    doc: &Value,
+    pods: &[(String, String)],
+    want: impl Fn(&Value) -> bool,
+) -> bool {
+    let Some(items) = doc["verdicts"].as_array() else {
+        return false;
+    };
+    pods.iter()
+        .all(|(p, _)| items.iter().any(|v| v["pod"] == p.as_str() && want(v)))
 }
 
 /// The verdict of `pod`'s subject `subject` (e.g. `volume slurm-etc`) in a

@@ -1014,6 +1014,18 @@ fn watch_response(
 /// by default its service account issuer).
 pub const API_AUDIENCES: [&str; 1] = ["https://kubernetes.default.svc"];
 
+/// The strings of JSON array `v` (none when it is not an array; items that
+/// are not strings skipped).
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A TokenReview, as kubernetes/kubernetes
 /// `pkg/registry/authentication/tokenreview/storage.go` `(*REST).Create`
 /// answers it: the audiences checked are `spec.audiences`, or when empty
@@ -1022,14 +1034,7 @@ pub const API_AUDIENCES: [&str; 1] = ["https://kubernetes.default.svc"];
 /// authenticated, and `status.audiences` lists the ones that matched.
 fn token_review(h: &ApiHandle, body: Value) -> Value {
     let token = body["spec"]["token"].as_str().unwrap_or("");
-    let mut wanted: Vec<String> = body["spec"]["audiences"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut wanted = strings(&body["spec"]["audiences"]);
     if wanted.is_empty() {
         wanted = API_AUDIENCES.iter().map(|a| a.to_string()).collect();
     }

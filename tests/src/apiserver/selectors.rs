@@ -92,14 +92,7 @@ impl LabelSelector {
         if let Some(exprs) = sel.get("matchExpressions").and_then(Value::as_array) {
             for e in exprs {
                 let key = e["key"].as_str().unwrap_or("").to_string();
-                let values: Vec<String> = e["values"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|v| v.as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let values = super::strings(&e["values"]);
                 match e["operator"].as_str() {
                     Some("In") => reqs.push(LabelReq::In(key, values)),
                     Some("NotIn") => reqs.push(LabelReq::NotIn(key, values)),

@@ -9,7 +9,7 @@ use mountguard_tests::nodeset::LABEL_POD_HOSTNAME;
 use mountguard_tests::slurmrestd::mint_token;
 use serde_json::{Value, json};
 
-use crate::eventually;
+use crate::{eventually, set_unschedulable};
 
 const NS: &str = cluster::SLURM_NAMESPACE;
 
@@ -342,14 +342,7 @@ async fn a_cordoned_node_takes_no_new_nodeset_pod_until_it_is_uncordoned() {
     let api = c.api();
     let name = format!("{}-0", cluster::NODESET);
     let old = running(&api, &name, None).await;
-    api.merge_patch(
-        &resources::NODES,
-        "",
-        "node-0",
-        &json!({"spec": {"unschedulable": true}}),
-        None,
-    )
-    .unwrap();
+    set_unschedulable(&api, "node-0", true);
     api.delete(&resources::PODS, NS, &name, &DeleteOptions::default())
         .unwrap();
     // Recreated (new UID) but left Pending, unbound.
@@ -367,14 +360,7 @@ async fn a_cordoned_node_takes_no_new_nodeset_pod_until_it_is_uncordoned() {
     assert!(p["spec"]["nodeName"].is_null(), "{p}");
     assert_ne!(p["status"]["phase"], "Running", "{p}");
     // Uncordoned: bound to node-0 and started there.
-    api.merge_patch(
-        &resources::NODES,
-        "",
-        "node-0",
-        &json!({"spec": {"unschedulable": false}}),
-        None,
-    )
-    .unwrap();
+    set_unschedulable(&api, "node-0", false);
     let p = running(&api, &name, Some(&uid(&old))).await;
     assert_eq!(uid(&p), uid(&pending));
     assert_eq!(p["spec"]["nodeName"], "node-0");

@@ -129,6 +129,22 @@ async fn delete_and_wait_gone(api: &ApiHandle, name: &str) {
     .await;
 }
 
+/// Creates worker pod `name` and waits until it runs; its UID.
+async fn start_worker(api: &ApiHandle, name: &str) -> String {
+    api.create(&resources::PODS, "slurm", worker_pod(name))
+        .unwrap();
+    running_uid(api, name, None).await
+}
+
+/// Deletes worker pod `name` (UID `old`), waits until it is gone, creates it
+/// again and waits until the new pod runs; its UID.
+async fn replace_worker(api: &ApiHandle, name: &str, old: &str) -> String {
+    delete_and_wait_gone(api, name).await;
+    api.create(&resources::PODS, "slurm", worker_pod(name))
+        .unwrap();
+    running_uid(api, name, Some(old)).await
+}
+
 fn vol(k: &KubeletHandle, uid: &str, plugin: &str, name: &str) -> PathBuf {
     k.volume_dir(uid, plugin, name)
 }
@@ -147,9 +163,7 @@ async fn kubelet_double_writes_atomicwriter_layout_with_projection_rules_and_mod
     let rig = Rig::start(Strategy::Watch).await;
     let api = rig.api();
     setup_objects(&api, "key-1");
-    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
-        .unwrap();
-    let uid = running_uid(&api, "w-0", None).await;
+    let uid = start_worker(&api, "w-0").await;
     let k = rig.kubelet();
     let dir = vol(&k, &uid, "kubernetes.io~projected", "slurm-etc");
     // AtomicWriter layout: ..data -> ..<timestamp>, top-level links.
@@ -208,9 +222,7 @@ async fn kubelet_double_resyncs_mutable_volumes_but_never_subpath_or_env() {
     let api = rig.api();
     let k = rig.kubelet();
     setup_objects(&api, "key-1");
-    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
-        .unwrap();
-    let uid = running_uid(&api, "w-0", None).await;
+    let uid = start_worker(&api, "w-0").await;
     let subpath = mountguard_inventory::layout::subpath_target(k.root(), &uid, "sshd", "slurmd", 1);
     assert_eq!(read(&subpath), "Port 22\n");
     let hooks = vol(&k, &uid, "kubernetes.io~configmap", "hooks");
@@ -294,9 +306,7 @@ async fn kubelet_double_deletion_removes_volumes_unregisters_and_confirms() {
     let api = rig.api();
     let k = rig.kubelet();
     setup_objects(&api, "key-1");
-    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
-        .unwrap();
-    let uid = running_uid(&api, "w-0", None).await;
+    let uid = start_worker(&api, "w-0").await;
     assert_eq!(
         k.secret_cache("slurm", "slurm-auth-slurm")
             .unwrap()
@@ -349,10 +359,7 @@ async fn kubelet_double_reproduces_the_immutable_pin_when_another_pod_keeps_the_
     assert_eq!(item.refs.len(), 2);
 
     rotate_immutable_key(&api, "new-key");
-    delete_and_wait_gone(&api, "w-0").await;
-    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
-        .unwrap();
-    let uid1 = running_uid(&api, "w-0", Some(&uid0)).await;
+    let uid1 = replace_worker(&api, "w-0", &uid0).await;
     // The replacement pod gets the OLD bytes: the cache item survived the
     // swap because "other" kept referencing it.
     assert_eq!(slurm_key(&k, &uid1), "old-key");
@@ -427,10 +434,7 @@ async fn kubelet_double_a_finished_init_containers_env_reference_pins() {
     assert!(init["state"]["running"].is_null());
 
     rotate_immutable_key(&api, "new-key");
-    delete_and_wait_gone(&api, "w-0").await;
-    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
-        .unwrap();
-    let uid1 = running_uid(&api, "w-0", Some(&uid0)).await;
+    let uid1 = replace_worker(&api, "w-0", &uid0).await;
     assert_eq!(
         slurm_key(&k, &uid1),
         "old-key",
@@ -438,10 +442,7 @@ async fn kubelet_double_a_finished_init_containers_env_reference_pins() {
     );
     // Once the holder is gone, a replacement gets the new key.
     delete_and_wait_gone(&api, "holder").await;
-    delete_and_wait_gone(&api, "w-0").await;
-    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
-        .unwrap();
-    let uid2 = running_uid(&api, "w-0", Some(&uid1)).await;
+    let uid2 = replace_worker(&api, "w-0", &uid1).await;
     assert_eq!(slurm_key(&k, &uid2), "new-key");
     rig.stop().await;
 }
@@ -452,18 +453,13 @@ async fn kubelet_double_does_not_pin_when_the_replaced_pod_was_the_only_referenc
     let api = rig.api();
     let k = rig.kubelet();
     setup_objects(&api, "old-key");
-    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
-        .unwrap();
-    let uid0 = running_uid(&api, "w-0", None).await;
+    let uid0 = start_worker(&api, "w-0").await;
     assert_eq!(slurm_key(&k, &uid0), "old-key");
     rotate_immutable_key(&api, "new-key");
     // The running pod itself keeps the old bytes (its item is pinned).
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(slurm_key(&k, &uid0), "old-key");
-    delete_and_wait_gone(&api, "w-0").await;
-    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
-        .unwrap();
-    let uid1 = running_uid(&api, "w-0", Some(&uid0)).await;
+    let uid1 = replace_worker(&api, "w-0", &uid0).await;
     assert_eq!(slurm_key(&k, &uid1), "new-key");
     rig.stop().await;
 }
@@ -481,10 +477,7 @@ async fn kubelet_double_get_strategy_serves_fresh_bytes_despite_other_references
     let uid0 = running_uid(&api, "w-0", None).await;
     running_uid(&api, "other", None).await;
     rotate_immutable_key(&api, "new-key");
-    delete_and_wait_gone(&api, "w-0").await;
-    api.create(&resources::PODS, "slurm", worker_pod("w-0"))
-        .unwrap();
-    let uid1 = running_uid(&api, "w-0", Some(&uid0)).await;
+    let uid1 = replace_worker(&api, "w-0", &uid0).await;
     assert_eq!(slurm_key(&k, &uid1), "new-key");
     rig.stop().await;
 }

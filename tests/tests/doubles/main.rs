@@ -11,6 +11,9 @@ mod slurmrestd_double;
 use std::future::Future;
 use std::time::Duration;
 
+use mountguard_tests::apiserver::{ApiHandle, resources};
+use serde_json::json;
+
 /// Polls `f` until it returns `Some`, failing the test after `secs` seconds.
 pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
 where
@@ -36,4 +39,17 @@ pub async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T
         Ok(v) => v,
         Err(_) => panic!("timed out after {secs}s: {what}"),
     }
+}
+
+/// Cordons (`true`) or uncordons (`false`) Kubernetes node `node`: its
+/// `spec.unschedulable`, as `kubectl cordon` sets it.
+pub fn set_unschedulable(api: &ApiHandle, node: &str, cordoned: bool) {
+    api.merge_patch(
+        &resources::NODES,
+        "",
+        node,
+        &json!({"spec": {"unschedulable": cordoned}}),
+        None,
+    )
+    .unwrap();
 }

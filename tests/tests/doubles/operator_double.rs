@@ -11,7 +11,7 @@ use mountguard_tests::operator::{
 use mountguard_tests::scenario::{rotate_auth_key, wait_for_slurmd_pods};
 use serde_json::{Value, json};
 
-use crate::eventually;
+use crate::{eventually, set_unschedulable};
 
 fn facts(state: &[&str], reason: &str) -> SlurmFacts {
     SlurmFacts {
@@ -201,22 +201,8 @@ async fn the_cluster_applies_prestop_and_sync_cordon_through_slurmrestd() {
     slurm.admin_drain(&w1, ours, "slurm");
     // Cordon node-0: worker 0's pod is cordoned and its Slurm node drained
     // with the operator's reason.
-    api.merge_patch(
-        &resources::NODES,
-        "",
-        "node-0",
-        &json!({"spec": {"unschedulable": true}}),
-        None,
-    )
-    .unwrap();
-    api.merge_patch(
-        &resources::NODES,
-        "",
-        "node-1",
-        &json!({"spec": {"unschedulable": true}}),
-        None,
-    )
-    .unwrap();
+    set_unschedulable(&api, "node-0", true);
+    set_unschedulable(&api, "node-1", true);
     eventually(15, "worker 0 drained by the operator", || {
         let n = slurm.node(&w0);
         let p = api
@@ -239,14 +225,7 @@ async fn the_cluster_applies_prestop_and_sync_cordon_through_slurmrestd() {
         "a foreign reason is left alone"
     );
     // Uncordon node-0 and the pod: the operator undrains.
-    api.merge_patch(
-        &resources::NODES,
-        "",
-        "node-0",
-        &json!({"spec": {"unschedulable": false}}),
-        None,
-    )
-    .unwrap();
+    set_unschedulable(&api, "node-0", false);
     api.merge_patch(
         &resources::PODS,
         cluster::SLURM_NAMESPACE,
@@ -263,14 +242,7 @@ async fn the_cluster_applies_prestop_and_sync_cordon_through_slurmrestd() {
         }
     })
     .await;
-    api.merge_patch(
-        &resources::NODES,
-        "",
-        "node-1",
-        &json!({"spec": {"unschedulable": false}}),
-        None,
-    )
-    .unwrap();
+    set_unschedulable(&api, "node-1", false);
     // preStop: deleting worker 0's pod (key current) sets DOWN with the
     // operator's reason.
     api.delete(
@@ -346,14 +318,7 @@ async fn sync_cordon_reads_the_nodes_cordon_not_its_taints_and_a_taint_holds_new
         .unwrap();
     // syncCordon runs for every pod on every pass: once it has drained the
     // worker of cordoned node-1, it has seen node-0's taint too.
-    api.merge_patch(
-        &resources::NODES,
-        "",
-        "node-1",
-        &json!({"spec": {"unschedulable": true}}),
-        None,
-    )
-    .unwrap();
+    set_unschedulable(&api, "node-1", true);
     eventually(15, "worker 1 drained for its node's cordon", || {
         let n = slurm.node(&w1);
         async move {

@@ -81,6 +81,21 @@ fn check(doc: &Value, schema_name: &str, v: &Value) {
     assert!(errs.is_empty(), "{schema_name}: {errs:#?}");
 }
 
+/// Checks `v` against the schema `route`'s `method` declares for a 200
+/// response.
+fn check_response(doc: &Value, route: &str, method: &str, v: &Value) {
+    check(doc, &response_schema(doc, route, method), v);
+}
+
+/// GETs `path` with the token, asserts a 200 and checks the answer against
+/// the schema of `route`'s GET; the answer.
+async fn get_checked(url: &str, doc: &Value, path: &str, route: &str) -> Value {
+    let (st, v) = call(url, "GET", path, Some(TOKEN), None).await;
+    assert_eq!(st, 200, "GET {path}: {v}");
+    check_response(doc, route, "get", &v);
+    v
+}
+
 /// The schema a path's operation declares for a 200 response.
 fn response_schema(doc: &Value, path: &str, method: &str) -> String {
     doc["paths"][path][method]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
@@ -552,13 +567,7 @@ async fn slurmrestd_double_responses_and_requests_match_the_v0_0_44_openapi_sche
     h.admin_drain("slinky-0", "admin says so", "root");
     let url = d.url();
 
-    let (st, nodes) = call(&url, "GET", "/slurm/v0.0.44/nodes/", Some(TOKEN), None).await;
-    assert_eq!(st, 200);
-    check(
-        &doc,
-        &response_schema(&doc, "/slurm/v0.0.44/nodes/", "get"),
-        &nodes,
-    );
+    let nodes = get_checked(&url, &doc, "/slurm/v0.0.44/nodes/", "/slurm/v0.0.44/nodes/").await;
     assert_eq!(nodes["nodes"].as_array().unwrap().len(), 3);
     assert_eq!(nodes["nodes"][0]["state"], json!(["MIXED", "DRAIN"]));
     let (_, one) = call(
@@ -569,11 +578,7 @@ async fn slurmrestd_double_responses_and_requests_match_the_v0_0_44_openapi_sche
         None,
     )
     .await;
-    check(
-        &doc,
-        &response_schema(&doc, "/slurm/v0.0.44/node/{node_name}", "get"),
-        &one,
-    );
+    check_response(&doc, "/slurm/v0.0.44/node/{node_name}", "get", &one);
     // Every node state value is one of the schema's enum values.
     let node_state_enum =
         &doc["components"]["schemas"]["v0.0.44_node"]["properties"]["state"]["items"]["enum"];
@@ -602,11 +607,7 @@ async fn slurmrestd_double_responses_and_requests_match_the_v0_0_44_openapi_sche
         )
         .await;
         assert_eq!(st, 200);
-        check(
-            &doc,
-            &response_schema(&doc, "/slurm/v0.0.44/node/{node_name}", "post"),
-            &resp,
-        );
+        check_response(&doc, "/slurm/v0.0.44/node/{node_name}", "post", &resp);
     }
     // Error envelopes follow the schema too (a refused token's 511; a
     // missing token's 401 is text/plain).
@@ -637,13 +638,7 @@ async fn slurmrestd_double_serves_jobs_reservations_and_the_node_comment_the_ope
     h.end_job(ending);
     let url = d.url();
 
-    let (st, jobs) = call(&url, "GET", "/slurm/v0.0.44/jobs/", Some(TOKEN), None).await;
-    assert_eq!(st, 200);
-    check(
-        &doc,
-        &response_schema(&doc, "/slurm/v0.0.44/jobs/", "get"),
-        &jobs,
-    );
+    let jobs = get_checked(&url, &doc, "/slurm/v0.0.44/jobs/", "/slurm/v0.0.44/jobs/").await;
     let list = jobs["jobs"].as_array().unwrap();
     assert_eq!(list.len(), 2, "{jobs:#}");
     let by_id = |id: u32| list.iter().find(|j| j["job_id"] == id).unwrap();
@@ -652,35 +647,21 @@ async fn slurmrestd_double_serves_jobs_reservations_and_the_node_comment_the_ope
     assert_eq!(by_id(running)["nodes"], "slinky-0");
     assert_eq!(by_id(running)["start_time"]["set"], true);
 
-    let (st, res) = call(
+    let res = get_checked(
         &url,
-        "GET",
+        &doc,
         "/slurm/v0.0.44/reservations/",
-        Some(TOKEN),
-        None,
+        "/slurm/v0.0.44/reservations/",
     )
     .await;
-    assert_eq!(st, 200);
-    check(
-        &doc,
-        &response_schema(&doc, "/slurm/v0.0.44/reservations/", "get"),
-        &res,
-    );
     assert_eq!(res["reservations"], json!([]));
-    let (st, one) = call(
+    let one = get_checked(
         &url,
-        "GET",
+        &doc,
         "/slurm/v0.0.44/reservation/SlurmOperatorMaint-x",
-        Some(TOKEN),
-        None,
+        "/slurm/v0.0.44/reservation/{reservation_name}",
     )
     .await;
-    assert_eq!(st, 200);
-    check(
-        &doc,
-        &response_schema(&doc, "/slurm/v0.0.44/reservation/{reservation_name}", "get"),
-        &one,
-    );
     assert_eq!(one["reservations"], json!([]));
 
     let (_, before) = call(

@@ -6,8 +6,7 @@ use std::time::Duration;
 use mountguard_inventory::report::{Heartbeat, heartbeat_path};
 use mountguard_tests::mountguard::http_request;
 
-use crate::harness::{Options, System, wait_all_fresh};
-use crate::support::wait_verdicts;
+use crate::harness::{Options, System, wait_all_fresh, wait_verdicts};
 
 async fn heartbeat(sys: &System, token: &str, generation: u64, at: jiff::Timestamp) -> Value {
     let body = serde_json::to_vec(&Heartbeat::new("node-0", generation, at)).unwrap();
@@ -51,15 +50,21 @@ async fn a_heartbeat_dated_ahead_does_not_keep_a_dead_node_fresh() {
     let ahead = jiff::Timestamp::now() + jiff::SignedDuration::from_hours(24);
     let r = heartbeat(&sys, &token, held, ahead).await;
     assert_eq!(r["status"], "unchanged", "{r}");
-    let what = "node-0's verdicts to leave Fresh once its inventory is older than 6 s";
-    wait_verdicts(&sys, what, Duration::from_secs(40), "all=1", |doc| {
-        let on_node: Vec<&Value> = doc["verdicts"]
-            .as_array()?
-            .iter()
-            .filter(|v| v["node"] == "node-0" && v["state"] != "Skipped")
-            .collect();
-        (!on_node.is_empty() && on_node.iter().all(|v| v["state"] == "Unverifiable")).then_some(())
-    })
+    wait_verdicts(
+        &sys,
+        "node-0's verdicts to leave Fresh once its inventory is older than 6 s",
+        Duration::from_secs(40),
+        "all=1",
+        |doc| {
+            let on_node: Vec<&Value> = doc["verdicts"]
+                .as_array()?
+                .iter()
+                .filter(|v| v["node"] == "node-0" && v["state"] != "Skipped")
+                .collect();
+            (!on_node.is_empty() && on_node.iter().all(|v| v["state"] == "Unverifiable"))
+                .then_some(())
+        },
+    )
     .await;
     // The other nodes' agents still report: they stay Fresh.
     let doc = sys.verdicts("all=1").await;

@@ -9,7 +9,6 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use mountguard_tests::apiserver::proxy;
 use mountguard_tests::cluster::STATUS_READER_TOKEN;
 use mountguard_tests::mountguard::{clean_command as command, kubectl_plugin};
 
@@ -112,14 +111,7 @@ async fn every_kubectl_mountguard_command_of_the_user_docs_runs_on_a_fresh_clust
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let sys = System::start(Options::default()).await;
     wait_all_fresh(&sys).await;
-    proxy::expose(
-        &sys.cluster.api(),
-        "mountguard-system",
-        "mountguard-controller-metrics",
-        "metrics",
-        sys.metrics_addr,
-    )
-    .unwrap();
+    sys.expose_metrics();
     let plugin = kubectl_plugin(sys.cluster.dir()).unwrap();
     let token_file = sys.cluster.dir().join("reader.token");
     std::fs::write(&token_file, STATUS_READER_TOKEN).unwrap();

@@ -5,10 +5,10 @@ use std::time::Duration;
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{HOOKS_CONFIGMAP, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;
-use mountguard_tests::scenario::{state_tag, wait_for_slurmd_pods};
+use mountguard_tests::scenario::{every_pod_has, state_tag, wait_for_slurmd_pods};
 use serde_json::json;
 
-use crate::harness::{Options, System, wait, wait_all_fresh};
+use crate::harness::{Options, System, wait_all_fresh, wait_verdicts};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_cluster_is_all_fresh_or_skipped_without_events() {
@@ -74,43 +74,35 @@ async fn mutable_configmap_edit_is_propagating_then_fresh_without_alert() {
             None,
         )
         .unwrap();
-    let base = sys.metrics_base();
-    wait(&sys, "hooks Propagating", Duration::from_secs(10), || {
-        let base = base.clone();
-        async move {
-            let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm")
-                .await
-                .ok()?;
+    wait_verdicts(
+        &sys,
+        "hooks Propagating",
+        Duration::from_secs(10),
+        "namespace=slurm",
+        |doc| {
             doc["verdicts"]
                 .as_array()?
                 .iter()
                 .any(|v| v["subject"] == "volume hooks" && state_tag(v) == "Propagating")
                 .then_some(())
-        }
-    })
+        },
+    )
     .await;
     for i in 0..pods.len() {
         sys.cluster.kubelet(i).resync_now();
     }
-    wait(&sys, "hooks Fresh again", Duration::from_secs(15), || {
-        let base = base.clone();
-        let pods = pods.clone();
-        async move {
-            let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm&all=1")
-                .await
-                .ok()?;
-            let items = doc["verdicts"].as_array()?;
-            pods.iter()
-                .all(|(p, _)| {
-                    items.iter().any(|v| {
-                        v["pod"] == p.as_str()
-                            && v["subject"] == "volume hooks"
-                            && v["state"] == "Fresh"
-                    })
-                })
-                .then_some(())
-        }
-    })
+    wait_verdicts(
+        &sys,
+        "hooks Fresh again",
+        Duration::from_secs(15),
+        "namespace=slurm&all=1",
+        |doc| {
+            every_pod_has(&doc, &pods, |v| {
+                v["subject"] == "volume hooks" && v["state"] == "Fresh"
+            })
+            .then_some(())
+        },
+    )
     .await;
     assert!(
         recorded_events(&sys.cluster.api()).is_empty(),

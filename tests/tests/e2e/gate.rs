@@ -10,16 +10,16 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use mountguard_tests::apiserver::{ApiHandle, DeleteOptions, proxy, resources};
-use mountguard_tests::cluster::{AUTH_SECRET, Cluster, JWT_SECRET, NODESET, SLURM_NAMESPACE};
+use mountguard_tests::apiserver::{ApiHandle, DeleteOptions, resources};
+use mountguard_tests::cluster::{AUTH_SECRET, Cluster, JWT_SECRET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::{binary, clean_command as command, kubectl_plugin};
 use mountguard_tests::scenario::{
-    PINNING_POD, add_pinning_pod, served_key, slurmd_pod, wait_for_slurmd_pods,
+    PINNING_POD, add_pinning_pod, random_auth_key, served_key, slurmd_pod, wait_for_slurmd_pods,
 };
 use serde_json::{Value, json};
 
-use crate::harness::{System, wait_all_fresh};
-use crate::remediation::{attempts, in_service, opt_in, start};
+use crate::harness::wait_all_fresh;
+use crate::remediation::{attempts, four_workers, in_service, opt_in, start};
 
 const TARGET: &str = "secret/slurm/slurm-auth-slurm";
 
@@ -30,10 +30,7 @@ fn rotate_carrying_labels(api: &ApiHandle) -> (Vec<u8>, String) {
     let old = api
         .get(&resources::SECRETS, SLURM_NAMESPACE, AUTH_SECRET)
         .unwrap();
-    let mut key = Vec::with_capacity(1024);
-    while key.len() < 1024 {
-        key.extend_from_slice(&mountguard_tests::util::random_u64().to_le_bytes());
-    }
+    let key = random_auth_key();
     api.delete(
         &resources::SECRETS,
         SLURM_NAMESPACE,
@@ -57,20 +54,6 @@ fn rotate_carrying_labels(api: &ApiHandle) -> (Vec<u8>, String) {
     (key, uid)
 }
 
-/// Exposes the controller's metrics port behind the chart's metrics
-/// Service in the chart's default namespace, through the API server
-/// double's service proxy.
-fn expose_metrics(sys: &System) {
-    proxy::expose(
-        &sys.cluster.api(),
-        "mountguard-system",
-        "mountguard-controller-metrics",
-        "metrics",
-        sys.metrics_addr,
-    )
-    .unwrap();
-}
-
 /// Whether worker `i` of the NodeSet runs as a pod other than `old_uid`
 /// that its node's kubelet serves `key` and that responds in Slurm (not
 /// drained, down or not responding).
@@ -92,29 +75,6 @@ fn served_and_responding(cluster: &Cluster, i: usize, old_uid: &str, key: &[u8])
     uid != old_uid
         && served_key(cluster, n, &uid).is_ok_and(|k| k == key)
         && cluster.slurm().node(&name).is_some_and(|n| in_service(&n))
-}
-
-/// Scales the NodeSet to a fourth worker, which the NodeSet double places
-/// on node-0 next to worker 0: two NodeSet pods pinning each other's cache
-/// entry of the key Secret, which `--replace-pinning-pods` releases by
-/// replacing both together. Returns the four workers (name, UID).
-async fn four_workers_two_pinning_each_other(sys: &System) -> Vec<(String, String)> {
-    let api = sys.cluster.api();
-    api.merge_patch(
-        &resources::NODESETS,
-        SLURM_NAMESPACE,
-        NODESET,
-        &json!({"spec": {"replicas": 4, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 2}}}}),
-        None,
-    )
-    .unwrap();
-    crate::harness::wait(sys, "four workers running", Duration::from_secs(30), || {
-        let w = (0..4)
-            .map(|i| slurmd_pod(&api, i))
-            .collect::<Option<Vec<_>>>();
-        async move { w }
-    })
-    .await
 }
 
 fn output_text(out: &std::process::Output) -> (String, String) {
@@ -142,9 +102,9 @@ async fn rotation_gate_passes_through_kubectl_plugin_only_once_every_slurmd_is_s
     let api = sys.cluster.api();
     let slurm = sys.cluster.slurm();
     wait_for_slurmd_pods(&sys.cluster).await.unwrap();
-    let pods = four_workers_two_pinning_each_other(&sys).await;
+    let pods = four_workers(&sys).await;
     wait_all_fresh(&sys).await;
-    expose_metrics(&sys);
+    sys.expose_metrics();
     let kubectl_mountguard = kubectl_plugin(sys.cluster.dir()).unwrap();
     opt_in(&sys);
 

@@ -8,9 +8,12 @@ use std::time::Duration;
 use mountguard_tests::cluster::Cluster;
 use mountguard_tests::mountguard::{
     AGENT_DAEMONSET, AgentIdentity, ChildGuard, agent_service_account_flag, binary,
-    deploy_agent_identities, free_addr, poll, wait_ready,
+    deploy_agent_identities, free_addr, wait_ready,
 };
 use serde_json::Value;
+
+/// The rig's waits: on a timeout they panic with the processes' logs.
+pub use mountguard_tests::rig::{wait, wait_all_fresh, wait_metrics, wait_verdicts};
 
 /// Short timings so scenarios finish in seconds.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -239,6 +242,20 @@ impl System {
         format!("http://{}", self.report_addr)
     }
 
+    /// Exposes the controller's metrics port behind the chart's metrics
+    /// Service in the chart's default namespace, through the API server
+    /// double's service proxy.
+    pub fn expose_metrics(&self) {
+        mountguard_tests::apiserver::proxy::expose(
+            &self.cluster.api(),
+            "mountguard-system",
+            "mountguard-controller-metrics",
+            "metrics",
+            self.metrics_addr,
+        )
+        .unwrap();
+    }
+
     pub async fn verdicts(&self, query: &str) -> Value {
         mountguard_tests::scenario::verdicts(&self.metrics_base(), query)
             .await
@@ -265,54 +282,6 @@ impl System {
         }
         self.cluster.shutdown().await;
     }
-}
-
-/// Polls, and on timeout panics with the processes' logs.
-pub async fn wait<T, F, Fut>(sys: &System, what: &str, timeout: Duration, check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    match poll(what, timeout, check).await {
-        Ok(v) => v,
-        Err(e) => panic!("{e}\n{}", sys.logs()),
-    }
-}
-
-/// Waits until every slurmd pod's key volume and every pod's verdicts are
-/// Fresh or Skipped (the agents reported and the controller evaluated).
-pub async fn wait_all_fresh(sys: &System) -> Value {
-    let pods = mountguard_tests::scenario::wait_for_slurmd_pods(&sys.cluster)
-        .await
-        .unwrap();
-    let base = sys.metrics_base();
-    wait(
-        sys,
-        "every verdict Fresh or Skipped",
-        Duration::from_secs(30),
-        || {
-            let base = base.clone();
-            let pods = pods.clone();
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
-                    .await
-                    .ok()?;
-                let items = doc["verdicts"].as_array()?;
-                let slurmd_fresh = pods.iter().all(|(p, _)| {
-                    items.iter().any(|v| {
-                        v["pod"] == p.as_str()
-                            && v["subject"] == "volume slurm-etc"
-                            && v["state"] == "Fresh"
-                    })
-                });
-                let all_ok = items
-                    .iter()
-                    .all(|v| v["state"] == "Fresh" || v["state"] == "Skipped");
-                (slurmd_fresh && all_ok).then_some(doc)
-            }
-        },
-    )
-    .await
 }
 
 impl mountguard_tests::rig::Rig for System {

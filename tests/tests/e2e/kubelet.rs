@@ -7,8 +7,7 @@ use mountguard_tests::mountguard::poll;
 use mountguard_tests::scenario::state_tag;
 use serde_json::json;
 
-use crate::harness::{Options, System, wait_all_fresh};
-use crate::support::wait_verdicts;
+use crate::harness::{Options, System, wait_all_fresh, wait_verdicts};
 
 const NS: &str = "e2e";
 const MAPS: [&str; 3] = ["e2e-a", "e2e-b", "e2e-c"];
@@ -65,27 +64,31 @@ async fn kubelet_partition_is_kubelet_not_syncing_for_that_node_only() {
         )
         .unwrap();
     }
-    let what = "node-1 KubeletNotSyncing, others Fresh";
-    let query = format!("namespace={NS}&all=1");
-    let doc = wait_verdicts(&sys, what, Duration::from_secs(25), &query, |doc| {
-        let items = doc["verdicts"].as_array()?;
-        let ok = nodes.iter().all(|n| {
-            let pod = format!("cfg-reader-{n}");
-            let want = if n == "node-1" {
-                "Stale/KubeletNotSyncing"
-            } else {
-                "Fresh"
-            };
-            MAPS.iter().all(|m| {
-                items.iter().any(|v| {
-                    v["pod"] == pod.as_str()
-                        && v["subject"] == format!("volume {m}").as_str()
-                        && state_tag(v) == want
+    let doc = wait_verdicts(
+        &sys,
+        "node-1 KubeletNotSyncing, others Fresh",
+        Duration::from_secs(25),
+        &format!("namespace={NS}&all=1"),
+        |doc| {
+            let items = doc["verdicts"].as_array()?;
+            let ok = nodes.iter().all(|n| {
+                let pod = format!("cfg-reader-{n}");
+                let want = if n == "node-1" {
+                    "Stale/KubeletNotSyncing"
+                } else {
+                    "Fresh"
+                };
+                MAPS.iter().all(|m| {
+                    items.iter().any(|v| {
+                        v["pod"] == pod.as_str()
+                            && v["subject"] == format!("volume {m}").as_str()
+                            && state_tag(v) == want
+                    })
                 })
-            })
-        });
-        ok.then_some(doc)
-    })
+            });
+            ok.then_some(doc)
+        },
+    )
     .await;
     // No other node has a KubeletNotSyncing verdict.
     let all = sys.verdicts("all=1").await;
@@ -98,11 +101,13 @@ async fn kubelet_partition_is_kubelet_not_syncing_for_that_node_only() {
     // Healing: the kubelet catches up and every verdict is Fresh again.
     sys.cluster.kubelet(1).partition(false);
     sys.cluster.kubelet(1).resync_now();
-    let what = "node-1 Fresh after the partition";
-    let query = format!("namespace={NS}");
-    wait_verdicts(&sys, what, Duration::from_secs(20), &query, |doc| {
-        doc["verdicts"].as_array()?.is_empty().then_some(())
-    })
+    wait_verdicts(
+        &sys,
+        "node-1 Fresh after the partition",
+        Duration::from_secs(20),
+        &format!("namespace={NS}"),
+        |doc| doc["verdicts"].as_array()?.is_empty().then_some(()),
+    )
     .await;
     sys.shutdown().await;
 }

@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use mountguard_tests::demo::scrape;
+use mountguard_tests::demo::{metric_samples, scrape};
 
-use crate::harness::{Options, System, wait, wait_all_fresh};
+use crate::harness::{Options, System, wait_all_fresh, wait_metrics};
 
 fn counter(
     samples: &[mountguard_tests::demo::MetricSample],
@@ -46,23 +46,18 @@ async fn idle_connections_do_not_starve_heartbeats_or_metrics() {
             ("result", "unchanged"),
         )
     });
-    let base = sys.metrics_base();
-    wait(
+    wait_metrics(
         &sys,
         "agents' heartbeats answered and /metrics answering while 1,100 idle connections are held",
         Duration::from_secs(60),
-        || {
-            let base = base.clone();
-            async move {
-                let m = scrape(&base).await.ok()?;
-                let now = counter(
-                    &m,
-                    "mountguard_report_requests_total",
-                    ("result", "unchanged"),
-                );
-                // Three agents, one heartbeat a second: several answered.
-                (now >= before + 6.0).then_some(())
-            }
+        |text| {
+            let now = counter(
+                &metric_samples(text),
+                "mountguard_report_requests_total",
+                ("result", "unchanged"),
+            );
+            // Three agents, one heartbeat a second: several answered.
+            (now >= before + 6.0).then_some(())
         },
     )
     .await;

@@ -27,5 +27,4 @@ mod restart;
 mod seed;
 mod slurm_view;
 mod status_api;
-mod support;
 mod tls;

@@ -5,14 +5,12 @@
 
 use std::time::Duration;
 
-use mountguard_tests::mountguard::http_get;
+use crate::harness::{Options, System, wait, wait_metrics};
 
-use crate::harness::{Options, System, wait};
-
-/// `mountguard_watch_restarts_total{resource="pods"}` of the controller (0
-/// before the first restart: the series does not exist yet).
-async fn pod_watch_restarts(base: &str) -> Option<f64> {
-    let text = http_get(&format!("{base}/metrics")).await.ok()?;
+/// `mountguard_watch_restarts_total{resource="pods"}` in the controller's
+/// metrics `text` (0 before the first restart: the series does not exist
+/// yet).
+fn pod_watch_restarts(text: &str) -> Option<f64> {
     match text
         .lines()
         .find(|l| l.starts_with("mountguard_watch_restarts_total{resource=\"pods\"}"))
@@ -35,16 +33,12 @@ async fn an_api_outage_is_logged_once_per_watch_and_recovery_after_a_relist() {
     })
     .await;
     let api = sys.cluster.api();
-    let base = sys.metrics_base();
     let controller = sys.controller.as_ref().expect("controller");
-    let restarts_before = wait(
+    let restarts_before = wait_metrics(
         &sys,
         "the pod watch's metric",
         Duration::from_secs(30),
-        || {
-            let base = base.clone();
-            async move { pod_watch_restarts(&base).await }
-        },
+        pod_watch_restarts,
     )
     .await;
     let lines_before = controller.log_tail(usize::MAX).lines().count();
@@ -55,16 +49,13 @@ async fn an_api_outage_is_logged_once_per_watch_and_recovery_after_a_relist() {
     api.expire_watches();
     // At least four failed attempts of the pod watch: with a backoff of
     // 0.8, 1.6 and 3.2 s between them, over about 5.6 s.
-    wait(
+    wait_metrics(
         &sys,
         "four failed pod watch attempts",
         Duration::from_secs(60),
-        || {
-            let base = base.clone();
-            async move {
-                let n = pod_watch_restarts(&base).await?;
-                (n >= restarts_before + 4.0).then_some(())
-            }
+        |text| {
+            let n = pod_watch_restarts(text)?;
+            (n >= restarts_before + 4.0).then_some(())
         },
     )
     .await;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use mountguard_controller::remediation::slurm::{
     JwtMinter, SecretToken, SharedSecret, SlurmClient, SlurmError, TokenSource,
 };
-use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord, REMEDIATE_ANNOTATION};
+use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, AttemptsRecord};
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{JWT_SECRET, NODESET, SLURM_NAMESPACE};
 use mountguard_tests::mountguard::recorded_events;
@@ -16,7 +16,7 @@ use mountguard_tests::scenario::{rotate_auth_key, slurmd_pod, wait_for_slurmd_po
 use mountguard_tests::slurmrestd::SlurmrestdDouble;
 use serde_json::json;
 
-use crate::harness::{Options, System, wait, wait_all_fresh};
+use crate::harness::{Options, System, wait, wait_all_fresh, wait_metrics, wait_verdicts};
 
 fn token(t: &str) -> Arc<dyn TokenSource> {
     let value = SharedSecret::default();
@@ -147,18 +147,7 @@ pub(crate) async fn start(mode: &str, extra: &[&str]) -> System {
     sys
 }
 
-pub(crate) fn opt_in(sys: &System) {
-    sys.cluster
-        .api()
-        .merge_patch(
-            &resources::NODESETS,
-            SLURM_NAMESPACE,
-            NODESET,
-            &json!({"metadata": {"annotations": {REMEDIATE_ANNOTATION: "true"}}}),
-            None,
-        )
-        .unwrap();
-}
+pub(crate) use mountguard_tests::rig::opt_in;
 
 pub(crate) fn attempts(sys: &System) -> Vec<mountguard_core::remediation::Attempt> {
     let ns = sys
@@ -181,28 +170,45 @@ pub(crate) fn evictions(sys: &System) -> usize {
         .count()
 }
 
+/// Scales the NodeSet to a fourth worker (two may be unavailable at a
+/// time), which the NodeSet double places on node-0 next to worker 0: two
+/// NodeSet pods pinning each other's cache entries of an immutable source,
+/// which `--replace-pinning-pods` releases by replacing both together.
+/// Waits (up to 60 s) until the four run; returns them (name, UID).
+pub(crate) async fn four_workers(sys: &System) -> Vec<(String, String)> {
+    let api = sys.cluster.api();
+    api.merge_patch(
+        &resources::NODESETS,
+        SLURM_NAMESPACE,
+        NODESET,
+        &json!({"spec": {"replicas": 4, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 2}}}}),
+        None,
+    )
+    .unwrap();
+    wait(sys, "four workers running", Duration::from_secs(60), || {
+        let w = (0..4)
+            .map(|i| slurmd_pod(&api, i))
+            .collect::<Option<Vec<_>>>();
+        async move { w }
+    })
+    .await
+}
+
 pub(crate) use crate::shared::remediation::in_service;
 
 /// Waits until the controller counted a failed slurmrestd call.
 pub(crate) async fn wait_slurm_errors_counted(sys: &System) {
-    let base = sys.metrics_base();
-    wait(
+    wait_metrics(
         sys,
         "slurmrestd errors counted",
         Duration::from_secs(60),
-        || {
-            let base = base.clone();
-            async move {
-                let text = mountguard_tests::mountguard::http_get(&format!("{base}/metrics"))
-                    .await
-                    .ok()?;
-                text.lines()
-                    .any(|l| {
-                        l.starts_with("mountguard_api_errors_total{operation=\"slurm_")
-                            && !l.ends_with(" 0")
-                    })
-                    .then_some(())
-            }
+        |text| {
+            text.lines()
+                .any(|l| {
+                    l.starts_with("mountguard_api_errors_total{operation=\"slurm_")
+                        && !l.ends_with(" 0")
+                })
+                .then_some(())
         },
     )
     .await;
@@ -330,34 +336,26 @@ async fn a_refused_slurm_token_drains_nothing_and_touches_no_pod() {
     // slurmrestd refuses the token: the controller says so (API error
     // metric, log) and neither drains nor evicts.
     wait_slurm_errors_counted(&sys).await;
-    let base = sys.metrics_base();
     // Long enough for the stale verdicts to pass the remediation delay.
-    wait(
+    wait_verdicts(
         &sys,
         "stale verdicts past the delay",
         Duration::from_secs(30),
-        || {
-            let base = base.clone();
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm")
-                    .await
-                    .ok()?;
-                let now = jiff::Timestamp::now();
-                let n = doc["verdicts"]
-                    .as_array()?
-                    .iter()
-                    .filter(|v| v["state"] == "Stale")
-                    .filter(|v| {
-                        v["since"]
-                            .as_str()
-                            .and_then(|s| s.parse::<jiff::Timestamp>().ok())
-                            .is_some_and(|t| {
-                                now.duration_since(t) > jiff::SignedDuration::from_secs(3)
-                            })
-                    })
-                    .count();
-                (n >= 3).then_some(())
-            }
+        "namespace=slurm",
+        |doc| {
+            let now = jiff::Timestamp::now();
+            let n = doc["verdicts"]
+                .as_array()?
+                .iter()
+                .filter(|v| v["state"] == "Stale")
+                .filter(|v| {
+                    v["since"]
+                        .as_str()
+                        .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+                        .is_some_and(|t| now.duration_since(t) > jiff::SignedDuration::from_secs(3))
+                })
+                .count();
+            (n >= 3).then_some(())
         },
     )
     .await;

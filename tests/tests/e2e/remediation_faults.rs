@@ -12,11 +12,11 @@ use mountguard_tests::mountguard::{free_addr, http_get, recorded_events};
 use mountguard_tests::scenario::{
     PINNING_POD, add_pinning_pod, rotate_auth_key, slurmd_pod, wait_for_slurmd_pods,
 };
-use serde_json::json;
 
-use crate::harness::{Options, System, wait, wait_all_fresh};
+use crate::harness::{Options, System, wait, wait_all_fresh, wait_metrics};
 use crate::remediation::{
-    FULL_RUN, attempts, evictions, opt_in, remediation_args, start, wait_slurm_errors_counted,
+    FULL_RUN, attempts, evictions, four_workers, opt_in, remediation_args, start,
+    wait_slurm_errors_counted,
 };
 use crate::shared::remediation::{attempt_of, first_in, hold_evictions, pod_in, release_evictions};
 
@@ -166,20 +166,14 @@ async fn an_eviction_refused_until_the_timeout_fails_and_releases_the_untouched_
     );
     // No node is kept drained, but the pod stays stale and is not tried
     // again: the unresolved failure is what pages.
-    wait(
+    wait_metrics(
         &sys,
         "mountguard_remediation_failed_unresolved{owner_kind=\"NodeSet\"} 1",
         Duration::from_secs(30),
-        || {
-            let url = format!("{}/metrics", sys.metrics_base());
-            async move {
-                let text = http_get(&url).await.ok()?;
-                text.lines()
-                    .any(|l| {
-                        l == "mountguard_remediation_failed_unresolved{owner_kind=\"NodeSet\"} 1"
-                    })
-                    .then_some(())
-            }
+        |text| {
+            text.lines()
+                .any(|l| l == "mountguard_remediation_failed_unresolved{owner_kind=\"NodeSet\"} 1")
+                .then_some(())
         },
     )
     .await;
@@ -315,19 +309,14 @@ async fn a_replacement_still_stale_fails_and_keeps_the_node_drained_with_a_reaso
     )
     .await;
     // The gauge is computed from the attempts in the next round: wait for it.
-    let base = sys.metrics_base();
-    wait(
+    wait_metrics(
         &sys,
         "mountguard_remediation_failed 1",
         Duration::from_secs(30),
-        || {
-            let base = base.clone();
-            async move {
-                let text = http_get(&format!("{base}/metrics")).await.ok()?;
-                text.lines()
-                    .any(|l| l == "mountguard_remediation_failed 1")
-                    .then_some(())
-            }
+        |text| {
+            text.lines()
+                .any(|l| l == "mountguard_remediation_failed 1")
+                .then_some(())
         },
     )
     .await;
@@ -417,14 +406,8 @@ async fn the_controller_killed_at_every_step_leaves_no_orphan_drain_and_loses_no
     opt_in(&sys);
     rotate_auth_key(&api).unwrap();
 
-    let steps = [
-        "Draining",
-        "Drained",
-        "Evicting",
-        "AwaitingReplacement",
-        "Verifying",
-        "Undraining",
-    ];
+    // Every phase of a run but the first (Pending) and the last (Succeeded).
+    let steps = &FULL_RUN[1..FULL_RUN.len() - 1];
     let mut killed_in: Vec<&str> = Vec::new();
     let mut orphan: Option<String> = None;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
@@ -539,25 +522,8 @@ async fn pinning_nodeset_pods_are_replaced_together_when_enabled() {
     let slurm = sys.cluster.slurm();
     // A fourth worker lands on node-0 next to worker 0: the two pin each
     // other's cache entry of the key Secret.
-    api.merge_patch(
-        &resources::NODESETS,
-        SLURM_NAMESPACE,
-        mountguard_tests::cluster::NODESET,
-        &json!({"spec": {"replicas": 4, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 2}}}}),
-        None,
-    )
-    .unwrap();
+    four_workers(&sys).await;
     let fourth = format!("{}-3", mountguard_tests::cluster::NODESET);
-    wait(
-        &sys,
-        "a fourth worker running",
-        Duration::from_secs(30),
-        || {
-            let p = api.get(&resources::PODS, SLURM_NAMESPACE, &fourth).ok();
-            async move { p.filter(|p| p["status"]["phase"] == "Running").map(|_| ()) }
-        },
-    )
-    .await;
     let first = format!("{}-0", mountguard_tests::cluster::NODESET);
     wait_all_fresh(&sys).await;
     opt_in(&sys);

@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use crate::harness::{Options, System, wait, wait_all_fresh};
-use crate::remediation::{attempts, in_service, opt_in, remediation_args};
+use crate::remediation::{attempts, four_workers, in_service, opt_in, remediation_args};
 use crate::shared::operator::{
     assert_closed_until_verified, change_hooks, every_attempt_succeeded, hooks_read_at_start,
     open_to_jobs, sample,
@@ -203,17 +203,9 @@ async fn a_pinned_group_on_a_node_never_drains_another_nodeset_worker_on_that_no
     let slurm = sys.cluster.slurm();
     // A fourth worker lands on node-0 next to worker 0: the two pin each
     // other's cache entry of the hooks ConfigMap once it is immutable.
-    api.merge_patch(
-        &resources::NODESETS,
-        SLURM_NAMESPACE,
-        NODESET,
-        &json!({"spec": {"replicas": 4, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 2}}}}),
-        None,
-    )
-    .unwrap();
+    four_workers(&sys).await;
     let first = format!("{NODESET}-0");
     let fourth = format!("{NODESET}-3");
-    running_pod(&sys, &fourth).await;
     // The bystander: another NodeSet's worker on node-0.
     let mut template = mountguard_tests::cluster::slurmd_template();
     template["spec"]["volumes"]

@@ -7,8 +7,7 @@ use mountguard_tests::scenario::{
     add_pinning_pod, rotate_auth_key, state_tag, wait_for_slurmd_pods,
 };
 
-use crate::harness::{HEARTBEAT, Options, System, wait_all_fresh};
-use crate::support::wait_verdicts;
+use crate::harness::{HEARTBEAT, Options, System, wait_all_fresh, wait_verdicts};
 
 fn tags(doc: &serde_json::Value) -> Vec<String> {
     let mut v: Vec<String> = doc["verdicts"]
@@ -39,29 +38,37 @@ async fn controller_restart_rebuilds_from_heartbeats_without_spurious_events() {
     wait_all_fresh(&sys).await;
     // Some alarms to remember: the seed rotation.
     rotate_auth_key(&api).unwrap();
-    let what = "stale verdicts and their Events";
-    let before = wait_verdicts(&sys, what, Duration::from_secs(20), "all=1", |doc| {
-        let stale = doc["verdicts"]
-            .as_array()?
-            .iter()
-            .filter(|v| v["state"] == "Stale")
-            .count();
-        let events = recorded_events(&api);
-        let all_events = pods
-            .iter()
-            .all(|(p, _)| events.iter().any(|e| e.name == *p));
-        (stale >= pods.len() && all_events).then_some(doc)
-    })
+    let before = wait_verdicts(
+        &sys,
+        "stale verdicts and their Events",
+        Duration::from_secs(20),
+        "all=1",
+        |doc| {
+            let stale = doc["verdicts"]
+                .as_array()?
+                .iter()
+                .filter(|v| v["state"] == "Stale")
+                .count();
+            let events = recorded_events(&api);
+            let all_events = pods
+                .iter()
+                .all(|(p, _)| events.iter().any(|e| e.name == *p));
+            (stale >= pods.len() && all_events).then_some(doc)
+        },
+    )
     .await;
     // Let the Event emitter settle, then restart.
     tokio::time::sleep(HEARTBEAT).await;
     let events_before = recorded_events(&api);
     sys.start_controller().await;
     let want = tags(&before);
-    let what = "the same verdicts after the restart";
-    let after = wait_verdicts(&sys, what, Duration::from_secs(20), "all=1", |doc| {
-        (tags(&doc) == want).then_some(doc)
-    })
+    let after = wait_verdicts(
+        &sys,
+        "the same verdicts after the restart",
+        Duration::from_secs(20),
+        "all=1",
+        |doc| (tags(&doc) == want).then_some(doc),
+    )
     .await;
     assert_eq!(tags(&after), want);
     // The new process learnt the inventories through heartbeats answered

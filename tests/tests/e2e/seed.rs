@@ -4,15 +4,17 @@ use std::time::{Duration, Instant};
 
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{SLURM_NAMESPACE, SSHD_CONFIGMAP};
-use mountguard_tests::demo::scrape;
+use mountguard_tests::demo::metric_samples;
 use mountguard_tests::mountguard::recorded_events;
 use mountguard_tests::scenario::{
-    PINNING_POD, add_pinning_pod, api_auth_key, find_verdict, replace_slurmd_pod, rotate_auth_key,
-    served_key, state_tag, wait_for_slurmd_pods,
+    PINNING_POD, add_pinning_pod, api_auth_key, every_pod_has, find_verdict, replace_slurmd_pod,
+    rotate_auth_key, served_key, state_tag, wait_for_slurmd_pods,
 };
 use serde_json::json;
 
-use crate::harness::{HEARTBEAT, Options, System, wait, wait_all_fresh};
+use crate::harness::{
+    HEARTBEAT, Options, System, wait, wait_all_fresh, wait_metrics, wait_verdicts,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_immutable_key_rotation_pinned_on_node_a() {
@@ -37,14 +39,13 @@ async fn seed_immutable_key_rotation_pinned_on_node_a() {
         );
     }
 
-    let base = sys.metrics_base();
     let subject = "volume slurm-etc";
-    let doc = wait(&sys, "stale verdicts", Duration::from_secs(20), || {
-        let (base, pods) = (base.clone(), pods.clone());
-        async move {
-            let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm")
-                .await
-                .ok()?;
+    let doc = wait_verdicts(
+        &sys,
+        "stale verdicts",
+        Duration::from_secs(20),
+        "namespace=slurm",
+        |doc| {
             let ok = pods.iter().enumerate().all(|(i, (p, _))| {
                 let want = if i == 0 {
                     "Stale/ImmutableCachePinned"
@@ -54,8 +55,8 @@ async fn seed_immutable_key_rotation_pinned_on_node_a() {
                 find_verdict(&doc, p, subject).is_some_and(|v| state_tag(v) == want)
             });
             ok.then_some(doc)
-        }
-    })
+        },
+    )
     .await;
     let pinned = find_verdict(&doc, &pods[0].0, subject).unwrap();
     let pinned_by: Vec<&str> = pinned["pinnedBy"]
@@ -80,36 +81,33 @@ async fn seed_immutable_key_rotation_pinned_on_node_a() {
     // Metric and Event: within 5 s of the first report after the grace
     // period (one heartbeat interval).
     let bound = grace + HEARTBEAT + Duration::from_secs(5);
-    wait(
+    wait_metrics(
         &sys,
         "the mount_state metric",
         bound.saturating_sub(rotated.elapsed()),
-        || {
-            let (base, pods) = (base.clone(), pods.clone());
-            async move {
-                let samples = scrape(&base).await.ok()?;
-                pods.iter()
-                    .enumerate()
-                    .all(|(i, (p, _))| {
-                        let cause = if i == 0 {
-                            "ImmutableCachePinned"
-                        } else {
-                            "ImmutableCache"
-                        };
-                        samples.iter().any(|s| {
-                            s.name == "mountguard_mount_state"
-                                && s.value == 1.0
-                                && s.labels.get("pod") == Some(p)
-                                && s.labels.get("volume").map(String::as_str) == Some("slurm-etc")
-                                && s.labels.get("source_kind").map(String::as_str) == Some("Secret")
-                                && s.labels.get("source_name").map(String::as_str)
-                                    == Some("slurm-auth-slurm")
-                                && s.labels.get("state").map(String::as_str) == Some("Stale")
-                                && s.labels.get("cause").map(String::as_str) == Some(cause)
-                        })
+        |text| {
+            let samples = metric_samples(text);
+            pods.iter()
+                .enumerate()
+                .all(|(i, (p, _))| {
+                    let cause = if i == 0 {
+                        "ImmutableCachePinned"
+                    } else {
+                        "ImmutableCache"
+                    };
+                    samples.iter().any(|s| {
+                        s.name == "mountguard_mount_state"
+                            && s.value == 1.0
+                            && s.labels.get("pod") == Some(p)
+                            && s.labels.get("volume").map(String::as_str) == Some("slurm-etc")
+                            && s.labels.get("source_kind").map(String::as_str) == Some("Secret")
+                            && s.labels.get("source_name").map(String::as_str)
+                                == Some("slurm-auth-slurm")
+                            && s.labels.get("state").map(String::as_str) == Some("Stale")
+                            && s.labels.get("cause").map(String::as_str) == Some(cause)
                     })
-                    .then_some(())
-            }
+                })
+                .then_some(())
         },
     )
     .await;
@@ -158,22 +156,16 @@ async fn seed_immutable_key_rotation_pinned_on_node_a() {
     assert_eq!(served_key(&sys.cluster, 1, &uid1).unwrap(), new_key);
     let (p0, uid0) = replace_slurmd_pod(&sys.cluster, 0).await.unwrap();
     assert_eq!(served_key(&sys.cluster, 0, &uid0).unwrap(), old_key);
-    wait(
+    wait_verdicts(
         &sys,
         "replacement verdicts",
         Duration::from_secs(20),
-        || {
-            let base = base.clone();
-            let (p0, p1) = (p0.clone(), p1.clone());
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm&all=1")
-                    .await
-                    .ok()?;
-                let v1 = find_verdict(&doc, &p1, subject)?;
-                let v0 = find_verdict(&doc, &p0, subject)?;
-                (state_tag(v1) == "Fresh" && state_tag(v0) == "Stale/ImmutableCachePinned")
-                    .then_some(())
-            }
+        "namespace=slurm&all=1",
+        |doc| {
+            let v1 = find_verdict(&doc, &p1, subject)?;
+            let v0 = find_verdict(&doc, &p0, subject)?;
+            (state_tag(v1) == "Fresh" && state_tag(v0) == "Stale/ImmutableCachePinned")
+                .then_some(())
         },
     )
     .await;
@@ -195,54 +187,37 @@ async fn subpath_configmap_change_is_frozen_until_the_pod_restarts() {
             None,
         )
         .unwrap();
-    let base = sys.metrics_base();
     let is_subpath = |v: &serde_json::Value| {
         v["subject"]
             .as_str()
             .is_some_and(|s| s.starts_with("subPath ") && s.contains("sshd-config"))
     };
-    wait(
+    wait_verdicts(
         &sys,
         "subPath Frozen on every node",
         Duration::from_secs(20),
-        || {
-            let (base, pods) = (base.clone(), pods.clone());
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm")
-                    .await
-                    .ok()?;
-                let items = doc["verdicts"].as_array()?;
-                pods.iter()
-                    .all(|(p, _)| {
-                        items.iter().any(|v| {
-                            v["pod"] == p.as_str()
-                                && is_subpath(v)
-                                && state_tag(v) == "Frozen/SubPath"
-                        })
-                    })
-                    .then_some(())
-            }
+        "namespace=slurm",
+        |doc| {
+            every_pod_has(&doc, &pods, |v| {
+                is_subpath(v) && state_tag(v) == "Frozen/SubPath"
+            })
+            .then_some(())
         },
     )
     .await;
     // The volume itself is updated by the kubelet's resync: Fresh.
-    wait(
+    wait_verdicts(
         &sys,
         "the sshd-config volume Fresh",
         Duration::from_secs(20),
-        || {
-            let (base, pods) = (base.clone(), pods.clone());
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm&all=1")
-                    .await
-                    .ok()?;
-                pods.iter()
-                    .all(|(p, _)| {
-                        find_verdict(&doc, p, "volume sshd-config")
-                            .is_some_and(|v| v["state"] == "Fresh")
-                    })
-                    .then_some(())
-            }
+        "namespace=slurm&all=1",
+        |doc| {
+            pods.iter()
+                .all(|(p, _)| {
+                    find_verdict(&doc, p, "volume sshd-config")
+                        .is_some_and(|v| v["state"] == "Fresh")
+                })
+                .then_some(())
         },
     )
     .await;
@@ -271,23 +246,17 @@ async fn subpath_configmap_change_is_frozen_until_the_pod_restarts() {
         "{doc}"
     );
     let (p2, _) = replace_slurmd_pod(&sys.cluster, 2).await.unwrap();
-    wait(
+    wait_verdicts(
         &sys,
         "the restarted pod's subPath Fresh",
         Duration::from_secs(20),
-        || {
-            let base = base.clone();
-            let p2 = p2.clone();
-            async move {
-                let doc = mountguard_tests::scenario::verdicts(&base, "namespace=slurm&all=1")
-                    .await
-                    .ok()?;
-                doc["verdicts"]
-                    .as_array()?
-                    .iter()
-                    .any(|v| v["pod"] == p2.as_str() && is_subpath(v) && v["state"] == "Fresh")
-                    .then_some(())
-            }
+        "namespace=slurm&all=1",
+        |doc| {
+            doc["verdicts"]
+                .as_array()?
+                .iter()
+                .any(|v| v["pod"] == p2.as_str() && is_subpath(v) && v["state"] == "Fresh")
+                .then_some(())
         },
     )
     .await;

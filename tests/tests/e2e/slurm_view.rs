@@ -12,52 +12,32 @@ use std::time::Duration;
 
 use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{JWT_SECRET, SLURM_NAMESPACE};
+use mountguard_tests::mountguard::recorded_events;
 use mountguard_tests::scenario::{rotate_auth_key, wait_for_slurmd_pods};
 use serde_json::{Value, json};
 
-use crate::harness::{Options, System, wait_all_fresh};
+use crate::harness::{Options, System, wait, wait_all_fresh, wait_verdicts};
 use crate::remediation::remediation_args;
-use crate::support::{wait_events, wait_verdicts};
-
-/// The system with `nodes` workers and the controller remediating in
-/// dry-run against the slurmrestd double, authenticated by `flag` with
-/// the value `secret` gives (which may first create what it names); the
-/// slurmd pods' hosts, once every verdict is Fresh.
-async fn dry_run(
-    nodes: usize,
-    flag: &str,
-    secret: impl FnOnce(&System) -> String,
-) -> (System, Vec<String>) {
-    let mut sys = System::start(Options {
-        nodes,
-        ..Options::default()
-    })
-    .await;
-    let value = secret(&sys);
-    let url = sys.cluster.slurmrestd_url();
-    sys.opts.extra_controller_args = remediation_args(&url, "dry-run", &[flag, &value]);
-    sys.start_controller().await;
-    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
-    let hosts = pods.into_iter().map(|(h, _)| h).collect();
-    wait_all_fresh(&sys).await;
-    (sys, hosts)
-}
 
 /// The `volume slurm-etc` items of the slurmd pods `hosts`, once every one
 /// is Stale and `ok` holds for it.
 async fn key_items(sys: &System, hosts: &[String], ok: fn(&Value) -> bool) -> Vec<Value> {
-    let what = "every worker's slurm-etc Stale with its Slurm side";
-    let query = "namespace=slurm";
-    wait_verdicts(sys, what, Duration::from_secs(60), query, |doc| {
-        let items: Vec<Value> = doc["verdicts"]
-            .as_array()?
-            .iter()
-            .filter(|v| v["subject"] == "volume slurm-etc" && v["state"] == "Stale")
-            .filter(|v| ok(v))
-            .cloned()
-            .collect();
-        (items.len() == hosts.len()).then_some(items)
-    })
+    wait_verdicts(
+        sys,
+        "every worker's slurm-etc Stale with its Slurm side",
+        Duration::from_secs(60),
+        "namespace=slurm",
+        |doc| {
+            let items: Vec<Value> = doc["verdicts"]
+                .as_array()?
+                .iter()
+                .filter(|v| v["subject"] == "volume slurm-etc" && v["state"] == "Stale")
+                .filter(|v| ok(v))
+                .cloned()
+                .collect();
+            (items.len() == hosts.len()).then_some(items)
+        },
+    )
     .await
 }
 
@@ -75,14 +55,30 @@ async fn five_stale_workers_are_read_with_one_list_and_say_the_same() {
 
 async fn not_registered_since_the_rotation(nodes: usize) {
     let jwt = format!("{SLURM_NAMESPACE}/{JWT_SECRET}");
-    let (sys, hosts) = dry_run(nodes, "--slurm-jwt-key-secret", |_| jwt).await;
+    let mut sys = System::start(Options {
+        nodes,
+        ..Options::default()
+    })
+    .await;
+    let url = sys.cluster.slurmrestd_url();
+    sys.opts.extra_controller_args =
+        remediation_args(&url, "dry-run", &["--slurm-jwt-key-secret", &jwt]);
+    sys.start_controller().await;
     let api = sys.cluster.api();
     let slurm = sys.cluster.slurm();
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    let hosts: Vec<String> = pods.iter().map(|(h, _)| h.clone()).collect();
+    wait_all_fresh(&sys).await;
     // Nothing needs Slurm's side while every worker is fresh.
     let doc = sys.verdicts("namespace=slurm&all=1").await;
-    for v in doc["verdicts"].as_array().unwrap() {
-        assert!(v.get("slurm").is_none(), "{v}");
-    }
+    assert!(
+        doc["verdicts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v.get("slurm").is_none()),
+        "{doc}"
+    );
     rotate_auth_key(&api).unwrap();
     let items = key_items(&sys, &hosts, |v| v["slurm"]["finding"] == "NotRegistered").await;
     for v in &items {
@@ -106,22 +102,31 @@ async fn not_registered_since_the_rotation(nodes: usize) {
     // The StaleMount Events end with Slurm's side as read before the
     // verdict turned Stale (it was read while Propagating).
     let workers = hosts.len();
-    let what = "StaleMount Events of the workers";
-    let events = wait_events(&sys, what, Duration::from_secs(30), |all| {
-        let ev: Vec<String> = all
-            .into_iter()
-            .filter(|e| e.reason == "StaleMount" && e.message.contains("volume slurm-etc"))
-            .map(|e| e.message)
-            .collect();
-        (ev.len() >= workers).then_some(ev)
-    })
+    let events = wait(
+        &sys,
+        "StaleMount Events of the workers",
+        Duration::from_secs(30),
+        || {
+            let ev: Vec<String> = recorded_events(&api)
+                .into_iter()
+                .filter(|e| e.reason == "StaleMount" && e.message.contains("volume slurm-etc"))
+                .map(|e| e.message)
+                .collect();
+            async move { (ev.len() >= workers).then_some(ev) }
+        },
+    )
     .await;
-    for m in &events {
-        let slurm_side = m.contains("has not registered since") || m.contains("Slurm not read yet");
-        assert!(m.contains(". Replace the pod") && slurm_side, "{events:?}");
-    }
-    let registered = |m: &String| m.contains("has not registered since");
-    assert!(events.iter().any(registered), "{events:?}");
+    assert!(
+        events.iter().all(|m| m.contains(". Replace the pod")
+            && (m.contains("has not registered since") || m.contains("Slurm not read yet"))),
+        "{events:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|m| m.contains("has not registered since")),
+        "{events:?}"
+    );
     // Read only: nothing written to Slurm.
     assert!(slurm.writes().is_empty(), "{:?}", slurm.writes());
     assert_eq!(hosts.len(), nodes);
@@ -131,18 +136,23 @@ async fn not_registered_since_the_rotation(nodes: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_slurm_read_says_so_and_changes_no_verdict() {
     let bogus = "slurm-bogus-token";
-    let nodes = Options::default().nodes;
-    let (sys, hosts) = dry_run(nodes, "--slurm-token-secret", |sys| {
-        let token = json!({"metadata": {"name": bogus}, "data": {"SLURM_JWT": "bm90LWEtdG9rZW4="}});
-        let secrets = &resources::SECRETS;
-        sys.cluster
-            .api()
-            .create(secrets, SLURM_NAMESPACE, token)
-            .unwrap();
-        format!("{SLURM_NAMESPACE}/{bogus}")
-    })
-    .await;
-    rotate_auth_key(&sys.cluster.api()).unwrap();
+    let mut sys = System::start(Options::default()).await;
+    let api = sys.cluster.api();
+    api.create(
+        &resources::SECRETS,
+        SLURM_NAMESPACE,
+        json!({"metadata": {"name": bogus}, "data": {"SLURM_JWT": "bm90LWEtdG9rZW4="}}),
+    )
+    .unwrap();
+    let url = sys.cluster.slurmrestd_url();
+    let secret = format!("{SLURM_NAMESPACE}/{bogus}");
+    sys.opts.extra_controller_args =
+        remediation_args(&url, "dry-run", &["--slurm-token-secret", &secret]);
+    sys.start_controller().await;
+    let pods = wait_for_slurmd_pods(&sys.cluster).await.unwrap();
+    let hosts: Vec<String> = pods.iter().map(|(h, _)| h.clone()).collect();
+    wait_all_fresh(&sys).await;
+    rotate_auth_key(&api).unwrap();
     let items = key_items(&sys, &hosts, |v| v["slurm"]["finding"] == "NotRead").await;
     for v in &items {
         let message = v["slurm"]["message"].as_str().unwrap();

@@ -13,7 +13,9 @@ use mountguard_tests::apiserver::resources;
 use mountguard_tests::cluster::{HOOKS_CONFIGMAP, NODESET, SLURM_NAMESPACE};
 use mountguard_tests::objects::Objects;
 use mountguard_tests::operator::PRESTOP_REASON;
-use mountguard_tests::rig::{Rig, attempts, opt_in, wait, wait_all_fresh, wait_for_slurmd_pods};
+use mountguard_tests::rig::{
+    Rig, attempts, opt_in, wait, wait_all_fresh, wait_for_slurmd_pods, wait_verdicts,
+};
 use mountguard_tests::scenario::rotate_auth_key;
 use mountguard_tests::slurmrestd::{NodeView, SlurmHandle, WriteRecord};
 use serde_json::json;
@@ -163,13 +165,8 @@ pub async fn stale_key_is_repaired_against_the_operators_rules<R: Rig>(sys: &R) 
 /// Waits (up to 60 s) until the replica answering on the rig's metrics
 /// address says it acts (holds the Lease).
 async fn wait_acting<R: Rig>(sys: &R, what: &str) {
-    let base = sys.metrics_base();
-    wait(sys, what, Duration::from_secs(60), || {
-        let base = base.clone();
-        async move {
-            let doc = mountguard_tests::scenario::verdicts(&base, "").await.ok()?;
-            (doc["acting"].as_bool() == Some(true)).then_some(())
-        }
+    wait_verdicts(sys, what, Duration::from_secs(60), "", |doc| {
+        (doc["acting"].as_bool() == Some(true)).then_some(())
     })
     .await;
 }

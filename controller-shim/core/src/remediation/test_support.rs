@@ -2,7 +2,7 @@
 
 use jiff::Timestamp;
 
-use super::machine::{Attempt, Finding, Phase, PhaseEntry, SlurmNodeState};
+use super::machine::{Action, Attempt, EventReason, Finding, Phase, PhaseEntry, SlurmNodeState};
 
 /// A fixed start time.
 pub fn t0() -> Timestamp {
@@ -92,4 +92,15 @@ pub fn attempt_in(phase: Phase) -> Attempt {
         a.drain_requested_at = Some(t0());
     }
     a
+}
+
+/// The Events among `actions`, in order.
+pub fn events(actions: &[Action]) -> Vec<EventReason> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Event { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect()
 }

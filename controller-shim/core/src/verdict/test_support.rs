@@ -73,6 +73,16 @@ pub(crate) fn vol(name: &'static str) -> impl Fn(&Subject) -> bool {
     move |s| matches!(s, Subject::Volume { volume } if &**volume == name)
 }
 
+/// Whether a subject is `container`'s environment variable `var`.
+pub(crate) fn env(container: &'static str, var: &'static str) -> impl Fn(&Subject) -> bool {
+    move |s| matches!(s, Subject::Env { container: c, var: v } if &**c == container && &**v == var)
+}
+
+/// The pods pinning the cache entry `v` is about.
+pub(crate) fn pinning_pods(v: &Verdict) -> Vec<&str> {
+    v.pinned_by().iter().map(|s| &**s).collect()
+}
+
 /// One secret volume `v` of secret `s` mounted in pod `p` on `node-a`; the
 /// secret changed at `changed`, the node shows `on_disk`.
 pub(crate) fn single(

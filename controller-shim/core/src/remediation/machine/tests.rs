@@ -1,7 +1,7 @@
 use jiff::SignedDuration;
 
 use super::*;
-use crate::remediation::test_support::{attempt, attempt_in, node, t0};
+use crate::remediation::test_support::{attempt, attempt_in, events, node, t0};
 
 const OLD: &str = "uid-old";
 const NEW: &str = "uid-new";
@@ -42,16 +42,6 @@ fn writes(actions: &[Action]) -> Vec<W> {
             Action::Evict { .. } => Some(W::Evict),
             Action::CordonNode { .. } => Some(W::Cordon),
             Action::UncordonNode { .. } => Some(W::Uncordon),
-            _ => None,
-        })
-        .collect()
-}
-
-fn events(actions: &[Action]) -> Vec<EventReason> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Event { reason, .. } => Some(*reason),
             _ => None,
         })
         .collect()

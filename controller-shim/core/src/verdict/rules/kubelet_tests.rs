@@ -11,21 +11,15 @@ use mountguard_inventory::Plugin;
 use crate::index::ClusterIndex;
 use crate::model::{EnvRef, ProjectedSource, SkipReason, VolumeSource};
 use crate::testkit::*;
-use crate::verdict::test_support::{CM, NOW, SCAN, SECRET, START, engine, verdict as find, vol};
-use crate::verdict::{EngineState, Evaluation, FrozenCause, StaleCause, State, Subject, Verdict};
+use crate::verdict::test_support::{
+    CM, NOW, SCAN, SECRET, START, engine, env, pinning_pods, verdict as find, vol,
+};
+use crate::verdict::{EngineState, Evaluation, FrozenCause, StaleCause, State, Subject};
 
 /// The pods registered with the kubelet long before anything changed.
 const SYNCED: &str = "2026-11-30T09:00:00Z";
 /// The immutable Secret is deleted and recreated with new content.
 const RECREATED: &str = "2026-11-30T10:30:00Z";
-
-fn env(container: &'static str, var: &'static str) -> impl Fn(&Subject) -> bool {
-    move |s| matches!(s, Subject::Env { container: c, var: v } if &**c == container && &**v == var)
-}
-
-fn names(v: &Verdict) -> Vec<&str> {
-    v.pinned_by().iter().map(|s| &**s).collect()
-}
 
 /// Immutable `slurm/auth` recreated at [`RECREATED`] with `new`; the worker
 /// pod `victim` on node-a still shows `old` in its `slurm-etc` volume.
@@ -222,7 +216,7 @@ fn every_reference_the_kubelet_counts_pins_and_nothing_else_does() {
                 State::Stale(StaleCause::ImmutableCachePinned),
                 "{case}"
             );
-            assert_eq!(names(v), ["o"], "{case}");
+            assert_eq!(pinning_pods(v), ["o"], "{case}");
         } else {
             assert_eq!(v.state, State::Stale(StaleCause::ImmutableCache), "{case}");
             assert!(v.pinned_by().is_empty(), "{case}");
@@ -387,7 +381,7 @@ fn a_terminating_pod_is_skipped_whole_and_still_pins() {
     assert_eq!(n.mutable_mounts, 0, "a terminating pod counts for no rule");
     let v = find(&eval, "newcomer", vol("v"));
     assert_eq!(v.state, State::Stale(StaleCause::ImmutableCachePinned));
-    assert_eq!(names(v), ["victim"]);
+    assert_eq!(pinning_pods(v), ["victim"]);
 }
 
 // ---------------------------------------- 4. env served from a pinned cache
@@ -486,7 +480,7 @@ fn env_from_a_cache_entry_older_than_the_recreation() {
         let eval = env_case(synced, started, others);
         let v = find(&eval, "p", env("c", "KEY"));
         assert_eq!(v.state, want, "{case}");
-        assert_eq!(names(v), pinned, "{case}");
+        assert_eq!(pinning_pods(v), pinned, "{case}");
         if let State::Stale(_) = want {
             let m = v.message().unwrap();
             assert!(!m.contains("restart container"), "{case}: {m}");

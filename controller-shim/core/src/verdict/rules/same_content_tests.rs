@@ -20,8 +20,10 @@ use crate::index::ClusterIndex;
 use crate::model::{EnvRef, SourceContent, SourceKind, SourceRef, VolumeSource};
 use crate::rollout::{ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource, decide};
 use crate::testkit::*;
-use crate::verdict::test_support::{CM, NOW, SCAN, SECRET, START, engine, verdict as find, vol};
-use crate::verdict::{EngineState, Evaluation, FrozenCause, StaleCause, State, Subject, Verdict};
+use crate::verdict::test_support::{
+    CM, NOW, SCAN, SECRET, START, engine, env, pinning_pods, verdict as find, vol,
+};
+use crate::verdict::{EngineState, Evaluation, FrozenCause, StaleCause, State, Subject};
 
 /// The object's first version is written.
 const CREATED: &str = "2026-11-30T09:00:00Z";
@@ -35,16 +37,8 @@ const LATE_RECREATED: &str = "2026-11-30T10:59:00Z";
 const NEW: &[u8] = b"k2";
 const OLD: &[u8] = b"k1";
 
-fn env(container: &'static str, var: &'static str) -> impl Fn(&Subject) -> bool {
-    move |s| matches!(s, Subject::Env { container: c, var: v } if &**c == container && &**v == var)
-}
-
 fn sub_path() -> impl Fn(&Subject) -> bool {
     |s| matches!(s, Subject::SubPath { .. })
-}
-
-fn pinned(v: &Verdict) -> Vec<&str> {
-    v.pinned_by().iter().map(|s| &**s).collect()
 }
 
 fn pod(name: &str) -> PodB {
@@ -645,11 +639,11 @@ fn pins_across_a_recreation_with_the_same_content() {
     for (case, c, want, by) in cases {
         let (eval, ..) = c.run();
         let v = find(&eval, "p", env("c", "KEY"));
-        if (v.state, pinned(v)) != (want, by.clone()) {
+        if (v.state, pinning_pods(v)) != (want, by.clone()) {
             bad.push(format!(
                 "{case}: {} pinned by {:?} (want {} pinned by {by:?})",
                 v.state.tag(),
-                pinned(v),
+                pinning_pods(v),
                 want.tag()
             ));
         }

@@ -10,7 +10,7 @@ use crate::remediation::machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, FailReason, MachineConfig,
     NewPodCheck, NodeCordon, Observations, Phase, WorkloadObservation, step,
 };
-use crate::remediation::test_support::{finding, t0};
+use crate::remediation::test_support::{events, finding, t0};
 use crate::remediation::workload::{OwnerPod, WorkloadKind, WorkloadRef};
 
 pub(super) fn s(n: i64) -> SignedDuration {
@@ -85,16 +85,6 @@ fn persisted_first(actions: &[Action]) -> bool {
         .iter()
         .position(|a| matches!(a, Action::Evict { .. }));
     matches!((persist, evict), (Some(p), Some(e)) if p < e)
-}
-
-fn events(actions: &[Action]) -> Vec<EventReason> {
-    actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Event { reason, .. } => Some(*reason),
-            _ => None,
-        })
-        .collect()
 }
 
 fn no_slurm_or_node_writes(actions: &[Action]) -> bool {
