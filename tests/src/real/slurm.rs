@@ -196,6 +196,43 @@ pub fn write_key(path: &Path, key: &[u8]) -> io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
 }
 
+/// `n` distinct free loopback ports below the kernel's ephemeral range.
+/// The daemons bind them later, and again after each restart (a slurmd
+/// when its worker pod runs, slurmctld on a new key): a port from the
+/// ephemeral range may meanwhile be the local end of any outgoing
+/// connection on the machine, and the daemon then dies with "Address
+/// already in use". Each is bound once here to check it is free, all held
+/// until every one is chosen.
+fn daemon_ports(n: usize) -> io::Result<Vec<u16>> {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let floor = low.saturating_sub(12_000).max(1024);
+    let span = u32::from(low - floor);
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    for b in random_key(8 * n + 256).chunks_exact(2) {
+        if ports.len() == n {
+            break;
+        }
+        let p = floor + (u32::from(u16::from_be_bytes([b[0], b[1]])) % span) as u16;
+        if ports.contains(&p) {
+            continue;
+        }
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", p)) {
+            held.push(l);
+            ports.push(p);
+        }
+    }
+    if ports.len() < n {
+        return Err(io::Error::other(format!(
+            "no {n} free loopback ports in {floor}..{low}"
+        )));
+    }
+    Ok(ports)
+}
+
 impl RealSlurm {
     /// Starts slurmctld and slurmrestd on a new cluster key, and a slurmd
     /// on that key for every node; returns once slurmrestd answers and
@@ -209,16 +246,7 @@ impl RealSlurm {
             std::fs::create_dir_all(dir.join(d))?;
         }
         chown(&dir.join("state"), SLURM_USER)?;
-        // Every port at once, each listener held until all are chosen, so
-        // no two daemons are given the same one.
-        let held = (0..config.nodes.len() + 2)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-            .collect::<io::Result<Vec<_>>>()?;
-        let mut ports = held
-            .iter()
-            .map(|l| l.local_addr().map(|a| a.port()))
-            .collect::<io::Result<Vec<_>>>()?;
-        drop(held);
+        let mut ports = daemon_ports(config.nodes.len() + 2)?;
         let ctld_port = ports.pop().unwrap_or_default();
         let restd_addr = SocketAddr::from(([127, 0, 0, 1], ports.pop().unwrap_or_default()));
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")?
