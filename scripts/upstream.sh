@@ -31,10 +31,18 @@
 set -euo pipefail
 
 # --- pins ---------------------------------------------------------------------
-# Kubernetes: the release matching the k8s-openapi feature in Cargo.toml (v1_33).
-K8S_VERSION=v1.33.13
-# etcd: the release kubernetes v1.33.13's own go.mod requires (go.etcd.io/etcd/server/v3).
-ETCD_VERSION=v3.5.21
+# Kubernetes: the release matching the k8s-openapi feature in Cargo.toml (v1_37).
+K8S_VERSION=v1.37.2
+# etcd: the release kubernetes v1.37.2's own go.mod requires (go.etcd.io/etcd/server/v3
+# v3.7.0). Naming another one here would not build it: Go's minimal version
+# selection takes the higher of the two, and the cache key would lie.
+ETCD_VERSION=v3.7.0
+# The kubelets of the older minors in the supported skew window (a kubelet may
+# be up to three minors older than the API server: kubernetes.io/releases/version-skew-policy),
+# each the newest patch the Go module proxy serves; built beside the cluster's
+# own kubelet as bin/kubelet-<version>. The tests run the kubelet-fidelity
+# scenarios on a node of each, in the same cluster.
+SKEW_KUBELETS="v1.34.4 v1.35.4 v1.36.3"
 # Slinky operator: v1.2.x is refused by the module proxy ("403 Forbidden: This
 # module version is not available", for v1.2.0 to v1.2.3); v1.1.0 is the newest
 # release it serves. It serves the same slinky.slurm.net/v1beta1 API.
@@ -45,7 +53,7 @@ SLINKY_SRC_VERSION=v1.2.1
 SLINKY_SRC_COMMIT=87313dac23e95f5632439e99c9fe9e325ece1bcd
 SLURM_CLIENT_SRC_COMMIT=718b4eccd1f86b73ea90b6da7ea05a7782c02c83
 # Bump when the recipe below changes in a way that changes the binaries.
-RECIPE=2
+RECIPE=3
 SLINKY_SRC_RECIPE=1
 # ------------------------------------------------------------------------------
 
@@ -188,7 +196,7 @@ EOF
     fi
     echo "slinky-operator-dir: $dir"
 }
-key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_slinky-${SLINKY_VERSION}_${go_version}_r${RECIPE}"
+key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kubelets-$(echo $SKEW_KUBELETS | tr ' ' -)_slinky-${SLINKY_VERSION}_${go_version}_r${RECIPE}"
 out="$root/$key"
 if [ -f "$out/complete" ]; then
     log "upstream programs cached in $out"
@@ -211,29 +219,41 @@ start=$SECONDS
 # k8s.io/kubernetes replaces every k8s.io/* staging module with ./staging/...;
 # replace directives of a dependency are ignored, so pin each one to the
 # matching published v0.x.y (taken from kubernetes' own go.mod at the tag).
-log "resolving k8s.io/kubernetes@$K8S_VERSION"
-k8s_gomod="$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
-    | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
-[ -f "$k8s_gomod" ] || { echo "error: could not download k8s.io/kubernetes@$K8S_VERSION's go.mod" >&2; exit 1; }
+# Writes <dir>/go.mod: a module requiring k8s.io/kubernetes <version> (and
+# <extra requirement>, if given) with every staging module pinned.
+k8s_module() {
+    local version="$1" dir="$2" extra="${3:-}"
+    log "resolving k8s.io/kubernetes@$version"
+    local gomod
+    gomod="$("$GO" mod download -json "k8s.io/kubernetes@$version" \
+        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+    [ -f "$gomod" ] || { echo "error: could not download k8s.io/kubernetes@$version's go.mod" >&2; exit 1; }
+    mkdir -p "$dir"
+    {
+        echo "module mountguard.invalid/upstream-k8s"
+        echo
+        echo "go $(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gomod")"
+        echo
+        echo "require ("
+        echo "    k8s.io/kubernetes $version"
+        if [ -n "$extra" ]; then echo "    $extra"; fi
+        echo ")"
+        echo
+        grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$gomod" \
+            | awk -v v="v0.${version#v1.}" '{ print "replace " $1 " => " $1 " " v }'
+    } > "$dir/go.mod"
+}
+# The -ldflags that stamp <version> into a Kubernetes binary.
+k8s_ldflags() {
+    local flags="-s -w" var
+    for var in gitVersion=$1 gitMajor=1 gitMinor=$(echo "$1" | cut -d. -f2) gitTreeState=clean; do
+        flags="$flags -X k8s.io/component-base/version.$var"
+    done
+    echo "$flags"
+}
 staging_version="v0.${K8S_VERSION#v1.}"
-k8s_go="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$k8s_gomod")"
-{
-    echo "module mountguard.invalid/upstream-k8s"
-    echo
-    echo "go ${k8s_go}"
-    echo
-    echo "require ("
-    echo "    k8s.io/kubernetes $K8S_VERSION"
-    echo "    go.etcd.io/etcd/server/v3 $ETCD_VERSION"
-    echo ")"
-    echo
-    grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$k8s_gomod" \
-        | awk -v v="$staging_version" '{ print "replace " $1 " => " $1 " " v }'
-} > "$out.partial/src/k8s/go.mod"
-ldflags="-s -w"
-for var in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) gitTreeState=clean; do
-    ldflags="$ldflags -X k8s.io/component-base/version.$var"
-done
+k8s_module "$K8S_VERSION" "$out.partial/src/k8s" "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+ldflags="$(k8s_ldflags "$K8S_VERSION")"
 log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet $K8S_VERSION and etcd $ETCD_VERSION"
 (
     cd "$out.partial/src/k8s"
@@ -244,6 +264,12 @@ log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet $
         k8s.io/kubernetes/cmd/kubelet
     nice -n 10 "$GO" build -trimpath -ldflags "-s -w" -o "$out.partial/bin/etcd" go.etcd.io/etcd/server/v3
 )
+for v in $SKEW_KUBELETS; do
+    log "building kubelet $v (skew window)"
+    k8s_module "$v" "$out.partial/src/kubelet-$v"
+    (cd "$out.partial/src/kubelet-$v" && nice -n 10 "$GO" build -trimpath -ldflags "$(k8s_ldflags "$v")" \
+        -o "$out.partial/bin/kubelet-$v" k8s.io/kubernetes/cmd/kubelet)
+done
 
 # --- Slinky operator: its own module (it needs newer k8s.io/* than v1.33) ----
 # The CRDs come from the operator's module alone; building cmd/manager also
@@ -276,6 +302,7 @@ fi
 
 cat > "$out.partial/versions.txt" <<EOF
 k8s.io/kubernetes $K8S_VERSION (staging modules $staging_version)
+kubelets of the skew window: $SKEW_KUBELETS
 go.etcd.io/etcd/server/v3 $ETCD_VERSION
 github.com/SlinkyProject/slurm-operator $SLINKY_VERSION
 $go_version
