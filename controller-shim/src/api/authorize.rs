@@ -178,7 +178,7 @@ impl AccessReviewer for KubeAccessReviewer {
         Box::pin(async move {
             let tr = TokenReview {
                 spec: TokenReviewSpec {
-                    token: Some(token.to_string()),
+                    token: token.to_string(),
                     // None: the API server's own audiences.
                     audiences: None,
                 },

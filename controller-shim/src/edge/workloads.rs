@@ -94,7 +94,7 @@ fn count(n: Option<i32>) -> u32 {
 /// A Deployment as remediation keeps it.
 pub fn from_deployment(d: &Deployment) -> Option<WorkloadObject> {
     let s = d.status.clone().unwrap_or_default();
-    let desired = count(Some(d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)));
+    let desired = count(Some(d.spec.replicas.unwrap_or(1)));
     base(
         &d.metadata,
         WorkloadKind::Deployment,
@@ -112,7 +112,7 @@ pub fn from_deployment(d: &Deployment) -> Option<WorkloadObject> {
 /// A ReplicaSet as remediation keeps it, with its controlling Deployment.
 pub fn from_replicaset(r: &ReplicaSet) -> Option<WorkloadObject> {
     let s = r.status.clone().unwrap_or_default();
-    let desired = count(Some(r.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)));
+    let desired = count(Some(r.spec.replicas.unwrap_or(1)));
     let mut o = base(
         &r.metadata,
         WorkloadKind::ReplicaSet,
@@ -140,7 +140,7 @@ pub fn from_replicaset(r: &ReplicaSet) -> Option<WorkloadObject> {
 /// A StatefulSet as remediation keeps it.
 pub fn from_statefulset(t: &StatefulSet) -> Option<WorkloadObject> {
     let s = t.status.clone().unwrap_or_default();
-    let desired = count(Some(t.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)));
+    let desired = count(Some(t.spec.replicas.unwrap_or(1)));
     base(
         &t.metadata,
         WorkloadKind::StatefulSet,

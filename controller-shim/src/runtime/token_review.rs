@@ -139,7 +139,7 @@ impl TokenReviewer for KubeTokenReviewer {
         Box::pin(async move {
             let tr = TokenReview {
                 spec: TokenReviewSpec {
-                    token: Some(token.to_string()),
+                    token: token.to_string(),
                     audiences: Some(vec![audience.to_string()]),
                 },
                 ..Default::default()

@@ -138,7 +138,7 @@ impl KubeletDouble {
             "status": {
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet double is posting ready status"}],
                 "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": config.node}],
-                "nodeInfo": {"architecture": arch(), "operatingSystem": "linux", "kubeletVersion": "v1.33.0-mountguard-double",
+                "nodeInfo": {"architecture": arch(), "operatingSystem": "linux", "kubeletVersion": "v1.37.0-mountguard-double",
                               "containerRuntimeVersion": "double://1", "kernelVersion": "", "osImage": "", "kubeProxyVersion": "",
                               "machineID": "", "systemUUID": "", "bootID": ""},
             },

@@ -439,7 +439,7 @@ async fn patches_apply_delete_eviction_and_token_reviews_through_kube() {
     let reviews: Api<TokenReview> = Api::all(client.clone());
     let review = |token: &str, aud: &str| TokenReview {
         spec: TokenReviewSpec {
-            token: Some(token.into()),
+            token: token.into(),
             audiences: Some(vec![aud.into()]),
         },
         ..Default::default()
@@ -904,7 +904,7 @@ async fn a_token_review_without_audiences_accepts_only_the_api_servers_own() {
     let reviews: Api<TokenReview> = Api::all(client);
     let review = |token: &str, aud: Option<Vec<String>>| TokenReview {
         spec: TokenReviewSpec {
-            token: Some(token.into()),
+            token: token.into(),
             audiences: aud,
         },
         ..Default::default()
