@@ -3,6 +3,9 @@
 //! by the watches, the rest of the object dropped), the planner's and the
 //! machine's inputs computed from them and the pods, and the one write
 //! remediation makes to a workload (its attempts annotation).
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -3,6 +3,9 @@
 //! the API server and cached, with bounded reviews in flight and a token
 //! bucket per source address for tokens not yet known. The report API
 //! (agents) and the status API (readers) each use one.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;

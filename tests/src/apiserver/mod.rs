@@ -5,6 +5,9 @@
 //!
 //! It serves the paths the real `kube` client uses; see
 //! [`resources::ALL`] for the types. Storage is [`store::Store`].
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 pub mod patch;
 pub mod proxy;

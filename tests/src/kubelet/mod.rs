@@ -9,6 +9,9 @@
 //! deletion terminates, removes the pod's directories, unregisters and
 //! confirms the deletion to the API (grace 0, UID precondition), like the
 //! real kubelet's final delete.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 pub mod manager;
 pub mod projection;

@@ -1,4 +1,7 @@
 //! The API server double against the real `kube` client and kube-runtime.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -1,4 +1,7 @@
 //! Tests of the conversion of Kubernetes objects into the core model.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use super::*;
 use mountguard_core::model::{CompactTime, Interner, VolumeSource};
