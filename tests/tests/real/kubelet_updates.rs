@@ -34,11 +34,11 @@ use crate::kubelet_support::{
 pub const GRACE: Duration = Duration::from_secs(60);
 
 /// The Secret and ConfigMap of the tests, mutable.
-async fn mutable_sources(on: On<'_>, value: &str) {
+async fn mutable_sources(on: On<'_>, base: &str, value: &str) {
     create(
         &on.sys.client,
         &json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": on.name("app-secret"), "namespace": SLURM_NAMESPACE},
+                "metadata": {"name": on.name(&format!("{base}-secret")), "namespace": SLURM_NAMESPACE},
                 "data": {"password": b64(format!("password {value}\n").as_bytes())}}),
     )
     .await
@@ -46,25 +46,25 @@ async fn mutable_sources(on: On<'_>, value: &str) {
     create(
         &on.sys.client,
         &json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": on.name("app-config"), "namespace": SLURM_NAMESPACE},
+                "metadata": {"name": on.name(&format!("{base}-config")), "namespace": SLURM_NAMESPACE},
                 "data": {"app.conf": format!("setting = {value}\n")}}),
     )
     .await
     .unwrap();
 }
 
-async fn change_sources(on: On<'_>, value: &str) {
+async fn change_sources(on: On<'_>, base: &str, value: &str) {
     patch_data(
         on.sys,
         "secrets",
-        &on.name("app-secret"),
+        &on.name(&format!("{base}-secret")),
         json!({"password": b64(format!("password {value}\n").as_bytes())}),
     )
     .await;
     patch_data(
         on.sys,
         "configmaps",
-        &on.name("app-config"),
+        &on.name(&format!("{base}-config")),
         json!({"app.conf": format!("setting = {value}\n")}),
     )
     .await;
@@ -88,7 +88,7 @@ fn no_stale(subject: &str, samples: &[Sample]) {
 pub async fn mutable_updates_go_propagating_then_fresh_never_stale(on: On<'_>) {
     let sys = on.sys;
     let app = on.name("app");
-    mutable_sources(on, "v0").await;
+    mutable_sources(on, "app", "v0").await;
     create(
         &sys.client,
         &json!({"apiVersion": "v1", "kind": "Pod",
@@ -140,7 +140,7 @@ pub async fn mutable_updates_go_propagating_then_fresh_never_stale(on: On<'_>) {
             format!("setting = {value}\n").into_bytes(),
         ];
         let t0 = Instant::now();
-        change_sources(on, &value).await;
+        change_sources(on, "app", &value).await;
         let old_fp = old.clone();
         let (seen, disk) = sample_until(
             sys,
@@ -244,7 +244,7 @@ fn is_mount_point(path: &std::path::Path) -> bool {
 pub async fn subpath_and_env_keep_the_old_content_and_are_frozen(on: On<'_>) {
     let sys = on.sys;
     let frozen = on.name("frozen");
-    mutable_sources(on, "v0").await;
+    mutable_sources(on, "frozen", "v0").await;
     create(
         &sys.client,
         &json!({"apiVersion": "v1", "kind": "Pod",
@@ -253,12 +253,12 @@ pub async fn subpath_and_env_keep_the_old_content_and_are_frozen(on: On<'_>) {
                          "terminationGracePeriodSeconds": 0,
                          "containers": [{"name": "c", "image": "example.invalid/c:1",
                                          "env": [
-                                             {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": on.name("app-secret"), "key": "password"}}},
-                                             {"name": "SETTING", "valueFrom": {"configMapKeyRef": {"name": on.name("app-config"), "key": "app.conf"}}}],
+                                             {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": on.name("frozen-secret"), "key": "password"}}},
+                                             {"name": "SETTING", "valueFrom": {"configMapKeyRef": {"name": on.name("frozen-config"), "key": "app.conf"}}}],
                                          "volumeMounts": [
                                              {"name": "cfg", "mountPath": "/cfg"},
                                              {"name": "cfg", "mountPath": "/etc/app.conf", "subPath": "app.conf"}]}],
-                         "volumes": [{"name": "cfg", "configMap": {"name": on.name("app-config")}}]}}),
+                         "volumes": [{"name": "cfg", "configMap": {"name": on.name("frozen-config")}}]}}),
     )
     .await
     .unwrap();
@@ -315,7 +315,7 @@ pub async fn subpath_and_env_keep_the_old_content_and_are_frozen(on: On<'_>) {
     .await
     .unwrap();
     let t0 = Instant::now();
-    change_sources(on, "v1").await;
+    change_sources(on, "frozen", "v1").await;
     let new_bytes = b"setting = v1\n".to_vec();
     let read = || {
         (
@@ -445,10 +445,12 @@ pub async fn a_same_content_recreation_is_fresh(on: On<'_>) {
 }
 
 /// env `valueFrom.fileKeyRef` (gate `EnvFiles`, beta and on from 1.35:
-/// pkg/features/kube_features.go, v1.37.2): the API server takes it, the
-/// kubelet starts the container (the key is optional and the emptyDir
-/// empty: pkg/kubelet/kubelet_pods.go `makeEnvironmentVariables` leaves
-/// the variable out), and mountguard lists the reference as
+/// pkg/features/kube_features.go, v1.37.2): the API server takes it; the
+/// kubelet refuses to start the container while the file is missing from
+/// the emptyDir (CreateContainerConfigError, pkg/kubelet/kubelet_pods.go
+/// `makeEnvironmentVariables`) and starts it once the file is there (here
+/// the test writes it, as an init container would); mountguard lists the
+/// reference as
 /// `Skipped/fileKeyRef`, saying it does not check it, never Stale, beside
 /// a Secret key reference of the same container that it does judge.
 pub async fn file_key_ref_env_is_listed_and_never_judged(on: On<'_>) {
@@ -463,7 +465,7 @@ pub async fn file_key_ref_env_is_listed_and_never_judged(on: On<'_>) {
     )
     .await
     .unwrap();
-    create(
+    let created = create(
         &sys.client,
         &json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": pod, "namespace": SLURM_NAMESPACE},
@@ -474,13 +476,32 @@ pub async fn file_key_ref_env_is_listed_and_never_judged(on: On<'_>) {
                                          "env": [
                                              {"name": "FROM_FILE", "valueFrom": {"fileKeyRef": {
                                                  "volumeName": "envs", "path": "app.env",
-                                                 "key": "FROM_FILE", "optional": true}}},
+                                                 "key": "FROM_FILE"}}},
                                              {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {
                                                  "name": secret, "key": "password"}}}],
                                          "volumeMounts": [{"name": "envs", "mountPath": "/envs"}]}]}}),
     )
     .await
     .unwrap();
+    let uid = created["metadata"]["uid"].as_str().unwrap().to_string();
+    let dir = on
+        .root()
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~empty-dir/envs");
+    crate::harness::wait(
+        sys,
+        "the kubelet to set up the emptyDir",
+        Duration::from_secs(60),
+        || {
+            let ready = dir.is_dir();
+            async move { ready.then_some(()) }
+        },
+    )
+    .await;
+    // Every value single-quoted (pkg/kubelet/util/env/env_util.go,
+    // v1.37.2: the parser refuses anything else).
+    std::fs::write(dir.join("app.env"), "FROM_FILE='from a file'\n").unwrap();
     running_pod(sys, &pod).await;
     let (seen, _) = sample_until(
         sys,
