@@ -130,14 +130,19 @@ tier "release workflow lint"
 # and the soak smoke mostly wait on their own clocks; the real control plane
 # block below waits for the build and prints its output.
 upstream_pid=""
+static_pid=""
 upstream_log="$(mktemp)"
-stop_upstream_build() {
-    if [ -n "$upstream_pid" ] && kill -0 "$upstream_pid" 2>/dev/null; then
-        pkill -P "$upstream_pid" 2>/dev/null || true
-        kill "$upstream_pid" 2>/dev/null || true
-    fi
+# Stops the background builds still running (their children first).
+stop_background_builds() {
+    local pid
+    for pid in "$upstream_pid" "$static_pid"; do
+        if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+            pkill -P "$pid" 2>/dev/null || true
+            kill "$pid" 2>/dev/null || true
+        fi
+    done
 }
-trap 'rc=$?; stop_upstream_build; print_tier_times; exit $rc' EXIT
+trap 'rc=$?; stop_background_builds; print_tier_times; exit $rc' EXIT
 if [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 ]; then
     log "real control plane: building the pinned upstream programs in the background (cached)"
     nice -n 15 bash scripts/upstream.sh >"$upstream_log" 2>&1 &
@@ -164,15 +169,7 @@ tier "soak smoke (build and run)"
 # target/release only, not the test builds' directories. The block below
 # waits for it and checks what it built.
 static_targets=(x86_64-unknown-linux-musl aarch64-unknown-linux-musl)
-static_pid=""
 static_log="$(mktemp)"
-stop_static_build() {
-    if [ -n "$static_pid" ] && kill -0 "$static_pid" 2>/dev/null; then
-        pkill -P "$static_pid" 2>/dev/null || true
-        kill "$static_pid" 2>/dev/null || true
-    fi
-}
-trap 'rc=$?; stop_static_build; stop_upstream_build; print_tier_times; exit $rc' EXIT
 if [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ]; then
     log "static release binaries: building linux/amd64 and linux/arm64 (musl) in the background"
     # The aarch64 musl build links with the glibc cross gcc (.cargo/config.toml),
