@@ -1,9 +1,10 @@
 //! The remediation toggle flipped with `helm upgrade`, and `helm
-//! uninstall`, with the real Helm CLI on the real node: what the
-//! controller's process runs with and what its ServiceAccount may do follow
-//! each upgrade, and the uninstall leaves no object of the release behind,
-//! cluster-scoped ones (ClusterRoles, bindings, the admission webhook)
-//! included.
+//! uninstall`, with the real Helm CLI on the real node, Helm 4 (server-side
+//! apply, the method `upgrade` keeps) and Helm 3 (client-side three-way
+//! merge): what the controller's process runs with and what its
+//! ServiceAccount may do follow each upgrade, and the uninstall leaves no
+//! object of the release behind, cluster-scoped ones (ClusterRoles,
+//! bindings, the admission webhook) included.
 
 use std::time::Duration;
 
@@ -71,12 +72,33 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
     let node =
         real_node_or_skip!("real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing");
     let helm = Helm::new(&node);
-    let (_, first) = install(&node, &helm, &[]).await;
+    let version = helm.ok_stdout(&["version", "--short"]);
+    assert!(version.starts_with("v4."), "helm is Helm 4: {version}");
+    install_upgrade_uninstall(&node, &helm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_helm3_upgrade_flips_remediation_and_uninstall_leaves_nothing() {
+    let node = real_node_or_skip!(
+        "real_node_helm3_upgrade_flips_remediation_and_uninstall_leaves_nothing"
+    );
+    let helm = Helm::v3(&node);
+    let version = helm.ok_stdout(&["version", "--short"]);
+    assert!(version.starts_with("v3."), "helm3 is Helm 3: {version}");
+    install_upgrade_uninstall(&node, &helm).await;
+}
+
+/// Install, two upgrades (remediation dry-run, then off), uninstall.
+async fn install_upgrade_uninstall(
+    node: &mountguard_tests::real::real_node::RealNode,
+    helm: &Helm,
+) {
+    let (_, first) = install(node, helm, &[]).await;
     let client = node.cluster.client().await.expect("client");
     assert!(
-        process_env(&node, &first).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()),
+        process_env(node, &first).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()),
         "{:?}",
-        process_env(&node, &first)
+        process_env(node, &first)
     );
     assert!(
         !may_evict(&client).await,
@@ -93,19 +115,19 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
     .await
     .expect("token secret");
     upgrade(
-        &helm,
+        helm,
         &[
             "remediation.mode=dry-run",
             "remediation.slurmrestd.url=http://slurm-restapi.slurm.svc:6820",
             "remediation.slurmrestd.tokenSecret.name=slurm-token-mountguard",
         ],
     );
-    let dry = controller_with_remediation(&node, "dry-run").await;
+    let dry = controller_with_remediation(node, "dry-run").await;
     assert_ne!(
         dry["metadata"]["uid"], first["metadata"]["uid"],
         "a new pod"
     );
-    let env = process_env(&node, &dry);
+    let env = process_env(node, &dry);
     assert!(
         env.contains(&"MOUNTGUARD_REMEDIATION=dry-run".to_string())
             && env.contains(
@@ -118,9 +140,9 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
         "remediation dry-run grants eviction"
     );
 
-    upgrade(&helm, &["remediation.mode=off"]);
-    let off = controller_with_remediation(&node, "off").await;
-    assert!(process_env(&node, &off).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()));
+    upgrade(helm, &["remediation.mode=off"]);
+    let off = controller_with_remediation(node, "off").await;
+    assert!(process_env(node, &off).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()));
     assert!(
         !may_evict(&client).await,
         "back to off: the eviction rule is gone"
