@@ -27,7 +27,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "mountguard"
 RELEASE = "mg"
 NAMESPACE = "mountguard-system"
-KUBE_VERSION = "v1.33.0"
+KUBE_VERSION = "v1.37.0"
 MONITORING_API = "monitoring.coreos.com/v1"
 
 

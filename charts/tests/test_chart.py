@@ -125,7 +125,7 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_lint_is_clean_with_strict_checks() -> None:
-    report = helm_python.lint(CHART, strict=True, namespace=NAMESPACE, kube_version="v1.33.0")
+    report = helm_python.lint(CHART, strict=True, namespace=NAMESPACE, kube_version="v1.37.0")
     assert report["errors"] == [], report
     worse_than_info = [m for m in report["messages"] if m["severity"] >= 2]
     assert worse_than_info == [], report
@@ -134,7 +134,7 @@ def test_lint_is_clean_with_strict_checks() -> None:
 @pytest.mark.parametrize("name", scenario_ids())
 def test_lint_is_clean_for_every_scenario(name: str) -> None:
     report = helm_python.lint(
-        CHART, SCENARIOS[name].values, strict=True, namespace=NAMESPACE, kube_version="v1.33.0"
+        CHART, SCENARIOS[name].values, strict=True, namespace=NAMESPACE, kube_version="v1.37.0"
     )
     assert report["errors"] == [], report
     assert [m for m in report["messages"] if m["severity"] >= 2] == [], report

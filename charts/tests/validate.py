@@ -8,8 +8,9 @@
   crds/SOURCES.md), checked with `jsonschema`. Like the API server with
   `fieldValidation=Strict`, a field the schema does not declare is an error
   (the API server finds them while pruning:
-  k8s.io/apiextensions-apiserver pkg/apiserver/schema/pruning/algorithm.go,
-  `PruneWithOptions`, and fails strict requests on the pruned paths).
+  k8s.io/apiextensions-apiserver v0.37.2 (Kubernetes v1.37.2)
+  pkg/apiserver/schema/pruning/algorithm.go, `PruneWithOptions`, and fails
+  strict requests on the pruned paths).
   CEL rules (`x-kubernetes-validations`) are not evaluated.
 - Prometheus rules and dashboard queries: `promtool` (Debian's `prometheus`
   package), see promtool.py.

@@ -5,6 +5,9 @@
 //! leadership the report book and the evaluation state are reset: a new
 //! leader starts empty, answers heartbeats `resend`, and rebuilds its
 //! verdicts from the next inventories without Events for the baseline.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -16,6 +16,9 @@
 //!    timestamped directory.
 //!
 //! It is a double for tests: it is not used by the agent at run time.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;

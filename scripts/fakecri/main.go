@@ -11,6 +11,9 @@
 // kuberuntime's `RunInContainer`) to that URL as JSON and answers with the
 // exit code, stdout and stderr the URL returns; without one, an exec does
 // nothing and succeeds (the fake's own ExecSync).
+//
+// Kubernetes code cited here is at v1.37.2 (k8s.io/* staging modules at
+// v0.37.2).
 package main
 
 import (

@@ -15,6 +15,9 @@
 //! one is gone from the API. Pods above the replica count are deleted; pods
 //! whose NodeSet is gone are garbage
 //! collected. `status.replicas` / `readyReplicas` are kept up to date.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::BTreeSet;
 
@@ -158,7 +161,8 @@ pub fn reconcile_all<A: Objects + ?Sized>(api: &A) {
 
 /// `Toleration.ToleratesTaint` (k8s.io/api/core/v1/toleration.go): an
 /// empty effect or key matches any; `Exists` ignores the value, `Equal`
-/// (or no operator) compares it.
+/// (or no operator) compares it; `Lt` and `Gt` match nothing while their
+/// gate `TaintTolerationComparisonOperators` is off (alpha, the default).
 fn tolerates(t: &Value, taint: &Value) -> bool {
     let s = |v: &Value| v.as_str().unwrap_or("").to_string();
     if !s(&t["effect"]).is_empty() && t["effect"] != taint["effect"] {

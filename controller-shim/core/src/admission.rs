@@ -27,6 +27,9 @@
 //! authorized status API. The answer is a list of short warnings (each under the API server's
 //! 256-rune truncation limit, `staging/src/k8s.io/apiserver/pkg/endpoints/
 //! filters/warning.go`, `truncateItemRunes`), a denial, or nothing.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::sync::Arc;
 

@@ -5,6 +5,9 @@
 //! digests are raw `[u8; 32]`. Secret and ConfigMap content only ever exists
 //! here as SHA-256 digests: the conversion at the edge hashes every value and
 //! drops the plaintext.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::BTreeMap;
 

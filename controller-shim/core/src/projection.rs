@@ -17,6 +17,9 @@
 //!   paths are not verifiable from the API: they are skipped, not failed.
 //! * Environment: `configMapKeyRef` and ConfigMap `envFrom` use `data`
 //!   only; Secret references use `data`.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -12,6 +12,9 @@
 //! its body and a few hundred bytes, whatever its object holds
 //! (`benches/admission.rs` measures it; `tests/admission_heap.rs` bounds
 //! it).
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use mountguard_core::admission::Operation;
 use mountguard_core::model::{SourceKind, SourceRef};

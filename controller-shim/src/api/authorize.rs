@@ -36,6 +36,9 @@
 //! the [`StatusAuthLimits::in_flight`] review slots (503 beyond): a flood
 //! of random tokens from one address costs at most its bucket in
 //! TokenReviews and never the slots a known reader needs.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -178,7 +181,7 @@ impl AccessReviewer for KubeAccessReviewer {
         Box::pin(async move {
             let tr = TokenReview {
                 spec: TokenReviewSpec {
-                    token: Some(token.to_string()),
+                    token: token.to_string(),
                     // None: the API server's own audiences.
                     audiences: None,
                 },

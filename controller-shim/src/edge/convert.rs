@@ -1,7 +1,7 @@
 //! The edge: k8s-openapi objects (and raw JSON items) into the compact
 //! model. Secret and ConfigMap values are hashed here and never stored.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
@@ -96,65 +96,8 @@ fn items(
     })
 }
 
-/// Extra facts only the raw JSON has (fields newer than the k8s-openapi
-/// version compiled in): podCertificate paths per (volume index, source
-/// index), and which `env[].valueFrom` entries are `fileKeyRef`.
-#[derive(Debug, Default)]
-pub struct RawPodExtras {
-    pod_certificate_paths: BTreeMap<(usize, usize), Vec<String>>,
-    /// `(container list, container index, env index)` of every
-    /// `valueFrom.fileKeyRef`; `None` when no raw JSON was read (a typed
-    /// object from the watch).
-    file_key_refs: Option<BTreeSet<(ContainerKind, usize, usize)>>,
-}
-
-impl RawPodExtras {
-    /// Reads the extras from a pod's raw JSON.
-    pub fn from_json(pod: &Value) -> Self {
-        let mut out = Self::default();
-        let mut file_key_refs = BTreeSet::new();
-        for (kind, list) in [
-            (ContainerKind::Regular, "/spec/containers"),
-            (ContainerKind::Init, "/spec/initContainers"),
-            (ContainerKind::Ephemeral, "/spec/ephemeralContainers"),
-        ] {
-            let containers = pod.pointer(list).and_then(Value::as_array);
-            for (ci, c) in containers.into_iter().flatten().enumerate() {
-                let env = c.get("env").and_then(Value::as_array);
-                for (ei, e) in env.into_iter().flatten().enumerate() {
-                    if e.pointer("/valueFrom/fileKeyRef").is_some() {
-                        file_key_refs.insert((kind, ci, ei));
-                    }
-                }
-            }
-        }
-        out.file_key_refs = Some(file_key_refs);
-        let Some(volumes) = pod.pointer("/spec/volumes").and_then(Value::as_array) else {
-            return out;
-        };
-        for (vi, v) in volumes.iter().enumerate() {
-            let Some(sources) = v.pointer("/projected/sources").and_then(Value::as_array) else {
-                continue;
-            };
-            for (si, s) in sources.iter().enumerate() {
-                if let Some(pc) = s.get("podCertificate") {
-                    let paths = ["credentialBundlePath", "keyPath", "certificateChainPath"]
-                        .iter()
-                        .filter_map(|k| pc.get(*k).and_then(Value::as_str))
-                        .filter(|s| !s.is_empty())
-                        .map(str::to_string)
-                        .collect();
-                    out.pod_certificate_paths.insert((vi, si), paths);
-                }
-            }
-        }
-        out
-    }
-}
-
-/// Builds the compact model of a pod. `extras` carries facts from the raw
-/// JSON that the compiled-in API version drops.
-pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<PodModel> {
+/// Builds the compact model of a pod.
+pub fn pod(interner: &mut Interner, p: &Pod) -> Option<PodModel> {
     let meta = &p.metadata;
     let namespace = meta.namespace.as_deref()?;
     // A pod's name and UID are its own: interning them would only cost the
@@ -189,7 +132,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
 
     let mut volumes: Vec<VolumeModel> = Vec::new();
-    for (vi, v) in spec.volumes.iter().flatten().enumerate() {
+    for v in spec.volumes.iter().flatten() {
         let source = if let Some(s) = &v.secret {
             let Some(n) = s.secret_name.as_deref() else {
                 continue;
@@ -209,7 +152,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             })
         } else if let Some(pr) = &v.projected {
             let mut sources = Vec::new();
-            for (si, s) in pr.sources.iter().flatten().enumerate() {
+            for s in pr.sources.iter().flatten() {
                 let src = if let Some(sec) = &s.secret {
                     ProjectedSource::Object(SourceProjection {
                         kind: SourceKind::Secret,
@@ -244,10 +187,19 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
                         reason: SkipReason::ClusterTrustBundle,
                         paths: Box::new([interner.intern(&c.path)]),
                     }
-                } else if let Some(paths) = extras.pod_certificate_paths.get(&(vi, si)) {
+                } else if let Some(pc) = &s.pod_certificate {
                     ProjectedSource::NotFromApi {
                         reason: SkipReason::PodCertificate,
-                        paths: paths.iter().map(|p| interner.intern(p)).collect(),
+                        paths: [
+                            &pc.credential_bundle_path,
+                            &pc.key_path,
+                            &pc.certificate_chain_path,
+                        ]
+                        .into_iter()
+                        .flatten()
+                        .filter(|p| !p.is_empty())
+                        .map(|p| interner.intern(p))
+                        .collect(),
                     }
                 } else {
                     ProjectedSource::NotFromApi {
@@ -284,9 +236,9 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
         |st: Option<&ContainerState>| st?.terminated.as_ref()?.started_at.as_ref().map(|t| t.0);
     let mut containers = Vec::new();
     let mut other_refs = Vec::new();
-    for (ci, c) in spec.containers.iter().enumerate() {
+    for c in &spec.containers {
         let st = status_of(status.and_then(|s| s.container_statuses.as_ref()), &c.name);
-        let parts = ContainerParts::of(c, extras, ContainerKind::Regular, ci);
+        let parts = ContainerParts::of(c);
         containers.push(container(
             interner,
             parts,
@@ -296,7 +248,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             &volumes,
         ));
     }
-    for (ci, c) in spec.init_containers.iter().flatten().enumerate() {
+    for c in spec.init_containers.iter().flatten() {
         let st = status_of(
             status.and_then(|s| s.init_container_statuses.as_ref()),
             &c.name,
@@ -313,7 +265,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             },
             None => (None, false),
         };
-        let parts = ContainerParts::of(c, extras, ContainerKind::Init, ci);
+        let parts = ContainerParts::of(c);
         containers.push(container(
             interner,
             parts,
@@ -323,7 +275,7 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             &volumes,
         ));
     }
-    for (ci, c) in spec.ephemeral_containers.iter().flatten().enumerate() {
+    for c in spec.ephemeral_containers.iter().flatten() {
         let st = status_of(
             status.and_then(|s| s.ephemeral_container_statuses.as_ref()),
             &c.name,
@@ -333,7 +285,6 @@ pub fn pod(interner: &mut Interner, p: &Pod, extras: &RawPodExtras) -> Option<Po
             mounts: c.volume_mounts.as_deref().unwrap_or_default(),
             env: c.env.as_deref().unwrap_or_default(),
             env_from: c.env_from.as_deref().unwrap_or_default(),
-            file_key_refs: extras.file_key_refs_of(ContainerKind::Ephemeral, ci),
         };
         let exited = st.is_some_and(|s| s.terminated.is_some());
         let model = container(
@@ -428,33 +379,16 @@ struct ContainerParts<'a> {
     mounts: &'a [VolumeMount],
     env: &'a [EnvVar],
     env_from: &'a [EnvFromSource],
-    /// The indexes in `env` of its `fileKeyRef` entries, when the raw JSON
-    /// was read ([`RawPodExtras`]).
-    file_key_refs: Option<BTreeSet<usize>>,
 }
 
 impl<'a> ContainerParts<'a> {
-    fn of(c: &'a Container, extras: &RawPodExtras, kind: ContainerKind, index: usize) -> Self {
+    fn of(c: &'a Container) -> Self {
         Self {
             name: &c.name,
             mounts: c.volume_mounts.as_deref().unwrap_or_default(),
             env: c.env.as_deref().unwrap_or_default(),
             env_from: c.env_from.as_deref().unwrap_or_default(),
-            file_key_refs: extras.file_key_refs_of(kind, index),
         }
-    }
-}
-
-impl RawPodExtras {
-    /// The env indexes of the `fileKeyRef` entries of container `index` of
-    /// list `kind`; `None` without raw JSON.
-    fn file_key_refs_of(&self, kind: ContainerKind, index: usize) -> Option<BTreeSet<usize>> {
-        let refs = self.file_key_refs.as_ref()?;
-        Some(
-            refs.range((kind, index, 0)..=(kind, index, usize::MAX))
-                .map(|(_, _, ei)| *ei)
-                .collect(),
-        )
     }
 }
 
@@ -488,7 +422,7 @@ fn container(
         });
     }
     let mut env = Vec::new();
-    for (ei, e) in c.env.iter().enumerate() {
+    for e in c.env {
         let Some(vf) = &e.value_from else { continue };
         if let Some(s) = &vf.secret_key_ref {
             env.push(EnvRef::Key {
@@ -506,22 +440,25 @@ fn container(
                 key: interner.intern(&s.key),
                 optional: s.optional.unwrap_or(false),
             });
-        } else if vf.field_ref.is_none() && vf.resource_field_ref.is_none() {
-            // None of the sources the compiled-in API (1.33) knows: the API
-            // server accepts exactly one source per `valueFrom`
-            // (`pkg/apis/core/validation/validation.go`
-            // `validateEnvVarValueFrom`, v1.37.2), and the only one newer
-            // than 1.33 is `fileKeyRef` (gate `EnvFiles`, beta and on from
-            // 1.35), a file of an emptyDir volume. The raw JSON, when read,
-            // says so; the typed watch object cannot, and is taken to be
-            // that one source.
-            let reason = match &c.file_key_refs {
-                Some(refs) if !refs.contains(&ei) => SkipReason::UnknownSource,
-                _ => SkipReason::FileKeyRef,
-            };
+        } else if vf.file_key_ref.is_some() {
+            // `fileKeyRef` (gate `EnvFiles`, beta and on from 1.35): a value
+            // the kubelet reads at container start from a file of an
+            // emptyDir volume (`pkg/kubelet/kubelet_pods.go`
+            // `makeEnvironmentVariables`, v1.37.2); no Secret or ConfigMap
+            // behind it, nothing to check.
             env.push(EnvRef::NotFromApi {
                 var: interner.intern(&e.name),
-                reason,
+                reason: SkipReason::FileKeyRef,
+            });
+        } else if vf.field_ref.is_none() && vf.resource_field_ref.is_none() {
+            // None of the sources the compiled-in API (1.37) knows: the API
+            // server accepts exactly one source per `valueFrom`
+            // (`pkg/apis/core/validation/validation.go`
+            // `validateEnvVarValueFrom`, v1.37.2), so this is a source newer
+            // than 1.37. Never taken for a Secret or a ConfigMap.
+            env.push(EnvRef::NotFromApi {
+                var: interner.intern(&e.name),
+                reason: SkipReason::UnknownSource,
             });
         }
     }

@@ -3,6 +3,9 @@
 //! by the watches, the rest of the object dropped), the planner's and the
 //! machine's inputs computed from them and the pods, and the one write
 //! remediation makes to a workload (its attempts annotation).
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -94,7 +97,7 @@ fn count(n: Option<i32>) -> u32 {
 /// A Deployment as remediation keeps it.
 pub fn from_deployment(d: &Deployment) -> Option<WorkloadObject> {
     let s = d.status.clone().unwrap_or_default();
-    let desired = count(Some(d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)));
+    let desired = count(Some(d.spec.replicas.unwrap_or(1)));
     base(
         &d.metadata,
         WorkloadKind::Deployment,
@@ -112,7 +115,7 @@ pub fn from_deployment(d: &Deployment) -> Option<WorkloadObject> {
 /// A ReplicaSet as remediation keeps it, with its controlling Deployment.
 pub fn from_replicaset(r: &ReplicaSet) -> Option<WorkloadObject> {
     let s = r.status.clone().unwrap_or_default();
-    let desired = count(Some(r.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)));
+    let desired = count(Some(r.spec.replicas.unwrap_or(1)));
     let mut o = base(
         &r.metadata,
         WorkloadKind::ReplicaSet,
@@ -140,7 +143,7 @@ pub fn from_replicaset(r: &ReplicaSet) -> Option<WorkloadObject> {
 /// A StatefulSet as remediation keeps it.
 pub fn from_statefulset(t: &StatefulSet) -> Option<WorkloadObject> {
     let s = t.status.clone().unwrap_or_default();
-    let desired = count(Some(t.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)));
+    let desired = count(Some(t.spec.replicas.unwrap_or(1)));
     base(
         &t.metadata,
         WorkloadKind::StatefulSet,

@@ -12,6 +12,9 @@
 //! namespace (owned by the agent DaemonSet; [`AgentPods`]); on a miss (a
 //! brand-new agent pod not yet seen by the watch) it GETs the pod once
 //! ([`PodFetcher`]), bounded by a timeout.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::HashMap;
 use std::sync::RwLock;

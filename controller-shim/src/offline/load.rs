@@ -10,7 +10,7 @@ use mountguard_inventory::{NodeInventory, SCHEMA};
 use serde_json::Value;
 
 use crate::Error;
-use crate::edge::convert::{self, RawPodExtras, describe_item};
+use crate::edge::convert::{self, describe_item};
 use mountguard_core::index::ClusterIndex;
 
 /// What the command read, before evaluation.
@@ -177,8 +177,7 @@ pub(crate) fn load_item(item: &Value, loaded: &mut Loaded) -> Result<(), String>
             if pod.spec.is_none() {
                 return Err("spec is missing".into());
             }
-            let extras = RawPodExtras::from_json(item);
-            let model = convert::pod(&mut ix.interner, &pod, &extras)
+            let model = convert::pod(&mut ix.interner, &pod)
                 .ok_or("pod is missing metadata or spec")?;
             ix.apply_pod(model);
         }

@@ -7,7 +7,8 @@
 //! (kubernetes `pkg/registry/core/service/proxy.go`, `ProxyREST.Connect`,
 //! which appends the path after `proxy/` to the location
 //! `pkg/registry/core/service/storage/storage.go` `ResourceLocation`
-//! resolves from `scheme:name:port` to one ready endpoint of the Service).
+//! resolves from `scheme:name:port` to one ready endpoint of the Service,
+//! read from its EndpointSlices).
 //! The caller needs `get` on `services/proxy` for that Service.
 //!
 //! The status API answers authorized readers only (`status_auth.rs`):
@@ -16,6 +17,9 @@
 //! (the API server removes `Authorization` once it authenticated the
 //! caller, `staging/src/k8s.io/apiserver/pkg/endpoints/filters/authentication.go`
 //! `WithAuthentication`, and passes the other headers on).
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -11,6 +11,9 @@
 //!
 //! [`Action::Evict`]: mountguard_core::remediation::Action::Evict
 //! [`Action::CheckEviction`]: mountguard_core::remediation::Action::CheckEviction
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::time::Duration;
 

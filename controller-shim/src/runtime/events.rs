@@ -17,6 +17,9 @@
 //!
 //! Emission is rate limited per pod and globally ([`RateLimiter`]);
 //! suppressed Events count `mountguard_events_suppressed_total`.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use foldhash::HashMap;
 use mountguard_core::PodUid;

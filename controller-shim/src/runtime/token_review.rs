@@ -3,6 +3,9 @@
 //! the API server and cached, with bounded reviews in flight and a token
 //! bucket per source address for tokens not yet known. The report API
 //! (agents) and the status API (readers) each use one.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -139,7 +142,7 @@ impl TokenReviewer for KubeTokenReviewer {
         Box::pin(async move {
             let tr = TokenReview {
                 spec: TokenReviewSpec {
-                    token: Some(token.to_string()),
+                    token: token.to_string(),
                     audiences: Some(vec![audience.to_string()]),
                 },
                 ..Default::default()

@@ -5,6 +5,9 @@
 //!
 //! It serves the paths the real `kube` client uses; see
 //! [`resources::ALL`] for the types. Storage is [`store::Store`].
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 pub mod patch;
 pub mod proxy;
@@ -1110,7 +1113,7 @@ fn discovery(h: &ApiHandle, path: &str) -> Option<Value> {
     let gvs = resources::group_versions();
     match p {
         "/version" => Some(json!({
-            "major": "1", "minor": "33", "gitVersion": "v1.33.0-mountguard-double",
+            "major": "1", "minor": "37", "gitVersion": "v1.37.0-mountguard-double",
             "gitCommit": "0000000000000000000000000000000000000000", "gitTreeState": "clean",
             "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24", "compiler": "gc",
             "platform": format!("linux/{}", std::env::consts::ARCH),

@@ -8,9 +8,13 @@
 //!   `https`; anything else is a 400 "invalid service request");
 //! * `pkg/registry/core/service/storage/storage.go` `ResourceLocation`: a
 //!   port number is mapped to the Service port's name (503 "no service
-//!   port N found" otherwise); the Endpoints object of the same name gives
-//!   the address: a subset with addresses and a port of that name (503 "no
-//!   endpoints available for service" when there is none);
+//!   port N found" otherwise); an endpoint of the Service with a port of
+//!   that name gives the address (503 "no endpoints available for service"
+//!   when there is none). The real server reads the Service's
+//!   EndpointSlices and skips endpoints whose `ready` is false
+//!   (`staging/src/k8s.io/apiserver/pkg/util/proxy/proxy.go`
+//!   `RandomEndpoint`); the double reads the Endpoints object of the same
+//!   name, a subset with `addresses` (its ready ones) and that port;
 //! * `pkg/registry/core/service/proxy.go` `ProxyREST.Connect`: the part
 //!   after `proxy` is appended to that location, the query passed on, and
 //!   the backend's answer returned as it is;
@@ -23,6 +27,9 @@
 //!
 //! The double dials plain HTTP only (the rig's metrics ports); it picks
 //! the first matching address where the real server picks one at random.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};

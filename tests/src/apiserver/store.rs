@@ -3,6 +3,9 @@
 //! resourceVersion, and a bounded event log (the "ring") that watches read.
 //! Events older than the ring are compacted: a watch from before them gets
 //! `410 Expired`, like a watch from a compacted etcd revision.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, VecDeque};
 

@@ -12,6 +12,9 @@
 //!   the API object is deleted and recreated with new data (the pin).
 //!
 //! Get strategy: every `get` reads the API server.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, BTreeSet};
 

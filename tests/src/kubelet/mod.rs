@@ -9,6 +9,9 @@
 //! deletion terminates, removes the pod's directories, unregisters and
 //! confirms the deletion to the API (grace 0, UID precondition), like the
 //! real kubelet's final delete.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 pub mod manager;
 pub mod projection;
@@ -138,7 +141,7 @@ impl KubeletDouble {
             "status": {
                 "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet double is posting ready status"}],
                 "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": config.node}],
-                "nodeInfo": {"architecture": arch(), "operatingSystem": "linux", "kubeletVersion": "v1.33.0-mountguard-double",
+                "nodeInfo": {"architecture": arch(), "operatingSystem": "linux", "kubeletVersion": "v1.37.0-mountguard-double",
                               "containerRuntimeVersion": "double://1", "kernelVersion": "", "osImage": "", "kubeProxyVersion": "",
                               "machineID": "", "systemUUID": "", "bootID": ""},
             },

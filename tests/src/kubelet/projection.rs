@@ -2,6 +2,9 @@
 //! double independently of mountguard's own projection engine (a shared bug
 //! must not pass both). Rules from `pkg/volume/{secret,configmap,projected,
 //! downwardapi}` and `pkg/kubelet/kubelet_pods.go`.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, BTreeSet};
 

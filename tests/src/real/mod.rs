@@ -22,6 +22,9 @@
 //! let client = cluster.client().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 pub mod binfmt;
 pub mod containerd;
@@ -347,7 +350,7 @@ impl RealClusterBuilder {
         std::fs::write(p("audit-policy.yaml"), AUDIT_POLICY)?;
         // The rig's status API reader, a static token (`--token-auth-file`,
         // CSV `token,user,uid,"group,..."`:
-        // staging/src/k8s.io/apiserver/plugin/pkg/authenticator/token/tokenfile/tokenfile.go
+        // staging/src/k8s.io/apiserver/pkg/authentication/token/tokenfile/tokenfile.go
         // `NewCSV`); the rig binds its group to the chart's reader role.
         std::fs::write(
             p("static-tokens.csv"),

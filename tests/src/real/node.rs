@@ -37,6 +37,9 @@
 //! stops reflectors of objects no volume reads, i.e. env-only references);
 //! containers never restart; no node Lease (node lifecycle is disabled in
 //! the rig); hooks run one after the other, not in parallel.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;

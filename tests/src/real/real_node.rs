@@ -11,6 +11,9 @@
 //! `SKIPPED: <reason>` line and pass. Everything after a successful start is
 //! asserted. Dropping a [`RealNode`] stops the kubelet, then the runtime
 //! (containers, shims, mounts, bridge, cgroups), then the control plane.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::io;
 use std::path::{Path, PathBuf};

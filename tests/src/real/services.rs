@@ -16,11 +16,15 @@
 //!   bypass the host's conntrack; masquerading holds either way,
 //!   pkg/proxy/iptables/proxier.go `syncProxyRules`),
 //!   `localhostNodePorts: false` (no `route_localnet` sysctl) and
-//!   `conntrack.maxPerCore: 0` (no conntrack sysctls,
-//!   cmd/kube-proxy/app/server_linux.go `setupConntrack`). Its chains are
+//!   `conntrack.maxPerCore: 0` and zero timeouts (no conntrack sysctls,
+//!   pkg/proxy/conntrack/sysctls.go `setSysctls`, called from
+//!   cmd/kube-proxy/app/server_linux.go `platformSetup`). Its chains are
 //!   removed at the end with `kube-proxy --cleanup`.
 //! - Cluster DNS: CoreDNS on the bridge gateway ([`CoreDns`]); the
 //!   kubelet's `clusterDNS` points at it.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -236,7 +240,8 @@ impl Drop for KubeProxy {
         if let Some(mut c) = self.child.take() {
             c.kill();
             // Removes every chain and jump rule kube-proxy made
-            // (cmd/kube-proxy/app/server.go `--cleanup`).
+            // (cmd/kube-proxy/app/options.go `--cleanup`, server_linux.go
+            // `platformCleanup`).
             let _ = Command::new(&self.binary)
                 .arg("--config")
                 .arg(&self.config)

@@ -1,4 +1,7 @@
 //! The API server double against the real `kube` client and kube-runtime.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -439,7 +442,7 @@ async fn patches_apply_delete_eviction_and_token_reviews_through_kube() {
     let reviews: Api<TokenReview> = Api::all(client.clone());
     let review = |token: &str, aud: &str| TokenReview {
         spec: TokenReviewSpec {
-            token: Some(token.into()),
+            token: token.into(),
             audiences: Some(vec![aud.into()]),
         },
         ..Default::default()
@@ -904,7 +907,7 @@ async fn a_token_review_without_audiences_accepts_only_the_api_servers_own() {
     let reviews: Api<TokenReview> = Api::all(client);
     let review = |token: &str, aud: Option<Vec<String>>| TokenReview {
         spec: TokenReviewSpec {
-            token: Some(token.into()),
+            token: token.into(),
             audiences: aud,
         },
         ..Default::default()

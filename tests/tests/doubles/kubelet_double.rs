@@ -519,7 +519,7 @@ async fn kubelet_double_projects_service_account_tokens_that_token_review_accept
         kube::Api::all(client);
     let review = k8s_openapi::api::authentication::v1::TokenReview {
         spec: k8s_openapi::api::authentication::v1::TokenReviewSpec {
-            token: Some(token),
+            token,
             audiences: Some(vec!["mountguard".into()]),
         },
         ..Default::default()

@@ -1,5 +1,8 @@
 //! The real kubelet with upstream's fake CRI runtime against the real
 //! control plane.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::time::Duration;
 
@@ -219,8 +222,9 @@ async fn real_kubelet_serves_the_old_immutable_secret_while_a_pod_pins_it() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", kubelet.logs(30)));
     // Nothing observable says when the kubelet has unregistered the pods
-    // from its Secret manager (pkg/kubelet/pod/pod_manager.go, `RemovePod`),
-    // which may come after their directories are gone: a new pod started
+    // from its Secret manager (pkg/kubelet/kubelet.go, `SyncTerminatedPod`:
+    // `secretManager.UnregisterPod`), which may come after their directories
+    // are gone: a new pod started
     // before that still shares the old cache entry. So: a new pod, and if it
     // is served the old key, delete it and try again; within the deadline a
     // new pod must be served the new key.

@@ -3,6 +3,9 @@
 //! AtomicWriter layout: `..data` -> timestamped directory, one visible link
 //! per top-level name) and compares paths, modes and SHA-256 with
 //! `mountguard-agent scan --output json`.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;

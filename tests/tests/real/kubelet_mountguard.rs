@@ -1,5 +1,8 @@
 //! mountguard against the real kubelet: the agents read the volumes the
 //! real kubelet wrote (tmpfs under its root), the controller judges them.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::time::Duration;
 

@@ -10,6 +10,9 @@
 //! no process), so the two mount namespaces are made with `unshare
 //! --mount --propagation slave|private` before the pod exists, and the
 //! real agent scans from inside each with `nsenter --mount`.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::process::Command;
 use std::time::Duration;

@@ -13,6 +13,9 @@
 //! pkg/kubelet/volumemanager/volume_manager.go). The controller's grace
 //! is set well above that, as `--grace` (180 s) is above the real
 //! default resync of 60 to 90 s.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,7 @@
 //! Helpers of the real-node tests: pods on the real kubelet.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::path::Path;
 use std::time::Duration;

@@ -5,6 +5,9 @@
 //! is opened before its replacement is verified, and none stays drained.
 //! The controller binary of the test build has the `failpoints` feature
 //! (controller-shim/src/runtime/failpoint.rs).
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::os::unix::process::ExitStatusExt;
 use std::time::Duration;

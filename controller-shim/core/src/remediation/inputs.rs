@@ -3,6 +3,9 @@
 //! unavailable pods, the replacement's check, a group's cordon and old
 //! pods. The controller converts API objects (NodeSets, Nodes) into the
 //! plain values these functions take.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

@@ -8,6 +8,9 @@
 //! planner ([`super::plan`]) and the machine ([`super::machine`]) read
 //! what this file computes; [`AnnotationNotices`] decides which bad
 //! annotation is told (once per distinct value).
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

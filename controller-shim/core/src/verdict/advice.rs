@@ -23,6 +23,9 @@
 //! - volumes are projected per pod by the volume manager
 //!   (`pkg/kubelet/volumemanager/reconciler`), not per container: a
 //!   container restart does not project a stale volume again.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::sync::Arc;
 

@@ -11,6 +11,9 @@
 //! 4. the node rule (KubeletNotSyncing) and the API rule (ApiUnavailable),
 //!    applied to a pod's verdicts once its node is done;
 //! 5. a terminating pod, whose subjects are all Skipped.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::sync::Arc;
 

@@ -1,4 +1,7 @@
 //! Tests of the conversion of Kubernetes objects into the core model.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use super::*;
 use mountguard_core::model::{CompactTime, Interner, VolumeSource};
@@ -73,7 +76,7 @@ fn pod_conversion_keeps_what_the_engine_needs() {
     let raw = kaa_pod();
     let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
     let mut it = Interner::default();
-    let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+    let m = super::pod(&mut it, &pod).unwrap();
     assert_eq!(
         (&**m.namespace(), &*m.name, &*m.uid.to_string()),
         ("slurm", "worker-0", "u-0")
@@ -86,7 +89,7 @@ fn pod_conversion_keeps_what_the_engine_needs() {
     let mut not_ready = raw.clone();
     not_ready["status"]["conditions"][0]["status"] = serde_json::json!("False");
     let p2: Pod = serde_json::from_value(not_ready.clone()).unwrap();
-    let m2 = super::pod(&mut it, &p2, &RawPodExtras::from_json(&not_ready)).unwrap();
+    let m2 = super::pod(&mut it, &p2).unwrap();
     assert!(!m2.ready);
     let names: Vec<&str> = m.volumes.iter().map(|v| &*v.name).collect();
     assert_eq!(
@@ -104,7 +107,7 @@ fn pod_conversion_keeps_what_the_engine_needs() {
                     reason: SkipReason::PodCertificate,
                     paths: Box::new([it.intern("cred.pem")]),
                 },
-                "podCertificate paths come from the raw JSON"
+                "podCertificate paths are the projection's own"
             );
         }
         other => panic!("{other:?}"),
@@ -202,12 +205,7 @@ fn the_controlling_apps_owner_is_kept_and_only_that() {
             "uid": "o-uid", "controller": controller,
         }]);
         let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
-        let m = super::pod(
-            &mut Interner::default(),
-            &pod,
-            &RawPodExtras::from_json(&raw),
-        )
-        .unwrap();
+        let m = super::pod(&mut Interner::default(), &pod).unwrap();
         let got = m.controller().map(|c| (c.kind, &*c.name));
         assert_eq!(
             got,
@@ -305,7 +303,7 @@ fn references_cover_every_kind_the_kubelet_visits() {
             "spec": {"nodeName": "n", "containers": [], "volumes": [volume]}});
         let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
         let mut it = Interner::default();
-        let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+        let m = super::pod(&mut it, &pod).unwrap();
         let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
         assert_eq!(refs, ["Secret/ns/x"], "{case}");
         assert!(m.volumes.is_empty(), "{case}: no verdict of its own");
@@ -327,7 +325,7 @@ fn references_cover_every_kind_the_kubelet_visits() {
     ]}});
     let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
     let mut it = Interner::default();
-    let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+    let m = super::pod(&mut it, &pod).unwrap();
     let cs: Vec<(&str, ContainerKind)> = m.containers.iter().map(|c| (&*c.name, c.kind)).collect();
     assert_eq!(cs, [("live", ContainerKind::Ephemeral)]);
     let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
@@ -340,7 +338,7 @@ fn references_cover_every_kind_the_kubelet_visits() {
     let mut deleting = raw.clone();
     deleting["metadata"]["deletionTimestamp"] = json!("2026-11-30T11:00:00Z");
     let pod: Pod = serde_json::from_value(deleting.clone()).unwrap();
-    let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&deleting)).unwrap();
+    let m = super::pod(&mut it, &pod).unwrap();
     assert!(
         m.terminating && m.registered(),
         "terminating pods stay registered"
@@ -354,13 +352,9 @@ fn references_cover_every_kind_the_kubelet_visits() {
 /// v1.37.2). No Secret or ConfigMap is behind it, so it registers nothing
 /// (`pkg/api/v1/pod/util.go` `VisitPodSecretNames` does not visit it) and
 /// becomes an env reference that is not checked, in every container list,
-/// at its own index; `envFrom` has no such source at v1.37.2. The
-/// compiled-in API (1.33) decodes it as an empty `valueFrom`: with the
-/// raw JSON its kind is read from there, from a typed watch object it is
-/// inferred (the only source newer than 1.33 that
-/// `pkg/apis/core/validation/validation.go` `validateEnvVarValueFrom`
-/// accepts), and a `valueFrom` the raw JSON shows to be something else
-/// again is an unknown source, never taken for a Secret, a ConfigMap or a
+/// at its own index; `envFrom` has no such source at v1.37.2. A
+/// `valueFrom` of none of the sources the compiled-in API (1.37) knows is
+/// an unknown source, never taken for a Secret, a ConfigMap or a
 /// fileKeyRef.
 #[test]
 fn file_key_ref_env_is_a_reference_that_is_not_checked() {
@@ -375,22 +369,7 @@ fn file_key_ref_env_is_a_reference_that_is_not_checked() {
         "containers": [{"name": "c", "env": [file("A"), field, secret, future, file("B")]}],
         "ephemeralContainers": [{"name": "dbg", "env": [file("E")]}]},
     "status": {"startTime": "2026-11-30T10:00:00Z"}});
-    let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
-    // The premise: the compiled-in API drops the field, keeping an empty
-    // `valueFrom` (a newer k8s-openapi feature would read it typed).
-    let vf = pod.spec.as_ref().unwrap().containers[0]
-        .env
-        .as_ref()
-        .unwrap()[0]
-        .value_from
-        .clone()
-        .unwrap();
-    assert_eq!(
-        vf,
-        Default::default(),
-        "fileKeyRef decodes as an empty valueFrom"
-    );
-
+    let pod: Pod = serde_json::from_value(raw).unwrap();
     let not_checked = |var: &str, reason| EnvRef::NotFromApi {
         var: var.into(),
         reason,
@@ -403,57 +382,29 @@ fn file_key_ref_env_is_a_reference_that_is_not_checked() {
         optional: false,
     };
     let file_ref = SkipReason::FileKeyRef;
-    // (case, extras, the env of c, init, dbg)
-    type Case = (
-        &'static str,
-        RawPodExtras,
-        Vec<EnvRef>,
-        Vec<EnvRef>,
-        Vec<EnvRef>,
+    let mut it = Interner::default();
+    let m = super::pod(&mut it, &pod).unwrap();
+    let env = |name: &str| -> Vec<EnvRef> {
+        m.containers
+            .iter()
+            .find(|x| &*x.name == name)
+            .unwrap_or_else(|| panic!("no container {name}"))
+            .env
+            .to_vec()
+    };
+    assert_eq!(
+        env("c"),
+        vec![
+            not_checked("A", file_ref),
+            key("S"),
+            not_checked("F", SkipReason::UnknownSource),
+            not_checked("B", file_ref),
+        ]
     );
-    let cases: Vec<Case> = vec![
-        (
-            "raw JSON (verify)",
-            RawPodExtras::from_json(&raw),
-            vec![
-                not_checked("A", file_ref),
-                key("S"),
-                not_checked("F", SkipReason::UnknownSource),
-                not_checked("B", file_ref),
-            ],
-            vec![key("S"), not_checked("I", file_ref)],
-            vec![not_checked("E", file_ref)],
-        ),
-        (
-            "typed watch object (the controller)",
-            RawPodExtras::default(),
-            vec![
-                not_checked("A", file_ref),
-                key("S"),
-                not_checked("F", file_ref),
-                not_checked("B", file_ref),
-            ],
-            vec![key("S"), not_checked("I", file_ref)],
-            vec![not_checked("E", file_ref)],
-        ),
-    ];
-    for (case, extras, c, init, dbg) in cases {
-        let mut it = Interner::default();
-        let m = super::pod(&mut it, &pod, &extras).unwrap();
-        let env = |name: &str| -> Vec<EnvRef> {
-            m.containers
-                .iter()
-                .find(|x| &*x.name == name)
-                .unwrap_or_else(|| panic!("{case}: no container {name}"))
-                .env
-                .to_vec()
-        };
-        assert_eq!(env("c"), c, "{case}");
-        assert_eq!(env("init"), init, "{case}");
-        assert_eq!(env("dbg"), dbg, "{case}");
-        let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
-        assert_eq!(refs, ["Secret/ns/s"], "{case}: a file registers nothing");
-    }
+    assert_eq!(env("init"), vec![key("S"), not_checked("I", file_ref)]);
+    assert_eq!(env("dbg"), vec![not_checked("E", file_ref)]);
+    let refs: Vec<String> = m.references().iter().map(ToString::to_string).collect();
+    assert_eq!(refs, ["Secret/ns/s"], "a file registers nothing");
 }
 
 /// In-place container restarts (gate `ContainerRestartRules`, beta and on
@@ -497,7 +448,7 @@ fn a_container_restarted_in_place_starts_at_its_current_process() {
         let raw = status(state);
         let pod: Pod = serde_json::from_value(raw.clone()).unwrap();
         let mut it = Interner::default();
-        let m = super::pod(&mut it, &pod, &RawPodExtras::from_json(&raw)).unwrap();
+        let m = super::pod(&mut it, &pod).unwrap();
         assert_eq!(m.containers[0].started_at(), want, "{case}");
         assert_eq!(
             m.synced_at.map(CompactTime::get),

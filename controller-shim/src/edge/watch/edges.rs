@@ -29,7 +29,7 @@ impl Edge<Pod> for PodEdge {
         p.metadata.uid.as_deref().map(PodUid::new)
     }
     fn apply(&mut self, p: Pod) -> Option<Input> {
-        let m = convert::pod(&mut self.interner, &p, &convert::RawPodExtras::default())?;
+        let m = convert::pod(&mut self.interner, &p)?;
         Some(Input::Pod(Box::new(m)))
     }
     fn delete(&mut self, uid: PodUid) -> Option<Input> {

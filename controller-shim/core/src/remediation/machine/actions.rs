@@ -1,5 +1,8 @@
 //! What a step asks of the executor, in order ([`Action`]), and the
 //! reasons of the Events it emits ([`EventReason`]).
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use serde::{Deserialize, Serialize};
 

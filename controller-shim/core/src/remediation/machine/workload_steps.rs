@@ -34,6 +34,9 @@
 //!   replacement still stale (a DaemonSet's on a node whose cache is
 //!   pinned, say) fails the attempt, and the planner never selects that
 //!   replacement again.
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use super::actions::Action;
 use super::attempt::{FailReason, Phase};

@@ -5,6 +5,9 @@
 //! place, env not from the API (`fileKeyRef`). Each case names the upstream
 //! rule it checks (see the comments on `PodModel::references`,
 //! `PodModel::registered` and `Ctx::env_verdict`).
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use mountguard_inventory::Plugin;
 

@@ -11,6 +11,9 @@
 //! without history (a one-off `verify`, a restarted controller), the
 //! node's volumes showing that the kubelet's cached copy holds the current
 //! values (`Ctx::node_shows_current`).
+//!
+//! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
+//! at v0.37.2).
 
 use std::sync::Arc;
 
