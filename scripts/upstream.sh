@@ -271,7 +271,7 @@ for v in $SKEW_KUBELETS; do
         -o "$out.partial/bin/kubelet-$v" k8s.io/kubernetes/cmd/kubelet)
 done
 
-# --- Slinky operator: its own module (it needs newer k8s.io/* than v1.33) ----
+# --- Slinky operator: its own module (its own k8s.io/* versions) -------------
 # The CRDs come from the operator's module alone; building cmd/manager also
 # needs its dependencies (github.com/SlinkyProject/slurm-client among them).
 # A failed operator build is recorded in slurm-operator.error and reported

@@ -30,9 +30,9 @@ import yaml
 HERE = pathlib.Path(__file__).resolve().parent
 CRDS = HERE / "crds"
 
-# The chart supports Kubernetes >= 1.30; kubernetes-validate 1.37.0 ships the
+# The chart supports Kubernetes >= 1.34 (its kubeVersion); kubernetes-validate 1.37.0 ships the
 # schemas of 1.25 up to 1.37.
-K8S_VERSIONS = ("1.30.0", "1.37.0")
+K8S_VERSIONS = ("1.34.0", "1.37.0")
 
 
 def _strict(node: Any) -> Any:

@@ -177,8 +177,8 @@ pub(crate) fn load_item(item: &Value, loaded: &mut Loaded) -> Result<(), String>
             if pod.spec.is_none() {
                 return Err("spec is missing".into());
             }
-            let model = convert::pod(&mut ix.interner, &pod)
-                .ok_or("pod is missing metadata or spec")?;
+            let model =
+                convert::pod(&mut ix.interner, &pod).ok_or("pod is missing metadata or spec")?;
             ix.apply_pod(model);
         }
         "Secret" => {

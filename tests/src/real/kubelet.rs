@@ -24,7 +24,10 @@
 //!   node-allocatable cgroups (the fake runtime creates none);
 //! - `cgroupDriver: cgroupfs` (no systemd);
 //! - `authentication`/`authorization`: x509 against the rig's CA, webhook
-//!   off, `AlwaysAllow` on its own port (loopback only);
+//!   and anonymous access off, `AlwaysAllow`, on its own port on every
+//!   address of the host (the API server reaches it at the Node's
+//!   InternalIP for logs, exec, port-forward and the node proxy, with its
+//!   `--kubelet-client-certificate` from that CA);
 //! - `readOnlyPort: 0`, a free `port` and `healthzPort`;
 //! - `evictionHard: {}`, `localStorageCapacityIsolation: false`: no eviction
 //!   from this machine's disk and memory figures;
@@ -123,7 +126,19 @@ impl RealKubelet {
         name: &str,
         exec: Option<ExecHook>,
     ) -> io::Result<Self> {
-        Self::start_inner(cluster, name, exec, None).await
+        Self::start_inner(cluster, name, exec, None, None).await
+    }
+
+    /// [`Self::start_with_exec`] with another kubelet program: one of
+    /// [`kubelet_binaries`] (a kubelet of an older minor of the skew
+    /// window, on the same fake runtime and configuration).
+    pub async fn start_binary(
+        cluster: &RealCluster,
+        name: &str,
+        exec: Option<ExecHook>,
+        binary: &Path,
+    ) -> io::Result<Self> {
+        Self::start_inner(cluster, name, exec, None, Some(binary)).await
     }
 
     /// A kubelet for node `name` on the real container runtime at
@@ -140,7 +155,7 @@ impl RealKubelet {
         endpoint: &str,
         extra_config: &str,
     ) -> io::Result<Self> {
-        Self::start_inner(cluster, name, None, Some((endpoint, extra_config))).await
+        Self::start_inner(cluster, name, None, Some((endpoint, extra_config)), None).await
     }
 
     async fn start_inner(
@@ -148,6 +163,7 @@ impl RealKubelet {
         name: &str,
         exec: Option<ExecHook>,
         real_cri: Option<(&str, &str)>,
+        binary: Option<&Path>,
     ) -> io::Result<Self> {
         let dir = cluster.dir().join(format!("kubelet-{name}"));
         let root = dir.join("root");
@@ -206,7 +222,11 @@ impl RealKubelet {
             text.push_str(extra);
         }
         std::fs::write(&config, text)?;
-        let mut argv: Vec<std::ffi::OsString> = vec![cluster.upstream().binary("kubelet")?.into()];
+        let program = match binary {
+            Some(b) => b.to_path_buf(),
+            None => cluster.upstream().binary("kubelet")?,
+        };
+        let mut argv: Vec<std::ffi::OsString> = vec![program.into()];
         argv.extend([
             "--config".into(),
             config.clone().into_os_string(),
@@ -469,7 +489,7 @@ fn kubelet_config(endpoint: &str, ca: &Path, port: u16, healthz: u16) -> String 
 kind: KubeletConfiguration
 containerRuntimeEndpoint: {endpoint}
 imageServiceEndpoint: {endpoint}
-address: 127.0.0.1
+address: 0.0.0.0
 port: {port}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -495,8 +515,57 @@ syncFrequency: {sync}s
 configMapAndSecretChangeDetectionStrategy: Watch
 nodeStatusUpdateFrequency: 2s
 registerNode: true
-",
+{cgroup_v1}",
         ca = ca.display(),
-        sync = SYNC_FREQUENCY.as_secs()
+        sync = SYNC_FREQUENCY.as_secs(),
+        cgroup_v1 = if cgroup_v1_host() {
+            "failCgroupV1: false\n"
+        } else {
+            ""
+        },
     )
+}
+
+/// Whether this host mounts cgroup v1 (no unified hierarchy at
+/// /sys/fs/cgroup). The kubelet of 1.35 and later refuses to start on
+/// such a host unless `failCgroupV1: false` (`FailCgroupV1`, defaulted to
+/// true in pkg/kubelet/apis/config/v1beta1/defaults.go
+/// `SetDefaults_KubeletConfiguration` and refused in
+/// pkg/kubelet/apis/config/validation/validation_linux.go
+/// `validateKubeletOSConfiguration`, v1.37.2; the field exists since 1.31,
+/// so every kubelet of the skew window reads it).
+fn cgroup_v1_host() -> bool {
+    !Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+}
+
+/// The kubelets `scripts/upstream.sh` built, oldest minor first, each with
+/// its version: those of the older minors of the skew window
+/// (`kubelet-<version>`) and the cluster's own (`kubelet`, whose version
+/// is what it prints for `--version`).
+pub fn kubelet_binaries(cluster: &RealCluster) -> io::Result<Vec<(String, PathBuf)>> {
+    let own = cluster.upstream().binary("kubelet")?;
+    let out = Command::new(&own).arg("--version").output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text
+        .split_whitespace()
+        .find(|w| w.starts_with('v'))
+        .ok_or_else(|| io::Error::other(format!("{}: no version in {text:?}", own.display())))?
+        .to_string();
+    let mut all = vec![(version, own.clone())];
+    let dir = own.parent().unwrap_or(Path::new("."));
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(v) = name.strip_prefix("kubelet-v") {
+            all.push((format!("v{v}"), e.path()));
+        }
+    }
+    let key = |v: &str| -> Vec<u32> {
+        v.trim_start_matches('v')
+            .split('.')
+            .map(|p| p.parse().unwrap_or(0))
+            .collect()
+    };
+    all.sort_by_key(|(v, _)| key(v));
+    Ok(all)
 }

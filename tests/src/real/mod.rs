@@ -378,6 +378,12 @@ impl RealClusterBuilder {
                 },
             ),
         )?;
+        // The API server's client certificate for the kubelets' API (logs,
+        // exec, attach, port-forward, node proxy): the kubelets trust the
+        // rig's CA and authorize every authenticated caller.
+        let (kc, kk) = pki.client("kube-apiserver-kubelet-client", &[])?;
+        std::fs::write(p("kubelet-client.crt"), kc)?;
+        std::fs::write(p("kubelet-client.key"), kk)?;
         for (file, cn) in [
             ("kcm.kubeconfig", "system:kube-controller-manager"),
             ("scheduler.kubeconfig", "system:kube-scheduler"),
@@ -859,6 +865,17 @@ impl RealCluster {
             .arg(p("apiserver.key"))
             .arg("--client-ca-file")
             .arg(p("ca.crt"))
+            // The kubelets' API: the API server's client certificate, and
+            // the Node's InternalIP before its hostname (the default order,
+            // Hostname first, sends it to a node name nothing resolves:
+            // cmd/kube-apiserver/app/options/options.go
+            // `NewServerRunOptions`, `PreferredAddressTypes`, v1.37.2). The
+            // kubelets serve on every address of the host.
+            .arg("--kubelet-client-certificate")
+            .arg(p("kubelet-client.crt"))
+            .arg("--kubelet-client-key")
+            .arg(p("kubelet-client.key"))
+            .args(["--kubelet-preferred-address-types", "InternalIP,Hostname"])
             .args(["--service-cluster-ip-range", "10.0.0.0/24"])
             .arg("--allow-privileged=true")
             .args(["--authorization-mode", "Node,RBAC"])

@@ -15,7 +15,7 @@ use base64::Engine as _;
 use mountguard_tests::cluster::{NODESET, SLURM_CLUSTER, SLURM_NAMESPACE, slurmd_template};
 use mountguard_tests::mountguard::{ChildGuard, binary, free_addr, poll, tail, wait_ready};
 use mountguard_tests::nodeset::{LABEL_CLUSTER, LABEL_POD_HOSTNAME};
-use mountguard_tests::real::kubelet::RealKubelet;
+use mountguard_tests::real::kubelet::{RealKubelet, kubelet_binaries};
 use mountguard_tests::real::operator::OperatorBuild;
 use mountguard_tests::real::{RealCluster, create, ensure_namespace, raw, token_request};
 use serde_json::{Value, json};
@@ -120,6 +120,8 @@ pub struct RealSystem {
     pub metrics_addr: std::net::SocketAddr,
     /// The real kubelets, when the nodes are real kubelets.
     pub kubelets: Vec<RealKubelet>,
+    /// The version of each of `kubelets`.
+    pub kubelet_versions: Vec<String>,
     /// Admin access as `Objects` (blocking calls).
     pub objects: std::sync::Arc<mountguard_tests::real::objects::RealObjects>,
     /// The chart Deployment's pod template (as a Pod in the release
@@ -137,6 +139,10 @@ pub enum Nodes {
     Doubles,
     /// The real kubelet on the fake CRI runtime, one per node.
     RealKubelets,
+    /// The real kubelets of every minor of the skew window
+    /// (`kubelet_binaries`, oldest first), one per node: node `i` runs
+    /// the `i`th (the node count asked for is not used).
+    EveryKubeletVersion,
 }
 
 /// Starts the real control plane or fails the test with the reason (the
@@ -294,6 +300,7 @@ impl RealSystem {
             }
         };
         let mut kubelets = Vec::new();
+        let mut kubelet_versions = Vec::new();
         if kind == Nodes::RealKubelets {
             for i in 0..nodes {
                 let exec = cluster
@@ -303,6 +310,25 @@ impl RealSystem {
                     Ok(k) => kubelets.push(k),
                     Err(e) => panic!("{e}"),
                 }
+            }
+        }
+        if kind == Nodes::EveryKubeletVersion {
+            let binaries = kubelet_binaries(&cluster).unwrap_or_else(|e| panic!("{e}"));
+            let starts = binaries.iter().enumerate().map(|(i, (_, bin))| {
+                let name = format!("node-{i}");
+                let cluster = &cluster;
+                async move { RealKubelet::start_binary(cluster, &name, None, bin).await }
+            });
+            for (r, (version, _)) in futures::future::join_all(starts)
+                .await
+                .into_iter()
+                .zip(&binaries)
+            {
+                match r {
+                    Ok(k) => kubelets.push(k),
+                    Err(e) => panic!("kubelet {version}: {e}"),
+                }
+                kubelet_versions.push(version.clone());
             }
         }
         if kind == Nodes::RealKubelets && slinky.is_some() {
@@ -321,7 +347,7 @@ impl RealSystem {
                 .enumerate()
                 .map(|(i, n)| (n, cluster.kubelet_root(i)))
                 .collect(),
-            Nodes::RealKubelets => kubelets
+            Nodes::RealKubelets | Nodes::EveryKubeletVersion => kubelets
                 .iter()
                 .map(|k| (k.name().to_string(), k.root().to_path_buf()))
                 .collect(),
@@ -470,6 +496,7 @@ impl RealSystem {
             report_addr,
             metrics_addr,
             kubelets,
+            kubelet_versions,
             objects,
             controller_pod,
             controller_env,

@@ -16,7 +16,8 @@ use serde_json::json;
 
 /// The real kubelet registers its Node, runs a pod on the fake runtime
 /// (Running, with a container start time) and writes the pod's Secret
-/// volume itself: the bytes under its root are the Secret's.
+/// volume itself: the bytes under its root are the Secret's. The API
+/// server reaches the kubelet's API through the node proxy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_kubelet_runs_a_pod_and_writes_its_secret_volume() {
     let mut cluster = match RealCluster::builder().nodes(0).start().await {
@@ -79,6 +80,24 @@ async fn real_kubelet_runs_a_pod_and_writes_its_secret_volume() {
         .join(&uid)
         .join("volumes/kubernetes.io~secret/s/key");
     assert_eq!(std::fs::read(&file).unwrap(), data);
+    // The API server reaches the kubelet's own API (what `kubectl logs`,
+    // `exec` and `port-forward` go through): the node proxy answers with
+    // the kubelet's healthz, authenticated by the API server's client
+    // certificate.
+    let (code, body) = raw(
+        &client,
+        "GET",
+        "/api/v1/nodes/kubelet-0/proxy/healthz",
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (code, body.as_str()),
+        (200, Some("ok")),
+        "the API server reached the kubelet: {body}\n{}",
+        kubelet.logs(20)
+    );
     kubelet.stop();
     cluster.shutdown().await;
 }
@@ -112,8 +131,8 @@ async fn wait_running(
     }
 }
 
-fn secret_pod(name: &str, node: &str, secret: &str) -> serde_json::Value {
-    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "t"},
+fn secret_pod(ns: &str, name: &str, node: &str, secret: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
            "spec": {"nodeName": node, "automountServiceAccountToken": false,
                     "terminationGracePeriodSeconds": 0,
                     "containers": [{"name": "c", "image": "example.invalid/c:1",
@@ -121,8 +140,8 @@ fn secret_pod(name: &str, node: &str, secret: &str) -> serde_json::Value {
                     "volumes": [{"name": "auth", "secret": {"secretName": secret}}]}})
 }
 
-fn immutable_secret(key: &[u8]) -> serde_json::Value {
-    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "auth", "namespace": "t"},
+fn immutable_secret(ns: &str, key: &[u8]) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "auth", "namespace": ns},
            "immutable": true,
            "data": {"slurm.key": base64::engine::general_purpose::STANDARD.encode(key)}})
 }
@@ -133,23 +152,18 @@ fn immutable_secret(key: &[u8]) -> serde_json::Value {
 /// real kubelet (its watch-based Secret manager keeps the immutable object
 /// while a pod references it); once no pod on the node references it, a
 /// new pod gets the new key.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_kubelet_serves_the_old_immutable_secret_while_a_pod_pins_it() {
-    let mut cluster = match RealCluster::builder().nodes(0).start().await {
-        Ok(c) => c,
-        Err(e) => panic!("the real control plane did not start: {e}"),
-    };
-    let mut kubelet = match RealKubelet::start(&cluster, "kubelet-0").await {
-        Ok(k) => k,
-        Err(e) => panic!("{e}"),
-    };
-    let client = cluster.client().await.unwrap();
-    ensure_namespace(&client, "t").await.unwrap();
-    wait_for_default_service_account(&client, "t")
-        .await
-        .unwrap();
+/// Run by `kubelet_skew` on every kubelet minor; `ns`: a namespace of its
+/// own (created here).
+pub async fn serves_the_old_immutable_secret_while_a_pod_pins_it(
+    client: &kube::Client,
+    kubelet: &RealKubelet,
+    ns: &str,
+) {
+    let node = kubelet.name();
+    ensure_namespace(client, ns).await.unwrap();
+    wait_for_default_service_account(client, ns).await.unwrap();
     let (old, new) = (b"old slurm.key\n".to_vec(), b"new slurm.key\n".to_vec());
-    create(&client, &immutable_secret(&old)).await.unwrap();
+    create(client, &immutable_secret(ns, &old)).await.unwrap();
     let served = |uid: &str| {
         std::fs::read(
             kubelet
@@ -160,23 +174,28 @@ async fn real_kubelet_serves_the_old_immutable_secret_while_a_pod_pins_it() {
         )
         .unwrap_or_default()
     };
-    create(&client, &secret_pod("pin", "kubelet-0", "auth"))
+    create(client, &secret_pod(ns, "pin", node, "auth"))
         .await
         .unwrap();
-    let pin = wait_running(&client, &kubelet, "t", "pin").await;
+    let pin = wait_running(client, kubelet, ns, "pin").await;
     assert_eq!(served(&pin), old);
 
     // The operator's rotation: delete, recreate (still immutable).
-    let (code, body) = raw(&client, "DELETE", "/api/v1/namespaces/t/secrets/auth", None)
-        .await
-        .unwrap();
+    let (code, body) = raw(
+        client,
+        "DELETE",
+        &format!("/api/v1/namespaces/{ns}/secrets/auth"),
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(code, 200, "{body}");
-    create(&client, &immutable_secret(&new)).await.unwrap();
+    create(client, &immutable_secret(ns, &new)).await.unwrap();
 
-    create(&client, &secret_pod("after", "kubelet-0", "auth"))
+    create(client, &secret_pod(ns, "after", node, "auth"))
         .await
         .unwrap();
-    let after = wait_running(&client, &kubelet, "t", "after").await;
+    let after = wait_running(client, kubelet, ns, "after").await;
     assert_eq!(
         String::from_utf8_lossy(&served(&after)),
         String::from_utf8_lossy(&old),
@@ -187,21 +206,21 @@ async fn real_kubelet_serves_the_old_immutable_secret_while_a_pod_pins_it() {
     // the new key.
     for name in ["pin", "after"] {
         let (code, body) = raw(
-            &client,
+            client,
             "DELETE",
-            &format!("/api/v1/namespaces/t/pods/{name}"),
+            &format!("/api/v1/namespaces/{ns}/pods/{name}"),
             None,
         )
         .await
         .unwrap();
         assert!(code == 200 || code == 202, "{code} {body}");
     }
+    let pods = format!("/api/v1/namespaces/{ns}/pods");
     poll("the pods to be gone", Duration::from_secs(90), || {
         let client = client.clone();
+        let pods = pods.clone();
         async move {
-            let (_, list) = raw(&client, "GET", "/api/v1/namespaces/t/pods", None)
-                .await
-                .ok()?;
+            let (_, list) = raw(&client, "GET", &pods, None).await.ok()?;
             list["items"].as_array()?.is_empty().then_some(())
         }
     })
@@ -232,10 +251,10 @@ async fn real_kubelet_serves_the_old_immutable_secret_while_a_pod_pins_it() {
     let mut attempt = 0;
     loop {
         let name = format!("fresh-{attempt}");
-        create(&client, &secret_pod(&name, "kubelet-0", "auth"))
+        create(client, &secret_pod(ns, &name, node, "auth"))
             .await
             .unwrap();
-        let uid = wait_running(&client, &kubelet, "t", &name).await;
+        let uid = wait_running(client, kubelet, ns, &name).await;
         let got = served(&uid);
         if got == new {
             break;
@@ -250,9 +269,9 @@ async fn real_kubelet_serves_the_old_immutable_secret_while_a_pod_pins_it() {
             kubelet.logs(30)
         );
         let (code, body) = raw(
-            &client,
+            client,
             "DELETE",
-            &format!("/api/v1/namespaces/t/pods/{name}"),
+            &format!("/api/v1/namespaces/{ns}/pods/{name}"),
             None,
         )
         .await
@@ -279,6 +298,4 @@ async fn real_kubelet_serves_the_old_immutable_secret_while_a_pod_pins_it() {
             .join("Cargo.toml")
             .is_file()
     );
-    kubelet.stop();
-    cluster.shutdown().await;
 }

@@ -19,8 +19,8 @@ use mountguard_tests::scenario::{find_verdict, state_tag};
 use serde_json::{Value, json};
 use sha2::Digest as _;
 
-use crate::harness::{Nodes, RealSystem, wait};
-use crate::kubelet_support::{agent_scan, b64, running_pod};
+use crate::harness::wait;
+use crate::kubelet_support::{On, agent_scan, b64, running_pod};
 
 /// One volume or subPath target as found on disk: path -> (mode, SHA-256).
 /// Modes of subPath targets are not compared (the agent does not report
@@ -227,10 +227,11 @@ fn agent_tree(inv: &NodeInventory) -> Tree {
     tree
 }
 
-fn files_pod() -> Value {
+fn files_pod(on: On<'_>) -> Value {
+    let (secret, config) = (on.name("files-secret"), on.name("files-config"));
     json!({"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "files", "namespace": SLURM_NAMESPACE, "labels": {"app": "files"}},
-           "spec": {"nodeName": "node-0", "terminationGracePeriodSeconds": 0,
+           "metadata": {"name": on.name("files"), "namespace": SLURM_NAMESPACE, "labels": {"app": "files"}},
+           "spec": {"nodeName": on.node(), "terminationGracePeriodSeconds": 0,
                     "containers": [{"name": "c", "image": "example.invalid/c:1",
                                     "volumeMounts": [
                                         {"name": "sec-all", "mountPath": "/sec-all"},
@@ -242,18 +243,18 @@ fn files_pod() -> Value {
                                         {"name": "cm-all", "mountPath": "/etc/x", "subPath": "x"},
                                         {"name": "sec-items", "mountPath": "/etc/dir", "subPath": "dir"}]}],
                     "volumes": [
-                        {"name": "sec-all", "secret": {"secretName": "files-secret"}},
-                        {"name": "sec-items", "secret": {"secretName": "files-secret", "defaultMode": 0o640,
+                        {"name": "sec-all", "secret": {"secretName": secret}},
+                        {"name": "sec-items", "secret": {"secretName": secret, "defaultMode": 0o640,
                             "items": [{"key": "a", "path": "a", "mode": 0o400},
                                       {"key": "b", "path": "dir/sub/b"},
                                       {"key": "c", "path": "dir/c", "mode": 0o600}]}},
-                        {"name": "cm-all", "configMap": {"name": "files-config", "defaultMode": 0o755}},
-                        {"name": "cm-items", "configMap": {"name": "files-config",
+                        {"name": "cm-all", "configMap": {"name": config, "defaultMode": 0o755}},
+                        {"name": "cm-items", "configMap": {"name": config,
                             "items": [{"key": "x", "path": "nested/deeper/x", "mode": 0o444},
                                       {"key": "z", "path": "z.bin"}]}},
                         {"name": "proj", "projected": {"defaultMode": 0o440, "sources": [
-                            {"secret": {"name": "files-secret", "items": [{"key": "a", "path": "secret/a", "mode": 0o600}]}},
-                            {"configMap": {"name": "files-config", "items": [{"key": "y", "path": "config/y"}]}},
+                            {"secret": {"name": secret, "items": [{"key": "a", "path": "secret/a", "mode": 0o600}]}},
+                            {"configMap": {"name": config, "items": [{"key": "y", "path": "config/y"}]}},
                             {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600, "audience": "mountguard-test"}},
                             {"downwardAPI": {"items": [
                                 {"path": "meta/name", "fieldRef": {"fieldPath": "metadata.name"}},
@@ -272,15 +273,15 @@ fn files_pod() -> Value {
 /// downwardAPI volume is on disk but not the agent's. The controller,
 /// which skips the token and downwardAPI paths, finds every volume and
 /// subPath Fresh.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_kubelet_volumes_equal_the_agents_scan_file_by_file() {
-    let sys = RealSystem::start_with(1, Nodes::RealKubelets).await;
+pub async fn volumes_equal_the_agents_scan_file_by_file(on: On<'_>) {
+    let sys = on.sys;
+    let files = on.name("files");
     let binary_c: Vec<u8> = vec![0, 255, 1, 2, b'\n'];
     let binary_z: Vec<u8> = vec![0xff, 0xfe, 0, 7];
     create(
         &sys.client,
         &json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "files-secret", "namespace": SLURM_NAMESPACE},
+                "metadata": {"name": on.name("files-secret"), "namespace": SLURM_NAMESPACE},
                 "data": {"a": b64(b"alpha\n"), "b": b64(b"bravo\n"), "c": b64(&binary_c)}}),
     )
     .await
@@ -288,23 +289,23 @@ async fn real_kubelet_volumes_equal_the_agents_scan_file_by_file() {
     create(
         &sys.client,
         &json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "files-config", "namespace": SLURM_NAMESPACE},
+                "metadata": {"name": on.name("files-config"), "namespace": SLURM_NAMESPACE},
                 "data": {"x": "x-ray\n", "y": "yankee\n"},
                 "binaryData": {"z": b64(&binary_z)}}),
     )
     .await
     .unwrap();
-    create(&sys.client, &files_pod()).await.unwrap();
-    let pod = running_pod(&sys, "files").await;
+    create(&sys.client, &files_pod(on)).await.unwrap();
+    let pod = running_pod(sys, &files).await;
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
-    let root = sys.kubelets[0].root().to_path_buf();
+    let root = on.root().to_path_buf();
 
     // The walk, the scan, the walk again: the two walks must agree (the
     // kubelet did not republish in between), else once more.
     let mut tries = 0;
     let (walked, others, inv) = loop {
         let (before, others) = walk_root(&root);
-        let inv = agent_scan(&root, "node-0", None);
+        let inv = agent_scan(&root, &on.node(), None);
         let (after, _) = walk_root(&root);
         if before == after {
             break (after, others, inv);
@@ -373,7 +374,7 @@ async fn real_kubelet_volumes_equal_the_agents_scan_file_by_file() {
     for p in ["token", "meta/name", "meta/labels"] {
         assert!(proj.contains_key(p), "the kubelet wrote proj/{p}: {proj:?}");
     }
-    assert_eq!(proj["meta/name"].1, sha256_hex(b"files"));
+    assert_eq!(proj["meta/name"].1, sha256_hex(files.as_bytes()));
     assert_eq!(
         walked[&format!("{uid} subPath cm-all/c/6")]
             .1
@@ -408,24 +409,25 @@ async fn real_kubelet_volumes_equal_the_agents_scan_file_by_file() {
         "subPath c:sec-items/dir",
     ];
     let doc = wait(
-        &sys,
-        "every mount of pod files Fresh",
+        sys,
+        &format!("every mount of pod {files} Fresh"),
         Duration::from_secs(60),
         || {
             let base = base.clone();
+            let files = files.clone();
             async move {
                 let doc = mountguard_tests::scenario::verdicts(&base, "all=1")
                     .await
                     .ok()?;
                 let access = doc["verdicts"].as_array()?.iter().find(|v| {
-                    v["pod"] == "files"
+                    v["pod"] == files.as_str()
                         && v["subject"]
                             .as_str()
                             .is_some_and(|s| s.starts_with("volume kube-api-access-"))
                 })?;
                 (subjects
                     .iter()
-                    .all(|s| find_verdict(&doc, "files", s).is_some_and(|v| v["state"] == "Fresh"))
+                    .all(|s| find_verdict(&doc, &files, s).is_some_and(|v| v["state"] == "Fresh"))
                     && access["state"] == "Fresh")
                     .then_some(doc)
             }
@@ -433,9 +435,8 @@ async fn real_kubelet_volumes_equal_the_agents_scan_file_by_file() {
     )
     .await;
     assert!(
-        find_verdict(&doc, "files", "volume dapi")
+        find_verdict(&doc, &files, "volume dapi")
             .is_none_or(|v| state_tag(v).starts_with("Skipped")),
         "{doc}"
     );
-    sys.shutdown().await;
 }

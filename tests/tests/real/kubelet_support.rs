@@ -17,6 +17,32 @@ use serde_json::Value;
 
 use crate::harness::{RealSystem, wait};
 
+/// Node `i` of a system on real kubelets: where a scenario body runs. The
+/// objects and pods a body creates carry the node's index in their names,
+/// so bodies running at once on several nodes of one cluster never meet.
+#[derive(Clone, Copy)]
+pub struct On<'a> {
+    pub sys: &'a RealSystem,
+    pub i: usize,
+}
+
+impl On<'_> {
+    /// The node's name.
+    pub fn node(&self) -> String {
+        format!("node-{}", self.i)
+    }
+
+    /// `base` made this node's: `<base>-<i>`.
+    pub fn name(&self, base: &str) -> String {
+        format!("{base}-{}", self.i)
+    }
+
+    /// The kubelet's root directory.
+    pub fn root(&self) -> &Path {
+        self.sys.kubelets[self.i].root()
+    }
+}
+
 pub fn b64(b: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(b)

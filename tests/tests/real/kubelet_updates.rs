@@ -24,58 +24,50 @@ use mountguard_tests::real::create;
 use mountguard_tests::real::kubelet::MAX_RESYNC;
 use serde_json::json;
 
-use crate::harness::{Nodes, RealSystem};
 use crate::kubelet_support::{
-    Sample, b64, compress, patch_data, phases, running_pod, sample_until, volume_file,
+    On, Sample, b64, compress, patch_data, phases, running_pod, sample_until, volume_file,
 };
 
-/// The controller's grace in these tests: four times the kubelet's longest
-/// resync, so a kubelet doing its job never makes a mount Stale.
-const GRACE: Duration = Duration::from_secs(60);
+/// The controller's grace in these tests (`MOUNTGUARD_GRACE` of the system
+/// they run on): four times the kubelet's longest resync, so a kubelet
+/// doing its job never makes a mount Stale.
+pub const GRACE: Duration = Duration::from_secs(60);
 
 /// The Secret and ConfigMap of the tests, mutable.
-async fn mutable_sources(sys: &RealSystem, value: &str) {
+async fn mutable_sources(on: On<'_>, value: &str) {
     create(
-        &sys.client,
+        &on.sys.client,
         &json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": "app-secret", "namespace": SLURM_NAMESPACE},
+                "metadata": {"name": on.name("app-secret"), "namespace": SLURM_NAMESPACE},
                 "data": {"password": b64(format!("password {value}\n").as_bytes())}}),
     )
     .await
     .unwrap();
     create(
-        &sys.client,
+        &on.sys.client,
         &json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": "app-config", "namespace": SLURM_NAMESPACE},
+                "metadata": {"name": on.name("app-config"), "namespace": SLURM_NAMESPACE},
                 "data": {"app.conf": format!("setting = {value}\n")}}),
     )
     .await
     .unwrap();
 }
 
-async fn change_sources(sys: &RealSystem, value: &str) {
+async fn change_sources(on: On<'_>, value: &str) {
     patch_data(
-        sys,
+        on.sys,
         "secrets",
-        "app-secret",
+        &on.name("app-secret"),
         json!({"password": b64(format!("password {value}\n").as_bytes())}),
     )
     .await;
     patch_data(
-        sys,
+        on.sys,
         "configmaps",
-        "app-config",
+        &on.name("app-config"),
         json!({"app.conf": format!("setting = {value}\n")}),
     )
     .await;
-}
-
-async fn start(nodes: usize) -> RealSystem {
-    let mut sys = RealSystem::start_with(nodes, Nodes::RealKubelets).await;
-    let grace = format!("{}s", GRACE.as_secs());
-    sys.restart_controller_with(&[("MOUNTGUARD_GRACE", &grace)])
-        .await;
-    sys
 }
 
 fn no_stale(subject: &str, samples: &[Sample]) {
@@ -93,37 +85,37 @@ fn no_stale(subject: &str, samples: &[Sample]) {
 /// the new content, and never `Stale` in between. When the kubelet happens
 /// to resync right after the change (Propagating too short to be sampled),
 /// the sources change again: in some round Propagating must be seen.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_kubelet_mutable_secret_and_configmap_updates_go_propagating_then_fresh_never_stale() {
-    let sys = start(1).await;
-    mutable_sources(&sys, "v0").await;
+pub async fn mutable_updates_go_propagating_then_fresh_never_stale(on: On<'_>) {
+    let sys = on.sys;
+    let app = on.name("app");
+    mutable_sources(on, "v0").await;
     create(
         &sys.client,
         &json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "app", "namespace": SLURM_NAMESPACE},
-                "spec": {"nodeName": "node-0", "automountServiceAccountToken": false,
+                "metadata": {"name": app, "namespace": SLURM_NAMESPACE},
+                "spec": {"nodeName": on.node(), "automountServiceAccountToken": false,
                          "terminationGracePeriodSeconds": 0,
                          "containers": [{"name": "c", "image": "example.invalid/c:1",
                                          "volumeMounts": [{"name": "sec", "mountPath": "/sec"},
                                                           {"name": "cfg", "mountPath": "/cfg"}]}],
-                         "volumes": [{"name": "sec", "secret": {"secretName": "app-secret"}},
-                                     {"name": "cfg", "configMap": {"name": "app-config"}}]}}),
+                         "volumes": [{"name": "sec", "secret": {"secretName": on.name("app-secret")}},
+                                     {"name": "cfg", "configMap": {"name": on.name("app-config")}}]}}),
     )
     .await
     .unwrap();
-    let pod = running_pod(&sys, "app").await;
+    let pod = running_pod(sys, &app).await;
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
     let subjects = ["volume sec", "volume cfg"];
     let files = [
-        volume_file(&sys, 0, &uid, "secret", "sec/password"),
-        volume_file(&sys, 0, &uid, "configmap", "cfg/app.conf"),
+        volume_file(sys, on.i, &uid, "secret", "sec/password"),
+        volume_file(sys, on.i, &uid, "configmap", "cfg/app.conf"),
     ];
     let read = || files.clone().map(|f| std::fs::read(f).unwrap_or_default());
 
     // Fresh before any change.
     let (before, _) = sample_until(
-        &sys,
-        "app",
+        sys,
+        &app,
         &subjects,
         Instant::now(),
         Duration::from_secs(60),
@@ -148,11 +140,11 @@ async fn real_kubelet_mutable_secret_and_configmap_updates_go_propagating_then_f
             format!("setting = {value}\n").into_bytes(),
         ];
         let t0 = Instant::now();
-        change_sources(&sys, &value).await;
+        change_sources(on, &value).await;
         let old_fp = old.clone();
         let (seen, disk) = sample_until(
-            &sys,
-            "app",
+            sys,
+            &app,
             &subjects,
             t0,
             GRACE + MAX_RESYNC,
@@ -227,7 +219,6 @@ async fn real_kubelet_mutable_secret_and_configmap_updates_go_propagating_then_f
         propagating_seen.iter().all(|p| *p),
         "Propagating was never sampled in 4 changes for {subjects:?}: {propagating_seen:?}"
     );
-    sys.shutdown().await;
 }
 
 /// Whether `path` is a mount point (in /proc/self/mounts).
@@ -250,28 +241,28 @@ fn is_mount_point(path: &std::path::Path) -> bool {
 /// reports before the change. mountguard: the volume Propagating then
 /// Fresh; the subPath Propagating while the volume is behind, then
 /// `Frozen/SubPath`; both env references `Frozen/Env`; never Stale.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn real_kubelet_subpath_and_env_keep_the_old_content_and_are_frozen() {
-    let sys = start(1).await;
-    mutable_sources(&sys, "v0").await;
+pub async fn subpath_and_env_keep_the_old_content_and_are_frozen(on: On<'_>) {
+    let sys = on.sys;
+    let frozen = on.name("frozen");
+    mutable_sources(on, "v0").await;
     create(
         &sys.client,
         &json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "frozen", "namespace": SLURM_NAMESPACE},
-                "spec": {"nodeName": "node-0", "automountServiceAccountToken": false,
+                "metadata": {"name": frozen, "namespace": SLURM_NAMESPACE},
+                "spec": {"nodeName": on.node(), "automountServiceAccountToken": false,
                          "terminationGracePeriodSeconds": 0,
                          "containers": [{"name": "c", "image": "example.invalid/c:1",
                                          "env": [
-                                             {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": "app-secret", "key": "password"}}},
-                                             {"name": "SETTING", "valueFrom": {"configMapKeyRef": {"name": "app-config", "key": "app.conf"}}}],
+                                             {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {"name": on.name("app-secret"), "key": "password"}}},
+                                             {"name": "SETTING", "valueFrom": {"configMapKeyRef": {"name": on.name("app-config"), "key": "app.conf"}}}],
                                          "volumeMounts": [
                                              {"name": "cfg", "mountPath": "/cfg"},
                                              {"name": "cfg", "mountPath": "/etc/app.conf", "subPath": "app.conf"}]}],
-                         "volumes": [{"name": "cfg", "configMap": {"name": "app-config"}}]}}),
+                         "volumes": [{"name": "cfg", "configMap": {"name": on.name("app-config")}}]}}),
     )
     .await
     .unwrap();
-    let pod = running_pod(&sys, "frozen").await;
+    let pod = running_pod(sys, &frozen).await;
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
     let started = pod["status"]["containerStatuses"][0]["state"]["running"]["startedAt"]
         .as_str()
@@ -283,16 +274,16 @@ async fn real_kubelet_subpath_and_env_keep_the_old_content_and_are_frozen() {
         "env c:PASSWORD",
         "env c:SETTING",
     ];
-    let volume = volume_file(&sys, 0, &uid, "configmap", "cfg/app.conf");
+    let volume = volume_file(sys, on.i, &uid, "configmap", "cfg/app.conf");
     // The second volumeMount of container c: index 1.
-    let bind = sys.kubelets[0]
+    let bind = on
         .root()
         .join("pods")
         .join(&uid)
         .join("volume-subpaths/cfg/c/1");
     let (before, _) = sample_until(
-        &sys,
-        "frozen",
+        sys,
+        &frozen,
         &subjects,
         Instant::now(),
         Duration::from_secs(60),
@@ -324,7 +315,7 @@ async fn real_kubelet_subpath_and_env_keep_the_old_content_and_are_frozen() {
     .await
     .unwrap();
     let t0 = Instant::now();
-    change_sources(&sys, "v1").await;
+    change_sources(on, "v1").await;
     let new_bytes = b"setting = v1\n".to_vec();
     let read = || {
         (
@@ -333,8 +324,8 @@ async fn real_kubelet_subpath_and_env_keep_the_old_content_and_are_frozen() {
         )
     };
     let (seen, disk) = sample_until(
-        &sys,
-        "frozen",
+        sys,
+        &frozen,
         &subjects,
         t0,
         GRACE + MAX_RESYNC,
@@ -385,12 +376,133 @@ async fn real_kubelet_subpath_and_env_keep_the_old_content_and_are_frozen() {
         .await
         .unwrap();
     for subject in &subjects[1..] {
-        let v = mountguard_tests::scenario::find_verdict(&doc, "frozen", subject).unwrap();
+        let v = mountguard_tests::scenario::find_verdict(&doc, &frozen, subject).unwrap();
         let msg = v["message"].as_str().unwrap_or("");
         assert!(
             msg.contains(&started) && msg.contains("restart"),
             "{subject}: the message names the container's start {started} and a restart: {v}"
         );
     }
-    sys.shutdown().await;
+}
+
+/// An immutable Secret deleted and recreated with the same bytes while a
+/// running pod pins it: the kubelet keeps serving its cached old object
+/// (pkg/kubelet/util/manager/watch_based_manager.go: an immutable object's
+/// watch stops and its entry stays while a pod on the node references
+/// it), so a pod started after the recreation gets the old object, whose
+/// bytes are the new one's. mountguard compares bytes: both pods' volumes
+/// are Fresh, never Stale.
+pub async fn a_same_content_recreation_is_fresh(on: On<'_>) {
+    let sys = on.sys;
+    let secret = on.name("same");
+    let key = b"the same slurm.key\n";
+    let immutable = || {
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": secret, "namespace": SLURM_NAMESPACE},
+               "immutable": true, "data": {"slurm.key": b64(key)}})
+    };
+    let pod = |name: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": name, "namespace": SLURM_NAMESPACE},
+               "spec": {"nodeName": on.node(), "automountServiceAccountToken": false,
+                        "terminationGracePeriodSeconds": 0,
+                        "containers": [{"name": "c", "image": "example.invalid/c:1",
+                                        "volumeMounts": [{"name": "auth", "mountPath": "/auth"}]}],
+                        "volumes": [{"name": "auth", "secret": {"secretName": secret}}]}})
+    };
+    let (pin, after) = (on.name("same-pin"), on.name("same-after"));
+    create(&sys.client, &immutable()).await.unwrap();
+    create(&sys.client, &pod(&pin)).await.unwrap();
+    running_pod(sys, &pin).await;
+    let path = format!("/api/v1/namespaces/{SLURM_NAMESPACE}/secrets/{secret}");
+    let (code, body) = mountguard_tests::real::raw(&sys.client, "DELETE", &path, None)
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    create(&sys.client, &immutable()).await.unwrap();
+    create(&sys.client, &pod(&after)).await.unwrap();
+    let uid = running_pod(sys, &after).await["metadata"]["uid"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        std::fs::read(volume_file(sys, on.i, &uid, "secret", "auth/slurm.key")).unwrap(),
+        key
+    );
+    for name in [&pin, &after] {
+        let (seen, _) = sample_until(
+            sys,
+            name,
+            &["volume auth"],
+            Instant::now(),
+            GRACE + MAX_RESYNC,
+            || (),
+            |latest, _| latest[0].tag == "Fresh",
+        )
+        .await;
+        no_stale(&format!("{name} volume auth"), &seen[0]);
+    }
+}
+
+/// env `valueFrom.fileKeyRef` (gate `EnvFiles`, beta and on from 1.35:
+/// pkg/features/kube_features.go, v1.37.2): the API server takes it, the
+/// kubelet starts the container (the key is optional and the emptyDir
+/// empty: pkg/kubelet/kubelet_pods.go `makeEnvironmentVariables` leaves
+/// the variable out), and mountguard lists the reference as
+/// `Skipped/fileKeyRef`, saying it does not check it, never Stale, beside
+/// a Secret key reference of the same container that it does judge.
+pub async fn file_key_ref_env_is_listed_and_never_judged(on: On<'_>) {
+    let sys = on.sys;
+    let pod = on.name("envfile");
+    let secret = on.name("envfile-secret");
+    create(
+        &sys.client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": secret, "namespace": SLURM_NAMESPACE},
+                "data": {"password": b64(b"hunter2\n")}}),
+    )
+    .await
+    .unwrap();
+    create(
+        &sys.client,
+        &json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": SLURM_NAMESPACE},
+                "spec": {"nodeName": on.node(), "automountServiceAccountToken": false,
+                         "terminationGracePeriodSeconds": 0,
+                         "volumes": [{"name": "envs", "emptyDir": {}}],
+                         "containers": [{"name": "c", "image": "example.invalid/c:1",
+                                         "env": [
+                                             {"name": "FROM_FILE", "valueFrom": {"fileKeyRef": {
+                                                 "volumeName": "envs", "path": "app.env",
+                                                 "key": "FROM_FILE", "optional": true}}},
+                                             {"name": "PASSWORD", "valueFrom": {"secretKeyRef": {
+                                                 "name": secret, "key": "password"}}}],
+                                         "volumeMounts": [{"name": "envs", "mountPath": "/envs"}]}]}}),
+    )
+    .await
+    .unwrap();
+    running_pod(sys, &pod).await;
+    let (seen, _) = sample_until(
+        sys,
+        &pod,
+        &["env c:FROM_FILE", "env c:PASSWORD"],
+        Instant::now(),
+        Duration::from_secs(60),
+        || (),
+        |latest, _| latest[1].tag == "Fresh",
+    )
+    .await;
+    for s in &seen[0] {
+        assert_eq!(s.tag, "Skipped/fileKeyRef", "{:?}", compress(&seen[0]));
+    }
+    let doc = mountguard_tests::scenario::verdicts(&sys.metrics_base(), "all=1")
+        .await
+        .unwrap();
+    let v = mountguard_tests::scenario::find_verdict(&doc, &pod, "env c:FROM_FILE").unwrap();
+    assert!(
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("does not check it")),
+        "the verdict says mountguard does not check it: {v}"
+    );
 }

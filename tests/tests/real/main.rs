@@ -26,6 +26,7 @@ mod kubelet_files;
 mod kubelet_mountguard;
 mod kubelet_propagation;
 mod kubelet_remediation;
+mod kubelet_skew;
 mod kubelet_support;
 mod kubelet_updates;
 mod node_double;
