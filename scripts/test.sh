@@ -334,8 +334,9 @@ fi
 # cluster DNS (scripts/node-tools.sh, Go module proxy, cached beside the
 # other upstream programs), the images built from the static binaries above
 # by scripts/images.sh and imported into the runtime; then the chart
-# installed with `helm install`. When the runtime or a program cannot be had here, the
-# tier is SKIPPED, loudly, with the exact error; a failing test fails.
+# installed with `helm install`. When the runtime or a program cannot be had
+# here, the tier is SKIPPED, loudly, with the exact error; a failing test
+# fails.
 skip_node() {
     printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
     tier "real node: SKIPPED"
