@@ -14,11 +14,21 @@
 //! drop): every container and sandbox, the shims, the mounts under the
 //! directory, the bridge, the `k8s.io` cgroups it created.
 //!
-//! Configuration, containerd 2's `version = 3` (the CRI plugin split in
-//! three: `io.containerd.cri.v1.images` takes `ImageConfig`,
-//! `io.containerd.cri.v1.runtime` takes `RuntimeConfig`, both in
-//! `internal/cri/config/config.go`; `io.containerd.grpc.v1.cri` takes
-//! `ServerConfig`, same file; all at containerd v2.4.2):
+//! Configuration `version = 4`, v2.4.2's own (`version/version.go`
+//! `ConfigVersion`; a version 3 file is migrated at every start, with a
+//! warning): the gRPC and ttrpc sockets are the `address` of the plugins
+//! `io.containerd.server.v1.grpc` and `io.containerd.server.v1.ttrpc`
+//! (in version 4 the top-level `[grpc]` and `[ttrpc]` tables are not read:
+//! `cmd/containerd/server/config/config.go` `serviceMigrate` moves them
+//! there for older files), the debug and metrics servers stay off (no
+//! address); the CRI plugin is split in three as since version 3:
+//! `io.containerd.cri.v1.images` takes `ImageConfig`,
+//! `io.containerd.cri.v1.runtime` takes `RuntimeConfig` and
+//! `io.containerd.grpc.v1.cri` takes `ServerConfig` (all in
+//! `internal/cri/config/config.go`; every path here at containerd v2.4.2).
+//! No `imports`: only the files a configuration names are loaded, none of
+//! the host's (same file, `LoadConfigWithPlugins`). The fields that matter
+//! here:
 //! - `restrict_oom_score_adj = true` (`RuntimeConfig`): the kubelet asks for
 //!   a negative `oomScoreAdj` for the sandbox and for system-node-critical
 //!   pods, and runc refuses to lower it without CAP_SYS_RESOURCE, which root
@@ -234,11 +244,16 @@ impl Containerd {
         })
         .await;
         if !matches!(ready, Ok(true)) {
-            return Err(Unavailable(format!(
+            let why = Unavailable(format!(
                 "containerd did not start ({ready:?}, exit {:?}):\n{}",
                 child.exited(),
                 child.log_tail(20)
-            )));
+            ));
+            child.kill();
+            let _ = Command::new("ip")
+                .args(["link", "delete", &bridge])
+                .output();
+            return Err(why);
         }
         Ok(Self {
             dir: dir.to_path_buf(),
@@ -480,17 +495,13 @@ fn config_toml(bin: &Path, dir: &Path, sock: &Path, pause_image: &str) -> String
     let runc = bin.join("runc");
     let runc = runc.display();
     format!(
-        r#"version = 3
+        r#"version = 4
 root = "{d}/root"
 state = "{d}/state"
-[grpc]
+[plugins.'io.containerd.server.v1.grpc']
   address = "{s}"
-[ttrpc]
+[plugins.'io.containerd.server.v1.ttrpc']
   address = "{s}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
 [plugins.'io.containerd.internal.v1.opt']
   path = "{d}/opt"
 [plugins.'io.containerd.cri.v1.images']
