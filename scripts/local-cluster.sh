@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A one-node cluster on this machine with mountguard installed by Helm, to
 # look at it as an operator would: the real control plane and kubelet
-# v1.33 on containerd (Debian), kube-proxy, the images built here, the
-# chart installed with the real Helm CLI, and Prometheus with the chart's
+# v1.37 on containerd v2 and runc (built by scripts/node-tools.sh),
+# kube-proxy, the images built here, the chart installed with the real Helm
+# CLI (Helm 4), and Prometheus with the chart's
 # alert rules. Needs root (containers, mounts, a bridge); everything lives
 # in temporary directories and goes away with `down`.
 #
@@ -38,8 +39,8 @@ prepare() {
         echo "error: needs root (containers, mounts, a bridge); uid $(id -u)" >&2
         exit 1
     fi
-    local pkgs=(containerd runc containernetworking-plugins iptables iproute2 musl-tools file
-        ca-certificates prometheus python3-yaml) missing=()
+    local pkgs=(containernetworking-plugins libseccomp-dev pkg-config gcc iptables iproute2
+        musl-tools file ca-certificates prometheus python3-yaml) missing=()
     for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
     if [ ${#missing[@]} -gt 0 ]; then
         log "installing Debian packages: ${missing[*]}"

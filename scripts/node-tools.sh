@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # Builds the programs of the real-node tier that scripts/upstream.sh does not:
-# kube-proxy (the same Kubernetes release and module recipe as upstream.sh's
-# kubelet), the Helm CLI, CoreDNS (the cluster DNS) and kube-router (its
-# network policy controller is the tier's NetworkPolicy engine), each
-# pinned, from the Go module proxy, into the same cache (nothing of
-# upstream's committed):
+# the container runtime (containerd, its runc shim and ctr; runc, with cgo
+# and libseccomp), kube-proxy (the same Kubernetes release and module recipe
+# as upstream.sh's kubelet), the Helm CLI (Helm 4 as `helm`, Helm 3 as
+# `helm3`), CoreDNS (the cluster DNS) and kube-router (its network policy
+# controller is the tier's NetworkPolicy engine), each pinned, from the Go
+# module proxy, into the same cache (nothing of upstream's committed):
 #
 #   bash scripts/node-tools.sh     # build what is missing; last stdout line: the bin dir
 #
+# runc needs a C compiler and libseccomp's headers (Debian: gcc,
+# libseccomp-dev, pkg-config).
+#
 # Environment: MOUNTGUARD_UPSTREAM_DIR (default ~/.cache/mountguard-upstream), GO.
 set -euo pipefail
-K8S_VERSION=v1.33.13      # as scripts/upstream.sh
-ETCD_VERSION=v3.5.21      # as scripts/upstream.sh (same go.mod, shared build cache)
-HELM_VERSION=v3.22.0
+K8S_VERSION=v1.37.2       # as scripts/upstream.sh
+ETCD_VERSION=v3.7.0       # as scripts/upstream.sh (same go.mod, shared build cache)
+CONTAINERD_VERSION=v2.4.2
+RUNC_VERSION=v1.5.3
+HELM_VERSION=v4.3.2       # `helm`, every test
+HELM3_VERSION=v3.21.4     # `helm3`, the Helm 3 install/upgrade/uninstall test
 # The NetworkPolicy engine. Not sigs.k8s.io/kube-network-policies (v0.8.0):
 # it hands packets to userspace with nftables' `queue` statement, which a
 # kernel without CONFIG_NFT_QUEUE refuses (docs/testing.md, "NetworkPolicy").
 KUBE_ROUTER_VERSION=v2.1.0
 COREDNS_VERSION=v1.15.0
-RECIPE=1
+RECIPE=2
 
 log() { printf '==> %s\n' "$*" >&2; }
 GO="${GO:-}"
@@ -30,7 +37,7 @@ if [ -z "$GO" ]; then
 fi
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 root="${MOUNTGUARD_UPSTREAM_DIR:-$HOME/.cache/mountguard-upstream}"
-out="$root/node-tools_k8s-${K8S_VERSION}_helm-${HELM_VERSION}_$("$GO" env GOVERSION)_r${RECIPE}"
+out="$root/node-tools_k8s-${K8S_VERSION}_containerd-${CONTAINERD_VERSION}_runc-${RUNC_VERSION}_helm-${HELM_VERSION}-${HELM3_VERSION}_$("$GO" env GOVERSION)_r${RECIPE}"
 mkdir -p "$out/bin" "$out/src"
 # The cache's lock, the one scripts/upstream.sh takes: two runs at once (the
 # test suite and scripts/local-cluster.sh, say) build one after the other,
@@ -70,26 +77,50 @@ if [ ! -x "$out/bin/kube-proxy" ]; then
     log "kube-proxy built in $((SECONDS - start)) s"
 fi
 
-# A program from a module of its own: build_module NAME MODULE VERSION PACKAGE LDFLAGS
+# A program from a module of its own:
+#   build_module NAME MODULE VERSION PACKAGE LDFLAGS [TAGS]
+# (CGO_ENABLED=0 unless the caller's environment says otherwise.)
 build_module() {
-    local name="$1" module="$2" version="$3" pkg="$4" ldflags="$5"
+    local name="$1" module="$2" version="$3" pkg="$4" ldflags="$5" tags="${6:-}"
     [ -x "$out/bin/$name" ] && return 0
-    log "building $name ($module $version)"
+    log "building $name ($module $version${tags:+, tags $tags})"
     local start=$SECONDS
     mkdir -p "$out/src/$name"
     printf 'module mountguard.invalid/upstream-%s\n\ngo 1.25\n\nrequire %s %s\n' \
         "$name" "$module" "$version" > "$out/src/$name/go.mod"
-    (cd "$out/src/$name" && nice -n 10 "$GO" build -trimpath -ldflags "$ldflags" \
+    (cd "$out/src/$name" && nice -n 10 "$GO" build -trimpath -tags "$tags" -ldflags "$ldflags" \
         -o "$out/bin/$name.new" "$pkg")
     mv "$out/bin/$name.new" "$out/bin/$name"
     log "$name built in $((SECONDS - start)) s"
 }
-build_module helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
-    "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+
+# containerd as its Makefile builds it, without cgo: its tags
+# (urfave_cli_no_docs; no_grpc for the shim) plus the snapshotters the rig
+# does not use left out (BUILDING.md: no_btrfs, no_devmapper, no_zfs; btrfs
+# needs cgo anyway), the version stamped into version.Version.
+ctrd=github.com/containerd/containerd/v2
+ctrd_ldflags="-s -w -X $ctrd/version.Version=$CONTAINERD_VERSION"
+ctrd_tags="urfave_cli_no_docs no_btrfs no_devmapper no_zfs"
+build_module containerd "$ctrd" "$CONTAINERD_VERSION" "$ctrd/cmd/containerd" "$ctrd_ldflags" "$ctrd_tags"
+build_module ctr "$ctrd" "$CONTAINERD_VERSION" "$ctrd/cmd/ctr" "$ctrd_ldflags" "$ctrd_tags"
+build_module containerd-shim-runc-v2 "$ctrd" "$CONTAINERD_VERSION" "$ctrd/cmd/containerd-shim-runc-v2" \
+    "$ctrd_ldflags" "$ctrd_tags no_grpc"
+# runc as its Makefile builds it (cgo, seccomp; its version from the
+# module's VERSION file), without the optional libpathrs (a Rust library
+# no distribution here packages; runc then uses its Go path-safety code).
+CGO_ENABLED=1 build_module runc github.com/opencontainers/runc "$RUNC_VERSION" \
+    github.com/opencontainers/runc "-s -w" "seccomp urfave_cli_no_docs"
+build_module helm helm.sh/helm/v4 "$HELM_VERSION" helm.sh/helm/v4/cmd/helm \
+    "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+build_module helm3 helm.sh/helm/v3 "$HELM3_VERSION" helm.sh/helm/v3/cmd/helm \
+    "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM3_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 build_module kube-router github.com/cloudnativelabs/kube-router/v2 "$KUBE_ROUTER_VERSION" \
     github.com/cloudnativelabs/kube-router/v2/cmd/kube-router \
     "-s -w -X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$KUBE_ROUTER_VERSION"
+"$out/bin/containerd" --version >&2
+"$out/bin/runc" --version | head -n 1 >&2
 "$out/bin/helm" version --short >&2
+"$out/bin/helm3" version --short >&2
 
 # CoreDNS with only the plugins the rig's Corefile uses
 # (tests/src/real/services.rs): a main package of our own, as CoreDNS's

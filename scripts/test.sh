@@ -324,13 +324,16 @@ fi
 # --- end static release binaries ---------------------------------------------
 
 # --- Real node (tests/tests/real_node) ---------------------------------------
-# The real kubelet on containerd + runc (Debian), kube-proxy, the Helm CLI and
-# kube-router, the NetworkPolicy test's engine, with Debian's ipset, and
-# CoreDNS as the cluster DNS (scripts/node-tools.sh, Go module proxy, cached
-# beside the other upstream programs), the images built from the static
-# binaries above by scripts/images.sh and imported into the runtime; then the chart installed
-# with `helm install`. When the runtime or a program cannot be had here, the
-# tier is SKIPPED, loudly, with the exact error; a failing test fails.
+# The real kubelet on containerd v2 + runc (built with libseccomp from
+# Debian), the CNI plugins of Debian's containernetworking-plugins,
+# kube-proxy, the Helm CLI (4, and 3 for one test) and kube-router, the
+# NetworkPolicy test's engine, with Debian's ipset, and CoreDNS as the
+# cluster DNS (scripts/node-tools.sh, Go module proxy, cached beside the
+# other upstream programs), the images built from the static binaries above
+# by scripts/images.sh and imported into the runtime; then the chart
+# installed with `helm install`. When the runtime or a program cannot be had
+# here, the tier is SKIPPED, loudly, with the exact error; a failing test
+# fails.
 skip_node() {
     printf '\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n'
     tier "real node: SKIPPED"
@@ -339,12 +342,12 @@ skip_node() {
 }
 if [ "${MOUNTGUARD_SKIP_NODE:-0}" != 1 ] && [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 ] \
     && [ "${MOUNTGUARD_SKIP_STATIC:-0}" != 1 ] && [ -n "${upstream_bin:-}" ]; then
-    log "real node: containerd, runc, CNI plugins, iptables, ipset (Debian); kube-proxy, helm, coredns, kube-router (cached)"
+    log "real node: CNI plugins, iptables, ipset, libseccomp (Debian); containerd, runc, kube-proxy, helm, coredns, kube-router (cached)"
     node_start=$SECONDS
     node_log="$(mktemp)"
     if [ "$(id -u)" != 0 ]; then
         skip_node "needs root (containers, mounts, a bridge); uid $(id -u)"
-    elif ! apt_install containerd runc containernetworking-plugins iptables ipset curl iproute2 musl-tools file ca-certificates qemu-user-static >"$node_log" 2>&1; then
+    elif ! apt_install containernetworking-plugins libseccomp-dev pkg-config gcc iptables ipset curl iproute2 musl-tools file ca-certificates qemu-user-static >"$node_log" 2>&1; then
         skip_node "apt-get install failed: $(tail -n 3 "$node_log" | tr '\n' ' ')"
     elif ! bash scripts/node-tools.sh >"$node_log" 2>&1; then
         skip_node "scripts/node-tools.sh failed: $(grep -v '^go: downloading' "$node_log" | tail -n 5 | tr '\n' ' ')"

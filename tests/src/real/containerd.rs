@@ -1,27 +1,52 @@
-//! A real container runtime for the real kubelet: containerd with runc and
-//! the CNI `bridge` and `loopback` plugins, all from Debian's packages
-//! (`containerd`, `runc`, `containernetworking-plugins`), started from a
-//! configuration generated into the rig's temporary directory. Nothing is
+//! A real container runtime for the real kubelet: containerd v2.4.2 (with
+//! its runc shim and `ctr`) and runc v1.5.3, built by
+//! scripts/node-tools.sh into its bin directory (the one [`super::real_node::node_tools`]
+//! finds), and the CNI `bridge`, `loopback` and `host-local` plugins of
+//! Debian's `containernetworking-plugins`, started from a configuration
+//! generated into the rig's temporary directory. containerd is started
+//! with that bin directory first on its `PATH`, where it finds the shim
+//! (containerd v2.4.2 `core/runtime/v2/shim_manager.go`,
+//! `ShimManager.resolveRuntimePath`: `exec.LookPath` of the shim's name),
+//! and the runc runtime's `BinaryName` names runc by its path. Nothing is
 //! written into the host's /etc; the runtime's root, state, runc state,
 //! network namespaces, CNI configuration and IPAM leases all live under that
 //! directory. What outlives it is removed by [`Containerd::stop`] (also on
 //! drop): every container and sandbox, the shims, the mounts under the
 //! directory, the bridge, the `k8s.io` cgroups it created.
 //!
-//! Configuration (containerd 1.6 `pkg/cri/config/config.go`, the CRI
-//! plugin's `PluginConfig`):
-//! - `restrict_oom_score_adj = true`: the kubelet asks for a negative
-//!   `oomScoreAdj` for the sandbox and for system-node-critical pods, and
-//!   runc refuses to lower it without CAP_SYS_RESOURCE, which root lacks in
-//!   this VM ("write /proc/self/oom_score_adj: permission denied");
+//! Configuration `version = 4`, v2.4.2's own (`version/version.go`
+//! `ConfigVersion`; a version 3 file is migrated at every start, with a
+//! warning): the gRPC and ttrpc sockets are the `address` of the plugins
+//! `io.containerd.server.v1.grpc` and `io.containerd.server.v1.ttrpc`
+//! (in version 4 the top-level `[grpc]` and `[ttrpc]` tables are not read:
+//! `cmd/containerd/server/config/config.go` `serviceMigrate` moves them
+//! there for older files), the debug and metrics servers stay off (no
+//! address); the CRI plugin is split in three as since version 3:
+//! `io.containerd.cri.v1.images` takes `ImageConfig`,
+//! `io.containerd.cri.v1.runtime` takes `RuntimeConfig` and
+//! `io.containerd.grpc.v1.cri` takes `ServerConfig` (all in
+//! `internal/cri/config/config.go`; every path here at containerd v2.4.2).
+//! No `imports`: only the files a configuration names are loaded, none of
+//! the host's (same file, `LoadConfigWithPlugins`). The fields that matter
+//! here:
+//! - `restrict_oom_score_adj = true` (`RuntimeConfig`): the kubelet asks for
+//!   a negative `oomScoreAdj` for the sandbox and for system-node-critical
+//!   pods, and runc refuses to lower it without CAP_SYS_RESOURCE, which root
+//!   lacks in this VM ("write /proc/self/oom_score_adj: permission denied");
 //!   containerd then clamps it to its own value
-//!   (`pkg/cri/server/container_create_linux.go`, `restrictOOMScoreAdj`);
-//! - `SystemdCgroup = false`: cgroupfs (the kubelet's `cgroupDriver`);
-//! - `sandbox_image`: the pause image built by scripts/images.sh, imported
+//!   (`internal/cri/opts/spec_linux_opts.go`, `restrictOOMScoreAdj`);
+//! - `SystemdCgroup = false`, `BinaryName` and `Root` among the runc
+//!   runtime's `options` (`RuntimeConfig.ContainerdConfig.Runtimes`; the
+//!   options `internal/cri/config/config_unix.go` `DefaultRuntimeConfig`
+//!   lists): cgroupfs (the kubelet's `cgroupDriver`), the runc of the bin
+//!   directory, its state under the rig's directory;
+//! - `pinned_images.sandbox` (`ImageConfig.PinnedImages`, containerd 1's
+//!   `sandbox_image`): the pause image built by scripts/images.sh, imported
 //!   before the first pod (no registry is reachable);
-//! - `netns_mounts_under_state_dir = true`: the pods' network namespaces
-//!   under the state directory, not /var/run/netns;
-//! - `disable_apparmor = true`: no AppArmor in this kernel.
+//! - `netns_mounts_under_state_dir = true` (`RuntimeConfig`): the pods'
+//!   network namespaces under the state directory, not /var/run/netns;
+//! - `disable_apparmor = true` (`RuntimeConfig`): no AppArmor in this
+//!   kernel.
 //!
 //! The pod network is one Linux bridge of this rig's own (`mgbr<n>`) with a
 //! /24 of 10.213.0.0/16, host-local IPAM with its data in the temporary
@@ -42,6 +67,8 @@ pub const CRI_NAMESPACE: &str = "k8s.io";
 #[derive(Debug)]
 pub struct Containerd {
     dir: PathBuf,
+    /// scripts/node-tools.sh's bin directory (containerd, ctr, the shim, runc).
+    bin: PathBuf,
     sock: PathBuf,
     child: Option<ChildGuard>,
     bridge: String,
@@ -77,6 +104,17 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
+/// The runtime's programs in scripts/node-tools.sh's bin directory.
+pub const PROGRAMS: [&str; 4] = ["containerd", "containerd-shim-runc-v2", "runc", "ctr"];
+
+/// `PATH` with `bin` first (the shim containerd starts, and what the shim
+/// runs, come from there).
+fn path_with(bin: &Path) -> std::ffi::OsString {
+    let rest = std::env::var_os("PATH").unwrap_or_default();
+    std::env::join_paths(std::iter::once(bin.to_path_buf()).chain(std::env::split_paths(&rest)))
+        .unwrap_or(rest)
+}
+
 /// The CNI plugin directory of Debian's containernetworking-plugins.
 pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 
@@ -97,10 +135,16 @@ fn k8s_cgroups() -> Vec<PathBuf> {
 }
 
 impl Containerd {
-    /// Checks the prerequisites and starts containerd in `dir`, logging
-    /// to `log`; `pause_image` is the sandbox image reference (imported by
-    /// the caller with [`Self::import`] before the first pod).
-    pub async fn start(dir: &Path, log: &Path, pause_image: &str) -> Result<Self, Unavailable> {
+    /// Checks the prerequisites and starts containerd in `dir` from
+    /// scripts/node-tools.sh's bin directory `bin`, logging to `log`;
+    /// `pause_image` is the sandbox image reference (imported by the caller
+    /// with [`Self::import`] before the first pod).
+    pub async fn start(
+        bin: &Path,
+        dir: &Path,
+        log: &Path,
+        pause_image: &str,
+    ) -> Result<Self, Unavailable> {
         // The effective uid, from /proc (no libc binding here).
         let uid = std::fs::read_to_string("/proc/self/status")
             .ok()
@@ -115,12 +159,18 @@ impl Containerd {
                 "the real-node tier needs root (containers, mounts, a bridge); effective uid {uid}"
             )));
         }
-        for prog in ["containerd", "containerd-shim-runc-v2", "runc", "ctr", "ip"] {
-            if which(prog).is_none() {
+        for prog in PROGRAMS {
+            if !bin.join(prog).is_file() {
                 return Err(Unavailable(format!(
-                    "{prog} not found on PATH (Debian packages containerd, runc, iproute2)"
+                    "{} not found (scripts/node-tools.sh builds it)",
+                    bin.join(prog).display()
                 )));
             }
+        }
+        if which("ip").is_none() {
+            return Err(Unavailable(
+                "ip not found on PATH (Debian package iproute2)".into(),
+            ));
         }
         for plugin in ["bridge", "loopback", "host-local"] {
             if !Path::new(CNI_BIN_DIR).join(plugin).is_file() {
@@ -139,7 +189,7 @@ impl Containerd {
         }
         let sock = dir.join("containerd.sock");
         let config = dir.join("config.toml");
-        std::fs::write(&config, config_toml(dir, &sock, pause_image)).map_err(cfg)?;
+        std::fs::write(&config, config_toml(bin, dir, &sock, pause_image)).map_err(cfg)?;
         std::fs::write(
             dir.join("cni/conf/10-mountguard.conflist"),
             cni_conflist(&bridge, &subnet, &gateway, &dir.join("cni/ipam")),
@@ -170,18 +220,19 @@ impl Containerd {
         }
         let ip_forward = std::fs::read_to_string(IP_FORWARD).unwrap_or_default();
         let before: Vec<PathBuf> = k8s_cgroups().into_iter().filter(|p| p.exists()).collect();
-        let mut cmd = Command::new("containerd");
-        cmd.arg("--config").arg(&config);
+        let mut cmd = Command::new(bin.join("containerd"));
+        cmd.arg("--config").arg(&config).env("PATH", path_with(bin));
         let mut child = ChildGuard::spawn("containerd", cmd, log)
             .map_err(|e| Unavailable(format!("starting containerd: {e}")))?;
+        let ctr = bin.join("ctr");
         let ready = poll("containerd's socket", Duration::from_secs(30), || {
-            let sock = sock.clone();
+            let (sock, ctr) = (sock.clone(), ctr.clone());
             let exited = child.exited();
             async move {
                 if exited.is_some() {
                     return Some(false);
                 }
-                let ok = Command::new("ctr")
+                let ok = Command::new(&ctr)
                     .arg("--address")
                     .arg(&sock)
                     .arg("version")
@@ -193,14 +244,20 @@ impl Containerd {
         })
         .await;
         if !matches!(ready, Ok(true)) {
-            return Err(Unavailable(format!(
+            let why = Unavailable(format!(
                 "containerd did not start ({ready:?}, exit {:?}):\n{}",
                 child.exited(),
                 child.log_tail(20)
-            )));
+            ));
+            child.kill();
+            let _ = Command::new("ip")
+                .args(["link", "delete", &bridge])
+                .output();
+            return Err(why);
         }
         Ok(Self {
             dir: dir.to_path_buf(),
+            bin: bin.to_path_buf(),
             sock,
             child: Some(child),
             bridge,
@@ -229,7 +286,7 @@ impl Containerd {
 
     /// `ctr` against this containerd, in the CRI namespace.
     pub fn ctr(&self, args: &[&str]) -> io::Result<Output> {
-        Command::new("ctr")
+        Command::new(self.bin.join("ctr"))
             .arg("--address")
             .arg(&self.sock)
             .args(["--namespace", CRI_NAMESPACE])
@@ -254,11 +311,14 @@ impl Containerd {
     /// Imports an OCI image archive (scripts/images.sh) and, with
     /// `repository` and `digest`, names it `repository@digest` as well: the
     /// CRI plugin resolves a reference only among image names
-    /// (containerd 1.6 `pkg/cri/store/image/image.go`, `Store.Resolve`),
-    /// and a pull by digest would have recorded that name.
+    /// (containerd v2.4.2 `internal/cri/store/image/image.go`,
+    /// `Store.Resolve`), and a pull by digest would have recorded that
+    /// name. `--local`: the import in `ctr` itself, which prints each image
+    /// as `unpacking <name> (<digest>)...` (`cmd/ctr/commands/images/import.go`;
+    /// through the transfer service it prints progress instead).
     pub fn import(&self, archive: &Path, digested: Option<(&str, &str)>) -> io::Result<()> {
         let archive = archive.to_string_lossy();
-        let out = self.ctr_ok(&["images", "import", "--all-platforms", &archive])?;
+        let out = self.ctr_ok(&["images", "import", "--local", "--all-platforms", &archive])?;
         if let Some((repo, digest)) = digested {
             let name = out
                 .lines()
@@ -345,9 +405,11 @@ impl Containerd {
         let _ = Command::new("ip")
             .args(["link", "delete", &self.bridge])
             .output();
-        // containerd 1.6 keeps shim sockets and fifos under /run/containerd
-        // whatever its state directory (pkg/shim `SocketAddress`,
-        // defaults.DefaultFIFODir): the directories, when empty, go too.
+        // containerd keeps shim sockets and `ctr`'s fifos under
+        // /run/containerd whatever its state directory (containerd v2.4.2
+        // `core/runtime/v2/shim_unix.go` `defaultSocketDir`,
+        // `defaults/defaults_linux.go` `DefaultFIFODir`): the directories,
+        // when empty, go too.
         for d in [
             "/run/containerd/s",
             "/run/containerd/fifo",
@@ -427,42 +489,44 @@ fn remove_cgroup_tree(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-fn config_toml(dir: &Path, sock: &Path, pause_image: &str) -> String {
+fn config_toml(bin: &Path, dir: &Path, sock: &Path, pause_image: &str) -> String {
     let d = dir.display();
     let s = sock.display();
+    let runc = bin.join("runc");
+    let runc = runc.display();
     format!(
-        r#"version = 2
+        r#"version = 4
 root = "{d}/root"
 state = "{d}/state"
-[grpc]
+[plugins.'io.containerd.server.v1.grpc']
   address = "{s}"
-[ttrpc]
+[plugins.'io.containerd.server.v1.ttrpc']
   address = "{s}.ttrpc"
-[debug]
-  address = ""
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.internal.v1.opt']
   path = "{d}/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{pause_image}"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{pause_image}"
+[plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   disable_apparmor = true
   netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         SystemdCgroup = false
+        BinaryName = "{runc}"
         Root = "{d}/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{CNI_BIN_DIR}"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{CNI_BIN_DIR}"]
     conf_dir = "{d}/cni/conf"
     max_conf_num = 1
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
 "#
     )
 }

@@ -1,6 +1,8 @@
-//! The chart installed as docs/install.md tells a user: the real Helm CLI,
-//! the namespace with its Pod Security labels, the images by digest; the
-//! agent DaemonSet's pod and the controller's pod run as real containers.
+//! The chart installed as docs/install.md tells a user: the real Helm CLI
+//! (Helm 4, [`Helm::new`]; Helm 3, [`Helm::v3`], for the one test that
+//! installs, upgrades and uninstalls with it), the namespace with its Pod
+//! Security labels, the images by digest; the agent DaemonSet's pod and
+//! the controller's pod run as real containers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -38,8 +40,18 @@ pub struct Helm {
 }
 
 impl Helm {
+    /// Helm 4 (scripts/node-tools.sh's `helm`).
     pub fn new(node: &RealNode) -> Self {
-        let bin = node_tools().expect("node tools").join("helm");
+        Self::named(node, "helm")
+    }
+
+    /// Helm 3 (scripts/node-tools.sh's `helm3`).
+    pub fn v3(node: &RealNode) -> Self {
+        Self::named(node, "helm3")
+    }
+
+    fn named(node: &RealNode, name: &str) -> Self {
+        let bin = node_tools().expect("node tools").join(name);
         Self {
             bin,
             kubeconfig: node.cluster.kubeconfig_path().to_path_buf(),
@@ -368,7 +380,7 @@ pub fn rendered(helm: &Helm, template: &str, set: &[&str]) -> Vec<Value> {
         "--api-versions",
         "monitoring.coreos.com/v1",
         "--kube-version",
-        "v1.33.13",
+        "v1.37.2",
         "--set",
         "tls.insecurePlaintextReports=true",
         "--show-only",

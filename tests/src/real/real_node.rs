@@ -101,8 +101,9 @@ impl Images {
     }
 }
 
-/// The directory of kube-proxy, helm and coredns: `$MOUNTGUARD_NODE_TOOLS_BIN`
-/// or what scripts/node-tools.sh prints (it builds what its cache lacks).
+/// The directory of containerd, runc, kube-proxy, helm and coredns:
+/// `$MOUNTGUARD_NODE_TOOLS_BIN` or what scripts/node-tools.sh prints (it
+/// builds what its cache lacks).
 pub fn node_tools() -> Result<PathBuf, Unavailable> {
     if let Some(d) = std::env::var_os("MOUNTGUARD_NODE_TOOLS_BIN") {
         return Ok(PathBuf::from(d));
@@ -181,6 +182,7 @@ impl RealNode {
             Err(e) => return Ok(Err(e)),
         };
         let runtime = match Containerd::start(
+            &tools,
             &dir.path().join("containerd"),
             &cluster.logs_dir().join("containerd.log"),
             &images.pause,
@@ -218,18 +220,6 @@ impl RealNode {
         let client = cluster.client().await?;
         let forwarder = TcpForwarder::start(gateway_ip, cluster.api_addr()).await?;
         publish_kubernetes_endpoint(&client, forwarder.addr()).await?;
-        let proxy = match KubeProxy::start(
-            &cluster,
-            &tools.join("kube-proxy"),
-            NODE,
-            &subnet,
-            &dir.path().join("kube-proxy"),
-        )
-        .await
-        {
-            Ok(p) => p,
-            Err(e) => return Ok(Err(Unavailable(format!("kube-proxy: {e}")))),
-        };
         let dns = match CoreDns::start(
             &cluster,
             &tools.join("coredns"),
@@ -252,6 +242,24 @@ impl RealNode {
                     ))));
                 }
             };
+        // kube-proxy once the kubelet has registered the node (v1.37.2):
+        // it waits up to 30 s for its Node at startup, exits when the
+        // Node's addresses later differ from those it started with
+        // (pkg/proxy/node.go, `NewNodeManager`, `NodeManager.OnNodeChange`),
+        // and its /healthz answers 503 while there is no Node
+        // (pkg/proxy/healthcheck/proxy_health.go, `NodeEligible`).
+        let proxy = match KubeProxy::start(
+            &cluster,
+            &tools.join("kube-proxy"),
+            NODE,
+            &subnet,
+            &dir.path().join("kube-proxy"),
+        )
+        .await
+        {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(Unavailable(format!("kube-proxy: {e}")))),
+        };
         let slurmrestd = match cluster.slurmrestd_addr() {
             Some(addr) if slinky => {
                 let roots = [(NODE.to_string(), kubelet.root().to_path_buf())].into();

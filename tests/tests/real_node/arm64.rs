@@ -4,12 +4,12 @@
 //! reading the kubelet's volumes, reports the inventory the linux/amd64
 //! manifest reports.
 //!
-//! Not through the kubelet: containerd 1.6's CRI resolves every image for
-//! the host's platform only (`image.go` `NewImage` takes the client's
-//! platform, `platforms.Default()`; `pkg/cri/server/helpers.go`
-//! `toContainerdImage` uses it), so a pod on an amd64 node always runs the
-//! amd64 manifest. The containers are started with `ctr run --platform`,
-//! the same runtime and image store the kubelet uses.
+//! Not through the kubelet: containerd v2.4.2's CRI keeps its image store
+//! for the host's platform (`internal/cri/server/images/service.go`
+//! `NewService`: `imagestore.NewStore(..., platforms.Default())`), so a pod
+//! on an amd64 node runs the amd64 manifest. The containers are started
+//! with `ctr run --platform`, the same runtime and image store the kubelet
+//! uses.
 
 use std::time::Duration;
 

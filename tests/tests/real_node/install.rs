@@ -194,8 +194,8 @@ async fn real_node_agent_sees_volumes_mounted_after_it_started_and_enforces_land
     assert_eq!(landlock, 1.0);
 }
 
-/// Finding of this tier (kubelet v1.33, containerd 1.6.20, runc 1.1.5),
-/// kept as its record: a tmpfs the kubelet mounts under its root after the
+/// Finding of this tier (kubelet v1.33, containerd 1.6.20, runc 1.1.5;
+/// the same on containerd v2.4.2 and runc v1.5.3), kept as its record: a tmpfs the kubelet mounts under its root after the
 /// agent started reaches the agent's container through HostToContainer
 /// propagation with the kubelet's read-write flags (Linux copies the
 /// source's flags to a propagated mount; the container's `readOnly: true`

@@ -1,5 +1,6 @@
-//! The real-node tier: the real kubelet v1.33 on containerd and runc
-//! (Debian's packages), the real control plane of the `real` tier, the
+//! The real-node tier: the real kubelet on containerd v2.4.2 and runc
+//! v1.5.3 (built by scripts/node-tools.sh, with kube-proxy, CoreDNS and
+//! Helm 4 and 3), the real control plane of the `real` tier, the
 //! mountguard images built here by scripts/images.sh and imported into the
 //! runtime. Needs root and the `real-upstream` feature:
 //!

@@ -1,9 +1,12 @@
 //! The remediation toggle flipped with `helm upgrade`, and `helm
-//! uninstall`, with the real Helm CLI on the real node: what the
-//! controller's process runs with and what its ServiceAccount may do follow
-//! each upgrade, and the uninstall leaves no object of the release behind,
-//! cluster-scoped ones (ClusterRoles, bindings, the admission webhook)
-//! included.
+//! uninstall`, with the real Helm CLI on the real node, Helm 4 (server-side
+//! apply, the method `upgrade` keeps) and Helm 3 (client-side three-way
+//! merge): what the controller's process runs with and what its
+//! ServiceAccount may do follow each upgrade, and the uninstall leaves no
+//! object of the release behind, cluster-scoped ones (ClusterRoles,
+//! bindings, the admission webhook) included. And Helm 4's upgrade over a
+//! field changed by hand, as docs/install.md ("Helm 3 and Helm 4") tells
+//! users: a conflict, until `--force-conflicts`.
 
 use std::time::Duration;
 
@@ -14,8 +17,8 @@ use serde_json::{Value, json};
 
 use crate::harness::container_id;
 use crate::helm::{
-    CONTROLLER, Helm, NAMESPACE, RELEASE, controller_with_remediation, install, uninstall_args,
-    upgrade,
+    CONTROLLER, Helm, NAMESPACE, RELEASE, chart, controller_with_remediation, install,
+    uninstall_args, upgrade,
 };
 
 /// The release's instance label selector, URL-encoded.
@@ -71,12 +74,88 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
     let node =
         real_node_or_skip!("real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing");
     let helm = Helm::new(&node);
-    let (_, first) = install(&node, &helm, &[]).await;
+    let version = helm.ok_stdout(&["version", "--short"]);
+    assert!(version.starts_with("v4."), "helm is Helm 4: {version}");
+    install_upgrade_uninstall(&node, &helm).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_helm3_upgrade_flips_remediation_and_uninstall_leaves_nothing() {
+    let node = real_node_or_skip!(
+        "real_node_helm3_upgrade_flips_remediation_and_uninstall_leaves_nothing"
+    );
+    let helm = Helm::v3(&node);
+    let version = helm.ok_stdout(&["version", "--short"]);
+    assert!(version.starts_with("v3."), "helm3 is Helm 3: {version}");
+    install_upgrade_uninstall(&node, &helm).await;
+}
+
+/// A field of the chart's controller Deployment changed by hand (a merge
+/// patch as `kubectl edit` sends it, field manager `kubectl-edit`): Helm
+/// 4's server-side `helm upgrade` fails with the conflict naming the field
+/// and that manager, and leaves the field as it was; with
+/// `--force-conflicts` it takes the field back to the chart's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_helm4_upgrade_over_a_hand_edit_conflicts_until_force_conflicts() {
+    let node = real_node_or_skip!(
+        "real_node_helm4_upgrade_over_a_hand_edit_conflicts_until_force_conflicts"
+    );
+    let helm = Helm::new(&node);
+    install(&node, &helm, &[]).await;
+    let client = node.cluster.client().await.expect("client");
+    let path = format!("/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{CONTROLLER}");
+    let max_surge = |d: &Value| d["spec"]["strategy"]["rollingUpdate"]["maxSurge"].clone();
+    let (code, edited) = raw(
+        &client,
+        "PATCH",
+        &format!("{path}?fieldManager=kubectl-edit"),
+        Some(&json!({"spec": {"strategy": {"rollingUpdate": {"maxSurge": 2}}}})),
+    )
+    .await
+    .expect("patch");
+    assert_eq!(code, 200, "{edited}");
+    assert_eq!(max_surge(&edited), json!(2), "{edited}");
+
+    let chart = chart();
+    let args = [
+        "upgrade",
+        RELEASE,
+        chart.as_str(),
+        "--namespace",
+        NAMESPACE,
+        "--reuse-values",
+    ];
+    let out = helm.run(&args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains(r#"conflict with "kubectl-edit""#)
+            && err.contains(".spec.strategy.rollingUpdate.maxSurge"),
+        "helm upgrade over the edit: {}\n{err}",
+        out.status
+    );
+    let (_, d) = raw(&client, "GET", &path, None).await.expect("deployment");
+    assert_eq!(max_surge(&d), json!(2), "the failed upgrade left the edit");
+
+    let mut force = args.to_vec();
+    force.push("--force-conflicts");
+    let out = helm.ok(&force);
+    assert!(out.contains("STATUS: deployed"), "{out}");
+    let (_, d) = raw(&client, "GET", &path, None).await.expect("deployment");
+    assert_eq!(max_surge(&d), json!(1), "the chart's value again: {d}");
+}
+
+/// Install, two upgrades (remediation dry-run, then off), uninstall.
+async fn install_upgrade_uninstall(
+    node: &mountguard_tests::real::real_node::RealNode,
+    helm: &Helm,
+) {
+    let (_, first) = install(node, helm, &[]).await;
     let client = node.cluster.client().await.expect("client");
     assert!(
-        process_env(&node, &first).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()),
+        process_env(node, &first).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()),
         "{:?}",
-        process_env(&node, &first)
+        process_env(node, &first)
     );
     assert!(
         !may_evict(&client).await,
@@ -93,19 +172,19 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
     .await
     .expect("token secret");
     upgrade(
-        &helm,
+        helm,
         &[
             "remediation.mode=dry-run",
             "remediation.slurmrestd.url=http://slurm-restapi.slurm.svc:6820",
             "remediation.slurmrestd.tokenSecret.name=slurm-token-mountguard",
         ],
     );
-    let dry = controller_with_remediation(&node, "dry-run").await;
+    let dry = controller_with_remediation(node, "dry-run").await;
     assert_ne!(
         dry["metadata"]["uid"], first["metadata"]["uid"],
         "a new pod"
     );
-    let env = process_env(&node, &dry);
+    let env = process_env(node, &dry);
     assert!(
         env.contains(&"MOUNTGUARD_REMEDIATION=dry-run".to_string())
             && env.contains(
@@ -118,9 +197,9 @@ async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing()
         "remediation dry-run grants eviction"
     );
 
-    upgrade(&helm, &["remediation.mode=off"]);
-    let off = controller_with_remediation(&node, "off").await;
-    assert!(process_env(&node, &off).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()));
+    upgrade(helm, &["remediation.mode=off"]);
+    let off = controller_with_remediation(node, "off").await;
+    assert!(process_env(node, &off).contains(&"MOUNTGUARD_REMEDIATION=off".to_string()));
     assert!(
         !may_evict(&client).await,
         "back to off: the eviction rule is gone"
