@@ -661,8 +661,51 @@ pub fn tail(text: &str, lines: usize) -> String {
 /// A free loopback address (bound, then released; the caller binds it
 /// right away).
 pub fn free_addr() -> io::Result<std::net::SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    l.local_addr()
+    Ok(std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        stable_ports(1)?[0],
+    )))
+}
+
+/// `n` distinct loopback ports, each free when chosen, taken at random
+/// from the 12,000 ports below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`). A port of that range, once released,
+/// may be taken by any outgoing connection on the machine at once; a
+/// process restarted on its old port (a controller, a daemon) then fails
+/// with "Address already in use". Below the range only a listener that
+/// asks for the port by number takes it.
+pub fn stable_ports(n: usize) -> io::Result<Vec<u16>> {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let floor = low.saturating_sub(12_000).max(1024);
+    let span = u64::from(low - floor);
+    let seed = std::collections::hash_map::RandomState::new();
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    for i in 0..(8 * n as u64 + 256) {
+        if ports.len() == n {
+            break;
+        }
+        let mut h = seed.build_hasher();
+        h.write_u64(i);
+        let p = floor + (h.finish() % span) as u16;
+        if ports.contains(&p) {
+            continue;
+        }
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", p)) {
+            held.push(l);
+            ports.push(p);
+        }
+    }
+    if ports.len() < n {
+        return Err(io::Error::other(format!(
+            "no {n} free loopback ports in {floor}..{low}"
+        )));
+    }
+    Ok(ports)
 }
 
 #[cfg(test)]

@@ -204,33 +204,7 @@ pub fn write_key(path: &Path, key: &[u8]) -> io::Result<()> {
 /// already in use". Each is bound once here to check it is free, all held
 /// until every one is chosen.
 fn daemon_ports(n: usize) -> io::Result<Vec<u16>> {
-    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    let floor = low.saturating_sub(12_000).max(1024);
-    let span = u32::from(low - floor);
-    let mut held = Vec::new();
-    let mut ports = Vec::new();
-    for b in random_key(8 * n + 256).chunks_exact(2) {
-        if ports.len() == n {
-            break;
-        }
-        let p = floor + (u32::from(u16::from_be_bytes([b[0], b[1]])) % span) as u16;
-        if ports.contains(&p) {
-            continue;
-        }
-        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", p)) {
-            held.push(l);
-            ports.push(p);
-        }
-    }
-    if ports.len() < n {
-        return Err(io::Error::other(format!(
-            "no {n} free loopback ports in {floor}..{low}"
-        )));
-    }
-    Ok(ports)
+    crate::mountguard::stable_ports(n)
 }
 
 impl RealSlurm {
