@@ -14,8 +14,6 @@
 #
 # Environment: MOUNTGUARD_UPSTREAM_DIR (default ~/.cache/mountguard-upstream), GO.
 set -euo pipefail
-K8S_VERSION=v1.37.2       # as scripts/upstream.sh
-ETCD_VERSION=v3.7.0       # as scripts/upstream.sh (same go.mod, shared build cache)
 CONTAINERD_VERSION=v2.4.2
 RUNC_VERSION=v1.5.3
 HELM_VERSION=v4.3.2       # `helm`, every test
@@ -36,6 +34,9 @@ if [ -z "$GO" ]; then
     fi
 fi
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+# K8S_VERSION, ETCD_VERSION, k8s_module, k8s_ldflags: scripts/upstream.sh's.
+# shellcheck source=scripts/k8s-module.sh
+. "$(dirname "${BASH_SOURCE[0]}")/k8s-module.sh"
 root="${MOUNTGUARD_UPSTREAM_DIR:-$HOME/.cache/mountguard-upstream}"
 out="$root/node-tools_k8s-${K8S_VERSION}_containerd-${CONTAINERD_VERSION}_runc-${RUNC_VERSION}_helm-${HELM_VERSION}-${HELM3_VERSION}_$("$GO" env GOVERSION)_r${RECIPE}"
 mkdir -p "$out/bin" "$out/src"
@@ -45,32 +46,13 @@ mkdir -p "$out/bin" "$out/src"
 exec 9>"$root/.upstream.lock"
 flock 9
 
-# kube-proxy: the module scripts/upstream.sh writes (same go.mod, so the
-# Go build cache it filled is reused).
+# kube-proxy: the module scripts/upstream.sh writes (k8s_module: same
+# go.mod, so the Go build cache it filled is reused).
 if [ ! -x "$out/bin/kube-proxy" ]; then
     log "building kube-proxy $K8S_VERSION"
     start=$SECONDS
-    k8s_gomod="$("$GO" mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
-        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
-    staging_version="v0.${K8S_VERSION#v1.}"
-    mkdir -p "$out/src/k8s"
-    {
-        echo "module mountguard.invalid/upstream-k8s"
-        echo
-        echo "go $(sed -n 's/^go \([0-9.]*\)$/\1/p' "$k8s_gomod")"
-        echo
-        echo "require ("
-        echo "    k8s.io/kubernetes $K8S_VERSION"
-        echo "    go.etcd.io/etcd/server/v3 $ETCD_VERSION"
-        echo ")"
-        echo
-        grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$k8s_gomod" \
-            | awk -v v="$staging_version" '{ print "replace " $1 " => " $1 " " v }'
-    } > "$out/src/k8s/go.mod"
-    ldflags="-s -w"
-    for var in gitVersion=$K8S_VERSION gitMajor=1 gitMinor=$(echo "$K8S_VERSION" | cut -d. -f2) gitTreeState=clean; do
-        ldflags="$ldflags -X k8s.io/component-base/version.$var"
-    done
+    k8s_module "$K8S_VERSION" "$out/src/k8s" "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+    ldflags="$(k8s_ldflags "$K8S_VERSION")"
     (cd "$out/src/k8s" && nice -n 10 "$GO" build -trimpath -ldflags "$ldflags" \
         -o "$out/bin/kube-proxy.new" k8s.io/kubernetes/cmd/kube-proxy)
     mv "$out/bin/kube-proxy.new" "$out/bin/kube-proxy"

@@ -31,18 +31,6 @@
 set -euo pipefail
 
 # --- pins ---------------------------------------------------------------------
-# Kubernetes: the release matching the k8s-openapi feature in Cargo.toml (v1_37).
-K8S_VERSION=v1.37.2
-# etcd: the release kubernetes v1.37.2's own go.mod requires (go.etcd.io/etcd/server/v3
-# v3.7.0). Naming another one here would not build it: Go's minimal version
-# selection takes the higher of the two, and the cache key would lie.
-ETCD_VERSION=v3.7.0
-# The kubelets of the older minors in the supported skew window (a kubelet may
-# be up to three minors older than the API server: kubernetes.io/releases/version-skew-policy),
-# each the newest patch the Go module proxy serves; built beside the cluster's
-# own kubelet as bin/kubelet-<version>. The tests run the kubelet-fidelity
-# scenarios on a node of each, in the same cluster.
-SKEW_KUBELETS="v1.34.4 v1.35.4 v1.36.3"
 # Slinky operator: v1.2.x is refused by the module proxy ("403 Forbidden: This
 # module version is not available", for v1.2.0 to v1.2.3); v1.1.0 is the newest
 # release it serves. It serves the same slinky.slurm.net/v1beta1 API.
@@ -71,6 +59,9 @@ if [ -z "$GO" ]; then
     fi
 fi
 go_version="$("$GO" env GOVERSION)"
+# K8S_VERSION, ETCD_VERSION, SKEW_KUBELETS, k8s_module, k8s_ldflags.
+# shellcheck source=scripts/k8s-module.sh
+. "$(dirname "${BASH_SOURCE[0]}")/k8s-module.sh"
 export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
 
 # fakecri (scripts/fakecri/main.go, a program of ours): the fake CRI runtime
@@ -196,7 +187,7 @@ EOF
     fi
     echo "slinky-operator-dir: $dir"
 }
-key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kubelets-$(echo $SKEW_KUBELETS | tr ' ' -)_slinky-${SLINKY_VERSION}_${go_version}_r${RECIPE}"
+key="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_kubelets-$(echo "$SKEW_KUBELETS" | tr ' ' -)_slinky-${SLINKY_VERSION}_${go_version}_r${RECIPE}"
 out="$root/$key"
 if [ -f "$out/complete" ]; then
     log "upstream programs cached in $out"
@@ -215,42 +206,7 @@ rm -rf "$out.partial"
 mkdir -p "$out.partial/bin" "$out.partial/crds" "$out.partial/src/k8s" "$out.partial/src/slinky"
 start=$SECONDS
 
-# --- Kubernetes + etcd: one module, one `go build` ---------------------------
-# k8s.io/kubernetes replaces every k8s.io/* staging module with ./staging/...;
-# replace directives of a dependency are ignored, so pin each one to the
-# matching published v0.x.y (taken from kubernetes' own go.mod at the tag).
-# Writes <dir>/go.mod: a module requiring k8s.io/kubernetes <version> (and
-# <extra requirement>, if given) with every staging module pinned.
-k8s_module() {
-    local version="$1" dir="$2" extra="${3:-}"
-    log "resolving k8s.io/kubernetes@$version"
-    local gomod
-    gomod="$("$GO" mod download -json "k8s.io/kubernetes@$version" \
-        | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
-    [ -f "$gomod" ] || { echo "error: could not download k8s.io/kubernetes@$version's go.mod" >&2; exit 1; }
-    mkdir -p "$dir"
-    {
-        echo "module mountguard.invalid/upstream-k8s"
-        echo
-        echo "go $(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gomod")"
-        echo
-        echo "require ("
-        echo "    k8s.io/kubernetes $version"
-        if [ -n "$extra" ]; then echo "    $extra"; fi
-        echo ")"
-        echo
-        grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/src/' "$gomod" \
-            | awk -v v="v0.${version#v1.}" '{ print "replace " $1 " => " $1 " " v }'
-    } > "$dir/go.mod"
-}
-# The -ldflags that stamp <version> into a Kubernetes binary.
-k8s_ldflags() {
-    local flags="-s -w" var
-    for var in gitVersion=$1 gitMajor=1 gitMinor=$(echo "$1" | cut -d. -f2) gitTreeState=clean; do
-        flags="$flags -X k8s.io/component-base/version.$var"
-    done
-    echo "$flags"
-}
+# --- Kubernetes + etcd: one module, one `go build` (k8s_module) --------------
 staging_version="v0.${K8S_VERSION#v1.}"
 k8s_module "$K8S_VERSION" "$out.partial/src/k8s" "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
 ldflags="$(k8s_ldflags "$K8S_VERSION")"
