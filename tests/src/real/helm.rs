@@ -321,22 +321,24 @@ pub async fn install(node: &RealNode, helm: &Helm, extra: &[&str]) -> (Value, Va
     (agent, controller)
 }
 
-/// `helm upgrade` of the release with the values it has plus `set` (each
-/// `--set` value), as docs/install.md changes a setting; returns Helm's
-/// output, which says `STATUS: deployed`.
-pub fn upgrade(helm: &Helm, set: &[&str]) -> String {
-    let chart = chart();
-    let mut args = vec![
-        "upgrade",
-        RELEASE,
-        chart.as_str(),
-        "--namespace",
-        NAMESPACE,
-        "--reuse-values",
-    ];
+/// The arguments of `helm upgrade` of the release with the values it has
+/// plus `set` (each a `--set` value), as docs/install.md changes a setting.
+pub fn upgrade_args(set: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["upgrade", RELEASE, &chart(), "--namespace", NAMESPACE]
+        .map(String::from)
+        .into();
+    args.push("--reuse-values".into());
     for v in set {
-        args.extend(["--set", v]);
+        args.extend(["--set".to_string(), v.to_string()]);
     }
+    args
+}
+
+/// [`upgrade_args`] run, which must succeed; returns Helm's output, which
+/// says `STATUS: deployed`.
+pub fn upgrade(helm: &Helm, set: &[&str]) -> String {
+    let args = upgrade_args(set);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let out = helm.ok(&args);
     assert!(out.contains("STATUS: deployed"), "helm upgrade:\n{out}");
     out

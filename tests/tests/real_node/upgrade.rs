@@ -17,8 +17,8 @@ use serde_json::{Value, json};
 
 use crate::harness::container_id;
 use crate::helm::{
-    CONTROLLER, Helm, NAMESPACE, RELEASE, chart, controller_with_remediation, install,
-    uninstall_args, upgrade,
+    CONTROLLER, Helm, NAMESPACE, RELEASE, controller_with_remediation, install, uninstall_args,
+    upgrade, upgrade_args,
 };
 
 /// The release's instance label selector, URL-encoded.
@@ -73,10 +73,7 @@ async fn may_evict(client: &kube::Client) -> bool {
 async fn real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing() {
     let node =
         real_node_or_skip!("real_node_helm_upgrade_flips_remediation_and_uninstall_leaves_nothing");
-    let helm = Helm::new(&node);
-    let version = helm.ok_stdout(&["version", "--short"]);
-    assert!(version.starts_with("v4."), "helm is Helm 4: {version}");
-    install_upgrade_uninstall(&node, &helm).await;
+    install_upgrade_uninstall(&node, &Helm::new(&node), "v4.").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -84,10 +81,7 @@ async fn real_node_helm3_upgrade_flips_remediation_and_uninstall_leaves_nothing(
     let node = real_node_or_skip!(
         "real_node_helm3_upgrade_flips_remediation_and_uninstall_leaves_nothing"
     );
-    let helm = Helm::v3(&node);
-    let version = helm.ok_stdout(&["version", "--short"]);
-    assert!(version.starts_with("v3."), "helm3 is Helm 3: {version}");
-    install_upgrade_uninstall(&node, &helm).await;
+    install_upgrade_uninstall(&node, &Helm::v3(&node), "v3.").await;
 }
 
 /// A field of the chart's controller Deployment changed by hand (a merge
@@ -116,16 +110,8 @@ async fn real_node_helm4_upgrade_over_a_hand_edit_conflicts_until_force_conflict
     assert_eq!(code, 200, "{edited}");
     assert_eq!(max_surge(&edited), json!(2), "{edited}");
 
-    let chart = chart();
-    let args = [
-        "upgrade",
-        RELEASE,
-        chart.as_str(),
-        "--namespace",
-        NAMESPACE,
-        "--reuse-values",
-    ];
-    let out = helm.run(&args);
+    let mut args = upgrade_args(&[]);
+    let out = helm.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success()
@@ -137,19 +123,22 @@ async fn real_node_helm4_upgrade_over_a_hand_edit_conflicts_until_force_conflict
     let (_, d) = raw(&client, "GET", &path, None).await.expect("deployment");
     assert_eq!(max_surge(&d), json!(2), "the failed upgrade left the edit");
 
-    let mut force = args.to_vec();
-    force.push("--force-conflicts");
-    let out = helm.ok(&force);
+    args.push("--force-conflicts".into());
+    let out = helm.ok(&args.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.contains("STATUS: deployed"), "{out}");
     let (_, d) = raw(&client, "GET", &path, None).await.expect("deployment");
     assert_eq!(max_surge(&d), json!(1), "the chart's value again: {d}");
 }
 
-/// Install, two upgrades (remediation dry-run, then off), uninstall.
+/// Install, two upgrades (remediation dry-run, then off), uninstall, with
+/// `helm`, whose version must start with `major` (`v4.`, `v3.`).
 async fn install_upgrade_uninstall(
     node: &mountguard_tests::real::real_node::RealNode,
     helm: &Helm,
+    major: &str,
 ) {
+    let version = helm.ok_stdout(&["version", "--short"]);
+    assert!(version.starts_with(major), "Helm {major}x: {version}");
     let (_, first) = install(node, helm, &[]).await;
     let client = node.cluster.client().await.expect("client");
     assert!(
