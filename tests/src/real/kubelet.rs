@@ -560,12 +560,15 @@ pub fn kubelet_binaries(cluster: &RealCluster) -> io::Result<Vec<(String, PathBu
             all.push((format!("v{v}"), e.path()));
         }
     }
-    let key = |v: &str| -> Vec<u32> {
-        v.trim_start_matches('v')
-            .split('.')
-            .map(|p| p.parse().unwrap_or(0))
-            .collect()
-    };
-    all.sort_by_key(|(v, _)| key(v));
+    all.sort_by_key(|(v, _)| version_numbers(v));
     Ok(all)
+}
+
+/// `v1.35.4` -> `[1, 35, 4]` (a part that is not a number counts 0): the
+/// order of versions, and `>= [1, 35]` for "1.35 or later".
+pub fn version_numbers(v: &str) -> Vec<u32> {
+    v.trim_start_matches('v')
+        .split('.')
+        .map(|p| p.parse().unwrap_or(0))
+        .collect()
 }

@@ -196,17 +196,6 @@ pub fn write_key(path: &Path, key: &[u8]) -> io::Result<()> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
 }
 
-/// `n` distinct free loopback ports below the kernel's ephemeral range.
-/// The daemons bind them later, and again after each restart (a slurmd
-/// when its worker pod runs, slurmctld on a new key): a port from the
-/// ephemeral range may meanwhile be the local end of any outgoing
-/// connection on the machine, and the daemon then dies with "Address
-/// already in use". Each is bound once here to check it is free, all held
-/// until every one is chosen.
-fn daemon_ports(n: usize) -> io::Result<Vec<u16>> {
-    crate::mountguard::stable_ports(n)
-}
-
 impl RealSlurm {
     /// Starts slurmctld and slurmrestd on a new cluster key, and a slurmd
     /// on that key for every node; returns once slurmrestd answers and
@@ -220,7 +209,9 @@ impl RealSlurm {
             std::fs::create_dir_all(dir.join(d))?;
         }
         chown(&dir.join("state"), SLURM_USER)?;
-        let mut ports = daemon_ports(config.nodes.len() + 2)?;
+        // Bound again at each restart (a slurmd when its worker pod runs,
+        // slurmctld on a new key): below the ephemeral range.
+        let mut ports = crate::mountguard::stable_ports(config.nodes.len() + 2)?;
         let ctld_port = ports.pop().unwrap_or_default();
         let restd_addr = SocketAddr::from(([127, 0, 0, 1], ports.pop().unwrap_or_default()));
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")?

@@ -11,6 +11,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::Instant;
 
 use futures::FutureExt as _;
+use mountguard_tests::real::kubelet::version_numbers;
 
 use crate::harness::{Nodes, RealSystem};
 use crate::kubelet::serves_the_old_immutable_secret_while_a_pod_pins_it;
@@ -28,15 +29,6 @@ fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
         .cloned()
         .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "a panic without a message".into())
-}
-
-/// The minor of a version `v1.<minor>.<patch>`.
-fn minor(version: &str) -> u32 {
-    version
-        .split('.')
-        .nth(1)
-        .and_then(|m| m.parse().ok())
-        .unwrap_or(0)
 }
 
 /// Runs every scenario the kubelet of `version` can carry on node `i`, in
@@ -75,7 +67,7 @@ async fn scenarios(on: On<'_>, version: &str) -> Vec<(&'static str, f64, Option<
         subpath_and_env_keep_the_old_content_and_are_frozen(on)
     );
     // `EnvFiles` is on from 1.35; a kubelet of 1.34 drops the field.
-    if minor(version) >= 35 {
+    if version_numbers(version) >= vec![1, 35] {
         run!(
             "env fileKeyRef listed and never judged",
             file_key_ref_env_is_listed_and_never_judged(on)
