@@ -25,6 +25,10 @@
 # slurmrestd over TLS (rustls native roots). docs/images.md says what else is
 # (not) in them. Same binaries, same CA bundle and same SOURCE_DATE_EPOCH
 # give the same bytes, hence the same digests.
+# With MOUNTGUARD_SLURM_PREFIX (the install prefix scripts/slurm.sh prints),
+# it also writes OUT_DIR/slurmd.tar, the worker image of the real-node
+# tier's NodeSet (SLURMD_IMAGE, SLURMD_DIGEST in images.env): not a
+# mountguard image and never released, see slurmd_image below.
 # Environment: MOUNTGUARD_IMAGE_PREFIX (default localhost/mountguard),
 # MOUNTGUARD_REQUIRE_ARM64=1 (a missing arm64 binary is an error, not a note;
 # the release sets it), SOURCE_DATE_EPOCH (default: the last commit's time).
@@ -100,6 +104,72 @@ agent_digest="$(image mountguard-agent 0:0 "mountguard node agent: hashes the Se
 controller_digest="$(image mountguard-controller 65532:65532 "mountguard controller: verdicts, metrics, Events and opt-in remediation" \
     --file "$ca_bundle=/etc/ssl/certs/ca-certificates.crt:0644" \
     --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt)"
+# The real-node tier's Slurm worker: slurmd as a NodeSet pod's container,
+# as the Slinky images run it (slurm-operator v1.2.1
+# internal/builder/workerbuilder/worker_app.go, `slurmdContainer`: the
+# image's slurmd with `-Z --conf-server ...`, /usr/bin/sh and scontrol for
+# the preStop hook). Slurm's binaries are dynamic: the image holds slurmd,
+# slurmstepd and scontrol at the install prefix they were built for (their
+# RUNPATH and slurmd's compiled-in slurmstepd path name it), the plugins
+# and libslurmfull at a fixed path outside root's home (the prefix's
+# lib/slurm a link to it), the host libraries `ldd` resolves for each (the
+# loader included), dash as /bin/sh and /usr/bin/sh, hostname, and the
+# passwd and group entries of root, slurm (the jobs' user) and nobody.
+slurmd_image() { # prefix plugin_dir
+    local p="$1" plugin_dir="$2" files=() f lib tmp
+    tmp="$(mktemp -d)"
+    local elves=("$p/sbin/slurmstepd" "$p/bin/scontrol" /bin/dash /bin/hostname)
+    for f in "$p"/lib/slurm/*.so; do
+        [ -L "$f" ] || elves+=("$f")
+    done
+    files+=(--file "$p/sbin/slurmstepd=$p/sbin/slurmstepd:0755"
+        --file "$p/bin/scontrol=/usr/bin/scontrol:0755"
+        --file "/bin/dash=/bin/sh:0755" --file "/bin/dash=/usr/bin/sh:0755"
+        --file "/bin/hostname=/usr/bin/hostname:0755")
+    # The plugins at SLURMD_PLUGIN_DIR, the PluginDir of the rig's
+    # slurm.conf (slurmctld serves that file to configless slurmd; the rig
+    # links the install's plugins to the same path on the host); Slurm's
+    # libraries also at the install prefix, their RUNPATH.
+    for f in "$p"/lib/slurm/*.so; do
+        [ -L "$f" ] || files+=(--file "$f=$plugin_dir/$(basename "$f"):0755")
+    done
+    # slurmd loads auth/slurm from its compiled-in PluginDir (the
+    # prefix's) before it has fetched slurm.conf: that directory is a link.
+    files+=(--symlink "$p/lib/slurm=$plugin_dir")
+    # Every library an ELF of the image needs, at the path the loader
+    # looks for it (ldd's left column for the loader, its target for the
+    # others), with the content of the file that path resolves to here.
+    while read -r lib; do
+        case "$lib" in "$p"/*) continue ;; esac
+        files+=(--file "$(readlink -f "$lib")=$lib:0755")
+    done < <(for f in "$p/sbin/slurmd" "${elves[@]}"; do
+            ldd "$f" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'
+        done | sort -u)
+    getent passwd root slurm nobody >"$tmp/passwd" \
+        || { echo "error: no user slurm on this host (scripts/slurm.sh creates it)" >&2; exit 1; }
+    getent group root slurm nogroup >"$tmp/group" || true
+    printf 'passwd: files\ngroup: files\nhosts: files dns\n' >"$tmp/nsswitch.conf"
+    files+=(--file "$tmp/passwd=/etc/passwd:0644" --file "$tmp/group=/etc/group:0644"
+        --file "$tmp/nsswitch.conf=/etc/nsswitch.conf:0644")
+    python3 "$repo/scripts/images/oci.py" --out "$out/slurmd.tar" --name "$prefix/slurmd:$(basename "$p")" \
+        --platform "linux/amd64=$p/sbin/slurmd" --path /usr/sbin/slurmd \
+        --entrypoint /usr/sbin/slurmd --entrypoint=-D --user 0:0 \
+        --dir /tmp:1777 --dir /run:0755 --dir /var/spool/slurmd:0755 --dir /var/log/slurm:0755 \
+        --label "org.opencontainers.image.title=slurmd (test worker)" "${files[@]}"
+    rm -rf "$tmp"
+}
+slurmd_env=""
+if [ -n "${MOUNTGUARD_SLURM_PREFIX:-}" ]; then
+    [ -x "$MOUNTGUARD_SLURM_PREFIX/sbin/slurmd" ] \
+        || { echo "error: MOUNTGUARD_SLURM_PREFIX=$MOUNTGUARD_SLURM_PREFIX has no sbin/slurmd (scripts/slurm.sh prints the prefix)" >&2; exit 1; }
+    slurmd_plugins="/var/cache/mountguard-slurm/$(basename "$MOUNTGUARD_SLURM_PREFIX")/lib/slurm"
+    slurmd_digest="$(slurmd_image "$MOUNTGUARD_SLURM_PREFIX" "$slurmd_plugins")"
+    slurmd_env="SLURMD_IMAGE=$prefix/slurmd
+SLURMD_TAG=$(basename "$MOUNTGUARD_SLURM_PREFIX")
+SLURMD_DIGEST=$slurmd_digest
+SLURMD_PLUGIN_DIR=$slurmd_plugins
+SLURM_PREFIX=$MOUNTGUARD_SLURM_PREFIX"
+fi
 cat > "$out/images.env" <<EOF
 VERSION=$version
 PAUSE_IMAGE=$prefix/pause
@@ -109,5 +179,6 @@ AGENT_IMAGE=$prefix/mountguard-agent
 AGENT_DIGEST=$agent_digest
 CONTROLLER_IMAGE=$prefix/mountguard-controller
 CONTROLLER_DIGEST=$controller_digest
+$slurmd_env
 EOF
 cat "$out/images.env"

@@ -255,7 +255,9 @@ if [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 ]; then
         grep -v '^ *$' "$slurm_log" | tail -n 5
         tier "real Slurm: build or cache (beyond the tests' time)"
         if [ "$slurm_rc" = 0 ]; then
-            MOUNTGUARD_SLURM_PREFIX="$(tail -n 1 "$slurm_log")" \
+            # Also the real-node tier's: its slurmd image and slurmctld.
+            slurm_prefix="$(tail -n 1 "$slurm_log")"
+            MOUNTGUARD_SLURM_PREFIX="$slurm_prefix" \
                 cargo nextest run -p mountguard-tests --features real-upstream --test real --no-fail-fast \
                 -E 'test(/real_slurm_/)' || real_rc=1
             tier "real Slurm: tests"
@@ -354,7 +356,9 @@ if [ "${MOUNTGUARD_SKIP_NODE:-0}" != 1 ] && [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 
     else
         node_tools="$(tail -n 1 "$node_log")"
         images_dir="$PWD/target/images"
-        bash scripts/images.sh "$images_dir"
+        # With Slurm built above, also the slurmd image of the NodeSet
+        # worker whose slurmd is real; without it that test says SKIPPED.
+        MOUNTGUARD_SLURM_PREFIX="${slurm_prefix:-}" bash scripts/images.sh "$images_dir"
         echo "real node: packages, tools and images: $((SECONDS - node_start)) s"
         tier_done "real node: packages, tools, images" "$((SECONDS - node_start))"
         tests_start=$SECONDS

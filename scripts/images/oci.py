@@ -63,10 +63,32 @@ def parse_file(spec):
     return src, dest, int(mode, 8) if colon else 0o644
 
 
-def layer(files, epoch):
-    """A gzip tar of `files` ((source, path in image, mode) triples) and every
-    parent directory of their paths (0755), directories first, each group
-    sorted by path, so the bytes depend only on the files' contents."""
+def parse_dir(spec):
+    """`/ABSOLUTE/DIR[:MODE]` (MODE octal, default 0755) -> (dir, mode)."""
+    path, colon, mode = spec.partition(":")
+    ok = path.startswith("/") and path.strip("/")
+    ok = ok and (not colon or (mode and set(mode) <= set("01234567") and int(mode, 8) <= 0o7777))
+    if not ok:
+        raise SystemExit(f"oci.py: --dir {spec!r}: want /ABSOLUTE/DIR[:OCTAL MODE]")
+    return path, int(mode, 8) if colon else 0o755
+
+
+def parse_symlink(spec):
+    """`/ABSOLUTE/PATH=TARGET` -> (path, target)."""
+    path, sep, target = spec.partition("=")
+    if not (sep and path.startswith("/") and path.strip("/") and target):
+        raise SystemExit(f"oci.py: --symlink {spec!r}: want /ABSOLUTE/PATH=TARGET")
+    return path, target
+
+
+def layer(files, epoch, modes=(), links=()):
+    """A gzip tar of `files` ((source, path in image, mode) triples), the
+    directories of `modes` ((path, mode) pairs, empty unless a file is in
+    them) and every parent directory of their paths (0755 unless `modes`
+    names it), directories first, each group sorted by path, so the bytes
+    depend only on the files' contents."""
+    dir_modes = {"/".join(p for p in d.split("/") if p): m for d, m in modes}
+    symlinks = {"/".join(p for p in l.split("/") if p): t for l, t in links}
     entries = {}
     for src, path, mode in files:
         parts = [p for p in path.split("/") if p]
@@ -79,6 +101,8 @@ def layer(files, epoch):
             entries[name] = (f.read(), mode)
     dirs = sorted(
         {"/".join(n.split("/")[:i]) for n in entries for i in range(1, n.count("/") + 1)}
+        | {"/".join(d.split("/")[:i]) for d in dir_modes for i in range(1, d.count("/") + 2)}
+        | {"/".join(n.split("/")[:i]) for n in symlinks for i in range(1, n.count("/") + 1)}
     )
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -86,8 +110,14 @@ def layer(files, epoch):
             if name in entries:
                 raise SystemExit(f"oci.py: /{name} is both a file and a directory")
             d = tarfile.TarInfo(name)
-            d.type, d.mode, d.mtime = tarfile.DIRTYPE, 0o755, epoch
+            d.type, d.mode, d.mtime = tarfile.DIRTYPE, dir_modes.get(name, 0o755), epoch
             tar.addfile(d)
+        for name in sorted(symlinks):
+            if name in entries or name in dirs:
+                raise SystemExit(f"oci.py: /{name} is a symlink and a file or directory")
+            t = tarfile.TarInfo(name)
+            t.type, t.linkname, t.mode, t.mtime = tarfile.SYMTYPE, symlinks[name], 0o777, epoch
+            tar.addfile(t)
         for name in sorted(entries):
             data, mode = entries[name]
             t = tarfile.TarInfo(name)
@@ -117,18 +147,32 @@ def main():
         default=[],
         help="SRC=DEST[:MODE]: add file SRC at DEST (mode octal, default 0644) to every platform",
     )
+    ap.add_argument(
+        "--dir",
+        action="append",
+        default=[],
+        help="/DIR[:MODE]: add directory DIR (mode octal, default 0755) to every platform",
+    )
+    ap.add_argument(
+        "--symlink",
+        action="append",
+        default=[],
+        help="/PATH=TARGET: add a symbolic link at PATH to TARGET to every platform",
+    )
     a = ap.parse_args()
 
     epoch = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
     created = "%04d-%02d-%02dT%02d:%02d:%02dZ" % __import__("time").gmtime(epoch)[:6]
     labels = dict(kv.split("=", 1) for kv in a.label)
     extra = [parse_file(spec) for spec in a.file]
+    dirs = [parse_dir(spec) for spec in a.dir]
+    links = [parse_symlink(spec) for spec in a.symlink]
     blobs = Blobs()
     manifests = []
     for spec in a.platform:
         plat, binary = spec.split("=", 1)
         os_name, arch = plat.split("/", 1)
-        gz, diff_id = layer([(binary, a.path, 0o755)] + extra, epoch)
+        gz, diff_id = layer([(binary, a.path, 0o755)] + extra, epoch, dirs, links)
         config = {
             "architecture": arch,
             "os": os_name,

@@ -615,6 +615,13 @@ impl RealCluster {
         }
     }
 
+    /// Real Slurm started after the cluster (the real node's, on the pod
+    /// network's gateway), for [`Self::start_slinky_doubles`] and
+    /// [`Self::slurmrestd_url`].
+    pub fn attach_real_slurm(&mut self, slurm: std::sync::Arc<slurm::RealSlurm>) {
+        self.real_slurm = Some(slurm);
+    }
+
     /// Real Slurm (with [`RealClusterBuilder::real_slurm`]).
     pub fn real_slurm(&self) -> Option<std::sync::Arc<slurm::RealSlurm>> {
         self.real_slurm.clone()

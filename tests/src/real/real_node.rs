@@ -43,6 +43,28 @@ pub struct Images {
     pub controller: (String, String),
     /// The pause image reference (`repository:tag`).
     pub pause: String,
+    /// The Slurm worker image, when scripts/images.sh built it
+    /// (`MOUNTGUARD_SLURM_PREFIX`).
+    pub slurmd: Option<SlurmdImage>,
+}
+
+/// The slurmd image of scripts/images.sh (`slurmd_image`).
+#[derive(Debug, Clone)]
+pub struct SlurmdImage {
+    /// `(repository, index digest)`.
+    pub image: (String, String),
+    /// The Slurm install prefix it was built from (slurmctld and
+    /// slurmrestd run from the same one).
+    pub prefix: PathBuf,
+    /// Where it holds Slurm's plugins (the rig's PluginDir).
+    pub plugin_dir: PathBuf,
+}
+
+impl SlurmdImage {
+    /// `repository@digest`.
+    pub fn reference(&self) -> String {
+        format!("{}@{}", self.image.0, self.image.1)
+    }
 }
 
 impl Images {
@@ -61,6 +83,19 @@ impl Images {
             agent: (get("AGENT_IMAGE")?, get("AGENT_DIGEST")?),
             controller: (get("CONTROLLER_IMAGE")?, get("CONTROLLER_DIGEST")?),
             pause: format!("{}:{}", get("PAUSE_IMAGE")?, get("PAUSE_TAG")?),
+            slurmd: match (
+                get("SLURMD_IMAGE"),
+                get("SLURMD_DIGEST"),
+                get("SLURM_PREFIX"),
+                get("SLURMD_PLUGIN_DIR"),
+            ) {
+                (Ok(i), Ok(d), Ok(p), Ok(plugins)) => Some(SlurmdImage {
+                    image: (i, d),
+                    prefix: PathBuf::from(p),
+                    plugin_dir: PathBuf::from(plugins),
+                }),
+                _ => None,
+            },
         })
     }
 
@@ -123,6 +158,17 @@ pub fn node_tools() -> Result<PathBuf, Unavailable> {
     }
 }
 
+/// Who plays Slurm on a [`RealNode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slurm {
+    /// No Slinky side.
+    None,
+    /// The slurmrestd double and the slurmd bridge.
+    Double,
+    /// Real Slurm, slurmd in the worker pods.
+    Real,
+}
+
 /// The control plane, one kubelet on containerd, the images imported.
 #[derive(Debug)]
 pub struct RealNode {
@@ -150,7 +196,7 @@ pub struct RealNode {
 impl RealNode {
     /// Starts everything; `Ok(Err(_))` when the runtime cannot run here.
     pub async fn start() -> io::Result<Result<Self, Unavailable>> {
-        Self::start_opts(false).await
+        Self::start_opts(Slurm::None).await
     }
 
     /// [`RealNode::start`] with the Slinky side: the Slinky CRDs, the
@@ -158,10 +204,25 @@ impl RealNode {
     /// [`RealNode::slurmrestd_url`]) and the NodeSet double and slurmd
     /// bridge ([`super::slinky`]) for this node's kubelet root.
     pub async fn start_with_slinky() -> io::Result<Result<Self, Unavailable>> {
-        Self::start_opts(true).await
+        Self::start_opts(Slurm::Double).await
     }
 
-    async fn start_opts(slinky: bool) -> io::Result<Result<Self, Unavailable>> {
+    /// [`RealNode::start_with_slinky`] with real Slurm in place of the
+    /// slurmrestd double: slurmctld and slurmrestd as processes on the
+    /// pod network's gateway ([`super::slurm::RealSlurm`], from the prefix
+    /// the slurmd image was built from), configless and with dynamic
+    /// nodes as Slinky runs them, slurmctld restarted on a new `slurm.key`
+    /// Secret; each NodeSet worker's slurmd is its pod's container from
+    /// the slurmd image of scripts/images.sh (`Ok(Err(_))` without it).
+    /// slurmctld and slurmrestd run on the host, not as pods: the rig has
+    /// no image of theirs, and what mountguard judges is the slurmd in the
+    /// worker pod, reading the key the kubelet wrote.
+    pub async fn start_with_real_slurm() -> io::Result<Result<Self, Unavailable>> {
+        Self::start_opts(Slurm::Real).await
+    }
+
+    async fn start_opts(slurm: Slurm) -> io::Result<Result<Self, Unavailable>> {
+        let slinky = slurm != Slurm::None;
         let builder = RealCluster::builder().nodes(0);
         let mut cluster = if slinky {
             builder.slinky_doubles(false)
@@ -260,8 +321,35 @@ impl RealNode {
             Ok(p) => p,
             Err(e) => return Ok(Err(Unavailable(format!("kube-proxy: {e}")))),
         };
+        if slurm == Slurm::Real {
+            let Some(image) = images.slurmd.clone() else {
+                return Ok(Err(Unavailable(
+                    "no slurmd image: scripts/images.sh builds it when MOUNTGUARD_SLURM_PREFIX names \
+                     the Slurm install (the last line scripts/slurm.sh prints)"
+                        .into(),
+                )));
+            };
+            if let Err(e) = runtime.import(
+                &images.dir.join("slurmd.tar"),
+                Some((&image.image.0, &image.image.1)),
+            ) {
+                return Ok(Err(Unavailable(format!("importing slurmd.tar: {e}"))));
+            }
+            let mut config = super::slurm::SlurmConfig::nodes(0);
+            config.nodes = vec![format!("{}-0", crate::cluster::NODESET)];
+            config.jwt_key = Some(super::slinky::JWT_KEY.to_vec());
+            config.cluster_key = Some(super::slinky::first_slurm_key());
+            config.start_slurmd = false;
+            config.dynamic = true;
+            config.address = gateway_ip;
+            config.pods_plugin_dir = Some(image.plugin_dir.clone());
+            let real = super::slurm::RealSlurm::start(&image.prefix, config).await?;
+            cluster.attach_real_slurm(std::sync::Arc::new(real));
+            let roots = [(NODE.to_string(), kubelet.root().to_path_buf())].into();
+            cluster.start_slinky_doubles(roots).await?;
+        }
         let slurmrestd = match cluster.slurmrestd_addr() {
-            Some(addr) if slinky => {
+            Some(addr) if slurm == Slurm::Double => {
                 let roots = [(NODE.to_string(), kubelet.root().to_path_buf())].into();
                 cluster.start_slinky_doubles(roots).await?;
                 Some(TcpForwarder::start(gateway_ip, addr).await?)
@@ -281,12 +369,17 @@ impl RealNode {
         }))
     }
 
-    /// The slurmrestd double's URL for pods (its address on the bridge),
-    /// with [`RealNode::start_with_slinky`].
+    /// slurmrestd's URL for pods (its address on the bridge): the
+    /// double's with [`RealNode::start_with_slinky`], real slurmrestd's
+    /// with [`RealNode::start_with_real_slurm`].
     pub fn slurmrestd_url(&self) -> Option<String> {
-        self.slurmrestd
-            .as_ref()
-            .map(|f| format!("http://{}", f.addr()))
+        match self.cluster.real_slurm() {
+            Some(r) => Some(r.url()),
+            None => self
+                .slurmrestd
+                .as_ref()
+                .map(|f| format!("http://{}", f.addr())),
+        }
     }
 
     /// The kubelet's, the runtime's and the control plane's last log lines.

@@ -325,6 +325,13 @@ fn bridge_pass(
             }
         }
     }
+    // slurmd as the worker pods' own containers: the real kubelet runs
+    // them, and their preStop hook; the bridge only restarts slurmctld.
+    if let SlurmSide::Real(r) = slurm
+        && r.slurmd_in_pods()
+    {
+        return;
+    }
     let Ok(list) = api.try_list(&resources::PODS, Some(SLURM_NAMESPACE)) else {
         return;
     };

@@ -120,6 +120,22 @@ pub struct SlurmConfig {
     /// `slurmctld -c`, as on a new StateSaveLocation; dynamic nodes are
     /// then gone until their slurmd registers again).
     pub keep_state: bool,
+    /// The address slurmctld and slurmrestd are reached at (slurmctld
+    /// listens on every address; slurmrestd on this one).
+    pub address: std::net::Ipv4Addr,
+    /// `Some(plugin_dir)`: the slurmd run in the worker pods' containers
+    /// (the image of scripts/images.sh, `slurmd_image`, which holds
+    /// Slurm's plugins at `plugin_dir`), not as processes of the rig:
+    /// configless, as Slinky runs them (slurm-operator v1.2.1
+    /// internal/builder/common/common.go `ConfiglessArgs`: `--conf-server`;
+    /// slurmctld serves its slurm.conf with `SlurmctldParameters=
+    /// enable_configless`, Slurm 26.05 src/slurmctld/proc_req.c
+    /// `configless_update`, `_slurm_rpc_config_request`), so the paths
+    /// slurm.conf names for slurmd are the image's. Every directory of
+    /// PluginDir must be readable by each daemon (src/common/read_config.c
+    /// refuses the file otherwise), so the rig links the install's plugins
+    /// at `plugin_dir` on the host too and names that one directory.
+    pub pods_plugin_dir: Option<PathBuf>,
 }
 
 impl SlurmConfig {
@@ -134,6 +150,8 @@ impl SlurmConfig {
             start_slurmd: true,
             dynamic: false,
             keep_state: true,
+            address: std::net::Ipv4Addr::LOCALHOST,
+            pods_plugin_dir: None,
         }
     }
 }
@@ -150,6 +168,8 @@ pub struct RealSlurm {
     /// Each node's slurmd port.
     ports: BTreeMap<String, u16>,
     restd_addr: SocketAddr,
+    /// slurmctld's address (SlurmctldHost's) and port.
+    ctld_addr: SocketAddr,
     jwt_key: Vec<u8>,
     slurmd_delay: Mutex<Duration>,
 }
@@ -213,7 +233,8 @@ impl RealSlurm {
         // slurmctld on a new key): below the ephemeral range.
         let mut ports = crate::mountguard::stable_ports(config.nodes.len() + 2)?;
         let ctld_port = ports.pop().unwrap_or_default();
-        let restd_addr = SocketAddr::from(([127, 0, 0, 1], ports.pop().unwrap_or_default()));
+        let restd_addr = SocketAddr::from((config.address, ports.pop().unwrap_or_default()));
+        let address = config.address;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")?
             .trim()
             .split('.')
@@ -237,6 +258,32 @@ impl RealSlurm {
             std::fs::create_dir_all(dir.join(format!("run-{n}")))?;
         }
         let d = dir.display();
+        let slurmd_paths = match &config.pods_plugin_dir {
+            Some(plugins) => {
+                if !plugins.join("libslurmfull.so").is_file() {
+                    let _ = std::fs::remove_dir_all(plugins);
+                    link_tree(&prefix.join("lib/slurm"), plugins)?;
+                }
+                // Readable by SlurmUser and nobody down from the root.
+                for a in plugins.ancestors() {
+                    if a.starts_with("/var/cache") && a != Path::new("/var/cache") {
+                        std::fs::set_permissions(a, std::fs::Permissions::from_mode(0o755))?;
+                    }
+                }
+                format!(
+                    "SlurmctldParameters=enable_configless\n\
+                     SlurmdSpoolDir=/var/spool/slurmd\n\
+                     SlurmdPidFile=/run/slurmd.pid\n\
+                     PluginDir={}\n",
+                    plugins.display()
+                )
+            }
+            None => format!(
+                "SlurmdSpoolDir={d}/spool-%n\n\
+                 SlurmdPidFile={d}/slurmd-%n.pid\n\
+                 PluginDir={d}/slurm/lib/slurm\n"
+            ),
+        };
         // A job Slurm tried to launch on a slurmd it cannot authenticate
         // stays COMPLETING on that node (requeued held, or cancelled) until
         // a TERMINATE_JOB reaches a slurmd that answers: slurmctld re-sends
@@ -252,7 +299,7 @@ impl RealSlurm {
         // bring that to about 16 s. Slurm 26.05.3.
         let conf = format!(
             "ClusterName=mountguard\n\
-             SlurmctldHost={host}(127.0.0.1)\n\
+             SlurmctldHost={host}({address})\n\
              SlurmctldPort={ctld_port}\n\
              SlurmUser={SLURM_USER}\n\
              SlurmdUser=root\n\
@@ -261,10 +308,8 @@ impl RealSlurm {
              AuthAltTypes=auth/jwt\n\
              AuthAltParameters=jwt_key={d}/jwt.key\n\
              StateSaveLocation={d}/state\n\
-             SlurmdSpoolDir={d}/spool-%n\n\
              SlurmctldPidFile={d}/slurmctld.pid\n\
-             SlurmdPidFile={d}/slurmd-%n.pid\n\
-             PluginDir={d}/slurm/lib/slurm\n\
+             {slurmd_paths}\
              SlurmctldDebug=debug\n\
              SlurmdDebug=debug\n\
              ProctrackType=proctrack/pgid\n\
@@ -308,6 +353,7 @@ impl RealSlurm {
             slurmds: Mutex::new(BTreeMap::new()),
             ports: node_ports,
             restd_addr,
+            ctld_addr: SocketAddr::from((address, ctld_port)),
             jwt_key,
             slurmd_delay: Mutex::new(Duration::ZERO),
         };
@@ -488,6 +534,18 @@ impl RealSlurm {
         )?;
         self.slurmds.lock().unwrap().insert(node.to_string(), child);
         Ok(())
+    }
+
+    /// slurmctld's address and port (a configless slurmd's
+    /// `--conf-server`).
+    pub fn ctld_addr(&self) -> SocketAddr {
+        self.ctld_addr
+    }
+
+    /// Whether the slurmd run in the worker pods' containers
+    /// ([`SlurmConfig::pods_plugin_dir`]).
+    pub fn slurmd_in_pods(&self) -> bool {
+        self.config.pods_plugin_dir.is_some()
     }
 
     /// How long after its container started a worker pod's slurmd starts

@@ -5,10 +5,11 @@
 //! drains the Slurm node through slurmrestd, evicts the worker through
 //! the real Eviction API, the NodeSet double makes the replacement, the
 //! real kubelet on containerd writes its volume with the current key,
-//! mountguard verifies it on the node and undrains. The Slurm side is the
-//! slurmrestd double (reached from the pod network on the bridge) and
-//! the slurmd bridge, which starts the replacement's slurmd with the key
-//! the kubelet wrote (`mountguard_tests::real::slinky`).
+//! mountguard verifies it on the node and undrains. Twice: with the
+//! slurmrestd double and the slurmd bridge, which starts the replacement's
+//! slurmd with the key the kubelet wrote (`mountguard_tests::real::slinky`),
+//! and with real Slurm, the worker's slurmd being the pod's own container
+//! ([`RealNode::start_with_real_slurm`]).
 
 use std::time::Duration;
 
@@ -20,7 +21,8 @@ use mountguard_tests::cluster::{
 use mountguard_tests::mountguard::poll;
 use mountguard_tests::real::raw;
 use mountguard_tests::real::real_node::RealNode;
-use mountguard_tests::real::slinky::{create_nodeset, first_slurm_key};
+use mountguard_tests::real::slinky::{create_nodeset, first_slurm_key, slurmd_prestop_command};
+use mountguard_tests::real::slurm::{RealSlurm, node_states};
 use mountguard_tests::real_node_or_skip;
 use mountguard_tests::slurmrestd::{SlurmHandle, WriteRecord};
 use serde_json::{Value, json};
@@ -232,4 +234,253 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drain
     // The cluster: one eviction, of the stale worker, never a delete.
     assert_one_eviction(&node, SLURM_NAMESPACE, &host);
     assert_no_hold_taint(&client).await;
+}
+
+/// `slurmd_start_time` of Slurm node `host` as real slurmrestd serves it
+/// (`{"set": true, "number": T}`), with its state names; `None` while
+/// slurmctld does not know the node.
+async fn real_node_state(slurm: &RealSlurm, host: &str) -> Option<(Option<i64>, Vec<String>)> {
+    let (code, v) = slurm.node(host, &slurm.token(REAL_SLURM_USER)).await;
+    let n = v["nodes"].as_array()?.first()?.clone();
+    (code == 200).then_some(())?;
+    let t = &n["slurmd_start_time"];
+    let start = (t["set"] == true).then(|| t["number"].as_i64()).flatten();
+    Some((start, node_states(&v)))
+}
+
+/// In service: known, and neither drained, down, failed nor unresponsive.
+fn in_service(states: &[String]) -> bool {
+    !states
+        .iter()
+        .any(|s| matches!(s.as_str(), "DRAIN" | "DOWN" | "FAIL" | "NOT_RESPONDING"))
+}
+
+/// SlurmUser: slurmctld takes node updates from it (Slurm 26.05
+/// src/slurmctld/proc_req.c `_slurm_rpc_update_node` ->
+/// `validate_super_user`); the rig has no accounting to make another user
+/// an administrator.
+const REAL_SLURM_USER: &str = "slurm";
+
+/// The seed's failure and its repair with Slurm itself on the other side:
+/// the worker's slurmd is the NodeSet pod's container (the slurmd image,
+/// configless and dynamic, its preStop hook, its probes and the key file
+/// the real kubelet wrote, as the Slinky worker builder makes the pod),
+/// slurmctld and slurmrestd are real. After the immutable `slurm.key`
+/// Secret is recreated with a new key and slurmctld restarted on it, the
+/// running slurmd keeps the old key: a job pinned to it does not start,
+/// and mountguard, remediation off, names the stale worker and writes
+/// nothing. `helm upgrade` turns remediation on: the controller drains
+/// through real slurmrestd, evicts, sees the replacement's slurmd register
+/// with the new key, resumes, and a job pinned to the worker completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_real_slurm_stale_key_in_the_slurmd_container_repaired_by_the_helm_toggle() {
+    let node = real_node_or_skip!(
+        "real_node_real_slurm_stale_key_in_the_slurmd_container_repaired_by_the_helm_toggle",
+        start_with_real_slurm
+    );
+    let client = node.cluster.client().await.expect("client");
+    let slurm = node.cluster.real_slurm().expect("real Slurm");
+    let url = node.slurmrestd_url().expect("slurmrestd on the bridge");
+    let image = node.images.slurmd.clone().expect("the slurmd image");
+    let host = format!("{NODESET}-0");
+
+    // The worker as the Slinky worker builder makes it (slurm-operator
+    // v1.2.1 internal/builder/workerbuilder/worker_app.go,
+    // `slurmdContainer`, `slurmdArgs`): `-Z --conf-server <slurmctld>
+    // --conf Features=<nodeset>`, port `slurmd` 6818 with the /livez and
+    // /readyz probes, the preStop `scontrol update ... state=down`, and
+    // `slurm.key` from the projected volume at /etc/slurm. The image's
+    // Slurm looks for its key in its own configuration directory, so
+    // SLURM_SACK_KEY names /etc/slurm/slurm.key (Slurm 26.05
+    // src/plugins/auth/slurm/internal.c `init_internal`).
+    let probe = |path: &str| json!({"httpGet": {"path": path, "port": "slurmd"}});
+    let mut template = slurmd_template();
+    template["spec"]["automountServiceAccountToken"] = json!(false);
+    template["spec"]["terminationGracePeriodSeconds"] = json!(5);
+    let c = &mut template["spec"]["containers"][0];
+    c["image"] = json!(image.reference());
+    c["imagePullPolicy"] = json!("Never");
+    c["args"] = json!([
+        "-Z",
+        "--conf-server",
+        slurm.ctld_addr().to_string(),
+        "--conf",
+        format!("Features={NODESET}")
+    ]);
+    c["env"] = json!([{"name": "SLURM_SACK_KEY", "value": "/etc/slurm/slurm.key"}]);
+    c["ports"] = json!([{"name": "slurmd", "containerPort": 6818, "protocol": "TCP"}]);
+    c["startupProbe"] = probe("/livez");
+    c["startupProbe"]["failureThreshold"] = json!(6);
+    c["startupProbe"]["periodSeconds"] = json!(10);
+    c["livenessProbe"] = probe("/livez");
+    c["readinessProbe"] = probe("/readyz");
+    c["lifecycle"] = json!({"preStop": {"exec": {"command": slurmd_prestop_command()}}});
+    create_nodeset(&client, 1, template)
+        .await
+        .expect("the Slinky objects");
+    let (code, body) = raw(
+        &client,
+        "PATCH",
+        &format!("/apis/slinky.slurm.net/v1beta1/namespaces/{SLURM_NAMESPACE}/nodesets/{NODESET}"),
+        Some(&json!({"metadata": {"annotations": {REMEDIATE_ANNOTATION: "true"}}})),
+    )
+    .await
+    .expect("opt in");
+    assert_eq!(code, 200, "opting the NodeSet in: {body}");
+
+    let helm = Helm::new(&node);
+    let settings = [
+        format!("remediation.slurmrestd.url={url}"),
+        format!("remediation.slurmrestd.jwtKeySecret.namespace={SLURM_NAMESPACE}"),
+        format!("remediation.slurmrestd.jwtKeySecret.name={JWT_SECRET}"),
+        format!("remediation.slurmrestd.user={REAL_SLURM_USER}"),
+        "remediation.delay=5s".to_string(),
+        "controller.grace=10s".to_string(),
+    ];
+    let extra: Vec<&str> = settings.iter().flat_map(|s| ["--set", s]).collect();
+    install(&node, &helm, &extra).await;
+
+    // The worker's slurmd registered on the first key, and runs a job.
+    let old = running_worker(&client, None).await;
+    let old_uid = old["metadata"]["uid"].as_str().expect("uid").to_string();
+    let registered = poll(
+        "the worker's slurmd registered on the first key",
+        Duration::from_secs(120),
+        || async {
+            let (start, states) = real_node_state(&slurm, &host).await?;
+            (start.is_some() && in_service(&states) && states.iter().any(|s| s == "IDLE"))
+                .then_some(start)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", slurm.logs(20), node.logs(30)));
+    assert_eq!(served_key(&node, &old_uid), first_slurm_key());
+    let job = slurm
+        .submit_pinned_job(&host, "#!/bin/sh\ntrue\n")
+        .await
+        .expect("submit");
+    job_completes(&slurm, job, &node).await;
+
+    // Off: the rotation; slurmctld restarts on the new key; the running
+    // slurmd keeps the old one.
+    let new_key: Vec<u8> = (0..1024u32).map(|i| (i * 13 + 5) as u8).collect();
+    let new_secret_uid = rotate(&client, &new_key).await;
+    poll(
+        "slurmctld on the new key",
+        Duration::from_secs(60),
+        || async { (slurm.cluster_key() == new_key).then_some(()) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", slurm.logs(20)));
+    let bin = tempfile::tempdir().expect("bin");
+    let target = format!("secret/{SLURM_NAMESPACE}/{AUTH_SECRET}");
+    let gated = poll(
+        "wait naming the stale worker",
+        Duration::from_secs(120),
+        || async {
+            let (code, out, err) = wait_secret(&node, bin.path(), &target, &new_secret_uid).await;
+            (code == Some(1) && out.contains(&host)).then_some((out, err))
+        },
+    )
+    .await;
+    if let Err(e) = gated {
+        panic!("{e}\n{}", node.logs(30));
+    }
+    // Slurm's side of it: a job pinned to the worker does not start, and
+    // nothing drained the node, past the delay and the grace.
+    let job = slurm
+        .submit_pinned_job(&host, "#!/bin/sh\ntrue\n")
+        .await
+        .expect("submit");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let states = slurm.job_state(job).await;
+    assert!(
+        !states.iter().any(|s| s == "COMPLETED" || s == "RUNNING"),
+        "a job on the stale slurmd: {states:?}"
+    );
+    slurm.cancel_job(job).await.expect("cancel");
+    let (start, states) = real_node_state(&slurm, &host).await.expect("the node");
+    // slurmctld restores the node from its saved state with
+    // `slurmd_start_time` 0; only an authenticated registration sets it.
+    assert_eq!(
+        start.unwrap_or(0),
+        0,
+        "the stale slurmd registered since slurmctld restarted on the new key: {states:?}"
+    );
+    assert!(!states.iter().any(|s| s == "DRAIN"), "{states:?}");
+    assert_eq!(served_key(&node, &old_uid), first_slurm_key(), "the pin");
+    assert_eq!(remediation_writes(&node), [], "no cluster write while off");
+
+    // On: drain, evict, the replacement registers on the new key, resume.
+    upgrade(&helm, &["remediation.mode=on"]);
+    controller_with_remediation(&node, "on").await;
+    let new = running_worker(&client, Some(&old_uid)).await;
+    let new_uid = new["metadata"]["uid"].as_str().expect("uid").to_string();
+    let (code, out, err) = kubectl_mountguard(
+        &node,
+        bin.path(),
+        &[
+            "wait",
+            &format!("nodeset/{SLURM_NAMESPACE}/{NODESET}"),
+            "--timeout",
+            "180s",
+            "--interval",
+            "1s",
+        ],
+    )
+    .await;
+    assert_eq!(
+        code,
+        Some(0),
+        "wait after the repair:\n{out}\n{err}\n{}\n{}",
+        slurm.logs(20),
+        node.logs(30)
+    );
+    assert_eq!(
+        served_key(&node, &new_uid),
+        new_key,
+        "the replacement's key"
+    );
+    poll(
+        "the Slurm node back in service, registered on the new key",
+        Duration::from_secs(120),
+        || async {
+            let (start, states) = real_node_state(&slurm, &host).await?;
+            (start > registered && in_service(&states)).then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", slurm.logs(20), node.logs(30)));
+    let job = slurm
+        .submit_pinned_job(&host, "#!/bin/sh\ntrue\n")
+        .await
+        .expect("submit");
+    job_completes(&slurm, job, &node).await;
+    assert_one_eviction(&node, SLURM_NAMESPACE, &host);
+    assert_no_hold_taint(&client).await;
+}
+
+/// Waits (up to 60 s) until job `id` completed.
+async fn job_completes(slurm: &RealSlurm, id: u64, node: &RealNode) {
+    let done = poll(
+        "the pinned job completed",
+        Duration::from_secs(60),
+        || async {
+            slurm
+                .job_state(id)
+                .await
+                .iter()
+                .any(|s| s == "COMPLETED")
+                .then_some(())
+        },
+    )
+    .await;
+    if let Err(e) = done {
+        panic!(
+            "{e}: {:?}\n{}\n{}",
+            slurm.job_state(id).await,
+            slurm.logs(20),
+            node.logs(30)
+        );
+    }
 }
