@@ -113,12 +113,21 @@ controller_digest="$(image mountguard-controller 65532:65532 "mountguard control
 # RUNPATH and slurmd's compiled-in slurmstepd path name it), the plugins
 # and libslurmfull at a fixed path outside root's home (the prefix's
 # lib/slurm a link to it), the host libraries `ldd` resolves for each (the
-# loader included), dash as /bin/sh and /usr/bin/sh, hostname, and the
-# passwd and group entries of root, slurm (the jobs' user) and nobody.
+# loader included), dash as /bin/sh and /usr/bin/sh, hostname, six
+# coreutils, and the passwd and group entries of root, slurm (the jobs'
+# user) and nobody.
 slurmd_image() { # prefix plugin_dir
     local p="$1" plugin_dir="$2" files=() f lib tmp
     tmp="$(mktemp -d)"
+    # The Slinky operator's logfile sidecar runs its script with the same
+    # image here (slurm-operator v1.2.1 internal/builder/common/scripts/
+    # logfile.sh: mkdir, dirname, rm, mkfifo, cat, sleep): coreutils'.
+    local tools=(mkdir dirname rm mkfifo cat sleep)
     local elves=("$p/sbin/slurmstepd" "$p/bin/scontrol" /bin/dash /bin/hostname)
+    for f in "${tools[@]}"; do
+        elves+=("/bin/$f")
+        files+=(--file "/bin/$f=/usr/bin/$f:0755")
+    done
     for f in "$p"/lib/slurm/*.so; do
         [ -L "$f" ] || elves+=("$f")
     done

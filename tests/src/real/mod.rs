@@ -659,8 +659,20 @@ impl RealCluster {
         let (Some(build), None) = (self.operator_build.as_ref(), self.operator.as_ref()) else {
             return Ok(());
         };
-        let ip = self.slurmrestd_ip().ok_or_else(|| {
-            io::Error::other("the real Slinky operator needs the slurmrestd double on IPv4")
+        let ip = match &self.real_slurm {
+            Some(r) => match r.addr().ip() {
+                std::net::IpAddr::V4(ip) if r.addr().port() == operator::SLURMRESTD_PORT => {
+                    Some(ip)
+                }
+                _ => None,
+            },
+            None => self.slurmrestd_ip(),
+        }
+        .ok_or_else(|| {
+            io::Error::other(format!(
+                "the real Slinky operator needs slurmrestd on IPv4 port {}",
+                operator::SLURMRESTD_PORT
+            ))
         })?;
         let op = operator::RealOperator::start(self, build, &operator::restapi_host(), ip).await?;
         self.operator = Some(op);

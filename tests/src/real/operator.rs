@@ -270,13 +270,13 @@ impl RealOperator {
 /// The Slinky custom resources of the rig, the way the Slinky docs (and
 /// its `helm/slurm` chart) describe a cluster whose slurmctld runs outside
 /// Kubernetes: a `Controller` with `external: true` (slurmctld at
-/// `slurmctld`, port 6817) and the auth Secrets of the rig, a `RestApi`
+/// `slurmctld`) and the auth Secrets of the rig, a `RestApi`
 /// bound to it (the operator's slurm client dials its Service), and the
 /// NodeSet of workers (`replicas`, one per node: the operator gives each
 /// pod an anti-affinity to the others,
 /// `internal/controller/nodeset/utils/utils.go` `NewNodeSetStatefulSetPod`),
 /// whose slurmd mounts the hooks ConfigMap and reads it at start.
-pub fn custom_resources(replicas: usize, slurmctld: Ipv4Addr) -> Vec<serde_json::Value> {
+pub fn custom_resources(replicas: usize, slurmctld: SocketAddr) -> Vec<serde_json::Value> {
     use crate::cluster::{AUTH_SECRET, HOOKS_CONFIGMAP, JWT_SECRET, NODESET, SLURM_CLUSTER};
     let ns = crate::cluster::SLURM_NAMESPACE;
     vec![
@@ -288,7 +288,7 @@ pub fn custom_resources(replicas: usize, slurmctld: Ipv4Addr) -> Vec<serde_json:
                 "slurmKeyRef": {"name": AUTH_SECRET, "key": "slurm.key"},
                 "jwtHs256KeyRef": {"name": JWT_SECRET, "key": "jwt.key"},
                 "external": true,
-                "externalConfig": {"host": slurmctld.to_string(), "port": 6817},
+                "externalConfig": {"host": slurmctld.ip().to_string(), "port": slurmctld.port()},
             },
         }),
         json!({

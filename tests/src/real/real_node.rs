@@ -165,8 +165,11 @@ enum Slurm {
     None,
     /// The slurmrestd double and the slurmd bridge.
     Double,
-    /// Real Slurm, slurmd in the worker pods.
+    /// Real Slurm, slurmd in the worker pods the NodeSet double makes.
     Real,
+    /// Real Slurm, slurmd in the worker pods the real Slinky operator
+    /// makes.
+    RealWithOperator,
 }
 
 /// The control plane, one kubelet on containerd, the images imported.
@@ -221,13 +224,24 @@ impl RealNode {
         Self::start_opts(Slurm::Real).await
     }
 
+    /// [`RealNode::start_with_real_slurm`] with the real Slinky operator
+    /// ([`super::operator`], `Ok(Err(_))` without its build) making the
+    /// worker pods from its custom resources in place of the NodeSet
+    /// double; its slurm client reaches the real slurmrestd (on port
+    /// 6820 of the gateway).
+    pub async fn start_with_real_slurm_and_operator() -> io::Result<Result<Self, Unavailable>> {
+        Self::start_opts(Slurm::RealWithOperator).await
+    }
+
     async fn start_opts(slurm: Slurm) -> io::Result<Result<Self, Unavailable>> {
-        let slinky = slurm != Slurm::None;
         let builder = RealCluster::builder().nodes(0);
-        let mut cluster = if slinky {
-            builder.slinky_doubles(false)
-        } else {
-            builder.without_slinky_crds()
+        let mut cluster = match slurm {
+            Slurm::None => builder.without_slinky_crds(),
+            Slurm::Double | Slurm::Real => builder.slinky_doubles(false),
+            Slurm::RealWithOperator => match super::operator::OperatorBuild::from_env() {
+                Ok(build) => builder.real_slinky_operator(build),
+                Err(e) => return Ok(Err(Unavailable(format!("the real Slinky operator: {e}")))),
+            },
         }
         .start()
         .await?;
@@ -321,7 +335,7 @@ impl RealNode {
             Ok(p) => p,
             Err(e) => return Ok(Err(Unavailable(format!("kube-proxy: {e}")))),
         };
-        if slurm == Slurm::Real {
+        if matches!(slurm, Slurm::Real | Slurm::RealWithOperator) {
             let Some(image) = images.slurmd.clone() else {
                 return Ok(Err(Unavailable(
                     "no slurmd image: scripts/images.sh builds it when MOUNTGUARD_SLURM_PREFIX names \
@@ -343,10 +357,16 @@ impl RealNode {
             config.dynamic = true;
             config.address = gateway_ip;
             config.pods_plugin_dir = Some(image.plugin_dir.clone());
+            if slurm == Slurm::RealWithOperator {
+                config.restd_port = Some(super::operator::SLURMRESTD_PORT);
+            }
             let real = super::slurm::RealSlurm::start(&image.prefix, config).await?;
             cluster.attach_real_slurm(std::sync::Arc::new(real));
+            // The bridge alone with the operator: it restarts slurmctld on
+            // a new key; the operator makes the worker pods.
             let roots = [(NODE.to_string(), kubelet.root().to_path_buf())].into();
             cluster.start_slinky_doubles(roots).await?;
+            cluster.start_slinky_operator().await?;
         }
         let slurmrestd = match cluster.slurmrestd_addr() {
             Some(addr) if slurm == Slurm::Double => {

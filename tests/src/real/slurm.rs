@@ -136,6 +136,9 @@ pub struct SlurmConfig {
     /// refuses the file otherwise), so the rig links the install's plugins
     /// at `plugin_dir` on the host too and names that one directory.
     pub pods_plugin_dir: Option<PathBuf>,
+    /// slurmrestd's port (None: a free one); the Slinky operator's slurm
+    /// client dials 6820 ([`super::operator::SLURMRESTD_PORT`]).
+    pub restd_port: Option<u16>,
 }
 
 impl SlurmConfig {
@@ -152,6 +155,7 @@ impl SlurmConfig {
             keep_state: true,
             address: std::net::Ipv4Addr::LOCALHOST,
             pods_plugin_dir: None,
+            restd_port: None,
         }
     }
 }
@@ -233,7 +237,9 @@ impl RealSlurm {
         // slurmctld on a new key): below the ephemeral range.
         let mut ports = crate::mountguard::stable_ports(config.nodes.len() + 2)?;
         let ctld_port = ports.pop().unwrap_or_default();
-        let restd_addr = SocketAddr::from((config.address, ports.pop().unwrap_or_default()));
+        let restd_port = ports.pop().unwrap_or_default();
+        let restd_addr =
+            SocketAddr::from((config.address, config.restd_port.unwrap_or(restd_port)));
         let address = config.address;
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname")?
             .trim()

@@ -803,6 +803,7 @@ async fn operator_objects(client: &kube::Client, nodes: usize, slurmctld: std::n
     mountguard_tests::real::slinky::create_auth_and_hooks(client)
         .await
         .unwrap_or_else(|e| panic!("creating the Slinky Secrets: {e}"));
+    let slurmctld = std::net::SocketAddr::from((slurmctld, 6817));
     for o in mountguard_tests::real::operator::custom_resources(nodes, slurmctld) {
         create(client, &o)
             .await

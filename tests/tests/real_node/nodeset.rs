@@ -19,8 +19,9 @@ use mountguard_tests::cluster::{
     AUTH_SECRET, JWT_SECRET, NODESET, SLURM_NAMESPACE, slurmd_template,
 };
 use mountguard_tests::mountguard::poll;
+use mountguard_tests::real::operator::custom_resources;
 use mountguard_tests::real::raw;
-use mountguard_tests::real::real_node::RealNode;
+use mountguard_tests::real::real_node::{RealNode, SlurmdImage};
 use mountguard_tests::real::slinky::{create_nodeset, first_slurm_key, slurmd_prestop_command};
 use mountguard_tests::real::slurm::{RealSlurm, node_states};
 use mountguard_tests::real_node_or_skip;
@@ -261,6 +262,16 @@ fn in_service(states: &[String]) -> bool {
 /// an administrator.
 const REAL_SLURM_USER: &str = "slurm";
 
+/// Who makes the worker pod in [`stale_key_in_the_slurmd_container_repaired`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Workers {
+    /// The NodeSet double, from a template written as the Slinky worker
+    /// builder writes it.
+    NodeSetDouble,
+    /// The real Slinky operator, from its custom resources.
+    Operator,
+}
+
 /// The seed's failure and its repair with Slurm itself on the other side:
 /// the worker's slurmd is the NodeSet pod's container (the slurmd image,
 /// configless and dynamic, its preStop hook, its probes and the key file
@@ -272,27 +283,67 @@ const REAL_SLURM_USER: &str = "slurm";
 /// nothing. `helm upgrade` turns remediation on: the controller drains
 /// through real slurmrestd, evicts, sees the replacement's slurmd register
 /// with the new key, resumes, and a job pinned to the worker completes.
+/// The worker pods are the NodeSet double's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_node_real_slurm_stale_key_in_the_slurmd_container_repaired_by_the_helm_toggle() {
     let node = real_node_or_skip!(
         "real_node_real_slurm_stale_key_in_the_slurmd_container_repaired_by_the_helm_toggle",
         start_with_real_slurm
     );
-    let client = node.cluster.client().await.expect("client");
-    let slurm = node.cluster.real_slurm().expect("real Slurm");
-    let url = node.slurmrestd_url().expect("slurmrestd on the bridge");
-    let image = node.images.slurmd.clone().expect("the slurmd image");
-    let host = format!("{NODESET}-0");
+    stale_key_in_the_slurmd_container_repaired(node, Workers::NodeSetDouble).await;
+}
 
+/// The same with the real Slinky operator making the worker pod from its
+/// NodeSet (its own slurmd container, logfile sidecar and PDB), its slurm
+/// client on the real slurmrestd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_real_slurm_and_operator_stale_key_in_the_slurmd_container_repaired_by_the_helm_toggle()
+ {
+    let node = real_node_or_skip!(
+        "real_node_real_slurm_and_operator_stale_key_in_the_slurmd_container_repaired_by_the_helm_toggle",
+        start_with_real_slurm_and_operator
+    );
+    stale_key_in_the_slurmd_container_repaired(node, Workers::Operator).await;
+}
+
+/// Creates the Slurm worker: the NodeSet, its Secrets and what else
+/// `workers` needs, the slurmd being the slurmd image's.
+async fn create_slurm_worker(
+    client: &kube::Client,
+    slurm: &RealSlurm,
+    image: &SlurmdImage,
+    workers: Workers,
+) {
+    // The image's Slurm looks for its key in its own configuration
+    // directory, so SLURM_SACK_KEY names /etc/slurm/slurm.key, where the
+    // Slinky worker builder mounts it (Slurm 26.05
+    // src/plugins/auth/slurm/internal.c `init_internal`).
+    let sack_key = json!([{"name": "SLURM_SACK_KEY", "value": "/etc/slurm/slurm.key"}]);
+    if workers == Workers::Operator {
+        mountguard_tests::real::slinky::create_auth_and_hooks(client)
+            .await
+            .expect("the Slinky Secrets");
+        for mut o in custom_resources(1, slurm.ctld_addr()) {
+            if o["kind"] == "NodeSet" {
+                for c in ["slurmd", "logfile"] {
+                    o["spec"][c]["image"] = json!(image.reference());
+                    o["spec"][c]["imagePullPolicy"] = json!("Never");
+                }
+                o["spec"]["slurmd"]["env"] = sack_key.clone();
+                o["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = json!(5);
+            }
+            mountguard_tests::real::create(client, &o)
+                .await
+                .unwrap_or_else(|e| panic!("creating the {}: {e}", o["kind"]));
+        }
+        return;
+    }
     // The worker as the Slinky worker builder makes it (slurm-operator
     // v1.2.1 internal/builder/workerbuilder/worker_app.go,
     // `slurmdContainer`, `slurmdArgs`): `-Z --conf-server <slurmctld>
     // --conf Features=<nodeset>`, port `slurmd` 6818 with the /livez and
     // /readyz probes, the preStop `scontrol update ... state=down`, and
-    // `slurm.key` from the projected volume at /etc/slurm. The image's
-    // Slurm looks for its key in its own configuration directory, so
-    // SLURM_SACK_KEY names /etc/slurm/slurm.key (Slurm 26.05
-    // src/plugins/auth/slurm/internal.c `init_internal`).
+    // `slurm.key` from the projected volume at /etc/slurm.
     let probe = |path: &str| json!({"httpGet": {"path": path, "port": "slurmd"}});
     let mut template = slurmd_template();
     template["spec"]["automountServiceAccountToken"] = json!(false);
@@ -307,7 +358,7 @@ async fn real_node_real_slurm_stale_key_in_the_slurmd_container_repaired_by_the_
         "--conf",
         format!("Features={NODESET}")
     ]);
-    c["env"] = json!([{"name": "SLURM_SACK_KEY", "value": "/etc/slurm/slurm.key"}]);
+    c["env"] = sack_key;
     c["ports"] = json!([{"name": "slurmd", "containerPort": 6818, "protocol": "TCP"}]);
     c["startupProbe"] = probe("/livez");
     c["startupProbe"]["failureThreshold"] = json!(6);
@@ -315,9 +366,19 @@ async fn real_node_real_slurm_stale_key_in_the_slurmd_container_repaired_by_the_
     c["livenessProbe"] = probe("/livez");
     c["readinessProbe"] = probe("/readyz");
     c["lifecycle"] = json!({"preStop": {"exec": {"command": slurmd_prestop_command()}}});
-    create_nodeset(&client, 1, template)
+    create_nodeset(client, 1, template)
         .await
         .expect("the Slinky objects");
+}
+
+/// The body of the two tests above.
+async fn stale_key_in_the_slurmd_container_repaired(node: RealNode, workers: Workers) {
+    let client = node.cluster.client().await.expect("client");
+    let slurm = node.cluster.real_slurm().expect("real Slurm");
+    let url = node.slurmrestd_url().expect("slurmrestd on the bridge");
+    let image = node.images.slurmd.clone().expect("the slurmd image");
+    let host = format!("{NODESET}-0");
+    create_slurm_worker(&client, &slurm, &image, workers).await;
     let (code, body) = raw(
         &client,
         "PATCH",
