@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the programs of the real-node tier that scripts/upstream.sh does not:
 # the container runtime (containerd, its runc shim and ctr; runc, with cgo
-# and libseccomp), kube-proxy (the same Kubernetes release and module recipe
-# as upstream.sh's kubelet), the Helm CLI (Helm 4 as `helm`, Helm 3 as
+# and libseccomp), kube-proxy and kubectl (the same Kubernetes release and
+# module recipe as upstream.sh's kubelet), the Helm CLI (Helm 4 as `helm`, Helm 3 as
 # `helm3`), CoreDNS (the cluster DNS) and kube-router (its network policy
 # controller is the tier's NetworkPolicy engine), each pinned, from the Go
 # module proxy, into the same cache (nothing of upstream's committed):
@@ -46,8 +46,19 @@ mkdir -p "$out/bin" "$out/src"
 exec 9>"$root/.upstream.lock"
 flock 9
 
-# kube-proxy: the module scripts/upstream.sh writes (k8s_module: same
-# go.mod, so the Go build cache it filled is reused).
+# kube-proxy and kubectl: the module scripts/upstream.sh writes (k8s_module:
+# same go.mod, so the Go build cache it filled is reused). kubectl runs the
+# user docs' commands against the tier's install (docs_commands.rs).
+if [ ! -x "$out/bin/kubectl" ]; then
+    log "building kubectl $K8S_VERSION"
+    start=$SECONDS
+    k8s_module "$K8S_VERSION" "$out/src/k8s" "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+    ldflags="$(k8s_ldflags "$K8S_VERSION")"
+    (cd "$out/src/k8s" && nice -n 10 "$GO" build -trimpath -ldflags "$ldflags" \
+        -o "$out/bin/kubectl.new" k8s.io/kubernetes/cmd/kubectl)
+    mv "$out/bin/kubectl.new" "$out/bin/kubectl"
+    log "kubectl built in $((SECONDS - start)) s"
+fi
 if [ ! -x "$out/bin/kube-proxy" ]; then
     log "building kube-proxy $K8S_VERSION"
     start=$SECONDS

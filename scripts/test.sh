@@ -328,7 +328,7 @@ fi
 # --- Real node (tests/tests/real_node) ---------------------------------------
 # The real kubelet on containerd v2 + runc (built with libseccomp from
 # Debian), the CNI plugins of Debian's containernetworking-plugins,
-# kube-proxy, the Helm CLI (4, and 3 for one test) and kube-router, the
+# kube-proxy, kubectl, the Helm CLI (4, and 3 for one test) and kube-router, the
 # NetworkPolicy test's engine, with Debian's ipset, and CoreDNS as the
 # cluster DNS (scripts/node-tools.sh, Go module proxy, cached beside the
 # other upstream programs), the images built from the static binaries above

@@ -22,6 +22,7 @@
 pub mod apiserver;
 pub mod cluster;
 pub mod demo;
+pub mod docs;
 pub mod envfile;
 pub mod http;
 pub mod kubelet;

@@ -17,6 +17,7 @@
 mod admission;
 mod alert;
 mod arm64;
+mod docs;
 mod harness;
 mod install;
 mod local_cluster;

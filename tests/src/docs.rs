@@ -1,0 +1,208 @@
+//! The shell commands of the user docs, as a test runs them: every fenced
+//! `sh` block of a page, split into the commands a reader types (lines
+//! joined at a trailing `\`, comments dropped), and a bash script that runs
+//! them one after the other as a reader would, reporting each command that
+//! failed.
+//!
+//! A command whose last pipeline stage is `grep` and that exits 1 found no
+//! line: that is an answer, not a failure. A command sent to the background
+//! (`... &`, a `kubectl port-forward`) gets two seconds before the next one,
+//! as a reader gives it, and is stopped when the block ends.
+
+/// One fenced `sh`/`bash` block of a page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    /// Its first line's number in the page (1-based), for messages.
+    pub line: usize,
+    /// The commands, in order.
+    pub commands: Vec<String>,
+}
+
+/// The fenced `sh` and `bash` blocks of a Markdown page.
+pub fn shell_blocks(page: &str) -> Vec<Block> {
+    let mut out = Vec::new();
+    let mut open: Option<(usize, Vec<String>)> = None;
+    for (i, line) in page.lines().enumerate() {
+        let t = line.trim();
+        if let Some(lang) = t.strip_prefix("```") {
+            match open.take() {
+                Some((start, lines)) => out.push(Block {
+                    line: start,
+                    commands: commands(&lines),
+                }),
+                None if matches!(lang.trim(), "sh" | "bash") => open = Some((i + 2, Vec::new())),
+                None => open = Some((0, Vec::new())),
+            }
+            continue;
+        }
+        if let Some((_, lines)) = open.as_mut() {
+            lines.push(t.to_string());
+        }
+    }
+    out.retain(|b| b.line > 0 && !b.commands.is_empty());
+    out
+}
+
+/// The commands of a block's lines: continuation lines joined, comment
+/// lines and empty lines dropped.
+fn commands(lines: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for l in lines {
+        if current.is_empty() && (l.is_empty() || l.starts_with('#')) {
+            continue;
+        }
+        match l.strip_suffix('\\') {
+            Some(head) => {
+                current.push_str(head.trim_end());
+                current.push(' ');
+            }
+            None => {
+                current.push_str(l);
+                out.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    if !current.trim().is_empty() {
+        out.push(current.trim().to_string());
+    }
+    out
+}
+
+/// Whether `cmd` runs in the background (`... &`).
+fn background(cmd: &str) -> bool {
+    let code = cmd.split(" #").next().unwrap_or(cmd).trim_end();
+    code.ends_with('&') && !code.ends_with("&&")
+}
+
+/// Whether the last stage of `cmd`'s pipeline is `grep` (exit 1: no line
+/// matched).
+fn ends_in_grep(cmd: &str) -> bool {
+    let code = cmd.split(" #").next().unwrap_or(cmd);
+    if code.contains("&&") || code.contains("||") || code.contains(';') {
+        return false;
+    }
+    code.rsplit('|')
+        .next()
+        .and_then(|s| s.split_whitespace().next())
+        == Some("grep")
+}
+
+/// The bash script that runs `commands` in order: after each, a failure
+/// (see the module docs) prints `MG-FAILED <index> <exit code>` on
+/// stderr; the script exits 1 when one failed.
+pub fn script(commands: &[String]) -> String {
+    let mut s = String::from(
+        "failed=0\ntrap 'kill $(jobs -p) 2>/dev/null' EXIT\n\
+         check() { if [ \"$2\" != 0 ] && ! { [ \"$2\" = 1 ] && [ \"$3\" = grep ]; }; then \
+         echo \"MG-FAILED $1 $2\" >&2; failed=1; fi; }\n",
+    );
+    for (i, c) in commands.iter().enumerate() {
+        s.push_str(c);
+        s.push('\n');
+        if background(c) {
+            s.push_str("sleep 2\n");
+        } else {
+            let last = if ends_in_grep(c) { "grep" } else { "-" };
+            s.push_str(&format!("check {i} $? {last}\n"));
+        }
+    }
+    s.push_str("exit $failed\n");
+    s
+}
+
+/// The indices and exit codes `script`'s run reported failed (its stderr).
+pub fn failures(stderr: &str) -> Vec<(usize, i32)> {
+    stderr
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.strip_prefix("MG-FAILED ")?.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `text` with each placeholder (an upper-case word of `map`, not part of
+/// a longer word and not a shell variable: `$WORD`, `WORD=`) replaced.
+pub fn substitute(text: &str, map: &[(&str, &str)]) -> String {
+    let mut out = text.to_string();
+    for (from, to) in map {
+        let mut next = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(at) = rest.find(from) {
+            let before = rest[..at].chars().next_back();
+            let after = rest[at + from.len()..].chars().next();
+            let word = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            next.push_str(&rest[..at]);
+            if word(before) || before == Some('$') || word(after) || after == Some('=') {
+                next.push_str(from);
+            } else {
+                next.push_str(to);
+            }
+            rest = &rest[at + from.len()..];
+        }
+        next.push_str(rest);
+        out = next;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_join_continuations_and_drop_comments() {
+        let page = "text\n```sh\n# a comment\nPOD=$(kubectl get pods \\\n  -o name)\n\nkubectl logs \"$POD\"  # trailing\n```\n```yaml\nkind: Pod\n```\n```\nplain\n```\n";
+        let b = shell_blocks(page);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert_eq!(b[0].line, 3);
+        assert_eq!(
+            b[0].commands,
+            [
+                "POD=$(kubectl get pods -o name)",
+                "kubectl logs \"$POD\"  # trailing"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_script_checks_each_command_and_tolerates_an_empty_grep() {
+        let cmds = [
+            "kubectl port-forward svc/x 8080 &".to_string(),
+            "curl -s localhost:8080 | grep -i nothing".to_string(),
+            "false".to_string(),
+        ];
+        let s = script(&cmds);
+        assert!(s.contains("&\nsleep 2\n"), "{s}");
+        assert!(s.contains("check 1 $? grep\n"), "{s}");
+        assert!(s.contains("check 2 $? -\n"), "{s}");
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script(&[
+                "printf 'a\\n' | grep b".to_string(),
+                "true".to_string(),
+                "sh -c 'exit 3'".to_string(),
+                "printf 'a\\n' | grep -q a && false".to_string(),
+            ]))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(
+            failures(&String::from_utf8_lossy(&out.stderr)),
+            [(2, 3), (3, 1)]
+        );
+    }
+
+    #[test]
+    fn placeholders_are_words_never_variables() {
+        let map = [("NODE", "node-0"), ("POD", "web-1"), ("NS", "shop")];
+        assert_eq!(
+            substitute(
+                "POD=x; kubectl -n NS get pod POD; logs \"$POD\"; --node NODE; NODESET NS_X",
+                &map
+            ),
+            "POD=x; kubectl -n shop get pod web-1; logs \"$POD\"; --node node-0; NODESET NS_X"
+        );
+    }
+}

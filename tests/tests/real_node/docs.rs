@@ -1,0 +1,226 @@
+//! Every shell command of the pages an operator works from (the
+//! troubleshooting guide, the runbooks and the how-to guides), run as the
+//! page shows it, in page order, against the chart installed as a user
+//! installs it (its defaults plus this tier's images, kubelet root and
+//! certificate), with kubectl v1.37.2 (scripts/node-tools.sh), Helm 4 and
+//! the kubectl plugin on PATH. The placeholders become this cluster's
+//! names: namespace `shop` with the Deployment `web` mounting the Secret
+//! `web` (NS, NAME, POD), node `node-0` (NODE), namespace `slurm` with the
+//! NodeSet `slurm-worker` (SLURM_NS, and NAME where a NodeSet is meant).
+//! A command that fails fails the test, except those listed in [`NOT_RUN`]
+//! with the reason they cannot run here (printed).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use mountguard_tests::cluster::SLURM_NAMESPACE;
+use mountguard_tests::docs::{failures, script, shell_blocks, substitute};
+use mountguard_tests::mountguard::{kubectl_plugin, poll};
+use mountguard_tests::real::real_node::{RealNode, node_tools};
+use mountguard_tests::real::{create, raw};
+use mountguard_tests::real_node_or_skip;
+use serde_json::json;
+
+use crate::harness::{kubectl_mountguard, running_pod};
+use crate::helm::{Helm, install};
+
+/// Commands of the pages that this tier cannot run, by their start, and
+/// why.
+const NOT_RUN: &[(&str, &str)] = &[
+    (
+        "sinfo ",
+        "Slurm's own CLI on a Slurm login node; this tier's Slurm is the slurmrestd double",
+    ),
+    (
+        "ln -s ~/bin/mountguard-controller",
+        "installs the plugin; the test puts the same link on PATH",
+    ),
+    (
+        "helm install mountguard charts/mountguard",
+        "the install itself: the test runs it with these values plus the tier's images and kubelet root",
+    ),
+    (
+        "helm upgrade mountguard charts/mountguard -n mountguard-system --reuse-values --set metrics.serviceMonitor.enabled=true",
+        "needs the Prometheus operator's CRDs (kube-prometheus-stack); a real Prometheus loads the chart's rules in real_node_alert_kubelet_cache_pinned_fires_in_a_real_prometheus",
+    ),
+];
+
+/// The pages, in the order the test runs them: the troubleshooting guide,
+/// the how-to guides that turn repair on, the runbooks (whose repair
+/// alerts presume it is on), the upgrade guide last (it ends with `helm
+/// uninstall`).
+fn pages(repo: &Path) -> Vec<PathBuf> {
+    let sorted = |dir: &str| {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(repo.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        files.sort();
+        files
+    };
+    let upgrade = repo.join("docs/how-to/upgrade.md");
+    let mut out = vec![repo.join("docs/troubleshooting.md")];
+    out.extend(sorted("docs/how-to").into_iter().filter(|p| *p != upgrade));
+    out.extend(sorted("docs/runbooks"));
+    out.push(upgrade);
+    out
+}
+
+/// Waits (up to 120 s) until the controller answers that `shop/web`'s
+/// Secret is served everywhere, as a reader waits for the rollout after
+/// `helm upgrade` (the new controller holds no inventory until the agent
+/// reports again).
+async fn web_fresh(node: &RealNode, dir: &Path) {
+    let last = std::sync::Mutex::new(String::new());
+    poll("shop/web Fresh", Duration::from_secs(120), || async {
+        let (code, out, err) =
+            kubectl_mountguard(node, dir, &["wait", "secret/shop/web", "--timeout", "5s"]).await;
+        *last.lock().unwrap() = format!("{code:?}\n{out}\n{err}");
+        (code == Some(0)).then_some(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}\n{}", last.lock().unwrap(), node.logs(30)));
+}
+
+/// The fixture the placeholders name.
+async fn create_fixture(node: &RealNode, client: &kube::Client) {
+    mountguard_tests::real::slinky::create_auth_and_hooks(client)
+        .await
+        .expect("the Slinky Secrets");
+    let objects = [
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}),
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "web", "namespace": "shop"},
+               "stringData": {"app.conf": "level=info\n"}}),
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "shop"},
+               "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                        "template": {"metadata": {"labels": {"app": "web"}},
+                                     "spec": {"automountServiceAccountToken": false, "terminationGracePeriodSeconds": 1,
+                                              "containers": [{"name": "web", "image": node.images.pause, "imagePullPolicy": "Never",
+                                                              "volumeMounts": [{"name": "conf", "mountPath": "/etc/web"}]}],
+                                              "volumes": [{"name": "conf", "secret": {"secretName": "web"}}]}}}}),
+        // What the Slinky how-to's upgrade names: slurmrestd's token.
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "mountguard-token", "namespace": SLURM_NAMESPACE},
+               "stringData": {"token": "not-a-real-token"}}),
+        json!({"apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+               "metadata": {"name": "slurm-worker", "namespace": SLURM_NAMESPACE},
+               "spec": {"controllerRef": {"name": mountguard_tests::cluster::SLURM_CLUSTER, "namespace": SLURM_NAMESPACE},
+                        "replicas": 0, "template": {"spec": {"containers": [{"name": "slurmd", "image": node.images.pause}]}}}}),
+    ];
+    for o in objects {
+        create(client, &o)
+            .await
+            .unwrap_or_else(|e| panic!("creating the {}: {e}", o["kind"]));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_node_docs_commands_run_against_the_default_install() {
+    let node = real_node_or_skip!(
+        "real_node_docs_commands_run_against_the_default_install",
+        start_with_slinky
+    );
+    let client = node.cluster.client().await.expect("client");
+    create_fixture(&node, &client).await;
+    let helm = Helm::new(&node);
+    install(&node, &helm, &[]).await;
+    let web = running_pod(&client, "shop", "labelSelector=app%3Dweb", None).await;
+    let web_pod = web["metadata"]["name"].as_str().expect("name").to_string();
+    let dir = tempfile::tempdir().expect("dir");
+    web_fresh(&node, dir.path()).await;
+    let (code, body) = raw(
+        &client,
+        "GET",
+        &format!(
+            "/apis/slinky.slurm.net/v1beta1/namespaces/{SLURM_NAMESPACE}/nodesets/slurm-worker"
+        ),
+        None,
+    )
+    .await
+    .expect("nodeset");
+    assert_eq!(code, 200, "{body}");
+
+    // kubectl, Helm (as `helm`) and the plugin on PATH.
+    let plugin = kubectl_plugin(dir.path()).expect("plugin");
+    let tools = node_tools().expect("node tools");
+    let helm_bin = dir.path().join("helm-bin");
+    std::fs::create_dir_all(&helm_bin).unwrap();
+    std::os::unix::fs::symlink(tools.join("helm"), helm_bin.join("helm")).unwrap();
+    std::os::unix::fs::symlink(tools.join("kubectl"), helm_bin.join("kubectl")).unwrap();
+    let path = format!(
+        "{}:{}:/usr/local/bin:/usr/bin:/bin",
+        plugin.parent().unwrap().display(),
+        helm_bin.display()
+    );
+    let map = [
+        ("nodeset NAME", "nodeset slurm-worker"),
+        ("SLURM_NS", SLURM_NAMESPACE),
+        ("NODE", "node-0"),
+        ("POD", web_pod.as_str()),
+        ("NS", "shop"),
+        ("NAME", "web"),
+    ];
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let (mut ran, mut failed) = (0, Vec::new());
+    for page in pages(repo) {
+        let text = std::fs::read_to_string(&page).unwrap();
+        let rel = page.strip_prefix(repo).unwrap().display().to_string();
+        for block in shell_blocks(&text) {
+            let mut commands = Vec::new();
+            for c in &block.commands {
+                let c = substitute(c, &map);
+                match NOT_RUN.iter().find(|(start, _)| c.starts_with(start)) {
+                    Some((_, why)) => println!("not run: {rel}:{}: {c}: {why}", block.line),
+                    None => commands.push(c),
+                }
+            }
+            if commands.is_empty() {
+                continue;
+            }
+            let out = tokio::time::timeout(
+                Duration::from_secs(180),
+                tokio::process::Command::new("bash")
+                    .arg("-c")
+                    .arg(script(&commands))
+                    .current_dir(repo)
+                    .env_clear()
+                    .env("PATH", &path)
+                    .env("HOME", dir.path())
+                    .env("KUBECONFIG", node.cluster.kubeconfig_path())
+                    .kill_on_drop(true)
+                    .output(),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{rel}:{}: still running after 180 s", block.line))
+            .expect("bash runs");
+            ran += commands.len();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            for (i, code) in failures(&stderr) {
+                failed.push(format!(
+                    "{rel}:{}: `{}` exited {code}",
+                    block.line, commands[i]
+                ));
+            }
+            if !out.status.success() && failures(&stderr).is_empty() {
+                failed.push(format!("{rel}:{}: the block failed: {stderr}", block.line));
+            }
+            if !failures(&stderr).is_empty() {
+                failed.push(format!(
+                    "  its output:\n{}\n{stderr}",
+                    String::from_utf8_lossy(&out.stdout)
+                ));
+            }
+            if commands
+                .iter()
+                .any(|c| c.starts_with("helm upgrade") && !c.contains("--dry-run"))
+            {
+                web_fresh(&node, dir.path()).await;
+            }
+        }
+    }
+    println!("ran {ran} commands of the docs");
+    assert!(
+        ran >= 40,
+        "only {ran} commands found: the extraction is broken"
+    );
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
