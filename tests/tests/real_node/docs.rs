@@ -66,18 +66,44 @@ fn pages(repo: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Waits (up to 120 s) until the controller answers that `shop/web`'s
-/// Secret is served everywhere, as a reader waits for the rollout after
-/// `helm upgrade` (the new controller holds no inventory until the agent
-/// reports again).
-async fn web_fresh(node: &RealNode, dir: &Path) {
+/// Waits, as a reader waits for the rollout after `helm upgrade`, until
+/// the controller's Deployment has rolled out and the controller answers
+/// that no verdict needs attention (a new controller holds no inventory
+/// until the agent reports again; a pod just started is not written yet),
+/// each within 120 s.
+async fn settled(node: &RealNode, dir: &Path) {
+    let kubectl = node_tools().expect("node tools").join("kubectl");
+    let out = tokio::process::Command::new(&kubectl)
+        .args([
+            "-n",
+            "mountguard-system",
+            "rollout",
+            "status",
+            "deploy/mountguard-controller",
+            "--timeout",
+            "120s",
+        ])
+        .env("KUBECONFIG", node.cluster.kubeconfig_path())
+        .output()
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "the controller's rollout: {}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        node.logs(30)
+    );
     let last = std::sync::Mutex::new(String::new());
-    poll("shop/web Fresh", Duration::from_secs(120), || async {
-        let (code, out, err) =
-            kubectl_mountguard(node, dir, &["wait", "secret/shop/web", "--timeout", "5s"]).await;
-        *last.lock().unwrap() = format!("{code:?}\n{out}\n{err}");
-        (code == Some(0)).then_some(())
-    })
+    poll(
+        "nothing needs attention",
+        Duration::from_secs(120),
+        || async {
+            let (code, out, err) = kubectl_mountguard(node, dir, &["status"]).await;
+            *last.lock().unwrap() = format!("{code:?}\n{out}\n{err}");
+            (code == Some(0) && out.contains("no verdict needs attention")).then_some(())
+        },
+    )
     .await
     .unwrap_or_else(|e| panic!("{e}: {}\n{}", last.lock().unwrap(), node.logs(30)));
 }
@@ -126,7 +152,7 @@ async fn real_node_docs_commands_run_against_the_default_install() {
     let web = running_pod(&client, "shop", "labelSelector=app%3Dweb", None).await;
     let web_pod = web["metadata"]["name"].as_str().expect("name").to_string();
     let dir = tempfile::tempdir().expect("dir");
-    web_fresh(&node, dir.path()).await;
+    settled(&node, dir.path()).await;
     let (code, body) = raw(
         &client,
         "GET",
@@ -213,7 +239,7 @@ async fn real_node_docs_commands_run_against_the_default_install() {
                 .iter()
                 .any(|c| c.starts_with("helm upgrade") && !c.contains("--dry-run"))
             {
-                web_fresh(&node, dir.path()).await;
+                settled(&node, dir.path()).await;
             }
         }
     }
