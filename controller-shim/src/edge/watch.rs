@@ -39,13 +39,14 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::edge::convert;
-use crate::edge::workloads::{self, WorkloadObject};
+use crate::edge::workloads;
 use crate::eval::Input;
 use crate::intake::auth::{AgentPod, AgentPods};
 use crate::runtime::shutdown::Shutdown;
 use crate::state::Shared;
 use mountguard_core::PodUid;
 use mountguard_core::model::Interner;
+use mountguard_core::remediation::inputs::WorkloadObject;
 use mountguard_core::remediation::workload::WorkloadKind;
 
 /// Backoff of one failing watch: 800 ms doubling up to 30 s (the bounds of

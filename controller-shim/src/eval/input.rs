@@ -14,7 +14,7 @@ use mountguard_core::verdict::PodVerdicts;
 use mountguard_inventory::NodeInventory;
 use tokio::sync::oneshot;
 
-use crate::edge::workloads::WorkloadObject;
+use mountguard_core::remediation::inputs::WorkloadObject;
 
 /// An input of the evaluation task.
 #[derive(Debug)]

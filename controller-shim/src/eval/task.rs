@@ -22,7 +22,6 @@ use tokio::sync::{mpsc, watch as tokio_watch};
 use tracing::{debug, info};
 
 use crate::api::store::PublishedPod;
-use crate::edge::workloads::WorkloadObject;
 use crate::eval::input::{EvaluationSnapshot, Input};
 use crate::eval::publish::{counts_of, event_message, has_series, mount_labels, parse_fingerprint};
 use crate::runtime::events::{EventRequest, RateLimiter, Tracker};
@@ -32,6 +31,7 @@ use crate::state::Shared;
 use mountguard_core::PodUid;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceRef};
+use mountguard_core::remediation::inputs::{WorkloadObject, remediable_kind};
 use mountguard_core::verdict::{ApiHealth, Engine, EngineState, PodVerdicts, State};
 
 /// How long a batch collects further inputs after its first one.
@@ -562,7 +562,7 @@ impl EvalTask {
                 self.index
                     .pod_ids()
                     .filter_map(|id| self.index.pod(id))
-                    .filter(|p| crate::edge::workloads::remediable_kind(p))
+                    .filter(|p| remediable_kind(p))
                     .cloned()
                     .collect()
             };

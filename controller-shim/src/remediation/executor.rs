@@ -47,8 +47,8 @@ use tracing::{debug, info, warn};
 
 use mountguard_core::PodUid;
 use mountguard_core::remediation::inputs::{
-    IntOrString, NodeSetModel, candidates, cordon_of, group_old_gone, new_pod_check, nodeset_infos,
-    slurmd_started_at,
+    IntOrString, NodeSetModel, Workloads, candidates, cordon_of, group_drained, group_members,
+    group_old_gone, new_pod_check, nodeset_infos, slurmd_started_at, workload_key,
 };
 use mountguard_core::remediation::machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, MachineConfig, NodeCordon,
@@ -63,7 +63,6 @@ use mountguard_core::remediation::{
 
 use crate::Error;
 use crate::edge::watch::nodeset_resource;
-use crate::edge::workloads::{Workloads, workload_key};
 use crate::eval::EvaluationSnapshot;
 use crate::leader::LeaderConfig;
 use crate::remediation::settings::{Prepared, RemediationSettings, SlurmCredential};
