@@ -220,10 +220,11 @@ fn live_pass(c: Cluster) {
 /// Sizes of the per-pod, per-volume and per-verdict types (their own
 /// bytes; what they point to is counted by the passes).
 fn sizes() {
-    use mountguard_controller::api::store::{PodCheck, PublishedPod};
+    use mountguard_controller::api::store::PublishedPod;
     use mountguard_core::model::{
         ContainerModel, ObservedPod, ObservedVolume, PodModel, SourceRef, VolumeModel,
     };
+    use mountguard_core::verdict::present::PodCheck;
     use mountguard_core::verdict::{PodHistory, PodVerdicts, SubjectHistory, Verdict};
     use std::mem::size_of;
     println!(

@@ -23,7 +23,6 @@ use tracing::{debug, info};
 
 use crate::api::store::PublishedPod;
 use crate::eval::input::{EvaluationSnapshot, Input};
-use crate::eval::publish::{counts_of, event_message, has_series, mount_labels, parse_fingerprint};
 use crate::runtime::events::{EventRequest, RateLimiter, Tracker};
 use crate::runtime::metrics::{MountLabels, MountSeries};
 use crate::runtime::shutdown::{Shutdown, ticker};
@@ -32,6 +31,9 @@ use mountguard_core::PodUid;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceRef};
 use mountguard_core::remediation::inputs::{WorkloadObject, remediable_kind};
+use mountguard_core::verdict::present::{
+    PodCheck, counts_of, event_message, has_series, mount_labels,
+};
 use mountguard_core::verdict::{ApiHealth, Engine, EngineState, PodVerdicts, State};
 
 /// How long a batch collects further inputs after its first one.

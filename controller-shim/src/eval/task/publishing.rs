@@ -92,7 +92,7 @@ impl EvalTask {
         }
     }
     /// What `pv`'s verdicts were computed against.
-    pub(super) fn pod_check(&mut self, pv: &PodVerdicts) -> crate::api::store::PodCheck {
+    pub(super) fn pod_check(&mut self, pv: &PodVerdicts) -> PodCheck {
         let fingerprints: Vec<Option<mountguard_core::Fingerprint>> = pv
             .pod
             .references()
@@ -105,7 +105,7 @@ impl EvalTask {
                     .and_then(parse_fingerprint)
             })
             .collect();
-        crate::api::store::PodCheck {
+        PodCheck {
             scanned_at: pv
                 .pod
                 .node()
@@ -129,7 +129,7 @@ impl EvalTask {
     pub(super) fn publish_pod(
         &mut self,
         pv: &PodVerdicts,
-        check: &crate::api::store::PodCheck,
+        check: &PodCheck,
         slurm: &mountguard_core::remediation::slurm_view::SlurmReads,
         old_counts: &[(&'static str, i64)],
         requests: &mut Vec<EventRequest>,
@@ -198,4 +198,11 @@ impl EvalTask {
         m.nodes.with_label_values(&["true"]).set(yes);
         m.nodes.with_label_values(&["false"]).set(no);
     }
+}
+
+/// A fingerprint as the engine's history spells it (12 hex characters).
+fn parse_fingerprint(hex_text: &str) -> Option<mountguard_core::Fingerprint> {
+    let mut fp = [0u8; mountguard_core::Fingerprint::LEN];
+    hex::decode_to_slice(hex_text, &mut fp).ok()?;
+    Some(mountguard_core::Fingerprint(fp))
 }
