@@ -17,7 +17,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use kube::api::DynamicObject;
 use tokio::sync::{mpsc, watch as tokio_watch};
 use tracing::{debug, info};
 
@@ -30,7 +29,9 @@ use crate::state::Shared;
 use mountguard_core::PodUid;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceRef};
-use mountguard_core::remediation::inputs::{WorkloadObject, remediable_kind};
+use mountguard_core::remediation::inputs::{
+    NodeSetKey, NodeSetObject, WorkloadObject, remediable_kind,
+};
 use mountguard_core::verdict::present::{
     PodCheck, counts_of, event_message, has_series, mount_labels,
 };
@@ -55,7 +56,7 @@ pub struct EvalTask {
     events: mpsc::Sender<EventRequest>,
     snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
     applied_gen: HashMap<Arc<str>, u64>,
-    nodesets: HashMap<String, Arc<DynamicObject>>,
+    nodesets: HashMap<NodeSetKey, Arc<NodeSetObject>>,
     workloads: HashMap<String, Arc<WorkloadObject>>,
     workloads_listed: std::collections::HashSet<String>,
     nodesets_listed: std::collections::HashSet<String>,

@@ -47,8 +47,8 @@ use tracing::{debug, info, warn};
 
 use mountguard_core::PodUid;
 use mountguard_core::remediation::inputs::{
-    IntOrString, NodeSetModel, Workloads, candidates, cordon_of, group_drained, group_members,
-    group_old_gone, new_pod_check, nodeset_infos, slurmd_started_at, workload_key,
+    NodeSetModel, Workloads, candidates, cordon_of, group_drained, group_members, group_old_gone,
+    new_pod_check, nodeset_infos, slurmd_started_at, workload_key,
 };
 use mountguard_core::remediation::machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, MachineConfig, NodeCordon,
@@ -56,10 +56,7 @@ use mountguard_core::remediation::machine::{
 };
 use mountguard_core::remediation::plan::{Candidate, Mode, PlanConfig, plan, summarize};
 use mountguard_core::remediation::recovery::{View, orphan_cordons, recover};
-use mountguard_core::remediation::{
-    ATTEMPTS_ANNOTATION, CORDON_ANNOTATION, HOLD_TAINT_KEY, REMEDIATE_ANNOTATION,
-    REMEDIATE_ON_ANNOTATION,
-};
+use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, CORDON_ANNOTATION, HOLD_TAINT_KEY};
 
 use crate::Error;
 use crate::edge::watch::nodeset_resource;
@@ -309,7 +306,7 @@ impl Executor {
             .nodesets
             .iter()
             .filter(|_| self.slurm.is_some())
-            .filter_map(|ns| Some((nodeset_key(ns)?, attempts_annotation(ns))));
+            .map(|ns| (ns.key().to_string(), ns.attempts.as_deref()));
         let workloads = snap
             .workloads
             .iter()
@@ -432,5 +429,3 @@ mod perform;
 mod plan;
 mod slurm_view;
 mod step;
-
-use observe::{attempts_annotation, nodeset_key};

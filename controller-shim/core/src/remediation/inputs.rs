@@ -41,6 +41,44 @@ pub struct NodeSetModel {
     pub max_unavailable: Option<IntOrString>,
 }
 
+/// A NodeSet's namespace and name, written `namespace/name` (the key of
+/// its attempts record).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeSetKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for NodeSetKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What remediation keeps of a NodeSet object (built by the watch, the
+/// rest of the object dropped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSetObject {
+    /// Namespace, name, the annotations read, the budget's fields.
+    pub model: NodeSetModel,
+    /// `metadata.uid`.
+    pub uid: Option<String>,
+    /// The persisted attempts ([`super::ATTEMPTS_ANNOTATION`]), raw.
+    pub attempts: Option<String>,
+}
+
+impl NodeSetObject {
+    /// Its namespace and name.
+    pub fn key(&self) -> NodeSetKey {
+        NodeSetKey {
+            namespace: self.model.namespace.clone(),
+            name: self.model.name.clone(),
+        }
+    }
+}
+
 /// A Kubernetes `IntOrString` value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IntOrString {
