@@ -32,6 +32,24 @@ use mountguard_core::table::{Keyed, KeyedTable};
 use mountguard_core::verdict::present::PodCheck;
 use mountguard_core::verdict::{PodVerdicts, State, Verdict};
 
+/// The status API's read model, one handle: the evaluation and
+/// remediation write it, the status API reads it. Cloned into each task
+/// that needs it (`run.rs` makes one).
+#[derive(Debug, Clone, Default)]
+pub struct ReadModel(Arc<std::sync::RwLock<VerdictStore>>);
+
+impl ReadModel {
+    /// Locks the store for reading.
+    pub fn read(&self) -> std::sync::LockResult<std::sync::RwLockReadGuard<'_, VerdictStore>> {
+        self.0.read()
+    }
+
+    /// Locks the store for writing.
+    pub fn write(&self) -> std::sync::LockResult<std::sync::RwLockWriteGuard<'_, VerdictStore>> {
+        self.0.write()
+    }
+}
+
 /// One evaluated pod as published: its verdicts and what they were
 /// computed against, in one record.
 #[derive(Debug, Clone, PartialEq, Eq)]

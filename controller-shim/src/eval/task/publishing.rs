@@ -36,7 +36,7 @@ impl EvalTask {
                 (r, item)
             })
             .collect();
-        let mut store = self.shared.verdicts.write().unwrap();
+        let mut store = self.store.write().unwrap();
         for (r, item) in items {
             match item {
                 Some(i) => {
@@ -58,7 +58,7 @@ impl EvalTask {
             return;
         }
         let key = (o.model.namespace.clone(), w.name.clone());
-        let mut store = self.shared.verdicts.write().unwrap();
+        let mut store = self.store.write().unwrap();
         if present {
             store.deployments.insert(key, d.clone());
         } else {
@@ -69,7 +69,7 @@ impl EvalTask {
     /// evaluation, else the batch's dirty ones) for the rollout endpoint.
     pub(super) fn publish_unscheduled(&self, full: bool, dirty: &HashSet<PodUid>) {
         let pending = |p: &Arc<PodModel>| p.node().is_none() && !p.terminated;
-        let mut store = self.shared.verdicts.write().unwrap();
+        let mut store = self.store.write().unwrap();
         if full {
             store.unscheduled = self
                 .index
@@ -190,7 +190,7 @@ impl EvalTask {
             keep
         });
         {
-            let mut store = self.shared.verdicts.write().unwrap();
+            let mut store = self.store.write().unwrap();
             if store.reporting != self.reporting {
                 store.reporting = self.reporting.clone();
             }
