@@ -27,6 +27,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use jiff::Timestamp;
+use mountguard_controller::api::store::ReadModel;
 use mountguard_controller::eval::{EvalTask, EvaluationSnapshot, Input};
 use mountguard_controller::runtime::metrics::Metrics;
 use mountguard_controller::state::Shared;
@@ -162,7 +163,8 @@ fn live_pass(c: Cluster) {
     let (etx, _erx) = tokio::sync::mpsc::channel(1024);
     let (stx, _) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[9u8; 32]).unwrap());
-    let mut task = EvalTask::new(engine, shared.clone(), etx, stx);
+    let store = ReadModel::default();
+    let mut task = EvalTask::new(engine, shared.clone(), store.clone(), etx, stx);
     let mut watch = Interner::default();
     let sources = cluster::sources(&mut watch)
         .into_iter()
@@ -198,14 +200,14 @@ fn live_pass(c: Cluster) {
     let peak_rss = status_mib("VmHWM");
     let rss = status_mib("VmRSS");
     {
-        let store = shared.verdicts.read().unwrap();
+        let store = store.read().unwrap();
         assert_eq!(store.pods.len(), c.pods());
     }
     println!("  teardown:");
-    let pods = std::mem::take(&mut shared.verdicts.write().unwrap().pods);
+    let pods = std::mem::take(&mut store.write().unwrap().pods);
     drop(pods);
     m.step("  published pods: verdicts and checks (VerdictStore.pods)");
-    let sources = std::mem::take(&mut shared.verdicts.write().unwrap().sources);
+    let sources = std::mem::take(&mut store.write().unwrap().sources);
     drop(sources);
     m.step("  published sources (VerdictStore.sources)");
     drop(task);
@@ -220,10 +222,11 @@ fn live_pass(c: Cluster) {
 /// Sizes of the per-pod, per-volume and per-verdict types (their own
 /// bytes; what they point to is counted by the passes).
 fn sizes() {
-    use mountguard_controller::api::store::{PodCheck, PublishedPod};
+    use mountguard_controller::api::store::PublishedPod;
     use mountguard_core::model::{
         ContainerModel, ObservedPod, ObservedVolume, PodModel, SourceRef, VolumeModel,
     };
+    use mountguard_core::verdict::present::PodCheck;
     use mountguard_core::verdict::{PodHistory, PodVerdicts, SubjectHistory, Verdict};
     use std::mem::size_of;
     println!(

@@ -39,6 +39,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
+use mountguard_controller::api::store::ReadModel;
 use mountguard_controller::eval::{self, EvalTask, EvaluationSnapshot, Input};
 use mountguard_controller::intake::auth::AgentPods;
 use mountguard_controller::intake::limits::{self};
@@ -237,6 +238,7 @@ async fn server(cluster: Cluster, rounds: usize) {
     let nodes = cluster.nodes;
     let metrics = Metrics::new();
     let shared = Arc::new(Shared::new(metrics.clone()));
+    let store = ReadModel::default();
     shared.acting.store(true, Ordering::SeqCst);
     let (_trigger, shutdown) = Shutdown::new();
     let (tx, rx) = tokio::sync::mpsc::channel::<Input>(4096);
@@ -245,7 +247,7 @@ async fn server(cluster: Cluster, rounds: usize) {
     let (stx, _) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[9u8; 32]).unwrap());
     tokio::spawn(eval::run(
-        EvalTask::new(engine, shared.clone(), etx, stx),
+        EvalTask::new(engine, shared.clone(), store.clone(), etx, stx),
         rx,
         shutdown.clone(),
     ));
@@ -269,7 +271,7 @@ async fn server(cluster: Cluster, rounds: usize) {
     shared.ready.store(true, Ordering::SeqCst);
     let pods = cluster.pods();
     let deadline = Instant::now() + Duration::from_secs(600);
-    while shared.verdicts.read().unwrap().pods.len() < pods {
+    while store.read().unwrap().pods.len() < pods {
         assert!(
             Instant::now() < deadline,
             "initial evaluation did not finish"

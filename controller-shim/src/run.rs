@@ -32,6 +32,7 @@ use tracing::{info, warn};
 
 use crate::api::authorize as status_auth;
 use crate::api::routes as http;
+use crate::api::store::ReadModel;
 use crate::eval::{self, EvaluationSnapshot};
 use crate::intake::auth;
 use crate::intake::report;
@@ -94,7 +95,8 @@ impl Controller {
 
         let metrics = Metrics::new();
         let shared = Arc::new(Shared::new(metrics));
-        shared.verdicts.write().unwrap().replicasets_watched = watch_settings
+        let store = ReadModel::default();
+        store.write().unwrap().replicasets_watched = watch_settings
             .workload_kinds
             .contains(&mountguard_core::remediation::workload::WorkloadKind::Deployment);
         let (trigger, shutdown) = Shutdown::new();
@@ -221,6 +223,7 @@ impl Controller {
             tokio::spawn(http::serve(
                 metrics_listener,
                 shared.clone(),
+                store.clone(),
                 status_gate,
                 metrics_limits,
                 shared.metrics.serve("metrics"),
@@ -250,7 +253,7 @@ impl Controller {
         tasks.push((
             "evaluation",
             tokio::spawn(eval::run(
-                eval::EvalTask::new(engine, shared.clone(), event_tx, snap_tx),
+                eval::EvalTask::new(engine, shared.clone(), store.clone(), event_tx, snap_tx),
                 input_rx,
                 shutdown.clone(),
             )),
@@ -272,6 +275,7 @@ impl Controller {
                 &leader_config,
                 client.clone(),
                 shared.clone(),
+                store,
                 snapshots,
                 shutdown.clone(),
             )

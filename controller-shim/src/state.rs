@@ -1,11 +1,11 @@
 //! What every task of the running controller shares: the metrics, whether
-//! this replica acts and is ready, the status API's store and the health of
-//! the watches. Tasks depend on this module, never on the wiring in
-//! `run.rs` that starts them.
+//! this replica acts and is ready, and the health of the watches (the
+//! status API's store is a handle of its own, `api::store::ReadModel`,
+//! passed to the tasks that read or write it). Tasks depend on this module,
+//! never on the wiring in `run.rs` that starts them.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::api::store::VerdictStore;
 use crate::runtime::health::Health;
 use crate::runtime::metrics::Metrics;
 
@@ -18,8 +18,6 @@ pub struct Shared {
     pub acting: AtomicBool,
     /// Every watch finished its initial list.
     pub ready: AtomicBool,
-    /// Published verdicts (for `/v1/verdicts`).
-    pub verdicts: std::sync::RwLock<VerdictStore>,
     /// Sync state and errors of the watches.
     pub health: Health,
 }
@@ -31,7 +29,6 @@ impl Shared {
             metrics,
             acting: AtomicBool::new(false),
             ready: AtomicBool::new(false),
-            verdicts: std::sync::RwLock::new(VerdictStore::default()),
             health: Health::default(),
         }
     }

@@ -11,13 +11,13 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 
 use crate::api::authorize::{StatusGate, scope_of};
-use crate::api::store::Query;
+use crate::api::store::{Query, ReadModel};
 use crate::runtime::http::{json_response, text};
 use crate::runtime::shutdown::Shutdown;
 use crate::state::Shared;
 
 /// Answers one request.
-pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {
+pub fn route<B>(shared: &Shared, store: &ReadModel, req: &Request<B>) -> Response<Full<Bytes>> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
     }
@@ -39,19 +39,17 @@ pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {
         }
         "/v1/verdicts" => {
             let q = Query::parse(req.uri().query());
-            let doc =
-                shared
-                    .verdicts
-                    .read()
-                    .unwrap()
-                    .document(&q, shared.is_acting(), shared.is_ready());
+            let doc = store
+                .read()
+                .unwrap()
+                .document(&q, shared.is_acting(), shared.is_ready());
             json_response(StatusCode::OK, &doc)
         }
         p if p.starts_with("/v1/rollouts/") => {
             let rest = &p["/v1/rollouts/".len()..];
             match rest.parse::<mountguard_core::rollout::Target>() {
                 Ok(t) => {
-                    let store = shared.verdicts.read().unwrap();
+                    let store = store.read().unwrap();
                     if let Some(why) = store.unanswerable(&t) {
                         return text(StatusCode::BAD_REQUEST, why);
                     }
@@ -75,6 +73,7 @@ pub fn route<B>(shared: &Shared, req: &Request<B>) -> Response<Full<Bytes>> {
 /// (`source`: the caller's address, which unknown tokens are charged to).
 pub async fn answer<B>(
     shared: &Shared,
+    store: &ReadModel,
     gate: &StatusGate,
     req: &Request<B>,
     source: Option<std::net::IpAddr>,
@@ -112,7 +111,7 @@ pub async fn answer<B>(
             }
         }
     }
-    route(shared, req)
+    route(shared, store, req)
 }
 
 /// The serve limits of the metrics port and of the admission port (each
@@ -134,6 +133,7 @@ pub fn limits(
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
+    store: ReadModel,
     gate: Arc<StatusGate>,
     limits: mountguard_serve::Limits,
     metrics: mountguard_serve::ServeMetrics,
@@ -141,11 +141,13 @@ pub async fn serve(
 ) {
     let make = move |peer: std::net::SocketAddr| {
         let s = shared.clone();
+        let store = store.clone();
         let gate = gate.clone();
         hyper::service::service_fn(move |req: Request<mountguard_serve::RequestBody>| {
             let s = s.clone();
+            let store = store.clone();
             let gate = gate.clone();
-            async move { Ok::<_, Infallible>(answer(&s, &gate, &req, Some(peer.ip())).await) }
+            async move { Ok::<_, Infallible>(answer(&s, &store, &gate, &req, Some(peer.ip())).await) }
         })
     };
     mountguard_serve::serve(
@@ -166,10 +168,10 @@ mod tests {
     use crate::runtime::metrics::Metrics;
     use std::sync::atomic::Ordering;
 
-    fn get(shared: &Shared, path: &str) -> (StatusCode, String) {
+    fn get(shared: &Shared, store: &ReadModel, path: &str) -> (StatusCode, String) {
         use http_body_util::BodyExt;
         let req = Request::get(path).body(()).unwrap();
-        let resp = route(shared, &req);
+        let resp = route(shared, store, &req);
         let status = resp.status();
         let body = futures::executor::block_on(resp.into_body().collect())
             .unwrap()
@@ -180,19 +182,27 @@ mod tests {
     #[test]
     fn readiness_metrics_and_verdicts() {
         let shared = Shared::new(Metrics::new());
-        assert_eq!(get(&shared, "/healthz").0, StatusCode::OK);
-        assert_eq!(get(&shared, "/readyz").0, StatusCode::SERVICE_UNAVAILABLE);
+        let store = ReadModel::default();
+        assert_eq!(get(&shared, &store, "/healthz").0, StatusCode::OK);
+        assert_eq!(
+            get(&shared, &store, "/readyz").0,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         shared.ready.store(true, Ordering::SeqCst);
-        assert_eq!(get(&shared, "/readyz").0, StatusCode::OK);
-        let (s, m) = get(&shared, "/metrics");
+        assert_eq!(get(&shared, &store, "/readyz").0, StatusCode::OK);
+        let (s, m) = get(&shared, &store, "/metrics");
         assert_eq!(s, StatusCode::OK);
         assert!(m.contains("mountguard_build_info{version="), "{m}");
-        let (s, v) = get(&shared, "/v1/verdicts?all=1");
+        let (s, v) = get(&shared, &store, "/v1/verdicts?all=1");
         assert_eq!(s, StatusCode::OK);
         let doc: crate::api::store::StatusDoc = serde_json::from_str(&v).unwrap();
         assert!(!doc.acting && doc.ready && doc.verdicts.is_empty());
-        assert_eq!(get(&shared, "/nope").0, StatusCode::NOT_FOUND);
-        let (s, v) = get(&shared, "/v1/rollouts/secret/slurm/slurm-auth-slurm");
+        assert_eq!(get(&shared, &store, "/nope").0, StatusCode::NOT_FOUND);
+        let (s, v) = get(
+            &shared,
+            &store,
+            "/v1/rollouts/secret/slurm/slurm-auth-slurm",
+        );
         assert_eq!(s, StatusCode::OK);
         let doc: mountguard_core::rollout::RolloutDoc = serde_json::from_str(&v).unwrap();
         assert_eq!(doc.target, "secret/slurm/slurm-auth-slurm");
@@ -202,7 +212,11 @@ mod tests {
             "/v1/rollouts/secret/a",
             "/v1/rollouts/secret/a/b/c",
         ] {
-            assert_eq!(get(&shared, bad).0, StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(
+                get(&shared, &store, bad).0,
+                StatusCode::BAD_REQUEST,
+                "{bad}"
+            );
         }
         // Workloads: a StatefulSet's, DaemonSet's or ReplicaSet's pods are
         // known from their owner; a Deployment's only with its ReplicaSets
@@ -212,17 +226,17 @@ mod tests {
             "/v1/rollouts/ds/a/b",
             "/v1/rollouts/replicaset/a/b-5d4f8",
         ] {
-            let (s, v) = get(&shared, ok);
+            let (s, v) = get(&shared, &store, ok);
             assert_eq!(s, StatusCode::OK, "{ok}: {v}");
         }
-        let (s, v) = get(&shared, "/v1/rollouts/deployment/a/b");
+        let (s, v) = get(&shared, &store, "/v1/rollouts/deployment/a/b");
         assert_eq!(s, StatusCode::BAD_REQUEST);
         assert!(
             v.contains("--remediate-workloads including deployment"),
             "{v}"
         );
-        shared.verdicts.write().unwrap().replicasets_watched = true;
-        let (s, v) = get(&shared, "/v1/rollouts/deployment/a/b");
+        store.write().unwrap().replicasets_watched = true;
+        let (s, v) = get(&shared, &store, "/v1/rollouts/deployment/a/b");
         assert_eq!(s, StatusCode::OK, "{v}");
         let doc: mountguard_core::rollout::RolloutDoc = serde_json::from_str(&v).unwrap();
         assert_eq!(doc.target, "deployment/a/b");
@@ -263,6 +277,7 @@ mod tests {
         tokio::spawn(serve(
             listener,
             shared.clone(),
+            ReadModel::default(),
             Arc::new(StatusGate::open()),
             limits,
             shared.metrics.serve("metrics"),

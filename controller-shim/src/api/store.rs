@@ -21,37 +21,32 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use mountguard_core::model::{CompactTime, FingerprintList, PodModel, SourceRef};
+use mountguard_core::PodUid;
+use mountguard_core::model::{PodModel, SourceRef};
 use mountguard_core::remediation::slurm_view::{SlurmReads, SlurmSide, with_side};
 use mountguard_core::remediation::workload::{WorkloadKind, WorkloadRef, workload_named};
 use mountguard_core::rollout::{
     AttemptRef, ConsumerItem, RolloutDoc, SourceItem, Target, VerifiedSource,
 };
 use mountguard_core::table::{Keyed, KeyedTable};
+use mountguard_core::verdict::present::PodCheck;
 use mountguard_core::verdict::{PodVerdicts, State, Verdict};
-use mountguard_core::{Fingerprint, PodUid};
 
-/// What one pod's verdicts were computed against: the node inventory's scan
-/// time and the fingerprint of every source the pod references.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodCheck {
-    /// Scan time of the node inventory (none: no inventory).
-    /// (Compact: 16 bytes instead of 24 in every published pod.)
-    pub scanned_at: Option<CompactTime>,
-    /// Keyed fingerprint of each source the pod references, in the order
-    /// of [`PodModel::references`] (`None`: absent). The references are
-    /// the pod's own, so they are not stored again.
-    /// (Interned: pods referencing the same sources share the list; one
-    /// word, so a check is 24 bytes and a published pod 48, not 56.)
-    pub fingerprints: FingerprintList,
-}
+/// The status API's read model, one handle: the evaluation and
+/// remediation write it, the status API reads it. Cloned into each task
+/// that needs it (`run.rs` makes one).
+#[derive(Debug, Clone, Default)]
+pub struct ReadModel(Arc<std::sync::RwLock<VerdictStore>>);
 
-impl PodCheck {
-    /// The fingerprint recorded for `r`: `None` when `pod` does not
-    /// reference `r`, `Some(None)` when `r` was absent.
-    pub fn source(&self, pod: &PodModel, r: &SourceRef) -> Option<Option<Fingerprint>> {
-        let i = pod.references().iter().position(|x| x == r)?;
-        self.fingerprints.get(i).copied()
+impl ReadModel {
+    /// Locks the store for reading.
+    pub fn read(&self) -> std::sync::LockResult<std::sync::RwLockReadGuard<'_, VerdictStore>> {
+        self.0.read()
+    }
+
+    /// Locks the store for writing.
+    pub fn write(&self) -> std::sync::LockResult<std::sync::RwLockWriteGuard<'_, VerdictStore>> {
+        self.0.write()
     }
 }
 

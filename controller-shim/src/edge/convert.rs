@@ -1,5 +1,6 @@
 //! The edge: k8s-openapi objects (and raw JSON items) into the compact
-//! model. Secret and ConfigMap values are hashed here and never stored.
+//! model. Secret and ConfigMap values are hashed here and never stored; a
+//! NodeSet (read as JSON) becomes what remediation keeps of it.
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,7 @@ use k8s_openapi::api::core::v1::{
     VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::READ_AT_START_ANNOTATION;
@@ -17,6 +19,10 @@ use mountguard_core::model::{
     ContainerKind, ContainerModel, ControllerKind, ControllerRef, EnvRef, ExtraRefs, Interner,
     KeyToPath, MountModel, NodeSetMember, PodModel, ProjectedSource, SkipReason, SourceContent,
     SourceKind, SourceProjection, SourceRef, VolumeModel, VolumeSource, parse_read_at_start,
+};
+use mountguard_core::remediation::inputs::{IntOrString, NodeSetKey, NodeSetModel, NodeSetObject};
+use mountguard_core::remediation::{
+    ATTEMPTS_ANNOTATION, REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION,
 };
 
 /// The newest `managedFields[].time`, else `creationTimestamp`.
@@ -506,6 +512,43 @@ pub fn describe_item(item: &Value) -> String {
     } else {
         format!("{kind} {ns}/{name}")
     }
+}
+
+/// What remediation keeps of a NodeSet object (`slinky.slurm.net`, read
+/// as JSON): its model, UID and persisted attempts (none without a
+/// namespace and name).
+pub fn nodeset(ns: &DynamicObject) -> Option<NodeSetObject> {
+    let spec = &ns.data["spec"];
+    let max_unavailable = &spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"];
+    let annotations = ns.metadata.annotations.as_ref();
+    Some(NodeSetObject {
+        model: NodeSetModel {
+            namespace: ns.metadata.namespace.clone()?,
+            name: ns.metadata.name.clone()?,
+            annotations: [REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION]
+                .into_iter()
+                .filter_map(|k| Some((k.to_string(), annotations?.get(k)?.clone())))
+                .collect(),
+            replicas: spec["replicas"].as_u64(),
+            max_unavailable: match (max_unavailable.as_u64(), max_unavailable.as_str()) {
+                (Some(n), _) => Some(IntOrString::Int(n)),
+                (None, Some(s)) => Some(IntOrString::String(s.to_string())),
+                (None, None) => None,
+            },
+        },
+        uid: ns.metadata.uid.clone(),
+        attempts: annotations
+            .and_then(|a| a.get(ATTEMPTS_ANNOTATION))
+            .cloned(),
+    })
+}
+
+/// A NodeSet's key from its metadata.
+pub fn nodeset_key(ns: &DynamicObject) -> Option<NodeSetKey> {
+    Some(NodeSetKey {
+        namespace: ns.metadata.namespace.clone()?,
+        name: ns.metadata.name.clone()?,
+    })
 }
 
 #[cfg(test)]

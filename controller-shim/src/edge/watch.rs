@@ -39,13 +39,14 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use crate::edge::convert;
-use crate::edge::workloads::{self, WorkloadObject};
+use crate::edge::workloads;
 use crate::eval::Input;
 use crate::intake::auth::{AgentPod, AgentPods};
 use crate::runtime::shutdown::Shutdown;
 use crate::state::Shared;
 use mountguard_core::PodUid;
 use mountguard_core::model::Interner;
+use mountguard_core::remediation::inputs::{NodeSetKey, WorkloadObject};
 use mountguard_core::remediation::workload::WorkloadKind;
 
 /// Backoff of one failing watch: 800 ms doubling up to 30 s (the bounds of
@@ -549,8 +550,8 @@ async fn run_dynamic(
     let mut retry = Retry::default();
     let _ = ar;
     let mut edge = NodeSetEdge;
-    let mut known: HashSet<String> = HashSet::new();
-    let mut relist: Option<HashSet<String>> = None;
+    let mut known: HashSet<NodeSetKey> = HashSet::new();
+    let mut relist: Option<HashSet<NodeSetKey>> = None;
     let mut listed = false;
     loop {
         let ev = tokio::select! {

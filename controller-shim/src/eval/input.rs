@@ -6,7 +6,6 @@ use foldhash::HashMap;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use kube::api::DynamicObject;
 use mountguard_core::PodUid;
 use mountguard_core::admission::{NameView, Operation};
 use mountguard_core::model::{PodModel, SourceContent, SourceRef};
@@ -14,7 +13,7 @@ use mountguard_core::verdict::PodVerdicts;
 use mountguard_inventory::NodeInventory;
 use tokio::sync::oneshot;
 
-use crate::edge::workloads::WorkloadObject;
+use mountguard_core::remediation::inputs::{NodeSetKey, NodeSetObject, WorkloadObject};
 
 /// An input of the evaluation task.
 #[derive(Debug)]
@@ -29,10 +28,10 @@ pub enum Input {
     SourceDeleted(SourceRef),
     /// A Node deleted.
     NodeDeleted(String),
-    /// A NodeSet added or changed (`namespace/name`).
-    NodeSet(String, Arc<DynamicObject>),
+    /// A NodeSet added or changed.
+    NodeSet(NodeSetKey, Arc<NodeSetObject>),
     /// A NodeSet deleted.
-    NodeSetDeleted(String),
+    NodeSetDeleted(NodeSetKey),
     /// NodeSet watch `name` finished a list: every NodeSet it lists was
     /// sent before this (or the CRD is absent).
     NodeSetsSynced(String),
@@ -92,7 +91,7 @@ pub struct EvaluationSnapshot {
     pub scanned_at: HashMap<Arc<str>, Timestamp>,
     /// Every NodeSet (`slinky.slurm.net/v1beta1`), empty when the CRD is
     /// absent.
-    pub nodesets: Vec<Arc<DynamicObject>>,
+    pub nodesets: Vec<Arc<NodeSetObject>>,
     /// Every NodeSet watch finished its first list before this snapshot:
     /// `nodesets` is complete. Until then remediation reads, plans and
     /// writes nothing (an attempt record not listed yet would be taken for

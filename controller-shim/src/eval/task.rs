@@ -17,14 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use kube::api::DynamicObject;
 use tokio::sync::{mpsc, watch as tokio_watch};
 use tracing::{debug, info};
 
-use crate::api::store::PublishedPod;
-use crate::edge::workloads::WorkloadObject;
+use crate::api::store::{PublishedPod, ReadModel};
 use crate::eval::input::{EvaluationSnapshot, Input};
-use crate::eval::publish::{counts_of, event_message, has_series, mount_labels, parse_fingerprint};
 use crate::runtime::events::{EventRequest, RateLimiter, Tracker};
 use crate::runtime::metrics::{MountLabels, MountSeries};
 use crate::runtime::shutdown::{Shutdown, ticker};
@@ -32,6 +29,12 @@ use crate::state::Shared;
 use mountguard_core::PodUid;
 use mountguard_core::index::ClusterIndex;
 use mountguard_core::model::{ObservedNode, PodModel, SourceRef};
+use mountguard_core::remediation::inputs::{
+    NodeSetKey, NodeSetObject, WorkloadObject, remediable_kind,
+};
+use mountguard_core::verdict::present::{
+    PodCheck, counts_of, event_message, has_series, mount_labels,
+};
 use mountguard_core::verdict::{ApiHealth, Engine, EngineState, PodVerdicts, State};
 
 /// How long a batch collects further inputs after its first one.
@@ -45,6 +48,8 @@ pub const TICK: Duration = Duration::from_secs(2);
 pub struct EvalTask {
     engine: Engine,
     shared: Arc<Shared>,
+    /// The status API's store, which this task publishes into.
+    store: ReadModel,
     index: ClusterIndex,
     state: EngineState,
     series: MountSeries,
@@ -53,7 +58,7 @@ pub struct EvalTask {
     events: mpsc::Sender<EventRequest>,
     snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
     applied_gen: HashMap<Arc<str>, u64>,
-    nodesets: HashMap<String, Arc<DynamicObject>>,
+    nodesets: HashMap<NodeSetKey, Arc<NodeSetObject>>,
     workloads: HashMap<String, Arc<WorkloadObject>>,
     workloads_listed: std::collections::HashSet<String>,
     nodesets_listed: std::collections::HashSet<String>,
@@ -88,12 +93,14 @@ impl EvalTask {
     pub fn new(
         engine: Engine,
         shared: Arc<Shared>,
+        store: ReadModel,
         events: mpsc::Sender<EventRequest>,
         snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
     ) -> Self {
         Self {
             engine,
             shared,
+            store,
             index: ClusterIndex::new(),
             state: EngineState::default(),
             series: MountSeries::default(),
@@ -272,7 +279,7 @@ impl EvalTask {
                 // on it (Propagating/Stale, and inventory age, which
                 // the age check below handles): re-evaluate the pods
                 // of the node that are not all Fresh or Skipped.
-                let store = self.shared.verdicts.read().unwrap();
+                let store = self.store.read().unwrap();
                 for id in self.index.pods_on_node(&node) {
                     let Some(p) = self.index.pod(*id) else {
                         continue;
@@ -455,7 +462,7 @@ impl EvalTask {
         self.baselined.clear();
         self.too_old.clear();
         self.evaluated = false;
-        let mut store = self.shared.verdicts.write().unwrap();
+        let mut store = self.store.write().unwrap();
         store.pods.clear();
         store.sources.clear();
         store.reporting.clear();
@@ -472,7 +479,7 @@ impl EvalTask {
             self.engine
                 .evaluate_all_each(&self.index, &mut self.state, now, |pv| pods.push(pv));
             let live: HashSet<&PodUid> = pods.iter().map(|p| &p.pod.uid).collect();
-            let store = self.shared.verdicts.read().unwrap();
+            let store = self.store.read().unwrap();
             removed.extend(store.pods.keys().filter(|u| !live.contains(*u)).cloned());
         } else {
             let uids: Vec<&PodUid> = dirty.iter().collect();
@@ -493,8 +500,8 @@ impl EvalTask {
         let mut requests = Vec::new();
         // One write lock for the whole batch: a reader sees the batch
         // before or after, and the lock is not taken per pod.
-        let shared = self.shared.clone();
-        let mut store = shared.verdicts.write().unwrap();
+        let handle = self.store.clone();
+        let mut store = handle.write().unwrap();
         for pv in pods {
             let old = store
                 .pods
@@ -525,7 +532,7 @@ impl EvalTask {
                 .iter()
                 .filter_map(|r| self.source_item(r).map(|i| (r.clone(), i)))
                 .collect();
-            self.shared.verdicts.write().unwrap().sources = items;
+            self.store.write().unwrap().sources = items;
         }
         self.series.flush(&self.shared.metrics);
         self.evaluated = true;
@@ -547,7 +554,7 @@ impl EvalTask {
         );
         // Built only while someone subscribes (the remediation executor).
         if self.snapshots.receiver_count() > 0 {
-            let store = self.shared.verdicts.read().unwrap();
+            let store = self.store.read().unwrap();
             let nodeset_pods: Vec<Arc<PodModel>> = self
                 .index
                 .pod_ids()
@@ -562,7 +569,7 @@ impl EvalTask {
                 self.index
                     .pod_ids()
                     .filter_map(|id| self.index.pod(id))
-                    .filter(|p| crate::edge::workloads::remediable_kind(p))
+                    .filter(|p| remediable_kind(p))
                     .cloned()
                     .collect()
             };

@@ -250,6 +250,7 @@ mod tests {
     use super::*;
     use crate::api::store::*;
     use mountguard_core::testkit::*;
+    use mountguard_core::verdict::present::{PodCheck, event_message};
     use mountguard_core::{ClusterIndex, SourceKind};
 
     #[test]
@@ -331,7 +332,7 @@ mod tests {
             "{text}"
         );
         let p = &store.pods["u1"];
-        let note = crate::eval::event_message(&p.pv, &p.pv.verdicts[0], &PodCheck::default(), None);
+        let note = event_message(&p.pv, &p.pv.verdicts[0], &PodCheck::default(), None);
         assert!(note.ends_with(&advice), "{note}");
         assert!(text.contains("ns/p1"), "{text}");
         assert!(text.contains("verdicts: Stale/Unknown=1"), "{text}");

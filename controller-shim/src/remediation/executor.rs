@@ -47,8 +47,8 @@ use tracing::{debug, info, warn};
 
 use mountguard_core::PodUid;
 use mountguard_core::remediation::inputs::{
-    IntOrString, NodeSetModel, candidates, cordon_of, group_old_gone, new_pod_check, nodeset_infos,
-    slurmd_started_at,
+    NodeSetModel, Workloads, candidates, cordon_of, group_drained, group_members, group_old_gone,
+    new_pod_check, nodeset_infos, slurmd_started_at, workload_key,
 };
 use mountguard_core::remediation::machine::{
     Action, Attempt, AttemptsRecord, EventReason, EvictionResult, MachineConfig, NodeCordon,
@@ -56,14 +56,11 @@ use mountguard_core::remediation::machine::{
 };
 use mountguard_core::remediation::plan::{Candidate, Mode, PlanConfig, plan, summarize};
 use mountguard_core::remediation::recovery::{View, orphan_cordons, recover};
-use mountguard_core::remediation::{
-    ATTEMPTS_ANNOTATION, CORDON_ANNOTATION, HOLD_TAINT_KEY, REMEDIATE_ANNOTATION,
-    REMEDIATE_ON_ANNOTATION,
-};
+use mountguard_core::remediation::{ATTEMPTS_ANNOTATION, CORDON_ANNOTATION, HOLD_TAINT_KEY};
 
 use crate::Error;
+use crate::api::store::ReadModel;
 use crate::edge::watch::nodeset_resource;
-use crate::edge::workloads::{Workloads, workload_key};
 use crate::eval::EvaluationSnapshot;
 use crate::leader::LeaderConfig;
 use crate::remediation::settings::{Prepared, RemediationSettings, SlurmCredential};
@@ -113,6 +110,8 @@ pub struct Executor {
     client: kube::Client,
     evict_client: kube::Client,
     shared: Arc<Shared>,
+    /// The status API's store (attempts, the Slurm nodes of stale workers).
+    store: ReadModel,
     mode: Mode,
     plan_cfg: PlanConfig,
     machine_cfg: MachineConfig,
@@ -155,12 +154,14 @@ impl std::fmt::Debug for Executor {
 
 /// Starts the executor task (remediation `dry-run` or `on`); writes are
 /// fenced by the Lease of `leader` when leader election is on.
+#[allow(clippy::too_many_arguments)]
 pub async fn spawn(
     prepared: Prepared,
     kubeconfig: Option<&std::path::Path>,
     leader: &LeaderConfig,
     client: kube::Client,
     shared: Arc<Shared>,
+    store: ReadModel,
     snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
     shutdown: Shutdown,
 ) -> Result<JoinHandle<()>, Error> {
@@ -186,11 +187,12 @@ pub async fn spawn(
         },
     );
     let client_for_fence = client.clone();
-    shared.verdicts.write().unwrap().slurm.enabled = slurm.is_some();
+    store.write().unwrap().slurm.enabled = slurm.is_some();
     let ex = Executor {
         client,
         evict_client,
         shared,
+        store,
         mode,
         plan_cfg,
         machine_cfg,
@@ -268,7 +270,7 @@ impl Executor {
         self.last_eviction.clear();
         self.last_eviction_check.clear();
         self.fresh_since.clear();
-        let mut store = self.shared.verdicts.write().unwrap();
+        let mut store = self.store.write().unwrap();
         store.attempts.clear();
         store.slurm.nodes.clear();
     }
@@ -310,7 +312,7 @@ impl Executor {
             .nodesets
             .iter()
             .filter(|_| self.slurm.is_some())
-            .filter_map(|ns| Some((nodeset_key(ns)?, attempts_annotation(ns))));
+            .map(|ns| (ns.key().to_string(), ns.attempts.as_deref()));
         let workloads = snap
             .workloads
             .iter()
@@ -365,7 +367,7 @@ impl Executor {
         }
         self.prune();
         let all: Vec<Attempt> = self.attempts.values().cloned().collect();
-        self.shared.verdicts.write().unwrap().attempts = all
+        self.store.write().unwrap().attempts = all
             .iter()
             .map(crate::api::store::AttemptItem::from_attempt)
             .collect();
@@ -433,5 +435,3 @@ mod perform;
 mod plan;
 mod slurm_view;
 mod step;
-
-use observe::{attempts_annotation, nodeset_key};

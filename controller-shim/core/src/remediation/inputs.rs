@@ -1,7 +1,9 @@
 //! What the executor feeds the planner and the machine, computed from core
 //! values: candidates from the verdicts, a NodeSet's budget and
-//! unavailable pods, the replacement's check, a group's cordon and old
-//! pods. The controller converts API objects (NodeSets, Nodes) into the
+//! unavailable pods, the replacement's check, a group's cordon, drain and
+//! old pods, and the workloads of a snapshot ([`Workloads`]: which workload
+//! a pod belongs to, the planner's and the machine's view of each). The
+//! controller converts API objects (NodeSets, Nodes, workloads) into the
 //! plain values these functions take.
 //!
 //! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
@@ -12,12 +14,14 @@ use std::sync::Arc;
 
 use jiff::Timestamp;
 
-use super::machine::{Attempt, NewPodCheck, NodeCordon};
+use super::machine::{Attempt, NewPodCheck, NodeCordon, SlurmObservation, WorkloadObservation};
 use super::plan::{Candidate, CandidateFinding, NodeSetInfo};
-use super::workload::WorkloadRef;
+use super::workload::{
+    OwnerIdentity, OwnerPod, WorkloadInfo, WorkloadKind, WorkloadModel, WorkloadRef, workload_of,
+};
 use super::{REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION};
 use crate::Fingerprint;
-use crate::model::{ContainerKind, PodModel};
+use crate::model::{ContainerKind, ControllerKind, PodModel};
 use crate::uid::PodUid;
 use crate::verdict::{PodVerdicts, State};
 
@@ -35,6 +39,44 @@ pub struct NodeSetModel {
     pub replicas: Option<u64>,
     /// `spec.updateStrategy.rollingUpdate.maxUnavailable`.
     pub max_unavailable: Option<IntOrString>,
+}
+
+/// A NodeSet's namespace and name, written `namespace/name` (the key of
+/// its attempts record).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeSetKey {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl std::fmt::Display for NodeSetKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What remediation keeps of a NodeSet object (built by the watch, the
+/// rest of the object dropped).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSetObject {
+    /// Namespace, name, the annotations read, the budget's fields.
+    pub model: NodeSetModel,
+    /// `metadata.uid`.
+    pub uid: Option<String>,
+    /// The persisted attempts ([`super::ATTEMPTS_ANNOTATION`]), raw.
+    pub attempts: Option<String>,
+}
+
+impl NodeSetObject {
+    /// Its namespace and name.
+    pub fn key(&self) -> NodeSetKey {
+        NodeSetKey {
+            namespace: self.model.namespace.clone(),
+            name: self.model.name.clone(),
+        }
+    }
 }
 
 /// A Kubernetes `IntOrString` value.
@@ -310,6 +352,154 @@ pub fn group_old_gone<'a>(
         .all(|m| !live.contains(&PodUid::new(&m.pod_uid)))
 }
 
+/// What remediation keeps of a workload object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadObject {
+    /// Namespace, kind, name, the annotations read, the status.
+    pub model: WorkloadModel,
+    /// `metadata.uid`.
+    pub uid: Option<String>,
+    /// A ReplicaSet's controlling Deployment.
+    pub deployment: Option<String>,
+    /// The UID in that controller reference.
+    pub deployment_uid: Option<String>,
+    /// The persisted attempts ([`super::ATTEMPTS_ANNOTATION`]), raw.
+    pub attempts: Option<String>,
+}
+
+impl WorkloadObject {
+    /// Its kind and name.
+    pub fn workload(&self) -> Option<&WorkloadRef> {
+        self.model.workload.as_ref()
+    }
+
+    /// Its key: `<kind>/<namespace>/<name>`, kind in lower case (the form
+    /// `wait` and `status` take).
+    pub fn key(&self) -> Option<String> {
+        self.workload()
+            .map(|w| workload_key(&self.model.namespace, w))
+    }
+}
+
+/// `<kind>/<namespace>/<name>` of workload `w` in `namespace`.
+pub fn workload_key(namespace: &str, w: &WorkloadRef) -> String {
+    format!("{}/{namespace}/{}", w.kind.lower(), w.name)
+}
+
+/// The workloads of a snapshot, looked up by namespace, kind and name.
+#[derive(Debug, Default)]
+pub struct Workloads<'a> {
+    by_ref: HashMap<(&'a str, WorkloadKind, &'a str), &'a WorkloadObject>,
+}
+
+impl<'a> Workloads<'a> {
+    /// Indexes `objects`.
+    pub fn new(objects: &'a [Arc<WorkloadObject>]) -> Self {
+        let mut w = Workloads::default();
+        for o in objects {
+            let Some(r) = o.workload() else {
+                continue;
+            };
+            w.by_ref
+                .insert((o.model.namespace.as_str(), r.kind, r.name.as_str()), o);
+        }
+        w
+    }
+
+    /// The workload pod `p` belongs to (a ReplicaSet's pods to its
+    /// Deployment), if any: its controller reference's UID must be the
+    /// object's, and a ReplicaSet's reference to its Deployment the
+    /// Deployment's ([`workload_of`]).
+    pub fn of_pod(&self, p: &PodModel) -> Option<WorkloadRef> {
+        let c = p.controller()?;
+        let ns: &str = p.namespace();
+        workload_of(c, |kind, name| {
+            let o = self.by_ref.get(&(ns, kind, name))?;
+            Some(OwnerIdentity {
+                uid: o.uid.as_deref()?,
+                deployment: o.deployment.as_deref().zip(o.deployment_uid.as_deref()),
+            })
+        })
+    }
+
+    /// The object of `w` in `namespace`.
+    pub fn get(&self, namespace: &str, w: &WorkloadRef) -> Option<&'a WorkloadObject> {
+        self.by_ref
+            .get(&(namespace, w.kind, w.name.as_str()))
+            .copied()
+    }
+
+    /// The planner's view of every workload. Not a ReplicaSet controlled
+    /// by a Deployment: its pods are the Deployment's ([`Self::of_pod`]),
+    /// and its annotations are copies of the Deployment's (the deployment
+    /// controller copies them onto its ReplicaSets,
+    /// pkg/controller/deployment/util/deployment_util.go
+    /// `copyDeploymentAnnotationsToReplicaSet`), so a bad one is told once,
+    /// on the Deployment.
+    pub fn infos(&self) -> Vec<WorkloadInfo> {
+        self.by_ref
+            .values()
+            .filter(|o| o.deployment.is_none())
+            .filter_map(|o| WorkloadInfo::of(&o.model))
+            .collect()
+    }
+
+    /// What the machine reads of workload `w` in `namespace`: its pods
+    /// (among `pods`) and whether an eviction may be asked for now
+    /// (`None`: the object is not known).
+    pub fn observe(
+        &self,
+        namespace: &str,
+        w: &WorkloadRef,
+        pods: &[Arc<PodModel>],
+    ) -> Option<WorkloadObservation> {
+        let info = WorkloadInfo::of(&self.get(namespace, w)?.model)?;
+        let pods = pods
+            .iter()
+            .filter(|p| **p.namespace() == *namespace && self.of_pod(p).as_ref() == Some(w))
+            .map(|p| OwnerPod {
+                uid: p.uid.to_string(),
+                name: p.name.to_string(),
+                node: p.node_name().map(String::from),
+                terminating: p.terminating || p.terminated,
+            })
+            .collect();
+        Some(WorkloadObservation {
+            pods,
+            hold: info.not_available.filter(|_| !info.when_unavailable),
+        })
+    }
+}
+
+/// Whether `p` is a pod of a kind whose workloads may be remediated.
+pub fn remediable_kind(p: &PodModel) -> bool {
+    matches!(
+        p.controller().map(|c| c.kind),
+        Some(ControllerKind::ReplicaSet | ControllerKind::StatefulSet | ControllerKind::DaemonSet)
+    )
+}
+
+/// The Slurm nodes of group `group`'s open attempts: the nodes whose
+/// drain [`group_drained`] waits for.
+pub fn group_members<'a>(
+    attempts: impl IntoIterator<Item = &'a Attempt>,
+    group: &str,
+) -> Vec<String> {
+    attempts
+        .into_iter()
+        .filter(|m| m.group.as_deref() == Some(group) && m.is_open())
+        .map(|m| m.slurm_node.clone())
+        .collect()
+}
+
+/// Whether a group is drained: every Slurm node of [`group_members`], as
+/// read (`members`, one observation each), is drained.
+pub fn group_drained<'a>(members: impl IntoIterator<Item = &'a SlurmObservation>) -> bool {
+    members
+        .into_iter()
+        .all(|o| matches!(o, SlurmObservation::Node(n) if n.drained()))
+}
+
 /// How group `group` sees a node's hold: `owner` is the value of the node's
 /// [`super::HOLD_TAINT_KEY`] taint, if it has one. Our taint, another
 /// group's, or none; a cordon (`spec.unschedulable`) by someone else does not
@@ -432,6 +622,35 @@ mod tests {
         let uids = ["uid-d"].map(PodUid::new);
         let live: HashSet<&PodUid> = uids.iter().collect();
         assert!(!group_old_gone([&a, &d], "g", &live));
+    }
+
+    #[test]
+    fn a_group_is_drained_when_the_node_of_each_open_member_is() {
+        use crate::remediation::machine::Phase;
+        use crate::remediation::test_support::{attempt, node};
+        let member = |id: &str, slurm: &str, group: &str, phase: Phase| {
+            let mut a = attempt();
+            a.id = id.into();
+            a.slurm_node = slurm.into();
+            a.group = Some(group.into());
+            a.phase = phase;
+            a
+        };
+        let a = member("a", "n1", "g", Phase::Draining);
+        let b = member("b", "n2", "g", Phase::Drained);
+        let done = member("c", "n3", "g", Phase::Succeeded);
+        let other = member("x", "n4", "h", Phase::Draining);
+        assert_eq!(
+            group_members([&a, &b, &done, &other], "g"),
+            vec!["n1".to_string(), "n2".to_string()],
+            "open members of the group only"
+        );
+        let drained = SlurmObservation::Node(node(&["IDLE", "DRAIN"], "mountguard: x"));
+        let busy = SlurmObservation::Node(node(&["MIXED", "DRAIN"], "mountguard: x"));
+        assert!(group_drained([&drained, &drained]));
+        assert!(!group_drained([&drained, &busy]), "jobs still run on one");
+        assert!(!group_drained([&drained, &SlurmObservation::NotFound]));
+        assert!(group_drained([]), "no member left to wait for");
     }
 
     /// An attempt on `worker-0` (old UID `uid-old`, node `node-a`) whose
@@ -620,5 +839,100 @@ mod tests {
             None
         );
         assert_eq!(slurmd_started_at(&pod(&[])), None);
+    }
+
+    #[test]
+    fn pods_of_a_deployments_replicaset_are_the_deployments() {
+        use crate::model::ControllerRef;
+        use crate::remediation::workload::WorkloadStatus;
+        use crate::testkit::PodB;
+        let object = |kind, name: &str, uid: Option<&str>, available| WorkloadObject {
+            model: WorkloadModel {
+                namespace: "shop".into(),
+                workload: Some(WorkloadRef {
+                    kind,
+                    name: name.into(),
+                }),
+                annotations: BTreeMap::new(),
+                status: WorkloadStatus {
+                    desired: 1,
+                    updated: 1,
+                    total: 1,
+                    available,
+                    ..WorkloadStatus::default()
+                },
+            },
+            uid: uid.map(String::from),
+            deployment: None,
+            deployment_uid: None,
+            attempts: None,
+        };
+        // A ReplicaSet controlled by Deployment `web` (UID u0), as the
+        // controller converts it.
+        let mut rs = object(WorkloadKind::ReplicaSet, "web-7d9f", Some("rs-uid"), 1);
+        rs.deployment = Some("web".into());
+        rs.deployment_uid = Some("u0".into());
+        let dep = object(WorkloadKind::Deployment, "web", Some("u0"), 1);
+        let objects = vec![Arc::new(rs), Arc::new(dep)];
+        let w = Workloads::new(&objects);
+        let claims = |name: &str, ns: &str, terminating: bool, rs_uid: &str| {
+            let mut p = PodB::new(ns, name, &format!("uid-{name}"), "node-a").build();
+            p.workload =
+                ControllerRef::boxed(ControllerKind::ReplicaSet, "web-7d9f".into(), rs_uid);
+            p.terminating = terminating;
+            Arc::new(p)
+        };
+        let pod = |name: &str, ns: &str, terminating: bool| claims(name, ns, terminating, "rs-uid");
+        let pods = vec![
+            pod("web-7d9f-a", "shop", true),
+            pod("web-7d9f-b", "shop", false),
+            pod("web-7d9f-c", "other", false),
+            // Names the ReplicaSet, under a UID of its own making.
+            claims("web-7d9f-x", "shop", false, "forged"),
+        ];
+        let dref = WorkloadRef {
+            kind: WorkloadKind::Deployment,
+            name: "web".into(),
+        };
+        assert_eq!(w.of_pod(&pods[0]), Some(dref.clone()));
+        assert_eq!(
+            w.of_pod(&pods[2]),
+            None,
+            "no such ReplicaSet in that namespace"
+        );
+        assert_eq!(w.of_pod(&pods[3]), None, "not the ReplicaSet's UID");
+        let o = w.observe("shop", &dref, &pods).expect("known");
+        let names: Vec<(&str, bool)> = o
+            .pods
+            .iter()
+            .map(|p| (p.name.as_str(), p.terminating))
+            .collect();
+        assert_eq!(names, vec![("web-7d9f-a", true), ("web-7d9f-b", false)]);
+        assert_eq!(o.hold, None);
+        assert!(
+            w.observe(
+                "shop",
+                &WorkloadRef {
+                    kind: WorkloadKind::StatefulSet,
+                    name: "web".into()
+                },
+                &pods
+            )
+            .is_none()
+        );
+        let infos: Vec<WorkloadRef> = w.infos().into_iter().map(|i| i.workload).collect();
+        assert_eq!(infos, vec![dref], "not the Deployment's ReplicaSet");
+        let alone = object(WorkloadKind::ReplicaSet, "batch", None, 0);
+        let objects = vec![Arc::new(alone)];
+        let infos: Vec<WorkloadKind> = Workloads::new(&objects)
+            .infos()
+            .into_iter()
+            .map(|i| i.workload.kind)
+            .collect();
+        assert_eq!(
+            infos,
+            vec![WorkloadKind::ReplicaSet],
+            "a ReplicaSet of its own"
+        );
     }
 }

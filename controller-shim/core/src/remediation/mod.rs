@@ -12,8 +12,9 @@
 //!   attempts and Slurm nodes drained with a `mountguard:` reason.
 //! * [`workload`]: the owners of workload pods: kinds, annotations, their
 //!   availability, how each kind replaces a pod.
-//! * [`inputs`]: what the executor computes from verdicts, NodeSets and
-//!   Nodes for the planner and the machine.
+//! * [`inputs`]: what the executor computes from verdicts, NodeSets,
+//!   workloads and Nodes for the planner and the machine (which workload a
+//!   pod belongs to, whether a group is drained).
 //! * [`slurm_view`]: what Slurm shows of a worker whose `slurm.key` is
 //!   stale (read-only, beside the verdict): which nodes to read, when, and
 //!   what to say.

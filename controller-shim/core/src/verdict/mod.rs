@@ -8,6 +8,9 @@
 //! * [`types`]: configuration, states, verdicts, the output view;
 //! * [`advice`]: one sentence of what to do per verdict;
 //! * [`subject`]: what a verdict is about and how it is written;
+//! * [`present`]: a pod's verdicts as the metrics and the Events tell them
+//!   (state counts, series labels, Event text) and what they were
+//!   computed against;
 //! * [`history`]: the engine state;
 //! * `cache`: memoization within one evaluation;
 //! * `engine`: the loop over nodes and pods;
@@ -19,6 +22,7 @@ mod cache;
 mod engine;
 pub mod history;
 pub mod output;
+pub mod present;
 mod rules;
 pub mod subject;
 pub mod types;

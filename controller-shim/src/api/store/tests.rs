@@ -1,6 +1,6 @@
 use super::*;
 use mountguard_core::testkit::*;
-use mountguard_core::{ClusterIndex, SourceKind};
+use mountguard_core::{ClusterIndex, Fingerprint, SourceKind};
 
 /// One published pod per pod: its check holds the fingerprint list as
 /// one word (the list is interned) and its scan time in 8 bytes, so

@@ -457,3 +457,40 @@ fn a_container_restarted_in_place_starts_at_its_current_process() {
         );
     }
 }
+
+fn nodeset_object(spec: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
+        "metadata": {"namespace": "slurm", "name": "worker"},
+        "spec": spec,
+    }))
+    .expect("object")
+}
+
+#[test]
+fn max_unavailable_from_the_nodeset() {
+    let t = [
+        (serde_json::json!({"replicas": 8}), 2),
+        (serde_json::json!({"replicas": 3}), 1),
+        (
+            serde_json::json!({"replicas": 10, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 3}}}),
+            3,
+        ),
+        (
+            serde_json::json!({"replicas": 10, "updateStrategy": {"rollingUpdate": {"maxUnavailable": "50%"}}}),
+            5,
+        ),
+        (
+            serde_json::json!({"replicas": 10, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 0}}}),
+            0,
+        ),
+    ];
+    for (spec, want) in t {
+        let model = nodeset(&nodeset_object(spec.clone())).expect("named").model;
+        assert_eq!(
+            mountguard_core::remediation::inputs::max_unavailable(&model),
+            want,
+            "{spec}"
+        );
+    }
+}

@@ -99,22 +99,20 @@ impl Edge<Node> for NodeEdge {
     }
 }
 
+/// NodeSets: kept as `NodeSetObject`s (the model remediation reads,
+/// UID, attempts), the rest of the object dropped at once.
 pub(super) struct NodeSetEdge;
 
 impl Edge<DynamicObject> for NodeSetEdge {
-    type Key = String;
-    fn key(&self, o: &DynamicObject) -> Option<String> {
-        Some(format!(
-            "{}/{}",
-            o.metadata.namespace.as_deref()?,
-            o.metadata.name.as_deref()?
-        ))
+    type Key = NodeSetKey;
+    fn key(&self, o: &DynamicObject) -> Option<NodeSetKey> {
+        convert::nodeset_key(o)
     }
     fn apply(&mut self, o: DynamicObject) -> Option<Input> {
         let k = self.key(&o)?;
-        Some(Input::NodeSet(k, Arc::new(o)))
+        Some(Input::NodeSet(k, Arc::new(convert::nodeset(&o)?)))
     }
-    fn delete(&mut self, k: String) -> Option<Input> {
+    fn delete(&mut self, k: NodeSetKey) -> Option<Input> {
         Some(Input::NodeSetDeleted(k))
     }
 }

@@ -36,7 +36,7 @@ impl EvalTask {
                 (r, item)
             })
             .collect();
-        let mut store = self.shared.verdicts.write().unwrap();
+        let mut store = self.store.write().unwrap();
         for (r, item) in items {
             match item {
                 Some(i) => {
@@ -58,7 +58,7 @@ impl EvalTask {
             return;
         }
         let key = (o.model.namespace.clone(), w.name.clone());
-        let mut store = self.shared.verdicts.write().unwrap();
+        let mut store = self.store.write().unwrap();
         if present {
             store.deployments.insert(key, d.clone());
         } else {
@@ -69,7 +69,7 @@ impl EvalTask {
     /// evaluation, else the batch's dirty ones) for the rollout endpoint.
     pub(super) fn publish_unscheduled(&self, full: bool, dirty: &HashSet<PodUid>) {
         let pending = |p: &Arc<PodModel>| p.node().is_none() && !p.terminated;
-        let mut store = self.shared.verdicts.write().unwrap();
+        let mut store = self.store.write().unwrap();
         if full {
             store.unscheduled = self
                 .index
@@ -92,7 +92,7 @@ impl EvalTask {
         }
     }
     /// What `pv`'s verdicts were computed against.
-    pub(super) fn pod_check(&mut self, pv: &PodVerdicts) -> crate::api::store::PodCheck {
+    pub(super) fn pod_check(&mut self, pv: &PodVerdicts) -> PodCheck {
         let fingerprints: Vec<Option<mountguard_core::Fingerprint>> = pv
             .pod
             .references()
@@ -105,7 +105,7 @@ impl EvalTask {
                     .and_then(parse_fingerprint)
             })
             .collect();
-        crate::api::store::PodCheck {
+        PodCheck {
             scanned_at: pv
                 .pod
                 .node()
@@ -129,7 +129,7 @@ impl EvalTask {
     pub(super) fn publish_pod(
         &mut self,
         pv: &PodVerdicts,
-        check: &crate::api::store::PodCheck,
+        check: &PodCheck,
         slurm: &mountguard_core::remediation::slurm_view::SlurmReads,
         old_counts: &[(&'static str, i64)],
         requests: &mut Vec<EventRequest>,
@@ -190,7 +190,7 @@ impl EvalTask {
             keep
         });
         {
-            let mut store = self.shared.verdicts.write().unwrap();
+            let mut store = self.store.write().unwrap();
             if store.reporting != self.reporting {
                 store.reporting = self.reporting.clone();
             }
@@ -198,4 +198,11 @@ impl EvalTask {
         m.nodes.with_label_values(&["true"]).set(yes);
         m.nodes.with_label_values(&["false"]).set(no);
     }
+}
+
+/// A fingerprint as the engine's history spells it (12 hex characters).
+fn parse_fingerprint(hex_text: &str) -> Option<mountguard_core::Fingerprint> {
+    let mut fp = [0u8; mountguard_core::Fingerprint::LEN];
+    hex::decode_to_slice(hex_text, &mut fp).ok()?;
+    Some(mountguard_core::Fingerprint(fp))
 }

@@ -13,6 +13,7 @@ struct Rig {
     task: EvalTask,
     events: mpsc::Receiver<EventRequest>,
     shared: Arc<Shared>,
+    store: ReadModel,
 }
 
 fn rig() -> Rig {
@@ -22,10 +23,12 @@ fn rig() -> Rig {
     let (etx, events) = mpsc::channel(100);
     let (stx, _) = tokio_watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[1u8; 32]).unwrap());
+    let store = ReadModel::default();
     Rig {
-        task: EvalTask::new(engine, shared.clone(), etx, stx),
+        task: EvalTask::new(engine, shared.clone(), store.clone(), etx, stx),
         events,
         shared,
+        store,
     }
 }
 
@@ -119,11 +122,7 @@ fn rollout_doc(
     r: &Rig,
     target: &mountguard_core::rollout::Target,
 ) -> mountguard_core::rollout::RolloutDoc {
-    r.shared
-        .verdicts
-        .read()
-        .unwrap()
-        .rollout(target, true, true)
+    r.store.read().unwrap().rollout(target, true, true)
 }
 
 fn drain(rx: &mut mpsc::Receiver<EventRequest>) -> Vec<EventRequest> {
@@ -255,7 +254,7 @@ fn the_admission_view_sees_a_replacement_found_by_a_relist() {
 #[tokio::test(start_paused = true)]
 async fn an_inventory_frees_its_permit_before_the_window_closes() {
     let (r, _, _) = started(b"k", vec![w0()]);
-    let shared = r.shared.clone();
+    let store = r.store.clone();
     let (tx, rx) = mpsc::channel(8);
     let (_trigger, shutdown) = Shutdown::new();
     tokio::spawn(run(r.task, rx, shutdown));
@@ -272,21 +271,20 @@ async fn an_inventory_frees_its_permit_before_the_window_closes() {
         1,
         "the permit is back while the window is still open"
     );
-    let state = |s: &Shared| {
-        s.verdicts
-            .read()
+    let state = |s: &ReadModel| {
+        s.read()
             .unwrap()
             .pods
             .get(&PodUid::new("u1"))
             .map(|p| p.pv.verdicts[0].state.tag())
     };
     assert_eq!(
-        state(&shared).as_deref(),
+        state(&store).as_deref(),
         Some("Unverifiable/NoInventory"),
         "evaluated only when the window closes"
     );
     tokio::time::sleep(COALESCE * 2).await;
-    assert_eq!(state(&shared).as_deref(), Some("Fresh"));
+    assert_eq!(state(&store).as_deref(), Some("Fresh"));
 }
 
 /// A workload target selects the pods its controller owns: a
@@ -298,7 +296,7 @@ fn workload_rollouts_select_the_pods_of_their_owner() {
     use mountguard_core::model::{ControllerKind, ControllerRef};
     use mountguard_core::rollout::{Target, decide};
     let mut r = rig();
-    r.shared.verdicts.write().unwrap().replicasets_watched = true;
+    r.store.write().unwrap().replicasets_watched = true;
     let mut ix = Interner::default();
     let t0 = ts("2026-11-30T10:00:00Z");
     let owned = |uid: &str, name: &str, node: &str, kind, owner: &str| {
@@ -455,7 +453,7 @@ fn rollout_document_tracks_rotation_per_consumer() {
     assert_eq!(w1.verified_at.as_deref(), Some("2026-11-30T10:05:20Z"));
     // /v1/verdicts items carry the same.
     {
-        let store = r.shared.verdicts.read().unwrap();
+        let store = r.store.read().unwrap();
         let doc = store.document(&crate::api::store::Query::parse(Some("all=1")), true, true);
         let w1 = doc.verdicts.iter().find(|v| v.pod == "w-1").unwrap();
         assert_eq!(w1.source_content.len(), 1, "{w1:?}");
@@ -467,7 +465,7 @@ fn rollout_document_tracks_rotation_per_consumer() {
     }
     // Event notes carry the source's fingerprint and the scan time.
     {
-        let store = r.shared.verdicts.read().unwrap();
+        let store = r.store.read().unwrap();
         let p = &store.pods["u2"];
         let pv = &p.pv;
         let m = event_message(pv, &pv.verdicts[0], p.check.as_ref().unwrap(), None);
@@ -545,7 +543,7 @@ fn a_recreation_with_the_same_content_alarms_nothing_and_completes_the_rollout()
     );
     n1_shows(&mut r, 1, "2026-11-30T10:00:00Z", b"same", t0);
     let states = |r: &Rig| -> Vec<String> {
-        let store = r.shared.verdicts.read().unwrap();
+        let store = r.store.read().unwrap();
         store.pods["u1"]
             .pv
             .verdicts
@@ -631,7 +629,7 @@ fn baseline_without_events_then_rotation_alarms_and_recovery() {
     r.task
         .apply_batch(vec![Input::PodDeleted(PodUid::new("u1"))], t0);
     assert!(!metrics(&r).contains("mountguard_mount_state{"));
-    assert!(r.shared.verdicts.read().unwrap().pods.is_empty());
+    assert!(r.store.read().unwrap().pods.is_empty());
     assert!(r.task.tracker.is_empty());
     assert!(
         r.task.limiter.is_empty(),
@@ -644,8 +642,7 @@ fn reset_forgets_reports_and_stale_inventory_ages_out() {
     let inventory = inv("n1", 1, "2026-11-30T10:00:00Z", &[("u1", b"k")]);
     let (mut r, _, _) = started(b"k", vec![w0(), inventory]);
     assert!(
-        r.shared
-            .verdicts
+        r.store
             .read()
             .unwrap()
             .pods
@@ -680,7 +677,7 @@ fn reset_forgets_reports_and_stale_inventory_ages_out() {
         ts("2026-11-30T10:10:00Z"),
     );
     let tag = |r: &Rig| {
-        r.shared.verdicts.read().unwrap().pods["u1"].pv.verdicts[0]
+        r.store.read().unwrap().pods["u1"].pv.verdicts[0]
             .state
             .tag()
     };
@@ -705,7 +702,7 @@ fn a_stale_workers_event_says_what_slurm_shows() {
     n1_shows(&mut r, 1, "2026-11-30T10:00:00Z", b"new", t0);
     assert!(drain(&mut r.events).is_empty(), "baseline");
     {
-        let mut store = r.shared.verdicts.write().unwrap();
+        let mut store = r.store.write().unwrap();
         store.slurm.enabled = true;
         store.slurm.nodes.insert(
             "w-0".into(),

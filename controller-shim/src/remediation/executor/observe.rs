@@ -1,6 +1,6 @@
 //! What the executor reads before it steps an attempt: the token Secret,
 //! the Lease that fences its writes, the Slurm node, the node's hold, and
-//! the NodeSets' models and records.
+//! the NodeSets' models.
 
 use super::*;
 
@@ -191,86 +191,6 @@ pub(super) fn node_cordon(n: &Node, group: &str) -> NodeCordon {
     cordon_of(hold_owner(n).as_deref(), group)
 }
 
-/// What remediation reads of a NodeSet object (none without a namespace
-/// and name).
-pub fn nodeset_model(ns: &DynamicObject) -> Option<NodeSetModel> {
-    let spec = &ns.data["spec"];
-    let max_unavailable = &spec["updateStrategy"]["rollingUpdate"]["maxUnavailable"];
-    let annotations = ns.metadata.annotations.as_ref();
-    Some(NodeSetModel {
-        namespace: ns.metadata.namespace.clone()?,
-        name: ns.metadata.name.clone()?,
-        annotations: [REMEDIATE_ANNOTATION, REMEDIATE_ON_ANNOTATION]
-            .into_iter()
-            .filter_map(|k| Some((k.to_string(), annotations?.get(k)?.clone())))
-            .collect(),
-        replicas: spec["replicas"].as_u64(),
-        max_unavailable: match (max_unavailable.as_u64(), max_unavailable.as_str()) {
-            (Some(n), _) => Some(IntOrString::Int(n)),
-            (None, Some(s)) => Some(IntOrString::String(s.to_string())),
-            (None, None) => None,
-        },
-    })
-}
-
 pub(super) fn nodeset_models(snap: &EvaluationSnapshot) -> Vec<NodeSetModel> {
-    snap.nodesets
-        .iter()
-        .filter_map(|n| nodeset_model(n))
-        .collect()
-}
-
-pub(super) fn nodeset_key(ns: &DynamicObject) -> Option<String> {
-    Some(format!(
-        "{}/{}",
-        ns.metadata.namespace.as_deref()?,
-        ns.metadata.name.as_deref()?
-    ))
-}
-
-pub(super) fn attempts_annotation(ns: &DynamicObject) -> Option<&str> {
-    ns.metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(ATTEMPTS_ANNOTATION))
-        .map(String::as_str)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use mountguard_core::remediation::inputs::max_unavailable;
-
-    fn nodeset(spec: serde_json::Value) -> DynamicObject {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
-            "metadata": {"namespace": "slurm", "name": "worker"},
-            "spec": spec,
-        }))
-        .expect("object")
-    }
-
-    #[test]
-    fn max_unavailable_from_the_nodeset() {
-        let t = [
-            (serde_json::json!({"replicas": 8}), 2),
-            (serde_json::json!({"replicas": 3}), 1),
-            (
-                serde_json::json!({"replicas": 10, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 3}}}),
-                3,
-            ),
-            (
-                serde_json::json!({"replicas": 10, "updateStrategy": {"rollingUpdate": {"maxUnavailable": "50%"}}}),
-                5,
-            ),
-            (
-                serde_json::json!({"replicas": 10, "updateStrategy": {"rollingUpdate": {"maxUnavailable": 0}}}),
-                0,
-            ),
-        ];
-        for (spec, want) in t {
-            let model = nodeset_model(&nodeset(spec.clone())).expect("named");
-            assert_eq!(max_unavailable(&model), want, "{spec}");
-        }
-    }
+    snap.nodesets.iter().map(|n| n.model.clone()).collect()
 }

@@ -331,16 +331,17 @@ impl Executor {
         }];
         match owner {
             Owner::NodeSet(nodeset) => {
-                if let Some(ns) = snap.nodesets.iter().find(|n| {
-                    n.metadata.namespace.as_deref() == Some(namespace)
-                        && n.metadata.name.as_deref() == Some(nodeset)
-                }) {
+                if let Some(ns) = snap
+                    .nodesets
+                    .iter()
+                    .find(|n| n.model.namespace == namespace && n.model.name == nodeset)
+                {
                     refs.push(ObjectReference {
                         api_version: Some("slinky.slurm.net/v1beta1".into()),
                         kind: Some("NodeSet".into()),
                         namespace: Some(namespace.into()),
                         name: Some(nodeset.into()),
-                        uid: ns.metadata.uid.clone(),
+                        uid: ns.uid.clone(),
                         ..Default::default()
                     });
                 }

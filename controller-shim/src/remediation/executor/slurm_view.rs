@@ -24,7 +24,7 @@ impl Executor {
         };
         let wanted = wanted(&snap.verdicts);
         let due = {
-            let mut store = self.shared.verdicts.write().unwrap();
+            let mut store = self.store.write().unwrap();
             store.slurm.nodes.retain(|n, _| wanted.contains(n));
             due(&wanted, &store.slurm, now)
         };
@@ -63,7 +63,7 @@ impl Executor {
                 reads.push((name, outcome));
             }
         }
-        let mut store = self.shared.verdicts.write().unwrap();
+        let mut store = self.store.write().unwrap();
         for (name, outcome) in reads {
             store
                 .slurm

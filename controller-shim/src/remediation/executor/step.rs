@@ -85,18 +85,11 @@ impl Executor {
             }
             let group_drained = match &a.group {
                 Some(g) => {
-                    let members: Vec<String> = self
-                        .attempts
-                        .values()
-                        .filter(|m| m.group.as_deref() == Some(g) && m.is_open())
-                        .map(|m| m.slurm_node.clone())
-                        .collect();
-                    let mut all = true;
-                    for m in members {
-                        let o = self.node(&mut nodes, &m).await;
-                        all &= matches!(o, SlurmObservation::Node(n) if n.drained());
+                    let mut read = Vec::new();
+                    for m in group_members(self.attempts.values(), g) {
+                        read.push(self.node(&mut nodes, &m).await);
                     }
-                    all
+                    group_drained(&read)
                 }
                 None => false,
             };

@@ -1,23 +1,43 @@
-//! What the evaluation task publishes of a pod's verdicts: its state
-//! counts, which verdicts keep a mount series and their labels, and the
-//! text of its Events (with what Slurm shows of a stale worker's node).
+//! How a pod's verdicts are told outside the status documents: its state
+//! counts and which verdicts keep a `mountguard_mount_state` series with
+//! which labels (the controller's metrics), and the text of its Events
+//! (with what Slurm shows of a stale worker's node); and [`PodCheck`], what
+//! a pod's verdicts were computed against, which the Events and the status
+//! API both tell. Pure: the controller registers the metrics and writes
+//! the Events.
 
-use mountguard_core::remediation::slurm_view::{SlurmSide, with_side};
-use mountguard_core::verdict::{PodVerdicts, State, UnverifiableReason, Verdict};
+use super::types::{PodVerdicts, State, UnverifiableReason, Verdict};
+use crate::fingerprint::Fingerprint;
+use crate::model::{CompactTime, FingerprintList, PodModel, SourceRef};
+use crate::remediation::slurm_view::{SlurmSide, with_side};
 
-use crate::api::store::PodCheck;
-use crate::runtime::metrics::{MountLabels, StateCounts};
+/// What one pod's verdicts were computed against: the node inventory's scan
+/// time and the fingerprint of every source the pod references.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodCheck {
+    /// Scan time of the node inventory (none: no inventory).
+    /// (Compact: 16 bytes instead of 24 in every published pod.)
+    pub scanned_at: Option<CompactTime>,
+    /// Keyed fingerprint of each source the pod references, in the order
+    /// of [`PodModel::references`] (`None`: absent). The references are
+    /// the pod's own, so they are not stored again.
+    /// (Interned: pods referencing the same sources share the list; one
+    /// word, so a check is 24 bytes and a published pod 48, not 56.)
+    pub fingerprints: FingerprintList,
+}
 
-/// A fingerprint as the engine's history spells it (12 hex characters).
-pub(crate) fn parse_fingerprint(hex_text: &str) -> Option<mountguard_core::Fingerprint> {
-    let mut fp = [0u8; mountguard_core::Fingerprint::LEN];
-    hex::decode_to_slice(hex_text, &mut fp).ok()?;
-    Some(mountguard_core::Fingerprint(fp))
+impl PodCheck {
+    /// The fingerprint recorded for `r`: `None` when `pod` does not
+    /// reference `r`, `Some(None)` when `r` was absent.
+    pub fn source(&self, pod: &PodModel, r: &SourceRef) -> Option<Option<Fingerprint>> {
+        let i = pod.references().iter().position(|x| x == r)?;
+        self.fingerprints.get(i).copied()
+    }
 }
 
 /// Subjects per state name of one pod.
-pub fn counts_of(pv: &PodVerdicts) -> StateCounts {
-    let mut counts: StateCounts = Vec::new();
+pub fn counts_of(pv: &PodVerdicts) -> Vec<(&'static str, i64)> {
+    let mut counts: Vec<(&'static str, i64)> = Vec::new();
     for v in pv.verdicts.iter() {
         let name = v.state.name();
         match counts.iter_mut().find(|(s, _)| *s == name) {
@@ -44,8 +64,9 @@ pub fn has_series(s: &State) -> bool {
     )
 }
 
-/// The `mountguard_mount_state` labels of a verdict.
-pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> MountLabels {
+/// The `mountguard_mount_state` labels of a verdict, in label order
+/// `namespace, pod, node, volume, source_kind, source_name, state, cause`.
+pub fn mount_labels(pv: &PodVerdicts, v: &Verdict) -> [String; 8] {
     let pod = &pv.pod;
     let volume = pv.subject(v).metric_label();
     let sources = pv.sources(v);
