@@ -34,6 +34,7 @@ use tracing::{debug, warn};
 use crate::runtime::limits::TokenBucket;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shutdown::Shutdown;
+use mountguard_core::remediation::slurm_view::SlurmFinding;
 use mountguard_core::verdict::{StaleCause, State, SubjectId};
 
 /// The reporting component of Events.
@@ -147,6 +148,9 @@ impl Keyed for TrackedPod {
 #[derive(Debug, Default)]
 pub struct Tracker {
     subjects: KeyedTable<TrackedPod>,
+    /// What the last Event of a subject in alarm said of its Slurm node
+    /// (only NodeSet workers with a Slurm side: few entries).
+    slurm_told: HashMap<(PodUid, SubjectId), SlurmFinding>,
 }
 
 impl Tracker {
@@ -176,6 +180,9 @@ impl Tracker {
             .and_then(|p| p.subjects.iter().find(|(s, _)| *s == id))
             .map_or(default, |(_, t)| *t);
         let (next, ev) = decide(prev, state);
+        if !matches!(next, Tracked::Alarm(_)) && !self.slurm_told.is_empty() {
+            self.slurm_told.remove(&(uid.clone(), id));
+        }
         if next == Tracked::Clear {
             if let Some(p) = self.subjects.get_mut(uid) {
                 p.subjects.retain(|(s, _)| *s != id);
@@ -197,6 +204,42 @@ impl Tracker {
         ev
     }
 
+    /// The reason of the alarm subject `id` of pod `uid` is in, if any.
+    pub fn alarm(&self, uid: &PodUid, id: SubjectId) -> Option<Reason> {
+        match self
+            .subjects
+            .get(uid)?
+            .subjects
+            .iter()
+            .find(|(s, _)| *s == id)?
+        {
+            (_, Tracked::Alarm(r)) => Some(*r),
+            _ => None,
+        }
+    }
+
+    /// What the last Event of subject `id` of pod `uid` said of its Slurm
+    /// node, while it is in alarm.
+    pub fn slurm_told(&self, uid: &PodUid, id: SubjectId) -> Option<SlurmFinding> {
+        if self.slurm_told.is_empty() {
+            return None;
+        }
+        self.slurm_told.get(&(uid.clone(), id)).copied()
+    }
+
+    /// Records what an Event of subject `id` of pod `uid` just said of its
+    /// Slurm node (nothing, or a subject not in alarm: forgotten).
+    pub fn tell_slurm(&mut self, uid: &PodUid, id: SubjectId, finding: Option<SlurmFinding>) {
+        match finding {
+            Some(f) if self.alarm(uid, id).is_some() => {
+                self.slurm_told.insert((uid.clone(), id), f);
+            }
+            _ => {
+                self.slurm_told.remove(&(uid.clone(), id));
+            }
+        }
+    }
+
     /// Number of pods with a stored entry.
     pub fn len(&self) -> usize {
         self.subjects.len()
@@ -212,6 +255,7 @@ impl Tracker {
         if self.subjects.remove(uid).is_some() {
             self.shrink();
         }
+        self.slurm_told.retain(|(u, _), _| u != uid);
     }
 
     /// Gives back the position table's room once it is mostly empty: it
@@ -229,6 +273,7 @@ impl Tracker {
     /// Forgets everything (new leader).
     pub fn clear(&mut self) {
         self.subjects.clear();
+        self.slurm_told.clear();
     }
 }
 

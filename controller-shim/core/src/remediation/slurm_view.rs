@@ -110,6 +110,20 @@ pub enum SlurmFinding {
     NotRead,
 }
 
+/// Whether a verdict still in alarm is told again (an Event with the same
+/// reason and the new text) because what Slurm shows of its node changed
+/// since its last Event said `told`: the first Event of a stale worker is
+/// often written before its node was read ("not read yet"), and a later
+/// read (the node has not registered since the change, or it has) is what
+/// an operator needs beside the verdict. A read that failed or has not
+/// happened is no news.
+pub fn retell(told: Option<SlurmFinding>, now: Option<SlurmFinding>) -> bool {
+    match (told, now) {
+        (Some(t), Some(n)) => n != t && n != SlurmFinding::NotRead,
+        _ => false,
+    }
+}
+
 /// What a verdict shows of its worker's Slurm node (the status API's
 /// `slurm` field).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,6 +3,7 @@
 //! verdicts, and the node metrics.
 
 use super::*;
+use mountguard_core::remediation::slurm_view::retell;
 
 impl EvalTask {
     /// What the rollout endpoint says about a source: its current
@@ -144,8 +145,21 @@ impl EvalTask {
             if has_series(&v.state) {
                 labels.push(mount_labels(pv, v));
             }
-            if let Some(reason) = self.tracker.observe(&pod.uid, v.id, &v.state, baselined) {
-                let side = slurm.side(pv, v, |r| self.changed_at(r));
+            let event = self.tracker.observe(&pod.uid, v.id, &v.state, baselined);
+            // A verdict in alarm is told again when what Slurm shows of its
+            // node changed since its last Event (`retell`).
+            let told = self.tracker.slurm_told(&pod.uid, v.id);
+            if event.is_none() && told.is_none() {
+                continue;
+            }
+            let side = slurm.side(pv, v, |r| self.changed_at(r));
+            let finding = side.as_ref().map(|s| s.finding);
+            let reason = match event {
+                Some(r) => Some(r),
+                None if retell(told, finding) => self.tracker.alarm(&pod.uid, v.id),
+                None => None,
+            };
+            if let Some(reason) = reason {
                 requests.push(EventRequest {
                     namespace: pod.namespace().to_string(),
                     pod: pod.name.to_string(),
@@ -153,6 +167,7 @@ impl EvalTask {
                     reason,
                     message: event_message(pv, v, check, side.as_ref()),
                 });
+                self.tracker.tell_slurm(&pod.uid, v.id, finding);
             }
         }
         let counts = counts_of(pv);

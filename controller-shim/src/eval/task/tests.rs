@@ -732,3 +732,61 @@ fn a_stale_workers_event_says_what_slurm_shows() {
         "{m}"
     );
 }
+
+/// The first StaleMount Event of a worker whose node was not read yet says
+/// so; once a read shows the node has not registered since the change, the
+/// next evaluation of the pod (a newer scan) tells it again with Slurm's
+/// side, once: the same read tells nothing more.
+#[test]
+fn a_stale_worker_is_told_again_once_slurm_is_read() {
+    use mountguard_core::model::NodeSetMember;
+    use mountguard_core::remediation::SlurmNodeState;
+    use mountguard_core::remediation::slurm_view::{ReadOutcome, SlurmRead};
+    let mut worker = pod_model("u1", "w-0", "n1");
+    worker.slinky = NodeSetMember::boxed("worker".into(), Some("w-0".into()));
+    let (mut r, mut ix, t0) = started(b"new", vec![Input::Pod(worker)]);
+    n1_shows(&mut r, 1, "2026-11-30T10:00:00Z", b"new", t0);
+    assert!(drain(&mut r.events).is_empty(), "baseline");
+    r.store.write().unwrap().slurm.enabled = true;
+    let rotated = ts("2026-11-30T10:05:00Z");
+    let first = stale_mount_after_rotation(&mut r, &mut ix, 2, "2026-11-30T10:10:00Z", rotated);
+    assert!(first.ends_with("Slurm not read yet (node w-0)."), "{first}");
+    r.store.write().unwrap().slurm.nodes.insert(
+        "w-0".into(),
+        SlurmRead {
+            at: ts("2026-11-30T10:11:00Z"),
+            outcome: ReadOutcome::Node(SlurmNodeState {
+                state: vec!["IDLE".into()],
+                reason: String::new(),
+                reason_set_by_user: String::new(),
+                alloc_cpus: 0,
+                slurmd_start_time: Some(0),
+            }),
+        },
+    );
+    n1_shows(
+        &mut r,
+        3,
+        "2026-11-30T10:12:00Z",
+        b"new",
+        ts("2026-11-30T10:12:00Z"),
+    );
+    let ev = drain(&mut r.events);
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    assert_eq!(ev[0].reason.as_str(), "StaleMount");
+    assert!(
+        ev[0]
+            .message
+            .contains("Slurm: node w-0 has not registered since the content changed"),
+        "{}",
+        ev[0].message
+    );
+    n1_shows(
+        &mut r,
+        4,
+        "2026-11-30T10:13:00Z",
+        b"new",
+        ts("2026-11-30T10:13:00Z"),
+    );
+    assert!(drain(&mut r.events).is_empty(), "told once");
+}

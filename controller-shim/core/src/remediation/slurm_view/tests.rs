@@ -401,3 +401,21 @@ fn advice_is_followed_by_what_slurm_shows() {
     assert_eq!(with_side(Some("A.".into()), None).as_deref(), Some("A."));
     assert_eq!(with_side(None, None), None);
 }
+
+#[test]
+fn a_verdict_is_told_again_only_when_a_read_says_something_new() {
+    use SlurmFinding::*;
+    assert!(retell(Some(NotRead), Some(NotRegistered)));
+    assert!(retell(Some(NotRead), Some(UnknownNode)));
+    assert!(retell(Some(NotRegistered), Some(Registered)));
+    assert!(!retell(Some(NotRegistered), Some(NotRegistered)));
+    assert!(
+        !retell(Some(NotRegistered), Some(NotRead)),
+        "a failed read is no news"
+    );
+    assert!(
+        !retell(None, Some(NotRegistered)),
+        "never told: the first Event says it"
+    );
+    assert!(!retell(Some(NotRead), None), "no Slurm side shown any more");
+}
