@@ -23,6 +23,7 @@ mod install;
 mod local_cluster;
 mod netpol;
 mod nodeset;
+mod restart;
 mod runtime;
 mod toggle;
 mod upgrade;

@@ -187,7 +187,7 @@ pub fn step(
                     s.actions.push(Action::Persist);
                 }
                 let since = s.a.drain_requested_at.unwrap_or(s.a.phase_since);
-                if n.busy() {
+                if n.waits_for_jobs() {
                     if s.elapsed_since(since) >= cfg.drain_timeout {
                         let msg = format!(
                             "jobs still run on Slurm node {slurm_node} after the drain timeout ({:?})",
@@ -276,7 +276,7 @@ pub fn step(
                         );
                         s.fail(FailReason::DrainRemoved, msg, obs);
                     }
-                    SlurmObservation::Node(n) if !n.busy() => {
+                    SlurmObservation::Node(n) if !n.waits_for_jobs() => {
                         s.evict_pod();
                     }
                     SlurmObservation::Node(_) => {}

@@ -164,6 +164,23 @@ impl SlurmNodeState {
         self.has("ALLOCATED") || self.has("MIXED") || self.has("COMPLETING") || self.alloc_cpus > 0
     }
 
+    /// Whether a repair waits for the node's jobs: [`Self::busy`], unless
+    /// the jobs are only finishing (COMPLETING, neither ALLOCATED nor MIXED)
+    /// and slurmctld reports no registration of the node's slurmd
+    /// (`slurmd_start_time` 0). Then their end can only be reported by a
+    /// slurmd that authenticates: a job Slurm tried to launch on a slurmd on
+    /// a key slurmctld does not hold stays COMPLETING on that node until a
+    /// TERMINATE_JOB reaches a slurmd that answers (Slurm 26.05
+    /// src/slurmctld/job_mgr.c `_list_find_job_old` -> `re_kill_job` in
+    /// src/slurmctld/node_scheduler.c, which skips a NOT_RESPONDING node),
+    /// that is, the replacement's. Waiting for it would hold the drain until
+    /// the drain timeout (24 h by default). A running job (ALLOCATED or
+    /// MIXED) is always waited for.
+    pub fn waits_for_jobs(&self) -> bool {
+        let finishing_only = !self.has("ALLOCATED") && !self.has("MIXED");
+        self.busy() && !(finishing_only && self.slurmd_start_time == Some(0))
+    }
+
     /// Closed to new jobs by a drain or a FAIL (Slurm sets one or the
     /// other: `update_node` in `src/slurmctld/node_mgr.c` clears both before
     /// setting either).

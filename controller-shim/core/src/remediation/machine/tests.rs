@@ -294,6 +294,64 @@ fn cases() -> Vec<Case> {
             Phase::Drained,
         ),
         case(
+            "drained does not wait for a job only completing on a slurmd Slurm holds no registration of",
+            Phase::Drained,
+            obs(
+                SlurmObservation::Node(SlurmNodeState {
+                    alloc_cpus: 1,
+                    slurmd_start_time: Some(0),
+                    ..node(&["IDLE", "DRAIN", "COMPLETING"], &attempt().drain_reason)
+                }),
+                Some(OLD),
+            ),
+            Phase::Drained,
+        )
+        .writes(&[W::Hold]),
+        case(
+            "such a node under our FAIL hold is evicted",
+            Phase::Drained,
+            obs(
+                SlurmObservation::Node(SlurmNodeState {
+                    alloc_cpus: 1,
+                    slurmd_start_time: Some(0),
+                    ..node(
+                        &["IDLE", "FAIL", "COMPLETING", "NOT_RESPONDING"],
+                        &attempt().drain_reason,
+                    )
+                }),
+                Some(OLD),
+            ),
+            Phase::Evicting,
+        )
+        .writes(&[W::Evict])
+        .events(&[E::SlurmNodeDrained]),
+        case(
+            "drained still waits for a running job on a slurmd Slurm holds no registration of",
+            Phase::Drained,
+            obs(
+                SlurmObservation::Node(SlurmNodeState {
+                    alloc_cpus: 1,
+                    slurmd_start_time: Some(0),
+                    ..node(&["MIXED", "DRAIN", "COMPLETING"], &attempt().drain_reason)
+                }),
+                Some(OLD),
+            ),
+            Phase::Drained,
+        ),
+        case(
+            "drained waits for a completing job on a registered slurmd",
+            Phase::Drained,
+            obs(
+                SlurmObservation::Node(SlurmNodeState {
+                    alloc_cpus: 1,
+                    slurmd_start_time: Some(1_700_000_000),
+                    ..node(&["IDLE", "DRAIN", "COMPLETING"], &attempt().drain_reason)
+                }),
+                Some(OLD),
+            ),
+            Phase::Drained,
+        ),
+        case(
             "drained without jobs sets the FAIL hold first",
             Phase::Drained,
             obs(ours(&["IDLE", "DRAIN"]), Some(OLD)),
