@@ -461,6 +461,9 @@ async fn stale_key_in_the_slurmd_container_repaired(node: RealNode, workers: Wor
     );
     slurm.cancel_job(job).await.expect("cancel");
     let (start, states) = real_node_state(&slurm, &host).await.expect("the node");
+    // COMPLETING when Slurm tried to launch the job there: the repair must
+    // not wait for it (only the replacement's slurmd can end it).
+    println!("the stale node after the cancelled job: {states:?}");
     // slurmctld restores the node from its saved state with
     // `slurmd_start_time` 0; only an authenticated registration sets it.
     assert_eq!(
@@ -475,7 +478,24 @@ async fn stale_key_in_the_slurmd_container_repaired(node: RealNode, workers: Wor
     // On: drain, evict, the replacement registers on the new key, resume.
     upgrade(&helm, &["remediation.mode=on"]);
     controller_with_remediation(&node, "on").await;
-    let new = running_worker(&client, Some(&old_uid)).await;
+    // The replacement; on failure, what the controller and Slurm said.
+    let replaced = tokio::time::timeout(
+        Duration::from_secs(230),
+        running_worker(&client, Some(&old_uid)),
+    )
+    .await;
+    let new = match replaced {
+        Ok(p) => p,
+        Err(_) => {
+            let (_, status, _) = kubectl_mountguard(&node, bin.path(), &["status"]).await;
+            panic!(
+                "no replacement of the stale worker\n{status}\nnode: {:?}\n{}\n{}",
+                real_node_state(&slurm, &host).await,
+                slurm.logs(30),
+                node.logs(40)
+            );
+        }
+    };
     let new_uid = new["metadata"]["uid"].as_str().expect("uid").to_string();
     let (code, out, err) = kubectl_mountguard(
         &node,
