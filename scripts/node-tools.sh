@@ -49,26 +49,19 @@ flock 9
 # kube-proxy and kubectl: the module scripts/upstream.sh writes (k8s_module:
 # same go.mod, so the Go build cache it filled is reused). kubectl runs the
 # user docs' commands against the tier's install (docs_commands.rs).
-if [ ! -x "$out/bin/kubectl" ]; then
-    log "building kubectl $K8S_VERSION"
-    start=$SECONDS
+k8s_binary() { # name
+    [ -x "$out/bin/$1" ] && return 0
+    log "building $1 $K8S_VERSION"
+    local start=$SECONDS ldflags
     k8s_module "$K8S_VERSION" "$out/src/k8s" "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
     ldflags="$(k8s_ldflags "$K8S_VERSION")"
     (cd "$out/src/k8s" && nice -n 10 "$GO" build -trimpath -ldflags "$ldflags" \
-        -o "$out/bin/kubectl.new" k8s.io/kubernetes/cmd/kubectl)
-    mv "$out/bin/kubectl.new" "$out/bin/kubectl"
-    log "kubectl built in $((SECONDS - start)) s"
-fi
-if [ ! -x "$out/bin/kube-proxy" ]; then
-    log "building kube-proxy $K8S_VERSION"
-    start=$SECONDS
-    k8s_module "$K8S_VERSION" "$out/src/k8s" "go.etcd.io/etcd/server/v3 $ETCD_VERSION"
-    ldflags="$(k8s_ldflags "$K8S_VERSION")"
-    (cd "$out/src/k8s" && nice -n 10 "$GO" build -trimpath -ldflags "$ldflags" \
-        -o "$out/bin/kube-proxy.new" k8s.io/kubernetes/cmd/kube-proxy)
-    mv "$out/bin/kube-proxy.new" "$out/bin/kube-proxy"
-    log "kube-proxy built in $((SECONDS - start)) s"
-fi
+        -o "$out/bin/$1.new" "k8s.io/kubernetes/cmd/$1")
+    mv "$out/bin/$1.new" "$out/bin/$1"
+    log "$1 built in $((SECONDS - start)) s"
+}
+k8s_binary kubectl
+k8s_binary kube-proxy
 
 # A program from a module of its own:
 #   build_module NAME MODULE VERSION PACKAGE LDFLAGS [TAGS]

@@ -69,6 +69,33 @@ fn controller_slurm_writes(slurm: &SlurmHandle) -> Vec<WriteRecord> {
         .collect()
 }
 
+/// Opts the NodeSet in and installs the chart as an operator configures
+/// it for Slinky: slurmrestd at `url` with tokens for `user` minted from
+/// slurmctld's jwt.key, the toggle off.
+async fn opt_in_and_install(node: &RealNode, client: &kube::Client, url: &str, user: &str) -> Helm {
+    let (code, body) = raw(
+        client,
+        "PATCH",
+        &format!("/apis/slinky.slurm.net/v1beta1/namespaces/{SLURM_NAMESPACE}/nodesets/{NODESET}"),
+        Some(&json!({"metadata": {"annotations": {REMEDIATE_ANNOTATION: "true"}}})),
+    )
+    .await
+    .expect("opt in");
+    assert_eq!(code, 200, "opting the NodeSet in: {body}");
+    let helm = Helm::new(node);
+    let settings = [
+        format!("remediation.slurmrestd.url={url}"),
+        format!("remediation.slurmrestd.jwtKeySecret.namespace={SLURM_NAMESPACE}"),
+        format!("remediation.slurmrestd.jwtKeySecret.name={JWT_SECRET}"),
+        format!("remediation.slurmrestd.user={user}"),
+        "remediation.delay=5s".to_string(),
+        "controller.grace=10s".to_string(),
+    ];
+    let extra: Vec<&str> = settings.iter().flat_map(|s| ["--set", s]).collect();
+    install(node, &helm, &extra).await;
+    helm
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drains_and_undrains() {
     let node = real_node_or_skip!(
@@ -89,29 +116,7 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drain
     create_nodeset(&client, 1, template)
         .await
         .expect("the Slinky objects");
-    let (code, body) = raw(
-        &client,
-        "PATCH",
-        &format!("/apis/slinky.slurm.net/v1beta1/namespaces/{SLURM_NAMESPACE}/nodesets/{NODESET}"),
-        Some(&json!({"metadata": {"annotations": {REMEDIATE_ANNOTATION: "true"}}})),
-    )
-    .await
-    .expect("opt in");
-    assert_eq!(code, 200, "opting the NodeSet in: {body}");
-
-    // The chart as an operator configures it for Slinky: slurmrestd and
-    // slurmctld's jwt.key, the toggle off.
-    let helm = Helm::new(&node);
-    let settings = [
-        format!("remediation.slurmrestd.url={url}"),
-        format!("remediation.slurmrestd.jwtKeySecret.namespace={SLURM_NAMESPACE}"),
-        format!("remediation.slurmrestd.jwtKeySecret.name={JWT_SECRET}"),
-        format!("remediation.slurmrestd.user={SLURM_USER}"),
-        "remediation.delay=5s".to_string(),
-        "controller.grace=10s".to_string(),
-    ];
-    let extra: Vec<&str> = settings.iter().flat_map(|s| ["--set", s]).collect();
-    install(&node, &helm, &extra).await;
+    let helm = opt_in_and_install(&node, &client, &url, SLURM_USER).await;
 
     let old = running_worker(&client, None).await;
     let old_uid = old["metadata"]["uid"].as_str().expect("uid").to_string();
@@ -379,27 +384,7 @@ async fn stale_key_in_the_slurmd_container_repaired(node: RealNode, workers: Wor
     let image = node.images.slurmd.clone().expect("the slurmd image");
     let host = format!("{NODESET}-0");
     create_slurm_worker(&client, &slurm, &image, workers).await;
-    let (code, body) = raw(
-        &client,
-        "PATCH",
-        &format!("/apis/slinky.slurm.net/v1beta1/namespaces/{SLURM_NAMESPACE}/nodesets/{NODESET}"),
-        Some(&json!({"metadata": {"annotations": {REMEDIATE_ANNOTATION: "true"}}})),
-    )
-    .await
-    .expect("opt in");
-    assert_eq!(code, 200, "opting the NodeSet in: {body}");
-
-    let helm = Helm::new(&node);
-    let settings = [
-        format!("remediation.slurmrestd.url={url}"),
-        format!("remediation.slurmrestd.jwtKeySecret.namespace={SLURM_NAMESPACE}"),
-        format!("remediation.slurmrestd.jwtKeySecret.name={JWT_SECRET}"),
-        format!("remediation.slurmrestd.user={REAL_SLURM_USER}"),
-        "remediation.delay=5s".to_string(),
-        "controller.grace=10s".to_string(),
-    ];
-    let extra: Vec<&str> = settings.iter().flat_map(|s| ["--set", s]).collect();
-    install(&node, &helm, &extra).await;
+    let helm = opt_in_and_install(&node, &client, &url, REAL_SLURM_USER).await;
 
     // The worker's slurmd registered on the first key, and runs a job.
     let old = running_worker(&client, None).await;

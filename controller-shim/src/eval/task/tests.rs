@@ -689,13 +689,28 @@ fn reset_forgets_reports_and_stale_inventory_ages_out() {
     assert!(drain(&mut r.events).is_empty());
 }
 
+/// A read at `at` of a Slurm node that is IDLE and holds no registration
+/// of its slurmd (`slurmd_start_time` 0: a slurmd on a stale key).
+fn unregistered_at(at: &str) -> mountguard_core::remediation::slurm_view::SlurmRead {
+    use mountguard_core::remediation::SlurmNodeState;
+    use mountguard_core::remediation::slurm_view::{ReadOutcome, SlurmRead};
+    SlurmRead {
+        at: ts(at),
+        outcome: ReadOutcome::Node(SlurmNodeState {
+            state: vec!["IDLE".into()],
+            reason: String::new(),
+            reason_set_by_user: String::new(),
+            alloc_cpus: 0,
+            slurmd_start_time: Some(0),
+        }),
+    }
+}
+
 /// A NodeSet worker's StaleMount Event says what Slurm shows of its node
 /// (kept by remediation's reads), compared with when the new key arrived.
 #[test]
 fn a_stale_workers_event_says_what_slurm_shows() {
     use mountguard_core::model::NodeSetMember;
-    use mountguard_core::remediation::SlurmNodeState;
-    use mountguard_core::remediation::slurm_view::{ReadOutcome, SlurmRead};
     let mut worker = pod_model("u1", "w-0", "n1");
     worker.slinky = NodeSetMember::boxed("worker".into(), Some("w-0".into()));
     let (mut r, mut ix, t0) = started(b"new", vec![Input::Pod(worker)]);
@@ -704,19 +719,10 @@ fn a_stale_workers_event_says_what_slurm_shows() {
     {
         let mut store = r.store.write().unwrap();
         store.slurm.enabled = true;
-        store.slurm.nodes.insert(
-            "w-0".into(),
-            SlurmRead {
-                at: ts("2026-11-30T10:06:00Z"),
-                outcome: ReadOutcome::Node(SlurmNodeState {
-                    state: vec!["IDLE".into()],
-                    reason: String::new(),
-                    reason_set_by_user: String::new(),
-                    alloc_cpus: 0,
-                    slurmd_start_time: Some(0),
-                }),
-            },
-        );
+        store
+            .slurm
+            .nodes
+            .insert("w-0".into(), unregistered_at("2026-11-30T10:06:00Z"));
     }
     // The key is recreated at 10:05; the node keeps serving the old one.
     let rotated = ts("2026-11-30T10:05:00Z");
@@ -740,8 +746,6 @@ fn a_stale_workers_event_says_what_slurm_shows() {
 #[test]
 fn a_stale_worker_is_told_again_once_slurm_is_read() {
     use mountguard_core::model::NodeSetMember;
-    use mountguard_core::remediation::SlurmNodeState;
-    use mountguard_core::remediation::slurm_view::{ReadOutcome, SlurmRead};
     let mut worker = pod_model("u1", "w-0", "n1");
     worker.slinky = NodeSetMember::boxed("worker".into(), Some("w-0".into()));
     let (mut r, mut ix, t0) = started(b"new", vec![Input::Pod(worker)]);
@@ -751,19 +755,12 @@ fn a_stale_worker_is_told_again_once_slurm_is_read() {
     let rotated = ts("2026-11-30T10:05:00Z");
     let first = stale_mount_after_rotation(&mut r, &mut ix, 2, "2026-11-30T10:10:00Z", rotated);
     assert!(first.ends_with("Slurm not read yet (node w-0)."), "{first}");
-    r.store.write().unwrap().slurm.nodes.insert(
-        "w-0".into(),
-        SlurmRead {
-            at: ts("2026-11-30T10:11:00Z"),
-            outcome: ReadOutcome::Node(SlurmNodeState {
-                state: vec!["IDLE".into()],
-                reason: String::new(),
-                reason_set_by_user: String::new(),
-                alloc_cpus: 0,
-                slurmd_start_time: Some(0),
-            }),
-        },
-    );
+    r.store
+        .write()
+        .unwrap()
+        .slurm
+        .nodes
+        .insert("w-0".into(), unregistered_at("2026-11-30T10:11:00Z"));
     n1_shows(
         &mut r,
         3,
