@@ -432,23 +432,46 @@ async fn stale_key_in_the_slurmd_container_repaired(node: RealNode, workers: Wor
     if let Err(e) = gated {
         panic!("{e}\n{}", node.logs(30));
     }
-    // Slurm's side of it: a job pinned to the worker does not start, and
-    // nothing drained the node, past the delay and the grace.
-    let job = slurm
-        .submit_pinned_job(&host, "#!/bin/sh\ntrue\n")
-        .await
-        .expect("submit");
-    tokio::time::sleep(Duration::from_secs(20)).await;
-    let states = slurm.job_state(job).await;
-    assert!(
-        !states.iter().any(|s| s == "COMPLETED" || s == "RUNNING"),
-        "a job on the stale slurmd: {states:?}"
-    );
-    slurm.cancel_job(job).await.expect("cancel");
+    // Slurm's side of it: a job pinned to the worker never completes, and
+    // nothing drained the node, past the delay and the grace. Slurm tries
+    // to launch a job whenever the flapping node reads IDLE alone at a
+    // scheduling pass (one runs at each submission); the launch fails
+    // authentication and the node then holds the job COMPLETING until a
+    // slurmd that authenticates answers (the replacement's). A job is
+    // submitted every 3 s until that shows (at most 60 s), so that the
+    // repair below meets the node as Slurm leaves it.
+    let mut jobs = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let tried = loop {
+        jobs.push(
+            slurm
+                .submit_pinned_job(&host, "#!/bin/sh\ntrue\n")
+                .await
+                .expect("submit"),
+        );
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (_, states) = real_node_state(&slurm, &host).await.expect("the node");
+        if states.iter().any(|s| s == "COMPLETING") {
+            break true;
+        }
+        if tokio::time::Instant::now() > deadline {
+            break false;
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for job in &jobs {
+        let states = slurm.job_state(*job).await;
+        assert!(
+            !states.iter().any(|s| s == "COMPLETED"),
+            "job {job} on the stale slurmd: {states:?}"
+        );
+        slurm.cancel_job(*job).await.expect("cancel");
+    }
     let (start, states) = real_node_state(&slurm, &host).await.expect("the node");
-    // COMPLETING when Slurm tried to launch the job there: the repair must
-    // not wait for it (only the replacement's slurmd can end it).
-    println!("the stale node after the cancelled job: {states:?}");
+    println!(
+        "the stale node after {} cancelled jobs: {states:?} (a launch tried: {tried})",
+        jobs.len()
+    );
     // slurmctld restores the node from its saved state with
     // `slurmd_start_time` 0; only an authenticated registration sets it.
     assert_eq!(
