@@ -31,6 +31,7 @@ use http_body_util::StreamBody;
 use hyper::body::{Bytes, Frame};
 use kube::api::DynamicObject;
 use kube::core::admission::AdmissionReview;
+use mountguard_controller::admission::metrics::AdmissionMetrics;
 use mountguard_controller::admission::review;
 use mountguard_controller::admission::{
     AdmissionHandler, AdmissionSettings, MAX_BODY, MAX_REVIEWS_AT_ONCE, PATH,
@@ -123,6 +124,7 @@ fn generic(body: &[u8]) -> AdmissionReview<DynamicObject> {
 /// 64 KiB chunks with a yield between them.
 async fn flood(body: Bytes, concurrent: usize) {
     let shared = Arc::new(Shared::new(Metrics::new()));
+    let metrics = AdmissionMetrics::register(&shared.metrics);
     // Not synced: a review that is read is answered "allowed" without a
     // query, so only reading and parsing are measured.
     let (tx, _rx) = tokio::sync::mpsc::channel(16);
@@ -137,6 +139,7 @@ async fn flood(body: Bytes, concurrent: usize) {
         },
         shared.clone(),
         tx,
+        metrics.clone(),
     ));
     let rss = status_mib("VmRSS");
     let peak = status_mib("VmHWM");
@@ -178,9 +181,8 @@ async fn flood(body: Bytes, concurrent: usize) {
         status_mib("VmRSS"),
         status_mib("VmHWM"),
     );
-    let overloaded = shared
-        .metrics
-        .admission_requests
+    let overloaded = metrics
+        .requests
         .with_label_values(&["other", "overloaded"])
         .get();
     assert_eq!(overloaded, unread as u64, "every unread review is counted");

@@ -94,6 +94,7 @@ impl Controller {
         let client = kube::kube_client(kube::kube_config(kubeconfig.as_deref(), None).await?)?;
 
         let metrics = Metrics::new();
+        let features = FeatureMetrics::register(&metrics);
         let shared = Arc::new(Shared::new(metrics));
         let store = ReadModel::default();
         store.write().unwrap().replicasets_watched = watch_settings
@@ -236,6 +237,7 @@ impl Controller {
                 a,
                 shared.clone(),
                 input_tx.clone(),
+                features.admission,
             ));
             tasks.push((
                 "admission-server",
@@ -365,6 +367,21 @@ impl Controller {
     }
 }
 
+/// The families each feature registers beside what it measures, all
+/// registered whether or not the feature runs, so /metrics always lists
+/// every family (zeroed when its feature is off).
+struct FeatureMetrics {
+    admission: admission::metrics::AdmissionMetrics,
+}
+
+impl FeatureMetrics {
+    fn register(m: &Metrics) -> Self {
+        Self {
+            admission: admission::metrics::AdmissionMetrics::register(m),
+        }
+    }
+}
+
 /// Reads the fingerprint key, or makes a random one (with a warning).
 pub fn load_fingerprint_key(path: Option<&std::path::Path>) -> Result<Vec<u8>, Error> {
     match path {
@@ -380,3 +397,6 @@ pub fn load_fingerprint_key(path: Option<&std::path::Path>) -> Result<Vec<u8>, E
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -16,6 +16,7 @@
 //! Every replica answers (the evaluation task indexes on replicas that do
 //! not act too).
 
+pub mod metrics;
 pub mod review;
 
 use std::convert::Infallible;
@@ -37,6 +38,7 @@ use crate::eval::{AdmissionQuery, Input};
 use crate::runtime::http::json_response;
 use crate::runtime::shutdown::Shutdown;
 use crate::state::Shared;
+use metrics::AdmissionMetrics;
 use review::{Reviewed, Verdict};
 
 /// The path the webhook is served on.
@@ -137,6 +139,7 @@ pub struct AdmissionHandler {
     settings: AdmissionSettings,
     shared: Arc<Shared>,
     inputs: mpsc::Sender<Input>,
+    metrics: AdmissionMetrics,
     /// [`MAX_REVIEWS_AT_ONCE`] permits: one per review being read.
     reading: Semaphore,
 }
@@ -149,16 +152,19 @@ struct Outcome {
 }
 
 impl AdmissionHandler {
-    /// A handler asking the evaluation task on `inputs`.
+    /// A handler asking the evaluation task on `inputs`, counting on
+    /// `metrics`.
     pub fn new(
         settings: AdmissionSettings,
         shared: Arc<Shared>,
         inputs: mpsc::Sender<Input>,
+        metrics: AdmissionMetrics,
     ) -> Self {
         Self {
             settings,
             shared,
             inputs,
+            metrics,
             reading: Semaphore::new(MAX_REVIEWS_AT_ONCE),
         }
     }
@@ -171,11 +177,11 @@ impl AdmissionHandler {
     {
         let started = Instant::now();
         let out = self.outcome(req, started).await;
-        let m = &self.shared.metrics;
-        m.admission_requests
+        let m = &self.metrics;
+        m.requests
             .with_label_values(&[out.operation, out.result])
             .inc();
-        m.admission_answer
+        m.answer
             .with_label_values(&[out.operation])
             .observe(started.elapsed().as_secs_f64());
         out.response

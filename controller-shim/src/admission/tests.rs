@@ -22,6 +22,7 @@ fn settings(mode: Mode, answer_timeout: Duration) -> AdmissionSettings {
 struct Rig {
     handler: Arc<AdmissionHandler>,
     shared: Arc<Shared>,
+    metrics: AdmissionMetrics,
     queries: Arc<std::sync::Mutex<Vec<(String, Operation)>>>,
 }
 
@@ -33,6 +34,7 @@ fn rig(mode: Mode, view: Option<NameView>, ready: bool) -> Rig {
 
 fn rig_with(settings: AdmissionSettings, view: Option<NameView>, ready: bool) -> Rig {
     let shared = Arc::new(Shared::new(Metrics::new()));
+    let metrics = AdmissionMetrics::register(&shared.metrics);
     shared.ready.store(ready, Ordering::SeqCst);
     let (tx, mut rx) = mpsc::channel::<Input>(16);
     let queries = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -55,8 +57,14 @@ fn rig_with(settings: AdmissionSettings, view: Option<NameView>, ready: bool) ->
         }
     });
     Rig {
-        handler: Arc::new(AdmissionHandler::new(settings, shared.clone(), tx)),
+        handler: Arc::new(AdmissionHandler::new(
+            settings,
+            shared.clone(),
+            tx,
+            metrics.clone(),
+        )),
         shared,
+        metrics,
         queries,
     }
 }
@@ -124,9 +132,8 @@ async fn send(r: &Rig, body: &Value) -> (StatusCode, Value) {
 }
 
 fn count(r: &Rig, operation: &str, result: &str) -> u64 {
-    r.shared
-        .metrics
-        .admission_requests
+    r.metrics
+        .requests
         .with_label_values(&[operation, result])
         .get()
 }
@@ -154,9 +161,8 @@ async fn a_delete_of_a_held_immutable_secret_is_allowed_with_warnings() {
     );
     assert_eq!(count(&r, "delete", "warned"), 1);
     assert_eq!(
-        r.shared
-            .metrics
-            .admission_answer
+        r.metrics
+            .answer
             .with_label_values(&["delete"])
             .get_sample_count(),
         1

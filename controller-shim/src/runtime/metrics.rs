@@ -1,5 +1,11 @@
 //! The controller's Prometheus metrics: one registry, prefix `mountguard_`,
-//! the names of the runtime contract (the chart's alerts use them).
+//! the names of the runtime contract (the chart's alerts use them). Here
+//! are the registry and the families every task shares; a feature
+//! registers its own families beside what they measure
+//! ([`Metrics::register`], e.g. `admission/metrics.rs`), and
+//! [`Metrics::families`] lists them all.
+
+use std::sync::{Arc, Mutex};
 
 use foldhash::HashMap;
 use mountguard_core::PodUid;
@@ -25,10 +31,15 @@ pub const MOUNT_STATE_LABELS: [&str; 8] = [
     "cause",
 ];
 
-/// Every metric of the controller.
+/// The registry and the families every task shares; each feature
+/// registers its own families beside what it measures
+/// ([`Metrics::register`], called from `run.rs`).
 #[derive(Debug, Clone)]
 pub struct Metrics {
     registry: Registry,
+    /// The families a feature registered beside what it measures
+    /// ([`Metrics::register`]).
+    added: Arc<Mutex<Vec<Family>>>,
     /// `mountguard_mount_state`.
     pub mount_state: GaugeVec,
     /// `mountguard_mounts{state}`.
@@ -43,10 +54,6 @@ pub struct Metrics {
     pub report_requests: IntCounterVec,
     /// `mountguard_status_requests_total{result}`.
     pub status_requests: IntCounterVec,
-    /// `mountguard_admission_requests_total{operation,result}`.
-    pub admission_requests: IntCounterVec,
-    /// `mountguard_admission_answer_seconds{operation}`.
-    pub admission_answer: HistogramVec,
     /// `mountguard_tokenreview_duration_seconds`.
     pub tokenreview_duration: Histogram,
     /// `mountguard_evaluation_duration_seconds`.
@@ -96,7 +103,7 @@ pub struct Metrics {
 }
 
 /// The Prometheus type of a metric, as its exposition says it.
-trait Kind: prometheus::core::Collector {
+pub trait Kind: prometheus::core::Collector {
     const KIND: &'static str;
 }
 macro_rules! kind {
@@ -138,23 +145,6 @@ pub const STATUS_RESULTS: [&str; 5] = [
     "rate_limited",
 ];
 
-/// Values of `mountguard_admission_requests_total{result}`: `allowed`
-/// (nothing to say), `warned`, `denied`, `not_ready` (allowed: the view is
-/// not synced), `busy` (allowed: the view did not answer in time),
-/// `invalid` (the request could not be read; answered 400, which the
-/// API server's `Ignore` policy lets through).
-pub const ADMISSION_RESULTS: [&str; 6] = [
-    "allowed",
-    "warned",
-    "denied",
-    "not_ready",
-    "busy",
-    "invalid",
-];
-
-/// Values of `mountguard_admission_requests_total{operation}`.
-pub const ADMISSION_OPERATIONS: [&str; 3] = ["create", "delete", "other"];
-
 /// Values of `mountguard_report_requests_total{result}`.
 pub const REPORT_RESULTS: [&str; 12] = [
     "accepted",
@@ -170,6 +160,12 @@ pub const REPORT_RESULTS: [&str; 12] = [
     "error",
     "not_leader",
 ];
+
+/// The list behind `m` (a panic elsewhere while it was held leaves it whole:
+/// pushes are its only writes).
+fn lock(m: &Mutex<Vec<Family>>) -> std::sync::MutexGuard<'_, Vec<Family>> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 fn reg<T: prometheus::core::Collector + Clone + 'static>(r: &Registry, c: T) -> T {
     r.register(Box::new(c.clone()))
@@ -413,36 +409,6 @@ impl Metrics {
         for s in STATUS_RESULTS {
             status_requests.with_label_values(&[s]);
         }
-        let admission_requests = reg(
-            &r,
-            IntCounterVec::new(
-                o(
-                    "admission_requests_total",
-                    "Admission reviews of Secret and ConfigMap creates and deletes by operation and answer",
-                ),
-                &["operation", "result"],
-            )
-            .unwrap(),
-        );
-        for op in ADMISSION_OPERATIONS {
-            for res in ADMISSION_RESULTS {
-                admission_requests.with_label_values(&[op, res]);
-            }
-        }
-        let admission_answer = reg(
-            &r,
-            HistogramVec::new(
-                HistogramOpts::new(
-                    "mountguard_admission_answer_seconds",
-                    "Time from an admission review's arrival to its answer, by operation",
-                )
-                .buckets(vec![
-                    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0,
-                ]),
-                &["operation"],
-            )
-            .unwrap(),
-        );
         for s in ["true", "false"] {
             nodes.with_label_values(&[s]).set(0);
         }
@@ -514,6 +480,7 @@ impl Metrics {
         );
         Self {
             registry: r,
+            added: Arc::default(),
             mount_state,
             mounts,
             node_inventory_timestamp,
@@ -521,8 +488,6 @@ impl Metrics {
             nodes,
             report_requests,
             status_requests,
-            admission_requests,
-            admission_answer,
             tokenreview_duration,
             evaluation_duration,
             watch_restarts,
@@ -551,12 +516,14 @@ impl Metrics {
 
     /// Every metric family this controller registers, with its type and
     /// label names, whether or not it has a series yet (the reference in
-    /// docs/reference/metrics.md is checked against this list). The
-    /// destructuring names every field, so a metric added to [`Metrics`]
-    /// and left out here does not compile.
+    /// docs/reference/metrics.md is checked against this list): the shared
+    /// ones and those the features registered. The destructuring names
+    /// every field, so a metric added to [`Metrics`] and left out here
+    /// does not compile.
     pub fn families(&self) -> Vec<Family> {
         let Self {
             registry: _,
+            added,
             mount_state,
             mounts,
             node_inventory_timestamp,
@@ -564,8 +531,6 @@ impl Metrics {
             nodes,
             report_requests,
             status_requests,
-            admission_requests,
-            admission_answer,
             tokenreview_duration,
             evaluation_duration,
             watch_restarts,
@@ -598,8 +563,6 @@ impl Metrics {
         family(&mut out, nodes);
         family(&mut out, report_requests);
         family(&mut out, status_requests);
-        family(&mut out, admission_requests);
-        family(&mut out, admission_answer);
         family(&mut out, tokenreview_duration);
         family(&mut out, evaluation_duration);
         family(&mut out, watch_restarts);
@@ -623,6 +586,7 @@ impl Metrics {
         family(&mut out, connections_shed);
         family(&mut out, connections_timed_out);
         family(&mut out, connections_parked);
+        out.extend(lock(added).iter().cloned());
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
@@ -637,9 +601,12 @@ impl Metrics {
         }
     }
 
-    /// The registry (to register more collectors).
-    pub fn registry(&self) -> &Registry {
-        &self.registry
+    /// Registers `c`, a family a feature keeps beside what it measures;
+    /// [`Self::families`] lists it from then on.
+    pub fn register<C: Kind + Clone + 'static>(&self, c: C) -> C {
+        let c = reg(&self.registry, c);
+        family(&mut lock(&self.added), &c);
+        c
     }
 
     /// The text exposition of every metric.
