@@ -69,6 +69,14 @@ fn controller_slurm_writes(slurm: &SlurmHandle) -> Vec<WriteRecord> {
         .collect()
 }
 
+/// `kubectl mountguard wait nodeset/<ns>/<name>` for up to 180 s, asking
+/// every second.
+async fn wait_nodeset(node: &RealNode, dir: &std::path::Path) -> (Option<i32>, String, String) {
+    let target = format!("nodeset/{SLURM_NAMESPACE}/{NODESET}");
+    let args = ["wait", &target, "--timeout", "180s", "--interval", "1s"];
+    kubectl_mountguard(node, dir, &args).await
+}
+
 /// Opts the NodeSet in and installs the chart as an operator configures
 /// it for Slinky: slurmrestd at `url` with tokens for `user` minted from
 /// slurmctld's jwt.key, the toggle off.
@@ -173,19 +181,7 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drain
     controller_with_remediation(&node, "on").await;
     let new = running_worker(&client, Some(&old_uid)).await;
     let new_uid = new["metadata"]["uid"].as_str().expect("uid").to_string();
-    let (code, out, err) = kubectl_mountguard(
-        &node,
-        bin.path(),
-        &[
-            "wait",
-            &format!("nodeset/{SLURM_NAMESPACE}/{NODESET}"),
-            "--timeout",
-            "180s",
-            "--interval",
-            "1s",
-        ],
-    )
-    .await;
+    let (code, out, err) = wait_nodeset(&node, bin.path()).await;
     assert_eq!(
         code,
         Some(0),
@@ -505,19 +501,7 @@ async fn stale_key_in_the_slurmd_container_repaired(node: RealNode, workers: Wor
         }
     };
     let new_uid = new["metadata"]["uid"].as_str().expect("uid").to_string();
-    let (code, out, err) = kubectl_mountguard(
-        &node,
-        bin.path(),
-        &[
-            "wait",
-            &format!("nodeset/{SLURM_NAMESPACE}/{NODESET}"),
-            "--timeout",
-            "180s",
-            "--interval",
-            "1s",
-        ],
-    )
-    .await;
+    let (code, out, err) = wait_nodeset(&node, bin.path()).await;
     assert_eq!(
         code,
         Some(0),

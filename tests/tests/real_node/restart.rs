@@ -54,6 +54,28 @@ async fn states(
     v
 }
 
+/// Waits up to `secs` until the verdicts of pod `app` are exactly `want`
+/// (subject, state tag; [`states`]); panics with them and the logs.
+async fn until(
+    node: &mountguard_tests::real::real_node::RealNode,
+    dir: &std::path::Path,
+    what: &str,
+    secs: u64,
+    want: &[(&str, &str)],
+) {
+    let want: Vec<(String, String)> = want
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let reached = poll(what, Duration::from_secs(secs), || async {
+        (states(node, dir).await == want).then_some(())
+    })
+    .await;
+    if let Err(e) = reached {
+        panic!("{e}: {:?}\n{}", states(node, dir).await, node.logs(30));
+    }
+}
+
 /// The pod's one container: restart count and container ID.
 fn container(pod: &Value) -> (i64, String) {
     let restarts = pod["status"]["containerStatuses"][0]["restartCount"]
@@ -92,21 +114,12 @@ async fn real_node_a_container_restarted_in_place_rebinds_its_subpath_and_reread
     let (restarts, first) = container(&pod);
     assert_eq!(restarts, 0);
     let dir = tempfile::tempdir().expect("dir");
-    let subjects = |s: &[(String, String)]| s.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
-    let fresh = poll(
-        "every verdict of app Fresh",
-        Duration::from_secs(120),
-        || async {
-            let s = states(&node, dir.path()).await;
-            (s.len() == 3 && s.iter().all(|(_, t)| t == "Fresh")).then_some(s)
-        },
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}\n{}", node.logs(30)));
-    assert_eq!(
-        subjects(&fresh),
-        ["env c:SETTING", "subPath c:cfg/app.conf", "volume cfg"]
-    );
+    let fresh = [
+        ("env c:SETTING", "Fresh"),
+        ("subPath c:cfg/app.conf", "Fresh"),
+        ("volume cfg", "Fresh"),
+    ];
+    until(&node, dir.path(), "every verdict of app Fresh", 120, &fresh).await;
 
     // The ConfigMap changes a second or more after the container started
     // (startedAt has second precision): the volume follows, the subPath
@@ -126,26 +139,14 @@ async fn real_node_a_container_restarted_in_place_rebinds_its_subpath_and_reread
         ("subPath c:cfg/app.conf", "Frozen/SubPath"),
         ("volume cfg", "Fresh"),
     ];
-    let frozen = poll(
+    until(
+        &node,
+        dir.path(),
         "subPath and env Frozen",
-        Duration::from_secs(240),
-        || async {
-            let s = states(&node, dir.path()).await;
-            let want: Vec<(String, String)> = want_frozen
-                .iter()
-                .map(|(a, b)| (a.to_string(), b.to_string()))
-                .collect();
-            (s == want).then_some(())
-        },
+        240,
+        &want_frozen,
     )
     .await;
-    if let Err(e) = frozen {
-        panic!(
-            "{e}: {:?}\n{}",
-            states(&node, dir.path()).await,
-            node.logs(30)
-        );
-    }
 
     // The container is killed; the kubelet starts it again in the same pod.
     let out = node
@@ -173,22 +174,8 @@ async fn real_node_a_container_restarted_in_place_rebinds_its_subpath_and_reread
         Some(uid.as_str()),
         "the same pod"
     );
-    let again = poll(
-        "every verdict of app Fresh after the restart",
-        Duration::from_secs(120),
-        || async {
-            let s = states(&node, dir.path()).await;
-            (s.len() == 3 && s.iter().all(|(_, t)| t == "Fresh")).then_some(())
-        },
-    )
-    .await;
-    if let Err(e) = again {
-        panic!(
-            "{e}: {:?}\n{}",
-            states(&node, dir.path()).await,
-            node.logs(30)
-        );
-    }
+    let what = "every verdict of app Fresh after the restart";
+    until(&node, dir.path(), what, 120, &fresh).await;
     // What the kubelet bound for the new container: the new bytes.
     let bind = node
         .kubelet

@@ -493,12 +493,12 @@ pub fn group_members<'a>(
 }
 
 /// Whether a group is drained: every Slurm node of [`group_members`], as
-/// read (`members`, one observation each), is held and its repair waits
-/// for no job ([`SlurmNodeState::waits_for_jobs`]).
+/// read (`members`, one observation each), is drained
+/// ([`crate::remediation::SlurmNodeState::drained`]).
 pub fn group_drained<'a>(members: impl IntoIterator<Item = &'a SlurmObservation>) -> bool {
     members
         .into_iter()
-        .all(|o| matches!(o, SlurmObservation::Node(n) if n.held() && !n.waits_for_jobs()))
+        .all(|o| matches!(o, SlurmObservation::Node(n) if n.drained()))
 }
 
 /// How group `group` sees a node's hold: `owner` is the value of the node's

@@ -188,9 +188,10 @@ impl SlurmNodeState {
         self.drain() || self.has("FAIL")
     }
 
-    /// Drained in Slurm's sense (DRAIN, or FAIL, and no jobs).
+    /// Drained for a repair: held (DRAIN, or FAIL) and no job to wait for
+    /// ([`Self::waits_for_jobs`]).
     pub fn drained(&self) -> bool {
-        self.held() && !self.busy()
+        self.held() && !self.waits_for_jobs()
     }
 
     /// slurmd responds: none of DOWN, NOT_RESPONDING, FAIL.
