@@ -69,6 +69,24 @@ fn controller_slurm_writes(slurm: &SlurmHandle) -> Vec<WriteRecord> {
         .collect()
 }
 
+/// Waits (up to 120 s) until `kubectl mountguard wait` of the `slurm.key`
+/// Secret (new UID `uid`) fails naming the worker `host`.
+async fn gate_names_the_worker(node: &RealNode, dir: &std::path::Path, uid: &str, host: &str) {
+    let target = format!("secret/{SLURM_NAMESPACE}/{AUTH_SECRET}");
+    let gated = poll(
+        "wait naming the stale worker",
+        Duration::from_secs(120),
+        || async {
+            let (code, out, _) = wait_secret(node, dir, &target, uid).await;
+            (code == Some(1) && out.contains(host)).then_some(())
+        },
+    )
+    .await;
+    if let Err(e) = gated {
+        panic!("{e}\n{}", node.logs(30));
+    }
+}
+
 /// `kubectl mountguard wait nodeset/<ns>/<name>` for up to 180 s, asking
 /// every second.
 async fn wait_nodeset(node: &RealNode, dir: &std::path::Path) -> (Option<i32>, String, String) {
@@ -145,19 +163,7 @@ async fn real_node_helm_upgrade_toggle_on_repairs_the_stale_nodeset_worker_drain
     let new_key: Vec<u8> = (0..1024u32).map(|i| (i * 13 + 5) as u8).collect();
     let new_secret_uid = rotate(&client, &new_key).await;
     let bin = tempfile::tempdir().expect("bin");
-    let target = format!("secret/{SLURM_NAMESPACE}/{AUTH_SECRET}");
-    let gated = poll(
-        "wait naming the stale worker",
-        Duration::from_secs(120),
-        || async {
-            let (code, out, err) = wait_secret(&node, bin.path(), &target, &new_secret_uid).await;
-            (code == Some(1) && out.contains(&host)).then_some((out, err))
-        },
-    )
-    .await;
-    if let Err(e) = gated {
-        panic!("{e}\n{}", node.logs(30));
-    }
+    gate_names_the_worker(&node, bin.path(), &new_secret_uid, &host).await;
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert_eq!(
         served_key(&node, &old_uid),
@@ -415,19 +421,7 @@ async fn stale_key_in_the_slurmd_container_repaired(node: RealNode, workers: Wor
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", slurm.logs(20)));
     let bin = tempfile::tempdir().expect("bin");
-    let target = format!("secret/{SLURM_NAMESPACE}/{AUTH_SECRET}");
-    let gated = poll(
-        "wait naming the stale worker",
-        Duration::from_secs(120),
-        || async {
-            let (code, out, err) = wait_secret(&node, bin.path(), &target, &new_secret_uid).await;
-            (code == Some(1) && out.contains(&host)).then_some((out, err))
-        },
-    )
-    .await;
-    if let Err(e) = gated {
-        panic!("{e}\n{}", node.logs(30));
-    }
+    gate_names_the_worker(&node, bin.path(), &new_secret_uid, &host).await;
     // Slurm's side of it: a job pinned to the worker never completes, and
     // nothing drained the node, past the delay and the grace. Slurm tries
     // to launch a job whenever the flapping node reads IDLE alone at a
