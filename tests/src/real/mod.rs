@@ -37,6 +37,7 @@ pub mod operator;
 pub mod prometheus;
 pub mod real_node;
 pub mod services;
+pub mod signer;
 pub mod slinky;
 pub mod slurm;
 
@@ -1325,6 +1326,7 @@ pub fn collection_path(api_version: &str, kind: &str, namespace: Option<&str>) -
         "RestApi" => "restapis",
         "Lease" => "leases",
         "ValidatingWebhookConfiguration" => "validatingwebhookconfigurations",
+        "ClusterTrustBundle" => "clustertrustbundles",
         _ => return None,
     };
     let group = if api_version == "v1" {
@@ -1334,7 +1336,11 @@ pub fn collection_path(api_version: &str, kind: &str, namespace: Option<&str>) -
     };
     let cluster_scoped = matches!(
         kind,
-        "Namespace" | "ClusterRole" | "ClusterRoleBinding" | "ValidatingWebhookConfiguration"
+        "Namespace"
+            | "ClusterRole"
+            | "ClusterRoleBinding"
+            | "ValidatingWebhookConfiguration"
+            | "ClusterTrustBundle"
     );
     Some(match (cluster_scoped, namespace) {
         (false, Some(ns)) => format!("{group}/namespaces/{ns}/{plural}"),

@@ -10,17 +10,18 @@
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mountguard_inventory::NodeInventory;
 use mountguard_tests::cluster::SLURM_NAMESPACE;
 use mountguard_tests::real::create;
+use mountguard_tests::real::signer::PodCertificateSigner;
 use mountguard_tests::scenario::{find_verdict, state_tag};
 use serde_json::{Value, json};
 use sha2::Digest as _;
 
 use crate::harness::wait;
-use crate::kubelet_support::{On, agent_scan, b64, running_pod};
+use crate::kubelet_support::{On, agent_scan, b64, compress, running_pod, sample_until};
 
 /// One volume or subPath target as found on disk: path -> (mode, SHA-256).
 /// Modes of subPath targets are not compared (the agent does not report
@@ -439,4 +440,137 @@ pub async fn volumes_equal_the_agents_scan_file_by_file(on: On<'_>) {
             .is_none_or(|v| state_tag(v).starts_with("Skipped")),
         "{doc}"
     );
+}
+
+/// Files the kubelet writes that come from no Secret or ConfigMap (on from
+/// 1.37, both GA: pkg/features/kube_features.go `PodCertificateRequest`,
+/// `ClusterTrustBundleProjection`, v1.37.2). The kubelet writes a
+/// `clusterTrustBundle` source's certificates
+/// (pkg/volume/projected/projected.go `collectData`, from
+/// pkg/kubelet/clustertrustbundle) and a `podCertificate` source's key and
+/// chain once the rig's signer has issued the kubelet's
+/// PodCertificateRequest (pkg/kubelet/podcertificate/
+/// podcertificatemanager.go `handleProjection`); the pod does not start
+/// before (`collectData` fails while no chain is issued). The agent's scan
+/// equals those files; the controller judges the Secret item beside them
+/// (Fresh) and never the rest: a volume of only a podCertificate source is
+/// `Skipped/podCertificate`, one of only a clusterTrustBundle source
+/// `Skipped/clusterTrustBundle`, and nothing is ever Stale.
+pub async fn pod_certificate_and_trust_bundle_files_are_seen_and_never_judged(
+    on: On<'_>,
+    signer: &PodCertificateSigner,
+) {
+    let sys = on.sys;
+    let pod = on.name("certs");
+    let (secret, bundle, account) = (on.name("certs-secret"), on.name("bundle"), on.name("certs"));
+    let signer_name = signer.signer_name.as_str();
+    for object in [
+        json!({"apiVersion": "v1", "kind": "Secret",
+               "metadata": {"name": secret, "namespace": SLURM_NAMESPACE},
+               "data": {"a": b64(b"alpha\n")}}),
+        json!({"apiVersion": "certificates.k8s.io/v1", "kind": "ClusterTrustBundle",
+               "metadata": {"name": bundle},
+               "spec": {"trustBundle": signer.ca_pem}}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": account, "namespace": SLURM_NAMESPACE}}),
+        json!({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": pod, "namespace": SLURM_NAMESPACE},
+               "spec": {"nodeName": on.node(), "serviceAccountName": account,
+                        "automountServiceAccountToken": false,
+                        "terminationGracePeriodSeconds": 0,
+                        "volumes": [
+                            {"name": "mixed", "projected": {"sources": [
+                                {"secret": {"name": secret, "items": [{"key": "a", "path": "a"}]}},
+                                {"clusterTrustBundle": {"name": bundle, "path": "bundle.pem"}},
+                                {"podCertificate": {"signerName": signer_name, "keyType": "ED25519",
+                                                    "credentialBundlePath": "credential.pem"}}]}},
+                            {"name": "cert", "projected": {"sources": [
+                                {"podCertificate": {"signerName": signer_name, "keyType": "ECDSAP256",
+                                                    "keyPath": "tls.key",
+                                                    "certificateChainPath": "tls.crt"}}]}},
+                            {"name": "trust", "projected": {"sources": [
+                                {"clusterTrustBundle": {"name": bundle, "path": "ca.pem"}}]}}],
+                        "containers": [{"name": "c", "image": "example.invalid/c:1",
+                                        "volumeMounts": [
+                                            {"name": "mixed", "mountPath": "/mixed"},
+                                            {"name": "cert", "mountPath": "/cert"},
+                                            {"name": "trust", "mountPath": "/trust"}]}]}}),
+    ] {
+        create(&sys.client, &object).await.unwrap();
+    }
+    let running = running_pod(sys, &pod).await;
+    let uid = running["metadata"]["uid"].as_str().unwrap().to_string();
+
+    // What the kubelet wrote.
+    let (walked, _) = walk_root(on.root());
+    let volume = |name: &str| {
+        walked
+            .get(&format!("{uid} projected {name}"))
+            .unwrap_or_else(|| panic!("volume {name} of {pod} on disk: {walked:#?}"))
+            .1
+            .clone()
+    };
+    let names = |files: &Files| files.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(
+        names(&volume("mixed")),
+        ["a", "bundle.pem", "credential.pem"]
+    );
+    assert_eq!(names(&volume("cert")), ["tls.crt", "tls.key"]);
+    assert_eq!(names(&volume("trust")), ["ca.pem"]);
+    let dir = on
+        .root()
+        .join("pods")
+        .join(&uid)
+        .join("volumes/kubernetes.io~projected");
+    let read = |rel: &str| std::fs::read_to_string(dir.join(rel)).unwrap();
+    let credential = read("mixed/credential.pem");
+    assert!(
+        credential.contains("PRIVATE KEY-----") && credential.contains("BEGIN CERTIFICATE-----"),
+        "the credential bundle holds a key and its chain: {} bytes",
+        credential.len()
+    );
+    assert!(read("cert/tls.crt").starts_with("-----BEGIN CERTIFICATE-----"));
+    for rel in ["mixed/bundle.pem", "trust/ca.pem"] {
+        assert_eq!(
+            read(rel).trim(),
+            signer.ca_pem.trim(),
+            "{rel}: the ClusterTrustBundle's certificate"
+        );
+    }
+
+    // The agent's scan of those volumes equals the walk.
+    let agent = agent_tree(&agent_scan(on.root(), &on.node(), None));
+    for name in ["mixed", "cert", "trust"] {
+        let key = format!("{uid} projected {name}");
+        assert_eq!(
+            agent.get(&key),
+            walked.get(&key),
+            "{key}: the agent's view differs from the kubelet's files"
+        );
+    }
+
+    // The verdicts: the Secret judged, the rest skipped, nothing Stale.
+    let subjects = ["volume mixed", "volume cert", "volume trust"];
+    let want = [
+        "Fresh",
+        "Skipped/podCertificate",
+        "Skipped/clusterTrustBundle",
+    ];
+    let (seen, _) = sample_until(
+        sys,
+        &pod,
+        &subjects,
+        Instant::now(),
+        Duration::from_secs(60),
+        || (),
+        |latest, _| latest.iter().zip(want).all(|(s, w)| s.tag == w),
+    )
+    .await;
+    for (subject, samples) in subjects.iter().zip(&seen) {
+        assert!(
+            samples.iter().all(|s| !s.tag.starts_with("Stale")),
+            "{subject}: {:?}",
+            compress(samples)
+        );
+    }
 }

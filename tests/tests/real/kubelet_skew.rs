@@ -12,10 +12,14 @@ use std::time::Instant;
 
 use futures::FutureExt as _;
 use mountguard_tests::real::kubelet::version_numbers;
+use mountguard_tests::real::signer::PodCertificateSigner;
 
 use crate::harness::{Nodes, RealSystem};
 use crate::kubelet::serves_the_old_immutable_secret_while_a_pod_pins_it;
-use crate::kubelet_files::volumes_equal_the_agents_scan_file_by_file;
+use crate::kubelet_files::{
+    pod_certificate_and_trust_bundle_files_are_seen_and_never_judged,
+    volumes_equal_the_agents_scan_file_by_file,
+};
 use crate::kubelet_support::On;
 use crate::kubelet_updates::{
     GRACE, a_same_content_recreation_is_fresh, file_key_ref_env_is_listed_and_never_judged,
@@ -33,7 +37,11 @@ fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
 
 /// Runs every scenario the kubelet of `version` can carry on node `i`, in
 /// order; (scenario, seconds, the failure if any).
-async fn scenarios(on: On<'_>, version: &str) -> Vec<(&'static str, f64, Option<String>)> {
+async fn scenarios(
+    on: On<'_>,
+    version: &str,
+    signer: &PodCertificateSigner,
+) -> Vec<(&'static str, f64, Option<String>)> {
     let mut out = Vec::new();
     macro_rules! run {
         ($name:literal, $fut:expr) => {{
@@ -73,6 +81,14 @@ async fn scenarios(on: On<'_>, version: &str) -> Vec<(&'static str, f64, Option<
             file_key_ref_env_is_listed_and_never_judged(on)
         );
     }
+    // `PodCertificateRequest` and `ClusterTrustBundleProjection` are on
+    // from 1.37 (GA); off by default before.
+    if version_numbers(version) >= vec![1, 37] {
+        run!(
+            "podCertificate and clusterTrustBundle files seen and never judged",
+            pod_certificate_and_trust_bundle_files_are_seen_and_never_judged(on, signer)
+        );
+    }
     out
 }
 
@@ -83,6 +99,8 @@ async fn real_kubelet_every_minor_of_the_skew_window_passes_the_fidelity_scenari
     sys.restart_controller_with(&[("MOUNTGUARD_GRACE", &grace)])
         .await;
     let versions = sys.kubelet_versions.clone();
+    let signer = PodCertificateSigner::start(sys.client.clone(), "mountguard.test/pods")
+        .expect("the rig's PodCertificateRequest signer");
     assert!(
         versions.len() >= 4,
         "scripts/upstream.sh builds the kubelets of 1.34 to 1.37; found {versions:?}"
@@ -91,7 +109,7 @@ async fn real_kubelet_every_minor_of_the_skew_window_passes_the_fidelity_scenari
         versions
             .iter()
             .enumerate()
-            .map(|(i, v)| scenarios(On { sys: &sys, i }, v)),
+            .map(|(i, v)| scenarios(On { sys: &sys, i }, v, &signer)),
     )
     .await;
     let mut failed = Vec::new();
@@ -108,6 +126,7 @@ async fn real_kubelet_every_minor_of_the_skew_window_passes_the_fidelity_scenari
             }
         }
     }
+    drop(signer);
     assert!(failed.is_empty(), "{}", failed.join("\n\n"));
     sys.shutdown().await;
 }
