@@ -209,6 +209,14 @@ async fn real_kubelet_rotation_is_pinned_on_the_pinned_node_and_fixed_by_a_repla
         v0.to_string().contains(PINNING_POD),
         "the verdict names the pinning pod: {v0}"
     );
+    // The kubelet (1.37 here) also checks images pulled with a pinned
+    // Secret against the old object's credentials: the advice says so.
+    assert!(
+        v0["advice"]
+            .as_str()
+            .is_some_and(|a| a.contains("pull images with this Secret")),
+        "the advice tells what the pin does to pull Secrets: {v0}"
+    );
     sys.shutdown().await;
 }
 

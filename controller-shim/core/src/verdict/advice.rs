@@ -20,6 +20,15 @@
 //!   `makeMounts`, through `PrepareSafeSubpath`), so a restart of that
 //!   container refreshes both, but a finished init container never runs
 //!   again in its pod;
+//! - on kubelets 1.35 and newer (`KubeletEnsureSecretPulledImages`, beta
+//!   and on by default: `pkg/features/kube_features.go`) a pod's image pull
+//!   Secrets are read from the same cache entry
+//!   (`pkg/kubelet/kubelet_pods.go` `getPullSecretsForPod` calls
+//!   `secretManager.GetSecret`) and an image already on the node is
+//!   accepted for the pod only when those credentials match the pull
+//!   records (`pkg/kubelet/images/pullmanager/image_pull_manager.go`
+//!   `MustAttemptImagePull`), so a pinned old Secret also decides which
+//!   image credentials count on that node;
 //! - volumes are projected per pod by the volume manager
 //!   (`pkg/kubelet/volumemanager/reconciler`), not per container: a
 //!   container restart does not project a stale volume again.
@@ -101,13 +110,16 @@ fn restart(containers: &[Container<'_>], why: &str) -> String {
 /// pinning an immutable cache entry, `cached_env` that the verdict is a
 /// `Frozen/Env` whose container read an older immutable object from the
 /// kubelet's cache entry its pod keeps registered (a restart reads it
-/// again). `None` for Fresh, Propagating and Skipped: nothing to do.
+/// again), `secret` that the object behind the subject is a Secret (a
+/// pinned one may also be a pull Secret). `None` for Fresh, Propagating and
+/// Skipped: nothing to do.
 pub fn advice(
     state: &State,
     kind: SubjectKind,
     containers: &[Container<'_>],
     pinned_by: &[Arc<str>],
     cached_env: bool,
+    secret: bool,
 ) -> Option<String> {
     use FrozenCause as F;
     use StaleCause as S;
@@ -127,11 +139,17 @@ pub fn advice(
         State::Stale(S::ImmutableCachePinned) => format!(
             "Release the pin: replace the pod(s) {} that keep the kubelet's cache entry of this \
              immutable object alive together with this pod, restart the kubelet, or recreate the \
-             object under a new name; replacing this pod alone cannot help.",
+             object under a new name; replacing this pod alone cannot help{}.",
             if pinned_by.is_empty() {
                 "listed in pinnedBy".to_string()
             } else {
                 names(pinned_by)
+            },
+            if secret {
+                "; until then, on kubelets 1.35 and newer, pods on this node that pull images \
+                 with this Secret are checked against the old object's credentials"
+            } else {
+                ""
             }
         ),
         State::Stale(S::KubeletNotSyncing) => "Look at the kubelet on this node (its connection \
@@ -311,7 +329,7 @@ mod tests {
         ];
         for s in State::all() {
             for kind in [SubjectKind::Volume, SubjectKind::SubPath, SubjectKind::Env] {
-                let got = super::advice(&s, kind, &c, &pins, false);
+                let got = super::advice(&s, kind, &c, &pins, false, false);
                 if let State::Skipped(_) = s {
                     assert_eq!(got, None, "{s:?}");
                     continue;
@@ -341,8 +359,15 @@ mod tests {
         }
         // A finished init container cannot be restarted: replace the pod.
         for cause in [F::SubPath, F::Env, F::ReadAtStart] {
-            let got =
-                super::advice(&State::Frozen(cause), SubjectKind::Env, &init, &[], false).unwrap();
+            let got = super::advice(
+                &State::Frozen(cause),
+                SubjectKind::Env,
+                &init,
+                &[],
+                false,
+                false,
+            )
+            .unwrap();
             assert!(
                 got.starts_with("Replace the pod") && got.contains("copy-key"),
                 "{got}"
@@ -354,6 +379,7 @@ mod tests {
             SubjectKind::Volume,
             &[],
             &[],
+            false,
             false,
         )
         .unwrap();
@@ -376,7 +402,7 @@ mod tests {
                 &["monitor-b, sshd-b", "restart reads the same older values"][..],
             ),
         ] {
-            let got = super::advice(&frozen, SubjectKind::Env, &c, pins, true).unwrap();
+            let got = super::advice(&frozen, SubjectKind::Env, &c, pins, true, false).unwrap();
             assert!(got.starts_with(start), "{got}");
             assert!(
                 got.ends_with('.') && !got.trim_end_matches('.').contains(". "),
@@ -386,6 +412,23 @@ mod tests {
                 assert!(got.contains(h), "{h:?} in {got}");
             }
             assert!(!got.contains("Restart "), "{got}");
+        }
+        // A pinned Secret may also be a pull Secret: on 1.35+ the kubelet
+        // checks images against the credentials of the cached (old) object
+        // (`image_pull_manager.go` `MustAttemptImagePull`, v1.37.2). Said
+        // for a Secret, in the same sentence; not for a ConfigMap.
+        let pinned = State::Stale(S::ImmutableCachePinned);
+        for kind in [SubjectKind::Volume, SubjectKind::SubPath, SubjectKind::Env] {
+            let secret = super::advice(&pinned, kind, &c, &pins, false, true).unwrap();
+            assert!(
+                secret.contains("pull images with this Secret")
+                    && secret.contains("1.35")
+                    && secret.ends_with('.')
+                    && !secret.trim_end_matches('.').contains(". "),
+                "{secret}"
+            );
+            let config_map = super::advice(&pinned, kind, &c, &pins, false, false).unwrap();
+            assert!(!config_map.contains("pull images"), "{config_map}");
         }
     }
 }

@@ -186,6 +186,17 @@ impl Verdict {
         };
         let kind = SubjectKind::of(&pod.subject(self));
         let cached_env = self.detail.as_deref().is_some_and(|d| d.cached_env);
-        super::advice::advice(&self.state, kind, &containers, self.pinned_by(), cached_env)
+        let secret = pod
+            .sources(self)
+            .iter()
+            .any(|r| r.kind == crate::model::SourceKind::Secret);
+        super::advice::advice(
+            &self.state,
+            kind,
+            &containers,
+            self.pinned_by(),
+            cached_env,
+            secret,
+        )
     }
 }
