@@ -349,7 +349,7 @@ if [ "${MOUNTGUARD_SKIP_NODE:-0}" != 1 ] && [ "${MOUNTGUARD_SKIP_REAL:-0}" != 1 
     node_log="$(mktemp)"
     if [ "$(id -u)" != 0 ]; then
         skip_node "needs root (containers, mounts, a bridge); uid $(id -u)"
-    elif ! apt_install containernetworking-plugins libseccomp-dev pkg-config gcc iptables ipset curl iproute2 musl-tools file ca-certificates qemu-user-static >"$node_log" 2>&1; then
+    elif ! apt_install containernetworking-plugins libseccomp-dev pkg-config gcc iptables ipset curl iproute2 jq musl-tools file ca-certificates qemu-user-static >"$node_log" 2>&1; then
         skip_node "apt-get install failed: $(tail -n 3 "$node_log" | tr '\n' ' ')"
     elif ! bash scripts/node-tools.sh >"$node_log" 2>&1; then
         skip_node "scripts/node-tools.sh failed: $(grep -v '^go: downloading' "$node_log" | tail -n 5 | tr '\n' ' ')"

@@ -1,8 +1,9 @@
 //! The shell commands of the user docs, as a test runs them: every fenced
 //! `sh` block of a page, split into the commands a reader types (lines
-//! joined at a trailing `\`, comments dropped), and a bash script that runs
-//! them one after the other as a reader would, reporting each command that
-//! failed.
+//! joined at a trailing `\`, comments dropped; a here-document, and a
+//! `for`/`while` loop or `if` up to its `done` or `fi`, is one command with
+//! its lines kept as written), and a bash script that runs them one after
+//! the other as a reader would, reporting each command that failed.
 //!
 //! A command whose last pipeline stage is `grep` and that exits 1 found no
 //! line: that is an answer, not a failure. A command sent to the background
@@ -21,47 +22,116 @@ pub struct Block {
 /// The fenced `sh` and `bash` blocks of a Markdown page.
 pub fn shell_blocks(page: &str) -> Vec<Block> {
     let mut out = Vec::new();
-    let mut open: Option<(usize, Vec<String>)> = None;
+    // (first line, indentation of the fence, lines without it)
+    let mut open: Option<(usize, usize, Vec<String>)> = None;
     for (i, line) in page.lines().enumerate() {
         let t = line.trim();
         if let Some(lang) = t.strip_prefix("```") {
             match open.take() {
-                Some((start, lines)) => out.push(Block {
+                Some((start, _, lines)) => out.push(Block {
                     line: start,
                     commands: commands(&lines),
                 }),
-                None if matches!(lang.trim(), "sh" | "bash") => open = Some((i + 2, Vec::new())),
-                None => open = Some((0, Vec::new())),
+                None => {
+                    let indent = line.len() - line.trim_start().len();
+                    let start = if matches!(lang.trim(), "sh" | "bash") {
+                        i + 2
+                    } else {
+                        0
+                    };
+                    open = Some((start, indent, Vec::new()));
+                }
             }
             continue;
         }
-        if let Some((_, lines)) = open.as_mut() {
-            lines.push(t.to_string());
+        if let Some((_, indent, lines)) = open.as_mut() {
+            let cut = line.len() - line.trim_start().len();
+            lines.push(line[cut.min(*indent)..].trim_end().to_string());
         }
     }
     out.retain(|b| b.line > 0 && !b.commands.is_empty());
     out
 }
 
+/// The delimiter of the here-document `line` opens (`<<EOF`, `<<'EOF'`,
+/// `<<-EOF`), if any; a here-string (`<<<`) opens none.
+fn heredoc_delimiter(line: &str) -> Option<String> {
+    let code = line.split(" #").next().unwrap_or(line);
+    let at = code.find("<<")?;
+    let rest = &code[at + 2..];
+    if rest.starts_with('<') {
+        return None;
+    }
+    let word: String = rest
+        .trim_start_matches('-')
+        .trim_start()
+        .trim_start_matches(['\'', '"'])
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    (!word.is_empty()).then_some(word)
+}
+
+/// How many compound commands `line` opens (`for`/`while`/`until`/`if`
+/// at its start) minus how many it closes (`done`/`fi` as a word of it).
+fn depth_change(line: &str) -> i32 {
+    let code = line.split(" #").next().unwrap_or(line);
+    let words: Vec<&str> = code
+        .split(|c: char| c.is_whitespace() || c == ';')
+        .filter(|w| !w.is_empty())
+        .collect();
+    let opens = words
+        .first()
+        .is_some_and(|w| matches!(*w, "for" | "while" | "until" | "if")) as i32;
+    let closes = words
+        .iter()
+        .filter(|w| matches!(**w, "done" | "fi"))
+        .count() as i32;
+    opens - closes
+}
+
 /// The commands of a block's lines: continuation lines joined, comment
-/// lines and empty lines dropped.
+/// lines and empty lines dropped; a here-document's lines, and the lines
+/// of a compound command up to its end, kept as written.
 fn commands(lines: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
-    for l in lines {
+    let mut heredoc: Option<String> = None;
+    let mut depth = 0;
+    for raw in lines {
+        if let Some(end) = &heredoc {
+            current.push_str(raw);
+            current.push('\n');
+            if raw.trim() == end {
+                heredoc = None;
+                if depth == 0 {
+                    out.push(std::mem::take(&mut current).trim_end().to_string());
+                }
+            }
+            continue;
+        }
+        let l = raw.trim();
         if current.is_empty() && (l.is_empty() || l.starts_with('#')) {
             continue;
         }
-        match l.strip_suffix('\\') {
-            Some(head) => {
-                current.push_str(head.trim_end());
-                current.push(' ');
-            }
-            None => {
-                current.push_str(l);
-                out.push(std::mem::take(&mut current));
-            }
+        if let Some(head) = l.strip_suffix('\\') {
+            current.push_str(head.trim_end());
+            current.push(' ');
+            continue;
         }
+        current.push_str(l);
+        depth += depth_change(l);
+        if let Some(end) = heredoc_delimiter(l) {
+            heredoc = Some(end);
+            current.push('\n');
+            continue;
+        }
+        if depth > 0 {
+            current.push('\n');
+            continue;
+        }
+        depth = 0;
+        out.push(std::mem::take(&mut current));
     }
     if !current.trim().is_empty() {
         out.push(current.trim().to_string());
@@ -163,6 +233,34 @@ mod tests {
                 "POD=$(kubectl get pods -o name)",
                 "kubectl logs \"$POD\"  # trailing"
             ]
+        );
+    }
+
+    #[test]
+    fn here_documents_and_loops_are_one_command_with_their_lines_as_written() {
+        let page = "1. A list item:\n   ```sh\n   cat > a.yaml <<'EOF'\n   kind: Pod\n   spec:\n     x: 1\n   EOF\n   for n in a b; do\n   kubectl apply -f - <<EOF\n   metadata: {name: $n}\n   EOF\n   done\n   echo <<< no-heredoc\n   if true; then echo y; fi\n   ```\n";
+        let b = shell_blocks(page);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert_eq!(
+            b[0].commands,
+            [
+                "cat > a.yaml <<'EOF'\nkind: Pod\nspec:\n  x: 1\nEOF",
+                "for n in a b; do\nkubectl apply -f - <<EOF\nmetadata: {name: $n}\nEOF\ndone",
+                "echo <<< no-heredoc",
+                "if true; then echo y; fi",
+            ]
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(script(&b[0].commands[..1]))
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("a.yaml")).unwrap(),
+            "kind: Pod\nspec:\n  x: 1\n"
         );
     }
 

@@ -1,12 +1,18 @@
-//! Every shell command of the pages an operator works from (the
-//! troubleshooting guide, the runbooks and the how-to guides), run as the
-//! page shows it, in page order, against the chart installed as a user
+//! Every shell command of the pages an operator works from (the kind
+//! walkthrough, the troubleshooting guide, the runbooks and the how-to
+//! guides), run as the page shows it, in page order, against the chart
+//! installed as a user
 //! installs it (its defaults plus this tier's images, kubelet root and
 //! certificate), with kubectl v1.37.2 (scripts/node-tools.sh), Helm 4 and
 //! the kubectl plugin on PATH. The placeholders become this cluster's
 //! names: namespace `shop` with the Deployment `web` mounting the Secret
-//! `web` (NS, NAME, POD), node `node-0` (NODE), namespace `slurm` with the
-//! NodeSet `slurm-worker` (SLURM_NS, and NAME where a NodeSet is meant).
+//! `web` (NS, NAME, POD), node `node-0` (NODE, and the walkthrough's
+//! `mountguard-worker`), namespace `slurm` with the NodeSet `slurm-worker`
+//! (SLURM_NS, and NAME where a NodeSet is meant); the walkthrough's
+//! `busybox:1.36` becomes the tier's slurmd image (it has `sleep` and
+//! `cat`), and its pages run only when that image was built. The commands
+//! run in a directory of their own whose entries link to the repository's
+//! (files a page writes stay there).
 //! A command that fails fails the test, except those listed in [`NOT_RUN`]
 //! with the reason they cannot run here (printed).
 
@@ -40,15 +46,47 @@ const NOT_RUN: &[(&str, &str)] = &[
         "the install itself: the test runs it with these values plus the tier's images and kubelet root",
     ),
     (
+        "cat > kind.yaml",
+        "kind's cluster configuration; this tier's cluster is the real node",
+    ),
+    (
+        "kind ",
+        "kind is not this tier's cluster: the real node runs the images the tier built and imported",
+    ),
+    (
+        "cargo build --locked --release --target x86_64-unknown-linux-musl",
+        "the tier built the static binaries before it started",
+    ),
+    (
+        "MOUNTGUARD_IMAGE_PREFIX=ghcr.io/mountguard bash scripts/images.sh",
+        "the tier built the images with scripts/images.sh before it started",
+    ),
+    (
+        "kubectl -n cert-manager wait",
+        "cert-manager is not installed: the test's install gives the chart its certificate",
+    ),
+    (
+        "kubectl create namespace mountguard-system",
+        "the test's install made the namespace",
+    ),
+    (
+        "kubectl label namespace mountguard-system pod-security.kubernetes.io/enforce=privileged",
+        "the test's install labelled the namespace",
+    ),
+    (
         "helm upgrade mountguard charts/mountguard -n mountguard-system --reuse-values --set metrics.serviceMonitor.enabled=true",
         "needs the Prometheus operator's CRDs (kube-prometheus-stack); a real Prometheus loads the chart's rules in real_node_alert_kubelet_cache_pinned_fires_in_a_real_prometheus",
     ),
 ];
 
-/// The pages, in the order the test runs them: the troubleshooting guide,
-/// the how-to guides that turn repair on, the runbooks (whose repair
-/// alerts presume it is on), the upgrade guide last (it ends with `helm
-/// uninstall`).
+/// The kind walkthrough, which leaves pods that are stale and frozen on
+/// purpose (the test deletes its namespace `demo` after it).
+const WALKTHROUGH: &str = "docs/kind-walkthrough.md";
+
+/// The pages, in the order the test runs them: the kind walkthrough, the
+/// troubleshooting guide, the how-to guides that turn repair on, the
+/// runbooks (whose repair alerts presume it is on), the upgrade guide last
+/// (it ends with `helm uninstall`).
 fn pages(repo: &Path) -> Vec<PathBuf> {
     let sorted = |dir: &str| {
         let mut files: Vec<PathBuf> = std::fs::read_dir(repo.join(dir))
@@ -59,7 +97,7 @@ fn pages(repo: &Path) -> Vec<PathBuf> {
         files
     };
     let upgrade = repo.join("docs/how-to/upgrade.md");
-    let mut out = vec![repo.join("docs/troubleshooting.md")];
+    let mut out = vec![repo.join(WALKTHROUGH), repo.join("docs/troubleshooting.md")];
     out.extend(sorted("docs/how-to").into_iter().filter(|p| *p != upgrade));
     out.extend(sorted("docs/runbooks"));
     out.push(upgrade);
@@ -177,19 +215,48 @@ async fn real_node_docs_commands_run_against_the_default_install() {
         plugin.parent().unwrap().display(),
         helm_bin.display()
     );
+    // The walkthrough's pods need an image with `sleep` and `cat`.
+    let shell_image = node.images.slurmd.as_ref().map(|i| {
+        node.runtime
+            .import(
+                &node.images.dir.join("slurmd.tar"),
+                Some((&i.image.0, &i.image.1)),
+            )
+            .expect("importing slurmd.tar");
+        format!("{}@{}", i.image.0, i.image.1)
+    });
     let map = [
         ("nodeset NAME", "nodeset slurm-worker"),
         ("SLURM_NS", SLURM_NAMESPACE),
         ("NODE", "node-0"),
+        ("mountguard-worker", "node-0"),
+        (
+            "busybox:1.36",
+            shell_image.as_deref().unwrap_or("busybox:1.36"),
+        ),
         ("POD", web_pod.as_str()),
         ("NS", "shop"),
         ("NAME", "web"),
     ];
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    // The readers' working directory: the repository's entries, linked.
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    for e in std::fs::read_dir(repo).unwrap() {
+        let e = e.unwrap();
+        std::os::unix::fs::symlink(e.path(), work.join(e.file_name())).unwrap();
+    }
     let (mut ran, mut failed) = (0, Vec::new());
     for page in pages(repo) {
         let text = std::fs::read_to_string(&page).unwrap();
         let rel = page.strip_prefix(repo).unwrap().display().to_string();
+        if rel == WALKTHROUGH && shell_image.is_none() {
+            println!(
+                "SKIPPED: {rel}: its pods need an image with a shell; scripts/images.sh builds the \
+                 slurmd image when MOUNTGUARD_SLURM_PREFIX names the Slurm install"
+            );
+            continue;
+        }
         for block in shell_blocks(&text) {
             let mut commands = Vec::new();
             for c in &block.commands {
@@ -207,7 +274,7 @@ async fn real_node_docs_commands_run_against_the_default_install() {
                 tokio::process::Command::new("bash")
                     .arg("-c")
                     .arg(script(&commands))
-                    .current_dir(repo)
+                    .current_dir(&work)
                     .env_clear()
                     .env("PATH", &path)
                     .env("HOME", dir.path())
@@ -241,6 +308,23 @@ async fn real_node_docs_commands_run_against_the_default_install() {
             {
                 settled(&node, dir.path()).await;
             }
+        }
+        if rel == WALKTHROUGH {
+            // Its pods are stale and frozen on purpose; the next pages
+            // start from a cluster where nothing needs attention.
+            let (code, body) = raw(&client, "DELETE", "/api/v1/namespaces/demo", None)
+                .await
+                .expect("delete namespace demo");
+            assert!(code == 200 || code == 202, "{code} {body}");
+            poll("namespace demo gone", Duration::from_secs(120), || async {
+                let (code, _) = raw(&client, "GET", "/api/v1/namespaces/demo", None)
+                    .await
+                    .ok()?;
+                (code == 404).then_some(())
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", node.logs(30)));
+            settled(&node, dir.path()).await;
         }
     }
     println!("ran {ran} commands of the docs");
