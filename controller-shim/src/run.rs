@@ -21,6 +21,10 @@
 //!   [`admission_review`]): warns about deletes and
 //!   re-creations of immutable Secrets and ConfigMaps that nodes keep
 //!   serving from their kubelet's cache, from the evaluation task's view.
+//!
+//! Every component's metric families (its `metrics.rs`) are registered here
+//! on the one registry, whether or not the component runs, and each task is
+//! handed its own (`FeatureMetrics`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
