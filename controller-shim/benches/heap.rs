@@ -28,6 +28,7 @@ use std::time::Instant;
 
 use jiff::Timestamp;
 use mountguard_controller::api::store::ReadModel;
+use mountguard_controller::eval::metrics::EvalMetrics;
 use mountguard_controller::eval::{EvalTask, EvaluationSnapshot, Input};
 use mountguard_controller::runtime::metrics::Metrics;
 use mountguard_controller::state::Shared;
@@ -164,7 +165,8 @@ fn live_pass(c: Cluster) {
     let (stx, _) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[9u8; 32]).unwrap());
     let store = ReadModel::default();
-    let mut task = EvalTask::new(engine, shared.clone(), store.clone(), etx, stx);
+    let evaluation = EvalMetrics::register(&shared.metrics);
+    let mut task = EvalTask::new(engine, shared.clone(), evaluation, store.clone(), etx, stx);
     let mut watch = Interner::default();
     let sources = cluster::sources(&mut watch)
         .into_iter()

@@ -36,9 +36,11 @@ use jiff::Timestamp;
 use mountguard_controller::eval::Input;
 use mountguard_controller::intake::auth::AgentPods;
 use mountguard_controller::intake::limits::{self};
+use mountguard_controller::intake::metrics::IntakeMetrics;
 use mountguard_controller::intake::report::{self, ReportHandler};
 use mountguard_controller::runtime::metrics::Metrics;
 use mountguard_controller::runtime::shutdown::Shutdown;
+use mountguard_controller::runtime::token_review::metrics::TokenReviewMetrics;
 use mountguard_controller::runtime::token_review::{CachedReviewer, ReviewLimits};
 use mountguard_controller::state::Shared;
 use mountguard_inventory::NodeInventory;
@@ -290,6 +292,7 @@ fn main() {
 
 async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
     let metrics = Metrics::new();
+    let intake = IntakeMetrics::register(&metrics);
     let shared = Arc::new(Shared::new(metrics.clone()));
     shared.acting.store(true, Ordering::SeqCst);
     shared.ready.store(true, Ordering::SeqCst);
@@ -306,11 +309,13 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
     let handler = Arc::new(ReportHandler::new(
         report_config(),
         shared.clone(),
+        intake.clone(),
         // Every simulated agent connects from 127.0.0.1: no per-source limit.
         Arc::new(
             CachedReviewer::with_limits(
                 Reviewer { nodes: usize::MAX },
                 metrics.clone(),
+                TokenReviewMetrics::register(&metrics),
                 100_000,
                 ReviewLimits {
                     per_source_burst: u32::MAX,
@@ -372,7 +377,7 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
     let mut server_open = 0;
     let mut hb_line = String::new();
     let (mut slow_open, mut slow_line, mut slow_server_open) = (0usize, String::new(), 0i64);
-    let results = |m: &Metrics| {
+    let results = |m: &IntakeMetrics| {
         ["body_timeout", "rate_limited"].map(|r| m.report_requests.with_label_values(&[r]).get())
     };
     let mut before_slow = [0; 2];
@@ -399,7 +404,7 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
             Some("slow-open") => {
                 slow_open = parts.next().unwrap().parse().unwrap();
                 slow_server_open = metrics.connections_open.with_label_values(&["slow"]).get();
-                before_slow = results(&metrics);
+                before_slow = results(&intake);
                 writeln!(stdin, "go").unwrap();
                 stdin.flush().unwrap();
             }
@@ -451,7 +456,7 @@ async fn server(nodes: usize, hostiles: usize, rounds: usize, slow_cap: usize) {
     let f: Vec<&str> = slow_line.split_whitespace().collect();
     let (answered, shed, secs, p50, p99, max, still) = (f[1], f[2], f[3], f[4], f[5], f[6], f[7]);
     let secs_f: f64 = secs.parse().unwrap();
-    let after = results(&metrics);
+    let after = results(&intake);
     println!(
         "slow-body attack: {hostiles} connections with node 0's valid token trickling a chunked body at 1 byte/s (reopened 50 ms after a close), connection cap {slow_cap}"
     );

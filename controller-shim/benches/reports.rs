@@ -40,13 +40,16 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use mountguard_controller::api::store::ReadModel;
+use mountguard_controller::eval::metrics::EvalMetrics;
 use mountguard_controller::eval::{self, EvalTask, EvaluationSnapshot, Input};
 use mountguard_controller::intake::auth::AgentPods;
 use mountguard_controller::intake::limits::{self};
+use mountguard_controller::intake::metrics::IntakeMetrics;
 use mountguard_controller::intake::report::{self, ReportHandler};
 use mountguard_controller::runtime::metrics::Metrics;
 use mountguard_controller::runtime::shutdown::Shutdown;
 use mountguard_controller::runtime::token_review::CachedReviewer;
+use mountguard_controller::runtime::token_review::metrics::TokenReviewMetrics;
 use mountguard_controller::state::Shared;
 use mountguard_core::model::{Interner, SourceKind};
 use mountguard_core::{Config, Engine, Fingerprinter};
@@ -64,7 +67,7 @@ mod common;
 
 /// Waits (at most `within`) until `mounts` mounts are Fresh: every
 /// inventory sent was evaluated.
-async fn wait_all_fresh(metrics: &Metrics, mounts: i64, within: Duration) {
+async fn wait_all_fresh(metrics: &EvalMetrics, mounts: i64, within: Duration) {
     let fresh = || metrics.mounts.with_label_values(&["Fresh"]).get();
     let deadline = Instant::now() + within;
     while fresh() < mounts {
@@ -237,6 +240,7 @@ fn main() {
 async fn server(cluster: Cluster, rounds: usize) {
     let nodes = cluster.nodes;
     let metrics = Metrics::new();
+    let evaluation = EvalMetrics::register(&metrics);
     let shared = Arc::new(Shared::new(metrics.clone()));
     let store = ReadModel::default();
     shared.acting.store(true, Ordering::SeqCst);
@@ -247,7 +251,14 @@ async fn server(cluster: Cluster, rounds: usize) {
     let (stx, _) = tokio::sync::watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[9u8; 32]).unwrap());
     tokio::spawn(eval::run(
-        EvalTask::new(engine, shared.clone(), store.clone(), etx, stx),
+        EvalTask::new(
+            engine,
+            shared.clone(),
+            evaluation.clone(),
+            store.clone(),
+            etx,
+            stx,
+        ),
         rx,
         shutdown.clone(),
     ));
@@ -286,10 +297,12 @@ async fn server(cluster: Cluster, rounds: usize) {
     let handler = Arc::new(ReportHandler::new(
         report_config(),
         shared.clone(),
+        IntakeMetrics::register(&metrics),
         // Every simulated agent connects from 127.0.0.1: no per-source limit.
         Arc::new(CachedReviewer::with_limits(
             Reviewer { nodes },
             metrics.clone(),
+            TokenReviewMetrics::register(&metrics),
             100_000,
             mountguard_controller::runtime::token_review::ReviewLimits {
                 per_source_burst: u32::MAX,
@@ -346,7 +359,7 @@ async fn server(cluster: Cluster, rounds: usize) {
                 inv_secs = s.parse().unwrap();
                 // Every inventory evaluated (all Fresh) before heartbeats.
                 let t = Instant::now();
-                wait_all_fresh(&metrics, (pods * 3) as i64, Duration::from_secs(300)).await;
+                wait_all_fresh(&evaluation, (pods * 3) as i64, Duration::from_secs(300)).await;
                 inv_eval_secs = inv_secs + t.elapsed().as_secs_f64();
                 inv_cpu = cpu_seconds() - inv_cpu_start;
                 inv_mem = memory_mib();
@@ -369,10 +382,10 @@ async fn server(cluster: Cluster, rounds: usize) {
     }
     assert!(child.wait().unwrap().success(), "load generator failed");
     // Wait for the inventories to be evaluated (all Fresh).
-    wait_all_fresh(&metrics, (pods * 3) as i64, Duration::from_secs(120)).await;
+    wait_all_fresh(&evaluation, (pods * 3) as i64, Duration::from_secs(120)).await;
 
     // A Secret referenced by one pod in 1,000 changes.
-    let propagating = || metrics.mounts.with_label_values(&["Propagating"]).get();
+    let propagating = || evaluation.mounts.with_label_values(&["Propagating"]).get();
     let before = propagating();
     let t = Instant::now();
     let (r, c) = cluster::source(&mut ix, SourceKind::Secret, "secret-7", 2);
@@ -383,7 +396,7 @@ async fn server(cluster: Cluster, rounds: usize) {
     }
     let change_ms = t.elapsed().as_secs_f64() * 1000.0;
     let heartbeats = (nodes * rounds) as f64;
-    let evals = metrics.evaluation_duration.get_sample_count();
+    let evals = evaluation.evaluation_duration.get_sample_count();
 
     println!(
         "controller report benchmark: {nodes} nodes x {} pods x 3 volumes ({pods} pods), 2 worker threads",

@@ -21,6 +21,10 @@
 //!   [`admission_review`]): warns about deletes and
 //!   re-creations of immutable Secrets and ConfigMaps that nodes keep
 //!   serving from their kubelet's cache, from the evaluation task's view.
+//!
+//! Every component's metric families (its `metrics.rs`) are registered here
+//! on the one registry, whether or not the component runs, and each task is
+//! handed its own (`FeatureMetrics`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -31,16 +35,21 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::api::authorize as status_auth;
+use crate::api::metrics::ApiMetrics;
 use crate::api::routes as http;
 use crate::api::store::ReadModel;
+use crate::eval::metrics::EvalMetrics;
 use crate::eval::{self, EvaluationSnapshot};
 use crate::intake::auth;
+use crate::intake::metrics::IntakeMetrics;
 use crate::intake::report;
 use crate::leader;
 use crate::remediation::executor;
+use crate::remediation::metrics::RemediationMetrics;
 use crate::runtime::metrics::Metrics;
 use crate::runtime::shutdown::Shutdown;
 use crate::runtime::token_review::TokenReviewer;
+use crate::runtime::token_review::metrics::TokenReviewMetrics;
 use crate::runtime::{events, kube, tls, token_review};
 use crate::settings::{RunArgs, Settings};
 use crate::state::Shared;
@@ -176,6 +185,7 @@ impl Controller {
             token_review::CachedReviewer::new(
                 token_review::KubeTokenReviewer::new(client.clone()),
                 shared.metrics.clone(),
+                features.token_review,
                 10_000,
             )
             .for_agent(report_config.agent_sa.username()),
@@ -188,6 +198,7 @@ impl Controller {
         let handler = Arc::new(report::ReportHandler::new(
             report_config,
             shared.clone(),
+            features.intake,
             reviewer,
             agents.clone(),
             Some(Arc::new(fetcher)),
@@ -224,6 +235,7 @@ impl Controller {
             tokio::spawn(http::serve(
                 metrics_listener,
                 shared.clone(),
+                features.api,
                 store.clone(),
                 status_gate,
                 metrics_limits,
@@ -255,7 +267,14 @@ impl Controller {
         tasks.push((
             "evaluation",
             tokio::spawn(eval::run(
-                eval::EvalTask::new(engine, shared.clone(), store.clone(), event_tx, snap_tx),
+                eval::EvalTask::new(
+                    engine,
+                    shared.clone(),
+                    features.eval,
+                    store.clone(),
+                    event_tx,
+                    snap_tx,
+                ),
                 input_rx,
                 shutdown.clone(),
             )),
@@ -277,6 +296,7 @@ impl Controller {
                 &leader_config,
                 client.clone(),
                 shared.clone(),
+                features.remediation,
                 store,
                 snapshots,
                 shutdown.clone(),
@@ -344,7 +364,8 @@ impl Controller {
         self.shared.is_acting()
     }
 
-    /// The metrics (remediation registers and drives its own series here).
+    /// The metrics registry (every component registered its families on
+    /// it).
     pub fn metrics(&self) -> &Metrics {
         &self.shared.metrics
     }
@@ -367,16 +388,27 @@ impl Controller {
     }
 }
 
-/// The families each feature registers beside what it measures, all
-/// registered whether or not the feature runs, so /metrics always lists
-/// every family (zeroed when its feature is off).
+/// The families each component registers beside what it measures, all
+/// registered whether or not the component runs, so /metrics always lists
+/// every family (zeroed when its feature is off); each task is handed its
+/// own.
 struct FeatureMetrics {
+    eval: EvalMetrics,
+    intake: IntakeMetrics,
+    token_review: TokenReviewMetrics,
+    api: ApiMetrics,
+    remediation: RemediationMetrics,
     admission: admission::metrics::AdmissionMetrics,
 }
 
 impl FeatureMetrics {
     fn register(m: &Metrics) -> Self {
         Self {
+            eval: EvalMetrics::register(m),
+            intake: IntakeMetrics::register(m),
+            token_review: TokenReviewMetrics::register(m),
+            api: ApiMetrics::register(m),
+            remediation: RemediationMetrics::register(m),
             admission: admission::metrics::AdmissionMetrics::register(m),
         }
     }

@@ -11,6 +11,7 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 
 use crate::api::authorize::{StatusGate, scope_of};
+use crate::api::metrics::ApiMetrics;
 use crate::api::store::{Query, ReadModel};
 use crate::runtime::http::{json_response, text};
 use crate::runtime::shutdown::Shutdown;
@@ -73,6 +74,7 @@ pub fn route<B>(shared: &Shared, store: &ReadModel, req: &Request<B>) -> Respons
 /// (`source`: the caller's address, which unknown tokens are charged to).
 pub async fn answer<B>(
     shared: &Shared,
+    metrics: &ApiMetrics,
     store: &ReadModel,
     gate: &StatusGate,
     req: &Request<B>,
@@ -83,15 +85,13 @@ pub async fn answer<B>(
         let scope = scope_of(path, &Query::parse(req.uri().query()));
         match gate.check(req.headers(), scope, source).await {
             Ok(_) => {
-                shared
-                    .metrics
+                metrics
                     .status_requests
                     .with_label_values(&["allowed"])
                     .inc();
             }
             Err(r) => {
-                shared
-                    .metrics
+                metrics
                     .status_requests
                     .with_label_values(&[r.result()])
                     .inc();
@@ -130,24 +130,30 @@ pub fn limits(
 }
 
 /// Serves until shutdown, with the shared bounded loop.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     listener: tokio::net::TcpListener,
     shared: Arc<Shared>,
+    api_metrics: ApiMetrics,
     store: ReadModel,
     gate: Arc<StatusGate>,
     limits: mountguard_serve::Limits,
-    metrics: mountguard_serve::ServeMetrics,
+    serve_metrics: mountguard_serve::ServeMetrics,
     mut shutdown: Shutdown,
 ) {
     let make = move |peer: std::net::SocketAddr| {
         let s = shared.clone();
+        let m = api_metrics.clone();
         let store = store.clone();
         let gate = gate.clone();
         hyper::service::service_fn(move |req: Request<mountguard_serve::RequestBody>| {
             let s = s.clone();
+            let m = m.clone();
             let store = store.clone();
             let gate = gate.clone();
-            async move { Ok::<_, Infallible>(answer(&s, &store, &gate, &req, Some(peer.ip())).await) }
+            async move {
+                Ok::<_, Infallible>(answer(&s, &m, &store, &gate, &req, Some(peer.ip())).await)
+            }
         })
     };
     mountguard_serve::serve(
@@ -155,7 +161,7 @@ pub async fn serve(
         listener,
         limits,
         mountguard_serve::Plain,
-        metrics,
+        serve_metrics,
         make,
         async move { shutdown.wait().await },
     )
@@ -277,6 +283,7 @@ mod tests {
         tokio::spawn(serve(
             listener,
             shared.clone(),
+            ApiMetrics::register(&shared.metrics),
             ReadModel::default(),
             Arc::new(StatusGate::open()),
             limits,

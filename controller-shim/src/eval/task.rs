@@ -22,8 +22,8 @@ use tracing::{debug, info};
 
 use crate::api::store::{PublishedPod, ReadModel};
 use crate::eval::input::{EvaluationSnapshot, Input};
+use crate::eval::metrics::{EvalMetrics, MountLabels, MountSeries};
 use crate::runtime::events::{EventRequest, RateLimiter, Tracker};
-use crate::runtime::metrics::{MountLabels, MountSeries};
 use crate::runtime::shutdown::{Shutdown, ticker};
 use crate::state::Shared;
 use mountguard_core::PodUid;
@@ -48,6 +48,8 @@ pub const TICK: Duration = Duration::from_secs(2);
 pub struct EvalTask {
     engine: Engine,
     shared: Arc<Shared>,
+    /// The evaluation's metric families.
+    metrics: EvalMetrics,
     /// The status API's store, which this task publishes into.
     store: ReadModel,
     index: ClusterIndex,
@@ -89,10 +91,11 @@ struct Pending {
 }
 
 impl EvalTask {
-    /// A task with an empty index.
+    /// A task with an empty index, measured by `metrics`.
     pub fn new(
         engine: Engine,
         shared: Arc<Shared>,
+        metrics: EvalMetrics,
         store: ReadModel,
         events: mpsc::Sender<EventRequest>,
         snapshots: tokio_watch::Sender<Arc<EvaluationSnapshot>>,
@@ -100,6 +103,7 @@ impl EvalTask {
         Self {
             engine,
             shared,
+            metrics,
             store,
             index: ClusterIndex::new(),
             state: EngineState::default(),
@@ -213,7 +217,6 @@ impl EvalTask {
                 }
                 self.applied_gen.remove(n.as_str());
                 let _ = self
-                    .shared
                     .metrics
                     .node_inventory_timestamp
                     .remove_label_values(&[&n]);
@@ -438,8 +441,7 @@ impl EvalTask {
     }
 
     fn set_timestamp(&self, node: &str, t: Timestamp) {
-        self.shared
-            .metrics
+        self.metrics
             .node_inventory_timestamp
             .with_label_values(&[node])
             .set(t.as_millisecond() as f64 / 1000.0);
@@ -450,14 +452,13 @@ impl EvalTask {
         for n in nodes {
             self.index.delete_inventory(&n);
             let _ = self
-                .shared
                 .metrics
                 .node_inventory_timestamp
                 .remove_label_values(&[&n]);
         }
         self.applied_gen.clear();
         self.state = EngineState::default();
-        self.series.clear(&self.shared.metrics);
+        self.series.clear(&self.metrics);
         self.tracker.clear();
         self.baselined.clear();
         self.too_old.clear();
@@ -519,7 +520,7 @@ impl EvalTask {
             let old = store.pods.remove(uid);
             let old = old.as_ref().map(|p| counts_of(&p.pv)).unwrap_or_default();
             self.series
-                .update(&self.shared.metrics, uid, Vec::new(), &old, &[]);
+                .update(&self.metrics, uid, Vec::new(), &old, &[]);
             self.tracker.forget(uid);
             self.limiter.forget(uid);
         }
@@ -534,17 +535,17 @@ impl EvalTask {
                 .collect();
             self.store.write().unwrap().sources = items;
         }
-        self.series.flush(&self.shared.metrics);
+        self.series.flush(&self.metrics);
         self.evaluated = true;
         let mono = Instant::now();
         for r in requests {
             let uid = PodUid::new(&r.uid);
             if !self.limiter.allow(&uid, mono) || self.events.try_send(r).is_err() {
-                self.shared.metrics.events_suppressed.inc();
+                self.metrics.events_suppressed.inc();
             }
         }
         let secs = timer.elapsed().as_secs_f64();
-        self.shared.metrics.evaluation_duration.observe(secs);
+        self.metrics.evaluation_duration.observe(secs);
         debug!(
             pods = n,
             removed = removed.len(),

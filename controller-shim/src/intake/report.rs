@@ -43,6 +43,7 @@ use crate::intake::body::{
     BodyError, CLOCK_SKEW_WARN, MIN_BODY_RATE, ahead_by, clamp_to_received, drain_cap, read_bounded,
 };
 use crate::intake::limits::{ReportConfig, enforce_limits};
+use crate::intake::metrics::IntakeMetrics;
 use crate::runtime::http::json_response;
 use crate::runtime::limits::TokenBucket;
 use crate::runtime::shutdown::Shutdown;
@@ -65,6 +66,8 @@ pub struct PeerAddr(pub std::net::SocketAddr);
 pub struct ReportHandler {
     config: ReportConfig,
     shared: Arc<Shared>,
+    /// The report API's metric families.
+    metrics: IntakeMetrics,
     reviewer: Arc<dyn TokenReviewer>,
     agents: Arc<AgentPods>,
     fetcher: Option<Arc<dyn PodFetcher>>,
@@ -192,10 +195,11 @@ enum Kind {
 }
 
 impl ReportHandler {
-    /// A handler.
+    /// A handler, measured by `metrics`.
     pub fn new(
         config: ReportConfig,
         shared: Arc<Shared>,
+        metrics: IntakeMetrics,
         reviewer: Arc<dyn TokenReviewer>,
         agents: Arc<AgentPods>,
         fetcher: Option<Arc<dyn PodFetcher>>,
@@ -204,6 +208,7 @@ impl ReportHandler {
         Self {
             config,
             shared,
+            metrics,
             reviewer,
             agents,
             fetcher,
@@ -260,7 +265,7 @@ impl ReportHandler {
             .cloned();
         let resp = match self.handle_inner(req, kind, &node, standing.as_ref()).await {
             Ok((status, generation)) => {
-                self.shared.metrics.report(match status {
+                self.metrics.report(match status {
                     ReportStatus::Accepted => "accepted",
                     ReportStatus::Unchanged => "unchanged",
                     ReportStatus::Resend => "resend",
@@ -269,7 +274,7 @@ impl ReportHandler {
                 json_response(StatusCode::OK, &ReportResponse { status, generation })
             }
             Err(r) => {
-                self.shared.metrics.report(r.result);
+                self.metrics.report(r.result);
                 // A refused caller's connection is the first to be shed
                 // when the connection cap is reached.
                 if let Some(st) = &standing
@@ -320,8 +325,7 @@ impl ReportHandler {
                 resp
             }
         };
-        self.shared
-            .metrics
+        self.metrics
             .report_duration
             .with_label_values(&[kind_label])
             .observe(start.elapsed().as_secs_f64());
@@ -574,7 +578,7 @@ impl ReportHandler {
                 "inventory times ahead of the controller's clock clamped"
             );
         }
-        self.shared.metrics.report_clock_skew(node, skew);
+        self.metrics.report_clock_skew(node, skew);
         let generation = inv.generation;
         let decision = {
             let mut book = self.book.lock().unwrap();
@@ -629,8 +633,7 @@ impl ReportHandler {
         let held = self.held_generation(node);
         let received = jiff::Timestamp::now();
         let scanned_at = hb.scanned_at.min(received);
-        self.shared
-            .metrics
+        self.metrics
             .report_clock_skew(node, ahead_by(hb.scanned_at, received));
         match held {
             Some(h) if hb.generation < h => Err(stale(hb.generation, h)),

@@ -63,6 +63,7 @@ use crate::api::store::ReadModel;
 use crate::edge::watch::nodeset_resource;
 use crate::eval::EvaluationSnapshot;
 use crate::leader::LeaderConfig;
+use crate::remediation::metrics::RemediationMetrics;
 use crate::remediation::settings::{Prepared, RemediationSettings, SlurmCredential};
 use crate::remediation::slurm::{SharedSecret, SlurmClient, SlurmError};
 use crate::runtime::shutdown::{Shutdown, ticker};
@@ -110,6 +111,8 @@ pub struct Executor {
     client: kube::Client,
     evict_client: kube::Client,
     shared: Arc<Shared>,
+    /// The executor's metric families.
+    metrics: RemediationMetrics,
     /// The status API's store (attempts, the Slurm nodes of stale workers).
     store: ReadModel,
     mode: Mode,
@@ -161,6 +164,7 @@ pub async fn spawn(
     leader: &LeaderConfig,
     client: kube::Client,
     shared: Arc<Shared>,
+    metrics: RemediationMetrics,
     store: ReadModel,
     snapshots: tokio_watch::Receiver<Arc<EvaluationSnapshot>>,
     shutdown: Shutdown,
@@ -192,6 +196,7 @@ pub async fn spawn(
         client,
         evict_client,
         shared,
+        metrics,
         store,
         mode,
         plan_cfg,
@@ -372,7 +377,7 @@ impl Executor {
             .map(crate::api::store::AttemptItem::from_attempt)
             .collect();
         let s = summarize(&all, &cands, now);
-        let m = &self.shared.metrics;
+        let m = &self.metrics;
         m.remediation_open_attempts.set(s.open as i64);
         m.remediation_oldest_open_attempt_age
             .set(s.oldest_open_age_seconds);

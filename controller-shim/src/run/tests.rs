@@ -59,3 +59,57 @@ fn the_metrics_reference_lists_what_the_controller_registers() {
         rows.join("\n")
     );
 }
+
+/// Every name of the runtime contract (the chart's alerts use them) is in
+/// the exposition of the registry as `run.rs` fills it.
+#[test]
+fn every_contract_name_is_exported() {
+    let m = Metrics::new();
+    let f = FeatureMetrics::register(&m);
+    f.token_review.tokenreview_duration.observe(0.01);
+    f.eval.evaluation_duration.observe(0.01);
+    m.watch_restarts.with_label_values(&["pods"]).inc();
+    m.api_errors.with_label_values(&["list"]).inc();
+    m.events.with_label_values(&["StaleMount"]).inc();
+    f.remediation
+        .remediation_attempts
+        .with_label_values(&["drain", "ok"])
+        .inc();
+    f.eval
+        .mount_state
+        .with_label_values(&["a", "b", "c", "d", "e", "f", "g", "h"])
+        .set(1.0);
+    f.eval.mounts.with_label_values(&["Fresh"]).set(1);
+    f.eval
+        .node_inventory_timestamp
+        .with_label_values(&["n"])
+        .set(1.0);
+    f.eval.node_agent_reporting.with_label_values(&["n"]).set(1);
+    let t = String::from_utf8(m.encode()).unwrap();
+    for name in [
+        "mountguard_mount_state",
+        "mountguard_mounts",
+        "mountguard_node_inventory_timestamp_seconds",
+        "mountguard_node_agent_reporting",
+        "mountguard_nodes",
+        "mountguard_report_requests_total",
+        "mountguard_tokenreview_duration_seconds_bucket",
+        "mountguard_evaluation_duration_seconds_bucket",
+        "mountguard_watch_restarts_total",
+        "mountguard_api_errors_total",
+        "mountguard_events_total",
+        "mountguard_events_suppressed_total",
+        "mountguard_leader",
+        "mountguard_tokio_alive_tasks",
+        "mountguard_build_info",
+        "mountguard_remediation_attempts_total",
+        "mountguard_remediation_open_attempts",
+        "mountguard_remediation_oldest_open_attempt_age_seconds",
+        "mountguard_slurm_nodes_drained",
+        "mountguard_remediation_failed",
+        "mountguard_remediation_failed_unresolved",
+        "mountguard_remediation_blocked",
+    ] {
+        assert!(t.contains(&format!("\n{name}")), "{name} missing");
+    }
+}

@@ -2,7 +2,8 @@
 //! and for a projected token the pod and node it was issued for), asked of
 //! the API server and cached, with bounded reviews in flight and a token
 //! bucket per source address for tokens not yet known. The report API
-//! (agents) and the status API (readers) each use one.
+//! (agents) and the status API (readers) each use one. Its metric
+//! families: `token_review/metrics.rs`.
 //!
 //! Kubernetes code cited here is at v1.37.2 (`k8s.io/*` staging modules
 //! at v0.37.2).
@@ -18,6 +19,9 @@ use sha2::{Digest as _, Sha256};
 
 use crate::runtime::limits::SourceBuckets;
 use crate::runtime::metrics::Metrics;
+
+pub mod metrics;
+use metrics::TokenReviewMetrics;
 
 /// `user.extra` key of the pod name in a projected token.
 pub const EXTRA_POD_NAME: &str = "authentication.kubernetes.io/pod-name";
@@ -219,7 +223,9 @@ type CacheEntry = (Result<ReviewedUser, AuthError>, Instant);
 /// rotate hourly.
 pub struct CachedReviewer<R> {
     inner: R,
-    metrics: Metrics,
+    /// The shared families (API errors).
+    shared: Metrics,
+    metrics: TokenReviewMetrics,
     capacity: usize,
     cache: Mutex<HashMap<CacheKey, CacheEntry>>,
     agent_user: Option<String>,
@@ -245,14 +251,21 @@ impl<R> std::fmt::Debug for CachedReviewer<R> {
 
 impl<R: TokenReviewer> CachedReviewer<R> {
     /// Wraps `inner` with the default [`ReviewLimits`].
-    pub fn new(inner: R, metrics: Metrics, capacity: usize) -> Self {
-        Self::with_limits(inner, metrics, capacity, ReviewLimits::default())
+    pub fn new(inner: R, shared: Metrics, metrics: TokenReviewMetrics, capacity: usize) -> Self {
+        Self::with_limits(inner, shared, metrics, capacity, ReviewLimits::default())
     }
 
-    /// Wraps `inner`.
-    pub fn with_limits(inner: R, metrics: Metrics, capacity: usize, limits: ReviewLimits) -> Self {
+    /// Wraps `inner`, measured by `metrics` (and API errors by `shared`).
+    pub fn with_limits(
+        inner: R,
+        shared: Metrics,
+        metrics: TokenReviewMetrics,
+        capacity: usize,
+        limits: ReviewLimits,
+    ) -> Self {
         Self {
             inner,
+            shared,
             metrics,
             capacity: capacity.max(1),
             cache: Mutex::new(HashMap::new()),
@@ -415,7 +428,7 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
                 Ok(_) => ttl_for(token, jiff::Timestamp::now().as_second()),
                 Err(AuthError::Unauthenticated(_)) => NEGATIVE_TTL,
                 Err(AuthError::Unavailable(_)) => {
-                    self.metrics.api_error("tokenreview");
+                    self.shared.api_error("tokenreview");
                     return r;
                 }
                 Err(AuthError::Throttled(..)) => return r,
@@ -436,6 +449,17 @@ impl<R: TokenReviewer> TokenReviewer for CachedReviewer<R> {
 pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A reviewer of `inner` measured on a new registry.
+    fn cached<R: TokenReviewer>(
+        inner: R,
+        capacity: usize,
+        limits: ReviewLimits,
+    ) -> CachedReviewer<R> {
+        let shared = Metrics::new();
+        let metrics = TokenReviewMetrics::register(&shared);
+        CachedReviewer::with_limits(inner, shared, metrics, capacity, limits)
+    }
 
     pub(crate) fn agent_user(pod: &str, uid: &str, node: Option<&str>) -> ReviewedUser {
         let mut extra = BTreeMap::new();
@@ -510,9 +534,8 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn unknown_tokens_from_one_source_cost_at_most_its_burst() {
-        let c = CachedReviewer::with_limits(
+        let c = cached(
             FakeReviewer::default(),
-            Metrics::new(),
             100,
             ReviewLimits {
                 per_source_rate: 0.001,
@@ -555,7 +578,7 @@ pub(crate) mod tests {
             f.tokens
                 .insert(t.clone(), agent_user("agent-a", "ua", None));
         }
-        let c = CachedReviewer::new(f, Metrics::new(), 4);
+        let c = cached(f, 4, ReviewLimits::default());
         for t in &live {
             assert!(c.review(t, "mountguard").await.is_ok());
         }
@@ -592,9 +615,8 @@ pub(crate) mod tests {
         for t in ["agent-old", "agent-new"] {
             f.tokens.insert(t.into(), agent_user("agent-a", "ua", None));
         }
-        let c = CachedReviewer::with_limits(
+        let c = cached(
             f,
-            Metrics::new(),
             100,
             ReviewLimits {
                 per_source_rate: 0.001,
@@ -671,9 +693,8 @@ pub(crate) mod tests {
 
     #[tokio::test]
     async fn reviews_in_flight_are_bounded_across_sources() {
-        let c = std::sync::Arc::new(CachedReviewer::with_limits(
+        let c = std::sync::Arc::new(cached(
             SlowReviewer::default(),
-            Metrics::new(),
             1000,
             ReviewLimits {
                 in_flight: 3,
@@ -731,7 +752,7 @@ pub(crate) mod tests {
             .insert(live.clone(), agent_user("agent-a", "ua", None));
         f.tokens
             .insert(expired.clone(), agent_user("agent-a", "ua", None));
-        let c = CachedReviewer::new(f, Metrics::new(), 4);
+        let c = cached(f, 4, ReviewLimits::default());
         for _ in 0..3 {
             assert!(c.review(&live, "mountguard").await.is_ok());
         }

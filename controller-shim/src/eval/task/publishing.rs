@@ -172,11 +172,11 @@ impl EvalTask {
         }
         let counts = counts_of(pv);
         self.series
-            .update(&self.shared.metrics, &pod.uid, labels, old_counts, &counts);
+            .update(&self.metrics, &pod.uid, labels, old_counts, &counts);
     }
     pub(super) fn update_node_metrics(&mut self, now: Timestamp) {
         let max_age = self.engine.config().inventory_max_age;
-        let m = &self.shared.metrics;
+        let m = &self.metrics;
         let mut seen: HashSet<Arc<str>> = HashSet::default();
         let (mut yes, mut no) = (0i64, 0i64);
         for n in self.index.nodes_with_pods() {

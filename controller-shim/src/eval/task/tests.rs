@@ -24,8 +24,9 @@ fn rig() -> Rig {
     let (stx, _) = tokio_watch::channel(Arc::new(EvaluationSnapshot::default()));
     let engine = Engine::new(Config::default(), Fingerprinter::new(&[1u8; 32]).unwrap());
     let store = ReadModel::default();
+    let metrics = EvalMetrics::register(&shared.metrics);
     Rig {
-        task: EvalTask::new(engine, shared.clone(), store.clone(), etx, stx),
+        task: EvalTask::new(engine, shared.clone(), metrics, store.clone(), etx, stx),
         events,
         shared,
         store,

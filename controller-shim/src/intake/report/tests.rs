@@ -16,6 +16,7 @@ struct Rig {
     handler: ReportHandler,
     rx: mpsc::Receiver<Input>,
     shared: Arc<Shared>,
+    metrics: IntakeMetrics,
 }
 
 fn rig(max_bytes: u64, rate: RateLimit) -> Rig {
@@ -32,6 +33,7 @@ fn rig(max_bytes: u64, rate: RateLimit) -> Rig {
     agents.apply(agent_pod("agent-a", "ua", "node-a"));
     agents.apply(agent_pod("agent-b", "ub", "node-b"));
     let (tx, rx) = mpsc::channel(100);
+    let metrics = IntakeMetrics::register(&shared.metrics);
     let handler = ReportHandler::new(
         ReportConfig {
             audience: "mountguard".into(),
@@ -47,6 +49,7 @@ fn rig(max_bytes: u64, rate: RateLimit) -> Rig {
             node_in_flight: NODE_IN_FLIGHT,
         },
         shared.clone(),
+        metrics.clone(),
         Arc::new(f),
         agents,
         None,
@@ -56,6 +59,7 @@ fn rig(max_bytes: u64, rate: RateLimit) -> Rig {
         handler,
         rx,
         shared,
+        metrics,
     }
 }
 
@@ -94,11 +98,7 @@ async fn call(r: &Rig, q: Request<Full<Bytes>>) -> (StatusCode, serde_json::Valu
 }
 
 fn counter(r: &Rig, result: &str) -> u64 {
-    r.shared
-        .metrics
-        .report_requests
-        .with_label_values(&[result])
-        .get()
+    r.metrics.report_requests.with_label_values(&[result]).get()
 }
 
 fn no_input(r: &mut Rig) {
@@ -541,7 +541,7 @@ async fn times_ahead_of_the_controller_clock_are_clamped_to_receipt() {
         }
         _ => panic!("no heartbeat"),
     }
-    assert_eq!(r.shared.metrics.report_clock_clamped.get(), 2);
+    assert_eq!(r.metrics.report_clock_clamped.get(), 2);
     // A time behind the controller's clock is kept as is.
     let behind: jiff::Timestamp = "2026-11-30T10:00:00Z".parse().unwrap();
     let mut inv = NodeInventory::new("node-a", "test", behind);
@@ -631,7 +631,8 @@ async fn an_authenticated_agent_connection_stays_open_between_heartbeats() {
     let Rig {
         handler,
         rx: _rx,
-        shared,
+        metrics: intake,
+        ..
     } = r;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -673,7 +674,7 @@ async fn an_authenticated_agent_connection_stays_open_between_heartbeats() {
         tokio::time::sleep(header_read * 3).await;
     }
     assert_eq!(metrics.timed_out.get(), 2);
-    assert_eq!(counter_of(&shared, "unauthenticated"), 1);
+    assert_eq!(counter_of(&intake, "unauthenticated"), 1);
 }
 
 /// The report port's read buffer bounds a request head at 8 KiB: an
@@ -685,7 +686,8 @@ async fn the_report_port_serves_an_agents_head_and_refuses_one_over_its_read_buf
     let Rig {
         handler,
         rx: _rx,
-        shared,
+        metrics: intake,
+        ..
     } = rig(1 << 20, "100/s,100".parse().unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -714,15 +716,11 @@ async fn the_report_port_serves_an_agents_head_and_refuses_one_over_its_read_buf
     // Only the first reached the handler.
     let handled: u64 = ["accepted", "unchanged", "resend"]
         .iter()
-        .map(|r| counter_of(&shared, r))
+        .map(|r| counter_of(&intake, r))
         .sum();
     assert_eq!(handled, 1);
 }
 
-fn counter_of(shared: &Shared, result: &str) -> u64 {
-    shared
-        .metrics
-        .report_requests
-        .with_label_values(&[result])
-        .get()
+fn counter_of(metrics: &IntakeMetrics, result: &str) -> u64 {
+    metrics.report_requests.with_label_values(&[result]).get()
 }

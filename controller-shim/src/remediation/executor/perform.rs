@@ -154,8 +154,7 @@ impl Executor {
                         Phase::Succeeded => "succeeded",
                         _ => "entered",
                     };
-                    self.shared
-                        .metrics
+                    self.metrics
                         .remediation_attempts
                         .with_label_values(&[to.name(), result])
                         .inc();

@@ -42,8 +42,7 @@ impl Executor {
         for (pod, why) in &p.waiting {
             debug!(pod, why, "remediation waits");
         }
-        self.shared
-            .metrics
+        self.metrics
             .remediation_blocked
             .with_label_values(&["pinned"])
             .set(p.blocked.len() as i64);
@@ -53,8 +52,7 @@ impl Executor {
             }
             info!(pod = %format!("{}/{}", n.namespace, n.pod), reason = n.reason.as_str(), message = %n.message, "remediation notice");
             if n.reason == EventReason::RemediationDryRun {
-                self.shared
-                    .metrics
+                self.metrics
                     .remediation_attempts
                     .with_label_values(&["Pending", "dry_run"])
                     .inc();
