@@ -6,7 +6,9 @@
 //! the other as a reader would, reporting each command that failed.
 //!
 //! A command whose last pipeline stage is `grep` and that exits 1 found no
-//! line: that is an answer, not a failure. A command sent to the background
+//! line, and `kubectl mountguard status` that exits 1 found a verdict that
+//! needs attention (docs/reference/cli.md, "Exit codes"): those are
+//! answers, not failures. A command sent to the background
 //! (`... &`, a `kubectl port-forward`) gets two seconds before the next one,
 //! as a reader gives it, and is stopped when the block ends.
 
@@ -145,17 +147,16 @@ fn background(cmd: &str) -> bool {
     code.ends_with('&') && !code.ends_with("&&")
 }
 
-/// Whether the last stage of `cmd`'s pipeline is `grep` (exit 1: no line
-/// matched).
-fn ends_in_grep(cmd: &str) -> bool {
+/// Whether exit code 1 of `cmd` is an answer: the last stage of its
+/// pipeline is `grep` (no line matched) or `kubectl mountguard status` (a
+/// verdict needs attention).
+fn one_is_an_answer(cmd: &str) -> bool {
     let code = cmd.split(" #").next().unwrap_or(cmd);
     if code.contains("&&") || code.contains("||") || code.contains(';') {
         return false;
     }
-    code.rsplit('|')
-        .next()
-        .and_then(|s| s.split_whitespace().next())
-        == Some("grep")
+    let last = code.rsplit('|').next().unwrap_or("").trim_start();
+    last.split_whitespace().next() == Some("grep") || last.starts_with("kubectl mountguard status")
 }
 
 /// The bash script that runs `commands` in order: after each, a failure
@@ -164,7 +165,7 @@ fn ends_in_grep(cmd: &str) -> bool {
 pub fn script(commands: &[String]) -> String {
     let mut s = String::from(
         "failed=0\ntrap 'kill $(jobs -p) 2>/dev/null' EXIT\n\
-         check() { if [ \"$2\" != 0 ] && ! { [ \"$2\" = 1 ] && [ \"$3\" = grep ]; }; then \
+         check() { if [ \"$2\" != 0 ] && ! { [ \"$2\" = 1 ] && [ \"$3\" = answer ]; }; then \
          echo \"MG-FAILED $1 $2\" >&2; failed=1; fi; }\n",
     );
     for (i, c) in commands.iter().enumerate() {
@@ -173,7 +174,7 @@ pub fn script(commands: &[String]) -> String {
         if background(c) {
             s.push_str("sleep 2\n");
         } else {
-            let last = if ends_in_grep(c) { "grep" } else { "-" };
+            let last = if one_is_an_answer(c) { "answer" } else { "-" };
             s.push_str(&format!("check {i} $? {last}\n"));
         }
     }
@@ -265,7 +266,7 @@ mod tests {
     }
 
     #[test]
-    fn the_script_checks_each_command_and_tolerates_an_empty_grep() {
+    fn the_script_checks_each_command_and_takes_documented_answers() {
         let cmds = [
             "kubectl port-forward svc/x 8080 &".to_string(),
             "curl -s localhost:8080 | grep -i nothing".to_string(),
@@ -273,7 +274,7 @@ mod tests {
         ];
         let s = script(&cmds);
         assert!(s.contains("&\nsleep 2\n"), "{s}");
-        assert!(s.contains("check 1 $? grep\n"), "{s}");
+        assert!(s.contains("check 1 $? answer\n"), "{s}");
         assert!(s.contains("check 2 $? -\n"), "{s}");
         let out = std::process::Command::new("bash")
             .arg("-c")
@@ -290,6 +291,10 @@ mod tests {
             failures(&String::from_utf8_lossy(&out.stderr)),
             [(2, 3), (3, 1)]
         );
+        assert!(one_is_an_answer(
+            "kubectl mountguard status --namespace demo"
+        ));
+        assert!(!one_is_an_answer("kubectl mountguard wait secret/x"));
     }
 
     #[test]

@@ -83,6 +83,58 @@ const NOT_RUN: &[(&str, &str)] = &[
 /// purpose (the test deletes its namespace `demo` after it).
 const WALKTHROUGH: &str = "docs/kind-walkthrough.md";
 
+/// A row of `kubectl mountguard status`: state, cause, pod, subject.
+type Row = (&'static str, &'static str, &'static str, &'static str);
+
+/// What the walkthrough says mountguard shows, as `kubectl mountguard
+/// status --namespace demo --all` rows `(state, cause, pod, subject)`:
+/// before the block whose first command starts with the given text (the
+/// reader waits `controller.grace` for it), or after the block (the reader
+/// looks once it ran).
+const WALKTHROUGH_SAYS: &[(&str, bool, &[Row])] = &[
+    (
+        "kubectl mountguard status --namespace demo",
+        true,
+        &[
+            ("Stale", "ImmutableCachePinned", "demo/pinner", "volume key"),
+            ("Stale", "ImmutableCachePinned", "demo/victim", "volume key"),
+        ],
+    ),
+    (
+        "kubectl -n demo create configmap app-conf",
+        false,
+        &[("Frozen", "SubPath", "demo/subpath", "subPath")],
+    ),
+];
+
+/// Waits up to 180 s until `kubectl mountguard status --namespace demo
+/// --all` lists every row of `rows`.
+async fn shows(node: &RealNode, dir: &Path, rows: &[Row]) {
+    let last = std::sync::Mutex::new(String::new());
+    poll(
+        "the walkthrough's verdicts",
+        Duration::from_secs(180),
+        || async {
+            let (_, out, err) =
+                kubectl_mountguard(node, dir, &["status", "--namespace", "demo", "--all"]).await;
+            *last.lock().unwrap() = format!("{out}\n{err}");
+            rows.iter()
+                .all(|(state, cause, pod, subject)| {
+                    out.lines().any(|l| {
+                        let w: Vec<&str> = l.split_whitespace().collect();
+                        w.first() == Some(state)
+                            && w.get(1) == Some(cause)
+                            && w.contains(pod)
+                            && l.contains(&format!("  {subject}"))
+                    })
+                })
+                .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}: want {rows:?}; last:\n{}", last.lock().unwrap()));
+}
+
 /// The pages, in the order the test runs them: the kind walkthrough, the
 /// troubleshooting guide, the how-to guides that turn repair on, the
 /// runbooks (whose repair alerts presume it is on), the upgrade guide last
@@ -269,6 +321,12 @@ async fn real_node_docs_commands_run_against_the_default_install() {
             if commands.is_empty() {
                 continue;
             }
+            let says = WALKTHROUGH_SAYS
+                .iter()
+                .find(|(start, ..)| rel == WALKTHROUGH && commands[0].starts_with(start));
+            if let Some((_, true, rows)) = says {
+                shows(&node, dir.path(), rows).await;
+            }
             let out = tokio::time::timeout(
                 Duration::from_secs(180),
                 tokio::process::Command::new("bash")
@@ -301,6 +359,9 @@ async fn real_node_docs_commands_run_against_the_default_install() {
                     "  its output:\n{}\n{stderr}",
                     String::from_utf8_lossy(&out.stdout)
                 ));
+            }
+            if let Some((_, false, rows)) = says {
+                shows(&node, dir.path(), rows).await;
             }
             if commands
                 .iter()
