@@ -182,6 +182,68 @@ pub fn script(commands: &[String]) -> String {
     s
 }
 
+/// What [`run_block`] saw: the failures, each as `` `command` exited N ``
+/// (then the block's output), or why the block did not finish; and what
+/// the block printed on stdout.
+#[derive(Debug, Default)]
+pub struct BlockRun {
+    /// Empty when every command succeeded or gave an answer.
+    pub failures: Vec<String>,
+    /// The block's standard output.
+    pub stdout: String,
+}
+
+/// Runs one block's `commands` with bash as [`script`] writes them, in
+/// `cwd`, with no environment but `env`, for at most `timeout`.
+pub async fn run_block(
+    commands: &[String],
+    cwd: &std::path::Path,
+    env: &[(&str, String)],
+    timeout: std::time::Duration,
+) -> BlockRun {
+    let mut cmd = tokio::process::Command::new("bash");
+    cmd.arg("-c")
+        .arg(script(commands))
+        .current_dir(cwd)
+        .env_clear()
+        .kill_on_drop(true);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = match tokio::time::timeout(timeout, cmd.output()).await {
+        Err(_) => {
+            return BlockRun {
+                failures: vec![format!("still running after {timeout:?}")],
+                ..BlockRun::default()
+            };
+        }
+        Ok(Err(e)) => {
+            return BlockRun {
+                failures: vec![format!("bash: {e}")],
+                ..BlockRun::default()
+            };
+        }
+        Ok(Ok(out)) => out,
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let failed = failures(&stderr);
+    let mut lines: Vec<String> = failed
+        .iter()
+        .map(|(i, code)| format!("`{}` exited {code}", commands[*i]))
+        .collect();
+    if !out.status.success() && failed.is_empty() {
+        lines.push(format!("the block failed: {stderr}"));
+    }
+    if !failed.is_empty() {
+        lines.push(format!("  its output:\n{stdout}\n{stderr}"));
+    }
+    BlockRun {
+        failures: lines,
+        stdout,
+    }
+}
+
 /// The indices and exit codes `script`'s run reported failed (its stderr).
 pub fn failures(stderr: &str) -> Vec<(usize, i32)> {
     stderr

@@ -1,6 +1,7 @@
 //! The `env` file of a local cluster (`mountguard-local-cluster`,
 //! `scripts/local-cluster.sh`): `export KEY='value'` lines, so that after
-//! `. env` the programs a reader runs next (`helm`, `kubectl`) see them.
+//! `. env` the programs a reader runs next (`helm`, `kubectl`) see them,
+//! and a line that puts a directory of programs first on `PATH`.
 
 /// A value quoted for a POSIX shell.
 fn shell_quote(v: &str) -> String {
@@ -14,11 +15,20 @@ pub fn write(vars: &[(&str, String)]) -> String {
         .collect()
 }
 
+/// The line that puts `dir` first on the reader's `PATH`.
+pub fn path_first(dir: &std::path::Path) -> String {
+    format!(
+        "export PATH={}:\"$PATH\"\n",
+        shell_quote(&dir.display().to_string())
+    )
+}
+
 /// The `(KEY, value)` pairs of a file [`write`] wrote (also reads the
 /// older `KEY='value'` lines without `export`).
 pub fn parse(text: &str) -> Vec<(String, String)> {
     text.lines()
         .map(|l| l.strip_prefix("export ").unwrap_or(l))
+        .filter(|l| !l.starts_with("PATH="))
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| {
             let v = v
@@ -65,5 +75,30 @@ mod tests {
         let back = parse(&write(&vars));
         assert_eq!(back[0], ("KUBECONFIG".into(), vars[0].1.clone()));
         assert_eq!(back[1], ("HELM".into(), "/opt/helm".into()));
+    }
+
+    /// `. env` then `kubectl`: the directory of the cluster's programs
+    /// comes first on PATH, the reader's PATH after it.
+    #[test]
+    fn the_programs_directory_comes_first_on_path() {
+        let text = format!(
+            "{}{}",
+            write(&[("HELM", "/opt/helm".to_string())]),
+            path_first(std::path::Path::new("/opt/it's/bin"))
+        );
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!("{text}printf %s \"$PATH\""))
+            .env("PATH", "/usr/bin:/bin")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "/opt/it's/bin:/usr/bin:/bin"
+        );
+        assert_eq!(
+            parse(&text),
+            [("HELM".to_string(), "/opt/helm".to_string())]
+        );
     }
 }

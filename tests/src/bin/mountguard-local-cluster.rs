@@ -11,8 +11,9 @@
 //! mountguard-local-cluster rotate --state DIR  # the seed rotation, pinned
 //! ```
 //!
-//! `up` writes `DIR/env` (`export` lines: KUBECONFIG, HELM, the URLs)
-//! and `DIR/ready` once everything answers, prints how to look at it, and
+//! `up` writes `DIR/env` (`export` lines: KUBECONFIG, HELM, the URLs;
+//! `DIR/bin`, with this cluster's kubectl and helm, first on PATH) and
+//! `DIR/ready` once everything answers, prints how to look at it, and
 //! on SIGINT or SIGTERM uninstalls the release and takes everything down
 //! (nothing of the run is left on the machine); `DIR/ready` is removed
 //! first. Exits 2 when this machine cannot run the node (the reason is
@@ -118,7 +119,18 @@ async fn up(state: &Path) -> Result<(), String> {
     let kubeconfig = state.join("kubeconfig");
     std::fs::copy(node.cluster.kubeconfig_path(), &kubeconfig)
         .map_err(|e| format!("copying the kubeconfig: {e}"))?;
-    let helm_bin = node_tools().map_err(|e| format!("{e}"))?.join("helm");
+    let tools = node_tools().map_err(|e| format!("{e}"))?;
+    let helm_bin = tools.join("helm");
+    // kubectl and helm of this cluster's versions, first on the reader's
+    // PATH after `. env`.
+    let bin = state.join("bin");
+    std::fs::create_dir_all(&bin).map_err(|e| format!("{}: {e}", bin.display()))?;
+    for program in ["kubectl", "helm"] {
+        let link = bin.join(program);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(tools.join(program), &link)
+            .map_err(|e| format!("{}: {e}", link.display()))?;
+    }
     let vars = [
         ("KUBECONFIG", kubeconfig.display().to_string()),
         ("HELM", helm_bin.display().to_string()),
@@ -132,7 +144,8 @@ async fn up(state: &Path) -> Result<(), String> {
         ("PAUSE_IMAGE", node.images.pause.clone()),
         ("LOGS", node.cluster.logs_dir().display().to_string()),
     ];
-    let env = mountguard_tests::envfile::write(&vars);
+    let env =
+        mountguard_tests::envfile::write(&vars) + &mountguard_tests::envfile::path_first(&bin);
     std::fs::write(state.join("env"), env).map_err(|e| format!("writing env: {e}"))?;
     // Prometheus has scraped the controller once.
     prom.wait_scraped("mountguard-controller", Duration::from_secs(60))
@@ -148,9 +161,9 @@ async fn up(state: &Path) -> Result<(), String> {
     };
     println!(
         "\nmountguard is installed on a one-node cluster (release {RELEASE} in {NAMESPACE}).\n\
-         \n  . {env}          # KUBECONFIG, HELM and the URLs below\n\
-         \n  \"$HELM\" status {RELEASE} -n {NAMESPACE}\n\
-         \n  curl -s {cm} | grep '^mountguard_mount_state'   # the controller's verdicts\
+         \n  . {env}          # KUBECONFIG, the URLs below; kubectl and helm on PATH\n\
+         \n  helm status {RELEASE} -n {NAMESPACE}\n\
+         \n  curl -s {cm} | grep '^mountguard_mounts'        # the controller's verdicts, by state\
          \n  curl -s {am} | grep '^mountguard_agent'         # the agent on the node\
          \n  {alerts}   # Prometheus's alerts (the chart's rules)\
          \n\nThe seed rotation (an immutable slurm.key recreated while a pod pins it):\
@@ -158,8 +171,7 @@ async fn up(state: &Path) -> Result<(), String> {
          \nthen watch MountguardKubeletCachePinned in {alerts} and\
          \n  curl -s {cm} | grep 'namespace=\"{rns}\"'\
          \n\nLogs of the control plane, kubelet and containerd: {logs}\
-         \nkubectl port-forward, logs and exec do not reach this node (the API server\
-         \ncannot resolve its name): use the URLs above and the logs directory.\
+         \nkubectl logs, exec and port-forward reach the node as on any cluster.\
          \nInstalled with controller.grace=20s and the rules with {FOR_PINNED} (chart\
          \ndefaults: 180s and 5m), so the rotation shows in a minute or two.\
          \nStop and remove everything: scripts/local-cluster.sh down\n",
@@ -189,6 +201,7 @@ async fn up(state: &Path) -> Result<(), String> {
     drop(node);
     let _ = std::fs::remove_file(state.join("env"));
     let _ = std::fs::remove_file(state.join("kubeconfig"));
+    let _ = std::fs::remove_dir_all(state.join("bin"));
     eprintln!("==> down");
     Ok(())
 }

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use mountguard_tests::cluster::SLURM_NAMESPACE;
-use mountguard_tests::docs::{failures, script, shell_blocks, substitute};
+use mountguard_tests::docs::{run_block, shell_blocks, substitute};
 use mountguard_tests::mountguard::{kubectl_plugin, poll};
 use mountguard_tests::real::real_node::{RealNode, node_tools};
 use mountguard_tests::real::{create, raw};
@@ -327,38 +327,18 @@ async fn real_node_docs_commands_run_against_the_default_install() {
             if let Some((_, true, rows)) = says {
                 shows(&node, dir.path(), rows).await;
             }
-            let out = tokio::time::timeout(
-                Duration::from_secs(180),
-                tokio::process::Command::new("bash")
-                    .arg("-c")
-                    .arg(script(&commands))
-                    .current_dir(&work)
-                    .env_clear()
-                    .env("PATH", &path)
-                    .env("HOME", dir.path())
-                    .env("KUBECONFIG", node.cluster.kubeconfig_path())
-                    .kill_on_drop(true)
-                    .output(),
-            )
-            .await
-            .unwrap_or_else(|_| panic!("{rel}:{}: still running after 180 s", block.line))
-            .expect("bash runs");
+            let env = [
+                ("PATH", path.clone()),
+                ("HOME", dir.path().display().to_string()),
+                (
+                    "KUBECONFIG",
+                    node.cluster.kubeconfig_path().display().to_string(),
+                ),
+            ];
             ran += commands.len();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            for (i, code) in failures(&stderr) {
-                failed.push(format!(
-                    "{rel}:{}: `{}` exited {code}",
-                    block.line, commands[i]
-                ));
-            }
-            if !out.status.success() && failures(&stderr).is_empty() {
-                failed.push(format!("{rel}:{}: the block failed: {stderr}", block.line));
-            }
-            if !failures(&stderr).is_empty() {
-                failed.push(format!(
-                    "  its output:\n{}\n{stderr}",
-                    String::from_utf8_lossy(&out.stdout)
-                ));
+            let run = run_block(&commands, &work, &env, Duration::from_secs(180)).await;
+            for f in run.failures {
+                failed.push(format!("{rel}:{}: {f}", block.line));
             }
             if let Some((_, false, rows)) = says {
                 shows(&node, dir.path(), rows).await;

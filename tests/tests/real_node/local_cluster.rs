@@ -1,13 +1,15 @@
 //! `mountguard-local-cluster` (what `scripts/local-cluster.sh` runs, after
 //! building what it needs): `up` brings the one-node cluster with the chart
-//! installed and Prometheus; `rotate` runs the seed rotation; SIGTERM takes
-//! it all down.
+//! installed and Prometheus; the commands of docs/tutorials/local-cluster.md
+//! run as a reader runs them; `rotate` runs the seed rotation; SIGTERM
+//! takes it all down.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use mountguard_tests::mountguard::{http_get, poll};
+use mountguard_tests::docs::{run_block, shell_blocks, substitute};
+use mountguard_tests::mountguard::{http_get, kubectl_plugin, poll};
 use mountguard_tests::real::helm;
 use serde_json::Value;
 
@@ -45,8 +47,80 @@ fn env_of(state: &Path) -> Vec<(String, String)> {
     helm::parse_env(&std::fs::read_to_string(state.join("env")).expect("env"))
 }
 
-/// Up, then the rotation makes the chart's MountguardKubeletCachePinned
-/// alert fire in its Prometheus for the pinned worker, then
+/// The tutorial of the local cluster.
+const TUTORIAL: &str = "docs/tutorials/local-cluster.md";
+
+/// Runs the tutorial's commands after `up`, as a reader does: `. env`
+/// (the state's), then the programs it puts on PATH, with the kubectl
+/// plugin linked as the how-to links it. The script's own commands (`bash
+/// scripts/local-cluster.sh ...`) are what this test runs as the binary.
+/// Every command must succeed or give an answer, and what they print must
+/// show each of them reached the cluster.
+async fn tutorial_commands_run(state: &Path, home: &Path) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let text = std::fs::read_to_string(repo.join(TUTORIAL)).expect("the tutorial");
+    let plugin = kubectl_plugin(home).expect("plugin");
+    let env_file = state.join("env").display().to_string();
+    let env = [
+        (
+            "PATH",
+            format!(
+                "{}:/usr/local/bin:/usr/bin:/bin",
+                plugin.parent().unwrap().display()
+            ),
+        ),
+        ("HOME", home.display().to_string()),
+    ];
+    let (mut ran, mut failed, mut printed) = (0, Vec::new(), String::new());
+    for block in shell_blocks(&text) {
+        let mut commands = Vec::new();
+        for c in &block.commands {
+            if c.starts_with("bash scripts/local-cluster.sh ") {
+                println!(
+                    "not run: {TUTORIAL}:{}: {c}: this test runs it as the binary",
+                    block.line
+                );
+            } else {
+                commands.push(substitute(c, &[("target/local-cluster/env", &env_file)]));
+            }
+        }
+        if commands.is_empty() {
+            continue;
+        }
+        ran += commands.len();
+        let run = run_block(&commands, home, &env, Duration::from_secs(120)).await;
+        failed.extend(
+            run.failures
+                .into_iter()
+                .map(|f| format!("{TUTORIAL}:{}: {f}", block.line)),
+        );
+        printed.push_str(&run.stdout);
+    }
+    assert!(ran >= 8, "only {ran} commands found in {TUTORIAL}");
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    for (what, shows) in [
+        ("helm status", "STATUS: deployed"),
+        (
+            "the controller's metrics",
+            "mountguard_mounts{state=\"Fresh\"}",
+        ),
+        ("the agent's metrics", "mountguard_agent_"),
+        (
+            "the metrics through kubectl port-forward",
+            "mountguard_build_info{",
+        ),
+        ("kubectl logs", "\"message\":\"controller started\""),
+        ("kubectl mountguard status", "verdicts:"),
+    ] {
+        assert!(
+            printed.contains(shows),
+            "{what}: no {shows:?} in\n{printed}"
+        );
+    }
+}
+
+/// Up, the tutorial's commands, then the rotation makes the chart's
+/// MountguardKubeletCachePinned alert fire in its Prometheus for the pinned worker, then
 /// SIGTERM: the release is uninstalled, the process exits 0 and its state
 /// files are gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,6 +183,8 @@ async fn real_node_local_cluster_up_rotate_down() {
         "{agent}"
     );
 
+    tutorial_commands_run(&state, dir.path()).await;
+
     let rotate = Command::new(BIN)
         .args(["rotate", "--state"])
         .arg(&state)
@@ -154,7 +230,7 @@ async fn real_node_local_cluster_up_rotate_down() {
     let text = up_log();
     assert!(!text.contains("warning: helm uninstall"), "{text}");
     assert!(text.trim_end().ends_with("==> down"), "{text}");
-    for f in ["ready", "env", "kubeconfig"] {
+    for f in ["ready", "env", "kubeconfig", "bin"] {
         assert!(!state.join(f).exists(), "{f} left");
     }
 }
