@@ -1,5 +1,6 @@
 //! The demo's seed scenario (in-process agents and controller) and its
-//! `--json` summary, with remediation on as the demo runs by default.
+//! `--json` summary, with remediation on as the demo runs by default; and
+//! the tutorial's commands, run as the demo binary.
 
 use mountguard_tests::demo::{DemoOptions, Narrator, Remediation, run_seed};
 
@@ -211,5 +212,86 @@ async fn demo_narration_reads_at_a_glance() {
             reasons.windows(2).all(|w| w[0] != w[1]),
             "{pod}: a reason repeated: {reasons:?}\n{printed}"
         );
+    }
+}
+
+/// Every command of docs/tutorials/demo.md, run as the binary `cargo run`
+/// builds (the three at once): each exits 0; the narrated runs end with
+/// their `done:` line and say what the tutorial says (repair on by
+/// default, the two hand replacements with `--detect-only`); `--json`
+/// prints the summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_tutorials_commands_run() {
+    const CARGO_RUN: &str = "cargo run -p mountguard-tests --bin mountguard-demo";
+    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
+    let page = std::fs::read_to_string(repo.join("docs/tutorials/demo.md")).unwrap();
+    let runs: Vec<Vec<String>> = mountguard_tests::docs::shell_blocks(&page)
+        .into_iter()
+        .flat_map(|b| b.commands)
+        .map(|c| {
+            let code = c.split(" #").next().unwrap().trim().to_string();
+            let args = code
+                .strip_prefix(CARGO_RUN)
+                .unwrap_or_else(|| panic!("not the demo: {c}"))
+                .trim()
+                .trim_start_matches("--")
+                .split_whitespace()
+                .map(String::from)
+                .collect();
+            args
+        })
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            vec![],
+            vec!["--detect-only".to_string()],
+            vec!["--json".to_string()]
+        ],
+        "the tutorial's commands"
+    );
+    let outs = futures::future::join_all(runs.iter().map(|args| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_mountguard-demo"))
+            .args(args)
+            .kill_on_drop(true)
+            .output()
+    }))
+    .await;
+    for (args, out) in runs.iter().zip(outs) {
+        let out = out.expect("the demo runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "demo {args:?}: {:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        match args.first().map(String::as_str) {
+            Some("--json") => {
+                let summary: serde_json::Value = serde_json::from_str(&stdout)
+                    .unwrap_or_else(|e| panic!("--json: {e}\n{stdout}"));
+                assert_eq!(summary["scenario"], "seed", "{summary}");
+            }
+            other => {
+                let last = stdout.lines().rev().find(|l| !l.trim().is_empty());
+                assert!(
+                    last.is_some_and(|l| l.contains("done:")),
+                    "demo {other:?} ends with its done line:\n{stdout}"
+                );
+                assert_eq!(
+                    stdout.contains("remediation is off"),
+                    other == Some("--detect-only"),
+                    "demo {other:?}: repair runs by default only:\n{stdout}"
+                );
+                if other == Some("--detect-only") {
+                    assert!(
+                        stdout.contains("replaced the slurmd pod on node-0"),
+                        "the hand replacements:\n{stdout}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! binaries (child processes) against the cluster in a box (API server,
 //! kubelet, NodeSet and slurmrestd doubles). Build the binaries first:
 //! `cargo build --workspace --bins` (`cargo nextest run --workspace` does).
-//! The demo test runs the same components in-process.
+//! The demo tests run the same components in-process, and the tutorial's
+//! commands run the demo binary.
 
 mod harness;
 #[path = "../shared/mod.rs"]
