@@ -232,15 +232,13 @@ async fn the_demo_tutorials_commands_run() {
         .flat_map(|b| b.commands)
         .map(|c| {
             let code = c.split(" #").next().unwrap().trim().to_string();
-            let args = code
-                .strip_prefix(CARGO_RUN)
+            code.strip_prefix(CARGO_RUN)
                 .unwrap_or_else(|| panic!("not the demo: {c}"))
                 .trim()
                 .trim_start_matches("--")
                 .split_whitespace()
                 .map(String::from)
-                .collect();
-            args
+                .collect()
         })
         .collect();
     assert_eq!(
