@@ -21,7 +21,9 @@ use serde_json::{Value, json};
 use sha2::Digest as _;
 
 use crate::harness::wait;
-use crate::kubelet_support::{On, agent_scan, b64, compress, running_pod, sample_until};
+use crate::kubelet_support::{
+    On, agent_scan, b64, no_stale, running_pod, sample_until, volume_file,
+};
 
 /// One volume or subPath target as found on disk: path -> (mode, SHA-256).
 /// Modes of subPath targets are not compared (the agent does not report
@@ -517,12 +519,9 @@ pub async fn pod_certificate_and_trust_bundle_files_are_seen_and_never_judged(
     );
     assert_eq!(names(&volume("cert")), ["tls.crt", "tls.key"]);
     assert_eq!(names(&volume("trust")), ["ca.pem"]);
-    let dir = on
-        .root()
-        .join("pods")
-        .join(&uid)
-        .join("volumes/kubernetes.io~projected");
-    let read = |rel: &str| std::fs::read_to_string(dir.join(rel)).unwrap();
+    let read = |rel: &str| {
+        std::fs::read_to_string(volume_file(sys, on.i, &uid, "projected", rel)).unwrap()
+    };
     let credential = read("mixed/credential.pem");
     assert!(
         credential.contains("PRIVATE KEY-----") && credential.contains("BEGIN CERTIFICATE-----"),
@@ -567,10 +566,6 @@ pub async fn pod_certificate_and_trust_bundle_files_are_seen_and_never_judged(
     )
     .await;
     for (subject, samples) in subjects.iter().zip(&seen) {
-        assert!(
-            samples.iter().all(|s| !s.tag.starts_with("Stale")),
-            "{subject}: {:?}",
-            compress(samples)
-        );
+        no_stale(subject, samples);
     }
 }

@@ -169,6 +169,15 @@ pub async fn sample_until<P>(
     }
 }
 
+/// Fails when any of `subject`'s samples was Stale.
+pub fn no_stale(subject: &str, samples: &[Sample]) {
+    assert!(
+        samples.iter().all(|s| !s.tag.starts_with("Stale")),
+        "{subject} was Stale: {}",
+        compress(samples).join(" -> ")
+    );
+}
+
 /// The distinct consecutive `(tag, expected)` of a subject's samples, as
 /// `Tag[expected]@first seen`.
 pub fn compress(samples: &[Sample]) -> Vec<String> {

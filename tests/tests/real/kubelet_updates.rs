@@ -25,7 +25,7 @@ use mountguard_tests::real::kubelet::MAX_RESYNC;
 use serde_json::json;
 
 use crate::kubelet_support::{
-    On, Sample, b64, compress, patch_data, phases, running_pod, sample_until, volume_file,
+    On, b64, compress, no_stale, patch_data, phases, running_pod, sample_until, volume_file,
 };
 
 /// The controller's grace in these tests (`MOUNTGUARD_GRACE` of the system
@@ -68,14 +68,6 @@ async fn change_sources(on: On<'_>, base: &str, value: &str) {
         json!({"app.conf": format!("setting = {value}\n")}),
     )
     .await;
-}
-
-fn no_stale(subject: &str, samples: &[Sample]) {
-    assert!(
-        samples.iter().all(|s| !s.tag.starts_with("Stale")),
-        "{subject} was Stale inside the grace period: {}",
-        compress(samples).join(" -> ")
-    );
 }
 
 /// A mutable Secret and a mutable ConfigMap, each mounted as a volume of
